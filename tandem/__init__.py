@@ -1,0 +1,1 @@
+"""Tandem: cross-process contracts, run configuration and the command line."""

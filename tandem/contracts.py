@@ -1,0 +1,217 @@
+"""Every message and key that crosses a process boundary, defined once.
+
+Producers (Celery workers), the trainer and the platform all import these
+types; none of them builds a stream name or parses a payload by hand. Each
+record carries ``schema_version`` so that a reader can refuse a record written
+by a newer, incompatible writer instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+KEY_PREFIX = "tandem"
+
+# Celery routing for rollout production. The trainer sends by name, so it
+# never imports the worker code (and never drags JAX init order into Celery).
+ROLLOUT_TASK_NAME = "tandem.rollouts.produce"
+ROLLOUT_QUEUE = "rollouts"
+
+# Consumer group the trainer reads trajectory streams through.
+TRAINER_CONSUMER_GROUP = "trainer"
+
+
+class SchemaVersionError(ValueError):
+    """A record was written with a schema this reader does not understand."""
+
+
+def _run_key(run_id: int, suffix: str) -> str:
+    return f"{KEY_PREFIX}:run:{run_id}:{suffix}"
+
+
+def trajectory_stream(run_id: int) -> str:
+    """Redis stream holding finished trajectories of one run."""
+    return _run_key(run_id, "trajectories")
+
+
+def weights_key(run_id: int) -> str:
+    """Redis hash holding the latest published policy (``version`` and ``blob``)."""
+    return _run_key(run_id, "weights")
+
+
+def run_spec_key(run_id: int) -> str:
+    """Redis string holding the :class:`RunSpec` JSON that producers read."""
+    return _run_key(run_id, "spec")
+
+
+def run_stop_key(run_id: int) -> str:
+    """Redis string set once a run ends; producers stop starting episodes."""
+    return _run_key(run_id, "stop")
+
+
+def run_group_counter_key(run_id: int) -> str:
+    """Redis counter of episode groups requested so far; a group's task seed."""
+    return _run_key(run_id, "groups_requested")
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_schema(cls, data):
+        if isinstance(data, dict):
+            version = data.get("schema_version", SCHEMA_VERSION)
+            if version != SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{cls.__name__} schema_version {version} is not supported "
+                    f"(this reader understands {SCHEMA_VERSION})"
+                )
+        return data
+
+
+class EnvironmentSpec(_Record):
+    """A registered environment as producers need it."""
+
+    name: str = Field(description="Registered name, unique within a project.")
+    kind: Literal["python"] = Field(
+        description="How producers load it. 'python': a class named by `module:Class`."
+    )
+    entrypoint: str = Field(description="`module:Class` implementing workers.environments.Environment.")
+    params: dict = Field(default_factory=dict, description="Keyword arguments for the class.")
+
+
+class RunSpec(_Record):
+    """What a producer needs to run episodes for a run; written by the trainer on claim."""
+
+    run_id: int
+    config: dict = Field(description="The run's validated RunConfig, as JSON.")
+    environment: EnvironmentSpec
+
+
+class EpisodeTimings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    started_at: float = Field(description="Unix time the episode started.")
+    finished_at: float = Field(description="Unix time the episode ended.")
+    generation_s: float = Field(description="Seconds spent waiting for the policy to generate.")
+    environment_s: float = Field(description="Seconds spent waiting on environment reset/step.")
+
+
+class TrajectoryRecord(_Record):
+    """One finished episode, as appended to :func:`trajectory_stream`.
+
+    ``token_ids`` is the whole conversation; ``loss_mask`` is 1 exactly on the
+    tokens the policy generated and 0 on prompt, environment and tool tokens.
+    ``behaviour_logprobs`` holds the sampling policy's log-probability of each
+    token (0.0 where the mask is 0).
+    """
+
+    trajectory_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    run_id: int
+    group_id: str = Field(description="Episodes of one group share a task; GRPO compares them.")
+    group_size: int = Field(description="How many episodes the group has in total.")
+    environment: str
+    policy_version: int = Field(description="Policy version that generated the tokens.")
+    token_ids: list[int]
+    behaviour_logprobs: list[float]
+    loss_mask: list[int]
+    reward: float
+    status: Literal["ok", "failed"] = "ok"
+    failure_reason: str = ""
+    num_turns: int = 0
+    timings: EpisodeTimings
+
+    @model_validator(mode="after")
+    def _aligned(self):
+        n = len(self.token_ids)
+        if len(self.behaviour_logprobs) != n or len(self.loss_mask) != n:
+            raise ValueError(
+                "token_ids, behaviour_logprobs and loss_mask must have the same length "
+                f"(got {n}, {len(self.behaviour_logprobs)}, {len(self.loss_mask)})"
+            )
+        return self
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {"schema_version": str(self.schema_version), "payload": self.model_dump_json()}
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict) -> TrajectoryRecord:
+        decoded = {
+            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in fields.items()
+        }
+        if int(decoded.get("schema_version", -1)) != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"trajectory schema_version {decoded.get('schema_version')} is not supported"
+            )
+        return cls.model_validate_json(decoded["payload"])
+
+
+class TrainerStepEvent(_Record):
+    """Telemetry of one trainer step, posted to the platform.
+
+    ``wait_s + compute_s + publish_s + other_s == wall_s``: the stages cover the
+    whole step so the idle fraction is honest.
+    """
+
+    run_id: int
+    step: int = Field(description="Trainer step, counted over SFT and RL phases together.")
+    phase: Literal["sft", "rl"]
+    policy_version: int
+    wall_s: float
+    wait_s: float = Field(description="Blocked waiting for trajectories.")
+    compute_s: float = Field(description="Train step on device, to block_until_ready.")
+    publish_s: float = Field(description="Serialising and publishing weights.")
+    other_s: float = Field(description="Checkpointing, batching and bookkeeping.")
+    loss: float
+    reward_mean: float | None = None
+    success_rate: float | None = None
+    samples_per_s: float | None = None
+    staleness_mean: float | None = None
+    staleness_max: float | None = None
+    failed_episodes: int = 0
+    emitted_at: float
+
+    @property
+    def trainer_idle_fraction(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def metric_values(self) -> dict[str, float]:
+        """Flat series name -> value, as stored and charted by the platform."""
+        values = {
+            "loss": self.loss,
+            "wall_s": self.wall_s,
+            "wait_s": self.wait_s,
+            "compute_s": self.compute_s,
+            "publish_s": self.publish_s,
+            "other_s": self.other_s,
+            "trainer_idle_fraction": self.trainer_idle_fraction,
+            "policy_version": float(self.policy_version),
+            "failed_episodes": float(self.failed_episodes),
+        }
+        for name in ("reward_mean", "success_rate", "samples_per_s", "staleness_mean", "staleness_max"):
+            value = getattr(self, name)
+            if value is not None:
+                values[name] = value
+        return values
+
+
+RunReportedStatus = Literal["running", "finished", "failed"]
+
+
+class TrainerHeartbeat(_Record):
+    """Liveness and progress the trainer reports for a run it owns."""
+
+    status: RunReportedStatus = "running"
+    policy_version: int = 0
+    trainer_step: int = 0
+    message: str = ""
+

@@ -1,0 +1,1 @@
+"""The JAX trainer: models, sampler, losses, train step and the trainer process."""

@@ -1,0 +1,1 @@
+"""Rollout producers: Celery app, agent loop, environments and the stream writer."""
