@@ -39,6 +39,11 @@ def trajectory_stream(run_id: int) -> str:
     return _run_key(run_id, "trajectories")
 
 
+def dead_letter_stream(run_id: int) -> str:
+    """Redis stream of trajectory entries the trainer could not read, with the reason."""
+    return _run_key(run_id, "dead_letters")
+
+
 def weights_key(run_id: int) -> str:
     """Redis hash holding the latest published policy (``version`` and ``blob``)."""
     return _run_key(run_id, "weights")
@@ -119,7 +124,13 @@ class TrajectoryRecord(_Record):
     group_id: str = Field(description="Episodes of one group share a task; GRPO compares them.")
     group_size: int = Field(description="How many episodes the group has in total.")
     environment: str
-    policy_version: int = Field(description="Policy version that generated the tokens.")
+    policy_version: int = Field(
+        description="Oldest policy version that generated any of its tokens; staleness is measured from it."
+    )
+    policy_versions: list[int] = Field(
+        default_factory=list,
+        description="Policy version of each policy turn, in order; weights may change between turns.",
+    )
     token_ids: list[int]
     behaviour_logprobs: list[float]
     loss_mask: list[int]

@@ -60,6 +60,9 @@ class RunConfig(BaseModel):
     )
     max_new_tokens: int = Field(24, ge=1, le=4096, description="Tokens the policy may generate per turn.")
     max_turns: int = Field(3, ge=1, le=64, description="Agent turns before an episode is cut off.")
+    environment_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Timeout of each environment reset, step or tool call."
+    )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature of producers.")
     clip_epsilon: float = Field(0.2, gt=0, le=1, description="PPO-style clip range of the GRPO ratio.")
     checkpoint_every: int = Field(20, ge=1, description="Trainer steps between Orbax checkpoints.")

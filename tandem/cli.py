@@ -1,0 +1,181 @@
+"""The ``tandem`` command: ``up`` for a whole local Tandem, ``trainer`` and ``worker`` for one part."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _redis_url(args) -> str:
+    return args.redis_url or os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+
+
+def _stop_on_sigterm() -> None:
+    """Turn SIGTERM into KeyboardInterrupt so ``finally`` blocks run on a clean stop."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def cmd_trainer(args) -> int:
+    from trainer.main import serve
+
+    _stop_on_sigterm()
+    token = args.token or os.environ.get("TANDEM_TRAINER_TOKEN")
+    if not token:
+        print("tandem trainer: pass --token or set TANDEM_TRAINER_TOKEN (a staff user's API token)",
+              file=sys.stderr)
+        return 2
+    try:
+        serve(platform_url=args.platform_url, token=token, redis_url=_redis_url(args),
+              checkpoint_root=Path(args.checkpoint_dir), max_runs=args.max_runs)
+    except KeyboardInterrupt:
+        logging.getLogger("tandem.trainer").info("trainer stopped")
+    return 0
+
+
+def cmd_worker(args) -> int:
+    os.environ["REDIS_URL"] = _redis_url(args)
+    from workers.app import app
+
+    argv = ["worker", "--pool", "solo", "--queues", "rollouts", "--loglevel", args.loglevel,
+            "--without-gossip", "--without-mingle"]
+    if args.name:
+        argv += ["--hostname", args.name]
+    app.worker_main(argv)
+    return 0
+
+
+def _progress_line(client, run_id: int) -> tuple[str, str]:
+    run = client.get(f"/api/runs/{run_id}/").json()
+    latest: dict[str, float] = {}
+    after = max(run.get("trainer_step", 0) - 5, -1)
+    points = client.get(f"/api/runs/{run_id}/metrics/", params={"after_step": after}).json()["points"]
+    for point in points:
+        latest[point["name"]] = point["value"]
+    reward = latest.get("reward_mean")
+    idle = latest.get("trainer_idle_fraction")
+    line = (
+        f"run {run_id} [{run['status']}] step {run['trainer_step']} "
+        f"policy v{run['policy_version']} "
+        f"reward {'-' if reward is None else f'{reward:.2f}'} "
+        f"success {'-' if latest.get('success_rate') is None else format(latest['success_rate'], '.2f')} "
+        f"trainer idle {'-' if idle is None else f'{idle:.0%}'}"
+    )
+    return line, run["status"]
+
+
+def cmd_up(args) -> int:
+    import httpx
+
+    from tandem.services import ServiceUnavailableError, ensure_redis
+    from tandem.stack import LocalStack, StackConfig, StackError
+
+    _stop_on_sigterm()
+    config = StackConfig(redis_url=_redis_url(args), port=args.port, workers=args.workers,
+                         database_url=os.environ.get("DATABASE_URL"))
+    stack = LocalStack(config)
+    redis_process = None
+    try:
+        try:
+            redis_process = ensure_redis(config.redis_url, log_path=str(stack.log_dir / "redis.log"))
+        except ServiceUnavailableError as exc:
+            print(f"tandem up: {exc}", file=sys.stderr)
+            return 1
+        if redis_process is not None:
+            print(f"started redis-server for {config.redis_url}")
+        credentials = stack.prepare()
+        stack.start(credentials)
+        print(f"dashboard: {config.platform_url}/runs/  (login {credentials.username} / {credentials.password})")
+        print(f"API token for {credentials.username}: {credentials.user_token}")
+        print(f"logs: {stack.log_dir}")
+        if not args.demo:
+            print("Tandem is up. Ctrl-C stops everything.")
+            while True:
+                stack.check_alive()
+                time.sleep(1)
+        client = httpx.Client(base_url=config.platform_url,
+                              headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+        overrides = {"rl_steps": args.rl_steps} if args.rl_steps is not None else {}
+        response = client.post("/api/runs/", json={
+            "project": credentials.project_id, "name": "demo: calculator", "environment": "calculator",
+            "config": overrides,
+        })
+        if response.status_code != 201:
+            print(f"tandem up: could not create the demo run: {response.status_code} {response.text}",
+                  file=sys.stderr)
+            return 1
+        run_id = response.json()["id"]
+        print(f"demo run {run_id}: {config.platform_url}/runs/{run_id}/")
+        status = "queued"
+        while True:
+            stack.check_alive()
+            line, status = _progress_line(client, run_id)
+            print("\r" + line.ljust(110), end="", flush=True)
+            if status in {"finished", "failed", "cancelled"}:
+                print()
+                if args.exit_when_done:
+                    return 0 if status == "finished" else 1
+                print(f"run {status}. The dashboard stays up; Ctrl-C stops everything.")
+                while True:
+                    stack.check_alive()
+                    time.sleep(1)
+            time.sleep(1)
+    except KeyboardInterrupt:
+        print("\nstopping ...")
+        return 0
+    except StackError as exc:
+        print(f"\ntandem up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stack.stop()
+        if redis_process is not None:
+            redis_process.terminate()
+            redis_process.wait(timeout=10)
+        print("stopped.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
+    parser.add_argument("--redis-url", help=f"default: $REDIS_URL or {DEFAULT_REDIS_URL}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="start web, rollout workers and a trainer on this machine")
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--workers", type=int, default=2, help="rollout worker processes")
+    up.add_argument("--demo", action="store_true", help="submit a demo run and show its progress")
+    up.add_argument("--rl-steps", type=int, help="override the demo run's rl_steps")
+    up.add_argument("--exit-when-done", action="store_true", help="stop everything when the demo run ends")
+    up.set_defaults(func=cmd_up)
+
+    trainer = commands.add_parser("trainer", help="run a trainer process")
+    trainer.add_argument("--platform-url", default=os.environ.get("TANDEM_PLATFORM_URL", "http://127.0.0.1:8000"))
+    trainer.add_argument("--token", help="staff API token; default $TANDEM_TRAINER_TOKEN")
+    trainer.add_argument("--checkpoint-dir", default=os.environ.get("TANDEM_CHECKPOINT_DIR", "var/checkpoints"))
+    trainer.add_argument("--max-runs", type=int, help="exit after training this many runs")
+    trainer.set_defaults(func=cmd_trainer)
+
+    worker = commands.add_parser("worker", help="run a Celery rollout worker process")
+    worker.add_argument("--name", help="Celery node name, e.g. rollouts-1@%%h")
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(func=cmd_worker)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

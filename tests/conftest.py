@@ -1,0 +1,34 @@
+"""Fixtures shared by every test package: real services, failing loudly when absent."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import redis
+
+TEST_REDIS_URL = os.environ.get("TANDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    client = redis.Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"these tests need a real Redis at {TEST_REDIS_URL}: {exc}")
+    return TEST_REDIS_URL
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def run_id() -> int:
+    """A run id no other test (or an earlier test session) uses, so keys never collide."""
+    return random.randint(10**8, 10**9)

@@ -1,0 +1,83 @@
+"""The trainer's side of the platform's trainer API (claim, heartbeat, telemetry)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from tandem.contracts import EnvironmentSpec, TrainerHeartbeat, TrainerStepEvent
+
+logger = logging.getLogger(__name__)
+
+
+class PlatformUnavailableError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    run_id: int
+    name: str
+    config: dict
+    environment: EnvironmentSpec
+
+
+class PlatformClient:
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 10.0, retries: int = 5):
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Token {token}"},
+            timeout=timeout_s,
+        )
+        self._retries = retries
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, payload: dict) -> httpx.Response:
+        """POST with retries on connection trouble, so a platform restart does not kill training."""
+        delay = 0.5
+        for attempt in range(self._retries + 1):
+            try:
+                response = self._http.post(path, json=payload)
+            except httpx.TransportError as exc:
+                if attempt == self._retries:
+                    raise PlatformUnavailableError(f"POST {path}: {exc}") from exc
+                logger.warning("platform unreachable (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            if response.status_code >= 500 and attempt < self._retries:
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            response.raise_for_status()
+            return response
+        raise AssertionError("unreachable")
+
+    def claim(self, worker: str) -> ClaimedRun | None:
+        response = self._post("/api/trainer/claim/", {"worker": worker})
+        if response.status_code == 204:
+            return None
+        run = response.json()["run"]
+        return ClaimedRun(
+            run_id=int(run["id"]),
+            name=run["name"],
+            config=run["config"],
+            environment=EnvironmentSpec.model_validate(run["environment"]),
+        )
+
+    def heartbeat(self, run_id: int, heartbeat: TrainerHeartbeat) -> str:
+        """Report progress; returns the run's status as the platform sees it."""
+        response = self._post(f"/api/trainer/runs/{run_id}/heartbeat/", heartbeat.model_dump(mode="json"))
+        return response.json()["status"]
+
+    def post_events(self, run_id: int, events: list[TrainerStepEvent]) -> None:
+        if events:
+            self._post(
+                f"/api/trainer/runs/{run_id}/telemetry/",
+                {"events": [event.model_dump(mode="json") for event in events]},
+            )

@@ -1,0 +1,311 @@
+"""Training one claimed run: SFT warm-up, then GRPO on streamed trajectories.
+
+The loop is single-threaded on purpose: generation happens in producers, so
+the only thing this thread ever waits for is data that is not there yet, and
+that wait is measured and reported as the trainer's idle time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import redis
+from celery import Celery
+from flax import nnx
+
+from tandem.contracts import (
+    RunSpec,
+    TrainerHeartbeat,
+    TrainerStepEvent,
+    run_spec_key,
+    run_stop_key,
+)
+from tandem.run_config import RunConfig
+from trainer.backlog import RolloutBacklog
+from trainer.chat import Conversation
+from trainer.checkpoints import RunCheckpointer
+from trainer.losses import LossFn, grpo_advantages, grpo_loss, sft_loss
+from trainer.model import Transformer, TransformerConfig
+from trainer.platform_client import ClaimedRun, PlatformClient
+from trainer.stream import GroupAssembler, StreamEntry, TrajectoryStreamReader
+from trainer.tokenizer import ByteTokenizer
+from trainer.train_step import create_train_state, make_train_step, pad_batch
+from trainer.weights import RedisWeightPublisher
+from workers.environments import load_environment_class
+
+logger = logging.getLogger(__name__)
+
+
+class RunCancelledError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """How the trainer process reaches everything; one per process."""
+
+    redis_url: str
+    checkpoint_root: Path
+    consumer_name: str
+    # Blocking read timeout: short enough to notice cancellation promptly.
+    stream_block_ms: int = 500
+    # Telemetry is batched so a fast SFT phase does not make one request per step.
+    telemetry_interval_s: float = 0.5
+    heartbeat_interval_s: float = 2.0
+
+
+def length_buckets(max_seq_len: int) -> tuple[int, ...]:
+    buckets, length = [], 32
+    while length < max_seq_len:
+        buckets.append(length)
+        length *= 2
+    return (*buckets, max_seq_len)
+
+
+def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
+    # The learning rate is a hyperparameter in the optimizer state, so the RL
+    # phase can lower it without a second optimizer or a recompile.
+    return optax.inject_hyperparams(
+        lambda learning_rate: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
+    )(learning_rate=learning_rate)
+
+
+def rl_loss_for(config: RunConfig) -> LossFn:
+    """The RL phase's loss, chosen by ``config.algorithm``; new algorithms plug in here."""
+    if config.algorithm == "grpo":
+        return functools.partial(grpo_loss, clip_epsilon=config.clip_epsilon)
+    raise ValueError(f"unknown algorithm {config.algorithm!r}")
+
+
+@dataclass
+class _Telemetry:
+    platform: PlatformClient
+    run_id: int
+    interval_s: float
+    pending: list[TrainerStepEvent] = field(default_factory=list)
+    last_flush: float = 0.0
+
+    def emit(self, event: TrainerStepEvent) -> None:
+        self.pending.append(event)
+        if time.monotonic() - self.last_flush >= self.interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        events, self.pending = self.pending, []
+        self.platform.post_events(self.run_id, events)
+        self.last_flush = time.monotonic()
+
+
+class RunTrainer:
+    def __init__(self, claimed: ClaimedRun, *, settings: TrainerSettings, platform: PlatformClient,
+                 redis_client: redis.Redis, celery_app: Celery):
+        self.claimed = claimed
+        self.run_id = claimed.run_id
+        self.config = RunConfig.model_validate(claimed.config)
+        self.settings = settings
+        self.platform = platform
+        self.redis = redis_client
+        self.celery_app = celery_app
+        self.tokenizer = ByteTokenizer()
+        self.environment_class = load_environment_class(claimed.environment)
+        self.telemetry = _Telemetry(platform, self.run_id, settings.telemetry_interval_s)
+        self.publisher = RedisWeightPublisher(redis_client)
+        self.policy_version = -1
+        self.step = 0
+        self._last_heartbeat = 0.0
+        self._buckets = length_buckets(self.config.model.max_seq_len)
+
+        model_config = TransformerConfig.from_model_config(self.config.model, self.tokenizer.vocab_size)
+        model = Transformer(model_config, rngs=nnx.Rngs(self.config.seed))
+        self.optimizer = make_optimizer(self.config.learning_rate)
+        self.graphdef, self.state = create_train_state(model, self.optimizer)
+        self._sft_step = make_train_step(self.graphdef, self.optimizer, sft_loss)
+        self._rl_step = make_train_step(self.graphdef, self.optimizer, rl_loss_for(self.config))
+        self.checkpointer = RunCheckpointer(settings.checkpoint_root / f"run-{self.run_id}")
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def run(self) -> str:
+        """Train the run to its end; returns the final status."""
+        spec = RunSpec(run_id=self.run_id, config=self.config.model_dump(mode="json"),
+                       environment=self.claimed.environment)
+        self.redis.set(run_spec_key(self.run_id), spec.model_dump_json())
+        self.redis.delete(run_stop_key(self.run_id))
+        try:
+            self._heartbeat(force=True)
+            self._sft_phase()
+            self._publish()
+            self._rl_phase()
+            self._checkpoint()
+            self.telemetry.flush()
+            self._report("finished")
+            return "finished"
+        except RunCancelledError:
+            self.telemetry.flush()
+            return "cancelled"
+        finally:
+            # Producers stop starting episodes for a run that is over.
+            self.redis.set(run_stop_key(self.run_id), "1")
+            self.checkpointer.close()
+
+    def _report(self, status: str, message: str = "") -> str:
+        return self.platform.heartbeat(
+            self.run_id,
+            TrainerHeartbeat(status=status, policy_version=max(self.policy_version, 0),
+                             trainer_step=self.step, message=message),
+        )
+
+    def _heartbeat(self, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last_heartbeat < self.settings.heartbeat_interval_s:
+            return
+        self._last_heartbeat = time.monotonic()
+        status = self._report("running")
+        if status == "cancelled":
+            raise RunCancelledError()
+
+    # -- SFT ---------------------------------------------------------------
+
+    def _demonstration_batch(self, rng: random.Random):
+        environment = self.environment_class(**self.claimed.environment.params)
+        tool_names = [tool.name for tool in environment.tools]
+        sequences, masks = [], []
+        for demo in environment.demonstrations(self.config.sft_batch_size, rng):
+            conversation = Conversation.start(self.tokenizer, tool_names=tool_names, prompt=demo.prompt)
+            for turn in demo.turns:
+                if turn.role == "policy":
+                    conversation.add_policy_text(turn.text)
+                else:
+                    conversation.add_environment(turn.text)
+            sequences.append(conversation.token_ids[: self.config.model.max_seq_len])
+            masks.append(conversation.loss_mask[: self.config.model.max_seq_len])
+        if not sequences:
+            return None
+        return pad_batch(sequences, loss_masks=masks, behaviour_logprobs=None, advantages=None,
+                         batch_size=self.config.sft_batch_size, length_buckets=self._buckets,
+                         pad_id=self.tokenizer.pad_id)
+
+    def _sft_phase(self) -> None:
+        rng = random.Random(self.config.seed)
+        for _ in range(self.config.sft_steps):
+            started = time.perf_counter()
+            batch = self._demonstration_batch(rng)
+            if batch is None:
+                logger.info("environment %s has no demonstrations; skipping SFT", self.claimed.environment.name)
+                return
+            compute_started = time.perf_counter()
+            self.state, metrics = self._sft_step(self.state, batch)
+            loss = float(jax.block_until_ready(metrics["loss"]))
+            compute_s = time.perf_counter() - compute_started
+            self.step += 1
+            if self.step % self.config.checkpoint_every == 0:
+                self._checkpoint()
+            wall_s = time.perf_counter() - started
+            self.telemetry.emit(TrainerStepEvent(
+                run_id=self.run_id, step=self.step, phase="sft", policy_version=max(self.policy_version, 0),
+                wall_s=wall_s, wait_s=0.0, compute_s=compute_s, publish_s=0.0,
+                other_s=max(wall_s - compute_s, 0.0), loss=loss, emitted_at=time.time(),
+            ))
+            self._heartbeat()
+        self.state.opt_state.hyperparams["learning_rate"] = jnp.asarray(
+            self.config.rl_learning_rate, dtype=self.state.opt_state.hyperparams["learning_rate"].dtype
+        )
+
+    # -- RL ----------------------------------------------------------------
+
+    def _publish(self) -> float:
+        started = time.perf_counter()
+        self.policy_version += 1
+        self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=self.state.params)
+        return time.perf_counter() - started
+
+    def _checkpoint(self) -> None:
+        self.checkpointer.save(
+            self.step,
+            train_state=self.state,
+            progress={"step": self.step, "policy_version": self.policy_version, "run_id": self.run_id},
+        )
+
+    def _rl_phase(self) -> None:
+        config = self.config
+        if self.config.sft_steps == 0:
+            self.state.opt_state.hyperparams["learning_rate"] = jnp.asarray(config.rl_learning_rate)
+        reader = TrajectoryStreamReader(self.redis, run_id=self.run_id, consumer=self.settings.consumer_name)
+        assembler = GroupAssembler()
+        backlog = RolloutBacklog(celery_app=self.celery_app, redis_client=self.redis, run_id=self.run_id,
+                                 config=config, groups_needed=config.rl_steps * config.groups_per_step)
+        groups_consumed = 0
+        for _ in range(config.rl_steps):
+            step_started = time.perf_counter()
+            backlog.top_up(groups_consumed=groups_consumed)
+            wait_started = time.perf_counter()
+            while assembler.complete_groups() < config.groups_per_step:
+                for entry in reader.read(block_ms=self.settings.stream_block_ms):
+                    assembler.add(entry)
+                reader.ack(assembler.take_duplicates())
+                self._heartbeat()
+            wait_s = time.perf_counter() - wait_started
+            groups = assembler.take(config.groups_per_step)
+            groups_consumed += len(groups)
+            backlog.top_up(groups_consumed=groups_consumed)
+
+            compute_started = time.perf_counter()
+            batch, stats = self._rl_batch(groups)
+            self.state, metrics = self._rl_step(self.state, batch)
+            loss = float(jax.block_until_ready(metrics["loss"]))
+            compute_s = time.perf_counter() - compute_started
+
+            # Acknowledge only after the update that used the data has happened.
+            reader.ack([entry.entry_id for group in groups for entry in group])
+            publish_s = self._publish()
+            self.step += 1
+            if self.step % config.checkpoint_every == 0:
+                self._checkpoint()
+            wall_s = time.perf_counter() - step_started
+            self.telemetry.emit(TrainerStepEvent(
+                run_id=self.run_id, step=self.step, phase="rl", policy_version=self.policy_version,
+                wall_s=wall_s, wait_s=wait_s, compute_s=compute_s, publish_s=publish_s,
+                other_s=max(wall_s - wait_s - compute_s - publish_s, 0.0), loss=loss,
+                samples_per_s=stats["episodes"] / wall_s if wall_s > 0 else None,
+                reward_mean=stats["reward_mean"], success_rate=stats["success_rate"],
+                staleness_mean=stats["staleness_mean"], staleness_max=stats["staleness_max"],
+                failed_episodes=stats["failed"], emitted_at=time.time(),
+            ))
+            self._heartbeat()
+
+    def _rl_batch(self, groups: list[list[StreamEntry]]):
+        records = [entry.record for group in groups for entry in group]
+        group_ids = np.array([index for index, group in enumerate(groups) for _ in group], dtype=np.int32)
+        rewards = np.array([record.reward for record in records], dtype=np.float32)
+        valid = np.array([record.status == "ok" for record in records])
+        advantages = grpo_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), jnp.asarray(valid),
+                                     num_groups=len(groups))
+        max_len = self.config.model.max_seq_len
+        batch = pad_batch(
+            [record.token_ids[:max_len] for record in records],
+            loss_masks=[record.loss_mask[:max_len] for record in records],
+            behaviour_logprobs=[record.behaviour_logprobs[:max_len] for record in records],
+            advantages=[float(a) for a in np.asarray(advantages)],
+            batch_size=self.config.episodes_per_step,
+            length_buckets=self._buckets,
+            pad_id=self.tokenizer.pad_id,
+        )
+        # Staleness: how many versions behind the policy being updated the data is.
+        staleness = np.array([self.policy_version - record.policy_version for record in records], dtype=np.float32)
+        return batch, {
+            "episodes": len(records),
+            "failed": int((~valid).sum()),
+            "reward_mean": float(rewards[valid].mean()) if valid.any() else 0.0,
+            "success_rate": float((rewards > 0).mean()),
+            "staleness_mean": float(staleness.mean()),
+            "staleness_max": float(staleness.max()),
+        }
+

@@ -1,0 +1,130 @@
+"""One agent-environment episode: generate, call tools, step, until done."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.contracts import EpisodeTimings, TrajectoryRecord
+from trainer.chat import Conversation
+from trainer.tokenizer import ByteTokenizer
+from workers.environments.base import Environment
+from workers.policy import BatchingPolicy
+from workers.tool_calls import parse_tool_call
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int
+    max_seq_len: int
+    max_new_tokens: int
+    environment_timeout_s: float
+
+
+class EpisodeFailure(Exception):
+    """Ends an episode as failed, with a reason that is recorded and shown."""
+
+
+async def _call_environment(awaitable, *, what: str, timeout_s: float):
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except TimeoutError as exc:
+        raise EpisodeFailure(f"{what} timed out after {timeout_s:g}s") from exc
+    except EpisodeFailure:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any environment bug fails only this episode
+        raise EpisodeFailure(f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+
+async def run_episode(
+    *,
+    run_id: int,
+    group_id: str,
+    group_size: int,
+    environment_name: str,
+    environment: Environment,
+    task: dict[str, Any],
+    policy: BatchingPolicy,
+    limits: EpisodeLimits,
+    tokenizer: ByteTokenizer | None = None,
+) -> TrajectoryRecord:
+    """Run one episode to the end; environment faults end it as ``failed``, never raise."""
+    tokenizer = tokenizer or ByteTokenizer()
+    started_at = time.time()
+    generation_s = environment_s = 0.0
+    conversation = Conversation(tokenizer)
+    policy_versions: list[int] = []
+    reward = 0.0
+    status, failure_reason = "ok", ""
+    try:
+        began = time.perf_counter()
+        prompt = await _call_environment(
+            environment.reset(task), what="reset", timeout_s=limits.environment_timeout_s
+        )
+        environment_s += time.perf_counter() - began
+        conversation = Conversation.start(
+            tokenizer, tool_names=[tool.name for tool in environment.tools], prompt=str(prompt)
+        )
+        for _ in range(limits.max_turns):
+            if len(conversation) + limits.max_new_tokens > limits.max_seq_len:
+                break  # no room for another turn: the episode is truncated with the reward so far
+            began = time.perf_counter()
+            try:
+                generated = await policy.generate(list(conversation.token_ids))
+            except Exception as exc:  # noqa: BLE001 - recorded on the episode
+                raise EpisodeFailure(f"generation failed: {type(exc).__name__}: {exc}") from exc
+            generation_s += time.perf_counter() - began
+            completion = generated.completion
+            policy_versions.append(generated.policy_version)
+            conversation.add_policy_tokens(completion.token_ids, completion.logprobs)
+            if not completion.finished:
+                break  # ran out of tokens mid-turn: nothing sensible to act on
+            text = tokenizer.decode(completion.token_ids)
+            call = parse_tool_call(text, environment.tools)
+            began = time.perf_counter()
+            if call is not None:
+                observation = await _call_environment(
+                    call.tool.run(call.arguments), what=f"tool {call.tool.name}",
+                    timeout_s=limits.environment_timeout_s,
+                )
+                environment_s += time.perf_counter() - began
+                conversation.add_environment(str(observation))
+                continue
+            result = await _call_environment(
+                environment.step(text), what="step", timeout_s=limits.environment_timeout_s
+            )
+            environment_s += time.perf_counter() - began
+            reward += float(result.reward)
+            if result.done:
+                break
+            conversation.add_environment(str(result.observation))
+    except EpisodeFailure as exc:
+        status, failure_reason, reward = "failed", str(exc), 0.0
+
+    token_ids = conversation.token_ids[: limits.max_seq_len]
+    loss_mask = conversation.loss_mask[: limits.max_seq_len]
+    if status == "failed":
+        loss_mask = [0] * len(token_ids)
+    return TrajectoryRecord(
+        run_id=run_id,
+        group_id=group_id,
+        group_size=group_size,
+        environment=environment_name,
+        policy_version=min(policy_versions) if policy_versions else 0,
+        policy_versions=policy_versions,
+        token_ids=token_ids,
+        behaviour_logprobs=conversation.behaviour_logprobs[: limits.max_seq_len],
+        loss_mask=loss_mask,
+        reward=reward,
+        status=status,
+        failure_reason=failure_reason,
+        num_turns=len(policy_versions),
+        timings=EpisodeTimings(
+            started_at=started_at,
+            finished_at=time.time(),
+            generation_s=generation_s,
+            environment_s=environment_s,
+        ),
+    )

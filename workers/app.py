@@ -1,0 +1,42 @@
+"""The Celery app of rollout producers.
+
+Workers run with the ``solo`` pool: each worker process runs one task at a
+time in its own main thread, and a task runs many episodes concurrently with
+asyncio. Nothing forks after JAX initialises (prefork would fork a parent
+that may have touched JAX, which deadlocks XLA's thread pools), and scaling
+out is one more worker process per core or host.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from tandem.contracts import ROLLOUT_QUEUE, ROLLOUT_TASK_NAME
+from workers.settings import redis_url
+
+app = Celery("tandem_workers", broker=redis_url(), include=["workers.tasks"])
+
+app.conf.update(
+    task_default_queue=ROLLOUT_QUEUE,
+    task_routes={ROLLOUT_TASK_NAME: {"queue": ROLLOUT_QUEUE}},
+    task_serializer="json",
+    accept_content=["json"],
+    # Results are never read: trajectories travel through the run's stream.
+    task_ignore_result=True,
+    # A rollout task is acknowledged only after it ran, so a worker killed
+    # mid-task has its task redelivered. That is safe: a redelivered task
+    # regenerates the same group ids and the trainer trains each group once.
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    # One task in hand per worker: a busy worker must not hoard the backlog
+    # that an idle worker could be running.
+    worker_prefetch_multiplier=1,
+    # Redis redelivers an unacknowledged task after this long. It must exceed
+    # the longest task (bounded by task_time_limit) or a slow task would run twice.
+    broker_transport_options={"visibility_timeout": 1800},
+    # A task runs a few groups; minutes mean an environment or generation is stuck.
+    task_soft_time_limit=600,
+    task_time_limit=900,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)

@@ -1,0 +1,75 @@
+"""The interface every environment implements, in-process or behind an adapter.
+
+An environment owns the task and the reward. Tools are separate: the agent
+loop parses tool calls out of the policy's text and runs the environment's
+declared tools itself, so a tool result becomes an observation without a call
+to ``step``. Anything the policy says that is not a tool call is an action for
+``step``.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the policy may call, declared with a JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    run: Callable[[dict[str, Any]], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class DemonstrationTurn:
+    """One turn of a demonstration: who speaks, and what they say."""
+
+    role: str  # "policy" (trained on) or "environment" (masked out)
+    text: str
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    prompt: str
+    turns: tuple[DemonstrationTurn, ...]
+
+
+class Environment(abc.ABC):
+    """Subclass this to plug an environment into Tandem.
+
+    One instance serves one episode at a time; producers create one per
+    episode, so instance state is episode state.
+    """
+
+    #: Tools the policy may call; listed in the prompt.
+    tools: tuple[Tool, ...] = ()
+
+    @abc.abstractmethod
+    def sample_task(self, rng: random.Random) -> dict[str, Any]:
+        """A task drawn from ``rng``; all episodes of a GRPO group share it."""
+
+    @abc.abstractmethod
+    async def reset(self, task: dict[str, Any]) -> str:
+        """Start an episode on ``task``; returns the first observation (the prompt)."""
+
+    @abc.abstractmethod
+    async def step(self, action: str) -> StepResult:
+        """Apply the policy's action (its text, stripped of special tokens)."""
+
+    def demonstrations(self, count: int, rng: random.Random) -> list[Demonstration]:
+        """Demonstrations for an SFT warm-up; environments without any return []."""
+        return []

@@ -1,0 +1,133 @@
+"""Producing episode groups for a run and streaming each trajectory as it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import redis
+import redis.asyncio as aioredis
+
+from tandem.contracts import RunSpec, run_spec_key, run_stop_key, trajectory_stream
+from tandem.run_config import RunConfig
+from workers.agent import EpisodeLimits, run_episode
+from workers.environments import load_environment_class
+from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
+
+logger = logging.getLogger(__name__)
+
+# Runtimes stay warm across tasks: rebuilding the sampler would recompile it.
+_runtimes: dict[int, PolicyRuntime] = {}
+
+
+class RunNotReadyError(RuntimeError):
+    """The run's spec or first weights are not in Redis yet; the task should retry."""
+
+
+@dataclass(frozen=True)
+class ProductionSummary:
+    run_id: int
+    episodes: int
+    failed: int
+    skipped_stopped: bool
+    wall_s: float
+    generation_s: float
+
+
+def load_run_spec(client: redis.Redis, run_id: int) -> RunSpec | None:
+    raw = client.get(run_spec_key(run_id))
+    return None if raw is None else RunSpec.model_validate_json(raw)
+
+
+def runtime_for(client: redis.Redis, spec: RunSpec) -> PolicyRuntime:
+    runtime = _runtimes.get(spec.run_id)
+    if runtime is None:
+        runtime = PolicyRuntime(run_id=spec.run_id, config=RunConfig.model_validate(spec.config),
+                                redis_client=client)
+        _runtimes.clear()  # one run at a time per worker process keeps memory bounded
+        _runtimes[spec.run_id] = runtime
+    return runtime
+
+
+def group_task_seed(run_seed: int, group_index: int) -> int:
+    return (run_seed * 1_000_003 + group_index) & 0x7FFFFFFF
+
+
+async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntime,
+                         first_group_index: int, num_groups: int) -> ProductionSummary:
+    """Run ``num_groups`` GRPO groups concurrently; XADD every trajectory as soon as it ends."""
+    config = runtime.config
+    environment_class = load_environment_class(spec.environment)
+    limits = EpisodeLimits(
+        max_turns=config.max_turns,
+        max_seq_len=config.model.max_seq_len,
+        max_new_tokens=config.max_new_tokens,
+        environment_timeout_s=config.environment_timeout_s,
+    )
+    policy = BatchingPolicy(runtime, seed=group_task_seed(config.seed, first_group_index))
+    stream = trajectory_stream(spec.run_id)
+    client = aioredis.from_url(redis_url)
+    started = time.perf_counter()
+    failed = 0
+
+    async def one_episode(group_index: int, task: dict) -> None:
+        nonlocal failed
+        environment = environment_class(**spec.environment.params)
+        record = await run_episode(
+            run_id=spec.run_id,
+            group_id=f"{spec.run_id}-{group_index}",
+            group_size=config.group_size,
+            environment_name=spec.environment.name,
+            environment=environment,
+            task=task,
+            policy=policy,
+            limits=limits,
+        )
+        if record.status == "failed":
+            failed += 1
+            logger.warning("run %s episode failed: %s", spec.run_id, record.failure_reason)
+        await client.xadd(stream, record.to_stream_fields())
+
+    try:
+        episodes = []
+        for group_index in range(first_group_index, first_group_index + num_groups):
+            task_environment = environment_class(**spec.environment.params)
+            task = task_environment.sample_task(random.Random(group_task_seed(config.seed, group_index)))
+            episodes += [one_episode(group_index, task) for _ in range(config.group_size)]
+        await asyncio.gather(*episodes)
+    finally:
+        await policy.close()
+        await client.aclose()
+    return ProductionSummary(
+        run_id=spec.run_id,
+        episodes=num_groups * config.group_size,
+        failed=failed,
+        skipped_stopped=False,
+        wall_s=time.perf_counter() - started,
+        generation_s=policy.generation_s,
+    )
+
+
+def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: int) -> ProductionSummary:
+    """Synchronous entry point of a rollout task."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        if client.exists(run_stop_key(run_id)):
+            return ProductionSummary(run_id, 0, 0, True, 0.0, 0.0)
+        spec = load_run_spec(client, run_id)
+        if spec is None:
+            raise RunNotReadyError(f"run {run_id} has no spec in Redis")
+        runtime = runtime_for(client, spec)
+        try:
+            runtime.refresh_weights(force=True)
+        except PolicyNotPublishedError as exc:
+            raise RunNotReadyError(str(exc)) from exc
+        return asyncio.run(produce_groups(
+            redis_url=redis_url, spec=spec, runtime=runtime,
+            first_group_index=first_group_index, num_groups=num_groups,
+        ))
+    finally:
+        client.close()

@@ -1,0 +1,9 @@
+"""Where producers find Redis; one variable, shared with the trainer and platform."""
+
+import os
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def redis_url() -> str:
+    return os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
