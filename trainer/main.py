@@ -41,6 +41,12 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                 status = RunTrainer(claimed, settings=settings, platform=platform,
                                     redis_client=redis_client, celery_app=celery_app).run()
                 logger.info("run %s ended: %s", claimed.run_id, status)
+            except KeyboardInterrupt:
+                # Stopped by the operator: say so, rather than leave the run "running" forever.
+                platform.heartbeat(
+                    claimed.run_id, TrainerHeartbeat(status="failed", message="trainer process was stopped")
+                )
+                raise
             except Exception as exc:
                 logger.exception("run %s failed", claimed.run_id)
                 platform.heartbeat(

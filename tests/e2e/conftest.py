@@ -1,0 +1,74 @@
+"""A whole Tandem for end-to-end tests: real web server, Celery workers, trainer, Redis, PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import psycopg
+import pytest
+import redis
+
+from tandem.stack import Credentials, LocalStack, StackConfig
+
+ADMIN_DATABASE_URL = os.environ.get("TANDEM_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+E2E_REDIS_URL = os.environ.get("TANDEM_E2E_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def e2e_database_url():
+    """A fresh PostgreSQL database for the stack's own processes, dropped afterwards."""
+    name = f"tandem_e2e_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg.connect(ADMIN_DATABASE_URL, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"end-to-end tests need PostgreSQL at {ADMIN_DATABASE_URL}: {exc}")
+    admin.execute(f'CREATE DATABASE "{name}"')
+    base = ADMIN_DATABASE_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.close()
+
+
+@pytest.fixture(scope="session")
+def e2e_redis_url():
+    client = redis.Redis.from_url(E2E_REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"end-to-end tests need Redis at {E2E_REDIS_URL}: {exc}")
+    client.flushdb()  # a leftover Celery queue from an earlier session would feed stale tasks
+    client.close()
+    return E2E_REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, e2e_database_url, e2e_redis_url):
+    config = StackConfig(
+        redis_url=e2e_redis_url,
+        database_url=e2e_database_url,
+        port=_free_port(),
+        workers=2,
+        var_dir=tmp_path_factory.mktemp("tandem-var"),
+    )
+    local = LocalStack(config)
+    credentials = local.prepare()
+    local.start(credentials)
+    yield local, credentials
+    local.stop()
+    for log in sorted(local.log_dir.glob("*.log")):
+        # Shown on failure by pytest's captured output: the first place to look.
+        print(f"==== {log.name} (tail) ====")
+        print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
+@pytest.fixture(scope="session")
+def credentials(stack) -> Credentials:
+    return stack[1]

@@ -1,0 +1,131 @@
+"""One real asynchronous run, from the REST API through producers and trainer, and back."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import redis
+from websockets.sync.client import connect
+
+from tandem.contracts import TRAINER_CONSUMER_GROUP, TrajectoryRecord, trajectory_stream
+
+SMALL_RUN = {
+    "sft_steps": 120,
+    "rl_steps": 4,
+    "groups_per_step": 2,
+    "group_size": 4,
+    "groups_per_task": 1,
+    "checkpoint_every": 2,
+}
+
+
+def _client(stack, credentials) -> httpx.Client:
+    return httpx.Client(
+        base_url=stack.config.platform_url,
+        headers={"Authorization": f"Token {credentials.user_token}"},
+        timeout=10,
+    )
+
+
+def _wait_for_status(client, run_id, statuses, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    run = None
+    while time.monotonic() < deadline:
+        run = client.get(f"/api/runs/{run_id}/").json()
+        if run["status"] in statuses:
+            return run
+        time.sleep(1)
+    raise AssertionError(f"run {run_id} did not reach {statuses} in {timeout_s}s; last seen {run}")
+
+
+class _WebSocketListener(threading.Thread):
+    def __init__(self, url, token):
+        super().__init__(daemon=True)
+        self.url, self.token = url, token
+        self.messages: list[dict] = []
+        self.connected = threading.Event()
+        self.stop = threading.Event()
+
+    def run(self):
+        with connect(self.url, additional_headers={"Authorization": f"Token {self.token}"}) as ws:
+            self.connected.set()
+            while not self.stop.is_set():
+                try:
+                    self.messages.append(json.loads(ws.recv(timeout=0.5)))
+                except TimeoutError:
+                    continue
+
+
+def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, credentials):
+    local, _ = stack
+    client = _client(local, credentials)
+    response = client.post("/api/runs/", json={
+        "project": credentials.project_id, "name": "e2e", "environment": "calculator", "config": SMALL_RUN,
+    })
+    assert response.status_code == 201, response.text
+    run_id = response.json()["id"]
+
+    ws_url = local.config.platform_url.replace("http", "ws") + f"/ws/runs/{run_id}/"
+    listener = _WebSocketListener(ws_url, credentials.user_token)
+    listener.start()
+    assert listener.connected.wait(10), "WebSocket did not connect"
+
+    run = _wait_for_status(client, run_id, {"finished", "failed", "cancelled"}, timeout_s=420)
+    local.check_alive()
+    assert run["status"] == "finished", run
+    listener.stop.set()
+    listener.join(5)
+
+    # Trajectories went through the stream, and every one the trainer read was acknowledged.
+    r = redis.Redis.from_url(local.config.redis_url)
+    stream = trajectory_stream(run_id)
+    (group_info,) = [g for g in r.xinfo_groups(stream) if g["name"].decode() == TRAINER_CONSUMER_GROUP]
+    trained = SMALL_RUN["rl_steps"] * SMALL_RUN["groups_per_step"] * SMALL_RUN["group_size"]
+    records = [TrajectoryRecord.from_stream_fields(fields) for _, fields in r.xrange(stream)]
+    assert len(records) >= trained
+    assert group_info["pending"] == 0
+
+    # The policy version advanced, and later trajectories came from a newer policy.
+    assert run["policy_version"] == SMALL_RUN["rl_steps"]
+    versions = {record.policy_version for record in records}
+    assert 0 in versions and max(versions) >= 1, versions
+    assert all(sum(record.loss_mask) > 0 for record in records if record.status == "ok")
+
+    # Metrics arrived over REST, paged by the step cursor ...
+    points, after = [], -1
+    while True:
+        page = client.get(f"/api/runs/{run_id}/metrics/", params={"after_step": after, "limit": 200}).json()
+        if not page["points"]:
+            break
+        points += page["points"]
+        after = page["next_after_step"]
+    names = {p["name"] for p in points}
+    assert {"loss", "reward_mean", "trainer_idle_fraction", "staleness_mean", "samples_per_s"} <= names
+    steps = sorted({p["step"] for p in points})
+    assert steps == list(range(1, SMALL_RUN["sft_steps"] + SMALL_RUN["rl_steps"] + 1))
+
+    # ... and over the WebSocket, live.
+    live = [m for m in listener.messages if m.get("type") == "metrics"]
+    assert live, f"no metrics over the WebSocket; got {listener.messages[:3]}"
+    assert max(m["step"] for m in live) == steps[-1]
+    assert any("reward_mean" in m["values"] for m in live)
+
+    # Orbax wrote checkpoints for the run.
+    checkpoint_dir = local.config.var_dir / "checkpoints" / f"run-{run_id}"
+    assert any(path.name.isdigit() for path in checkpoint_dir.iterdir())
+
+
+def test_bad_input_over_the_live_api_names_the_field(stack, credentials):
+    local, _ = stack
+    client = _client(local, credentials)
+    bad = client.post("/api/runs/", json={
+        "project": credentials.project_id, "environment": "no-such-env", "config": {},
+    })
+    assert bad.status_code == 400 and "environment" in bad.json()["error"]["fields"]
+    bad = client.post("/api/runs/", json={
+        "project": credentials.project_id, "environment": "calculator", "config": {"group_size": 1},
+    })
+    assert bad.status_code == 400 and "config.group_size" in bad.json()["error"]["fields"]

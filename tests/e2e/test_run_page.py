@@ -1,0 +1,57 @@
+"""The run page in a real Chromium: charts grow live over the WebSocket, without reloading."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from playwright.sync_api import sync_playwright
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run",
+]
+
+
+def test_run_page_charts_grow_live_without_reloading(stack, credentials, tmp_path):
+    local, _ = stack
+    base = local.config.platform_url
+    api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+    run = api.post("/api/runs/", json={
+        "project": credentials.project_id, "name": "browser", "environment": "calculator",
+        "config": {"sft_steps": 80, "rl_steps": 3, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1},
+    })
+    assert run.status_code == 201, run.text
+    run_id = run.json()["id"]
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto(f"{base}/login/?next=/runs/{run_id}/")
+        page.fill("#id_username", credentials.username)
+        page.fill("#id_password", credentials.password)
+        page.click("button[type=submit], input[type=submit]")
+        page.wait_for_url(f"**/runs/{run_id}/")
+        navigations = []
+        page.on("framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None)
+
+        counts = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            counts.append(page.evaluate("window.tandemRunPage ? window.tandemRunPage.pointCount : 0"))
+            if page.inner_text("#run-status").strip() in {"finished", "failed", "cancelled"}:
+                break
+            time.sleep(0.5)
+        final_status = page.inner_text("#run-status").strip()
+        final_step = int(page.inner_text("#run-step").strip())
+        for chart in ("#chart-reward", "#chart-loss", "#chart-idle"):
+            assert page.locator(f"{chart} canvas").count() >= 1, f"{chart} has no chart"
+        page.screenshot(path=str(tmp_path / "run_page.png"), full_page=True)
+        browser.close()
+
+    assert final_status == "finished"
+    assert navigations == [], f"the page reloaded: {navigations}"
+    # The count rose in several increments while we watched, not in one load.
+    increases = sum(1 for before, after in zip(counts, counts[1:]) if after > before)
+    assert increases >= 3, counts
+    assert final_step == 80 + 3
