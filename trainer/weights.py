@@ -23,13 +23,13 @@ def _plain(tree):
 
 
 def serialize_params(params: nnx.State) -> bytes:
-    return serialization.msgpack_serialize(_plain(jax.device_get(params.to_pure_dict())))
+    return serialization.msgpack_serialize(_plain(jax.device_get(nnx.to_pure_dict(params))))
 
 
 def deserialize_params(blob: bytes, like: nnx.State) -> nnx.State:
     """Parameters from ``blob``, shaped and typed like ``like`` (checked)."""
     restored = serialization.msgpack_restore(blob)
-    template = like.to_pure_dict()
+    template = nnx.to_pure_dict(like)
 
     def rebuild(template_node, restored_node, path):
         if isinstance(template_node, dict):

@@ -79,8 +79,8 @@ async def run_episode(
             completion = generated.completion
             policy_versions.append(generated.policy_version)
             conversation.add_policy_tokens(completion.token_ids, completion.logprobs)
-            if not completion.finished:
-                break  # ran out of tokens mid-turn: nothing sensible to act on
+            # A turn cut off at max_new_tokens still acts: the environment judges
+            # whatever was said, so a policy that never stops gets no free pass.
             text = tokenizer.decode(completion.token_ids)
             call = parse_tool_call(text, environment.tools)
             began = time.perf_counter()

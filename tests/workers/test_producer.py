@@ -1,0 +1,106 @@
+"""Producers against a real Redis and a real JAX sampler: streaming, masking, and faults."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from flax import nnx
+
+from tandem.contracts import EnvironmentSpec, RunSpec, TrajectoryRecord, run_spec_key, trajectory_stream
+from tandem.run_config import ModelConfig, RunConfig
+from trainer.model import Transformer, TransformerConfig, split_model
+from trainer.tokenizer import VOCAB_SIZE
+from trainer.weights import RedisWeightPublisher
+from workers.environments import Environment, StepResult
+from workers.environments.calculator import CalculatorEnvironment
+from workers.policy import PolicyRuntime
+from workers.producer import produce, produce_groups
+
+
+class ExplodingEnvironment(CalculatorEnvironment):
+    async def step(self, action):
+        raise RuntimeError("environment bug")
+
+
+class HangingEnvironment(CalculatorEnvironment):
+    async def reset(self, task):
+        await asyncio.sleep(30)
+        return "never"
+
+
+class TalkativeEnvironment(Environment):
+    """Answers every action with an observation; never done, so max_turns ends the episode."""
+
+    def sample_task(self, rng):
+        return {}
+
+    async def reset(self, task):
+        return "say something\n"
+
+    async def step(self, action):
+        return StepResult(observation="again\n", reward=0.25, done=False)
+
+
+CONFIG = RunConfig(
+    model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
+    group_size=3, max_new_tokens=8, max_turns=2, environment_timeout_s=0.5,
+)
+
+
+def _publish_policy(redis_client, run_id: int, environment: str, entrypoint: str) -> RunSpec:
+    model = Transformer(TransformerConfig.from_model_config(CONFIG.model, VOCAB_SIZE), rngs=nnx.Rngs(0))
+    RedisWeightPublisher(redis_client).publish(run_id=run_id, version=7, params=split_model(model)[1])
+    spec = RunSpec(run_id=run_id, config=CONFIG.model_dump(mode="json"),
+                   environment=EnvironmentSpec(name=environment, kind="python", entrypoint=entrypoint))
+    redis_client.set(run_spec_key(run_id), spec.model_dump_json())
+    return spec
+
+
+def _stream_records(redis_client, run_id):
+    return [TrajectoryRecord.from_stream_fields(f) for _, f in redis_client.xrange(trajectory_stream(run_id))]
+
+
+def test_each_finished_episode_is_streamed_with_its_policy_version_and_mask(redis_client, redis_url, run_id):
+    _publish_policy(redis_client, run_id, "calculator", "workers.environments.calculator:CalculatorEnvironment")
+    summary = produce(redis_url=redis_url, run_id=run_id, first_group_index=10, num_groups=2)
+    assert (summary.episodes, summary.failed) == (6, 0)
+    records = _stream_records(redis_client, run_id)
+    assert sorted({r.group_id for r in records}) == [f"{run_id}-10", f"{run_id}-11"]
+    for record in records:
+        assert record.status == "ok" and record.policy_version == 7 and record.policy_versions[0] == 7
+        assert len(record.token_ids) == len(record.loss_mask) == len(record.behaviour_logprobs)
+        policy_tokens = [lp for lp, m in zip(record.behaviour_logprobs, record.loss_mask) if m]
+        assert policy_tokens and all(lp <= 0 for lp in policy_tokens)
+        assert record.loss_mask[0] == 0  # the prompt is never trained on
+
+
+def test_environment_observations_are_masked_out_of_the_loss(redis_client, redis_url, run_id):
+    spec = _publish_policy(redis_client, run_id, "talkative", f"{__name__}:TalkativeEnvironment")
+    runtime = PolicyRuntime(run_id=run_id, config=CONFIG, redis_client=redis_client)
+    runtime.refresh_weights(force=True)
+    asyncio.run(produce_groups(redis_url=redis_url, spec=spec, runtime=runtime, first_group_index=0, num_groups=1))
+    records = _stream_records(redis_client, run_id)
+    finished = [r for r in records if r.num_turns == 2]
+    assert len(finished) == 3
+    observation = list(b"again\n")
+    for record in finished:
+        ids = record.token_ids
+        start = next(i for i in range(len(ids)) if ids[i:i + len(observation)] == observation)
+        assert record.loss_mask[start:start + len(observation)] == [0] * len(observation)
+        assert record.reward == pytest.approx(0.25 * 2)
+
+
+@pytest.mark.parametrize(("environment", "reason"), [
+    ("ExplodingEnvironment", "step raised RuntimeError: environment bug"),
+    ("HangingEnvironment", "reset timed out after 0.5s"),
+])
+def test_a_broken_environment_fails_its_episodes_with_a_reason(redis_client, redis_url, run_id, environment,
+                                                              reason):
+    _publish_policy(redis_client, run_id, environment, f"{__name__}:{environment}")
+    summary = produce(redis_url=redis_url, run_id=run_id, first_group_index=0, num_groups=1)
+    records = _stream_records(redis_client, run_id)
+    assert summary.episodes == 3 and len(records) == 3
+    # An untrained policy never writes a valid tool call, so every episode reaches step().
+    assert summary.failed == 3
+    assert all(r.status == "failed" and r.failure_reason == reason and sum(r.loss_mask) == 0 for r in records)
