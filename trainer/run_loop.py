@@ -7,7 +7,6 @@ that wait is measured and reported as the trainer's idle time.
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import time
@@ -82,7 +81,12 @@ def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
 def rl_loss_for(config: RunConfig) -> LossFn:
     """The RL phase's loss, chosen by ``config.algorithm``; new algorithms plug in here."""
     if config.algorithm == "grpo":
-        return functools.partial(grpo_loss, clip_epsilon=config.clip_epsilon)
+        # Producers record log-probabilities of the temperature-scaled
+        # distribution they sampled from; the ratio must compare like with like.
+        def loss(logits, batch):
+            return grpo_loss(logits / config.temperature, batch, clip_epsilon=config.clip_epsilon)
+
+        return loss
     raise ValueError(f"unknown algorithm {config.algorithm!r}")
 
 

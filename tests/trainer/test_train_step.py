@@ -1,0 +1,186 @@
+"""The jitted train step: it learns, it compiles once per bucket, and padding is inert."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from trainer.losses import grpo_loss, sft_loss, token_logprobs
+from trainer.model import Transformer, TransformerConfig
+from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+from trainer.train_step import create_train_state, make_train_step, pad_batch
+
+CONFIG = TransformerConfig(
+    vocab_size=VOCAB_SIZE, d_model=32, num_layers=2, num_heads=2, mlp_dim=64, max_seq_len=64
+)
+BUCKETS = (16, 32)
+
+
+def _optimizer(learning_rate: float = 1e-2) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
+
+
+def _demonstrations() -> tuple[list[list[int]], list[list[int]]]:
+    """Prompt bytes (masked out) followed by an answer and EOS (masked in)."""
+    sequences, masks = [], []
+    for prompt, answer in [(b"2+3=", b"5"), (b"hello", b" world"), (b"abc", b"def")]:
+        tokens = [BOS_ID, *prompt, *answer, EOS_ID]
+        sequences.append(tokens)
+        masks.append([0] * (1 + len(prompt)) + [1] * (len(answer) + 1))
+    return sequences, masks
+
+
+def _sft_batch(sequences, masks, batch_size=4):
+    return pad_batch(
+        sequences,
+        loss_masks=masks,
+        behaviour_logprobs=None,
+        advantages=None,
+        batch_size=batch_size,
+        length_buckets=BUCKETS,
+        pad_id=PAD_ID,
+    )
+
+
+def test_pad_batch_right_pads_to_the_smallest_bucket_and_masks_extra_rows():
+    batch = pad_batch(
+        [[1, 2, 3], [4, 5]],
+        loss_masks=[[0, 1, 1], [0, 1]],
+        behaviour_logprobs=[[0.0, -0.5, -0.25], [0.0, -1.0]],
+        advantages=[1.5, -0.5],
+        batch_size=4,
+        length_buckets=(8, 4),
+        pad_id=PAD_ID,
+    )
+    assert batch.tokens.shape == (4, 4)
+    np.testing.assert_array_equal(batch.tokens[0], [1, 2, 3, PAD_ID])
+    np.testing.assert_array_equal(batch.tokens[3], [PAD_ID] * 4)
+    np.testing.assert_array_equal(batch.attention_mask[1], [True, True, False, False])
+    np.testing.assert_array_equal(batch.attention_mask[2:], False)
+    np.testing.assert_array_equal(
+        batch.loss_mask[:, :3], [[0, 1, 1], [0, 1, 0], [0, 0, 0], [0, 0, 0]]
+    )
+    np.testing.assert_array_equal(batch.positions[1], [0, 1, 2, 3])
+    np.testing.assert_allclose(batch.behaviour_logprobs[0], [0.0, -0.5, -0.25, 0.0])
+    np.testing.assert_allclose(batch.advantages, [1.5, -0.5, 0.0, 0.0])
+
+
+def test_pad_batch_refuses_what_does_not_fit():
+    _pad = functools.partial(
+        pad_batch, behaviour_logprobs=None, advantages=None, length_buckets=(4,), pad_id=PAD_ID
+    )
+    with pytest.raises(ValueError, match="largest length bucket 4"):
+        _pad([[1] * 5], loss_masks=[[1] * 5], batch_size=1)
+    with pytest.raises(ValueError, match="batch_size=1"):
+        _pad([[1], [2]], loss_masks=[[1], [1]], batch_size=1)
+    with pytest.raises(ValueError, match="loss mask"):
+        _pad([[1, 2]], loss_masks=[[1]], batch_size=1)
+
+
+def test_sft_steps_on_a_fixed_batch_reduce_the_loss_without_touching_the_model():
+    model = Transformer(CONFIG, rngs=nnx.Rngs(0))
+    optimizer = _optimizer()
+    graphdef, state = create_train_state(model, optimizer)
+    train_step = make_train_step(graphdef, optimizer, sft_loss)
+    batch = _sft_batch(*_demonstrations())
+
+    losses = []
+    for _ in range(15):
+        state, metrics = train_step(state, batch)
+        losses.append(float(metrics["loss"]))
+
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert int(state.step) == 15
+    assert set(metrics) >= {"loss", "grad_norm", "token_accuracy", "num_tokens"}
+    assert float(metrics["num_tokens"]) == 2 + 7 + 4
+    # Donating the state did not delete the arrays the model was built with.
+    assert bool(jnp.all(jnp.isfinite(model.head.kernel[...])))
+
+
+def test_no_retrace_across_batches_of_the_same_bucket():
+    model = Transformer(CONFIG, rngs=nnx.Rngs(1))
+    optimizer = _optimizer()
+    graphdef, state = create_train_state(model, optimizer)
+    train_step = make_train_step(graphdef, optimizer, sft_loss)
+    sequences, masks = _demonstrations()
+
+    state, _ = train_step(state, _sft_batch(sequences, masks))
+    assert train_step.trace_count == 1
+    # Fewer rows, other lengths, other contents: same (4, 16) bucket.
+    state, _ = train_step(state, _sft_batch(sequences[:1], masks[:1]))
+    state, _ = train_step(state, _sft_batch([[BOS_ID, 7] * 7], [[0, 1] * 7]))
+    assert train_step.trace_count == 1
+
+    state, _ = train_step(state, _sft_batch([[BOS_ID] * 20], [[1] * 20]))
+    assert train_step.trace_count == 2
+
+
+def test_padding_rows_and_trailing_tool_tokens_do_not_change_the_gradient():
+    """Only the loss-masked tokens and their context reach the update."""
+    model = Transformer(CONFIG, rngs=nnx.Rngs(2))
+    optimizer = optax.sgd(1.0)
+    graphdef, state = create_train_state(model, optimizer)
+    train_step = make_train_step(graphdef, optimizer, sft_loss)
+    sequence = [BOS_ID, 10, 11, 12, 13]
+    mask = [0, 0, 1, 1, 0]
+
+    def updated_params(sequences, masks):
+        start = jax.tree.map(jnp.copy, state)
+        new_state, metrics = train_step(start, _sft_batch(sequences, masks))
+        return new_state.params, float(metrics["loss"])
+
+    reference, loss = updated_params([sequence], [mask])
+    # A tool token after the last policy token is edited, and two padding rows are added.
+    edited, edited_loss = updated_params(
+        [sequence[:-1] + [99], [BOS_ID, 1, 2], [BOS_ID, 3]], [mask, [0, 0, 0], [0, 0]]
+    )
+    assert edited_loss == pytest.approx(loss, abs=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), reference, edited)
+    # Editing a policy token does change the loss.
+    _, policy_edited_loss = updated_params([sequence[:3] + [99] + sequence[4:]], [mask])
+    assert abs(policy_edited_loss - loss) > 1e-3
+
+
+def test_a_grpo_step_raises_the_likelihood_of_a_positive_advantage_sequence():
+    model = Transformer(CONFIG, rngs=nnx.Rngs(3))
+    optimizer = _optimizer(3e-3)
+    graphdef, state = create_train_state(model, optimizer)
+    train_step = make_train_step(
+        graphdef, optimizer, functools.partial(grpo_loss, clip_epsilon=0.2)
+    )
+    good, bad = [BOS_ID, 1, 2, 3, 4, 5], [BOS_ID, 1, 9, 9, 9, 9]
+    mask = [0, 0, 1, 1, 1, 1]
+
+    def sequence_logprobs(params, batch):
+        logits = nnx.merge(graphdef, params)(batch.tokens, batch.positions, batch.attention_mask)
+        per_token = token_logprobs(logits[:, :-1], batch.tokens[:, 1:])
+        return jnp.sum(per_token * batch.loss_mask[:, 1:], axis=1)
+
+    # On-policy data: behaviour log-probs are the current policy's (ratio 1).
+    probe = _sft_batch([good, bad], [mask, mask])
+    logits = nnx.merge(graphdef, state.params)(probe.tokens, probe.positions, probe.attention_mask)
+    behaviour = np.zeros(probe.tokens.shape, np.float32)
+    behaviour[:, 1:] = token_logprobs(logits[:, :-1], probe.tokens[:, 1:])
+    batch = pad_batch(
+        [good, bad],
+        loss_masks=[mask, mask],
+        behaviour_logprobs=[behaviour[0, : len(good)].tolist(), behaviour[1, : len(bad)].tolist()],
+        advantages=[1.0, -1.0],
+        batch_size=4,
+        length_buckets=BUCKETS,
+        pad_id=PAD_ID,
+    )
+    before = sequence_logprobs(state.params, batch)
+    state, metrics = train_step(state, batch)
+    after = sequence_logprobs(state.params, batch)
+
+    np.testing.assert_allclose(metrics["ratio_mean"], 1.0, atol=1e-4)
+    assert float(metrics["clip_fraction"]) == 0.0
+    assert float(after[0]) > float(before[0])
+    assert float(after[1]) < float(before[1])

@@ -1,0 +1,201 @@
+"""The trainer's jitted update: one pure ``train_step(state, batch) -> (state, metrics)``.
+
+Batches are right-padded to a few length buckets and a fixed row count by
+:func:`pad_batch`, so after one compilation per bucket the step never
+recompiles; :attr:`TrainStep.trace_count` lets a test prove it. The state is
+donated, so XLA updates parameters and optimizer moments in place.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from trainer.model import Transformer, split_model
+
+if TYPE_CHECKING:
+    from trainer.losses import LossFn
+
+
+@flax.struct.dataclass
+class TrainBatch:
+    """A padded batch of sequences, the input of every loss.
+
+    Padding is on the right: row ``b`` holds its tokens at slots ``0 ..
+    n_b - 1`` with positions ``0 .. n_b - 1``.
+    """
+
+    # int32 [B, T] token ids; pad_id after each sequence.
+    tokens: jax.Array
+    # int32 [B, T] rotary positions.
+    positions: jax.Array
+    # bool [B, T], False on padding.
+    attention_mask: jax.Array
+    # float32 [B, T], 1 on tokens the policy generated (the only ones trained on).
+    loss_mask: jax.Array
+    # float32 [B] per-sequence advantage (RL); zeros for SFT.
+    advantages: jax.Array
+    # float32 [B, T] log-prob of each token under the policy that sampled it (RL); zeros for SFT.
+    behaviour_logprobs: jax.Array
+
+
+def pad_batch(
+    sequences: list[list[int]],
+    *,
+    loss_masks: list[list[int]],
+    behaviour_logprobs: list[list[float]] | None,
+    advantages: list[float] | None,
+    batch_size: int,
+    length_buckets: tuple[int, ...],
+    pad_id: int,
+) -> TrainBatch:
+    """Right-pad sequences to the smallest length bucket that fits, and to ``batch_size`` rows.
+
+    Extra rows are fully masked (no attention, loss mask 0, advantage 0), so
+    a partial batch trains exactly like the same sequences alone. Missing
+    ``behaviour_logprobs`` or ``advantages`` (SFT) become zeros.
+
+    Raises:
+      ValueError: more sequences than ``batch_size``, a sequence longer than
+        the largest bucket, or per-token lists whose lengths do not match.
+    """
+    if len(sequences) > batch_size:
+        raise ValueError(f"{len(sequences)} sequences do not fit batch_size={batch_size}")
+    if len(loss_masks) != len(sequences):
+        raise ValueError(f"{len(loss_masks)} loss masks for {len(sequences)} sequences")
+    if behaviour_logprobs is not None and len(behaviour_logprobs) != len(sequences):
+        raise ValueError(
+            f"{len(behaviour_logprobs)} behaviour log-prob lists for {len(sequences)} sequences"
+        )
+    if advantages is not None and len(advantages) != len(sequences):
+        raise ValueError(f"{len(advantages)} advantages for {len(sequences)} sequences")
+    buckets = sorted(length_buckets)
+    longest = max((len(sequence) for sequence in sequences), default=0)
+    if longest > buckets[-1]:
+        raise ValueError(
+            f"a sequence of {longest} tokens exceeds the largest length bucket {buckets[-1]}"
+        )
+    length = buckets[bisect.bisect_left(buckets, longest)]
+
+    tokens = np.full((batch_size, length), pad_id, np.int32)
+    attention_mask = np.zeros((batch_size, length), np.bool_)
+    loss_mask = np.zeros((batch_size, length), np.float32)
+    behaviour = np.zeros((batch_size, length), np.float32)
+    advantage = np.zeros((batch_size,), np.float32)
+    for row, sequence in enumerate(sequences):
+        size = len(sequence)
+        if len(loss_masks[row]) != size:
+            raise ValueError(
+                f"sequence {row} has {size} tokens but its loss mask has {len(loss_masks[row])}"
+            )
+        tokens[row, :size] = sequence
+        attention_mask[row, :size] = True
+        loss_mask[row, :size] = loss_masks[row]
+        if behaviour_logprobs is not None:
+            if len(behaviour_logprobs[row]) != size:
+                raise ValueError(
+                    f"sequence {row} has {size} tokens but {len(behaviour_logprobs[row])} "
+                    "behaviour log-probs"
+                )
+            behaviour[row, :size] = behaviour_logprobs[row]
+        if advantages is not None:
+            advantage[row] = advantages[row]
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (batch_size, length))
+    return TrainBatch(
+        tokens=jnp.asarray(tokens),
+        positions=jnp.asarray(positions),
+        attention_mask=jnp.asarray(attention_mask),
+        loss_mask=jnp.asarray(loss_mask),
+        advantages=jnp.asarray(advantage),
+        behaviour_logprobs=jnp.asarray(behaviour),
+    )
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything the update changes; a pytree, so it can be donated and checkpointed."""
+
+    # Model parameters, the second half of trainer.model.split_model.
+    params: nnx.State
+    # Optimizer state of the transformation the step was built with.
+    opt_state: optax.OptState
+    # int32 scalar, number of updates applied.
+    step: jax.Array
+
+
+def create_train_state(
+    model: Transformer, optimizer: optax.GradientTransformation
+) -> tuple[nnx.GraphDef[Transformer], TrainState]:
+    """Split ``model`` and initialize the optimizer on its parameters.
+
+    The parameters are copied: the train step donates its state, and without
+    a copy the first step would delete the arrays ``model`` still refers to.
+    """
+    graphdef, params = split_model(model)
+    params = jax.tree.map(jnp.copy, params)
+    state = TrainState(params=params, opt_state=optimizer.init(params), step=jnp.int32(0))
+    return graphdef, state
+
+
+class TrainStep:
+    """``train_step(state, batch) -> (state, metrics)``, jitted once with the state donated.
+
+    The caller's ``state`` is invalid after a call; use the returned one.
+    Metrics are the loss function's, plus ``loss`` and ``grad_norm`` (global
+    norm before clipping), as device scalars: fetch them outside the hot loop.
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef[Transformer],
+        optimizer: optax.GradientTransformation,
+        loss_fn: LossFn,
+    ):
+        self._graphdef = graphdef
+        self._optimizer = optimizer
+        self._loss_fn = loss_fn
+        self._trace_count = 0
+        self._step = jax.jit(self._traced, donate_argnums=(0,))
+
+    @property
+    def trace_count(self) -> int:
+        """How many times the step has been traced (once per batch shape)."""
+        return self._trace_count
+
+    def __call__(
+        self, state: TrainState, batch: TrainBatch
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        return self._step(state, batch)
+
+    def _traced(
+        self, state: TrainState, batch: TrainBatch
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        # Runs only while tracing, so it counts compilations.
+        self._trace_count += 1
+
+        def loss_of(params: nnx.State) -> tuple[jax.Array, dict[str, jax.Array]]:
+            model = nnx.merge(self._graphdef, params)
+            logits = model(batch.tokens, batch.positions, batch.attention_mask)
+            return self._loss_fn(logits, batch)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+        updates, opt_state = self._optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef[Transformer],
+    optimizer: optax.GradientTransformation,
+    loss_fn: LossFn,
+) -> TrainStep:
+    """Build the jitted step; ``loss_fn`` is closed over, e.g. ``partial(grpo_loss, clip_epsilon=0.2)``."""
+    return TrainStep(graphdef, optimizer, loss_fn)
