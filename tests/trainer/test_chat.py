@@ -18,5 +18,5 @@ def test_only_policy_turns_are_marked_as_the_models_tokens():
     expected_mask = [0] * (1 + len(header)) + [1] * 10 + [0] * 3 + [1] * 4
     assert conversation.loss_mask == expected_mask
     assert conversation.behaviour_logprobs[-4:] == [-0.1, -0.2, -0.3, -0.4]
-    assert all(lp == 0.0 for lp, m in zip(conversation.behaviour_logprobs, expected_mask) if m == 0)
+    assert all(lp == 0.0 for lp, m in zip(conversation.behaviour_logprobs, expected_mask, strict=True) if m == 0)
     assert tokenizer.decode(conversation.token_ids) == header + "calc(2+3)=5\nA:5"

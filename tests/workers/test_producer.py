@@ -7,7 +7,13 @@ import asyncio
 import pytest
 from flax import nnx
 
-from tandem.contracts import EnvironmentSpec, RunSpec, TrajectoryRecord, run_spec_key, trajectory_stream
+from tandem.contracts import (
+    EnvironmentSpec,
+    RunSpec,
+    TrajectoryRecord,
+    run_spec_key,
+    trajectory_stream,
+)
 from tandem.run_config import ModelConfig, RunConfig
 from trainer.model import Transformer, TransformerConfig, split_model
 from trainer.tokenizer import VOCAB_SIZE
@@ -70,7 +76,7 @@ def test_each_finished_episode_is_streamed_with_its_policy_version_and_mask(redi
     for record in records:
         assert record.status == "ok" and record.policy_version == 7 and record.policy_versions[0] == 7
         assert len(record.token_ids) == len(record.loss_mask) == len(record.behaviour_logprobs)
-        policy_tokens = [lp for lp, m in zip(record.behaviour_logprobs, record.loss_mask) if m]
+        policy_tokens = [lp for lp, m in zip(record.behaviour_logprobs, record.loss_mask, strict=True) if m]
         assert policy_tokens and all(lp <= 0 for lp in policy_tokens)
         assert record.loss_mask[0] == 0  # the prompt is never trained on
 
