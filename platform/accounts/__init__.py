@@ -1,0 +1,1 @@
+"""Users, projects and who may do what in a project."""

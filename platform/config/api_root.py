@@ -1,0 +1,21 @@
+"""``GET /api/``: a map of the API, open to anyone, which doubles as a liveness probe."""
+
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+
+class ApiRootView(APIView):
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    def get(self, request):
+        return Response(
+            {
+                "projects": "/api/projects/",
+                "environments": "/api/environments/",
+                "runs": "/api/runs/",
+                "run_config_schema": "/api/run-config/schema/",
+                "trainer_claim": "/api/trainer/claim/",
+            }
+        )

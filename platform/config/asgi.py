@@ -1,0 +1,33 @@
+"""ASGI entry point: HTTP to Django, WebSockets to Channels consumers.
+
+Run with ``cd platform && uvicorn config.asgi:application``.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+# The apps import the shared contracts from the `tandem` package at the repository root.
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+# Set up Django before anything imports models.
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from accounts.websocket_auth import TokenAuthMiddleware  # noqa: E402
+from runs.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns))),
+    }
+)

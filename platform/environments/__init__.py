@@ -1,0 +1,1 @@
+"""Environments registered in a project, which runs train against."""

@@ -1,0 +1,41 @@
+from django import forms
+
+from domain_errors import DomainError
+
+
+class RunCreateForm(forms.Form):
+    """The dashboard's "new run": a project, one of its environments, and the run's length."""
+
+    project = forms.TypedChoiceField(coerce=int)
+    environment = forms.ChoiceField()
+    name = forms.CharField(max_length=200, required=False)
+    sft_steps = forms.IntegerField(required=False, min_value=0, label="SFT steps")
+    rl_steps = forms.IntegerField(required=False, min_value=0, label="RL steps")
+
+    def __init__(self, *args, projects, environments, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["project"].choices = [(project.pk, project.name) for project in projects]
+        # Grouped by project; the service checks that the pair matches.
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for environment in environments:
+            groups.setdefault(environment.project.name, []).append(
+                (environment.name, environment.name)
+            )
+        self.fields["environment"].choices = list(groups.items())
+
+    def config(self) -> dict:
+        """The partial RunConfig the form describes; RunConfig's defaults fill the rest."""
+        return {
+            key: self.cleaned_data[key]
+            for key in ("sft_steps", "rl_steps")
+            if self.cleaned_data.get(key) is not None
+        }
+
+    def add_domain_error(self, error: DomainError) -> None:
+        """Show a service's error next to the field it names (``config.rl_steps`` -> rl_steps)."""
+        if not error.fields:
+            self.add_error(None, error.message)
+        for path, messages in error.fields.items():
+            field = path.removeprefix("config.")
+            for message in messages:
+                self.add_error(field if field in self.fields else None, f"{path}: {message}")

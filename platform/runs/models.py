@@ -1,0 +1,51 @@
+from django.db import models
+from django.utils import timezone
+
+
+class Run(models.Model):
+    """One training run of a policy against an environment.
+
+    ``status`` changes only through ``runs.services.run_transition``.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        FINISHED = "finished", "Finished"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    TERMINAL_STATUSES = frozenset({Status.FINISHED, Status.FAILED, Status.CANCELLED})
+
+    project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="runs")
+    environment = models.ForeignKey(
+        "environments.Environment", on_delete=models.PROTECT, related_name="runs"
+    )
+    name = models.CharField(max_length=200)
+    config = models.JSONField(help_text="The validated RunConfig with every default filled in.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    status_reason = models.TextField(blank=True, default="")
+    policy_version = models.PositiveIntegerField(default=0)
+    trainer_step = models.PositiveIntegerField(default=0)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(
+        max_length=255, blank=True, default="", help_text="`hostname:pid` of the trainer."
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            # The trainer's claim: the oldest queued run.
+            models.Index(fields=["status", "created_at"], name="run_status_created_idx"),
+            models.Index(fields=["project", "-created_at"], name="run_project_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL_STATUSES

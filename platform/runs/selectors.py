@@ -1,0 +1,42 @@
+"""Reads of runs."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
+
+from domain_errors import InvalidInput, NotFound
+
+from .models import Run
+
+
+def run_list(*, user: AbstractBaseUser, status: str | None = None) -> QuerySet[Run]:
+    """Runs of the user's projects, newest first."""
+    runs = Run.objects.filter(project__memberships__user=user)
+    if status is not None:
+        if status not in Run.Status.values:
+            raise InvalidInput.for_field(
+                "status", f"Unknown status '{status}'; one of {', '.join(Run.Status.values)}."
+            )
+        runs = runs.filter(status=status)
+    return runs.select_related("project", "environment").order_by("-created_at", "-id")
+
+
+def run_get_for_user(*, user: AbstractBaseUser, run_id: int) -> Run:
+    """The run, if it belongs to one of the user's projects; others' runs are reported as missing."""
+    run = run_list(user=user).filter(pk=run_id).first()
+    if run is None:
+        raise NotFound(f"Run {run_id} not found.")
+    return run
+
+
+def run_is_visible(*, user: AbstractBaseUser, run_id: int) -> bool:
+    return user.is_authenticated and run_list(user=user).filter(pk=run_id).exists()
+
+
+def run_get(*, run_id: int) -> Run:
+    """Any run, for the trainer, which works on every project's runs."""
+    run = Run.objects.select_related("project", "environment").filter(pk=run_id).first()
+    if run is None:
+        raise NotFound(f"Run {run_id} not found.")
+    return run

@@ -1,0 +1,79 @@
+from django.urls import reverse
+from rest_framework import serializers
+
+from .models import Run
+from .realtime import run_websocket_path
+
+
+class RunSerializer(serializers.ModelSerializer):
+    environment = serializers.CharField(source="environment.name")
+    urls = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Run
+        fields = [
+            "id",
+            "project",
+            "name",
+            "environment",
+            "status",
+            "status_reason",
+            "config",
+            "policy_version",
+            "trainer_step",
+            "heartbeat_at",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "urls",
+        ]
+
+    def get_urls(self, run: Run) -> dict:
+        page = reverse("run-page", args=[run.pk])
+        websocket = run_websocket_path(run.pk)
+        request = self.context.get("request")
+        if request is None:
+            return {"page": page, "websocket": websocket}
+        scheme = "wss" if request.is_secure() else "ws"
+        return {
+            "page": request.build_absolute_uri(page),
+            "websocket": f"{scheme}://{request.get_host()}{websocket}",
+        }
+
+
+class RunCreateSerializer(serializers.Serializer):
+    project = serializers.IntegerField(
+        required=False, allow_null=True, help_text="Defaults to the caller's only project."
+    )
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    environment = serializers.CharField(
+        max_length=100, help_text="Name of an environment of the project."
+    )
+    config = serializers.DictField(
+        required=False, default=dict, help_text="A partial RunConfig; defaults fill the rest."
+    )
+
+
+class TrainerClaimSerializer(serializers.Serializer):
+    worker = serializers.CharField(max_length=255, help_text="`hostname:pid` of the trainer.")
+
+
+class ClaimedRunSerializer(serializers.ModelSerializer):
+    """A claimed run as the trainer needs it: config and the environment's contract spec."""
+
+    environment = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Run
+        fields = [
+            "id",
+            "project",
+            "name",
+            "config",
+            "environment",
+            "policy_version",
+            "trainer_step",
+        ]
+
+    def get_environment(self, run: Run) -> dict:
+        return run.environment.to_spec().model_dump(mode="json")

@@ -1,0 +1,115 @@
+"""Factories and API clients for the platform's tests (PostgreSQL and Redis, both real)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from rest_framework.test import APIClient
+
+from accounts.models import Membership
+from accounts.services import membership_add, project_create, user_create_with_token
+from environments.builtin import CALCULATOR
+from environments.services import environment_register
+from runs.services import run_claim_next, run_create
+
+_serial = itertools.count(1)
+
+
+@pytest.fixture
+def make_user(db):
+    def make(username: str | None = None, *, is_staff: bool = False, password: str = "pw"):
+        user, _ = user_create_with_token(
+            username=username or f"user{next(_serial)}", password=password, is_staff=is_staff
+        )
+        return user
+
+    return make
+
+
+@pytest.fixture
+def make_project(make_user):
+    def make(owner=None, name: str | None = None, *, members=(), viewers=()):
+        project = project_create(owner=owner or make_user(), name=name or f"project{next(_serial)}")
+        for user in members:
+            membership_add(project=project, user=user, role=Membership.Role.MEMBER)
+        for user in viewers:
+            membership_add(project=project, user=user, role=Membership.Role.VIEWER)
+        return project
+
+    return make
+
+
+@pytest.fixture
+def make_environment():
+    def make(project, spec=CALCULATOR):
+        return environment_register(user=project.owner, project=project, spec=spec)
+
+    return make
+
+
+@pytest.fixture
+def make_run(make_project, make_environment):
+    def make(project=None, *, environment=None, config=None, name: str = ""):
+        project = project or make_project()
+        environment = environment or make_environment(project)
+        return run_create(
+            user=project.owner,
+            project=project,
+            environment_name=environment.name,
+            config=config if config is not None else {"sft_steps": 2, "rl_steps": 2},
+            name=name,
+        )
+
+    return make
+
+
+@pytest.fixture
+def user(make_user):
+    return make_user("alice")
+
+
+@pytest.fixture
+def project(make_project, user):
+    return make_project(owner=user, name="alice-project")
+
+
+@pytest.fixture
+def environment(make_environment, project):
+    return make_environment(project)
+
+
+@pytest.fixture
+def client_for():
+    """An API client that authenticates with the user's token, as scripts do."""
+
+    def make(user) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def api(client_for, user) -> APIClient:
+    return client_for(user)
+
+
+@pytest.fixture
+def trainer(make_user):
+    return make_user("tandem-trainer", is_staff=True)
+
+
+@pytest.fixture
+def trainer_api(client_for, trainer) -> APIClient:
+    return client_for(trainer)
+
+
+@pytest.fixture
+def running_run(make_run, project, environment):
+    """A run of alice's project that a trainer has claimed."""
+    run = make_run(project, environment=environment)
+    claimed = run_claim_next(worker="trainer-host:1")
+    assert claimed is not None and claimed.pk == run.pk
+    return claimed

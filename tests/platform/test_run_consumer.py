@@ -1,0 +1,121 @@
+"""The run's WebSocket, through the real ASGI app and the real Redis channel layer."""
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from channels_redis.core import RedisChannelLayer
+from django.test import Client
+
+from config.asgi import application
+
+from .builders import POINTS_PER_STEP_EVENT, step_event
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _headers(*, token=None, session=None, origin=None):
+    headers = [(b"host", b"testserver")]
+    if token is not None:
+        headers.append((b"authorization", f"Token {token}".encode()))
+    if session is not None:
+        headers.append((b"cookie", f"sessionid={session}".encode()))
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
+    return headers
+
+
+def _connects(run, headers) -> bool:
+    async def scenario():
+        communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=headers)
+        connected, _ = await communicator.connect(timeout=5)
+        # A refused consumer lingers on its channel-layer receive; don't wait the default second.
+        await communicator.disconnect(timeout=1 if connected else 0.1)
+        return connected
+
+    return async_to_sync(scenario)()
+
+
+def _session_of(user) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+def test_the_layer_is_the_real_redis_one():
+    assert isinstance(get_channel_layer(), RedisChannelLayer)
+
+
+def test_a_member_receives_the_metrics_the_trainer_posts(running_run, user, trainer_api):
+    event = step_event(running_run.pk, 7)
+
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application, f"/ws/runs/{running_run.pk}/", headers=_headers(token=user.auth_token.key)
+        )
+        connected, _ = await communicator.connect(timeout=5)
+        assert connected
+        response = await sync_to_async(trainer_api.post)(
+            f"/api/trainer/runs/{running_run.pk}/telemetry/", {"events": [event]}, format="json"
+        )
+        assert response.status_code == 202
+        message = await communicator.receive_json_from(timeout=5)
+        await communicator.disconnect()
+        return message
+
+    message = async_to_sync(scenario)()
+
+    assert message["type"] == "metrics"
+    assert (message["run"], message["step"], message["status"]) == (running_run.pk, 7, "running")
+    assert message["policy_version"] == 7 and message["phase"] == "rl"
+    assert len(message["values"]) == POINTS_PER_STEP_EVENT
+    assert message["values"]["trainer_idle_fraction"] == pytest.approx(0.25)
+
+
+def test_a_member_sees_the_run_cancelled(running_run, user, api):
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application, f"/ws/runs/{running_run.pk}/", headers=_headers(token=user.auth_token.key)
+        )
+        assert (await communicator.connect(timeout=5))[0]
+        await sync_to_async(api.post)(f"/api/runs/{running_run.pk}/cancel/")
+        message = await communicator.receive_json_from(timeout=5)
+        await communicator.disconnect()
+        return message
+
+    message = async_to_sync(scenario)()
+
+    assert message["type"] == "status" and message["status"] == "cancelled"
+    assert message["status_reason"] == "Cancelled by alice."
+
+
+def test_an_anonymous_connection_is_refused(running_run):
+    assert not _connects(running_run, _headers())
+
+
+def test_an_unknown_token_is_refused(running_run):
+    assert not _connects(running_run, _headers(token="0" * 40))
+
+
+def test_a_user_outside_the_project_is_refused(running_run, make_user):
+    outsider = make_user()
+
+    assert not _connects(running_run, _headers(token=outsider.auth_token.key))
+
+
+def test_a_missing_run_is_refused(running_run, user):
+    running_run.pk += 1000
+
+    assert not _connects(running_run, _headers(token=user.auth_token.key))
+
+
+def test_a_browser_session_from_the_page_itself_is_accepted(running_run, user):
+    headers = _headers(session=_session_of(user), origin="http://testserver")
+
+    assert _connects(running_run, headers)
+
+
+def test_a_browser_session_from_another_site_is_refused(running_run, user):
+    headers = _headers(session=_session_of(user), origin="https://evil.example")
+
+    assert not _connects(running_run, headers)

@@ -1,0 +1,172 @@
+"""The run page in real Chromium against a real uvicorn: backfill, live points, reconnection."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from django.db import connection
+from playwright.sync_api import sync_playwright
+
+from tandem.contracts import TrainerStepEvent
+from telemetry.services import metric_events_record
+
+from .builders import POINTS_PER_STEP_EVENT, step_event
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def server(transactional_db, tmp_path):
+    """uvicorn serving the platform from the test database, as it is served for real."""
+    db = connection.settings_dict
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    log = tmp_path / "uvicorn.log"
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "config.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=REPO_ROOT / "platform",
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{base}/api/", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"uvicorn did not start:\n{log.read_text()}"
+            time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        print(log.read_text()[-4000:])  # shown when the test fails
+
+
+def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
+    server, running_run, user, trainer, tmp_path
+):
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"browser tests need Chromium at {CHROMIUM} (Debian package `chromium`)")
+    history = [
+        TrainerStepEvent.model_validate(step_event(running_run.pk, step)) for step in (1, 2, 3)
+    ]
+    metric_events_record(run=running_run, events=history)
+    trainer_http = httpx.Client(
+        base_url=server, headers={"Authorization": f"Token {trainer.auth_token.key}"}
+    )
+    user_http = httpx.Client(
+        base_url=server, headers={"Authorization": f"Token {user.auth_token.key}"}
+    )
+
+    def post_step(step: int) -> None:
+        response = trainer_http.post(
+            f"/api/trainer/runs/{running_run.pk}/telemetry/",
+            json={"events": [step_event(running_run.pk, step)]},
+        )
+        assert response.status_code == 202, response.text
+
+    def wait_for(page, condition: str) -> None:
+        page.wait_for_function(
+            f"() => {{ const p = window.tandemRunPage; return p && ({condition}); }}",
+            timeout=10_000,
+        )
+
+    # No ORM calls from here on: Playwright's sync API keeps an event loop running in this thread.
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{server}/login/?next=/runs/{running_run.pk}/")
+        page.fill("#id_username", "alice")
+        page.fill("#id_password", "pw")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"**/runs/{running_run.pk}/")
+        navigations: list[str] = []
+        page.on("framenavigated", lambda frame: navigations.append(frame.url))
+
+        # History over REST.
+        wait_for(page, f"p.pointCount === {3 * POINTS_PER_STEP_EVENT} && p.lastStep === 3")
+        page.wait_for_function(
+            "() => document.querySelector('#run-connection').textContent === 'live'"
+        )
+
+        # Live over the WebSocket.
+        post_step(4)
+        wait_for(page, f"p.lastStep === 4 && p.pointCount === {4 * POINTS_PER_STEP_EVENT}")
+        assert page.inner_text("#run-step") == "4"
+        assert page.inner_text("#run-policy-version") == "4"
+
+        # A step posted while the socket is down arrives by the reconnect's backfill, once.
+        page.evaluate("window.tandemRunPage.socket.close()")
+        post_step(5)
+        wait_for(
+            page,
+            f"p.reconnects >= 1 && p.lastStep === 5 && p.pointCount === {5 * POINTS_PER_STEP_EVENT}",
+        )
+
+        # Status changes arrive live too.
+        assert user_http.post(f"/api/runs/{running_run.pk}/cancel/").status_code == 200
+        page.wait_for_function(
+            "() => document.querySelector('#run-status').textContent === 'cancelled'"
+        )
+        assert page.locator("#cancel-form").count() == 0
+
+        for chart in ("#chart-reward", "#chart-loss", "#chart-idle"):
+            assert page.locator(f"{chart} canvas").count() == 1, chart
+        page.screenshot(path=str(tmp_path / "run_page.png"), full_page=True)
+        final_count = page.evaluate("window.tandemRunPage.pointCount")
+        browser.close()
+
+    assert final_count == 5 * POINTS_PER_STEP_EVENT
+    assert navigations == [], f"the page reloaded: {navigations}"
+    assert errors == []
