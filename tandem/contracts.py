@@ -64,6 +64,18 @@ def run_group_counter_key(run_id: int) -> str:
     return _run_key(run_id, "groups_requested")
 
 
+def run_keys(run_id: int) -> tuple[str, ...]:
+    """Every Redis key a run owns (Celery's own queue aside)."""
+    return (
+        trajectory_stream(run_id),
+        dead_letter_stream(run_id),
+        weights_key(run_id),
+        run_spec_key(run_id),
+        run_stop_key(run_id),
+        run_group_counter_key(run_id),
+    )
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -25,6 +25,7 @@ from tandem.contracts import (
     RunSpec,
     TrainerHeartbeat,
     TrainerStepEvent,
+    run_keys,
     run_spec_key,
     run_stop_key,
 )
@@ -134,7 +135,12 @@ class RunTrainer:
         self.graphdef, self.state = create_train_state(model, self.optimizer)
         self._sft_step = make_train_step(self.graphdef, self.optimizer, sft_loss)
         self._rl_step = make_train_step(self.graphdef, self.optimizer, rl_loss_for(self.config))
-        self.checkpointer = RunCheckpointer(settings.checkpoint_root / f"run-{self.run_id}")
+        checkpoint_dir = settings.checkpoint_root / f"run-{self.run_id}"
+        if checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
+            # A freshly claimed run has never trained here: these belong to a run
+            # of an earlier database that had the same id. Keep them, out of the way.
+            checkpoint_dir.rename(checkpoint_dir.with_name(f"{checkpoint_dir.name}.stale-{int(time.time())}"))
+        self.checkpointer = RunCheckpointer(checkpoint_dir)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -142,8 +148,11 @@ class RunTrainer:
         """Train the run to its end; returns the final status."""
         spec = RunSpec(run_id=self.run_id, config=self.config.model_dump(mode="json"),
                        environment=self.claimed.environment)
+        # A claimed run starts from nothing. Keys left under the same id by an
+        # earlier platform database (ids restart when it is recreated) must not
+        # feed this run stale trajectories or weights.
+        self.redis.delete(*run_keys(self.run_id))
         self.redis.set(run_spec_key(self.run_id), spec.model_dump_json())
-        self.redis.delete(run_stop_key(self.run_id))
         try:
             self._heartbeat(force=True)
             self._sft_phase()
