@@ -18,12 +18,15 @@ def _redis_url(args) -> str:
 
 
 def _stop_on_sigterm() -> None:
-    """Turn SIGTERM into KeyboardInterrupt so ``finally`` blocks run on a clean stop."""
+    """Turn SIGTERM (and Ctrl-C) into KeyboardInterrupt so ``finally`` blocks run on a clean stop."""
 
     def handler(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    # A shell that starts us in the background hands SIGINT down as ignored;
+    # Ctrl-C must still stop everything cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def cmd_trainer(args) -> int:
@@ -173,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # One line per HTTP request would bury the progress line and the trainer's log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     return args.func(args)
 
