@@ -38,7 +38,7 @@ from trainer.model import Transformer, TransformerConfig
 from trainer.platform_client import ClaimedRun, PlatformClient
 from trainer.stream import GroupAssembler, StreamEntry, TrajectoryStreamReader
 from trainer.tokenizer import ByteTokenizer
-from trainer.train_step import create_train_state, make_train_step, pad_batch
+from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
 from trainer.weights import RedisWeightPublisher
 from workers.environments import load_environment_class
 
@@ -133,8 +133,8 @@ class RunTrainer:
         model = Transformer(model_config, rngs=nnx.Rngs(self.config.seed))
         self.optimizer = make_optimizer(self.config.learning_rate)
         self.graphdef, self.state = create_train_state(model, self.optimizer)
-        self._sft_step = make_train_step(self.graphdef, self.optimizer, sft_loss)
-        self._rl_step = make_train_step(self.graphdef, self.optimizer, rl_loss_for(self.config))
+        self._sft_step = make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss))
+        self._rl_step = make_train_step(self.graphdef, self.optimizer, on_logits(rl_loss_for(self.config)))
         checkpoint_dir = settings.checkpoint_root / f"run-{self.run_id}"
         if checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
             # A freshly claimed run has never trained here: these belong to a run

@@ -9,6 +9,7 @@ donated, so XLA updates parameters and optimizer moments in place.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import flax.struct
@@ -22,6 +23,20 @@ from trainer.model import Transformer, split_model
 
 if TYPE_CHECKING:
     from trainer.losses import LossFn
+
+# What the step differentiates: the merged model and the batch to (scalar loss,
+# scalar metrics). The model is an argument, not just its logits, so losses that
+# need more than logits (a value head, hidden states) fit the same step.
+ModelLossFn = Callable[[Transformer, "TrainBatch"], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def on_logits(loss_fn: LossFn) -> ModelLossFn:
+    """Lift a loss of ``(logits, batch)`` to a loss of ``(model, batch)``."""
+
+    def model_loss(model: Transformer, batch: TrainBatch):
+        return loss_fn(model(batch.tokens, batch.positions, batch.attention_mask), batch)
+
+    return model_loss
 
 
 @flax.struct.dataclass
@@ -44,6 +59,9 @@ class TrainBatch:
     advantages: jax.Array
     # float32 [B, T] log-prob of each token under the policy that sampled it (RL); zeros for SFT.
     behaviour_logprobs: jax.Array
+    # Algorithm-specific arrays, e.g. reference log-probs [B, T] for a KL penalty or
+    # returns and old values for PPO. Keys are fixed per algorithm, so shapes stay static.
+    extras: dict[str, jax.Array] = flax.struct.field(default_factory=dict)
 
 
 def pad_batch(
@@ -156,7 +174,7 @@ class TrainStep:
         self,
         graphdef: nnx.GraphDef[Transformer],
         optimizer: optax.GradientTransformation,
-        loss_fn: LossFn,
+        loss_fn: ModelLossFn,
     ):
         self._graphdef = graphdef
         self._optimizer = optimizer
@@ -181,9 +199,7 @@ class TrainStep:
         self._trace_count += 1
 
         def loss_of(params: nnx.State) -> tuple[jax.Array, dict[str, jax.Array]]:
-            model = nnx.merge(self._graphdef, params)
-            logits = model(batch.tokens, batch.positions, batch.attention_mask)
-            return self._loss_fn(logits, batch)
+            return self._loss_fn(nnx.merge(self._graphdef, params), batch)
 
         (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
         updates, opt_state = self._optimizer.update(grads, state.opt_state, state.params)
@@ -195,7 +211,7 @@ class TrainStep:
 def make_train_step(
     graphdef: nnx.GraphDef[Transformer],
     optimizer: optax.GradientTransformation,
-    loss_fn: LossFn,
+    loss_fn: ModelLossFn,
 ) -> TrainStep:
-    """Build the jitted step; ``loss_fn`` is closed over, e.g. ``partial(grpo_loss, clip_epsilon=0.2)``."""
+    """Build the jitted step; ``loss_fn`` is closed over, e.g. ``on_logits(sft_loss)``."""
     return TrainStep(graphdef, optimizer, loss_fn)

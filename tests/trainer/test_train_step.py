@@ -14,7 +14,7 @@ from flax import nnx
 from trainer.losses import grpo_loss, sft_loss, token_logprobs
 from trainer.model import Transformer, TransformerConfig
 from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
-from trainer.train_step import create_train_state, make_train_step, pad_batch
+from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
 
 CONFIG = TransformerConfig(
     vocab_size=VOCAB_SIZE, d_model=32, num_layers=2, num_heads=2, mlp_dim=64, max_seq_len=64
@@ -87,7 +87,7 @@ def test_sft_steps_on_a_fixed_batch_reduce_the_loss_without_touching_the_model()
     model = Transformer(CONFIG, rngs=nnx.Rngs(0))
     optimizer = _optimizer()
     graphdef, state = create_train_state(model, optimizer)
-    train_step = make_train_step(graphdef, optimizer, sft_loss)
+    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
     batch = _sft_batch(*_demonstrations())
 
     losses = []
@@ -107,7 +107,7 @@ def test_no_retrace_across_batches_of_the_same_bucket():
     model = Transformer(CONFIG, rngs=nnx.Rngs(1))
     optimizer = _optimizer()
     graphdef, state = create_train_state(model, optimizer)
-    train_step = make_train_step(graphdef, optimizer, sft_loss)
+    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
     sequences, masks = _demonstrations()
 
     state, _ = train_step(state, _sft_batch(sequences, masks))
@@ -126,7 +126,7 @@ def test_padding_rows_and_trailing_tool_tokens_do_not_change_the_gradient():
     model = Transformer(CONFIG, rngs=nnx.Rngs(2))
     optimizer = optax.sgd(1.0)
     graphdef, state = create_train_state(model, optimizer)
-    train_step = make_train_step(graphdef, optimizer, sft_loss)
+    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
     sequence = [BOS_ID, 10, 11, 12, 13]
     mask = [0, 0, 1, 1, 0]
 
@@ -152,7 +152,7 @@ def test_a_grpo_step_raises_the_likelihood_of_a_positive_advantage_sequence():
     optimizer = _optimizer(3e-3)
     graphdef, state = create_train_state(model, optimizer)
     train_step = make_train_step(
-        graphdef, optimizer, functools.partial(grpo_loss, clip_epsilon=0.2)
+        graphdef, optimizer, on_logits(functools.partial(grpo_loss, clip_epsilon=0.2))
     )
     good, bad = [BOS_ID, 1, 2, 3, 4, 5], [BOS_ID, 1, 9, 9, 9, 9]
     mask = [0, 0, 1, 1, 1, 1]
