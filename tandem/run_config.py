@@ -11,22 +11,93 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tandem.algorithm_config import AlgorithmConfig
+
 
 class ModelConfig(BaseModel):
-    """Shape of the decoder-only transformer policy."""
+    """Shape of the decoder-only transformer policy.
+
+    The defaults are the nano model trained from scratch with the byte
+    tokenizer. With ``hf_checkpoint`` set, the architecture comes from the
+    checkpoint's config.json instead and only ``max_seq_len`` and
+    ``param_dtype`` of this config apply.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     d_model: int = Field(64, ge=8, le=8192, description="Width of the residual stream.")
     num_layers: int = Field(2, ge=1, le=128, description="Number of transformer blocks.")
-    num_heads: int = Field(4, ge=1, le=128, description="Attention heads; must divide d_model.")
+    num_heads: int = Field(
+        4, ge=1, le=128, description="Query heads; must divide d_model unless head_dim is set."
+    )
     mlp_dim: int = Field(256, ge=8, le=65536, description="Hidden width of each MLP.")
     max_seq_len: int = Field(128, ge=16, le=32768, description="Longest conversation in tokens.")
+    num_kv_heads: int | None = Field(
+        None,
+        ge=1,
+        le=128,
+        description="Key/value heads (grouped-query attention); must divide num_heads. None: num_heads.",
+    )
+    head_dim: int | None = Field(
+        None,
+        ge=2,
+        le=1024,
+        description="Width of each attention head (even). None: d_model / num_heads.",
+    )
+    rope_theta: float = Field(
+        10_000.0, gt=0, description="Base wavelength of the rotary position embedding."
+    )
+    rope_scaling: dict[str, float | str] | None = Field(
+        None,
+        description=(
+            "Llama-3 rotary scaling, as in Hugging Face: {rope_type: 'llama3', factor, "
+            "low_freq_factor, high_freq_factor, original_max_position_embeddings}. None: plain RoPE."
+        ),
+    )
+    rms_norm_eps: float = Field(1e-6, gt=0, le=0.1, description="Epsilon of every RMSNorm.")
+    qkv_bias: bool = Field(False, description="Biases on the query/key/value projections (Qwen2).")
+    qk_norm: bool = Field(
+        False, description="RMSNorm on each query and key head before the rotary embedding (Qwen3)."
+    )
+    tie_embeddings: bool = Field(
+        False, description="The output head shares the token embedding matrix."
+    )
+    param_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Dtype of the parameters and matmuls; logits are float32 either way."
+    )
+    hf_checkpoint: str | None = Field(
+        None,
+        description=(
+            "Local directory of a Hugging Face Llama/Qwen2/Qwen3 checkpoint (config.json and "
+            "*.safetensors) to initialize the policy from; its config.json sets the architecture."
+        ),
+    )
 
     @model_validator(mode="after")
     def _heads_divide_width(self):
-        if self.d_model % self.num_heads:
-            raise ValueError("num_heads must divide d_model")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError("num_heads must divide d_model (or set head_dim)")
+        if self.head_dim is not None and self.head_dim % 2:
+            raise ValueError("head_dim must be even (rotary embeddings)")
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError("num_kv_heads must divide num_heads")
+        return self
+
+    @model_validator(mode="after")
+    def _rope_scaling_is_llama3(self):
+        if self.rope_scaling is None:
+            return self
+        if self.rope_scaling.get("rope_type", "llama3") != "llama3":
+            raise ValueError("rope_scaling.rope_type must be 'llama3', the only one implemented")
+        numbers = {"factor", "low_freq_factor", "high_freq_factor"}
+        required = numbers | {"original_max_position_embeddings"}
+        unknown = set(self.rope_scaling) - required - {"rope_type"}
+        if unknown:
+            raise ValueError(f"rope_scaling has unknown keys {sorted(unknown)}")
+        if required - set(self.rope_scaling):
+            raise ValueError(f"rope_scaling lacks keys {sorted(required - set(self.rope_scaling))}")
+        if any(isinstance(self.rope_scaling[key], str) for key in required):
+            raise ValueError(f"rope_scaling values {sorted(required)} must be numbers")
         return self
 
 
@@ -35,7 +106,10 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    algorithm: Literal["grpo"] = Field("grpo", description="Policy-gradient algorithm of the RL phase.")
+    algorithm: AlgorithmConfig = Field(
+        default_factory=AlgorithmConfig,
+        description="Post-training algorithm of the RL phase (grpo, dr_grpo, dapo, rloo, ppo, or sft only).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy architecture.")
     seed: int = Field(0, description="Seeds parameter init, tasks and sampling.")
     learning_rate: float = Field(3e-3, gt=0, le=1.0, description="Adam learning rate of the SFT phase.")
@@ -64,7 +138,6 @@ class RunConfig(BaseModel):
         30.0, gt=0, le=3600, description="Timeout of each environment reset, step or tool call."
     )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature of producers.")
-    clip_epsilon: float = Field(0.2, gt=0, le=1, description="PPO-style clip range of the GRPO ratio.")
     checkpoint_every: int = Field(20, ge=1, description="Trainer steps between Orbax checkpoints.")
 
     @property

@@ -20,6 +20,10 @@ class RolloutBacklog:
         self._groups_cap = groups_needed + config.groups_per_step * config.rollout_backlog_steps
         self.tasks_sent = 0
 
+    def extend(self, *, groups: int) -> None:
+        """Allow ``groups`` more groups in total, replacing groups that were dropped unused."""
+        self._groups_cap += groups
+
     @property
     def groups_requested(self) -> int:
         return int(self._redis.get(run_group_counter_key(self._run_id)) or 0)

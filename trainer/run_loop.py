@@ -30,15 +30,17 @@ from tandem.contracts import (
     run_stop_key,
 )
 from tandem.run_config import RunConfig
+from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.backlog import RolloutBacklog
 from trainer.chat import Conversation
 from trainer.checkpoints import RunCheckpointer
-from trainer.losses import LossFn, grpo_advantages, grpo_loss, sft_loss
+from trainer.losses import sft_loss
 from trainer.model import Transformer, TransformerConfig
 from trainer.platform_client import ClaimedRun, PlatformClient
-from trainer.stream import GroupAssembler, StreamEntry, TrajectoryStreamReader
+from trainer.stream import GroupAssembler, TrajectoryStreamReader
 from trainer.tokenizer import ByteTokenizer
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.value_head import policy_params, with_value_head
 from trainer.weights import RedisWeightPublisher
 from workers.environments import load_environment_class
 
@@ -77,18 +79,6 @@ def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
     return optax.inject_hyperparams(
         lambda learning_rate: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
     )(learning_rate=learning_rate)
-
-
-def rl_loss_for(config: RunConfig) -> LossFn:
-    """The RL phase's loss, chosen by ``config.algorithm``; new algorithms plug in here."""
-    if config.algorithm == "grpo":
-        # Producers record log-probabilities of the temperature-scaled
-        # distribution they sampled from; the ratio must compare like with like.
-        def loss(logits, batch):
-            return grpo_loss(logits / config.temperature, batch, clip_epsilon=config.clip_epsilon)
-
-        return loss
-    raise ValueError(f"unknown algorithm {config.algorithm!r}")
 
 
 @dataclass
@@ -130,11 +120,19 @@ class RunTrainer:
         self._buckets = length_buckets(self.config.model.max_seq_len)
 
         model_config = TransformerConfig.from_model_config(self.config.model, self.tokenizer.vocab_size)
+        self.algorithm = build_algorithm(
+            self.config.algorithm,
+            temperature=self.config.temperature,
+            max_policy_tokens=self.config.max_new_tokens * self.config.max_turns,
+        )
         model = Transformer(model_config, rngs=nnx.Rngs(self.config.seed))
+        if self.algorithm.needs_value_head:
+            model = with_value_head(model, d_model=model_config.d_model, rngs=nnx.Rngs(self.config.seed + 1))
         self.optimizer = make_optimizer(self.config.learning_rate)
         self.graphdef, self.state = create_train_state(model, self.optimizer)
         self._sft_step = make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss))
-        self._rl_step = make_train_step(self.graphdef, self.optimizer, on_logits(rl_loss_for(self.config)))
+        self._rl_step = make_train_step(self.graphdef, self.optimizer, self.algorithm.loss_fn)
+        self.reference: ReferencePolicy | None = None
         checkpoint_dir = settings.checkpoint_root / f"run-{self.run_id}"
         if checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
             # A freshly claimed run has never trained here: these belong to a run
@@ -156,8 +154,12 @@ class RunTrainer:
         try:
             self._heartbeat(force=True)
             self._sft_phase()
+            if self.algorithm.needs_reference:
+                # The reference policy of the KL penalty is the policy RL starts from.
+                self.reference = ReferencePolicy(self.graphdef, jax.tree.map(jnp.copy, self.state.params))
             self._publish()
-            self._rl_phase()
+            if self.config.algorithm.name != "sft":
+                self._rl_phase()
             self._checkpoint()
             self.telemetry.flush()
             self._report("finished")
@@ -237,7 +239,9 @@ class RunTrainer:
     def _publish(self) -> float:
         started = time.perf_counter()
         self.policy_version += 1
-        self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=self.state.params)
+        # Producers only ever sample: a PPO critic stays on the trainer.
+        params = policy_params(self.state.params) if self.algorithm.needs_value_head else self.state.params
+        self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=params)
         return time.perf_counter() - started
 
     def _checkpoint(self) -> None:
@@ -256,7 +260,8 @@ class RunTrainer:
         backlog = RolloutBacklog(celery_app=self.celery_app, redis_client=self.redis, run_id=self.run_id,
                                  config=config, groups_needed=config.rl_steps * config.groups_per_step)
         groups_consumed = 0
-        for _ in range(config.rl_steps):
+        rl_steps_done = 0
+        while rl_steps_done < config.rl_steps:
             step_started = time.perf_counter()
             backlog.top_up(groups_consumed=groups_consumed)
             wait_started = time.perf_counter()
@@ -269,56 +274,43 @@ class RunTrainer:
             groups = assembler.take(config.groups_per_step)
             groups_consumed += len(groups)
             backlog.top_up(groups_consumed=groups_consumed)
+            entry_ids = [entry.entry_id for group in groups for entry in group]
+            records = [entry.record for group in groups for entry in group]
+            # Staleness: how many versions behind the policy being updated the data is.
+            staleness = np.array([self.policy_version - r.policy_version for r in records], dtype=np.float32)
 
             compute_started = time.perf_counter()
-            batch, stats = self._rl_batch(groups)
+            prepared = self.algorithm.prepare([[entry.record for entry in group] for group in groups])
+            if not prepared.records:
+                # Dynamic sampling dropped every group (no reward variance): nothing to learn from.
+                backlog.extend(groups=len(groups))
+                reader.ack(entry_ids)
+                continue
+            batch = self.algorithm.batch(
+                prepared, batch_size=config.episodes_per_step, length_buckets=self._buckets,
+                pad_id=self.tokenizer.pad_id, reference=self.reference,
+            )
             self.state, metrics = self._rl_step(self.state, batch)
-            loss = float(jax.block_until_ready(metrics["loss"]))
+            metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
             compute_s = time.perf_counter() - compute_started
 
             # Acknowledge only after the update that used the data has happened.
-            reader.ack([entry.entry_id for group in groups for entry in group])
+            reader.ack(entry_ids)
             publish_s = self._publish()
             self.step += 1
+            rl_steps_done += 1
             if self.step % config.checkpoint_every == 0:
                 self._checkpoint()
             wall_s = time.perf_counter() - step_started
+            stats = prepared.stats
             self.telemetry.emit(TrainerStepEvent(
                 run_id=self.run_id, step=self.step, phase="rl", policy_version=self.policy_version,
                 wall_s=wall_s, wait_s=wait_s, compute_s=compute_s, publish_s=publish_s,
-                other_s=max(wall_s - wait_s - compute_s - publish_s, 0.0), loss=loss,
-                samples_per_s=stats["episodes"] / wall_s if wall_s > 0 else None,
-                reward_mean=stats["reward_mean"], success_rate=stats["success_rate"],
-                staleness_mean=stats["staleness_mean"], staleness_max=stats["staleness_max"],
-                failed_episodes=stats["failed"], emitted_at=time.time(),
+                other_s=max(wall_s - wait_s - compute_s - publish_s, 0.0), loss=metrics["loss"],
+                samples_per_s=len(records) / wall_s if wall_s > 0 else None,
+                reward_mean=float(stats["reward_mean"]),
+                success_rate=float(np.mean([r.status == "ok" and r.reward > 0 for r in records])),
+                staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
+                failed_episodes=int(stats.get("episodes_failed", 0)), emitted_at=time.time(),
             ))
             self._heartbeat()
-
-    def _rl_batch(self, groups: list[list[StreamEntry]]):
-        records = [entry.record for group in groups for entry in group]
-        group_ids = np.array([index for index, group in enumerate(groups) for _ in group], dtype=np.int32)
-        rewards = np.array([record.reward for record in records], dtype=np.float32)
-        valid = np.array([record.status == "ok" for record in records])
-        advantages = grpo_advantages(jnp.asarray(rewards), jnp.asarray(group_ids), jnp.asarray(valid),
-                                     num_groups=len(groups))
-        max_len = self.config.model.max_seq_len
-        batch = pad_batch(
-            [record.token_ids[:max_len] for record in records],
-            loss_masks=[record.loss_mask[:max_len] for record in records],
-            behaviour_logprobs=[record.behaviour_logprobs[:max_len] for record in records],
-            advantages=[float(a) for a in np.asarray(advantages)],
-            batch_size=self.config.episodes_per_step,
-            length_buckets=self._buckets,
-            pad_id=self.tokenizer.pad_id,
-        )
-        # Staleness: how many versions behind the policy being updated the data is.
-        staleness = np.array([self.policy_version - record.policy_version for record in records], dtype=np.float32)
-        return batch, {
-            "episodes": len(records),
-            "failed": int((~valid).sum()),
-            "reward_mean": float(rewards[valid].mean()) if valid.any() else 0.0,
-            "success_rate": float((rewards > 0).mean()),
-            "staleness_mean": float(staleness.mean()),
-            "staleness_max": float(staleness.max()),
-        }
-

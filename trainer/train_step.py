@@ -4,6 +4,17 @@ Batches are right-padded to a few length buckets and a fixed row count by
 :func:`pad_batch`, so after one compilation per bucket the step never
 recompiles; :attr:`TrainStep.trace_count` lets a test prove it. The state is
 donated, so XLA updates parameters and optimizer moments in place.
+
+What is trained follows from the parameters: a model with LoRA adapters
+(``nnx.LoRAParam``, see :mod:`trainer.lora`) trains only those; any other
+model trains every ``nnx.Param``. Frozen parameters ride along in the state
+unchanged. They are donated like the rest, and since the step returns them
+as they came, XLA aliases each output to its input buffer: no copy, no
+gradient, no optimizer moments.
+
+With a :class:`trainer.sharding.StepShardings` the step is jitted with
+explicit input and output shardings (state by parameter rules, batch over
+the ``data`` and ``fsdp`` axes, metrics replicated).
 """
 
 from __future__ import annotations
@@ -19,10 +30,12 @@ import numpy as np
 import optax
 from flax import nnx
 
+from trainer.lora import split_adapters
 from trainer.model import Transformer, split_model
 
 if TYPE_CHECKING:
     from trainer.losses import LossFn
+    from trainer.sharding import StepShardings
 
 # What the step differentiates: the merged model and the batch to (scalar loss,
 # scalar metrics). The model is an argument, not just its logits, so losses that
@@ -140,25 +153,36 @@ def pad_batch(
 class TrainState:
     """Everything the update changes; a pytree, so it can be donated and checkpointed."""
 
-    # Model parameters, the second half of trainer.model.split_model.
+    # All model parameters, trained and frozen: the second half of
+    # trainer.model.split_model, so nnx.merge(graphdef, params) is the model.
     params: nnx.State
-    # Optimizer state of the transformation the step was built with.
+    # Optimizer state of the transformation the step was built with, over the
+    # trained parameters only (see trainable_params).
     opt_state: optax.OptState
     # int32 scalar, number of updates applied.
     step: jax.Array
 
 
+def trainable_params(params: nnx.State) -> tuple[nnx.State, nnx.State]:
+    """``(trained, frozen)``: the LoRA adapters and the rest if there are adapters, else all and nothing."""
+    adapters, base = split_adapters(params)
+    if jax.tree.leaves(adapters):
+        return adapters, base
+    return params, nnx.State({})
+
+
 def create_train_state(
     model: Transformer, optimizer: optax.GradientTransformation
 ) -> tuple[nnx.GraphDef[Transformer], TrainState]:
-    """Split ``model`` and initialize the optimizer on its parameters.
+    """Split ``model`` and initialize the optimizer on its trained parameters.
 
     The parameters are copied: the train step donates its state, and without
     a copy the first step would delete the arrays ``model`` still refers to.
     """
     graphdef, params = split_model(model)
     params = jax.tree.map(jnp.copy, params)
-    state = TrainState(params=params, opt_state=optimizer.init(params), step=jnp.int32(0))
+    trained, _ = trainable_params(params)
+    state = TrainState(params=params, opt_state=optimizer.init(trained), step=jnp.int32(0))
     return graphdef, state
 
 
@@ -175,12 +199,21 @@ class TrainStep:
         graphdef: nnx.GraphDef[Transformer],
         optimizer: optax.GradientTransformation,
         loss_fn: ModelLossFn,
+        shardings: StepShardings | None = None,
     ):
         self._graphdef = graphdef
         self._optimizer = optimizer
         self._loss_fn = loss_fn
         self._trace_count = 0
-        self._step = jax.jit(self._traced, donate_argnums=(0,))
+        if shardings is None:
+            self._step = jax.jit(self._traced, donate_argnums=(0,))
+        else:
+            self._step = jax.jit(
+                self._traced,
+                donate_argnums=(0,),
+                in_shardings=(shardings.state, shardings.batch),
+                out_shardings=(shardings.state, shardings.metrics),
+            )
 
     @property
     def trace_count(self) -> int:
@@ -198,12 +231,15 @@ class TrainStep:
         # Runs only while tracing, so it counts compilations.
         self._trace_count += 1
 
-        def loss_of(params: nnx.State) -> tuple[jax.Array, dict[str, jax.Array]]:
-            return self._loss_fn(nnx.merge(self._graphdef, params), batch)
+        trained, frozen = trainable_params(state.params)
 
-        (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
-        updates, opt_state = self._optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        def loss_of(trained: nnx.State) -> tuple[jax.Array, dict[str, jax.Array]]:
+            return self._loss_fn(nnx.merge(self._graphdef, trained, frozen), batch)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(trained)
+        updates, opt_state = self._optimizer.update(grads, state.opt_state, trained)
+        trained = optax.apply_updates(trained, updates)
+        params = nnx.merge_state(trained, frozen)
         metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
         return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
@@ -212,6 +248,13 @@ def make_train_step(
     graphdef: nnx.GraphDef[Transformer],
     optimizer: optax.GradientTransformation,
     loss_fn: ModelLossFn,
+    *,
+    shardings: StepShardings | None = None,
 ) -> TrainStep:
-    """Build the jitted step; ``loss_fn`` is closed over, e.g. ``on_logits(sft_loss)``."""
-    return TrainStep(graphdef, optimizer, loss_fn)
+    """Build the jitted step; ``loss_fn`` is closed over, e.g. ``on_logits(sft_loss)``.
+
+    ``shardings`` (from :func:`trainer.sharding.step_shardings`) pins the
+    layout of state, batch and metrics; without it the step runs wherever
+    its inputs are (one device).
+    """
+    return TrainStep(graphdef, optimizer, loss_fn, shardings)

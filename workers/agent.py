@@ -1,9 +1,15 @@
-"""One agent-environment episode: generate, call tools, step, until done."""
+"""One agent-environment episode: generate, call tools, step, until done.
+
+An episode is one inference session (its trajectory id): the engine keeps the
+conversation's KV cache between turns, so each turn only prefills what the
+environment added. The session ends with the episode, whatever its outcome.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +58,7 @@ async def run_episode(
 ) -> TrajectoryRecord:
     """Run one episode to the end; environment faults end it as ``failed``, never raise."""
     tokenizer = tokenizer or ByteTokenizer()
+    trajectory_id = uuid.uuid4().hex
     started_at = time.time()
     generation_s = environment_s = 0.0
     conversation = Conversation(tokenizer)
@@ -72,12 +79,14 @@ async def run_episode(
                 break  # no room for another turn: the episode is truncated with the reward so far
             began = time.perf_counter()
             try:
-                generated = await policy.generate(list(conversation.token_ids))
+                completion = await policy.generate(
+                    list(conversation.token_ids), session_id=trajectory_id
+                )
             except Exception as exc:  # noqa: BLE001 - recorded on the episode
                 raise EpisodeFailure(f"generation failed: {type(exc).__name__}: {exc}") from exc
             generation_s += time.perf_counter() - began
-            completion = generated.completion
-            policy_versions.append(generated.policy_version)
+            # The version of the turn's first token: the oldest one if weights changed mid-turn.
+            policy_versions.append(completion.policy_version)
             conversation.add_policy_tokens(completion.token_ids, completion.logprobs)
             # A turn cut off at max_new_tokens still acts: the environment judges
             # whatever was said, so a policy that never stops gets no free pass.
@@ -102,12 +111,15 @@ async def run_episode(
             conversation.add_environment(str(result.observation))
     except EpisodeFailure as exc:
         status, failure_reason, reward = "failed", str(exc), 0.0
+    finally:
+        policy.end_session(trajectory_id)
 
     token_ids = conversation.token_ids[: limits.max_seq_len]
     loss_mask = conversation.loss_mask[: limits.max_seq_len]
     if status == "failed":
         loss_mask = [0] * len(token_ids)
     return TrajectoryRecord(
+        trajectory_id=trajectory_id,
         run_id=run_id,
         group_id=group_id,
         group_size=group_size,

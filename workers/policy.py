@@ -1,26 +1,29 @@
-"""The policy as producers see it: one sampler per run, shared by all episodes.
+"""The policy as producers see it: one inference engine per run, shared by all episodes.
 
-Concurrent episodes ask for completions independently; :class:`BatchingPolicy`
-coalesces whatever requests are waiting into one batched ``generate`` call,
-run in a thread so environment waits keep overlapping with generation. New
-weights are picked up between batches, so an episode never sees a version
-change inside one turn, and each turn records the version that produced it.
+:class:`PolicyRuntime` owns the run's :class:`~trainer.inference_engine.InferenceEngine`
+and keeps it (compiled functions, KV cache, background thread) warm across
+Celery tasks of the worker process. The engine batches every concurrent
+episode continuously: a turn joins the running batch at the next decode chunk
+and returns as soon as it is done, and an episode keeps its KV prefix between
+turns (its session), so only the environment's new tokens are prefilled.
+
+New weights are polled from Redis between decode chunks (at most every
+``weight_poll_s``) and swapped in without draining in-flight turns; each
+completion reports the version of its first token.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Hashable
 
 import redis
 from flax import nnx
 
 from tandem.run_config import RunConfig
+from trainer.inference_engine import Completion, InferenceEngine
 from trainer.model import Transformer, TransformerConfig, split_model
-from trainer.sampler import Completion, Sampler
 from trainer.tokenizer import ByteTokenizer
 from trainer.weights import RedisWeightSubscriber
 
@@ -29,15 +32,14 @@ class PolicyNotPublishedError(RuntimeError):
     """The trainer has not published any weights for this run yet."""
 
 
-@dataclass(frozen=True)
-class VersionedCompletion:
-    completion: Completion
-    policy_version: int
-    batch_size: int
+def inference_slots(config: RunConfig) -> int:
+    """KV-cache rows of a run's engine: by default, every episode of one rollout task."""
+    configured = getattr(config, "inference_slots", None)
+    return configured or config.groups_per_task * config.group_size
 
 
 class PolicyRuntime:
-    """Sampler plus current weights of one run, kept warm across Celery tasks."""
+    """Inference engine plus current weights of one run, kept warm across Celery tasks."""
 
     def __init__(self, *, run_id: int, config: RunConfig, redis_client: redis.Redis,
                  weight_poll_s: float = 0.25):
@@ -47,8 +49,16 @@ class PolicyRuntime:
         model_config = TransformerConfig.from_model_config(config.model, self.tokenizer.vocab_size)
         abstract = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
         self._graphdef, self._params_like = split_model(abstract)
-        self.sampler = Sampler(
-            self._graphdef, config=model_config, eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id
+        self.engine = InferenceEngine(
+            self._graphdef,
+            config=model_config,
+            eos_id=self.tokenizer.eos_id,
+            pad_id=self.tokenizer.pad_id,
+            num_slots=inference_slots(config),
+            chunk_size=getattr(config, "decode_chunk_tokens", 8),
+            detokenize=self.tokenizer.decode,
+            # Runs in the engine thread between chunks, so weights never change mid-chunk.
+            between_chunks=self.refresh_weights,
         )
         self._subscriber = RedisWeightSubscriber(redis_client)
         self._weight_poll_s = weight_poll_s
@@ -58,7 +68,12 @@ class PolicyRuntime:
         self._last_poll = 0.0
 
     def refresh_weights(self, *, force: bool = False) -> int:
-        """Load the newest published weights if there are any; returns the version in use."""
+        """Load the newest published weights into the engine if there are newer ones.
+
+        Polls Redis at most every ``weight_poll_s`` unless ``force``; returns
+        the version in use. Raises PolicyNotPublishedError before the first
+        publication.
+        """
         with self._lock:
             now = time.monotonic()
             if not force and now - self._last_poll < self._weight_poll_s and self.params is not None:
@@ -69,68 +84,63 @@ class PolicyRuntime:
                 fetched = self._subscriber.fetch(self.run_id, self._params_like)
                 if fetched is not None:
                     self.policy_version, self.params = fetched
+                    self.engine.set_params(self.params, self.policy_version)
             if self.params is None:
                 raise PolicyNotPublishedError(f"run {self.run_id} has no published policy yet")
             return self.policy_version
 
+    def close(self) -> None:
+        """Stop the engine's thread and cancel what it still holds."""
+        self.engine.close()
+
 
 class BatchingPolicy:
-    """Per-event-loop front of a :class:`PolicyRuntime` that batches concurrent requests."""
+    """One rollout task's handle on the run's engine: sampling settings, seeds, sessions.
 
-    def __init__(self, runtime: PolicyRuntime, *, seed: int, max_batch: int = 64):
+    The batching itself happens in the engine, across every episode of the
+    worker process. Each episode passes its own ``session_id`` and ends it
+    with :meth:`end_session`; :meth:`close` ends whatever is left.
+    ``generation_s`` is the time the engine spent decoding while this policy
+    was open.
+    """
+
+    def __init__(self, runtime: PolicyRuntime, *, seed: int):
         self._runtime = runtime
         self._seed = seed
-        self._max_batch = max_batch
-        self._pending: list[tuple[list[int], asyncio.Future]] = []
-        self._wakeup = asyncio.Event()
-        self._worker: asyncio.Task | None = None
-        self._batches = 0
-        self.generation_s = 0.0
+        self._requests = 0
+        self._sessions: set[Hashable] = set()
+        self._busy_at_open = runtime.engine.stats.busy_s
+        self._generation_s: float | None = None
 
-    async def generate(self, prompt: list[int]) -> VersionedCompletion:
-        if self._worker is None:
-            self._worker = asyncio.create_task(self._serve())
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt, future))
-        self._wakeup.set()
-        return await future
+    @property
+    def generation_s(self) -> float:
+        if self._generation_s is not None:
+            return self._generation_s
+        return self._runtime.engine.stats.busy_s - self._busy_at_open
+
+    async def generate(self, prompt: list[int], *, session_id: Hashable | None = None) -> Completion:
+        """One policy turn after ``prompt``, reusing the session's cached prefix."""
+        config = self._runtime.config
+        self._requests += 1
+        if session_id is not None:
+            self._sessions.add(session_id)
+        return await self._runtime.engine.generate(
+            session_id,
+            prompt,
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            top_p=getattr(config, "top_p", 1.0),
+            top_k=getattr(config, "top_k", 0),
+            stop=tuple(getattr(config, "stop_strings", ())),
+            seed=hash((self._seed, self._requests)) & 0x7FFFFFFF,
+        )
+
+    def end_session(self, session_id: Hashable) -> None:
+        """Free the session's KV-cache slot; its episode will not generate again."""
+        self._sessions.discard(session_id)
+        self._runtime.engine.end_session(session_id)
 
     async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-
-    async def _serve(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            # One loop turn lets episodes that became ready together join the batch.
-            await asyncio.sleep(0)
-            while self._pending:
-                batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
-                try:
-                    completions, version = await asyncio.to_thread(self._generate_batch, [p for p, _ in batch])
-                except Exception as exc:  # noqa: BLE001 - each waiting episode records the reason
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                for (_, future), completion in zip(batch, completions, strict=True):
-                    if not future.done():
-                        future.set_result(VersionedCompletion(completion, version, len(batch)))
-
-    def _generate_batch(self, prompts: list[list[int]]) -> tuple[list[Completion], int]:
-        runtime = self._runtime
-        version = runtime.refresh_weights()
-        started = time.perf_counter()
-        self._batches += 1
-        completions = runtime.sampler.generate(
-            runtime.params,
-            prompts,
-            max_new_tokens=runtime.config.max_new_tokens,
-            temperature=runtime.config.temperature,
-            seed=hash((self._seed, self._batches)) & 0x7FFFFFFF,
-        )
-        self.generation_s += time.perf_counter() - started
-        return completions, version
+        for session_id in list(self._sessions):
+            self.end_session(session_id)
+        self._generation_s = self.generation_s

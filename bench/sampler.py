@@ -1,0 +1,140 @@
+"""Throughput of the inference engine: generated tokens/s with 1, 8 and 64 concurrent episodes.
+
+Runs the nano policy (``tandem.run_config.ModelConfig`` defaults, random
+weights) in one :class:`trainer.inference_engine.InferenceEngine` with 64
+slots, served by its background thread to asyncio episodes, as producers do.
+An episode has three turns of up to 24 tokens with an 8-token observation
+between them. A second workload (six short turns after a long prompt)
+compares prefix reuse with re-encoding the whole history every turn (a fresh
+session per turn). Prints one JSON line. Usage: ``python bench/sampler.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tandem.run_config import ModelConfig  # noqa: E402
+from trainer.inference_engine import InferenceEngine  # noqa: E402
+from trainer.model import Transformer, TransformerConfig, split_model  # noqa: E402
+from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE  # noqa: E402
+
+
+def _tokens(rng: np.random.Generator, length: int) -> list[int]:
+    return rng.integers(0, 256, length).tolist()
+
+
+async def _episodes(
+    engine: InferenceEngine,
+    *,
+    concurrency: int,
+    episodes: int,
+    prompt_len: int,
+    turns: int,
+    max_new_tokens: int,
+    observation_len: int,
+    reuse: bool,
+) -> dict:
+    """Run ``episodes`` episodes, ``concurrency`` at a time; returns tokens, seconds, latencies."""
+    gate = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    generated = 0
+
+    async def episode(index: int) -> None:
+        nonlocal generated
+        rng = np.random.default_rng(index)
+        conversation = [BOS_ID, *_tokens(rng, prompt_len - 1)]
+        async with gate:
+            for turn in range(turns):
+                session = f"{index}" if reuse else f"{index}/{turn}"
+                began = time.perf_counter()
+                completion = await engine.generate(
+                    session, conversation, max_new_tokens=max_new_tokens, seed=index * 100 + turn
+                )
+                latencies.append(time.perf_counter() - began)
+                generated += len(completion.token_ids)
+                conversation = conversation + completion.token_ids + _tokens(rng, observation_len)
+                if not reuse:
+                    engine.end_session(session)
+            engine.end_session(f"{index}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(episode(index) for index in range(episodes)))
+    wall_s = time.perf_counter() - started
+    return {"tokens": generated, "wall_s": wall_s, "latencies": latencies}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--chunk-size", type=int, default=8)
+    parser.add_argument("--slots", type=int, default=64)
+    args = parser.parse_args()
+
+    config = TransformerConfig.from_model_config(ModelConfig(), VOCAB_SIZE)
+    graphdef, params = split_model(Transformer(config, rngs=nnx.Rngs(0)))
+    engine = InferenceEngine(
+        graphdef, config=config, eos_id=EOS_ID, pad_id=PAD_ID,
+        num_slots=args.slots, chunk_size=args.chunk_size,
+    )
+    engine.set_params(params, version=0)
+    began = time.perf_counter()
+    engine.warmup()
+    warmup_s = time.perf_counter() - began
+    warm_traces = engine.trace_count
+
+    throughput = {}
+    turn_latency_p50_ms = {}
+    for concurrency, episodes in ((1, 160), (8, 320), (64, 640)):
+        result = asyncio.run(_episodes(
+            engine, concurrency=concurrency, episodes=episodes, prompt_len=31, turns=3,
+            max_new_tokens=24, observation_len=8, reuse=True,
+        ))
+        throughput[str(concurrency)] = round(result["tokens"] / result["wall_s"], 1)
+        turn_latency_p50_ms[str(concurrency)] = round(1e3 * float(np.median(result["latencies"])), 2)
+
+    # Long history, short turns: where re-encoding the history each turn hurts most.
+    prefix = {}
+    for mode in ("reuse", "re_encode"):
+        before = engine.stats
+        result = asyncio.run(_episodes(
+            engine, concurrency=16, episodes=160, prompt_len=50, turns=6, max_new_tokens=8,
+            observation_len=4, reuse=mode == "reuse",
+        ))
+        prefix[mode] = {
+            "tokens_per_s": round(result["tokens"] / result["wall_s"], 1),
+            "prefilled_tokens": engine.stats.prefill_tokens - before.prefill_tokens,
+        }
+
+    print(json.dumps({
+        "tokens_per_s": throughput,
+        "batching_speedup_64_vs_1": round(throughput["64"] / throughput["1"], 2),
+        "turn_latency_p50_ms": turn_latency_p50_ms,
+        "prefix_reuse": {
+            **prefix,
+            "speedup": round(prefix["reuse"]["tokens_per_s"] / prefix["re_encode"]["tokens_per_s"], 2),
+            "prefill_token_ratio": round(
+                prefix["re_encode"]["prefilled_tokens"] / prefix["reuse"]["prefilled_tokens"], 2
+            ),
+        },
+        "model": {"d_model": config.d_model, "num_layers": config.num_layers,
+                  "max_seq_len": config.max_seq_len},
+        "num_slots": args.slots,
+        "chunk_size": args.chunk_size,
+        "warmup_s": round(warmup_s, 1),
+        "compilations": warm_traces,
+        "recompilations_after_warmup": engine.trace_count - warm_traces,
+    }))
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Sharded train steps: every parameter gets its spec, and the result equals one device's.
+
+The sharded runs need 4 devices, which on CPU exist only if XLA_FLAGS is set
+before JAX starts; this pytest process has started JAX already with one. So
+the test runs this very file as a script in a fresh interpreter (nothing at
+module level touches a device, so the flag still applies there), which
+prints one JSON line that the test checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
+
+from tandem.parallelism_config import LoRAConfig, MeshConfig
+from trainer.lora import apply_lora
+from trainer.losses import sft_loss
+from trainer.model import Transformer, TransformerConfig
+from trainer.sharding import (
+    MESH_AXES,
+    initialize_distributed,
+    make_mesh,
+    partition_spec,
+    path_name,
+    shard_batch,
+    shard_train_state,
+    step_shardings,
+)
+from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MESHES = ((2, 2, 1), (1, 2, 2))
+STEPS = 3
+# Sharded matmuls sum in another order; after 3 SGD steps parameters agree to this.
+ATOL = 2e-6
+
+
+def _normal(spec) -> list:
+    """A spec as JSON-able list without trailing Nones (P('fsdp', None) == P('fsdp'))."""
+    entries = [list(axes) if isinstance(axes, tuple) else axes for axes in spec]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return entries
+
+
+def _expected_spec(path: str, mesh_shape: tuple[int, int, int]) -> list:
+    """Hand-written layout of the test model (all dimensions divide the axes)."""
+    sizes = dict(zip(MESH_AXES, mesh_shape, strict=True))
+
+    def keep(*axes):
+        return _normal(P(*(axis if axis and sizes[axis] > 1 else None for axis in axes)))
+
+    leaf = path.rsplit("/", 1)[-1]
+    column = any(f"/{name}/" in path for name in ("query", "key", "value", "gate", "up"))
+    row = any(f"/{name}/" in path for name in ("output", "down"))
+    if path.endswith("embedding/embedding"):
+        return keep("tensor", "fsdp")
+    if path.endswith("head/kernel"):
+        return keep("fsdp", "tensor")
+    if column:
+        return {"kernel": keep("fsdp", "tensor"), "lora_a": keep("fsdp", None),
+                "lora_b": keep(None, "tensor")}[leaf]
+    if row:
+        return {"kernel": keep("tensor", "fsdp"), "lora_a": keep("tensor", None),
+                "lora_b": keep(None, "fsdp")}[leaf]
+    return []  # norms, step, optimizer scalars
+
+
+@pytest.fixture(scope="module")
+def sharded_report() -> dict:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "JAX_PLATFORMS": "cpu"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "tests.trainer.test_sharding"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda shape: "x".join(map(str, shape)))
+def test_sharded_steps_lay_out_every_parameter_and_match_one_device(sharded_report, mesh_shape, lora):
+    run = sharded_report["runs"][f"{'x'.join(map(str, mesh_shape))}-{'lora' if lora else 'full'}"]
+    assert run["device_count"] == 4
+    assert run["trace_count"] == 1
+    # Batch rows are split over data x fsdp.
+    assert run["batch_spec"] == [["data", "fsdp"]]
+    # Parameters and optimizer state (SGD momentum, same paths under a prefix).
+    assert any("/lora_a" in path for path in run["state_specs"]) == lora
+    assert any(path.startswith("opt_state/") for path in run["state_specs"])
+    for path, spec in run["state_specs"].items():
+        assert spec == _expected_spec(path, mesh_shape), path
+    # Output shardings are pinned: a step returns the layout it was given.
+    assert run["output_layout_unchanged"]
+    assert run["max_abs_diff_to_one_device"] <= ATOL, run["max_abs_diff_to_one_device"]
+    if lora:
+        assert run["base_unchanged"]
+
+
+def test_axes_that_do_not_divide_a_dimension_fall_back_to_replication():
+    mesh = AbstractMesh((1, 2, 2), MESH_AXES)
+    # A byte vocabulary of 259 ids cannot be split in two; d_model 32 can.
+    assert partition_spec("embedding/embedding", (259, 32), mesh) == P(None, "fsdp")
+    assert partition_spec("head/kernel", (32, 259), mesh) == P("fsdp", None)
+    assert partition_spec("opt_state/0/mu/blocks/3/mlp/down/kernel", (64, 32), mesh) == P(
+        "tensor", "fsdp"
+    )
+    assert partition_spec("blocks/0/attention_norm/scale", (32,), mesh) == P()
+
+
+def test_mesh_config_fills_the_remaining_axis_and_refuses_what_does_not_fit():
+    assert MeshConfig().axis_sizes(8) == (8, 1, 1)
+    assert MeshConfig(data=1, fsdp=-1, tensor=2).axis_sizes(8) == (1, 4, 2)
+    with pytest.raises(ValueError, match="needs 4 devices"):
+        MeshConfig(data=2, fsdp=2, tensor=1).axis_sizes(8)
+    with pytest.raises(ValueError, match="at most one"):
+        MeshConfig(data=-1, fsdp=-1)
+
+
+def test_initialize_distributed_is_a_no_op_on_a_single_host(monkeypatch):
+    for name in ("TANDEM_COORDINATOR_ADDRESS", "TANDEM_NUM_PROCESSES", "TANDEM_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert initialize_distributed() is False
+    assert initialize_distributed(num_processes=1) is False
+
+
+def _sharded_runs() -> dict:
+    """Child process: the sharded runs, with 4 host devices."""
+    config = TransformerConfig(
+        vocab_size=64, d_model=32, num_layers=2, num_heads=4, mlp_dim=64, max_seq_len=32
+    )
+    lora_config = LoRAConfig(enabled=True, rank=4, targets=["attention.query", "attention.output",
+                                                             "mlp.up", "mlp.down"])
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9))
+
+    def batch(step: int):
+        rng = np.random.default_rng(step)
+        sequences = [rng.integers(1, 64, size=int(rng.integers(6, 16))).tolist() for _ in range(4)]
+        return pad_batch(sequences, loss_masks=[[0] + [1] * (len(s) - 1) for s in sequences],
+                         behaviour_logprobs=None, advantages=None, batch_size=4,
+                         length_buckets=(16,), pad_id=0)
+
+    def fresh_state(lora: bool):
+        model = Transformer(config, rngs=nnx.Rngs(0))
+        if lora:
+            apply_lora(model, lora_config, rngs=nnx.Rngs(1))
+            # Nonzero B, so adapters shape the output from the first step.
+            for block in model.blocks:
+                block.mlp.up.lora_b[...] = 0.01 * jax.numpy.ones_like(block.mlp.up.lora_b[...])
+        return create_train_state(model, optimizer)
+
+    def flat(state):
+        leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+        return {path_name(keypath): leaf for keypath, leaf in leaves}
+
+    runs = {}
+    for lora in (False, True):
+        graphdef, state = fresh_state(lora)
+        reference_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+        for step in range(STEPS):
+            state, _ = reference_step(state, batch(step))
+        reference = {path: np.asarray(leaf) for path, leaf in flat(state.params).items()}
+
+        for mesh_shape in MESHES:
+            data, fsdp, tensor = mesh_shape
+            mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor))
+            graphdef, state = fresh_state(lora)
+            base_before = {path: np.asarray(leaf) for path, leaf in flat(state.params).items()
+                           if "lora" not in path}
+            shardings = step_shardings(mesh, state)
+            state = shard_train_state(state, shardings)
+            layout = {path: leaf.sharding for path, leaf in flat(state).items()}
+            train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss), shardings=shardings)
+            for step in range(STEPS):
+                sharded_batch = shard_batch(batch(step), shardings)
+                state, metrics = train_step(state, sharded_batch)
+            jax.block_until_ready(state)
+            params = flat(state.params)
+            runs[f"{data}x{fsdp}x{tensor}-{'lora' if lora else 'full'}"] = {
+                "device_count": jax.device_count(),
+                "trace_count": train_step.trace_count,
+                "batch_spec": _normal(sharded_batch.tokens.sharding.spec),
+                "state_specs": {path: _normal(leaf.sharding.spec) for path, leaf in flat(state).items()},
+                "output_layout_unchanged": all(
+                    leaf.sharding == layout[path] for path, leaf in flat(state).items()
+                ),
+                "max_abs_diff_to_one_device": max(
+                    float(np.max(np.abs(np.asarray(leaf) - reference[path])))
+                    for path, leaf in params.items()
+                ),
+                "base_unchanged": all(
+                    np.array_equal(np.asarray(params[path]), value)
+                    for path, value in base_before.items()
+                ),
+            }
+    return {"runs": runs}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_sharded_runs()))

@@ -1,0 +1,84 @@
+"""The producers' policy: one engine per run, sessions per episode, weights from Redis between chunks."""
+
+from __future__ import annotations
+
+import asyncio
+
+from flax import nnx
+
+from tandem.contracts import TrajectoryRecord, trajectory_stream
+from tandem.run_config import ModelConfig, RunConfig
+from trainer.model import Transformer, TransformerConfig, split_model
+from trainer.tokenizer import BOS_ID, VOCAB_SIZE
+from trainer.weights import RedisWeightPublisher
+from workers.policy import BatchingPolicy, PolicyRuntime
+from workers.producer import produce_groups
+
+from .test_producer import _publish_policy
+
+CONFIG = RunConfig(
+    model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
+    group_size=3, max_new_tokens=24, max_turns=2, environment_timeout_s=5.0,
+)
+
+
+def _params(seed: int):
+    model = Transformer(TransformerConfig.from_model_config(CONFIG.model, VOCAB_SIZE), rngs=nnx.Rngs(seed))
+    return split_model(model)[1]
+
+
+def test_a_weight_update_lands_mid_turn_without_draining_it(redis_client, run_id):
+    publisher = RedisWeightPublisher(redis_client)
+    publisher.publish(run_id=run_id, version=1, params=_params(0))
+
+    class PublishesAfterTheFirstChunk(PolicyRuntime):
+        polls = 0
+
+        def refresh_weights(self, *, force=False):
+            self.polls += 1
+            if self.polls == 3:  # 1: the task's forced poll, 2: before chunk 1, 3: before chunk 2
+                publisher.publish(run_id=run_id, version=2, params=_params(1))
+            return super().refresh_weights(force=force)
+
+    runtime = PublishesAfterTheFirstChunk(run_id=run_id, config=CONFIG, redis_client=redis_client,
+                                          weight_poll_s=0.0)
+    runtime.refresh_weights(force=True)
+    policy = BatchingPolicy(runtime, seed=0)
+
+    async def two_turns():
+        first = await policy.generate([BOS_ID, 65, 66], session_id="episode")
+        second = await policy.generate([BOS_ID, 65, 66, *first.token_ids, 67], session_id="episode")
+        await policy.close()
+        return first, second
+
+    try:
+        first, second = asyncio.run(two_turns())
+    finally:
+        runtime.close()
+    assert len(first.token_ids) > 8  # the turn outlived its first chunk (8 tokens)
+    assert (first.policy_version, first.last_policy_version) == (1, 2)
+    assert second.policy_version == 2 and runtime.policy_version == 2
+    assert runtime.engine.session_count == 0  # close() ended the session
+
+
+def test_episodes_reuse_their_prefix_across_turns_and_free_their_slots(redis_client, redis_url, run_id):
+    spec = _publish_policy(redis_client, run_id, "talkative", "tests.workers.test_producer:TalkativeEnvironment")
+    runtime = PolicyRuntime(run_id=run_id, config=CONFIG, redis_client=redis_client)
+    runtime.refresh_weights(force=True)
+    try:
+        asyncio.run(produce_groups(redis_url=redis_url, spec=spec, runtime=runtime,
+                                   first_group_index=0, num_groups=2))
+    finally:
+        runtime.close()
+    records = [TrajectoryRecord.from_stream_fields(f) for _, f in redis_client.xrange(trajectory_stream(run_id))]
+    assert len(records) == 6 and all(r.num_turns == 2 for r in records)
+    stats = runtime.engine.stats
+    # Turn 2 of each episode found its first prompt and first generation in the cache,
+    # so the only tokens prefilled were the first prompts and the observations ("again\n").
+    first_turn_ends = [r.loss_mask.index(0, r.loss_mask.index(1)) for r in records]
+    first_prompts = [r.loss_mask.index(1) for r in records]
+    assert stats.reused_tokens == sum(first_turn_ends)
+    assert stats.prefill_tokens == sum(first_prompts) + len(records) * len("again\n")
+    assert stats.evictions == 0
+    assert all(r.policy_versions == [7, 7] for r in records)
+    assert runtime.engine.session_count == 0  # every episode ended its session

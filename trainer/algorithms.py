@@ -1,0 +1,356 @@
+"""Post-training algorithms, built from a run's :class:`~tandem.algorithm_config.AlgorithmConfig`.
+
+An :class:`Algorithm` is the three things the run loop needs to know about
+SFT, GRPO, Dr. GRPO, DAPO, RLOO or PPO:
+
+1. :meth:`Algorithm.prepare` (host): from complete groups of trajectory
+   records to the episodes to train on, with their (shaped) rewards and
+   per-episode advantages, and host statistics. In order: failed episodes
+   are set aside (they stay out of group statistics and of the batch);
+   dynamic sampling drops groups without reward variance; overlong shaping
+   adds its penalty to the rewards; the group estimator turns rewards into
+   advantages.
+2. :meth:`Algorithm.batch` (host, then device): pads the prepared episodes
+   into a :class:`~trainer.train_step.TrainBatch` whose ``extras`` hold every
+   key in :attr:`Algorithm.extras_keys` (per-token rewards for PPO, reference
+   log-probs for a KL penalty, computed here with the reference policy
+   outside the train step).
+3. :attr:`Algorithm.loss_fn`: a ``(model, batch)`` loss for
+   :func:`~trainer.train_step.make_train_step`.
+
+Plus two flags: :attr:`Algorithm.needs_reference` (keep a frozen copy of the
+policy and pass it to :meth:`Algorithm.batch`) and
+:attr:`Algorithm.needs_value_head` (train a
+:class:`~trainer.value_head.PolicyWithValue` and publish only its
+:func:`~trainer.value_head.policy_params`).
+
+Example (the RL phase of the run loop)::
+
+    algorithm = build_algorithm(config.algorithm_config, temperature=config.temperature,
+                                max_policy_tokens=config.max_new_tokens * config.max_turns)
+    model = Transformer(model_config, rngs=nnx.Rngs(seed))
+    if algorithm.needs_value_head:
+        model = with_value_head(model, d_model=model_config.d_model, rngs=nnx.Rngs(seed + 1))
+    graphdef, state = create_train_state(model, optimizer)
+    rl_step = make_train_step(graphdef, optimizer, algorithm.loss_fn)
+    reference = None
+    if algorithm.needs_reference:  # after SFT; copied, as the train step donates its state
+        reference = ReferencePolicy(graphdef, jax.tree.map(jnp.copy, state.params))
+    ...
+    prepared = algorithm.prepare([[entry.record for entry in group] for group in groups])
+    if prepared.records:                                # dynamic sampling may drop everything
+        batch = algorithm.batch(prepared, batch_size=..., length_buckets=..., pad_id=...,
+                                reference=reference)
+        state, metrics = rl_step(state, batch)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tandem.algorithm_config import AlgorithmConfig
+from tandem.contracts import TrajectoryRecord
+from trainer.advantages import (
+    dr_grpo_advantages,
+    groups_with_reward_variance,
+    grpo_advantages,
+    overlong_penalty,
+    rloo_advantages,
+)
+from trainer.losses import policy_gradient_loss, ppo_loss, sft_loss, token_logprobs
+from trainer.train_step import ModelLossFn, TrainBatch, pad_batch
+
+REFERENCE_LOGPROBS = "reference_logprobs"
+TOKEN_REWARDS = "token_rewards"
+
+# DAPO's soft band: L_cache = 4096 of L_max = 20480.
+_DEFAULT_CACHE_FRACTION = 0.2
+
+# (rewards [N], group_ids [N], valid [N], num_groups) -> advantages [N]
+GroupEstimator = Callable[[jax.Array, jax.Array, jax.Array, int], jax.Array]
+
+
+def _group_estimators(config: AlgorithmConfig) -> dict[str, GroupEstimator]:
+    """The registry of per-episode advantage estimators, by ``advantage_estimator``."""
+    return {
+        "grpo": functools.partial(grpo_advantages, eps=config.advantage_eps),
+        "dr_grpo": dr_grpo_advantages,
+        "rloo": rloo_advantages,
+    }
+
+
+@dataclass(frozen=True)
+class ReferencePolicy:
+    """The frozen policy a KL penalty pulls towards (usually the policy after SFT)."""
+
+    # Graphdef of the model ``params`` belong to (a bare policy or a PolicyWithValue).
+    graphdef: nnx.GraphDef
+    # Its parameters; never updated.
+    params: nnx.State
+
+
+@dataclass(frozen=True)
+class PreparedEpisodes:
+    """What :meth:`Algorithm.prepare` keeps of a step's groups; aligned lists of episodes."""
+
+    # The episodes to train on, group by group, in input order.
+    records: tuple[TrajectoryRecord, ...]
+    # float32 [N]: reward after shaping (overlong penalty added).
+    rewards: np.ndarray
+    # float32 [N]: per-episode advantage; zeros for sft and ppo (whose advantages are per token).
+    advantages: np.ndarray
+    # Host statistics, all floats: groups, groups_dropped, episodes, episodes_failed,
+    # reward_mean (raw, over successful episodes), shaped_reward_mean (kept episodes),
+    # overlong_penalty_mean and overlong_penalized_fraction (successful episodes),
+    # policy_tokens_mean (successful episodes).
+    stats: dict[str, float]
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("temperature",))
+def reference_logprobs(
+    graphdef: nnx.GraphDef, ref_params: nnx.State, batch: TrainBatch, *, temperature: float = 1.0
+) -> jax.Array:
+    """Log-probs of the batch's tokens under the reference policy, float32 [B, T].
+
+    Same convention as ``behaviour_logprobs``: slot ``t`` holds the log-prob
+    of the token at slot ``t`` (so slot 0 is 0), of the temperature-scaled
+    distribution, and 0 where the loss mask is 0. Pure and jitted once per
+    batch shape; call it outside the train step, no gradient is needed.
+    """
+    model = nnx.merge(graphdef, ref_params)
+    logits = model(batch.tokens, batch.positions, batch.attention_mask) / temperature
+    logprobs = token_logprobs(logits[:, :-1], batch.tokens[:, 1:])
+    logprobs = jnp.where(batch.loss_mask[:, 1:] > 0, logprobs, 0.0)
+    return jnp.pad(logprobs, ((0, 0), (1, 0)))
+
+
+class Algorithm:
+    """One configured post-training algorithm; build it with :func:`build_algorithm`."""
+
+    def __init__(
+        self, config: AlgorithmConfig, *, temperature: float, max_policy_tokens: int | None
+    ):
+        self.config = config
+        self.temperature = temperature
+        estimator = config.advantage_estimator
+        # Keep a frozen reference and fill extras["reference_logprobs"] (KL penalty).
+        self.needs_reference: bool = config.kl is not None
+        # Train a PolicyWithValue; extras["token_rewards"] carries the rewards.
+        self.needs_value_head: bool = estimator == "gae"
+        # The batch.extras keys loss_fn reads; batch() fills all of them.
+        self.extras_keys: tuple[str, ...] = (
+            *((REFERENCE_LOGPROBS,) if self.needs_reference else ()),
+            *((TOKEN_REWARDS,) if self.needs_value_head else ()),
+        )
+        self._group_estimator = _group_estimators(config).get(estimator)
+
+        self._overlong: tuple[int, int] | None = None
+        if config.overlong is not None:
+            max_length = config.overlong.max_length or max_policy_tokens
+            if max_length is None:
+                raise ValueError("overlong shaping needs overlong.max_length or max_policy_tokens")
+            cache_length = config.overlong.cache_length or max(
+                1, round(_DEFAULT_CACHE_FRACTION * max_length)
+            )
+            self._overlong = (max_length, min(cache_length, max_length))
+        token_sum_length = None
+        if config.loss_aggregation == "token_sum":
+            token_sum_length = config.token_sum_length or max_policy_tokens
+            if token_sum_length is None:
+                raise ValueError(
+                    "token_sum aggregation needs token_sum_length or max_policy_tokens"
+                )
+        self.loss_fn: ModelLossFn = self._make_loss_fn(token_sum_length)
+
+    def _make_loss_fn(self, token_sum_length: int | None) -> ModelLossFn:
+        config, temperature = self.config, self.temperature
+        if config.advantage_estimator == "none":
+
+            def supervised(model, batch):
+                return sft_loss(model(batch.tokens, batch.positions, batch.attention_mask), batch)
+
+            return supervised
+
+        options = {
+            "epsilon_low": config.epsilon_low,
+            "epsilon_high": config.epsilon_high,
+            "aggregation": config.loss_aggregation,
+            "token_sum_length": token_sum_length,
+            "kl_coef": None if config.kl is None else config.kl.coef,
+            "kl_estimator": "k3" if config.kl is None else config.kl.estimator,
+            "importance_sampling": (
+                None if config.importance_sampling is None else config.importance_sampling.level
+            ),
+            "importance_sampling_cap": (
+                2.0 if config.importance_sampling is None else config.importance_sampling.cap
+            ),
+        }
+        if config.value is not None:
+            value = config.value
+
+            def actor_critic(model, batch):
+                logits, values = model.logits_and_values(
+                    batch.tokens, batch.positions, batch.attention_mask
+                )
+                # Producers record log-probs of the temperature-scaled distribution
+                # they sampled from; the ratio must compare like with like.
+                return ppo_loss(
+                    logits / temperature,
+                    values,
+                    batch,
+                    gamma=value.gamma,
+                    lam=value.lam,
+                    value_coef=value.value_coef,
+                    value_clip=value.value_clip,
+                    normalize_advantages=value.normalize_advantages,
+                    **options,
+                )
+
+            return actor_critic
+
+        def policy_gradient(model, batch):
+            logits = model(batch.tokens, batch.positions, batch.attention_mask)
+            return policy_gradient_loss(logits / temperature, batch, **options)
+
+        return policy_gradient
+
+    def prepare(self, groups: Sequence[Sequence[TrajectoryRecord]]) -> PreparedEpisodes:
+        """Filter, shape and score complete groups of episodes (host side).
+
+        ``groups`` are the step's groups, each every episode of one task.
+        Failed episodes (``status != "ok"``) never reach the batch and do not
+        count in their group's statistics. Dynamic sampling tests the raw
+        rewards (before shaping), as DAPO filters on accuracy. The result may
+        be empty (every group dropped): skip the update then, or take more
+        groups.
+        """
+        records = [record for group in groups for record in group]
+        group_ids = np.array(
+            [index for index, group in enumerate(groups) for _ in group], dtype=np.int32
+        )
+        num_groups = len(groups)
+        raw = np.array([record.reward for record in records], dtype=np.float32)
+        valid = np.array([record.status == "ok" for record in records], dtype=np.bool_)
+        lengths = np.array([sum(record.loss_mask) for record in records], dtype=np.float32)
+
+        keep_group = np.ones(num_groups, np.bool_)
+        if self.config.dynamic_sampling:
+            keep_group = groups_with_reward_variance(raw, group_ids, valid, num_groups)
+
+        penalty = np.zeros_like(raw)
+        if self._overlong is not None:
+            max_length, cache_length = self._overlong
+            penalty = overlong_penalty(
+                lengths,
+                max_length=max_length,
+                cache_length=cache_length,
+                penalty_factor=self.config.overlong.penalty_factor,
+            )
+        shaped = raw + penalty
+
+        advantages = np.zeros_like(raw)
+        if self._group_estimator is not None and records:
+            advantages = np.asarray(
+                self._group_estimator(
+                    jnp.asarray(shaped), jnp.asarray(group_ids), jnp.asarray(valid), num_groups
+                ),
+                dtype=np.float32,
+            )
+
+        kept = valid & keep_group[group_ids]
+        indices = np.flatnonzero(kept)
+
+        def mean(values: np.ndarray, where: np.ndarray) -> float:
+            return float(values[where].mean()) if where.any() else 0.0
+
+        stats = {
+            "groups": float(num_groups),
+            "groups_dropped": float(num_groups - int(keep_group.sum())),
+            "episodes": float(indices.size),
+            "episodes_failed": float((~valid).sum()),
+            "reward_mean": mean(raw, valid),
+            "shaped_reward_mean": mean(shaped, kept),
+            "overlong_penalty_mean": mean(penalty, valid),
+            "overlong_penalized_fraction": mean((penalty < 0).astype(np.float32), valid),
+            "policy_tokens_mean": mean(lengths, valid),
+        }
+        return PreparedEpisodes(
+            records=tuple(records[i] for i in indices),
+            rewards=shaped[indices],
+            advantages=advantages[indices],
+            stats=stats,
+        )
+
+    def batch(
+        self,
+        prepared: PreparedEpisodes,
+        *,
+        batch_size: int,
+        length_buckets: tuple[int, ...],
+        pad_id: int,
+        reference: ReferencePolicy | None = None,
+    ) -> TrainBatch:
+        """Pad prepared episodes into a TrainBatch with every extra :attr:`loss_fn` reads.
+
+        Episodes are cut to the largest length bucket. PPO's outcome reward
+        goes on the last policy token that survives the cut. With a KL
+        penalty, ``reference`` is required and its log-probs are computed
+        here, outside the train step.
+        """
+        if self.needs_reference and reference is None:
+            raise ValueError(f"{self.config.name} with a KL penalty needs the reference policy")
+        max_len = max(length_buckets)
+        records = prepared.records
+        masks = [record.loss_mask[:max_len] for record in records]
+        batch = pad_batch(
+            [record.token_ids[:max_len] for record in records],
+            loss_masks=masks,
+            behaviour_logprobs=[record.behaviour_logprobs[:max_len] for record in records],
+            advantages=[float(a) for a in prepared.advantages],
+            batch_size=batch_size,
+            length_buckets=length_buckets,
+            pad_id=pad_id,
+        )
+        extras: dict[str, jax.Array] = {}
+        if self.needs_value_head:
+            token_rewards = np.zeros(batch.tokens.shape, np.float32)
+            for row, (mask, reward) in enumerate(zip(masks, prepared.rewards, strict=True)):
+                policy_slots = np.flatnonzero(np.asarray(mask))
+                if policy_slots.size:
+                    token_rewards[row, policy_slots[-1]] = reward
+            extras[TOKEN_REWARDS] = jnp.asarray(token_rewards)
+        if self.needs_reference:
+            extras[REFERENCE_LOGPROBS] = reference_logprobs(
+                reference.graphdef, reference.params, batch, temperature=self.temperature
+            )
+        return batch.replace(extras=extras)
+
+
+def build_algorithm(
+    config: AlgorithmConfig,
+    *,
+    temperature: float = 1.0,
+    max_policy_tokens: int | None = None,
+) -> Algorithm:
+    """The algorithm ``config`` describes.
+
+    Args:
+      config: the run's algorithm section.
+      temperature: the producers' sampling temperature; RL losses divide the
+        logits by it, since behaviour log-probs are of the tempered
+        distribution (SFT ignores it).
+      max_policy_tokens: the most tokens the policy can generate in one
+        episode (``max_new_tokens * max_turns``). The default of
+        ``overlong.max_length`` and of ``token_sum_length``; required when
+        one of them is used and not set.
+    Raises:
+      ValueError: a length the config needs is missing.
+    """
+    return Algorithm(config, temperature=temperature, max_policy_tokens=max_policy_tokens)
