@@ -82,8 +82,12 @@ def main() -> None:
     config = TransformerConfig.from_model_config(ModelConfig(), VOCAB_SIZE)
     graphdef, params = split_model(Transformer(config, rngs=nnx.Rngs(0)))
     engine = InferenceEngine(
-        graphdef, config=config, eos_id=EOS_ID, pad_id=PAD_ID,
-        num_slots=args.slots, chunk_size=args.chunk_size,
+        graphdef,
+        config=config,
+        eos_id=EOS_ID,
+        pad_id=PAD_ID,
+        num_slots=args.slots,
+        chunk_size=args.chunk_size,
     )
     engine.set_params(params, version=0)
     began = time.perf_counter()
@@ -94,45 +98,74 @@ def main() -> None:
     throughput = {}
     turn_latency_p50_ms = {}
     for concurrency, episodes in ((1, 160), (8, 320), (64, 640)):
-        result = asyncio.run(_episodes(
-            engine, concurrency=concurrency, episodes=episodes, prompt_len=31, turns=3,
-            max_new_tokens=24, observation_len=8, reuse=True,
-        ))
+        result = asyncio.run(
+            _episodes(
+                engine,
+                concurrency=concurrency,
+                episodes=episodes,
+                prompt_len=31,
+                turns=3,
+                max_new_tokens=24,
+                observation_len=8,
+                reuse=True,
+            )
+        )
         throughput[str(concurrency)] = round(result["tokens"] / result["wall_s"], 1)
-        turn_latency_p50_ms[str(concurrency)] = round(1e3 * float(np.median(result["latencies"])), 2)
+        turn_latency_p50_ms[str(concurrency)] = round(
+            1e3 * float(np.median(result["latencies"])), 2
+        )
 
     # Long history, short turns: where re-encoding the history each turn hurts most.
     prefix = {}
     for mode in ("reuse", "re_encode"):
         before = engine.stats
-        result = asyncio.run(_episodes(
-            engine, concurrency=16, episodes=160, prompt_len=50, turns=6, max_new_tokens=8,
-            observation_len=4, reuse=mode == "reuse",
-        ))
+        result = asyncio.run(
+            _episodes(
+                engine,
+                concurrency=16,
+                episodes=160,
+                prompt_len=50,
+                turns=6,
+                max_new_tokens=8,
+                observation_len=4,
+                reuse=mode == "reuse",
+            )
+        )
         prefix[mode] = {
             "tokens_per_s": round(result["tokens"] / result["wall_s"], 1),
             "prefilled_tokens": engine.stats.prefill_tokens - before.prefill_tokens,
         }
 
-    print(json.dumps({
-        "tokens_per_s": throughput,
-        "batching_speedup_64_vs_1": round(throughput["64"] / throughput["1"], 2),
-        "turn_latency_p50_ms": turn_latency_p50_ms,
-        "prefix_reuse": {
-            **prefix,
-            "speedup": round(prefix["reuse"]["tokens_per_s"] / prefix["re_encode"]["tokens_per_s"], 2),
-            "prefill_token_ratio": round(
-                prefix["re_encode"]["prefilled_tokens"] / prefix["reuse"]["prefilled_tokens"], 2
-            ),
-        },
-        "model": {"d_model": config.d_model, "num_layers": config.num_layers,
-                  "max_seq_len": config.max_seq_len},
-        "num_slots": args.slots,
-        "chunk_size": args.chunk_size,
-        "warmup_s": round(warmup_s, 1),
-        "compilations": warm_traces,
-        "recompilations_after_warmup": engine.trace_count - warm_traces,
-    }))
+    print(
+        json.dumps(
+            {
+                "tokens_per_s": throughput,
+                "batching_speedup_64_vs_1": round(throughput["64"] / throughput["1"], 2),
+                "turn_latency_p50_ms": turn_latency_p50_ms,
+                "prefix_reuse": {
+                    **prefix,
+                    "speedup": round(
+                        prefix["reuse"]["tokens_per_s"] / prefix["re_encode"]["tokens_per_s"], 2
+                    ),
+                    "prefill_token_ratio": round(
+                        prefix["re_encode"]["prefilled_tokens"]
+                        / prefix["reuse"]["prefilled_tokens"],
+                        2,
+                    ),
+                },
+                "model": {
+                    "d_model": config.d_model,
+                    "num_layers": config.num_layers,
+                    "max_seq_len": config.max_seq_len,
+                },
+                "num_slots": args.slots,
+                "chunk_size": args.chunk_size,
+                "warmup_s": round(warmup_s, 1),
+                "compilations": warm_traces,
+                "recompilations_after_warmup": engine.trace_count - warm_traces,
+            }
+        )
+    )
     engine.close()
 
 

@@ -53,9 +53,9 @@ MODEL_SIZES = {
 
 
 def random_rl_batch(
-    rng: np.random.Generator, *, batch_size: int, seq_len: int, vocab_size: int, pad_id: int
+    rng: np.random.Generator, *, batch_size: int, seq_len: int, pad_id: int
 ) -> TrainBatch:
-    """Right-padded sequences of seq_len/2 .. seq_len tokens; the second half is the policy's."""
+    """Right-padded byte sequences of seq_len/2 .. seq_len tokens; the second half is the policy's."""
     sequences, loss_masks, logprobs = [], [], []
     for _ in range(batch_size):
         length = int(rng.integers(seq_len // 2, seq_len + 1))
@@ -65,7 +65,6 @@ def random_rl_batch(
         logprobs.append(
             [0.0] * prompt_len + (-rng.exponential(2.0, size=length - prompt_len)).tolist()
         )
-    del vocab_size  # byte tokens 0..255 are valid for every vocabulary here
     return pad_batch(
         sequences,
         loss_masks=loss_masks,
@@ -101,7 +100,7 @@ def bench_size(model_config: ModelConfig, *, batch_size: int, steps: int, seed: 
     # Two batches alternate, so no step can reuse a result cached for its input.
     batches = [
         random_rl_batch(rng, batch_size=batch_size, seq_len=config.max_seq_len,
-                        vocab_size=config.vocab_size, pad_id=tokenizer.pad_id)
+                        pad_id=tokenizer.pad_id)
         for _ in range(2)
     ]
 

@@ -185,7 +185,7 @@ class StepClock:
 
     def step_times(self, ended_at: float, *, steps: int) -> list[float]:
         boundaries = self.pulled_at[:steps] + [ended_at]
-        return [later - earlier for earlier, later in zip(boundaries, boundaries[1:])]
+        return [later - earlier for earlier, later in itertools.pairwise(boundaries)]
 
 
 class CompileCounter:

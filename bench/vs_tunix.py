@@ -259,9 +259,13 @@ async def tandem_agentic(args, counter: CompileCounter) -> dict[str, Any]:
         "timed_steps": len(timed),
         "warmup_step_s": [round(step["step_s"], 3) for step in steps[:args.warmup]],
         "setup_compile_s": round(setup_compile_s, 3),
+        # rollout_s = generation_s (engine busy) + rollout_other_s (environment,
+        # asyncio, episode bookkeeping); train_s = advantages_s + batch_and_update_s.
         "phases_median_s": {key: median(key) for key in (
-            "weight_fetch_s", "rollout_s", "generation_s", "rollout_other_s", "environment_s_summed_over_episodes",
-            "train_s", "publish_s")},
+            "weight_fetch_s", "rollout_s", "generation_s", "rollout_other_s",
+            "environment_s_summed_over_episodes", "train_s", "advantages_s",
+            "batch_and_update_s", "publish_s")},
+        "train_seq_len": max(step["train_seq_len"] for step in timed),
         "engine_per_step": {key: statistics.fmean(step["engine"][key] for step in timed)
                             for key in timed[0]["engine"]},
         "policy_tokens_per_step": statistics.fmean(step["policy_tokens"] for step in timed),
@@ -346,13 +350,23 @@ def main() -> None:
     speedup = round(tunix_agentic / tandem_step, 2) if tunix_agentic else None
     notes.append(
         "step_s are medians of the timed steps, all measured in this run on "
-        f"{jax.devices()[0].device_kind}; Tandem's producer and trainer run one after the other "
-        "here (in production they overlap)."
+        f"{jax.devices()[0].device_kind}. Both sides: vocabulary 259 (Tandem's byte tokenizer; "
+        "its real path cannot run a 64-token vocabulary), no KL, temperature 1, at most "
+        f"{args.new_tokens} new tokens per turn. Tunix's model calls get fresh sampling seeds "
+        "(unseeded, its vanilla rollout samples every agentic episode of a group identically). "
+        "Tandem's producer and trainer run one after the other here; in production they overlap."
     )
     if ratio is not None:
+        phases = tandem["phases_median_s"]
         verdict = "meets" if ratio <= PLAIN_STEP_TARGET_RATIO else "misses"
-        notes.append(f"Tandem's agentic step {verdict} the {PLAIN_STEP_TARGET_RATIO}x-of-Tunix-plain "
-                     f"target ({ratio}x).")
+        notes.append(
+            f"Tandem's agentic step {verdict} the {PLAIN_STEP_TARGET_RATIO}x-of-Tunix-plain target "
+            f"({ratio}x). Tandem's step: generation {phases['generation_s']} s for two turns, "
+            f"train {phases['train_s']} s on sequences padded to {tandem['train_seq_len']} tokens, "
+            f"weights {round(phases['weight_fetch_s'] + phases['publish_s'], 4)} s, rest "
+            f"{round(tandem_step - phases['generation_s'] - phases['train_s'] - phases['weight_fetch_s'] - phases['publish_s'], 4)} s; "
+            "Tunix's plain step generates one turn and trains on 32 + 16 tokens."
+        )
     print(json.dumps({
         "tandem_agentic_step_s": tandem_step,
         "tunix_agentic_step_s": tunix_agentic,

@@ -65,6 +65,13 @@ class ModelConfig(BaseModel):
     param_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Dtype of the parameters and matmuls; logits are float32 either way."
     )
+    tokenizer: str = Field(
+        "byte",
+        description=(
+            "'byte' (the byte-level default), or a local directory holding tokenizer.json "
+            "(usually the hf_checkpoint directory)."
+        ),
+    )
     hf_checkpoint: str | None = Field(
         None,
         description=(

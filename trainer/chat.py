@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from trainer.tokenizer import ByteTokenizer
+from trainer.tokenizer import Tokenizer
 
 
 def tool_header(tool_names: Sequence[str]) -> str:
@@ -22,15 +22,16 @@ def tool_header(tool_names: Sequence[str]) -> str:
 
 @dataclass
 class Conversation:
-    tokenizer: ByteTokenizer
+    tokenizer: Tokenizer
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     behaviour_logprobs: list[float] = field(default_factory=list)
 
     @classmethod
-    def start(cls, tokenizer: ByteTokenizer, *, tool_names: Sequence[str], prompt: str) -> Conversation:
+    def start(cls, tokenizer: Tokenizer, *, tool_names: Sequence[str], prompt: str) -> Conversation:
         conversation = cls(tokenizer)
-        conversation._extend([tokenizer.bos_id], mask=0)
+        if tokenizer.bos_id is not None:  # Qwen's tokenizers have no BOS token
+            conversation._extend([tokenizer.bos_id], mask=0)
         conversation.add_environment(tool_header(tool_names) + prompt)
         return conversation
 

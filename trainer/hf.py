@@ -421,6 +421,17 @@ def export_hf_checkpoint(
     return [*written, directory / _INDEX_FILE]
 
 
+def policy_config(model_config: ModelConfig, *, vocab_size: int) -> TransformerConfig:
+    """The architecture a run's policy has; trainer and producers must agree on it."""
+    if model_config.hf_checkpoint is None:
+        return TransformerConfig.from_model_config(model_config, vocab_size)
+    return load_hf_config(
+        model_config.hf_checkpoint,
+        max_seq_len=model_config.max_seq_len,
+        param_dtype=model_config.param_dtype,
+    )
+
+
 def create_model(model_config: ModelConfig, *, vocab_size: int, rngs: nnx.Rngs) -> Transformer:
     """The policy a run starts from: its ``hf_checkpoint`` if set, else a fresh model.
 

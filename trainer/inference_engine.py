@@ -25,7 +25,11 @@ row, ``max_seq_len`` tokens long, plus one scratch slot at the end):
   :meth:`InferenceEngine.warmup`. ``trace_counts`` counts traces.
 - **Weights between chunks.** :meth:`InferenceEngine.set_params` stages new
   parameters; they are swapped in at the next chunk boundary, never inside a
-  chunk, and in-flight requests keep decoding with them (no drain).
+  chunk, and in-flight requests keep decoding with them (no drain). Cached
+  prefixes are kept across a swap too: a session's next turn attends to keys
+  and values the older weights computed. The recorded log-probs are still
+  exactly those its tokens were sampled from, and the episode's oldest
+  version (its previous turn's) still bounds its staleness.
 
 Sampling and log-probabilities: the behaviour log-probability recorded for a
 token is ``log_softmax(logits / temperature)`` at that token, i.e. under the
@@ -132,6 +136,8 @@ class _Request:
     last_version: int = 0
     # Generated tokens already known to contain no stop string.
     stop_checked: int = 0
+    # Its caller went away: drop it at the next chunk boundary.
+    abandoned: bool = False
 
 
 @dataclasses.dataclass
@@ -278,18 +284,13 @@ class InferenceEngine:
         max_seq_len = config.max_seq_len
         # One scratch slot past max_seq_len: rows that are not decoding write there.
         self._cache_len = max_seq_len + 1
+        prefill_buckets = prefill_buckets or _default_prefill_buckets(max_seq_len)
+        row_buckets = row_buckets or _default_row_buckets(num_slots)
+        # The largest bucket is always the whole slot (or all slots), so every size fits one.
         self._prefill_buckets = tuple(
-            sorted(
-                {min(b, max_seq_len) for b in prefill_buckets or _default_prefill_buckets(max_seq_len)}
-                | {max_seq_len}
-            )
+            sorted({min(b, max_seq_len) for b in prefill_buckets} | {max_seq_len})
         )
-        self._row_buckets = tuple(
-            sorted(
-                {min(b, num_slots) for b in row_buckets or _default_row_buckets(num_slots)}
-                | {num_slots}
-            )
-        )
+        self._row_buckets = tuple(sorted({min(b, num_slots) for b in row_buckets} | {num_slots}))
         self._detokenize = detokenize
         self._between_chunks = between_chunks
         self._reuse_prefix = reuse_prefix
@@ -342,6 +343,12 @@ class InferenceEngine:
         """Sessions holding a slot (with a cached prefix or a request in flight)."""
         with self._lock:
             return len(self._sessions)
+
+    def cached_length(self, session_id: Hashable) -> int:
+        """Tokens of the session whose keys and values are in its slot (0 if it has none)."""
+        with self._lock:
+            slot = self._sessions.get(session_id)
+            return 0 if slot is None else len(slot.tokens)
 
     @property
     def trace_counts(self) -> dict[str, int]:
@@ -465,7 +472,11 @@ class InferenceEngine:
         stop: Sequence[str] = (),
         seed: int = 0,
     ) -> Completion:
-        """:meth:`submit`, awaited from an event loop (needs ``background=True``)."""
+        """:meth:`submit`, awaited from an event loop (needs ``background=True``).
+
+        Cancelling the awaiting task also stops the turn in the engine, at the
+        next chunk boundary (the session keeps the tokens decoded so far).
+        """
         future = self.submit(
             session_id,
             prompt_tokens,
@@ -476,7 +487,22 @@ class InferenceEngine:
             stop=stop,
             seed=seed,
         )
-        return await asyncio.wrap_future(future)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self._abandon(future)
+            raise
+
+    def _abandon(self, future: concurrent.futures.Future) -> None:
+        # A queued request was cancelled with the asyncio future; a running one
+        # cannot be, so it is flagged and dropped after the current chunk.
+        with self._lock:
+            for slot in self._slots:
+                request = slot.request
+                if request is not None and request.future is future:
+                    request.abandoned = True
+                    # The session may queue its next turn now; it starts once the slot is free.
+                    self._busy_sessions.discard(request.session_id)
 
     def end_session(self, session_id: Hashable) -> None:
         """Free the session's slot (after its in-flight request, if any). Idempotent."""
@@ -533,7 +559,9 @@ class InferenceEngine:
                     )
             for rows in self._row_buckets:
                 idle = self._chunk_inputs([], rows)
-                outputs = self._decode_jit(self._params, self._cache, self._logits, *idle, rows=rows)
+                outputs = self._decode_jit(
+                    self._params, self._cache, self._logits, *idle, rows=rows
+                )
                 self._cache, self._logits = outputs[0], outputs[1]
             jax.block_until_ready(self._cache)
 
@@ -564,8 +592,11 @@ class InferenceEngine:
             except BaseException as exc:
                 self._fail_running(running, exc)
                 raise
-            for request, completion in finished:
-                request.future.set_result(completion)
+            for request, outcome in finished:
+                if isinstance(outcome, Completion):
+                    request.future.set_result(outcome)
+                else:
+                    request.future.set_exception(outcome)
             with self._lock:
                 self._busy_s += time.perf_counter() - started
             return True
@@ -640,7 +671,9 @@ class InferenceEngine:
             reused = 0
             if self._reuse_prefix:
                 # At least one token is always prefilled: its logits seed the first sample.
-                reused = min(_common_prefix_length(slot.tokens, request.prompt), len(request.prompt) - 1)
+                reused = min(
+                    _common_prefix_length(slot.tokens, request.prompt), len(request.prompt) - 1
+                )
             self._clock += 1
             slot.request, slot.last_used = request, self._clock
             slot.session_id = request.session_id
@@ -686,7 +719,8 @@ class InferenceEngine:
         slot.request = None
         if request is None:
             return
-        self._busy_sessions.discard(request.session_id)
+        if not request.abandoned:  # an abandoned one already let its session go
+            self._busy_sessions.discard(request.session_id)
         if request.session_id is None or slot.release_when_done:
             slot.session_id, slot.tokens, slot.release_when_done = None, [], False
 
@@ -797,7 +831,9 @@ class InferenceEngine:
             top_ks[index] = request.top_k
         return offsets, active, budgets, counts, seeds, temperatures, top_ps, top_ks
 
-    def _decode_chunk(self, running: list[_Slot]) -> list[tuple[_Request, Completion]]:
+    def _decode_chunk(
+        self, running: list[_Slot]
+    ) -> list[tuple[_Request, Completion | BaseException]]:
         rows = _bucket(max(slot.index for slot in running) + 1, self._row_buckets)
         inputs = self._chunk_inputs(running, rows)
         self._cache, self._logits, tokens, logprobs, produced = self._decode_jit(
@@ -820,6 +856,10 @@ class InferenceEngine:
                 request.token_ids.extend(new_tokens)
                 request.logprobs.extend(logprobs[index, :count].tolist())
                 slot.tokens.extend(new_tokens)
+                if request.abandoned:
+                    self._release(slot)
+                    finished.append((request, concurrent.futures.CancelledError()))
+                    continue
                 completion = self._completion_if_done(request)
                 if completion is None:
                     continue
@@ -918,7 +958,16 @@ class InferenceEngine:
             produced = produced + active
             offsets = offsets + active
             active = active & (token != self._eos_id) & (produced < budgets)
-            return step + 1, row_cache, step_logits[:, 0], offsets, active, produced, tokens, logprobs
+            return (
+                step + 1,
+                row_cache,
+                step_logits[:, 0],
+                offsets,
+                active,
+                produced,
+                tokens,
+                logprobs,
+            )
 
         initial = (
             jnp.int32(0),

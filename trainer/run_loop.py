@@ -34,11 +34,11 @@ from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.backlog import RolloutBacklog
 from trainer.chat import Conversation
 from trainer.checkpoints import RunCheckpointer
+from trainer.hf import create_model
 from trainer.losses import sft_loss
-from trainer.model import Transformer, TransformerConfig
 from trainer.platform_client import ClaimedRun, PlatformClient
 from trainer.stream import GroupAssembler, TrajectoryStreamReader
-from trainer.tokenizer import ByteTokenizer
+from trainer.tokenizer import load_tokenizer
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
 from trainer.value_head import policy_params, with_value_head
 from trainer.weights import RedisWeightPublisher
@@ -110,7 +110,7 @@ class RunTrainer:
         self.platform = platform
         self.redis = redis_client
         self.celery_app = celery_app
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer = load_tokenizer(self.config.model.tokenizer)
         self.environment_class = load_environment_class(claimed.environment)
         self.telemetry = _Telemetry(platform, self.run_id, settings.telemetry_interval_s)
         self.publisher = RedisWeightPublisher(redis_client)
@@ -119,15 +119,15 @@ class RunTrainer:
         self._last_heartbeat = 0.0
         self._buckets = length_buckets(self.config.model.max_seq_len)
 
-        model_config = TransformerConfig.from_model_config(self.config.model, self.tokenizer.vocab_size)
         self.algorithm = build_algorithm(
             self.config.algorithm,
             temperature=self.config.temperature,
             max_policy_tokens=self.config.max_new_tokens * self.config.max_turns,
         )
-        model = Transformer(model_config, rngs=nnx.Rngs(self.config.seed))
+        model = create_model(self.config.model, vocab_size=self.tokenizer.vocab_size,
+                             rngs=nnx.Rngs(self.config.seed))
         if self.algorithm.needs_value_head:
-            model = with_value_head(model, d_model=model_config.d_model, rngs=nnx.Rngs(self.config.seed + 1))
+            model = with_value_head(model, d_model=model.config.d_model, rngs=nnx.Rngs(self.config.seed + 1))
         self.optimizer = make_optimizer(self.config.learning_rate)
         self.graphdef, self.state = create_train_state(model, self.optimizer)
         self._sft_step = make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss))

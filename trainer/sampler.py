@@ -3,7 +3,8 @@
 This is the simple, synchronous front of :class:`trainer.inference_engine.InferenceEngine`
 for callers that have all their prompts at hand (tests, evaluation,
 benchmarks). The prompts are one-off requests of a private engine that this
-call drives in its own thread, so they get everything the engine does:
+call drives in the calling thread (no background thread), so they get
+everything the engine does:
 continuous batching (more prompts than slots are admitted as rows finish, and
 a row that hits EOS frees its slot at the next chunk), compile buckets, and
 the same sampling and log-probabilities as the producers' episodes.

@@ -85,7 +85,9 @@ def forward_logprobs(model):
         tokens = np.full((1, CONFIG.max_seq_len), PAD_ID, np.int32)
         tokens[0, : len(sequence)] = sequence
         mask = np.arange(CONFIG.max_seq_len)[None] < len(sequence)
-        return np.asarray(tempered(params, tokens, mask, np.float32(temperature)))[0, : len(sequence) - 1]
+        return np.asarray(tempered(params, tokens, mask, np.float32(temperature)))[
+            0, : len(sequence) - 1
+        ]
 
     return compute
 
@@ -135,8 +137,14 @@ def test_multi_turn_logprobs_match_a_full_forward_pass_of_the_final_sequence(
     conversation = _random_tokens(1, 10)
     policy_spans = []
     for turn in range(3):
-        completion = _run(engine, "multi-turn", conversation, max_new_tokens=10,
-                          temperature=temperature, seed=turn)
+        completion = _run(
+            engine,
+            "multi-turn",
+            conversation,
+            max_new_tokens=10,
+            temperature=temperature,
+            seed=turn,
+        )
         assert len(completion.token_ids) == len(completion.logprobs)
         policy_spans.append((len(conversation), completion))
         conversation = conversation + completion.token_ids + _random_tokens(10 + turn, 5)[1:]
@@ -181,8 +189,9 @@ def test_a_prompt_that_does_not_extend_the_cache_is_re_encoded_from_where_it_div
     before = engine.stats.prefill_tokens
     completion = _run(engine, "diverge", edited, max_new_tokens=6, temperature=1.0, seed=0)
     assert engine.stats.prefill_tokens - before == len(edited) - 9
-    reference = _token_logprobs(forward_logprobs(params, edited + completion.token_ids, 1.0),
-                                edited + completion.token_ids)
+    reference = _token_logprobs(
+        forward_logprobs(params, edited + completion.token_ids, 1.0), edited + completion.token_ids
+    )
     np.testing.assert_allclose(completion.logprobs, reference[len(edited) - 1 :], atol=TOLERANCE)
     engine.end_session("diverge")
 
@@ -237,8 +246,27 @@ def test_a_short_request_returns_while_a_long_one_keeps_decoding(engine, params)
         engine.end_session(session)
 
 
-def test_the_async_api_resolves_each_turn_as_soon_as_it_is_done(model, params):
+@pytest.fixture(scope="module")
+def threaded_engine(model, params):
+    """An engine served by its background thread; ``hook[0]`` runs before every step."""
+    hook = [lambda: None]
+    engine = InferenceEngine(
+        split_model(model)[0],
+        config=CONFIG,
+        eos_id=-1,
+        pad_id=PAD_ID,
+        num_slots=NUM_SLOTS,
+        chunk_size=CHUNK,
+        between_chunks=lambda: hook[0](),
+    )
+    engine.set_params(params, version=3)
+    yield engine, hook
+    engine.close()
+
+
+def test_the_async_api_resolves_each_turn_as_soon_as_it_is_done(threaded_engine):
     """A background thread serves asyncio callers; the short turn does not wait for the long one."""
+    engine, hook = threaded_engine
     release = threading.Event()
     turns: dict[str, object] = {}
 
@@ -247,16 +275,15 @@ def test_the_async_api_resolves_each_turn_as_soon_as_it_is_done(model, params):
         if short is not None and short.done():
             release.wait(timeout=30)
 
-    engine = InferenceEngine(
-        split_model(model)[0], config=CONFIG, eos_id=-1, pad_id=PAD_ID, num_slots=NUM_SLOTS,
-        chunk_size=CHUNK, between_chunks=hold_the_long_turn_until_the_short_one_was_seen,
-    )
-    engine.set_params(params, version=3)
+    hook[0] = hold_the_long_turn_until_the_short_one_was_seen
 
     async def main():
-        long = asyncio.ensure_future(engine.generate("long", _random_tokens(9, 8), max_new_tokens=30,
-                                                     seed=0))
-        turns["short"] = short_future = engine.submit("short", _random_tokens(10, 8), max_new_tokens=2)
+        long = asyncio.ensure_future(
+            engine.generate("long", _random_tokens(9, 8), max_new_tokens=30, seed=0)
+        )
+        turns["short"] = short_future = engine.submit(
+            "short", _random_tokens(10, 8), max_new_tokens=2
+        )
         short = await asyncio.wrap_future(short_future)
         assert not long.done()
         release.set()
@@ -266,9 +293,47 @@ def test_the_async_api_resolves_each_turn_as_soon_as_it_is_done(model, params):
         short, long = asyncio.run(main())
     finally:
         release.set()
-        engine.close()
+        hook[0] = lambda: None
     assert len(short.token_ids) == 2 and len(long.token_ids) == 30
     assert short.policy_version == long.policy_version == 3
+    engine.end_session("long")
+    engine.end_session("short")
+
+
+def test_cancelling_a_caller_stops_its_turn_at_the_next_chunk(threaded_engine):
+    engine, hook = threaded_engine
+    prompt = _random_tokens(17, 8)
+    cancelled = threading.Event()
+    steps = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        turn = asyncio.ensure_future(
+            engine.generate("cancelled", prompt, max_new_tokens=40, seed=0)
+        )
+
+        def cancel_before_the_second_chunk() -> None:
+            steps.append(None)
+            if len(steps) == 2:
+                loop.call_soon_threadsafe(turn.cancel)
+                cancelled.wait(timeout=30)
+
+        hook[0] = cancel_before_the_second_chunk
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+        cancelled.set()
+        # Any later completion comes after the chunk boundary that dropped the cancelled turn.
+        await engine.generate(None, [BOS_ID], max_new_tokens=1)
+
+    try:
+        asyncio.run(main())
+    finally:
+        cancelled.set()
+        hook[0] = lambda: None
+    # The session keeps the two chunks it decoded, not the 40 tokens it asked for.
+    assert engine.cached_length("cancelled") == len(prompt) + 2 * CHUNK
+    engine.end_session("cancelled")
+    assert engine.cached_length("cancelled") == 0
 
 
 # ---------------------------------------------------------------- sampling options
@@ -277,7 +342,9 @@ def test_the_async_api_resolves_each_turn_as_soon_as_it_is_done(model, params):
 def test_top_k_one_and_a_tiny_top_p_are_greedy(engine, params, forward_logprobs):
     prompt = _random_tokens(11, 9)
     for options in ({"top_k": 1}, {"top_p": 1e-6}):
-        completion = _run(engine, None, prompt, max_new_tokens=12, temperature=1.0, seed=5, **options)
+        completion = _run(
+            engine, None, prompt, max_new_tokens=12, temperature=1.0, seed=5, **options
+        )
         sequence = prompt + completion.token_ids
         greedy = forward_logprobs(params, sequence, 1.0).argmax(axis=-1)
         assert completion.token_ids == greedy[len(prompt) - 1 :].tolist()
@@ -291,8 +358,9 @@ def test_top_k_samples_only_among_the_k_most_likely_tokens(engine, params, forwa
     for step, token in enumerate(completion.token_ids):
         assert token in np.argsort(-logprobs[step])[:3]
     # Recorded log-probs are the untruncated tempered ones (comparable with the trainer's).
-    np.testing.assert_allclose(completion.logprobs, logprobs[np.arange(30), completion.token_ids],
-                               atol=TOLERANCE)
+    np.testing.assert_allclose(
+        completion.logprobs, logprobs[np.arange(30), completion.token_ids], atol=TOLERANCE
+    )
 
 
 def test_stop_strings_truncate_right_after_the_stop_text(engine):
@@ -304,8 +372,9 @@ def test_stop_strings_truncate_right_after_the_stop_text(engine):
     stop = chr(free.token_ids[position])
     keep = next(n for n in range(1, 25) if stop in decode(free.token_ids[:n]))
 
-    stopped = _run(engine, "stop", prompt, max_new_tokens=24, temperature=1.0, seed=2,
-                   stop=["\x00never", stop])
+    stopped = _run(
+        engine, "stop", prompt, max_new_tokens=24, temperature=1.0, seed=2, stop=["\x00never", stop]
+    )
     assert stopped.token_ids == free.token_ids[:keep]
     assert stopped.logprobs == pytest.approx(free.logprobs[:keep], abs=TOLERANCE)
     assert stopped.stop_reason == "stop" and stopped.finished
@@ -345,12 +414,25 @@ def test_nothing_recompiles_after_warm_up(engine, params):
     # this one adds sessions at every prompt bucket, full slots, and new weights.
     engine.set_params(jax.tree.map(lambda leaf: leaf * 0.99, params), version=9)
     futures = [
-        engine.submit(f"warm-{n}", _random_tokens(50 + n, length), max_new_tokens=new,
-                      temperature=temperature, top_p=top_p, top_k=top_k, seed=n)
-        for n, (length, new, temperature, top_p, top_k) in enumerate([
-            (3, 5, 1.0, 1.0, 0), (20, 9, 0.5, 0.9, 0), (40, 20, 2.0, 1.0, 7),
-            (55, 9, 1.0, 0.5, 3), (1, 1, 1.0, 1.0, 0), (33, 3, 0.8, 1.0, 0),
-        ])
+        engine.submit(
+            f"warm-{n}",
+            _random_tokens(50 + n, length),
+            max_new_tokens=new,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=n,
+        )
+        for n, (length, new, temperature, top_p, top_k) in enumerate(
+            [
+                (3, 5, 1.0, 1.0, 0),
+                (20, 9, 0.5, 0.9, 0),
+                (40, 20, 2.0, 1.0, 7),
+                (55, 9, 1.0, 0.5, 3),
+                (1, 1, 1.0, 1.0, 0),
+                (33, 3, 0.8, 1.0, 0),
+            ]
+        )
     ]
     engine.run_until(futures)
     engine.set_params(params, version=1)
@@ -379,8 +461,14 @@ def test_requests_that_do_not_fit_are_refused(engine):
 
 @pytest.fixture(scope="module")
 def sampler(model) -> Sampler:
-    return Sampler(split_model(model)[0], config=CONFIG, eos_id=EOS_ID, pad_id=PAD_ID,
-                   batch_buckets=(1, 4), chunk_size=CHUNK)
+    return Sampler(
+        split_model(model)[0],
+        config=CONFIG,
+        eos_id=EOS_ID,
+        pad_id=PAD_ID,
+        batch_buckets=(1, 4),
+        chunk_size=CHUNK,
+    )
 
 
 def test_sampler_logprobs_match_a_full_forward_pass_of_each_completion(
@@ -389,8 +477,9 @@ def test_sampler_logprobs_match_a_full_forward_pass_of_each_completion(
     temperature = 0.7
     # More prompts than slots: later ones are admitted as earlier rows finish.
     prompts = [_random_tokens(60 + n, length) for n, length in enumerate([9, 3, 20, 14, 1, 30])]
-    completions = sampler.generate(params, prompts, max_new_tokens=12, temperature=temperature,
-                                   seed=0)
+    completions = sampler.generate(
+        params, prompts, max_new_tokens=12, temperature=temperature, seed=0
+    )
     assert len(completions) == len(prompts)
     for prompt, completion in zip(prompts, completions, strict=True):
         assert completion.finished == (EOS_ID in completion.token_ids)
@@ -398,15 +487,20 @@ def test_sampler_logprobs_match_a_full_forward_pass_of_each_completion(
             assert len(completion.token_ids) == 12
         sequence = prompt + completion.token_ids
         reference = _token_logprobs(forward_logprobs(params, sequence, temperature), sequence)
-        np.testing.assert_allclose(completion.logprobs, reference[len(prompt) - 1 :], atol=TOLERANCE)
+        np.testing.assert_allclose(
+            completion.logprobs, reference[len(prompt) - 1 :], atol=TOLERANCE
+        )
 
 
 def test_a_row_does_not_depend_on_the_other_prompts_in_its_batch(sampler, params):
     prompt = _random_tokens(70, 6)
     alone = sampler.generate(params, [prompt], max_new_tokens=10, temperature=1e-4, seed=3)[0]
     crowded = sampler.generate(
-        params, [_random_tokens(71, 30), prompt, _random_tokens(72, 2)],
-        max_new_tokens=10, temperature=1e-4, seed=4,
+        params,
+        [_random_tokens(71, 30), prompt, _random_tokens(72, 2)],
+        max_new_tokens=10,
+        temperature=1e-4,
+        seed=4,
     )[1]
     assert crowded.token_ids == alone.token_ids
 
@@ -422,8 +516,9 @@ def test_sampler_generation_stops_at_eos_and_keeps_it(model, params):
     stop = next((i for i in range(1, 16) if first_tokens[i] not in first_tokens[:i]), 0)
     eos_id = first_tokens[stop]
     sampler = Sampler(graphdef, config=CONFIG, eos_id=eos_id, pad_id=PAD_ID, batch_buckets=(4,))
-    completions = sampler.generate(params, prompts, max_new_tokens=16, temperature=1.0, top_k=1,
-                                   seed=0)
+    completions = sampler.generate(
+        params, prompts, max_new_tokens=16, temperature=1.0, top_k=1, seed=0
+    )
 
     assert completions[0].token_ids == first_tokens[: stop + 1]
     assert completions[0].finished and completions[0].stop_reason == "eos"
@@ -436,12 +531,18 @@ def test_sampler_new_weights_do_not_recompile_and_bad_prompts_are_refused(sample
     prompts = [_random_tokens(75, 5)]
     sampler.generate(params, prompts, max_new_tokens=4, temperature=1.0, seed=0)
     warm = sampler.compile_count
-    sampler.generate(jax.tree.map(lambda leaf: leaf * 1.01, params), prompts, max_new_tokens=4,
-                     temperature=1.0, seed=0)
+    sampler.generate(
+        jax.tree.map(lambda leaf: leaf * 1.01, params),
+        prompts,
+        max_new_tokens=4,
+        temperature=1.0,
+        seed=0,
+    )
     assert sampler.compile_count == warm
     with pytest.raises(ValueError, match=r"prompt 1: .*max_seq_len=64"):
-        sampler.generate(params, [[BOS_ID], _random_tokens(76, 60)], max_new_tokens=5,
-                         temperature=1.0, seed=0)
+        sampler.generate(
+            params, [[BOS_ID], _random_tokens(76, 60)], max_new_tokens=5, temperature=1.0, seed=0
+        )
     with pytest.raises(ValueError, match="empty"):
         sampler.generate(params, [[]], max_new_tokens=5, temperature=1.0, seed=0)
     # The refused call left nothing queued behind.

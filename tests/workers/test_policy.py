@@ -18,12 +18,17 @@ from .test_producer import _publish_policy
 
 CONFIG = RunConfig(
     model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
-    group_size=3, max_new_tokens=24, max_turns=2, environment_timeout_s=5.0,
+    group_size=3,
+    max_new_tokens=24,
+    max_turns=2,
+    environment_timeout_s=5.0,
 )
 
 
 def _params(seed: int):
-    model = Transformer(TransformerConfig.from_model_config(CONFIG.model, VOCAB_SIZE), rngs=nnx.Rngs(seed))
+    model = Transformer(
+        TransformerConfig.from_model_config(CONFIG.model, VOCAB_SIZE), rngs=nnx.Rngs(seed)
+    )
     return split_model(model)[1]
 
 
@@ -40,8 +45,9 @@ def test_a_weight_update_lands_mid_turn_without_draining_it(redis_client, run_id
                 publisher.publish(run_id=run_id, version=2, params=_params(1))
             return super().refresh_weights(force=force)
 
-    runtime = PublishesAfterTheFirstChunk(run_id=run_id, config=CONFIG, redis_client=redis_client,
-                                          weight_poll_s=0.0)
+    runtime = PublishesAfterTheFirstChunk(
+        run_id=run_id, config=CONFIG, redis_client=redis_client, weight_poll_s=0.0
+    )
     runtime.refresh_weights(force=True)
     policy = BatchingPolicy(runtime, seed=0)
 
@@ -58,19 +64,31 @@ def test_a_weight_update_lands_mid_turn_without_draining_it(redis_client, run_id
     assert len(first.token_ids) > 8  # the turn outlived its first chunk (8 tokens)
     assert (first.policy_version, first.last_policy_version) == (1, 2)
     assert second.policy_version == 2 and runtime.policy_version == 2
+    # Weights fetched from Redis have the shapes and dtypes compiled for: nothing retraced.
+    assert runtime.engine.trace_counts == {"init_cache": 1, "prefill": 1, "decode": 1}
     assert runtime.engine.session_count == 0  # close() ended the session
 
 
-def test_episodes_reuse_their_prefix_across_turns_and_free_their_slots(redis_client, redis_url, run_id):
-    spec = _publish_policy(redis_client, run_id, "talkative", "tests.workers.test_producer:TalkativeEnvironment")
+def test_episodes_reuse_their_prefix_across_turns_and_free_their_slots(
+    redis_client, redis_url, run_id
+):
+    spec = _publish_policy(
+        redis_client, run_id, "talkative", "tests.workers.test_producer:TalkativeEnvironment"
+    )
     runtime = PolicyRuntime(run_id=run_id, config=CONFIG, redis_client=redis_client)
     runtime.refresh_weights(force=True)
     try:
-        asyncio.run(produce_groups(redis_url=redis_url, spec=spec, runtime=runtime,
-                                   first_group_index=0, num_groups=2))
+        asyncio.run(
+            produce_groups(
+                redis_url=redis_url, spec=spec, runtime=runtime, first_group_index=0, num_groups=2
+            )
+        )
     finally:
         runtime.close()
-    records = [TrajectoryRecord.from_stream_fields(f) for _, f in redis_client.xrange(trajectory_stream(run_id))]
+    records = [
+        TrajectoryRecord.from_stream_fields(f)
+        for _, f in redis_client.xrange(trajectory_stream(run_id))
+    ]
     assert len(records) == 6 and all(r.num_turns == 2 for r in records)
     stats = runtime.engine.stats
     # Turn 2 of each episode found its first prompt and first generation in the cache,
