@@ -10,10 +10,13 @@ new tokens per model call, temperature 1, no KL term, one update per step.
   environment, and prints its own JSON.
 - Tandem runs here, through its real producer and trainer code: 16 concurrent
   ``workers.agent.run_episode`` episodes of the same two-turn environment
-  share one ``workers.policy.BatchingPolicy``, which samples with the weights
-  the trainer published to Redis (``trainer.weights``); then GRPO advantages,
-  ``pad_batch`` and the jitted ``make_train_step`` update, and the new weights
-  are published for the next step. A step is all of that, timed after warm-up.
+  share one ``workers.policy.BatchingPolicy`` on the run's ``PolicyRuntime``,
+  which samples with the weights the trainer published to Redis
+  (``trainer.weights``); then, as ``trainer.run_loop`` does, the GRPO
+  algorithm's ``prepare`` (advantages) and ``batch`` (padding) and the jitted
+  ``make_train_step`` update, and the new weights are published for the next
+  step. A step is all of that, timed after warm-up and after every shape
+  bucket has been compiled once.
 
 Tandem's producers and trainer normally overlap (generation runs while the
 trainer trains); here they run one after the other, as Tunix's colocated
@@ -280,18 +283,32 @@ async def tandem_agentic(args, counter: CompileCounter) -> dict[str, Any]:
     }
 
 
+def crash_summary(stderr: str) -> str:
+    """The fatal error and the frame it hit (faulthandler's dump), or the last lines of stderr."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    fatal = [line for line in lines if line.startswith("Fatal Python error")]
+    if fatal:
+        current = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), None)
+        frame = lines[current + 1] if current is not None and current + 1 < len(lines) else ""
+        return f"{fatal[0]} at {frame}"
+    return " | ".join(lines[-3:])
+
+
 def run_tunix_path(args, path: str) -> tuple[dict[str, Any] | None, str | None]:
     """One Tunix path's JSON from tunix_reference.py, or None and why it could not be measured.
 
-    Each path runs in its own process, and a crashed process is retried once:
-    Tunix's agentic learner has crashed with SIGSEGV here once in several runs.
+    Each path runs in its own process, and a crashed process is retried: on
+    this CPU (jax 0.10.2, tunix 0.1.7) about one agentic run in four dies with
+    SIGSEGV inside the jitted prefill of Tunix's sampler, which the agentic
+    learner calls from many threads at once (with or without this
+    benchmark's seeding).
     """
     command = [str(args.tunix_python), str(REPO_ROOT / "bench" / "tunix_reference.py"),
                "--paths", path, "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--prompts", str(args.prompts), "--generations", str(args.generations),
                "--new-tokens", str(args.new_tokens), "--seed", str(args.seed)]
     errors = []
-    for _ in range(2):
+    for _ in range(args.tunix_attempts):
         try:
             completed = subprocess.run(command, capture_output=True, text=True,
                                        timeout=args.tunix_timeout_s, cwd=REPO_ROOT)
@@ -301,8 +318,7 @@ def run_tunix_path(args, path: str) -> tuple[dict[str, Any] | None, str | None]:
         lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
         if completed.returncode == 0 and lines:
             return json.loads(lines[-1]), "; ".join(errors) or None
-        tail = [line for line in (completed.stderr or "").splitlines() if line.strip()][-4:]
-        errors.append(f"exited {completed.returncode}: {' | '.join(tail)}")
+        errors.append(f"exited {completed.returncode}: {crash_summary(completed.stderr or '')}")
     return None, "; ".join(errors)
 
 
@@ -337,6 +353,8 @@ def main() -> None:
                         default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
     parser.add_argument("--tunix-python", default=str(DEFAULT_TUNIX_PYTHON))
     parser.add_argument("--tunix-timeout-s", type=int, default=900)
+    parser.add_argument("--tunix-attempts", type=int, default=3,
+                        help="tries per Tunix path; its agentic learner sometimes segfaults")
     parser.add_argument("--skip-tunix", action="store_true", help="measure Tandem only")
     args = parser.parse_args()
 
@@ -356,6 +374,8 @@ def main() -> None:
         "(unseeded, its vanilla rollout samples every agentic episode of a group identically). "
         "Tandem's producer and trainer run one after the other here; in production they overlap."
     )
+    if tandem["failed_episodes"]:
+        notes.append(f"{tandem['failed_episodes']} Tandem episodes failed during the timed steps.")
     if ratio is not None:
         phases = tandem["phases_median_s"]
         verdict = "meets" if ratio <= PLAIN_STEP_TARGET_RATIO else "misses"

@@ -7,7 +7,7 @@ has a default that makes the built-in demo learn on two CPU cores.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -143,6 +143,33 @@ class RunConfig(BaseModel):
     max_turns: int = Field(3, ge=1, le=64, description="Agent turns before an episode is cut off.")
     environment_timeout_s: float = Field(
         30.0, gt=0, le=3600, description="Timeout of each environment reset, step or tool call."
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description=(
+            "Producers sample from the smallest set of most likely tokens whose probability reaches "
+            "top_p; 1 disables it. Behaviour log-probs stay those of the untruncated tempered distribution."
+        ),
+    )
+    top_k: int = Field(0, ge=0, le=1_000_000, description="Producers sample among the top_k most likely tokens; 0 disables it.")
+    stop_strings: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="A policy turn also ends right after the first of these strings (kept in the turn); EOS always ends it.",
+    )
+    inference_slots: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="KV-cache rows of each producer's inference engine (turns decoded together); default groups_per_task * group_size.",
+    )
+    decode_chunk_tokens: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="Tokens every running turn decodes between two scheduling points: smaller lets new turns join sooner, larger amortises host overhead.",
     )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature of producers.")
     checkpoint_every: int = Field(20, ge=1, description="Trainer steps between Orbax checkpoints.")

@@ -15,7 +15,7 @@ from typing import Any
 
 from tandem.contracts import EpisodeTimings, TrajectoryRecord
 from trainer.chat import Conversation
-from trainer.tokenizer import ByteTokenizer
+from trainer.tokenizer import ByteTokenizer, Tokenizer
 from workers.environments.base import Environment
 from workers.policy import BatchingPolicy
 from workers.tool_calls import parse_tool_call
@@ -54,7 +54,7 @@ async def run_episode(
     task: dict[str, Any],
     policy: BatchingPolicy,
     limits: EpisodeLimits,
-    tokenizer: ByteTokenizer | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> TrajectoryRecord:
     """Run one episode to the end; environment faults end it as ``failed``, never raise."""
     tokenizer = tokenizer or ByteTokenizer()

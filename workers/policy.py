@@ -22,9 +22,10 @@ import redis
 from flax import nnx
 
 from tandem.run_config import RunConfig
+from trainer.hf import policy_config
 from trainer.inference_engine import Completion, InferenceEngine
-from trainer.model import Transformer, TransformerConfig, split_model
-from trainer.tokenizer import ByteTokenizer
+from trainer.model import Transformer, split_model
+from trainer.tokenizer import load_tokenizer
 from trainer.weights import RedisWeightSubscriber
 
 
@@ -34,7 +35,7 @@ class PolicyNotPublishedError(RuntimeError):
 
 def inference_slots(config: RunConfig) -> int:
     """KV-cache rows of a run's engine: by default, every episode of one rollout task."""
-    configured = getattr(config, "inference_slots", None)
+    configured = config.inference_slots
     return configured or config.groups_per_task * config.group_size
 
 
@@ -45,17 +46,18 @@ class PolicyRuntime:
                  weight_poll_s: float = 0.25):
         self.run_id = run_id
         self.config = config
-        self.tokenizer = ByteTokenizer()
-        model_config = TransformerConfig.from_model_config(config.model, self.tokenizer.vocab_size)
+        self.tokenizer = load_tokenizer(config.model.tokenizer)
+        # The trainer builds its policy from the same function: structures must match.
+        model_config = policy_config(config.model, vocab_size=self.tokenizer.vocab_size)
         abstract = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
         self._graphdef, self._params_like = split_model(abstract)
         self.engine = InferenceEngine(
             self._graphdef,
             config=model_config,
             eos_id=self.tokenizer.eos_id,
-            pad_id=self.tokenizer.pad_id,
+            pad_id=self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id,
             num_slots=inference_slots(config),
-            chunk_size=getattr(config, "decode_chunk_tokens", 8),
+            chunk_size=config.decode_chunk_tokens,
             detokenize=self.tokenizer.decode,
             # Runs in the engine thread between chunks, so weights never change mid-chunk.
             between_chunks=self.refresh_weights,
@@ -129,9 +131,9 @@ class BatchingPolicy:
             prompt,
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,
-            top_p=getattr(config, "top_p", 1.0),
-            top_k=getattr(config, "top_k", 0),
-            stop=tuple(getattr(config, "stop_strings", ())),
+            top_p=config.top_p,
+            top_k=config.top_k,
+            stop=tuple(config.stop_strings),
             seed=hash((self._seed, self._requests)) & 0x7FFFFFFF,
         )
 

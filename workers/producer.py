@@ -47,7 +47,9 @@ def runtime_for(client: redis.Redis, spec: RunSpec) -> PolicyRuntime:
     if runtime is None:
         runtime = PolicyRuntime(run_id=spec.run_id, config=RunConfig.model_validate(spec.config),
                                 redis_client=client)
-        _runtimes.clear()  # one run at a time per worker process keeps memory bounded
+        for stale in _runtimes.values():  # one run at a time per worker process keeps memory bounded
+            stale.close()
+        _runtimes.clear()
         _runtimes[spec.run_id] = runtime
     return runtime
 
@@ -85,6 +87,7 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
             task=task,
             policy=policy,
             limits=limits,
+            tokenizer=runtime.tokenizer,
         )
         if record.status == "failed":
             failed += 1

@@ -11,10 +11,18 @@ import optax
 import pytest
 from flax import nnx
 
+from tandem.parallelism_config import LoRAConfig
+from trainer.lora import apply_lora
 from trainer.losses import grpo_loss, sft_loss, token_logprobs
 from trainer.model import Transformer, TransformerConfig
 from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
-from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.train_step import (
+    create_train_state,
+    make_train_step,
+    on_logits,
+    pad_batch,
+    trainable_params,
+)
 
 CONFIG = TransformerConfig(
     vocab_size=VOCAB_SIZE, d_model=32, num_layers=2, num_heads=2, mlp_dim=64, max_seq_len=64
@@ -184,3 +192,35 @@ def test_a_grpo_step_raises_the_likelihood_of_a_positive_advantage_sequence():
     assert float(metrics["clip_fraction"]) == 0.0
     assert float(after[0]) > float(before[0])
     assert float(after[1]) < float(before[1])
+
+
+def test_a_lora_step_trains_only_adapters_and_keeps_base_buffers_in_place():
+    model = apply_lora(
+        Transformer(CONFIG, rngs=nnx.Rngs(4)),
+        LoRAConfig(enabled=True, rank=4, targets=["attention.query", "mlp.down"]),
+        rngs=nnx.Rngs(5),
+    )
+    optimizer = _optimizer()
+    graphdef, state = create_train_state(model, optimizer)
+    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+    batch = _sft_batch(*_demonstrations())
+    adapters, base = trainable_params(state.params)
+    base_before = jax.tree.map(np.array, base)
+    adapters_before = jax.tree.map(np.array, adapters)
+    base_buffers = [leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(base)]
+    # Adam moments exist for the 2 x 2 x 2 adapter matrices only (plus the step count).
+    assert len(jax.tree.leaves(state.opt_state)) == 2 * 8 + 1
+
+    losses = []
+    for _ in range(5):
+        state, metrics = train_step(state, batch)
+        losses.append(float(metrics["loss"]))
+
+    assert losses[-1] < losses[0]
+    adapters, base = trainable_params(state.params)
+    jax.tree.map(np.testing.assert_array_equal, base, base_before)
+    # Donated and returned untouched, so XLA aliased them: the very same buffers.
+    assert [leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(base)] == base_buffers
+    for after, before in zip(jax.tree.leaves(adapters), jax.tree.leaves(adapters_before), strict=True):
+        assert not np.array_equal(np.asarray(after), before)
+    assert train_step.trace_count == 1

@@ -1,0 +1,153 @@
+"""LoRA: adapters added after construction, published alone, folded back for producers."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from tandem.contracts import weights_key
+from tandem.parallelism_config import LoRAConfig
+from tandem.run_config import RunConfig
+from trainer.lora import LoRALinear, apply_lora, fold_adapters, split_adapters
+from trainer.losses import sft_loss
+from trainer.model import Transformer, TransformerConfig, split_model
+from trainer.tokenizer import PAD_ID, VOCAB_SIZE
+from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.weights import RedisWeightPublisher, RedisWeightSubscriber
+from workers.policy import PolicyRuntime
+
+# The run config's default policy, so the bytes below are the demo's.
+RUN_CONFIG = RunConfig()
+CONFIG = TransformerConfig.from_model_config(RUN_CONFIG.model, VOCAB_SIZE)
+LORA = LoRAConfig(enabled=True, rank=8, alpha=16.0,
+                  targets=["attention.query", "attention.value", "mlp.up"])
+
+
+def _lora_model(seed: int = 0) -> Transformer:
+    return apply_lora(Transformer(CONFIG, rngs=nnx.Rngs(seed)), LORA, rngs=nnx.Rngs(seed + 1))
+
+
+def _batch(seed: int):
+    rng = np.random.default_rng(seed)
+    sequences = [rng.integers(1, 256, size=int(rng.integers(8, 30))).tolist() for _ in range(4)]
+    return pad_batch(sequences, loss_masks=[[0] * 3 + [1] * (len(s) - 3) for s in sequences],
+                     behaviour_logprobs=None, advantages=None, batch_size=4,
+                     length_buckets=(32,), pad_id=PAD_ID)
+
+
+def _logits(model: Transformer, batch) -> np.ndarray:
+    return np.asarray(model(batch.tokens, batch.positions, batch.attention_mask))
+
+
+def test_adapters_start_as_a_no_op_and_share_the_base_kernel():
+    model = Transformer(CONFIG, rngs=nnx.Rngs(0))
+    batch = _batch(0)
+    before = _logits(model, batch)
+    query = model.blocks[0].attention.query
+    apply_lora(model, LORA, rngs=nnx.Rngs(1))
+
+    adapted = model.blocks[0].attention.query
+    assert isinstance(adapted, LoRALinear) and adapted.kernel is query.kernel
+    assert isinstance(model.blocks[1].mlp.up, LoRALinear)
+    assert not isinstance(model.blocks[1].mlp.down, LoRALinear)
+    # B starts at zero: the same function as before.
+    np.testing.assert_array_equal(_logits(model, batch), before)
+    # The base keeps the plain model's structure: adapters are extra leaves.
+    _, params = split_model(model)
+    adapters, base = split_adapters(params)
+    _, plain = split_model(Transformer(CONFIG, rngs=nnx.Rngs(0)))
+    assert jax.tree.structure(nnx.to_pure_dict(base)) == jax.tree.structure(nnx.to_pure_dict(plain))
+    assert len(jax.tree.leaves(adapters)) == 2 * len(LORA.targets) * CONFIG.num_layers
+
+
+def test_lora_refuses_unknown_targets_and_adapting_twice():
+    with pytest.raises(ValueError, match="unknown LoRA targets"):
+        LoRAConfig(enabled=True, targets=["attention.qkv"])
+    model = _lora_model()
+    with pytest.raises(ValueError, match="already has LoRA adapters"):
+        apply_lora(model, LORA, rngs=nnx.Rngs(2))
+    # Disabled (the default) leaves the model alone.
+    plain = Transformer(CONFIG, rngs=nnx.Rngs(0))
+    apply_lora(plain, LoRAConfig(), rngs=nnx.Rngs(1))
+    assert not isinstance(plain.blocks[0].attention.query, LoRALinear)
+
+
+def test_folding_adapters_adds_scaled_low_rank_product_to_the_kernel():
+    rng = np.random.default_rng(0)
+    kernel, a, b = rng.normal(size=(6, 5)), rng.normal(size=(6, 2)), rng.normal(size=(2, 5))
+    base = {"blocks": {"0": {"attention": {"query": {"kernel": kernel.astype(np.float32)}},
+                             "mlp_norm": {"scale": np.ones(6, np.float32)}}}}
+    adapters = {"blocks": {"0": {"attention": {"query": {"lora_a": a, "lora_b": b}}}}}
+    folded = fold_adapters(base, adapters, 2.0)
+    np.testing.assert_allclose(folded["blocks"]["0"]["attention"]["query"]["kernel"],
+                               kernel + 2.0 * a @ b, rtol=1e-6)
+    np.testing.assert_array_equal(base["blocks"]["0"]["attention"]["query"]["kernel"],
+                                  kernel.astype(np.float32))
+    with pytest.raises(ValueError, match="no base parameters"):
+        fold_adapters(base, {"blocks": {"0": {"attention": {"keys": {"lora_a": a}}}}}, 1.0)
+
+
+def test_adapter_only_publishes_round_trip_through_redis_into_the_trainers_model(redis_client, run_id):
+    optimizer = optax.adam(1e-2)
+    graphdef, state = create_train_state(_lora_model(), optimizer)
+    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+    publisher = RedisWeightPublisher(redis_client, lora=LORA)
+    batch = _batch(1)
+
+    sizes = []
+    for version in range(3):
+        state, _ = train_step(state, _batch(10 + version))
+        sizes.append(publisher.publish(run_id=run_id, version=version, params=state.params))
+    # First the base and the adapters, then adapters alone.
+    stored = redis_client.hgetall(weights_key(run_id))
+    assert int(stored[b"version"]) == 2 and int(stored[b"base_version"]) == 0
+    assert b"blob" not in stored
+    assert sizes[1] == sizes[2] == len(stored[b"adapters"]) < sizes[0] / 10
+
+    # A producer, unchanged: plain model, plain `like`; it gets the adapters folded in.
+    runtime = PolicyRuntime(run_id=run_id, config=RUN_CONFIG, redis_client=redis_client)
+    assert runtime.refresh_weights(force=True) == 2
+    producer_model = nnx.merge(runtime._graphdef, runtime.params)
+    trainer_model = nnx.merge(graphdef, state.params)
+    assert not isinstance(producer_model.blocks[0].attention.query, LoRALinear)
+    # Folding reorders float sums (x @ (W + sAB) vs x @ W + s(xA)B); logits are O(1).
+    np.testing.assert_allclose(_logits(producer_model, batch), _logits(trainer_model, batch),
+                               atol=2e-5, rtol=0)
+
+    # The next version reuses the cached base; a restarted trainer's publisher sends it again.
+    state, _ = train_step(state, _batch(20))
+    assert publisher.publish(run_id=run_id, version=3, params=state.params) == sizes[1]
+    assert runtime.refresh_weights(force=True) == 3
+    np.testing.assert_allclose(
+        _logits(nnx.merge(runtime._graphdef, runtime.params), batch),
+        _logits(nnx.merge(graphdef, state.params), batch), atol=2e-5, rtol=0,
+    )
+    restarted = RedisWeightPublisher(redis_client, lora=LORA)
+    assert restarted.publish(run_id=run_id, version=4, params=state.params) == sizes[0]
+
+    # Without LoRA every version carries every parameter.
+    full_graphdef, full_state = create_train_state(Transformer(CONFIG, rngs=nnx.Rngs(0)), optimizer)
+    full_bytes = RedisWeightPublisher(redis_client).publish(
+        run_id=run_id + 1, version=0, params=full_state.params
+    )
+    fetched = RedisWeightSubscriber(redis_client).fetch(run_id + 1, runtime._params_like)
+    np.testing.assert_array_equal(_logits(nnx.merge(full_graphdef, fetched[1]), batch),
+                                  _logits(nnx.merge(full_graphdef, full_state.params), batch))
+    redis_client.delete(weights_key(run_id), weights_key(run_id + 1))
+    print(json.dumps({
+        "model": RUN_CONFIG.model.model_dump(), "lora": LORA.model_dump(),
+        "bytes_per_version_full_finetuning": full_bytes,
+        "bytes_first_lora_version": sizes[0], "bytes_per_later_lora_version": sizes[1],
+    }))
+
+
+def test_a_publisher_without_lora_config_refuses_adapters(redis_client, run_id):
+    _, state = create_train_state(_lora_model(), optax.sgd(0.1))
+    with pytest.raises(ValueError, match="lora="):
+        RedisWeightPublisher(redis_client).publish(run_id=run_id, version=0, params=state.params)
+    assert not redis_client.exists(weights_key(run_id))
