@@ -66,10 +66,16 @@ class TrainerSettings:
 
 
 def length_buckets(max_seq_len: int) -> tuple[int, ...]:
+    """Padded lengths of train batches: fine where short agent turns live, geometric beyond.
+
+    Every bucket is one compilation of the train step, so they are few; but a
+    70-token conversation padded to 128 would nearly double the step, so below
+    128 they are 16 apart, and above it each is about 1.25x the last.
+    """
     buckets, length = [], 32
     while length < max_seq_len:
         buckets.append(length)
-        length *= 2
+        length = length + 16 if length < 128 else (int(length * 1.25) + 31) // 32 * 32
     return (*buckets, max_seq_len)
 
 
