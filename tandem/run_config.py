@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.algorithm_config import AlgorithmConfig
+from tandem.parallelism_config import LoRAConfig, MeshConfig
 
 
 class ModelConfig(BaseModel):
@@ -113,6 +114,12 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    lora: LoRAConfig = Field(
+        default_factory=LoRAConfig, description="Low-rank adapters; when enabled only adapters train and publish."
+    )
+    mesh: MeshConfig = Field(
+        default_factory=MeshConfig, description="How the trainer shards over its devices (data, fsdp, tensor)."
+    )
     algorithm: AlgorithmConfig = Field(
         default_factory=AlgorithmConfig,
         description="Post-training algorithm of the RL phase (grpo, dr_grpo, dapo, rloo, ppo, or sft only).",

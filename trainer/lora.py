@@ -1,16 +1,18 @@
 """Low-rank adapters on the policy's projections, added after the model is built.
 
 :func:`apply_lora` swaps chosen ``nnx.Linear`` projections of every block for
-:class:`LoRALinear`, which keeps the *same* kernel variable at the same path
-(``blocks/0/attention/query/kernel``) and adds ``lora_a`` and ``lora_b`` as
-``nnx.LoRAParam``. Two things follow:
+:class:`LoRALinear`, which keeps the base kernel (the same array, not a copy)
+at the same path (``blocks/0/attention/query/kernel``) and adds ``lora_a``
+and ``lora_b`` as ``nnx.LoRAParam``. Two things follow:
 
 - The parameters of a LoRA model minus its ``nnx.LoRAParam`` leaves have
   exactly the structure of the plain model's, so base weights can be
   published, checkpointed and sharded as if LoRA did not exist.
-- ``nnx.LoRAParam`` subclasses ``nnx.Param``, so ``split_model`` still takes
-  every parameter, and the train step trains only the adapters by filtering
-  on ``nnx.LoRAParam``.
+- The model's own parameters become :class:`FrozenParam`. Both it and
+  ``nnx.LoRAParam`` subclass ``nnx.Param``, so ``split_model`` still takes
+  every parameter; the train step leaves ``FrozenParam`` alone and trains
+  everything else: the adapters, and anything added to the model after
+  ``apply_lora`` (a PPO value head), which starts from scratch and must learn.
 
 Producers never see the adapters as such: :func:`fold_adapters` merges them
 into the base kernels (``W + scale · A @ B``), giving plain-model parameters.
@@ -24,6 +26,25 @@ from flax import nnx
 
 from tandem.parallelism_config import LoRAConfig
 from trainer.model import Transformer
+
+
+class FrozenParam(nnx.Param):
+    """A pretrained parameter that LoRA keeps fixed; an ``nnx.Param`` to everyone else."""
+
+
+def _freeze(model: nnx.Module) -> None:
+    """Retype every plain ``nnx.Param`` of ``model`` as :class:`FrozenParam`, keeping sharing."""
+    frozen: dict[int, FrozenParam] = {}
+    for _, module in nnx.iter_modules(model):
+        for name, value in list(vars(module).items()):
+            if type(value) is nnx.Param:
+                if id(value) not in frozen:
+                    frozen[id(value)] = FrozenParam(value.get_raw_value(), **value.get_metadata())
+                setattr(module, name, frozen[id(value)])
+    missed = ["/".join(map(str, path)) for path, node in nnx.iter_graph(model)
+              if type(node) is nnx.Param]
+    if missed:
+        raise ValueError(f"cannot freeze parameters not held as module attributes: {missed}")
 
 
 class LoRALinear(nnx.Linear):
@@ -58,17 +79,25 @@ class LoRALinear(nnx.Linear):
 
 
 def apply_lora(model: Transformer, config: LoRAConfig, *, rngs: nnx.Rngs) -> Transformer:
-    """Add adapters to ``config.targets`` of every block of ``model``, in place; returns it.
+    """Freeze ``model`` and add adapters to ``config.targets`` of every block, in place; returns it.
 
     Nothing happens when ``config.enabled`` is False. Base kernels are shared,
     not copied, so the model's outputs are unchanged until the adapters train.
+    Apply it to the bare policy (after loading pretrained weights, before
+    adding a value head), so that only the policy's own weights are frozen.
 
     Raises:
-      ValueError: a target is missing from a block or is not an ``nnx.Linear``,
-        or the model already has adapters there.
+      ValueError: ``model`` has no ``blocks``, a target is missing from a
+        block or is not an ``nnx.Linear``, or the model already has adapters.
     """
     if not config.enabled:
         return model
+    if not hasattr(model, "blocks"):
+        raise ValueError(
+            f"apply_lora needs the policy Transformer, got {type(model).__name__}; "
+            "apply it before wrapping the policy (e.g. with a value head)"
+        )
+    _freeze(model)
     for index, block in enumerate(model.blocks):
         for target in config.targets:
             *parents, name = target.split(".")

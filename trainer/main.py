@@ -14,6 +14,7 @@ from celery import Celery
 from tandem.contracts import TrainerHeartbeat
 from trainer.platform_client import PlatformClient
 from trainer.run_loop import RunTrainer, TrainerSettings
+from trainer.sharding import initialize_distributed
 
 logger = logging.getLogger("tandem.trainer")
 
@@ -21,6 +22,8 @@ logger = logging.getLogger("tandem.trainer")
 def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Path,
           poll_s: float = 1.0, max_runs: int | None = None) -> int:
     """Claim and train runs until interrupted (or ``max_runs`` were trained); returns runs trained."""
+    # Joins a multi-host JAX job when TANDEM_COORDINATOR_ADDRESS etc. are set; a no-op on one host.
+    initialize_distributed()
     consumer = f"{socket.gethostname()}:{os.getpid()}"
     platform = PlatformClient(platform_url, token)
     redis_client = redis.Redis.from_url(redis_url)

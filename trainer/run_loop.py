@@ -33,10 +33,12 @@ from tandem.run_config import RunConfig
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.backlog import RolloutBacklog
 from trainer.chat import Conversation
-from trainer.checkpoints import RunCheckpointer
+from trainer.checkpoints import RunCheckpointer, RunProgress, step_rng
 from trainer.hf import create_model
+from trainer.lora import apply_lora
 from trainer.losses import sft_loss
 from trainer.platform_client import ClaimedRun, PlatformClient
+from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings
 from trainer.stream import GroupAssembler, TrajectoryStreamReader
 from trainer.tokenizer import load_tokenizer
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
@@ -87,6 +89,11 @@ def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
     )(learning_rate=learning_rate)
 
 
+def _entry_order(entry_id: str) -> tuple[int, int]:
+    milliseconds, _, sequence = entry_id.partition("-")
+    return int(milliseconds), int(sequence or 0)
+
+
 @dataclass
 class _Telemetry:
     platform: PlatformClient
@@ -119,7 +126,7 @@ class RunTrainer:
         self.tokenizer = load_tokenizer(self.config.model.tokenizer)
         self.environment_class = load_environment_class(claimed.environment)
         self.telemetry = _Telemetry(platform, self.run_id, settings.telemetry_interval_s)
-        self.publisher = RedisWeightPublisher(redis_client)
+        self.publisher = RedisWeightPublisher(redis_client, lora=self.config.lora)
         self.policy_version = -1
         self.step = 0
         self._last_heartbeat = 0.0
@@ -132,12 +139,20 @@ class RunTrainer:
         )
         model = create_model(self.config.model, vocab_size=self.tokenizer.vocab_size,
                              rngs=nnx.Rngs(self.config.seed))
+        if self.config.lora.enabled:
+            apply_lora(model, self.config.lora, rngs=nnx.Rngs(self.config.seed + 1))
         if self.algorithm.needs_value_head:
-            model = with_value_head(model, d_model=model.config.d_model, rngs=nnx.Rngs(self.config.seed + 1))
+            model = with_value_head(model, d_model=model.config.d_model, rngs=nnx.Rngs(self.config.seed + 2))
         self.optimizer = make_optimizer(self.config.learning_rate)
-        self.graphdef, self.state = create_train_state(model, self.optimizer)
-        self._sft_step = make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss))
-        self._rl_step = make_train_step(self.graphdef, self.optimizer, self.algorithm.loss_fn)
+        self.graphdef, state = create_train_state(model, self.optimizer)
+        self.shardings = step_shardings(make_mesh(self.config.mesh), state)
+        self.state = shard_train_state(state, self.shardings)
+        self._sft_step = make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss),
+                                         shardings=self.shardings)
+        self._rl_step = make_train_step(self.graphdef, self.optimizer, self.algorithm.loss_fn,
+                                        shardings=self.shardings)
+        self._last_acked_entry_id: str | None = None
+        self._trained_group_count = 0
         self.reference: ReferencePolicy | None = None
         checkpoint_dir = settings.checkpoint_root / f"run-{self.run_id}"
         if checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
@@ -215,15 +230,15 @@ class RunTrainer:
                          pad_id=self.tokenizer.pad_id)
 
     def _sft_phase(self) -> None:
-        rng = random.Random(self.config.seed)
         for _ in range(self.config.sft_steps):
             started = time.perf_counter()
-            batch = self._demonstration_batch(rng)
+            # Batches keyed by step, so a run resumed from a checkpoint sees the same data.
+            batch = self._demonstration_batch(step_rng(self.config.seed, self.step))
             if batch is None:
                 logger.info("environment %s has no demonstrations; skipping SFT", self.claimed.environment.name)
                 return
             compute_started = time.perf_counter()
-            self.state, metrics = self._sft_step(self.state, batch)
+            self.state, metrics = self._sft_step(self.state, shard_batch(batch, self.shardings))
             loss = float(jax.block_until_ready(metrics["loss"]))
             compute_s = time.perf_counter() - compute_started
             self.step += 1
@@ -254,7 +269,10 @@ class RunTrainer:
         self.checkpointer.save(
             self.step,
             train_state=self.state,
-            progress={"step": self.step, "policy_version": self.policy_version, "run_id": self.run_id},
+            progress=RunProgress(
+                step=self.step, policy_version=self.policy_version, run_id=self.run_id,
+                last_acked_entry_id=self._last_acked_entry_id, trained_group_count=self._trained_group_count,
+            ),
         )
 
     def _rl_phase(self) -> None:
@@ -296,12 +314,14 @@ class RunTrainer:
                 prepared, batch_size=config.episodes_per_step, length_buckets=self._buckets,
                 pad_id=self.tokenizer.pad_id, reference=self.reference,
             )
-            self.state, metrics = self._rl_step(self.state, batch)
+            self.state, metrics = self._rl_step(self.state, shard_batch(batch, self.shardings))
             metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
             compute_s = time.perf_counter() - compute_started
 
             # Acknowledge only after the update that used the data has happened.
             reader.ack(entry_ids)
+            self._last_acked_entry_id = max(entry_ids, key=_entry_order)
+            self._trained_group_count += len(groups)
             publish_s = self._publish()
             self.step += 1
             rl_steps_done += 1

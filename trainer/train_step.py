@@ -5,10 +5,11 @@ Batches are right-padded to a few length buckets and a fixed row count by
 recompiles; :attr:`TrainStep.trace_count` lets a test prove it. The state is
 donated, so XLA updates parameters and optimizer moments in place.
 
-What is trained follows from the parameters: a model with LoRA adapters
-(``nnx.LoRAParam``, see :mod:`trainer.lora`) trains only those; any other
-model trains every ``nnx.Param``. Frozen parameters ride along in the state
-unchanged. They are donated like the rest, and since the step returns them
+What is trained follows from the parameters: ``trainer.lora.apply_lora``
+retypes the policy's own weights as ``FrozenParam``, and the step trains
+every other parameter (the LoRA adapters, plus a value head if one was added
+afterwards); a model without LoRA trains every ``nnx.Param``. Frozen
+parameters ride along in the state unchanged. They are donated like the rest, and since the step returns them
 as they came, XLA aliases each output to its input buffer: no copy, no
 gradient, no optimizer moments.
 
@@ -30,7 +31,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from trainer.lora import split_adapters
+from trainer.lora import FrozenParam
 from trainer.model import Transformer, split_model
 
 if TYPE_CHECKING:
@@ -164,11 +165,9 @@ class TrainState:
 
 
 def trainable_params(params: nnx.State) -> tuple[nnx.State, nnx.State]:
-    """``(trained, frozen)``: the LoRA adapters and the rest if there are adapters, else all and nothing."""
-    adapters, base = split_adapters(params)
-    if jax.tree.leaves(adapters):
-        return adapters, base
-    return params, nnx.State({})
+    """``(trained, frozen)``: frozen are the weights LoRA keeps fixed (none without LoRA)."""
+    frozen, trained = nnx.split_state(params, FrozenParam, ...)
+    return trained, frozen
 
 
 def create_train_state(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -13,11 +14,12 @@ from flax import nnx
 from tandem.contracts import weights_key
 from tandem.parallelism_config import LoRAConfig
 from tandem.run_config import RunConfig
-from trainer.lora import LoRALinear, apply_lora, fold_adapters, split_adapters
+from trainer.lora import FrozenParam, LoRALinear, apply_lora, fold_adapters, split_adapters
 from trainer.losses import sft_loss
 from trainer.model import Transformer, TransformerConfig, split_model
 from trainer.tokenizer import PAD_ID, VOCAB_SIZE
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.value_head import with_value_head
 from trainer.weights import RedisWeightPublisher, RedisWeightSubscriber
 from workers.policy import PolicyRuntime
 
@@ -44,7 +46,7 @@ def _logits(model: Transformer, batch) -> np.ndarray:
     return np.asarray(model(batch.tokens, batch.positions, batch.attention_mask))
 
 
-def test_adapters_start_as_a_no_op_and_share_the_base_kernel():
+def test_adapters_start_as_a_no_op_on_a_frozen_base():
     model = Transformer(CONFIG, rngs=nnx.Rngs(0))
     batch = _batch(0)
     before = _logits(model, batch)
@@ -52,7 +54,9 @@ def test_adapters_start_as_a_no_op_and_share_the_base_kernel():
     apply_lora(model, LORA, rngs=nnx.Rngs(1))
 
     adapted = model.blocks[0].attention.query
-    assert isinstance(adapted, LoRALinear) and adapted.kernel is query.kernel
+    # The same kernel variable, retyped as frozen.
+    assert isinstance(adapted, LoRALinear) and isinstance(adapted.kernel, FrozenParam)
+    np.testing.assert_array_equal(adapted.kernel[...], query.kernel[...])
     assert isinstance(model.blocks[1].mlp.up, LoRALinear)
     assert not isinstance(model.blocks[1].mlp.down, LoRALinear)
     # B starts at zero: the same function as before.
@@ -63,6 +67,35 @@ def test_adapters_start_as_a_no_op_and_share_the_base_kernel():
     _, plain = split_model(Transformer(CONFIG, rngs=nnx.Rngs(0)))
     assert jax.tree.structure(nnx.to_pure_dict(base)) == jax.tree.structure(nnx.to_pure_dict(plain))
     assert len(jax.tree.leaves(adapters)) == 2 * len(LORA.targets) * CONFIG.num_layers
+
+
+def test_lora_freezes_the_policy_but_not_a_value_head_added_afterwards():
+    policy = _lora_model()
+    model = with_value_head(policy, d_model=CONFIG.d_model, rngs=nnx.Rngs(3))
+    optimizer = optax.adam(1e-2)
+    graphdef, state = create_train_state(model, optimizer)
+
+    def loss_fn(model, batch):
+        logits, values = model.logits_and_values(batch.tokens, batch.positions, batch.attention_mask)
+        loss, metrics = sft_loss(logits, batch)
+        return loss + jnp.mean((values - 1.0) ** 2), metrics
+
+    train_step = make_train_step(graphdef, optimizer, loss_fn)
+    before = jax.tree.map(np.array, state.params)
+    for seed in range(2):
+        state, _ = train_step(state, _batch(seed))
+
+    changed = {
+        jax.tree_util.keystr(path): not np.array_equal(np.asarray(leaf), old)
+        for (path, leaf), old in zip(jax.tree_util.tree_leaves_with_path(state.params),
+                                     jax.tree.leaves(before), strict=True)
+    }
+    assert {path for path, moved in changed.items() if moved} == {
+        path for path in changed if "lora_" in path or "value_head" in path
+    }
+    with pytest.raises(ValueError, match="before wrapping the policy"):
+        apply_lora(with_value_head(Transformer(CONFIG, rngs=nnx.Rngs(0)), d_model=CONFIG.d_model,
+                                   rngs=nnx.Rngs(1)), LORA, rngs=nnx.Rngs(2))
 
 
 def test_lora_refuses_unknown_targets_and_adapting_twice():
@@ -109,24 +142,31 @@ def test_adapter_only_publishes_round_trip_through_redis_into_the_trainers_model
     assert b"blob" not in stored
     assert sizes[1] == sizes[2] == len(stored[b"adapters"]) < sizes[0] / 10
 
-    # A producer, unchanged: plain model, plain `like`; it gets the adapters folded in.
-    runtime = PolicyRuntime(run_id=run_id, config=RUN_CONFIG, redis_client=redis_client)
-    assert runtime.refresh_weights(force=True) == 2
-    producer_model = nnx.merge(runtime._graphdef, runtime.params)
-    trainer_model = nnx.merge(graphdef, state.params)
-    assert not isinstance(producer_model.blocks[0].attention.query, LoRALinear)
-    # Folding reorders float sums (x @ (W + sAB) vs x @ W + s(xA)B); logits are O(1).
-    np.testing.assert_allclose(_logits(producer_model, batch), _logits(trainer_model, batch),
-                               atol=2e-5, rtol=0)
-
-    # The next version reuses the cached base; a restarted trainer's publisher sends it again.
-    state, _ = train_step(state, _batch(20))
-    assert publisher.publish(run_id=run_id, version=3, params=state.params) == sizes[1]
-    assert runtime.refresh_weights(force=True) == 3
-    np.testing.assert_allclose(
-        _logits(nnx.merge(runtime._graphdef, runtime.params), batch),
-        _logits(nnx.merge(graphdef, state.params), batch), atol=2e-5, rtol=0,
+    # A producer, unchanged: it builds the plain model and gets the adapters folded in.
+    plain_graphdef, plain_like = split_model(
+        nnx.eval_shape(lambda: Transformer(CONFIG, rngs=nnx.Rngs(0)))
     )
+    runtime = PolicyRuntime(run_id=run_id, config=RUN_CONFIG, redis_client=redis_client)
+    try:
+        assert runtime.refresh_weights(force=True) == 2
+        producer_model = nnx.merge(plain_graphdef, runtime.params)
+        trainer_model = nnx.merge(graphdef, state.params)
+        assert not isinstance(producer_model.blocks[0].attention.query, LoRALinear)
+        # Folding reorders float sums (x @ (W + sAB) vs x @ W + s(xA)B); logits are O(1).
+        np.testing.assert_allclose(_logits(producer_model, batch), _logits(trainer_model, batch),
+                                   atol=2e-5, rtol=0)
+
+        # The next version reuses the subscriber's cached base.
+        state, _ = train_step(state, _batch(20))
+        assert publisher.publish(run_id=run_id, version=3, params=state.params) == sizes[1]
+        assert runtime.refresh_weights(force=True) == 3
+        np.testing.assert_allclose(
+            _logits(nnx.merge(plain_graphdef, runtime.params), batch),
+            _logits(nnx.merge(graphdef, state.params), batch), atol=2e-5, rtol=0,
+        )
+    finally:
+        runtime.close()
+    # A restarted trainer's publisher does not know the base is there: it sends it again.
     restarted = RedisWeightPublisher(redis_client, lora=LORA)
     assert restarted.publish(run_id=run_id, version=4, params=state.params) == sizes[0]
 
@@ -135,7 +175,7 @@ def test_adapter_only_publishes_round_trip_through_redis_into_the_trainers_model
     full_bytes = RedisWeightPublisher(redis_client).publish(
         run_id=run_id + 1, version=0, params=full_state.params
     )
-    fetched = RedisWeightSubscriber(redis_client).fetch(run_id + 1, runtime._params_like)
+    fetched = RedisWeightSubscriber(redis_client).fetch(run_id + 1, plain_like)
     np.testing.assert_array_equal(_logits(nnx.merge(full_graphdef, fetched[1]), batch),
                                   _logits(nnx.merge(full_graphdef, full_state.params), batch))
     redis_client.delete(weights_key(run_id), weights_key(run_id + 1))

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
@@ -20,11 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import redis
 from flax import nnx
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
+from tandem.contracts import weights_key
 from tandem.parallelism_config import LoRAConfig, MeshConfig
+from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.lora import apply_lora
 from trainer.losses import sft_loss
 from trainer.model import Transformer, TransformerConfig
@@ -39,8 +44,12 @@ from trainer.sharding import (
     step_shardings,
 )
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.weights import RedisWeightPublisher
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Children compile a handful of small SPMD programs; unoptimized CPU code
+# compiles about twice as fast and is compared only with itself.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
 # (mesh, LoRA) pairs run; LoRA on the tensor-parallel mesh only, to keep compiles few.
 RUNS = (((2, 2, 1), False), ((1, 2, 2), False), ((1, 2, 2), True))
 STEPS = 3
@@ -81,7 +90,7 @@ def _expected_spec(path: str, mesh_shape: tuple[int, int, int]) -> list:
 
 @pytest.fixture(scope="module")
 def sharded_report() -> dict:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 " + FAST_COMPILE,
            "JAX_PLATFORMS": "cpu"}
     completed = subprocess.run(
         [sys.executable, "-m", "tests.trainer.test_sharding"],
@@ -113,6 +122,10 @@ def test_sharded_steps_lay_out_every_parameter_and_match_one_device(sharded_repo
         assert run["base_unchanged"]
 
 
+def test_a_sharded_state_restores_from_a_checkpoint_onto_its_layout(sharded_report):
+    assert sharded_report["checkpoint"] == {"same_layout": True, "same_values": True}
+
+
 def test_axes_that_do_not_divide_a_dimension_fall_back_to_replication():
     mesh = AbstractMesh((1, 2, 2), MESH_AXES)
     # A byte vocabulary of 259 ids cannot be split in two; d_model 32 can.
@@ -131,6 +144,37 @@ def test_mesh_config_fills_the_remaining_axis_and_refuses_what_does_not_fit():
         MeshConfig(data=2, fsdp=2, tensor=1).axis_sizes(8)
     with pytest.raises(ValueError, match="at most one"):
         MeshConfig(data=-1, fsdp=-1)
+
+
+def test_two_processes_join_one_mesh_and_only_process_zero_publishes(redis_url, redis_client, run_id):
+    """Two local processes stand in for two hosts of 2 devices each."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2 " + FAST_COMPILE}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.trainer.test_sharding", "process", str(process_id),
+             str(port), str(run_id), redis_url],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for process_id in (0, 1)
+    ]
+    reports = []
+    for child in children:
+        stdout, stderr = child.communicate(timeout=180)
+        assert child.returncode == 0, stderr[-4000:]
+        # Gloo writes progress lines to stdout; the report is the last line.
+        reports.append(json.loads(stdout.strip().splitlines()[-1]))
+    redis_client.delete(weights_key(run_id))
+
+    assert [report["process"] for report in reports] == [0, 1]
+    assert all(report["devices"] == 4 and report["local_devices"] == 2 for report in reports)
+    assert reports[0]["loss"] == reports[1]["loss"]
+    base_and_adapters, adapters_only = reports[0]["published_bytes"]
+    assert 0 < adapters_only < base_and_adapters
+    assert reports[1]["published_bytes"] == [0, 0]
 
 
 def test_initialize_distributed_is_a_no_op_on_a_single_host(monkeypatch):
@@ -218,8 +262,56 @@ def _sharded_runs() -> dict:
                 for path, value in base_before.items()
             ),
         }
-    return {"runs": runs}
+
+    # The last (tensor-parallel, LoRA) state through a checkpoint: restored
+    # onto the layout of the template, with the same values.
+    with tempfile.TemporaryDirectory() as directory:
+        checkpointer = RunCheckpointer(Path(directory))
+        checkpointer.save(STEPS, train_state=state, progress=RunProgress(step=STEPS))
+        checkpointer.wait_until_finished()
+        restored, _ = checkpointer.restore_latest(state)
+        checkpointer.close()
+    saved, loaded = flat(state), flat(restored)
+    checkpoint = {
+        "same_layout": all(loaded[path].sharding == leaf.sharding for path, leaf in saved.items()),
+        "same_values": all(np.array_equal(np.asarray(loaded[path]), np.asarray(leaf))
+                           for path, leaf in saved.items()),
+    }
+    return {"runs": runs, "checkpoint": checkpoint}
+
+
+def _one_of_two_processes(process_id: int, port: int, run_id: int, redis_url: str) -> dict:
+    """Child process: one of two "hosts" with 2 CPU devices each, on one (1, 2, 2) mesh."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    assert initialize_distributed(f"127.0.0.1:{port}", 2, process_id)
+    lora = LoRAConfig(enabled=True, rank=4, targets=["attention.query", "mlp.down"])
+    config = TransformerConfig(
+        vocab_size=64, d_model=32, num_layers=1, num_heads=4, mlp_dim=64, max_seq_len=32
+    )
+    model = apply_lora(Transformer(config, rngs=nnx.Rngs(0)), lora, rngs=nnx.Rngs(1))
+    optimizer = optax.sgd(0.1)
+    graphdef, state = create_train_state(model, optimizer)
+    mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=2))
+    shardings = step_shardings(mesh, state)
+    state = shard_train_state(state, shardings)
+    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss), shardings=shardings)
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(1, 64, size=10).tolist() for _ in range(4)]
+    batch = pad_batch(sequences, loss_masks=[[0] + [1] * 9] * 4, behaviour_logprobs=None,
+                      advantages=None, batch_size=4, length_buckets=(16,), pad_id=0)
+    for _ in range(2):
+        state, metrics = train_step(state, shard_batch(batch, shardings))
+    publisher = RedisWeightPublisher(redis.Redis.from_url(redis_url), lora=lora)
+    published = [publisher.publish(run_id=run_id, version=version, params=state.params)
+                 for version in range(2)]
+    return {"process": jax.process_index(), "devices": jax.device_count(),
+            "local_devices": jax.local_device_count(), "loss": float(metrics["loss"]),
+            "published_bytes": published}
 
 
 if __name__ == "__main__":
-    print(json.dumps(_sharded_runs()))
+    if sys.argv[1:2] == ["process"]:
+        process_id, port, run_id = map(int, sys.argv[2:5])
+        print(json.dumps(_one_of_two_processes(process_id, port, run_id, sys.argv[5])))
+    else:
+        print(json.dumps(_sharded_runs()))
