@@ -178,58 +178,72 @@ async def tandem_agentic(args, counter: CompileCounter) -> dict[str, Any]:
                                environment_timeout_s=config.environment_timeout_s)
         task_rng = random.Random(config.seed)
         steps = []
+
+        async def rollout(step: int) -> dict[str, Any]:
+            """One rollout task's worth of episodes, as workers.producer.produce runs them."""
+            started = time.perf_counter()
+            # As the producer does: pick up the newest published weights first.
+            weights_version = runtime.refresh_weights(force=True)
+            fetched = time.perf_counter()
+            policy = BatchingPolicy(runtime, seed=config.seed * 1_000_003 + step)
+            tasks = [TwoTurnEnvironment().sample_task(task_rng) for _ in range(config.groups_per_step)]
+            records = await asyncio.gather(*(
+                run_episode(run_id=run_id, group_id=f"bench-{step}-{group}",
+                            group_size=config.group_size, environment_name="two_turn",
+                            environment=TwoTurnEnvironment(), task=task, policy=policy,
+                            limits=limits, tokenizer=tokenizer)
+                for group, task in enumerate(tasks) for _ in range(config.group_size)
+            ))
+            await policy.close()
+            return {"records": records, "weight_fetch_s": fetched - started,
+                    "rollout_s": time.perf_counter() - fetched, "generation_s": policy.generation_s,
+                    "weights_version": weights_version}
+
+        def train(records) -> dict[str, Any]:
+            """As RunTrainer._rl_phase does it: advantages, padding, update, publish."""
+            nonlocal state, version
+            started = time.perf_counter()
+            groups = [records[start:start + config.group_size]
+                      for start in range(0, len(records), config.group_size)]
+            prepared = algorithm.prepare(groups)
+            batched = time.perf_counter()
+            batch = algorithm.batch(prepared, batch_size=config.episodes_per_step,
+                                    length_buckets=buckets, pad_id=tokenizer.pad_id)
+            state, metrics = rl_step(state, batch)
+            metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
+            trained = time.perf_counter()
+            version += 1
+            publisher.publish(run_id=run_id, version=version, params=state.params)
+            return {"train_s": trained - started, "advantages_s": batched - started,
+                    "batch_and_update_s": trained - batched, "publish_s": time.perf_counter() - trained,
+                    "train_seq_len": int(batch.tokens.shape[1]), "loss": metrics["loss"]}
+
         try:
+            # Overlapped: the rollouts of step k + 1 run while step k trains, as
+            # Tandem's producers and trainer do (staleness 1). Sequential: one
+            # after the other, the generate-then-train loop.
+            pending = asyncio.create_task(rollout(0)) if args.overlap else None
+            step_started = time.perf_counter()
             for step in range(args.warmup + args.steps):
                 counter.armed = step >= args.warmup
                 counters_before = engine_counters(runtime)
-                started = time.perf_counter()
-                # As workers.producer.produce does: the step's episodes sample
-                # with the weights of the update before it, like Tunix's.
-                runtime.refresh_weights(force=True)
-                fetched = time.perf_counter()
-                policy = BatchingPolicy(runtime, seed=config.seed * 1_000_003 + step)
-
-                tasks = [TwoTurnEnvironment().sample_task(task_rng) for _ in range(config.groups_per_step)]
-                records = await asyncio.gather(*(
-                    run_episode(run_id=run_id, group_id=f"bench-{step}-{group}",
-                                group_size=config.group_size, environment_name="two_turn",
-                                environment=TwoTurnEnvironment(), task=task, policy=policy,
-                                limits=limits, tokenizer=tokenizer)
-                    for group, task in enumerate(tasks) for _ in range(config.group_size)
-                ))
-                await policy.close()
-                rolled_out = time.perf_counter()
-
-                # As RunTrainer._rl_phase does it: advantages, padding, update.
-                groups = [records[start:start + config.group_size]
-                          for start in range(0, len(records), config.group_size)]
-                prepared = algorithm.prepare(groups)
-                batched = time.perf_counter()
-                batch = algorithm.batch(prepared, batch_size=config.episodes_per_step,
-                                        length_buckets=buckets, pad_id=tokenizer.pad_id)
-                state, metrics = rl_step(state, batch)
-                metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
-                trained = time.perf_counter()
-
-                version += 1
-                publisher.publish(run_id=run_id, version=version, params=state.params)
-                published = time.perf_counter()
-
-                generation_s = policy.generation_s
+                rolled = await pending if args.overlap else await rollout(step)
+                if args.overlap and step + 1 < args.warmup + args.steps:
+                    pending = asyncio.create_task(rollout(step + 1))
+                records = rolled["records"]
+                trained = await asyncio.to_thread(train, records) if args.overlap else train(records)
+                finished = time.perf_counter()
                 counters_after = engine_counters(runtime)
                 steps.append({
-                    "step_s": published - started,
-                    "weight_fetch_s": fetched - started,
-                    "rollout_s": rolled_out - fetched,
-                    "generation_s": generation_s,
-                    "rollout_other_s": (rolled_out - fetched) - generation_s,
+                    "step_s": finished - step_started,
+                    "weight_fetch_s": rolled["weight_fetch_s"],
+                    "rollout_s": rolled["rollout_s"],
+                    "generation_s": rolled["generation_s"],
+                    "rollout_other_s": rolled["rollout_s"] - rolled["generation_s"],
                     "environment_s_summed_over_episodes": sum(
                         record.timings.environment_s for record in records),
-                    "train_s": trained - rolled_out,
-                    "advantages_s": batched - rolled_out,
-                    "batch_and_update_s": trained - batched,
-                    "train_seq_len": int(batch.tokens.shape[1]),
-                    "publish_s": published - trained,
+                    **{key: trained[key] for key in ("train_s", "advantages_s", "batch_and_update_s",
+                                                      "publish_s", "train_seq_len")},
                     "engine": {key: counters_after[key] - counters_before.get(key, 0)
                                for key in counters_after},
                     "policy_tokens": sum(sum(record.loss_mask) for record in records),
@@ -237,8 +251,9 @@ async def tandem_agentic(args, counter: CompileCounter) -> dict[str, Any]:
                     "failed_episodes": sum(record.status != "ok" for record in records),
                     "reward_mean": float(np.mean([record.reward for record in records])),
                     "staleness_max": max(version - 1 - record.policy_version for record in records),
-                    "loss_finite": bool(np.isfinite(metrics["loss"])),
+                    "loss_finite": bool(np.isfinite(trained["loss"])),
                 })
+                step_started = finished
         finally:
             counter.armed = False
             close = getattr(runtime, "close", None)
@@ -359,9 +374,17 @@ def main() -> None:
     args = parser.parse_args()
 
     tunix, notes = (None, ["Tunix skipped (--skip-tunix)."]) if args.skip_tunix else run_tunix(args)
+    # Both of Tandem's modes on the same code: generate-then-train, and the
+    # overlapped pipeline it runs in production (rollouts one step ahead).
+    args.overlap = False
+    sequential = asyncio.run(tandem_agentic(args, CompileCounter()))
+    args.overlap = True
     tandem = asyncio.run(tandem_agentic(args, CompileCounter()))
+    tandem["sequential"] = sequential
 
     tandem_step = tandem["step_s"]
+    sequential_ratio = round(sequential["step_s"] / tunix_plain, 2) if (
+        tunix_plain := (tunix or {}).get("plain", {}).get("step_s")) else None
     tunix_agentic = (tunix or {}).get("agentic", {}).get("step_s")
     tunix_plain = (tunix or {}).get("plain", {}).get("step_s")
     ratio = round(tandem_step / tunix_plain, 2) if tunix_plain else None
@@ -372,7 +395,10 @@ def main() -> None:
         "its real path cannot run a 64-token vocabulary), no KL, temperature 1, at most "
         f"{args.new_tokens} new tokens per turn. Tunix's model calls get fresh sampling seeds "
         "(unseeded, its vanilla rollout samples every agentic episode of a group identically). "
-        "Tandem's producer and trainer run one after the other here; in production they overlap."
+        "tandem_agentic_step_s is Tandem's pipeline as it runs in production: the rollouts of "
+        "step k+1 generate while step k trains (staleness 1, within the default bound). "
+        f"Run strictly one after the other, Tandem's step took {sequential['step_s']} s "
+        f"({sequential_ratio}x Tunix plain)."
     )
     if tandem["failed_episodes"]:
         notes.append(f"{tandem['failed_episodes']} Tandem episodes failed during the timed steps.")
@@ -391,6 +417,15 @@ def main() -> None:
         "tandem_agentic_step_s": tandem_step,
         "tunix_agentic_step_s": tunix_agentic,
         "tunix_plain_step_s": tunix_plain,
+        # Per token of the policy's own output: Tandem's two-turn episodes generate about
+        # twice the tokens of Tunix's one-turn plain step (whose budget, 4 x 4 x 16, is the
+        # upper bound of what it generates, so this ratio is conservative for Tandem).
+        "tandem_agentic_vs_tunix_plain_per_policy_token_ratio": round(
+            (tandem_step / tandem["policy_tokens_per_step"])
+            / (tunix_plain / (args.prompts * args.generations * args.new_tokens)), 2
+        ) if tunix_plain else None,
+        "tandem_agentic_sequential_step_s": sequential["step_s"],
+        "tandem_agentic_sequential_vs_tunix_plain_ratio": sequential_ratio,
         "tandem_vs_tunix_agentic_speedup": speedup,
         "tandem_agentic_vs_tunix_plain_ratio": ratio,
         "within_target_of_tunix_plain": None if ratio is None else ratio <= PLAIN_STEP_TARGET_RATIO,

@@ -201,6 +201,10 @@ class TrainerStepEvent(_Record):
     staleness_mean: float | None = None
     staleness_max: float | None = None
     failed_episodes: int = 0
+    algorithm_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="The loss's own scalars (clip fractions, KL, entropy, importance ratio stats ...).",
+    )
     emitted_at: float
 
     @property
@@ -224,6 +228,8 @@ class TrainerStepEvent(_Record):
             value = getattr(self, name)
             if value is not None:
                 values[name] = value
+        for name, value in self.algorithm_metrics.items():
+            values.setdefault(f"algorithm/{name}", value)
         return values
 
 

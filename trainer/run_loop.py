@@ -337,6 +337,11 @@ class RunTrainer:
                 reward_mean=float(stats["reward_mean"]),
                 success_rate=float(np.mean([r.status == "ok" and r.reward > 0 for r in records])),
                 staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
-                failed_episodes=int(stats.get("episodes_failed", 0)), emitted_at=time.time(),
+                failed_episodes=int(stats.get("episodes_failed", 0)),
+                algorithm_metrics={
+                    **{name: value for name, value in metrics.items() if np.isfinite(value)},
+                    **{f"batch/{name}": float(value) for name, value in stats.items()},
+                },
+                emitted_at=time.time(),
             ))
             self._heartbeat()

@@ -104,6 +104,8 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
         after = page["next_after_step"]
     names = {p["name"] for p in points}
     assert {"loss", "reward_mean", "trainer_idle_fraction", "staleness_mean", "samples_per_s"} <= names
+    # The loss's own statistics are logged too (clipping, entropy, gradient norm).
+    assert {"algorithm/clip_fraction", "algorithm/entropy", "algorithm/grad_norm"} <= names
     steps = sorted({p["step"] for p in points})
     assert steps == list(range(1, SMALL_RUN["sft_steps"] + SMALL_RUN["rl_steps"] + 1))
 
