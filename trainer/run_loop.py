@@ -266,6 +266,8 @@ class RunTrainer:
         return time.perf_counter() - started
 
     def _checkpoint(self) -> None:
+        if self.checkpointer.latest_step() == self.step:
+            return  # the last periodic save already holds this step
         self.checkpointer.save(
             self.step,
             train_state=self.state,
