@@ -64,11 +64,27 @@ def run_group_counter_key(run_id: int) -> str:
     return _run_key(run_id, "groups_requested")
 
 
+def consumed_groups_key(run_id: int) -> str:
+    """Redis sorted set of episode group ids the trainer trained on or dropped (score: unix time).
+
+    A group in it is never trained again, even when a redelivered rollout task
+    produces it anew; bounded to the newest entries by the trainer's reader.
+    """
+    return _run_key(run_id, "consumed_groups")
+
+
+def consumed_trajectories_key(run_id: int) -> str:
+    """Redis sorted set of trajectory ids the trainer trained on or dropped (score: unix time)."""
+    return _run_key(run_id, "consumed_trajectories")
+
+
 def run_keys(run_id: int) -> tuple[str, ...]:
     """Every Redis key a run owns (Celery's own queue aside)."""
     return (
         trajectory_stream(run_id),
         dead_letter_stream(run_id),
+        consumed_groups_key(run_id),
+        consumed_trajectories_key(run_id),
         weights_key(run_id),
         run_spec_key(run_id),
         run_stop_key(run_id),
@@ -201,6 +217,29 @@ class TrainerStepEvent(_Record):
     staleness_mean: float | None = None
     staleness_max: float | None = None
     failed_episodes: int = 0
+    staleness_histogram: dict[str, int] = Field(
+        default_factory=dict,
+        description="Trained trajectories by staleness in policy versions (trainer version - oldest version used).",
+    )
+    staleness_in_queue_histogram: dict[str, int] = Field(
+        default_factory=dict,
+        description="Trained trajectories by versions published after their last policy turn (waiting in queue).",
+    )
+    staleness_in_flight_histogram: dict[str, int] = Field(
+        default_factory=dict,
+        description="Trained trajectories by versions published during their generation (max - min policy_versions).",
+    )
+    queue_wait_s_mean: float | None = Field(
+        None, description="Mean seconds from an episode's end to its consumption by the trainer."
+    )
+    queue_wait_s_max: float | None = Field(None, description="Longest such wait in the step.")
+    stale_trajectories_dropped: int = Field(
+        0, description="Trajectories dropped before the loss for exceeding max_staleness."
+    )
+    stale_groups_dropped: int = Field(0, description="Whole episode groups those drops came from.")
+    stale_drop_rate: float | None = Field(
+        None, description="Dropped / (dropped + trained) trajectories in the step."
+    )
     algorithm_metrics: dict[str, float] = Field(
         default_factory=dict,
         description="The loss's own scalars (clip fractions, KL, entropy, importance ratio stats ...).",
@@ -228,6 +267,16 @@ class TrainerStepEvent(_Record):
             value = getattr(self, name)
             if value is not None:
                 values[name] = value
+        for kind, histogram in (("total", self.staleness_histogram),
+                                ("in_queue", self.staleness_in_queue_histogram),
+                                ("in_flight", self.staleness_in_flight_histogram)):
+            for bucket, count in histogram.items():
+                values[f"staleness/{kind}/{bucket}"] = float(count)
+        for name in ("queue_wait_s_mean", "queue_wait_s_max", "stale_drop_rate"):
+            value = getattr(self, name)
+            if value is not None:
+                values[f"staleness/{name}"] = value
+        values["staleness/trajectories_dropped"] = float(self.stale_trajectories_dropped)
         for name, value in self.algorithm_metrics.items():
             values.setdefault(f"algorithm/{name}", value)
         return values

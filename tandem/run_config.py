@@ -146,6 +146,24 @@ class RunConfig(BaseModel):
         le=64,
         description="RL steps' worth of episodes the trainer keeps requested ahead, so it never waits on generation.",
     )
+    max_staleness: int | None = Field(
+        2,
+        ge=0,
+        le=64,
+        description=(
+            "Policy versions a trajectory may lag the trainer: older groups are dropped whole before the "
+            "loss, and producers are never asked for more than (max_staleness + 1) steps of groups. "
+            "None: no bound."
+        ),
+    )
+    reclaim_idle_ms: int = Field(
+        60_000, ge=1_000, le=3_600_000,
+        description="A trajectory entry another trainer left pending this long is taken over by the live trainer.",
+    )
+    max_deliveries: int = Field(
+        5, ge=1, le=100,
+        description="Deliveries after which a trajectory entry goes to the dead-letter stream instead of being retried.",
+    )
     max_new_tokens: int = Field(24, ge=1, le=4096, description="Tokens the policy may generate per turn.")
     max_turns: int = Field(3, ge=1, le=64, description="Agent turns before an episode is cut off.")
     environment_timeout_s: float = Field(
@@ -180,6 +198,15 @@ class RunConfig(BaseModel):
     )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature of producers.")
     checkpoint_every: int = Field(20, ge=1, description="Trainer steps between Orbax checkpoints.")
+
+    @model_validator(mode="after")
+    def _one_task_fits_the_staleness_budget(self):
+        if self.max_staleness is not None and self.groups_per_task > (self.max_staleness + 1) * self.groups_per_step:
+            raise ValueError(
+                "groups_per_task must be at most (max_staleness + 1) * groups_per_step, "
+                "or no rollout task could ever be admitted"
+            )
+        return self
 
     @property
     def episodes_per_step(self) -> int:

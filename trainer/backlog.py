@@ -1,4 +1,10 @@
-"""Keeping rollout tasks requested ahead of the trainer, so it never waits on generation."""
+"""Keeping rollout tasks requested ahead of the trainer, so it never waits on generation.
+
+With ``max_staleness`` set, the same counter is also admission control: the
+groups requested and not yet consumed (queued in Celery, being generated, or
+waiting in the stream) never exceed ``(max_staleness + 1) * groups_per_step``,
+so producers never start work the trainer would have to drop as too stale.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +16,14 @@ from tandem.run_config import RunConfig
 
 
 class RolloutBacklog:
+    """Requests rollout tasks by name; a group's index comes from a per-run Redis counter.
+
+    ``max_staleness`` (policy versions; None: read ``config.max_staleness``
+    if the config has it, else no bound) caps the outstanding groups.
+    """
+
     def __init__(self, *, celery_app: Celery, redis_client: redis.Redis, run_id: int, config: RunConfig,
-                 groups_needed: int):
+                 groups_needed: int, max_staleness: int | None = None):
         self._celery = celery_app
         self._redis = redis_client
         self._run_id = run_id
@@ -19,6 +31,24 @@ class RolloutBacklog:
         # Headroom for groups lost to failures or dead producers.
         self._groups_cap = groups_needed + config.groups_per_step * config.rollout_backlog_steps
         self.tasks_sent = 0
+        if max_staleness is None:
+            max_staleness = getattr(config, "max_staleness", None)
+        self.max_staleness = max_staleness
+        if max_staleness is not None:
+            if max_staleness < 0:
+                raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+            if config.groups_per_task > self.outstanding_groups_bound:
+                raise ValueError(
+                    f"groups_per_task ({config.groups_per_task}) exceeds the {self.outstanding_groups_bound} "
+                    f"groups max_staleness {max_staleness} allows outstanding; no task could ever be sent"
+                )
+
+    @property
+    def outstanding_groups_bound(self) -> int | None:
+        """Most groups requested and not yet consumed (None: unbounded beyond the backlog)."""
+        if self.max_staleness is None:
+            return None
+        return (self.max_staleness + 1) * self._config.groups_per_step
 
     def extend(self, *, groups: int) -> None:
         """Allow ``groups`` more groups in total, replacing groups that were dropped unused."""
@@ -29,18 +59,28 @@ class RolloutBacklog:
         return int(self._redis.get(run_group_counter_key(self._run_id)) or 0)
 
     def top_up(self, *, groups_consumed: int) -> int:
-        """Request groups until (backlog + 1) steps' worth are outstanding; returns tasks sent."""
+        """Request groups until (backlog + 1) steps' worth are outstanding; returns tasks sent.
+
+        ``groups_consumed``: groups taken off the stream so far, trained on or
+        dropped. Under ``max_staleness`` a task is sent only if all of its
+        groups fit within the bound, so the bound holds exactly.
+        """
         config = self._config
         target = groups_consumed + (config.rollout_backlog_steps + 1) * config.groups_per_step
         target = min(target, self._groups_cap)
+        bound = self.outstanding_groups_bound
         sent = 0
-        while self.groups_requested < target:
+        requested = self.groups_requested
+        while requested < target:
+            if bound is not None and requested + config.groups_per_task > groups_consumed + bound:
+                break
             # The counter hands out group index ranges, so two trainers never reuse a group id.
             end = self._redis.incrby(run_group_counter_key(self._run_id), config.groups_per_task)
             first = end - config.groups_per_task
             self._celery.send_task(
                 ROLLOUT_TASK_NAME, args=[self._run_id, first, config.groups_per_task], queue=ROLLOUT_QUEUE
             )
+            requested = end
             sent += 1
         self.tasks_sent += sent
         return sent

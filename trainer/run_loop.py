@@ -39,6 +39,7 @@ from trainer.lora import apply_lora
 from trainer.losses import sft_loss
 from trainer.platform_client import ClaimedRun, PlatformClient
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings
+from trainer.staleness import StalenessRecorder, is_stale_group, split_stale_groups
 from trainer.stream import GroupAssembler, TrajectoryStreamReader
 from trainer.tokenizer import load_tokenizer
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
@@ -281,36 +282,64 @@ class RunTrainer:
         config = self.config
         if self.config.sft_steps == 0:
             self.state.opt_state.hyperparams["learning_rate"] = jnp.asarray(config.rl_learning_rate)
-        reader = TrajectoryStreamReader(self.redis, run_id=self.run_id, consumer=self.settings.consumer_name)
+        reader = TrajectoryStreamReader(
+            self.redis, run_id=self.run_id, consumer=self.settings.consumer_name,
+            reclaim_idle_ms=config.reclaim_idle_ms, max_deliveries=config.max_deliveries,
+        )
         assembler = GroupAssembler()
         backlog = RolloutBacklog(celery_app=self.celery_app, redis_client=self.redis, run_id=self.run_id,
-                                 config=config, groups_needed=config.rl_steps * config.groups_per_step)
+                                 config=config, groups_needed=config.rl_steps * config.groups_per_step,
+                                 max_staleness=config.max_staleness)
+        recorder = StalenessRecorder()
         groups_consumed = 0
         rl_steps_done = 0
+
+        def is_stale(entries) -> bool:
+            return is_stale_group(entries, policy_version=self.policy_version, max_staleness=config.max_staleness)
+
+        def drop(groups) -> None:
+            """Consume groups without training on them (too stale to ever be trained)."""
+            nonlocal groups_consumed
+            if groups:
+                reader.ack_consumed(groups)
+                recorder.dropped(groups)
+                backlog.extend(groups=len(groups))
+                groups_consumed += len(groups)
+
         while rl_steps_done < config.rl_steps:
             step_started = time.perf_counter()
             backlog.top_up(groups_consumed=groups_consumed)
             wait_started = time.perf_counter()
-            while assembler.complete_groups() < config.groups_per_step:
-                for entry in reader.read(block_ms=self.settings.stream_block_ms):
-                    assembler.add(entry)
-                reader.ack(assembler.take_duplicates())
-                self._heartbeat()
+            groups = []
+            while len(groups) < config.groups_per_step:
+                while assembler.complete_groups() < config.groups_per_step - len(groups):
+                    for entry in reader.read(block_ms=self.settings.stream_block_ms):
+                        assembler.add(entry)
+                    reader.ack(assembler.take_duplicates())
+                    drop(assembler.take_partial(is_stale))
+                    backlog.top_up(groups_consumed=groups_consumed)
+                    self._heartbeat()
+                fresh, stale = split_stale_groups(
+                    assembler.take(config.groups_per_step - len(groups)),
+                    policy_version=self.policy_version, max_staleness=config.max_staleness,
+                )
+                drop(stale)
+                groups += fresh
+                groups_consumed += len(fresh)
             wait_s = time.perf_counter() - wait_started
-            groups = assembler.take(config.groups_per_step)
-            groups_consumed += len(groups)
             backlog.top_up(groups_consumed=groups_consumed)
             entry_ids = [entry.entry_id for group in groups for entry in group]
             records = [entry.record for group in groups for entry in group]
             # Staleness: how many versions behind the policy being updated the data is.
             staleness = np.array([self.policy_version - r.policy_version for r in records], dtype=np.float32)
+            recorder.trained(records, policy_version=self.policy_version)
 
             compute_started = time.perf_counter()
             prepared = self.algorithm.prepare([[entry.record for entry in group] for group in groups])
             if not prepared.records:
                 # Dynamic sampling dropped every group (no reward variance): nothing to learn from.
                 backlog.extend(groups=len(groups))
-                reader.ack(entry_ids)
+                reader.ack_consumed(groups)
                 continue
             batch = self.algorithm.batch(
                 prepared, batch_size=config.episodes_per_step, length_buckets=self._buckets,
@@ -321,7 +350,8 @@ class RunTrainer:
             compute_s = time.perf_counter() - compute_started
 
             # Acknowledge only after the update that used the data has happened.
-            reader.ack(entry_ids)
+            reader.ack_consumed(groups)
+            reader.trim(approximate=True)
             self._last_acked_entry_id = max(entry_ids, key=_entry_order)
             self._trained_group_count += len(groups)
             publish_s = self._publish()
@@ -331,6 +361,7 @@ class RunTrainer:
                 self._checkpoint()
             wall_s = time.perf_counter() - step_started
             stats = prepared.stats
+            staleness_fields = recorder.step_fields()
             self.telemetry.emit(TrainerStepEvent(
                 run_id=self.run_id, step=self.step, phase="rl", policy_version=self.policy_version,
                 wall_s=wall_s, wait_s=wait_s, compute_s=compute_s, publish_s=publish_s,
@@ -340,6 +371,7 @@ class RunTrainer:
                 success_rate=float(np.mean([r.status == "ok" and r.reward > 0 for r in records])),
                 staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
                 failed_episodes=int(stats.get("episodes_failed", 0)),
+                **staleness_fields,
                 algorithm_metrics={
                     **{name: value for name, value in metrics.items() if np.isfinite(value)},
                     **{f"batch/{name}": float(value) for name, value in stats.items()},
@@ -347,3 +379,12 @@ class RunTrainer:
                 emitted_at=time.time(),
             ))
             self._heartbeat()
+
+        # The run is over: episodes read but not trained never will be. Consuming
+        # them leaves nothing pending, so the stream can be trimmed to empty.
+        leftovers = assembler.take_partial(lambda entries: True)
+        if leftovers:
+            reader.ack_consumed(leftovers)
+            logger.info("run %s: %d surplus episode groups left untrained", self.run_id, len(leftovers))
+        reader.ack(assembler.take_duplicates())
+        reader.trim(approximate=False)

@@ -8,6 +8,7 @@ environment added. The session ends with the episode, whatever its outcome.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,9 +17,12 @@ from typing import Any
 from tandem.contracts import EpisodeTimings, TrajectoryRecord
 from trainer.chat import Conversation
 from trainer.tokenizer import ByteTokenizer, Tokenizer
+from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.environments.base import Environment
 from workers.policy import BatchingPolicy
-from workers.tool_calls import parse_tool_call
+from workers.tool_calls import parse_tool_calls
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,15 +37,28 @@ class EpisodeFailure(Exception):
     """Ends an episode as failed, with a reason that is recorded and shown."""
 
 
+class EnvironmentFault(EpisodeFailure):
+    """An episode failure the environment caused; these count towards its circuit breaker."""
+
+
 async def _call_environment(awaitable, *, what: str, timeout_s: float):
     try:
         return await asyncio.wait_for(awaitable, timeout_s)
     except TimeoutError as exc:
-        raise EpisodeFailure(f"{what} timed out after {timeout_s:g}s") from exc
+        raise EnvironmentFault(f"{what} timed out after {timeout_s:g}s") from exc
     except EpisodeFailure:
         raise
     except Exception as exc:  # noqa: BLE001 - any environment bug fails only this episode
-        raise EpisodeFailure(f"{what} raised {type(exc).__name__}: {exc}") from exc
+        raise EnvironmentFault(f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+
+async def _close_environment(environment: Environment, timeout_s: float) -> None:
+    # Closing releases connections or threads; its failure must not change the episode's outcome.
+    try:
+        await asyncio.wait_for(environment.close(), timeout_s)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("closing environment %s failed: %s: %s", type(environment).__name__,
+                       type(exc).__name__, exc)
 
 
 async def run_episode(
@@ -55,9 +72,16 @@ async def run_episode(
     policy: BatchingPolicy,
     limits: EpisodeLimits,
     tokenizer: Tokenizer | None = None,
+    circuit_breakers: CircuitBreakers | None = None,
 ) -> TrajectoryRecord:
-    """Run one episode to the end; environment faults end it as ``failed``, never raise."""
+    """Run one episode to the end; environment faults end it as ``failed``, never raise.
+
+    While ``environment_name``'s circuit breaker is open (``circuit_breakers``,
+    by default this process's), the episode fails at once without touching the
+    environment or the policy.
+    """
     tokenizer = tokenizer or ByteTokenizer()
+    breakers = process_breakers if circuit_breakers is None else circuit_breakers
     trajectory_id = uuid.uuid4().hex
     started_at = time.time()
     generation_s = environment_s = 0.0
@@ -65,7 +89,11 @@ async def run_episode(
     policy_versions: list[int] = []
     reward = 0.0
     status, failure_reason = "ok", ""
+    environment_verdict: bool | None = None  # True: worked, False: faulted, None: unknown
+    circuit_open_reason = breakers.admit(environment_name)
     try:
+        if circuit_open_reason is not None:
+            raise EpisodeFailure(circuit_open_reason)
         began = time.perf_counter()
         prompt = await _call_environment(
             environment.reset(task), what="reset", timeout_s=limits.environment_timeout_s
@@ -91,15 +119,18 @@ async def run_episode(
             # A turn cut off at max_new_tokens still acts: the environment judges
             # whatever was said, so a policy that never stops gets no free pass.
             text = tokenizer.decode(completion.token_ids)
-            call = parse_tool_call(text, environment.tools)
+            calls = parse_tool_calls(text, environment.tools).calls
             began = time.perf_counter()
-            if call is not None:
-                observation = await _call_environment(
-                    call.tool.run(call.arguments), what=f"tool {call.tool.name}",
-                    timeout_s=limits.environment_timeout_s,
-                )
+            if calls:
+                # Several calls in one turn (Hermes style) run in order; their results form one observation.
+                observations = []
+                for call in calls:
+                    observations.append(str(await _call_environment(
+                        call.tool.run(call.arguments), what=f"tool {call.tool.name}",
+                        timeout_s=limits.environment_timeout_s,
+                    )))
                 environment_s += time.perf_counter() - began
-                conversation.add_environment(str(observation))
+                conversation.add_environment("".join(observations))
                 continue
             result = await _call_environment(
                 environment.step(text), what="step", timeout_s=limits.environment_timeout_s
@@ -109,10 +140,22 @@ async def run_episode(
             if result.done:
                 break
             conversation.add_environment(str(result.observation))
+        environment_verdict = True
+    except EnvironmentFault as exc:
+        status, failure_reason, reward = "failed", str(exc), 0.0
+        environment_verdict = False
     except EpisodeFailure as exc:
         status, failure_reason, reward = "failed", str(exc), 0.0
     finally:
         policy.end_session(trajectory_id)
+        if circuit_open_reason is None:
+            await _close_environment(environment, limits.environment_timeout_s)
+            if environment_verdict is True:
+                breakers.record_success(environment_name)
+            elif environment_verdict is False:
+                breakers.record_failure(environment_name, failure_reason)
+            else:
+                breakers.release_probe(environment_name)
 
     token_ids = conversation.token_ids[: limits.max_seq_len]
     loss_mask = conversation.loss_mask[: limits.max_seq_len]

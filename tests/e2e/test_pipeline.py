@@ -41,6 +41,25 @@ def _wait_for_status(client, run_id, statuses, timeout_s):
     raise AssertionError(f"run {run_id} did not reach {statuses} in {timeout_s}s; last seen {run}")
 
 
+class _StreamObserver(threading.Thread):
+    """Reads the run's stream as entries arrive (no consumer group), before the trainer trims them."""
+
+    def __init__(self, redis_url, stream):
+        super().__init__(daemon=True)
+        self.redis_url, self.stream = redis_url, stream
+        self.records: list[TrajectoryRecord] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        client = redis.Redis.from_url(self.redis_url)
+        last_id = "0-0"
+        while not self.stop.is_set():
+            for _, entries in client.xread({self.stream: last_id}, block=200) or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    self.records.append(TrajectoryRecord.from_stream_fields(fields))
+
+
 class _WebSocketListener(threading.Thread):
     def __init__(self, url, token):
         super().__init__(daemon=True)
@@ -68,6 +87,8 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     assert response.status_code == 201, response.text
     run_id = response.json()["id"]
 
+    observer = _StreamObserver(local.config.redis_url, trajectory_stream(run_id))
+    observer.start()
     ws_url = local.config.platform_url.replace("http", "ws") + f"/ws/runs/{run_id}/"
     listener = _WebSocketListener(ws_url, credentials.user_token)
     listener.start()
@@ -77,16 +98,21 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     local.check_alive()
     assert run["status"] == "finished", run
     listener.stop.set()
+    observer.stop.set()
     listener.join(5)
+    observer.join(5)
 
     # Trajectories went through the stream, and every one the trainer read was acknowledged.
     r = redis.Redis.from_url(local.config.redis_url)
     stream = trajectory_stream(run_id)
     (group_info,) = [g for g in r.xinfo_groups(stream) if g["name"].decode() == TRAINER_CONSUMER_GROUP]
     trained = SMALL_RUN["rl_steps"] * SMALL_RUN["groups_per_step"] * SMALL_RUN["group_size"]
-    records = [TrajectoryRecord.from_stream_fields(fields) for _, fields in r.xrange(stream)]
+    records = observer.records
     assert len(records) >= trained
+    assert group_info["entries-read"] >= trained
     assert group_info["pending"] == 0
+    # Acknowledged entries are trimmed away; what is left was never acknowledged.
+    assert r.xlen(stream) < len(records)
 
     # The policy version advanced, and later trajectories came from a newer policy.
     assert run["policy_version"] == SMALL_RUN["rl_steps"]
@@ -106,6 +132,9 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     assert {"loss", "reward_mean", "trainer_idle_fraction", "staleness_mean", "samples_per_s"} <= names
     # The loss's own statistics are logged too (clipping, entropy, gradient norm).
     assert {"algorithm/clip_fraction", "algorithm/entropy", "algorithm/grad_norm"} <= names
+    # Staleness arrives as a histogram (total, in queue, in flight) and a drop rate.
+    assert any(name.startswith("staleness/total/") for name in names)
+    assert {"staleness/stale_drop_rate", "staleness/queue_wait_s_mean"} <= names
     steps = sorted({p["step"] for p in points})
     assert steps == list(range(1, SMALL_RUN["sft_steps"] + SMALL_RUN["rl_steps"] + 1))
 

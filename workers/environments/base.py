@@ -73,3 +73,11 @@ class Environment(abc.ABC):
     def demonstrations(self, count: int, rng: random.Random) -> list[Demonstration]:
         """Demonstrations for an SFT warm-up; environments without any return []."""
         return []
+
+    async def close(self) -> None:
+        """Release what the episode held (connections, threads); called once when it ends.
+
+        The agent calls it after every episode that reached the environment,
+        whatever the outcome; the default holds nothing.
+        """
+        return None

@@ -1,0 +1,216 @@
+"""An environment served over HTTP, in any language, on any machine.
+
+The protocol (version 1, JSON bodies; docs/environments.md has the details):
+
+- ``GET /health`` -> ``{"status": "ok"}``
+- ``GET /schema`` -> ``{"name": str, "tools": [{"name", "description", "parameters"}], "protocol_version": 1}``
+- ``POST /task`` ``{"seed": int}`` -> ``{"task": {...}}``; must be deterministic in ``seed``
+- ``POST /reset`` ``{"task": {...}, "episode_id": str}`` -> ``{"observation": str, "info": {}}``
+- ``POST /step`` ``{"episode_id": str, "action": str}`` -> ``{"observation": str, "reward": float, "done": bool, "info": {}}``
+- ``POST /tool`` ``{"episode_id": str, "name": str, "arguments": {...}}`` -> ``{"result": str}``
+
+``sample_task`` must be synchronous and local (producers call it while
+planning a group), so it only draws ``{"remote_seed": n}``; ``reset`` asks the server for the
+task of that seed, and every episode of a GRPO group gets the same one.
+
+Faults. Requests that change nothing (health, schema, task, reset of a fresh
+episode id) are retried ``retries`` times with exponential backoff on
+connection errors, timeouts and 5xx answers. ``step`` and ``/tool`` may have
+been applied when an error comes back, so they are retried only when the
+connection was refused or never established, i.e. the request was never
+sent. A response that breaks the protocol, and an observation longer than
+``max_observation_chars``, raise ``RemoteEnvironmentError``: the agent fails
+the episode with that message as its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from typing import Any
+
+import httpx
+
+from workers.environments.base import Environment, StepResult, Tool
+
+PROTOCOL_VERSION = 1
+_ERROR_BODY_CHARS = 200
+
+
+class RemoteEnvironmentError(RuntimeError):
+    """The remote environment answered outside the protocol, or not at all."""
+
+
+def _require(payload: dict[str, Any], key: str, kinds: type | tuple[type, ...], *, where: str) -> Any:
+    if key not in payload:
+        raise RemoteEnvironmentError(f"{where}: response has no {key!r}")
+    value = payload[key]
+    # bool is an int in Python; a reward of true is a protocol error, not 1.0.
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+        raise RemoteEnvironmentError(
+            f"{where}: {key!r} is {type(value).__name__}, expected {' or '.join(k.__name__ for k in _as_tuple(kinds))}"
+        )
+    return value
+
+
+def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+class RemoteHTTPEnvironment(Environment):
+    """Registration: entrypoint ``workers.environments.http:RemoteHTTPEnvironment``,
+    params ``{"url": "http://host:port", "timeout_s": 10, "max_observation_chars": 8192,
+    "retries": 2, "backoff_s": 0.1}``."""
+
+    def __init__(self, *, url: str, timeout_s: float = 10.0, max_observation_chars: int = 8192,
+                 retries: int = 2, backoff_s: float = 0.1):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"url {url!r} must start with http:// or https://")
+        if timeout_s <= 0 or max_observation_chars < 1 or retries < 0 or backoff_s < 0:
+            raise ValueError("timeout_s and max_observation_chars must be positive, retries and backoff_s >= 0")
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.max_observation_chars = max_observation_chars
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.tools: tuple[Tool, ...] = ()
+        self.name: str | None = None
+        self._episode_id: str | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    # -- transport ---------------------------------------------------------
+
+    def _http(self) -> httpx.AsyncClient:
+        # Created on first use: producers build an instance just to sample a task, never resetting it.
+        if self._client is None:
+            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+                       idempotent: bool) -> dict[str, Any]:
+        where = f"{method} {path}"
+        attempt = 0
+        while True:
+            try:
+                response = await self._http().request(method, path, json=body)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Never connected: nothing was sent, so even a step is safe to resend.
+                error: Exception = exc
+            except httpx.TransportError as exc:
+                if not idempotent:
+                    raise RemoteEnvironmentError(
+                        f"{where}: {type(exc).__name__}: {exc} (not retried: it may have been applied)"
+                    ) from exc
+                error = exc
+            else:
+                if response.status_code < 500 or not idempotent:
+                    return self._decode(response, where)
+                error = RemoteEnvironmentError(f"{where}: HTTP {response.status_code}: "
+                                               f"{response.text[:_ERROR_BODY_CHARS]}")
+            if attempt >= self.retries:
+                raise RemoteEnvironmentError(
+                    f"{where} failed after {attempt + 1} attempts: {type(error).__name__}: {error}"
+                ) from error
+            await asyncio.sleep(self.backoff_s * 2**attempt)
+            attempt += 1
+
+    def _decode(self, response: httpx.Response, where: str) -> dict[str, Any]:
+        if response.status_code != 200:
+            raise RemoteEnvironmentError(
+                f"{where}: HTTP {response.status_code}: {response.text[:_ERROR_BODY_CHARS]}"
+            )
+        try:
+            payload = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RemoteEnvironmentError(
+                f"{where}: response is not JSON ({exc}): {response.text[:_ERROR_BODY_CHARS]!r}"
+            ) from exc
+        if not isinstance(payload, dict):
+            raise RemoteEnvironmentError(f"{where}: response is {type(payload).__name__}, expected an object")
+        return payload
+
+    def _observation(self, payload: dict[str, Any], key: str, where: str) -> str:
+        observation = _require(payload, key, str, where=where)
+        if len(observation) > self.max_observation_chars:
+            raise RemoteEnvironmentError(
+                f"{where}: {key} of {len(observation)} chars exceeds max_observation_chars="
+                f"{self.max_observation_chars}"
+            )
+        return observation
+
+    # -- protocol ----------------------------------------------------------
+
+    async def health(self) -> bool:
+        payload = await self._request("GET", "/health", idempotent=True)
+        return payload.get("status") == "ok"
+
+    async def fetch_schema(self) -> None:
+        """Reads the environment's name and tools; ``reset`` calls it before the first observation."""
+        where = "GET /schema"
+        payload = await self._request("GET", "/schema", idempotent=True)
+        version = _require(payload, "protocol_version", int, where=where)
+        if version != PROTOCOL_VERSION:
+            raise RemoteEnvironmentError(f"{where}: protocol_version {version}, this client speaks {PROTOCOL_VERSION}")
+        self.name = _require(payload, "name", str, where=where)
+        tools = []
+        for index, declaration in enumerate(_require(payload, "tools", list, where=where)):
+            at = f"{where} tools[{index}]"
+            if not isinstance(declaration, dict):
+                raise RemoteEnvironmentError(f"{at}: is {type(declaration).__name__}, expected an object")
+            name = _require(declaration, "name", str, where=at)
+            tools.append(Tool(
+                name=name,
+                description=str(declaration.get("description", "")),
+                parameters=_require(declaration, "parameters", dict, where=at),
+                run=self._remote_tool(name),
+            ))
+        self.tools = tuple(tools)
+
+    def _remote_tool(self, name: str):
+        async def run(arguments: dict[str, Any]) -> str:
+            if self._episode_id is None:
+                raise RemoteEnvironmentError(f"tool {name!r} called before reset()")
+            body = {"episode_id": self._episode_id, "name": name, "arguments": arguments}
+            payload = await self._request("POST", "/tool", body, idempotent=False)
+            return self._observation(payload, "result", "POST /tool")
+        return run
+
+    def sample_task(self, rng: random.Random) -> dict[str, Any]:
+        return {"remote_seed": rng.randrange(2**31)}
+
+    async def reset(self, task: dict[str, Any]) -> str:
+        await self.fetch_schema()
+        if set(task) == {"remote_seed"}:
+            payload = await self._request("POST", "/task", {"seed": task["remote_seed"]}, idempotent=True)
+            task = _require(payload, "task", dict, where="POST /task")
+        # Any other task is the server's own, e.g. from an evaluation set, and is sent as it is.
+        # A fresh id per episode makes reset safe to retry: a server sees the same episode again.
+        self._episode_id = uuid.uuid4().hex
+        where = "POST /reset"
+        payload = await self._request("POST", "/reset", {"task": task, "episode_id": self._episode_id},
+                                      idempotent=True)
+        observation = self._observation(payload, "observation", where)
+        if not isinstance(payload.get("info", {}), dict):
+            raise RemoteEnvironmentError(f"{where}: 'info' is not an object")
+        return observation
+
+    async def step(self, action: str) -> StepResult:
+        if self._episode_id is None:
+            raise RemoteEnvironmentError("step() called before reset()")
+        where = "POST /step"
+        payload = await self._request("POST", "/step", {"episode_id": self._episode_id, "action": action},
+                                      idempotent=False)
+        observation = self._observation(payload, "observation", where)
+        reward = _require(payload, "reward", (int, float), where=where)
+        done = _require(payload, "done", bool, where=where)
+        info = payload.get("info", {})
+        if not isinstance(info, dict):
+            raise RemoteEnvironmentError(f"{where}: 'info' is {type(info).__name__}, expected an object")
+        return StepResult(observation=observation, reward=float(reward), done=done, info=info)

@@ -1,0 +1,139 @@
+"""The calculator task served over Tandem's HTTP environment protocol.
+
+    python -m workers.environments.http_example_server --port 8765 --latency-ms 200
+
+``--latency-ms`` delays every step and tool call, like an environment that
+runs code or drives a browser: the case where asynchronous rollouts pay off,
+since the policy keeps generating for other episodes while this one waits.
+
+For testing clients, a path prefix ``/faults/<mode>`` selects a misbehaviour
+on the same server, e.g. ``http://127.0.0.1:8765/faults/garbage-json``:
+
+- ``garbage-json``: /step answers with a body that is not JSON
+- ``missing-field``: /step answers without ``reward``
+- ``wrong-type``: /step answers ``"done": "yes"``
+- ``huge-observation``: /reset answers a 1 MB observation
+- ``hang``: /reset never answers
+- ``flaky``: the first two /reset requests of each episode answer 503
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+from typing import Any
+
+from workers.environments.calculator import CALCULATOR_TOOL, CalculatorEnvironment
+
+FAULTS = ("garbage-json", "missing-field", "wrong-type", "huge-observation", "hang", "flaky")
+
+
+class CalculatorServer:
+    """An ASGI app; episodes live in memory, keyed by the client's episode id."""
+
+    def __init__(self, *, latency_ms: float = 0.0, max_episodes: int = 10_000):
+        self.latency_s = latency_ms / 1000
+        self.max_episodes = max_episodes
+        self.episodes: dict[str, CalculatorEnvironment] = {}
+        self.reset_attempts: dict[str, int] = {}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                pass
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        fault, path = None, scope["path"]
+        if path.startswith("/faults/"):
+            parts = path.split("/", 3)  # "", "faults", mode, and the route without its slash
+            fault, path = parts[2], "/" + (parts[3] if len(parts) > 3 else "")
+        try:
+            request = json.loads(body) if body else {}
+            status, payload = await self.handle(scope["method"], path, request, fault)
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
+            status, payload = 400, {"error": f"{type(exc).__name__}: {exc}"}
+        raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": raw})
+
+    async def handle(self, method: str, path: str, request: dict[str, Any], fault: str | None):
+        if fault is not None and fault not in FAULTS:
+            return 404, {"error": f"unknown fault {fault!r}"}
+        route = (method, path)
+        if route == ("GET", "/health"):
+            return 200, {"status": "ok"}
+        if route == ("GET", "/schema"):
+            tool = CALCULATOR_TOOL
+            return 200, {"name": "calculator", "protocol_version": 1,
+                         "tools": [{"name": tool.name, "description": tool.description,
+                                    "parameters": tool.parameters}]}
+        if route == ("POST", "/task"):
+            return 200, {"task": CalculatorEnvironment().sample_task(random.Random(int(request["seed"])))}
+        if route == ("POST", "/reset"):
+            episode_id = str(request["episode_id"])
+            if fault == "hang":
+                await asyncio.sleep(3600)
+            if fault == "flaky":
+                self.reset_attempts[episode_id] = self.reset_attempts.get(episode_id, 0) + 1
+                if self.reset_attempts[episode_id] <= 2:
+                    return 503, {"error": "warming up"}
+            if len(self.episodes) >= self.max_episodes:
+                self.episodes.pop(next(iter(self.episodes)))  # oldest first: abandoned episodes do not leak
+            environment = CalculatorEnvironment()
+            observation = await environment.reset(request["task"])
+            self.episodes[episode_id] = environment
+            if fault == "huge-observation":
+                observation = "x" * 1_000_000
+            return 200, {"observation": observation, "info": {}}
+        if route == ("POST", "/step"):
+            environment = self.episodes.get(str(request["episode_id"]))
+            if environment is None:
+                return 404, {"error": "unknown episode_id"}
+            await asyncio.sleep(self.latency_s)
+            result = await environment.step(str(request["action"]))
+            if result.done:
+                self.episodes.pop(str(request["episode_id"]), None)
+            payload = {"observation": result.observation, "reward": result.reward, "done": result.done,
+                       "info": result.info}
+            if fault == "garbage-json":
+                return 200, b"<html>502 Bad Gateway</html>"
+            if fault == "missing-field":
+                del payload["reward"]
+            if fault == "wrong-type":
+                payload["done"] = "yes"
+            return 200, payload
+        if route == ("POST", "/tool"):
+            if str(request["episode_id"]) not in self.episodes:
+                return 404, {"error": "unknown episode_id"}
+            if request["name"] != CALCULATOR_TOOL.name:
+                return 404, {"error": f"unknown tool {request['name']!r}"}
+            await asyncio.sleep(self.latency_s)
+            return 200, {"result": await CALCULATOR_TOOL.run(dict(request["arguments"]))}
+        return 404, {"error": f"no route {method} {path}"}
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay of every step and tool call")
+    args = parser.parse_args()
+    uvicorn.run(CalculatorServer(latency_ms=args.latency_ms), host=args.host, port=args.port,
+                log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
