@@ -10,7 +10,7 @@ CHROMIUM := /usr/bin/chromium
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,parity]'
+	$(PY) -m pip install -q -e '.[test,parity,environments]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -13,9 +13,10 @@ environment, so it neither opens nor closes a breaker.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -107,8 +108,20 @@ class CircuitBreakers:
             }
 
 
+def breakers_from_environ(environ: Mapping[str, str]) -> CircuitBreakers:
+    """Breakers set by ``TANDEM_CIRCUIT_FAILURE_THRESHOLD`` and ``TANDEM_CIRCUIT_COOLDOWN_S``.
+
+    Worker settings rather than run config: a breaker protects a process from
+    an environment, whichever run happens to use it.
+    """
+    return CircuitBreakers(
+        failure_threshold=int(environ.get("TANDEM_CIRCUIT_FAILURE_THRESHOLD", DEFAULT_FAILURE_THRESHOLD)),
+        cooldown_s=float(environ.get("TANDEM_CIRCUIT_COOLDOWN_S", DEFAULT_COOLDOWN_S)),
+    )
+
+
 #: The breakers of this producer process; ``run_episode`` uses them unless given others.
-process_breakers = CircuitBreakers()
+process_breakers = breakers_from_environ(os.environ)
 
 
 def circuit_breaker_states() -> dict[str, dict]:

@@ -20,7 +20,7 @@ class _RecordingCelery:
 def _backlog(redis_client, run_id, *, max_staleness=None, groups_needed=10_000, **config):
     celery = _RecordingCelery()
     backlog = RolloutBacklog(celery_app=celery, redis_client=redis_client, run_id=run_id,
-                             config=RunConfig(**config), groups_needed=groups_needed,
+                             config=RunConfig(max_staleness=max_staleness, **config), groups_needed=groups_needed,
                              max_staleness=max_staleness)
     return backlog, celery
 

@@ -25,11 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+# The reference implementations come from the `parity` extra, which `make test` installs;
+# a missing one is an error, never a skip.
+import torch  # noqa: E402
+import transformers  # noqa: E402
 from flax import nnx
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from tandem.run_config import ModelConfig  # noqa: E402

@@ -65,7 +65,8 @@ class RemoteHTTPEnvironment(Environment):
     "retries": 2, "backoff_s": 0.1}``."""
 
     def __init__(self, *, url: str, timeout_s: float = 10.0, max_observation_chars: int = 8192,
-                 retries: int = 2, backoff_s: float = 0.1):
+                 retries: int = 2, backoff_s: float = 0.1, transport: httpx.AsyncBaseTransport | None = None):
+        """``transport`` replaces the network, for tests (``httpx.MockTransport``)."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url {url!r} must start with http:// or https://")
         if timeout_s <= 0 or max_observation_chars < 1 or retries < 0 or backoff_s < 0:
@@ -79,13 +80,15 @@ class RemoteHTTPEnvironment(Environment):
         self.name: str | None = None
         self._episode_id: str | None = None
         self._client: httpx.AsyncClient | None = None
+        self._transport = transport
 
     # -- transport ---------------------------------------------------------
 
     def _http(self) -> httpx.AsyncClient:
         # Created on first use: producers build an instance just to sample a task, never resetting it.
         if self._client is None:
-            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s)
+            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s,
+                                             transport=self._transport)
         return self._client
 
     async def close(self) -> None:

@@ -41,10 +41,13 @@ class CalculatorServer:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                pass
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
         if scope["type"] != "http":
             return
         body = b""
@@ -132,7 +135,8 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="delay of every step and tool call")
     args = parser.parse_args()
     uvicorn.run(CalculatorServer(latency_ms=args.latency_ms), host=args.host, port=args.port,
-                log_level="warning")
+                # Hung requests (the "hang" fault) must not hold a shutdown forever.
+                log_level="warning", timeout_graceful_shutdown=1)
 
 
 if __name__ == "__main__":

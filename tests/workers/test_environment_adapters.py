@@ -1,0 +1,432 @@
+"""Environment adapters: remote HTTP (against a real uvicorn server), Gymnasium-style, reasoning-gym."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from flax import nnx
+
+from tandem.contracts import (
+    EnvironmentSpec,
+    RunSpec,
+    TrajectoryRecord,
+    run_spec_key,
+    trajectory_stream,
+)
+from tandem.run_config import ModelConfig, RunConfig
+from trainer.model import Transformer, TransformerConfig, split_model
+from trainer.tokenizer import VOCAB_SIZE, ByteTokenizer
+from trainer.weights import RedisWeightPublisher
+from workers.environments.http import RemoteEnvironmentError, RemoteHTTPEnvironment
+from workers.policy import PolicyRuntime
+from workers.producer import produce_groups
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+CONFIG = RunConfig(
+    model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
+    group_size=3, max_new_tokens=8, max_turns=2, environment_timeout_s=0.5,
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "workers.environments.http_example_server", "--port", str(port)],
+        cwd=REPO_ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    try:
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).json() == {"status": "ok"}:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the example environment server did not start")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def producer(redis_url):
+    """One published random policy and its warm sampler, shared by the module's episodes."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    run_id = random.randint(10**8, 10**9)
+    model = Transformer(TransformerConfig.from_model_config(CONFIG.model, VOCAB_SIZE), rngs=nnx.Rngs(0))
+    RedisWeightPublisher(client).publish(run_id=run_id, version=3, params=split_model(model)[1])
+    runtime = PolicyRuntime(run_id=run_id, config=CONFIG, redis_client=client)
+    runtime.refresh_weights(force=True)
+
+    def produce(environment: EnvironmentSpec) -> list[TrajectoryRecord]:
+        spec = RunSpec(run_id=run_id, config=CONFIG.model_dump(mode="json"), environment=environment)
+        client.set(run_spec_key(run_id), spec.model_dump_json())
+        asyncio.run(produce_groups(redis_url=redis_url, spec=spec, runtime=runtime,
+                                   first_group_index=0, num_groups=1))
+        records = [TrajectoryRecord.from_stream_fields(f) for _, f in client.xrange(trajectory_stream(run_id))]
+        return [r for r in records if r.environment == environment.name]
+
+    yield produce
+    runtime.close()
+    client.close()
+
+
+def _remote(name: str, url: str, **params) -> EnvironmentSpec:
+    return EnvironmentSpec(name=name, kind="python", entrypoint="workers.environments.http:RemoteHTTPEnvironment",
+                           params={"url": url, "backoff_s": 0.01, **params})
+
+
+# -- remote HTTP ------------------------------------------------------------
+
+
+def test_remote_calculator_episode_uses_the_remote_tool_and_scores_the_answer(server_url):
+    async def episode():
+        environment = RemoteHTTPEnvironment(url=server_url)
+        task = environment.sample_task(random.Random(1))
+        assert task == RemoteHTTPEnvironment(url=server_url).sample_task(random.Random(1))  # a group shares it
+        prompt = await environment.reset(task)
+        assert [tool.name for tool in environment.tools] == ["calc"] and environment.name == "calculator"
+        expression = prompt.removesuffix("=?\n")
+        result = await environment.tools[0].run({"expression": expression})
+        answer = int(result.strip().removeprefix("="))
+        step = await environment.step(f"A:{answer}")
+        await environment.close()
+        return step
+
+    step = asyncio.run(episode())
+    assert (step.reward, step.done, step.info) == (1.0, True, {"outcome": "correct"})
+
+
+def test_remote_episodes_stream_through_the_producer_with_the_real_sampler(server_url, producer):
+    records = producer(_remote("remote-calculator", server_url))
+    assert len(records) == 3
+    for record in records:
+        assert record.status == "ok", record.failure_reason
+        assert record.policy_version == 3 and record.num_turns >= 1
+        assert sum(record.loss_mask) > 0 and record.loss_mask[0] == 0
+    prompt = ByteTokenizer().decode(records[0].token_ids)
+    assert "=?" in prompt  # the server's observation is the prompt
+
+
+@pytest.mark.parametrize(("fault", "reason"), [
+    ("garbage-json", "step raised RemoteEnvironmentError: POST /step: response is not JSON"),
+    ("missing-field", "step raised RemoteEnvironmentError: POST /step: response has no 'reward'"),
+    ("wrong-type", "step raised RemoteEnvironmentError: POST /step: 'done' is str, expected bool"),
+    ("huge-observation", "reset raised RemoteEnvironmentError: POST /reset: observation of 1000000 chars "
+                         "exceeds max_observation_chars=8192"),
+    ("hang", "reset timed out after 0.5s"),
+])
+def test_a_misbehaving_server_fails_episodes_with_the_reason(server_url, producer, fault, reason):
+    records = producer(_remote(f"remote-{fault}", f"{server_url}/faults/{fault}"))
+    assert len(records) == 3
+    for record in records:
+        assert record.status == "failed" and record.failure_reason.startswith(reason), record.failure_reason
+        assert sum(record.loss_mask) == 0 and record.reward == 0.0
+
+
+def test_transient_5xx_on_reset_is_retried_and_the_episode_succeeds(server_url, producer):
+    records = producer(_remote("remote-flaky", f"{server_url}/faults/flaky", retries=2))
+    assert [r.status for r in records] == ["ok"] * 3
+
+
+def test_transient_5xx_beyond_the_retry_budget_fails_the_episode(server_url):
+    environment = RemoteHTTPEnvironment(url=f"{server_url}/faults/flaky", retries=1, backoff_s=0.01)
+    with pytest.raises(RemoteEnvironmentError, match=r"POST /reset failed after 2 attempts: .*HTTP 503"):
+        asyncio.run(environment.reset({"expression": "2*3"}))
+
+
+def test_a_server_that_is_down_fails_the_episode_after_retries(producer):
+    records = producer(_remote("remote-down", f"http://127.0.0.1:{_free_port()}", retries=1))
+    assert all(r.status == "failed" and r.failure_reason.startswith(
+        "reset raised RemoteEnvironmentError: GET /schema failed after 2 attempts: ConnectError") for r in records)
+
+
+def _mock_environment(handler) -> RemoteHTTPEnvironment:
+    environment = RemoteHTTPEnvironment(url="http://environment.test", backoff_s=0.0, retries=2,
+                                        transport=httpx.MockTransport(handler))
+    environment._episode_id = "episode"
+    return environment
+
+
+def test_a_step_is_resent_only_when_the_connection_was_never_made():
+    attempts = []
+
+    def refused_once(request):
+        attempts.append(request.url.path)
+        if len(attempts) == 1:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json={"observation": "", "reward": 1, "done": True, "info": {}})
+
+    result = asyncio.run(_mock_environment(refused_once).step("A:1"))
+    assert result.reward == 1.0 and attempts == ["/step", "/step"]
+
+
+@pytest.mark.parametrize("failure", ["read-error", "503"])
+def test_a_step_that_may_have_been_applied_is_never_resent(failure):
+    attempts = []
+
+    def failing(request):
+        attempts.append(request.url.path)
+        if failure == "read-error":
+            raise httpx.ReadError("connection reset", request=request)
+        return httpx.Response(503, text="overloaded")
+
+    with pytest.raises(RemoteEnvironmentError):
+        asyncio.run(_mock_environment(failing).step("A:1"))
+    assert attempts == ["/step"]
+
+
+def test_a_reward_of_the_wrong_type_is_a_protocol_error_not_a_number():
+    def boolean_reward(request):
+        return httpx.Response(200, json={"observation": "", "reward": True, "done": True, "info": {}})
+
+    with pytest.raises(RemoteEnvironmentError, match="'reward' is bool, expected int or float"):
+        asyncio.run(_mock_environment(boolean_reward).step("A:1"))
+
+
+def test_a_schema_of_another_protocol_version_is_refused():
+    def future_schema(request):
+        return httpx.Response(200, json={"name": "x", "tools": [], "protocol_version": 2})
+
+    with pytest.raises(RemoteEnvironmentError, match="protocol_version 2"):
+        asyncio.run(_mock_environment(future_schema).reset({"expression": "1+1"}))
+
+
+# -- Gymnasium-style text environments ----------------------------------------
+
+
+class WordEcho:
+    """A Gymnasium-style text environment: repeat the word; three tries, then truncated."""
+
+    closed = 0
+
+    def __init__(self, words=("apple", "pear", "plum")):
+        self.words = words
+
+    def reset(self, seed=None, options=None):
+        self.word = random.Random(seed).choice(self.words)
+        self.tries = 0
+        return f"say {self.word}\n", {"seed": seed}
+
+    def step(self, action):
+        self.tries += 1
+        if action.strip() == self.word:
+            return "", 1.0, True, False, {}
+        return "no\n", 0.0, False, self.tries >= 3, {"tries": self.tries}
+
+    def close(self):
+        type(self).closed += 1
+
+
+def _gym(**params):
+    from workers.environments.gymnasium_text import GymnasiumTextEnvironment
+
+    return GymnasiumTextEnvironment(factory=f"{__name__}:WordEcho", **params)
+
+
+def test_gymnasium_text_environment_plays_through_its_api():
+    async def episode():
+        environment = _gym(factory_kwargs={"words": ["kiwi"]})
+        task = environment.sample_task(random.Random(0))
+        prompt = await environment.reset(task)
+        wrong = await environment.step("fig")
+        right = await environment.step("kiwi")
+        await environment.close()
+        return prompt, wrong, right
+
+    closed_before = WordEcho.closed
+    prompt, wrong, right = asyncio.run(episode())
+    assert prompt == "say kiwi\n"
+    assert (wrong.observation, wrong.reward, wrong.done) == ("no\n", 0.0, False)
+    assert (right.reward, right.done, right.info["terminated"]) == (1.0, True, True)
+    assert WordEcho.closed == closed_before + 1
+
+
+def test_gymnasium_truncation_ends_the_episode_and_a_group_shares_the_seed():
+    async def first_prompt_and_last_step(seed):
+        environment = _gym()
+        prompt = await environment.reset({"seed": seed})
+        steps = [await environment.step("wrong") for _ in range(3)]
+        return prompt, steps[-1]
+
+    (prompt_a, last), (prompt_b, _) = asyncio.run(first_prompt_and_last_step(7)), asyncio.run(
+        first_prompt_and_last_step(7))
+    assert prompt_a == prompt_b and last.done and last.info == {"tries": 3, "terminated": False, "truncated": True}
+
+
+def test_gymnasium_episodes_stream_through_the_producer(producer):
+    spec = EnvironmentSpec(name="word-echo", kind="python",
+                           entrypoint="workers.environments.gymnasium_text:GymnasiumTextEnvironment",
+                           params={"factory": f"{__name__}:WordEcho"})
+    records = producer(spec)
+    assert len(records) == 3 and all(r.status == "ok" for r in records)
+    assert all(ByteTokenizer().decode(r.token_ids).count("say ") == 1 for r in records)
+
+
+def test_gymnasium_factory_must_name_a_callable():
+    from workers.environments.gymnasium_text import GymnasiumTextEnvironment
+
+    with pytest.raises(ValueError, match="module:callable"):
+        GymnasiumTextEnvironment(factory="WordEcho")
+
+
+# -- reasoning-gym ------------------------------------------------------------
+
+
+def _reasoning(**params):
+    from workers.environments.reasoning_gym import ReasoningGymEnvironment
+
+    return ReasoningGymEnvironment(dataset="leg_counting", size=20, seed=1, **params)
+
+
+def test_reasoning_gym_scores_answers_with_the_dataset():
+    environment = _reasoning()
+
+    async def answer(index, text):
+        await environment.reset({"index": index})
+        return await environment.step(text)
+
+    entry = environment.dataset[3]
+    right = asyncio.run(answer(3, f"A:{entry['answer']}"))
+    tagged = asyncio.run(answer(3, f"thinking... <answer>{entry['answer']}</answer>"))
+    wrong = asyncio.run(answer(3, "A:-1"))
+    assert (right.reward, right.done) == (1.0, True) and tagged.reward == 1.0
+    assert (wrong.reward, wrong.done) == (0.0, True)
+
+
+def test_reasoning_gym_multi_turn_gives_feedback_and_discounts_retries():
+    environment = _reasoning(max_attempts=3, attempt_discount=0.5)
+    entry = environment.dataset[0]
+
+    async def episode():
+        prompt = await environment.reset({"index": 0})
+        return prompt, [await environment.step(a) for a in ("A:-1", f"A:{entry['answer']}")]
+
+    prompt, (wrong, right) = asyncio.run(episode())
+    assert entry["question"] in prompt
+    assert (wrong.observation, wrong.done) == ("Incorrect. 2 attempts left.\n", False)
+    assert (right.reward, right.done, right.info["attempts"]) == (0.5, True, 2)
+
+
+def test_reasoning_gym_demonstrations_are_correct_answers():
+    environment = _reasoning()
+    for demo in environment.demonstrations(5, random.Random(0)):
+        entry = next(e for e in environment.dataset if e["question"] in demo.prompt)
+        assert environment.dataset.score_answer(demo.turns[0].text.removeprefix("A:"), entry) == 1.0
+
+
+# -- OpenEnv ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def openenv_url():
+    """A real OpenEnv server (its FastAPI app under uvicorn, in a thread) hosting a tiny echo game."""
+    import threading
+
+    import uvicorn
+    from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.interfaces import Environment as OpenEnvBase
+    from openenv.core.env_server.types import Action, Observation, State
+
+    class EchoAction(Action):
+        message: str
+
+    class EchoObservation(Observation):
+        prompt: str = ""
+
+    class EchoGame(OpenEnvBase):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            self.word = random.Random(seed).choice(["red", "green", "blue"])
+            return EchoObservation(prompt=f"say {self.word}\n")
+
+        def step(self, action, timeout_s=None, **kwargs):
+            right = action.message.strip() == self.word
+            return EchoObservation(prompt="" if right else "again\n", reward=1.0 if right else 0.0, done=right,
+                                   metadata={"word": self.word})
+
+        @property
+        def state(self):
+            return State()
+
+    app = create_fastapi_app(EchoGame, EchoAction, EchoObservation, max_concurrent_envs=8)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            pytest.fail("the OpenEnv server did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_openenv_episode_maps_text_to_actions_and_observations(openenv_url):
+    from workers.environments.openenv import OpenEnvEnvironment
+
+    async def episode():
+        environment = OpenEnvEnvironment(url=openenv_url, action_field="message", observation_field="prompt")
+        prompt = await environment.reset({"seed": 3})
+        word = prompt.split()[1]
+        wrong = await environment.step("purple")
+        right = await environment.step(word)
+        await environment.close()
+        return prompt, wrong, right, word
+
+    prompt, wrong, right, word = asyncio.run(episode())
+    assert prompt == f"say {word}\n"
+    assert (wrong.observation, wrong.reward, wrong.done) == ("again\n", 0.0, False)
+    assert (right.reward, right.done) == (1.0, True)
+
+
+def test_openenv_observation_without_the_field_fails_with_the_reason(openenv_url):
+    from workers.environments.openenv import OpenEnvEnvironment, OpenEnvError
+
+    async def episode():
+        environment = OpenEnvEnvironment(url=openenv_url, observation_field="text")
+        try:
+            await environment.reset({"seed": 1})
+        finally:
+            await environment.close()
+
+    with pytest.raises(OpenEnvError, match="reset: observation has no 'text'"):
+        asyncio.run(episode())
+
+
+def test_openenv_episodes_stream_through_the_producer(openenv_url, producer):
+    spec = EnvironmentSpec(name="openenv-echo", kind="python",
+                           entrypoint="workers.environments.openenv:OpenEnvEnvironment",
+                           params={"url": openenv_url})
+    records = producer(spec)
+    assert len(records) == 3 and all(r.status == "ok" for r in records), [r.failure_reason for r in records]
+    assert '"prompt": "say ' in ByteTokenizer().decode(records[0].token_ids)
