@@ -140,6 +140,13 @@ class RunConfig(BaseModel):
     groups_per_task: int = Field(
         2, ge=1, le=256, description="Groups one Celery rollout task runs concurrently."
     )
+    pipeline: Literal["async", "sync"] = Field(
+        "async",
+        description=(
+            "async: producers generate ahead while the trainer trains (bounded by max_staleness). "
+            "sync: the classic generate-then-train loop on the same code, the baseline for speed claims."
+        ),
+    )
     rollout_backlog_steps: int = Field(
         2,
         ge=1,

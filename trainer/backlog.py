@@ -58,15 +58,18 @@ class RolloutBacklog:
     def groups_requested(self) -> int:
         return int(self._redis.get(run_group_counter_key(self._run_id)) or 0)
 
-    def top_up(self, *, groups_consumed: int) -> int:
+    def top_up(self, *, groups_consumed: int, steps_ahead: int | None = None) -> int:
         """Request groups until (backlog + 1) steps' worth are outstanding; returns tasks sent.
 
         ``groups_consumed``: groups taken off the stream so far, trained on or
-        dropped. Under ``max_staleness`` a task is sent only if all of its
+        dropped. ``steps_ahead``: steps requested beyond the current one
+        (default ``rollout_backlog_steps``; 0 is the synchronous pipeline). Under ``max_staleness`` a task is sent only if all of its
         groups fit within the bound, so the bound holds exactly.
         """
         config = self._config
-        target = groups_consumed + (config.rollout_backlog_steps + 1) * config.groups_per_step
+        if steps_ahead is None:
+            steps_ahead = config.rollout_backlog_steps
+        target = groups_consumed + (steps_ahead + 1) * config.groups_per_step
         target = min(target, self._groups_cap)
         bound = self.outstanding_groups_bound
         sent = 0

@@ -19,7 +19,9 @@ def test_run_page_charts_grow_live_without_reloading(stack, credentials, tmp_pat
     api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
     run = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "browser", "environment": "calculator",
-        "config": {"sft_steps": 80, "rl_steps": 3, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1},
+        # The synchronous pipeline, so this run also proves it: every episode comes from the newest policy.
+        "config": {"sft_steps": 80, "rl_steps": 3, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1,
+                   "pipeline": "sync"},
     })
     assert run.status_code == 201, run.text
     run_id = run.json()["id"]
@@ -55,3 +57,5 @@ def test_run_page_charts_grow_live_without_reloading(stack, credentials, tmp_pat
     increases = sum(1 for before, after in zip(counts, counts[1:], strict=False) if after > before)
     assert increases >= 3, counts
     assert final_step == 80 + 3
+    points = api.get(f"/api/runs/{run_id}/metrics/", params={"after_step": 80, "names": "staleness_max"}).json()
+    assert [p["value"] for p in points["points"]] == [0.0, 0.0, 0.0]
