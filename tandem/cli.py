@@ -50,8 +50,10 @@ def cmd_worker(args) -> int:
     os.environ["REDIS_URL"] = _redis_url(args)
     from workers.app import app
 
-    argv = ["worker", "--pool", "solo", "--queues", "rollouts", "--loglevel", args.loglevel,
-            "--without-gossip", "--without-mingle"]
+    # Threads, not prefork: nothing forks after JAX starts, and the task threads
+    # of one process share its inference engine, which batches their episodes together.
+    argv = ["worker", "--pool", "threads", "--concurrency", str(args.concurrency), "--queues", "rollouts",
+            "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]
     if args.name:
         argv += ["--hostname", args.name]
     app.worker_main(argv)
@@ -170,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run a Celery rollout worker process")
     worker.add_argument("--name", help="Celery node name, e.g. rollouts-1@%%h")
     worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument("--concurrency", type=int, default=4,
+                        help="rollout tasks this process runs at once (each runs many episodes)")
     worker.set_defaults(func=cmd_worker)
     return parser
 

@@ -1,10 +1,11 @@
 """The Celery app of rollout producers.
 
-Workers run with the ``solo`` pool: each worker process runs one task at a
-time in its own main thread, and a task runs many episodes concurrently with
-asyncio. Nothing forks after JAX initialises (prefork would fork a parent
-that may have touched JAX, which deadlocks XLA's thread pools), and scaling
-out is one more worker process per core or host.
+Workers run Celery's ``threads`` pool (``tandem worker --concurrency N``):
+each task runs many episodes concurrently with asyncio, and the task
+threads of one process share that process's inference engine, which batches
+all of their episodes together. Nothing forks after JAX initialises
+(prefork would fork a parent that may have touched JAX, which deadlocks
+XLA's thread pools), and scaling out is more worker processes or hosts.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 # Runtimes stay warm across tasks: rebuilding the sampler would recompile it.
 _runtimes: dict[int, PolicyRuntime] = {}
+# Task threads (Celery's threads pool) share the runtimes; creating one is guarded.
+_runtimes_lock = threading.Lock()
 
 
 class RunNotReadyError(RuntimeError):
@@ -42,16 +45,20 @@ def load_run_spec(client: redis.Redis, run_id: int) -> RunSpec | None:
     return None if raw is None else RunSpec.model_validate_json(raw)
 
 
-def runtime_for(client: redis.Redis, spec: RunSpec) -> PolicyRuntime:
-    runtime = _runtimes.get(spec.run_id)
-    if runtime is None:
-        runtime = PolicyRuntime(run_id=spec.run_id, config=RunConfig.model_validate(spec.config),
-                                redis_client=client)
-        for stale in _runtimes.values():  # one run at a time per worker process keeps memory bounded
-            stale.close()
-        _runtimes.clear()
-        _runtimes[spec.run_id] = runtime
-    return runtime
+def runtime_for(redis_url: str, spec: RunSpec) -> PolicyRuntime:
+    """The warm runtime of ``spec``'s run, shared by every task thread of this worker process."""
+    with _runtimes_lock:
+        runtime = _runtimes.get(spec.run_id)
+        if runtime is None:
+            runtime = PolicyRuntime(run_id=spec.run_id, config=RunConfig.model_validate(spec.config),
+                                    redis_client=redis.Redis.from_url(redis_url))
+            _runtimes[spec.run_id] = runtime
+            # Keep the two most recent runs warm; a worker rarely serves more at once,
+            # and each runtime holds a KV cache.
+            while len(_runtimes) > 2:
+                oldest = next(iter(_runtimes))
+                _runtimes.pop(oldest).close()
+        return runtime
 
 
 def group_task_seed(run_seed: int, group_index: int) -> int:
@@ -123,7 +130,7 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
         spec = load_run_spec(client, run_id)
         if spec is None:
             raise RunNotReadyError(f"run {run_id} has no spec in Redis")
-        runtime = runtime_for(client, spec)
+        runtime = runtime_for(redis_url, spec)
         try:
             runtime.refresh_weights(force=True)
         except PolicyNotPublishedError as exc:
