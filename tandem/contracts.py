@@ -217,6 +217,9 @@ class TrainerStepEvent(_Record):
     staleness_mean: float | None = None
     staleness_max: float | None = None
     failed_episodes: int = 0
+    episodes_lost: int = Field(
+        0, description="Episodes of groups given up on in this step: requested, never delivered (dead producer)."
+    )
     staleness_histogram: dict[str, int] = Field(
         default_factory=dict,
         description="Trained trajectories by staleness in policy versions (trainer version - oldest version used).",
@@ -262,6 +265,7 @@ class TrainerStepEvent(_Record):
             "trainer_idle_fraction": self.trainer_idle_fraction,
             "policy_version": float(self.policy_version),
             "failed_episodes": float(self.failed_episodes),
+            "episodes_lost": float(self.episodes_lost),
         }
         for name in ("reward_mean", "success_rate", "samples_per_s", "staleness_mean", "staleness_max"):
             value = getattr(self, name)

@@ -163,6 +163,13 @@ class RunConfig(BaseModel):
             "None: no bound."
         ),
     )
+    rollout_timeout_s: float = Field(
+        900.0, gt=0, le=86_400,
+        description=(
+            "A requested episode group not consumed this long after its request is counted lost "
+            "(a dead producer) and requested again; at least the rollout task's time limit."
+        ),
+    )
     reclaim_idle_ms: int = Field(
         60_000, ge=1_000, le=3_600_000,
         description="A trajectory entry another trainer left pending this long is taken over by the live trainer.",

@@ -8,6 +8,9 @@ so producers never start work the trainer would have to drop as too stale.
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
+
 import redis
 from celery import Celery
 
@@ -31,6 +34,9 @@ class RolloutBacklog:
         # Headroom for groups lost to failures or dead producers.
         self._groups_cap = groups_needed + config.groups_per_step * config.rollout_backlog_steps
         self.tasks_sent = 0
+        # Group index -> when it was requested, until it is settled (consumed) or expires as lost.
+        self._unsettled: OrderedDict[int, float] = OrderedDict()
+        self.groups_lost = 0
         if max_staleness is None:
             max_staleness = getattr(config, "max_staleness", None)
         self.max_staleness = max_staleness
@@ -85,5 +91,33 @@ class RolloutBacklog:
             )
             requested = end
             sent += 1
+            now = time.monotonic()
+            for group_index in range(first, end):
+                self._unsettled[group_index] = now
         self.tasks_sent += sent
         return sent
+
+    def settle(self, group_ids) -> None:
+        """Groups that were consumed (trained on or dropped) are no longer at risk of being lost."""
+        for group_id in group_ids:
+            self._unsettled.pop(group_index_of(group_id), None)
+
+    def expire(self, *, timeout_s: float, now: float | None = None) -> list[str]:
+        """Group ids requested over ``timeout_s`` ago and never consumed: lost with a dead producer.
+
+        The caller counts them as consumed (so admission control frees their
+        room) and refuses their late episodes; the backlog asks for as many
+        replacement groups.
+        """
+        now = time.monotonic() if now is None else now
+        lost = [index for index, requested_at in self._unsettled.items() if now - requested_at > timeout_s]
+        for index in lost:
+            del self._unsettled[index]
+        self.groups_lost += len(lost)
+        self.extend(groups=len(lost))
+        return [f"{self._run_id}-{index}" for index in lost]
+
+
+def group_index_of(group_id: str) -> int:
+    """The counter index a producer's group id (``<run_id>-<index>``) was made from."""
+    return int(group_id.rsplit("-", 1)[1])

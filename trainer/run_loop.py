@@ -307,7 +307,23 @@ class RunTrainer:
                 reader.ack_consumed(groups)
                 recorder.dropped(groups)
                 backlog.extend(groups=len(groups))
+                backlog.settle(group[0].record.group_id for group in groups)
                 groups_consumed += len(groups)
+
+        episodes_lost = 0
+
+        def give_up_on_lost_groups() -> None:
+            """Groups a dead producer took with it: count them, refuse stragglers, ask again."""
+            nonlocal groups_consumed, episodes_lost
+            lost = backlog.expire(timeout_s=config.rollout_timeout_s)
+            if lost:
+                logger.warning("run %s: %d episode groups lost (requested, never delivered)",
+                               self.run_id, len(lost))
+                held = assembler.refuse_groups(lost)
+                if held:
+                    reader.ack_consumed(held)
+                groups_consumed += len(lost)
+                episodes_lost += len(lost) * config.group_size
 
         while rl_steps_done < config.rl_steps:
             step_started = time.perf_counter()
@@ -320,6 +336,7 @@ class RunTrainer:
                         assembler.add(entry)
                     reader.ack(assembler.take_duplicates())
                     drop(assembler.take_partial(is_stale))
+                    give_up_on_lost_groups()
                     backlog.top_up(groups_consumed=groups_consumed, steps_ahead=steps_ahead)
                     self._heartbeat()
                 fresh, stale = split_stale_groups(
@@ -327,6 +344,7 @@ class RunTrainer:
                     policy_version=self.policy_version, max_staleness=config.max_staleness,
                 )
                 drop(stale)
+                backlog.settle(group[0].record.group_id for group in fresh)
                 groups += fresh
                 groups_consumed += len(fresh)
             wait_s = time.perf_counter() - wait_started
@@ -376,6 +394,7 @@ class RunTrainer:
                 success_rate=float(np.mean([r.status == "ok" and r.reward > 0 for r in records])),
                 staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
                 failed_episodes=int(stats.get("episodes_failed", 0)),
+                episodes_lost=episodes_lost,
                 **staleness_fields,
                 algorithm_metrics={
                     **{name: value for name, value in metrics.items() if np.isfinite(value)},
@@ -383,6 +402,7 @@ class RunTrainer:
                 },
                 emitted_at=time.time(),
             ))
+            episodes_lost = 0
             self._heartbeat()
 
         # The run is over: episodes read but not trained never will be. Consuming

@@ -341,6 +341,20 @@ class GroupAssembler:
         self._remember(self._seen_trajectories, record.trajectory_id)
         self._partial.setdefault(record.group_id, []).append(entry)
 
+    def refuse_groups(self, group_ids: Iterable[str]) -> list[list[StreamEntry]]:
+        """Stop waiting for ``group_ids`` (e.g. lost with a dead producer).
+
+        Returns the entries already held for them, to be acknowledged as
+        consumed; any episode of theirs that still arrives is a duplicate.
+        """
+        refused = []
+        for group_id in group_ids:
+            held = self._partial.pop(group_id, None)
+            if held:
+                refused.append(held)
+            self._remember(self._trained, group_id)
+        return refused
+
     def complete_groups(self) -> int:
         return sum(1 for entries in self._partial.values() if len(entries) >= entries[0].record.group_size)
 

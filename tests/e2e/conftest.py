@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
@@ -22,19 +23,26 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def e2e_database_url():
-    """A fresh PostgreSQL database for the stack's own processes, dropped afterwards."""
+@contextlib.contextmanager
+def fresh_database():
+    """A new, empty PostgreSQL database for a stack's own processes, dropped afterwards."""
     name = f"tandem_e2e_{uuid.uuid4().hex[:10]}"
     try:
         admin = psycopg.connect(ADMIN_DATABASE_URL, autocommit=True)
     except psycopg.OperationalError as exc:
         pytest.fail(f"end-to-end tests need PostgreSQL at {ADMIN_DATABASE_URL}: {exc}")
     admin.execute(f'CREATE DATABASE "{name}"')
-    base = ADMIN_DATABASE_URL.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
-    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.close()
+    try:
+        yield f"{ADMIN_DATABASE_URL.rsplit('/', 1)[0]}/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture(scope="session")
+def e2e_database_url():
+    with fresh_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

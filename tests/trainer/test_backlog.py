@@ -71,3 +71,38 @@ def test_the_staleness_bound_is_read_from_the_config_when_it_has_one(redis_clien
 def test_a_task_larger_than_the_staleness_bound_is_refused(redis_client, run_id):
     with pytest.raises(ValueError, match="groups_per_task"):
         _backlog(redis_client, run_id, max_staleness=0, groups_per_step=2, groups_per_task=4)
+
+
+def test_groups_never_delivered_expire_as_lost_and_are_requested_again(redis_client, run_id):
+    backlog, celery = _backlog(redis_client, run_id, max_staleness=1, groups_per_step=2, groups_per_task=1,
+                               rollout_backlog_steps=1, groups_needed=4)
+    backlog.top_up(groups_consumed=0)
+    assert backlog.groups_requested == 4
+    backlog.settle([f"{run_id}-0", f"{run_id}-1"])  # delivered and trained
+    assert backlog.expire(timeout_s=3600) == []
+    lost = backlog.expire(timeout_s=0, now=float("inf"))
+    assert lost == [f"{run_id}-2", f"{run_id}-3"] and backlog.groups_lost == 2
+    # Counted as consumed, the lost groups free their room and are replaced.
+    backlog.top_up(groups_consumed=4)
+    assert backlog.groups_requested == 8  # 4 consumed (2 trained, 2 lost) + (1 + 1) steps of 2
+
+
+def test_episodes_of_a_refused_group_are_handed_back_and_stragglers_are_duplicates(redis_client, run_id):
+    import time
+
+    from tandem.contracts import EpisodeTimings, TrajectoryRecord
+    from trainer.stream import GroupAssembler, StreamEntry
+
+    def entry(entry_id, group):
+        now = time.time()
+        return StreamEntry(entry_id, TrajectoryRecord(
+            run_id=run_id, group_id=group, group_size=2, environment="e", policy_version=0,
+            token_ids=[1], behaviour_logprobs=[0.0], loss_mask=[0], reward=0.0,
+            timings=EpisodeTimings(started_at=now, finished_at=now, generation_s=0, environment_s=0)))
+
+    assembler = GroupAssembler()
+    assembler.add(entry("1-0", "lost"))
+    (held,) = assembler.refuse_groups(["lost"])
+    assert [e.entry_id for e in held] == ["1-0"]
+    assembler.add(entry("2-0", "lost"))
+    assert assembler.complete_groups() == 0 and assembler.take_duplicates() == ["2-0"]

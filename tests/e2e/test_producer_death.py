@@ -1,0 +1,104 @@
+"""A rollout worker SIGKILLed mid-episode: its episodes are counted lost and the run goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import redis
+
+from tandem.stack import LocalStack, StackConfig
+from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def slow_environment_url():
+    """The example HTTP environment with 2 s per step, so episodes are in flight when a worker dies."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "workers.environments.http_example_server", "--port", str(port),
+         "--latency-ms", "2000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    else:
+        process.kill()
+        pytest.fail("the example environment server did not start")
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def own_stack(tmp_path):
+    """A stack of its own (database, Redis db 12): killing its worker disturbs no other test."""
+    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + "/12"
+    redis.Redis.from_url(redis_url).flushdb()
+    with fresh_database() as database_url:
+        stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=_free_port(),
+                                       workers=2, var_dir=tmp_path))
+        yield stack
+        stack.stop()
+
+
+def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_environment_url):
+    stack = own_stack
+    credentials = stack.prepare()
+    stack.start(credentials)
+    api = httpx.Client(base_url=stack.config.platform_url,
+                       headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+    api.post("/api/environments/", json={
+        "project": credentials.project_id, "name": "slow-remote", "kind": "python",
+        "entrypoint": "workers.environments.http:RemoteHTTPEnvironment",
+        "params": {"url": slow_environment_url, "timeout_s": 30},
+    }).raise_for_status()
+    run = api.post("/api/runs/", json={
+        "project": credentials.project_id, "name": "producer death", "environment": "slow-remote",
+        "config": {"sft_steps": 0, "rl_steps": 10, "groups_per_step": 2, "group_size": 2,
+                   "groups_per_task": 1, "max_turns": 1, "rollout_timeout_s": 8},
+    })
+    assert run.status_code == 201, run.text
+    run_id = run.json()["id"]
+
+    # Kill the first worker as soon as it holds a rollout task.
+    victim = stack.processes["worker-0"]
+    log = stack.log_dir / "worker-0.log"
+    deadline = time.monotonic() + 120
+    while "Task tandem.rollouts.produce" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "worker-0 never received a rollout task"
+        time.sleep(0.2)
+    time.sleep(1.0)  # its episodes are now waiting on the 2 s environment step
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=10)
+    assert "succeeded" not in log.read_text(errors="replace")
+
+    deadline = time.monotonic() + 240
+    while (status := api.get(f"/api/runs/{run_id}/").json()["status"]) not in {"finished", "failed"}:
+        assert time.monotonic() < deadline, "the run did not finish after its producer died"
+        assert stack.processes["trainer"].poll() is None, "the trainer died"
+        time.sleep(1)
+    assert status == "finished"
+
+    points = api.get(f"/api/runs/{run_id}/metrics/", params={"after_step": -1, "names": "episodes_lost"})
+    lost = sum(point["value"] for point in points.json()["points"])
+    # worker-0 held at least one task (a group of 2 episodes); no more than it could hold was lost.
+    assert 2 <= lost <= 2 * 4, lost
