@@ -217,6 +217,13 @@ class TrainerStepEvent(_Record):
     staleness_mean: float | None = None
     staleness_max: float | None = None
     failed_episodes: int = 0
+    samples_produced_per_s: float | None = Field(
+        None, description="Trajectories producers appended to the stream per second during the step."
+    )
+    rollout_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per environment: rollout latency p50/p90/p99 (total, generation, environment) and error rate.",
+    )
     episodes_lost: int = Field(
         0, description="Episodes of groups given up on in this step: requested, never delivered (dead producer)."
     )
@@ -267,7 +274,9 @@ class TrainerStepEvent(_Record):
             "failed_episodes": float(self.failed_episodes),
             "episodes_lost": float(self.episodes_lost),
         }
-        for name in ("reward_mean", "success_rate", "samples_per_s", "staleness_mean", "staleness_max"):
+        values.update(self.rollout_metrics)
+        for name in ("reward_mean", "success_rate", "samples_per_s", "samples_produced_per_s",
+                     "staleness_mean", "staleness_max"):
             value = getattr(self, name)
             if value is not None:
                 values[name] = value

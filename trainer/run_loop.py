@@ -38,6 +38,7 @@ from trainer.hf import create_model
 from trainer.lora import apply_lora
 from trainer.losses import sft_loss
 from trainer.platform_client import ClaimedRun, PlatformClient
+from trainer.rollout_stats import rollout_metrics
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings
 from trainer.staleness import StalenessRecorder, is_stale_group, split_stale_groups
 from trainer.stream import GroupAssembler, TrajectoryStreamReader
@@ -278,6 +279,10 @@ class RunTrainer:
             ),
         )
 
+    def _entries_appended(self, stream: str) -> int:
+        """Entries producers ever appended to ``stream`` (trimming does not lower it)."""
+        return int(self.redis.xinfo_stream(stream)["entries-added"])
+
     def _rl_phase(self) -> None:
         config = self.config
         if self.config.sft_steps == 0:
@@ -311,6 +316,7 @@ class RunTrainer:
                 groups_consumed += len(groups)
 
         episodes_lost = 0
+        appended_before = self._entries_appended(reader.stream)
 
         def give_up_on_lost_groups() -> None:
             """Groups a dead producer took with it: count them, refuse stragglers, ask again."""
@@ -385,11 +391,14 @@ class RunTrainer:
             wall_s = time.perf_counter() - step_started
             stats = prepared.stats
             staleness_fields = recorder.step_fields()
+            appended = self._entries_appended(reader.stream)
             self.telemetry.emit(TrainerStepEvent(
                 run_id=self.run_id, step=self.step, phase="rl", policy_version=self.policy_version,
                 wall_s=wall_s, wait_s=wait_s, compute_s=compute_s, publish_s=publish_s,
                 other_s=max(wall_s - wait_s - compute_s - publish_s, 0.0), loss=metrics["loss"],
                 samples_per_s=len(records) / wall_s if wall_s > 0 else None,
+                samples_produced_per_s=(appended - appended_before) / wall_s if wall_s > 0 else None,
+                rollout_metrics=rollout_metrics(records),
                 reward_mean=float(stats["reward_mean"]),
                 success_rate=float(np.mean([r.status == "ok" and r.reward > 0 for r in records])),
                 staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
@@ -403,6 +412,7 @@ class RunTrainer:
                 emitted_at=time.time(),
             ))
             episodes_lost = 0
+            appended_before = appended
             self._heartbeat()
 
         # The run is over: episodes read but not trained never will be. Consuming

@@ -132,6 +132,9 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     assert {"loss", "reward_mean", "trainer_idle_fraction", "staleness_mean", "samples_per_s"} <= names
     # The loss's own statistics are logged too (clipping, entropy, gradient norm).
     assert {"algorithm/clip_fraction", "algorithm/entropy", "algorithm/grad_norm"} <= names
+    # Rollout latency percentiles and error rates per environment, and produced against consumed.
+    assert {"rollout/calculator/latency_p90_s", "rollout/calculator/environment_p99_s",
+            "rollout/calculator/error_rate", "samples_produced_per_s", "samples_per_s"} <= names
     # Staleness arrives as a histogram (total, in queue, in flight) and a drop rate.
     assert any(name.startswith("staleness/total/") for name in names)
     assert {"staleness/stale_drop_rate", "staleness/queue_wait_s_mean"} <= names

@@ -1,0 +1,28 @@
+import pytest
+
+from tandem.contracts import EpisodeTimings, TrajectoryRecord
+from trainer.rollout_stats import rollout_metrics
+
+
+def _record(environment, *, total, generation, status="ok"):
+    return TrajectoryRecord(
+        run_id=1, group_id="1-0", group_size=1, environment=environment, policy_version=0,
+        token_ids=[1], behaviour_logprobs=[0.0], loss_mask=[0], reward=0.0, status=status,
+        timings=EpisodeTimings(started_at=100.0, finished_at=100.0 + total, generation_s=generation,
+                               environment_s=total - generation),
+    )
+
+
+def test_latency_percentiles_and_error_rates_are_per_environment():
+    records = [_record("calc", total=t, generation=t / 4) for t in (1.0, 2.0, 3.0, 4.0)]
+    records += [_record("remote", total=10.0, generation=1.0, status="failed"),
+                _record("remote", total=10.0, generation=1.0)]
+    metrics = rollout_metrics(records)
+    # numpy's linear interpolation: p50 of 1..4 is 2.5, p90 is 3.7 (tolerance 1e-9).
+    assert metrics["rollout/calc/latency_p50_s"] == pytest.approx(2.5)
+    assert metrics["rollout/calc/latency_p90_s"] == pytest.approx(3.7)
+    assert metrics["rollout/calc/generation_p50_s"] == pytest.approx(0.625)
+    assert metrics["rollout/calc/environment_p50_s"] == pytest.approx(1.875)
+    assert metrics["rollout/calc/error_rate"] == 0.0
+    assert metrics["rollout/remote/error_rate"] == 0.5
+    assert metrics["rollout/remote/latency_p99_s"] == pytest.approx(10.0)

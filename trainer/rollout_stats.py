@@ -1,0 +1,37 @@
+"""Per-environment rollout statistics, computed from the trajectories the trainer consumes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import numpy as np
+
+from tandem.contracts import TrajectoryRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
+    """Latency percentiles (total, generation, environment) and error rate per environment.
+
+    Series are named ``rollout/<environment>/<what>``; latencies are seconds.
+    """
+    by_environment: dict[str, list[TrajectoryRecord]] = defaultdict(list)
+    for record in records:
+        by_environment[record.environment].append(record)
+    metrics: dict[str, float] = {}
+    for environment_name, episodes in by_environment.items():
+        # Metric names are at most 64 characters on the platform; the suffixes take up to 24.
+        environment = environment_name[:32]
+        series = {
+            "latency": [r.timings.finished_at - r.timings.started_at for r in episodes],
+            "generation": [r.timings.generation_s for r in episodes],
+            "environment": [r.timings.environment_s for r in episodes],
+        }
+        for name, values in series.items():
+            for percentile, value in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
+                metrics[f"rollout/{environment}/{name}_p{percentile}_s"] = float(value)
+        failed = sum(r.status == "failed" for r in episodes)
+        metrics[f"rollout/{environment}/error_rate"] = failed / len(episodes)
+    return metrics
