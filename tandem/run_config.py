@@ -140,6 +140,17 @@ class RunConfig(BaseModel):
     groups_per_task: int = Field(
         2, ge=1, le=256, description="Groups one Celery rollout task runs concurrently."
     )
+    weight_transport: Literal["redis", "filesystem"] = Field(
+        "redis",
+        description=(
+            "How new policy versions reach producers: through Redis (small models), or as Orbax "
+            "checkpoints under weight_dir, a path every producer mounts (large models)."
+        ),
+    )
+    weight_dir: str | None = Field(
+        None,
+        description="Shared directory of the filesystem weight transport; default <trainer checkpoint dir>/weights.",
+    )
     pipeline: Literal["async", "sync"] = Field(
         "async",
         description=(

@@ -45,7 +45,7 @@ from trainer.stream import GroupAssembler, TrajectoryStreamReader
 from trainer.tokenizer import load_tokenizer
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
 from trainer.value_head import policy_params, with_value_head
-from trainer.weights import RedisWeightPublisher
+from trainer.weights import FilesystemWeightPublisher, RedisWeightPublisher
 from workers.environments import load_environment_class
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,11 @@ class RunTrainer:
         self.tokenizer = load_tokenizer(self.config.model.tokenizer)
         self.environment_class = load_environment_class(claimed.environment)
         self.telemetry = _Telemetry(platform, self.run_id, settings.telemetry_interval_s)
-        self.publisher = RedisWeightPublisher(redis_client, lora=self.config.lora)
+        if self.config.weight_transport == "filesystem":
+            weight_root = Path(self.config.weight_dir or settings.checkpoint_root / "weights")
+            self.publisher = FilesystemWeightPublisher(redis_client, weight_root)
+        else:
+            self.publisher = RedisWeightPublisher(redis_client, lora=self.config.lora)
         self.policy_version = -1
         self.step = 0
         self._last_heartbeat = 0.0

@@ -13,6 +13,12 @@ with another version's weights. Its fields:
   first version; every later version sends only the adapters, a few percent
   of the bytes.
 
+Large models travel through a shared filesystem instead
+(:class:`FilesystemWeightPublisher`): each version is an Orbax checkpoint
+under a directory every producer mounts, and the same Redis hash holds only
+``version`` and ``path``, written after the checkpoint is complete. The
+subscriber follows the pointer, so producers need no setting of their own.
+
 Producers always get plain-model parameters: the subscriber caches the base
 and folds the newest adapters into its kernels (``W + scale · A @ B``), so a
 producer builds the ordinary :class:`trainer.model.Transformer`, LoRA or
@@ -21,8 +27,12 @@ not, and its ``like`` is that model's parameter State.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import redis
 from flax import nnx, serialization
 from jax.experimental import multihost_utils
@@ -38,6 +48,7 @@ BASE_FIELD = "base"
 BASE_VERSION_FIELD = "base_version"
 ADAPTERS_FIELD = "adapters"
 LORA_SCALE_FIELD = "lora_scale"
+PATH_FIELD = "path"
 _LORA_FIELDS = (BASE_FIELD, BASE_VERSION_FIELD, ADAPTERS_FIELD, LORA_SCALE_FIELD)
 
 
@@ -185,14 +196,16 @@ class RedisWeightSubscriber:
         ``like`` is the parameter State of the plain model (no adapters);
         LoRA adapters come back folded into its kernels.
         """
-        fields = [VERSION_FIELD, FULL_FIELD, BASE_VERSION_FIELD, ADAPTERS_FIELD, LORA_SCALE_FIELD]
+        fields = [VERSION_FIELD, FULL_FIELD, BASE_VERSION_FIELD, ADAPTERS_FIELD, LORA_SCALE_FIELD, PATH_FIELD]
         # A second attempt covers a base replaced between the two reads below.
         for _ in range(3):
-            version, blob, base_version, adapters_blob, lora_scale = self._redis.hmget(
+            version, blob, base_version, adapters_blob, lora_scale, path = self._redis.hmget(
                 weights_key(run_id), fields
             )
             if version is None:
                 return None
+            if path is not None:
+                return int(version), load_params_from_directory(Path(path.decode()), like)
             if blob is not None:
                 return int(version), deserialize_params(blob, like)
             if adapters_blob is None or base_version is None:
@@ -216,3 +229,58 @@ class RedisWeightSubscriber:
         base = serialization.msgpack_restore(blob)
         self._bases[run_id] = (base_version, base)
         return base
+
+
+def load_params_from_directory(directory: Path, like: nnx.State) -> nnx.State:
+    """Parameters of an Orbax checkpoint written by :class:`FilesystemWeightPublisher`."""
+    def abstract(tree):
+        if isinstance(tree, dict):
+            return {str(key): abstract(value) for key, value in tree.items()}
+        return jax.ShapeDtypeStruct(tree.shape, tree.dtype)
+
+    # ``like`` may itself be abstract (a producer builds its model with eval_shape).
+    target = abstract(nnx.to_pure_dict(like))
+    restored = ocp.StandardCheckpointer().restore(directory.resolve(), target)
+    return _params_like(jax.tree.map(np.asarray, restored), like)
+
+
+def _plain_tree(params: nnx.State) -> dict:
+    return _plain(jax.device_get(nnx.to_pure_dict(params)))
+
+
+class FilesystemWeightPublisher:
+    """Publishes each version as an Orbax checkpoint under ``root`` (shared with producers).
+
+    The Redis pointer is written only after the checkpoint is complete, and
+    the newest ``keep`` versions stay on disk so a producer still loading an
+    older one never sees it vanish. Always full parameters: LoRA's
+    adapters-only saving is a Redis-transport optimisation.
+    """
+
+    def __init__(self, client: redis.Redis, root: Path, *, keep: int = 3):
+        self._redis = client
+        self._root = root
+        self._keep = keep
+        self._checkpointer = ocp.StandardCheckpointer()
+
+    def publish(self, *, run_id: int, version: int, params: nnx.State) -> int:
+        """Write ``version`` and point producers at it; returns the bytes written."""
+        run_dir = self._root / f"run-{run_id}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        directory = (run_dir / f"v{version}").resolve()
+        if directory.exists():
+            shutil.rmtree(directory)
+        self._checkpointer.save(directory, _plain_tree(params))
+        self._checkpointer.wait_until_finished()
+        if jax.process_index() == 0:
+            with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(weights_key(run_id), mapping={VERSION_FIELD: version, PATH_FIELD: str(directory)})
+                pipe.hdel(weights_key(run_id), FULL_FIELD, *_LORA_FIELDS)
+                pipe.execute()
+            self._prune(run_dir, newest=version)
+        return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+    def _prune(self, run_dir: Path, *, newest: int) -> None:
+        for old in run_dir.glob("v*"):
+            if old.name[1:].isdigit() and int(old.name[1:]) <= newest - self._keep:
+                shutil.rmtree(old, ignore_errors=True)

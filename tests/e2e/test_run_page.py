@@ -19,9 +19,10 @@ def test_run_page_charts_grow_live_without_reloading(stack, credentials, tmp_pat
     api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
     run = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "browser", "environment": "calculator",
-        # The synchronous pipeline, so this run also proves it: every episode comes from the newest policy.
+        # The synchronous pipeline and the filesystem weight transport, so this run also proves
+        # both: every episode comes from the newest policy, loaded from an Orbax checkpoint.
         "config": {"sft_steps": 80, "rl_steps": 3, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1,
-                   "pipeline": "sync"},
+                   "pipeline": "sync", "weight_transport": "filesystem"},
     })
     assert run.status_code == 201, run.text
     run_id = run.json()["id"]
@@ -59,3 +60,5 @@ def test_run_page_charts_grow_live_without_reloading(stack, credentials, tmp_pat
     assert final_step == 80 + 3
     points = api.get(f"/api/runs/{run_id}/metrics/", params={"after_step": 80, "names": "staleness_max"}).json()
     assert [p["value"] for p in points["points"]] == [0.0, 0.0, 0.0]
+    weights = local.config.var_dir / "checkpoints" / "weights" / f"run-{run_id}"
+    assert sorted(path.name for path in weights.iterdir()) == ["v1", "v2", "v3"]
