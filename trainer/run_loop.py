@@ -365,7 +365,6 @@ class RunTrainer:
             records = [entry.record for group in groups for entry in group]
             # Staleness: how many versions behind the policy being updated the data is.
             staleness = np.array([self.policy_version - r.policy_version for r in records], dtype=np.float32)
-            recorder.trained(records, policy_version=self.policy_version)
 
             compute_started = time.perf_counter()
             prepared = self.algorithm.prepare([[entry.record for entry in group] for group in groups])
@@ -374,6 +373,7 @@ class RunTrainer:
                 backlog.extend(groups=len(groups))
                 reader.ack_consumed(groups)
                 continue
+            recorder.trained(records, policy_version=self.policy_version)
             batch = self.algorithm.batch(
                 prepared, batch_size=config.episodes_per_step, length_buckets=self._buckets,
                 pad_id=self.tokenizer.pad_id, reference=self.reference,
