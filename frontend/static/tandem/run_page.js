@@ -73,6 +73,8 @@
     if (step > page.lastStep) {
       page.lastStep = step;
       el.step.textContent = String(step);
+      // Points that arrive by backfill (not the socket) carry the version too.
+      if (values.policy_version !== undefined) showRun({ policy_version: values.policy_version });
     }
     scheduleRedraw();
   }
