@@ -48,6 +48,7 @@
   const page = (window.tandemRunPage = {
     pointCount: 0, // metric points received, over REST and WebSocket, each counted once
     lastStep: -1, // highest step received
+    policyVersion: -1, // newest policy version shown
     status: root.dataset.status,
     reconnects: 0,
     socket: null,
@@ -143,15 +144,21 @@
   // --- status -------------------------------------------------------------
 
   function showRun(update) {
-    if (update.status && update.status !== page.status) {
+    // An ended run does not come back to life because of a stale REST answer.
+    const ended = TERMINAL.has(page.status) && !TERMINAL.has(update.status);
+    if (update.status && update.status !== page.status && !ended) {
       page.status = update.status;
       el.status.textContent = update.status;
       el.status.className = `badge badge-${update.status}`;
       if (TERMINAL.has(update.status) && el.cancelForm) el.cancelForm.remove();
     }
     if (update.status_reason !== undefined) el.statusReason.textContent = update.status_reason;
-    if (update.policy_version !== undefined && update.policy_version !== null) {
-      el.policyVersion.textContent = String(update.policy_version);
+    // Versions only grow: a REST answer that left before a socket message must not
+    // put an older version back on screen.
+    const version = update.policy_version;
+    if (version !== undefined && version !== null && !(version < page.policyVersion)) {
+      page.policyVersion = version;
+      el.policyVersion.textContent = String(version);
     }
   }
 
