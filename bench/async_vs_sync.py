@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,31 +28,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tandem.stack import LocalStack, StackConfig  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_environment_server(latency_ms: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "workers.environments.http_example_server", "--port", str(port),
-         "--latency-ms", str(latency_ms)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"example environment server on {url} did not start")
+from workers.environments import http_example_server  # noqa: E402
 
 
 def run_metrics(client: httpx.Client, run_id: int) -> list[dict]:
@@ -112,7 +86,7 @@ def main() -> None:
                               headers={"Authorization": f"Token {credentials.user_token}"}, timeout=30)
         runs = []
         for latency in latencies:
-            process, url = start_environment_server(latency)
+            process, url = http_example_server.spawn(latency_ms=latency)
             servers.append(process)
             name = f"remote-calculator-{latency}ms"
             client.post("/api/environments/", json={

@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import uuid
 
 import psycopg
 import pytest
 import redis
 
+from tandem.services import free_local_port
 from tandem.stack import Credentials, LocalStack, StackConfig
 
 ADMIN_DATABASE_URL = os.environ.get("TANDEM_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 E2E_REDIS_URL = os.environ.get("TANDEM_E2E_REDIS_URL", "redis://127.0.0.1:6379/14")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -62,7 +56,7 @@ def stack(tmp_path_factory, e2e_database_url, e2e_redis_url):
     config = StackConfig(
         redis_url=e2e_redis_url,
         database_url=e2e_database_url,
-        port=_free_port(),
+        port=free_local_port(),
         workers=2,
         var_dir=tmp_path_factory.mktemp("tandem-var"),
     )

@@ -4,45 +4,25 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 import redis
 
+from tandem.services import free_local_port
 from tandem.stack import LocalStack, StackConfig
 from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from workers.environments import http_example_server
 
 
 @pytest.fixture
 def slow_environment_url():
     """The example HTTP environment with 2 s per step, so episodes are in flight when a worker dies."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "workers.environments.http_example_server", "--port", str(port),
-         "--latency-ms", "2000"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
-    else:
-        process.kill()
-        pytest.fail("the example environment server did not start")
+    try:
+        process, url = http_example_server.spawn(latency_ms=2000)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     yield url
     process.terminate()
     process.wait(timeout=10)
@@ -54,7 +34,7 @@ def own_stack(tmp_path):
     redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + "/12"
     redis.Redis.from_url(redis_url).flushdb()
     with fresh_database() as database_url:
-        stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=_free_port(),
+        stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=free_local_port(),
                                        workers=2, var_dir=tmp_path))
         yield stack
         stack.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from django.db import connection
 from playwright.sync_api import sync_playwright
 
 from tandem.contracts import TrainerStepEvent
+from tandem.services import free_local_port
 from telemetry.services import metric_events_record
 
 from .builders import POINTS_PER_STEP_EVENT, step_event
@@ -35,17 +35,11 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def server(transactional_db, tmp_path):
     """uvicorn serving the platform from the test database, as it is served for real."""
     db = connection.settings_dict
-    port = _free_port()
+    port = free_local_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings.test",

@@ -1,17 +1,10 @@
 """`tandem up` finds Redis, or starts a local redis-server when none listens."""
 
-import socket
 from pathlib import Path
 
 import redis
 
-from tandem.services import ensure_redis, redis_is_up
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tandem.services import ensure_redis, free_local_port, redis_is_up
 
 
 def test_a_running_redis_is_used_as_it_is(redis_url, tmp_path: Path):
@@ -19,7 +12,7 @@ def test_a_running_redis_is_used_as_it_is(redis_url, tmp_path: Path):
 
 
 def test_a_local_redis_server_is_started_when_none_listens(tmp_path: Path):
-    url = f"redis://127.0.0.1:{_free_port()}/0"
+    url = f"redis://127.0.0.1:{free_local_port()}/0"
     assert not redis_is_up(url)
     process = ensure_redis(url, log_path=str(tmp_path / "redis.log"))
     try:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +20,11 @@ from tandem.contracts import (
     trajectory_stream,
 )
 from tandem.run_config import ModelConfig, RunConfig
+from tandem.services import free_local_port
 from trainer.model import Transformer, TransformerConfig, split_model
 from trainer.tokenizer import VOCAB_SIZE, ByteTokenizer
 from trainer.weights import RedisWeightPublisher
+from workers.environments import http_example_server
 from workers.environments.http import RemoteEnvironmentError, RemoteHTTPEnvironment
 from workers.policy import PolicyRuntime
 from workers.producer import produce_groups
@@ -37,31 +37,13 @@ CONFIG = RunConfig(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url():
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "workers.environments.http_example_server", "--port", str(port)],
-        cwd=REPO_ROOT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
     try:
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).json() == {"status": "ok"}:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("the example environment server did not start")
-            time.sleep(0.1)
+        process, url = http_example_server.spawn(ready_timeout_s=20)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
         yield url
     finally:
         process.terminate()
@@ -162,7 +144,7 @@ def test_transient_5xx_beyond_the_retry_budget_fails_the_episode(server_url):
 
 
 def test_a_server_that_is_down_fails_the_episode_after_retries(producer):
-    records = producer(_remote("remote-down", f"http://127.0.0.1:{_free_port()}", retries=1))
+    records = producer(_remote("remote-down", f"http://127.0.0.1:{free_local_port()}", retries=1))
     assert all(r.status == "failed" and r.failure_reason.startswith(
         "reset raised RemoteEnvironmentError: GET /schema failed after 2 attempts: ConnectError") for r in records)
 
@@ -377,7 +359,7 @@ def openenv_url():
             return State()
 
     app = create_fastapi_app(EchoGame, EchoAction, EchoObservation, max_concurrent_envs=8)
-    port = _free_port()
+    port = free_local_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

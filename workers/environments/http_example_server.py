@@ -23,6 +23,9 @@ import argparse
 import asyncio
 import json
 import random
+import subprocess
+import sys
+import time
 from typing import Any
 
 from workers.environments.calculator import CALCULATOR_TOOL, CalculatorEnvironment
@@ -124,6 +127,31 @@ class CalculatorServer:
             await asyncio.sleep(self.latency_s)
             return 200, {"result": await CALCULATOR_TOOL.run(dict(request["arguments"]))}
         return 404, {"error": f"no route {method} {path}"}
+
+
+def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """Run this server in a subprocess on a free local port; returns it and its URL once healthy."""
+    import httpx
+
+    from tandem.services import free_local_port
+
+    port = free_local_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "workers.environments.http_example_server", "--port", str(port),
+         "--latency-ms", str(latency_ms)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_timeout_s
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).json() == {"status": "ok"}:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"the example environment server on {url} did not become healthy")
 
 
 def main() -> None:
