@@ -78,6 +78,16 @@ def consumed_trajectories_key(run_id: int) -> str:
     return _run_key(run_id, "consumed_trajectories")
 
 
+def producers_key(run_id: int) -> str:
+    """Redis hash: producer process (``hostname:pid``) -> its latest :class:`ProducerReport` JSON."""
+    return _run_key(run_id, "producers")
+
+
+def lineage_stream(run_id: int) -> str:
+    """Redis stream of :class:`LineageEntry`: what became of the trajectories the trainer consumed."""
+    return _run_key(run_id, "lineage")
+
+
 def run_keys(run_id: int) -> tuple[str, ...]:
     """Every Redis key a run owns (Celery's own queue aside)."""
     return (
@@ -89,6 +99,8 @@ def run_keys(run_id: int) -> tuple[str, ...]:
         run_spec_key(run_id),
         run_stop_key(run_id),
         run_group_counter_key(run_id),
+        lineage_stream(run_id),
+        producers_key(run_id),
     )
 
 
@@ -217,6 +229,14 @@ class TrainerStepEvent(_Record):
     staleness_mean: float | None = None
     staleness_max: float | None = None
     failed_episodes: int = 0
+    producer_utilisation: float | None = Field(
+        None, description="Mean over producer processes of the step's share of time with a rollout task running."
+    )
+    producers_reporting: int = Field(0, description="Producer processes that reported on the run so far.")
+    circuit_breakers_open: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per environment: producer processes whose circuit breaker for it is open or half-open.",
+    )
     samples_produced_per_s: float | None = Field(
         None, description="Trajectories producers appended to the stream per second during the step."
     )
@@ -275,6 +295,11 @@ class TrainerStepEvent(_Record):
             "episodes_lost": float(self.episodes_lost),
         }
         values.update(self.rollout_metrics)
+        if self.producer_utilisation is not None:
+            values["producers/utilisation"] = self.producer_utilisation
+        values["producers/reporting"] = float(self.producers_reporting)
+        for environment, count in self.circuit_breakers_open.items():
+            values[f"producers/circuit_open/{environment}"] = float(count)
         for name in ("reward_mean", "success_rate", "samples_per_s", "samples_produced_per_s",
                      "staleness_mean", "staleness_max"):
             value = getattr(self, name)
@@ -301,8 +326,66 @@ RunReportedStatus = Literal["running", "finished", "failed"]
 class TrainerHeartbeat(_Record):
     """Liveness and progress the trainer reports for a run it owns."""
 
-    status: RunReportedStatus = "running"
+    # None: liveness only. The trainer process beats from a thread of its own, so
+    # a long compile or checkpoint is never mistaken for a dead trainer.
+    status: RunReportedStatus | None = "running"
     policy_version: int = 0
     trainer_step: int = 0
     message: str = ""
+    # Who sends it (``hostname:pid``): a trainer that lost the run to another
+    # (it was presumed dead and the run resumed elsewhere) is told so and stops.
+    worker: str = ""
 
+
+
+class LineageEntry(_Record):
+    """One decision of the trainer about consumed trajectories, appended to :func:`lineage_stream`.
+
+    After a resume from a checkpoint the steps past it are trained again: the
+    newest ``trained`` entry of a step is the one the surviving parameters went
+    through, and across those entries no trajectory id appears twice.
+    """
+
+    kind: Literal["trained", "dropped", "lost"] = Field(
+        description="trained: the update of `step` used them; dropped: consumed untrained (too stale, "
+        "or no reward variance under dynamic sampling); lost: groups given up on (their producer died)."
+    )
+    step: int = Field(description="Trainer step: the update's own for `trained`, the last one before otherwise.")
+    policy_version: int = Field(description="Policy version published by the trainer at that point.")
+    worker: str = Field(description="The trainer process (`hostname:pid`) that decided.")
+    trajectory_ids: list[str] = Field(default_factory=list)
+    group_ids: list[str] = Field(default_factory=list)
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {"schema_version": str(self.schema_version), "payload": self.model_dump_json()}
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict) -> LineageEntry:
+        payload = fields.get(b"payload", fields.get("payload"))
+        return cls.model_validate_json(payload)
+
+
+class CircuitBreakerReport(_Record):
+    """One producer process's circuit breaker for one environment."""
+
+    state: Literal["closed", "open", "half_open"]
+    consecutive_failures: int = 0
+    last_failure_reason: str = ""
+
+
+class ProducerReport(_Record):
+    """What a producer process says of itself; written to :func:`producers_key` at each task's start and end."""
+
+    worker: str = Field(description="`hostname:pid` of the producer process.")
+    reported_at: float = Field(description="Unix time of the report.")
+    uptime_s: float = Field(description="Seconds since the process started its first rollout task.")
+    busy_s: float = Field(description="Of those, seconds with at least one rollout task running (any run).")
+    running_tasks: int = Field(description="Rollout tasks running at the time of the report.")
+    episodes: int = Field(0, description="Episodes this process finished for the run.")
+    episodes_failed: int = Field(0, description="Of those, episodes that failed.")
+    circuit_breakers: dict[str, CircuitBreakerReport] = Field(default_factory=dict)
+
+    def busy_and_uptime_at(self, now: float) -> tuple[float, float]:
+        """``(busy_s, uptime_s)`` extrapolated to ``now``: tasks still running keep the process busy."""
+        elapsed = max(now - self.reported_at, 0.0)
+        return self.busy_s + (elapsed if self.running_tasks else 0.0), self.uptime_s + elapsed

@@ -112,14 +112,23 @@ class LocalStack:
             time.sleep(0.2)
         raise StackError(f"web server did not answer within {ready_timeout_s}s; see {self.log_dir / 'web.log'}")
 
+    def start_platform_tasks(self) -> None:
+        """The platform's own Celery worker with its beat: the reaper of runs whose trainer died."""
+        self._spawn("platform-tasks", [
+            sys.executable, "-m", "celery", "-A", "config.celery", "worker", "--beat",
+            "--schedule", str(self.config.var_dir / "celerybeat-schedule"),
+            "--queues", "platform", "--pool", "threads", "--concurrency", "2",
+            "--hostname", "platform@%h", "--loglevel", "info",
+        ], cwd=PLATFORM_DIR)
+
     def start_workers(self) -> None:
         for index in range(self.config.workers):
             self._spawn(f"worker-{index}", [
                 sys.executable, "-m", "tandem.cli", "worker", "--name", f"rollouts-{index}@%h",
             ])
 
-    def start_trainer(self, *, trainer_token: str) -> None:
-        self._spawn("trainer", [
+    def start_trainer(self, *, trainer_token: str, name: str = "trainer") -> None:
+        self._spawn(name, [
             sys.executable, "-m", "tandem.cli", "trainer",
             "--platform-url", self.config.platform_url, "--token", trainer_token,
             "--checkpoint-dir", str(self.config.var_dir / "checkpoints"),
@@ -127,6 +136,7 @@ class LocalStack:
 
     def start(self, credentials: Credentials) -> None:
         self.start_web()
+        self.start_platform_tasks()
         self.start_workers()
         self.start_trainer(trainer_token=credentials.trainer_token)
 
@@ -139,7 +149,8 @@ class LocalStack:
 
     def stop(self, *, timeout_s: float = 20.0) -> None:
         """Stop the trainer first (it flushes telemetry), then producers, then the web server."""
-        for name in sorted(self.processes, key=lambda n: {"trainer": 0, "web": 2}.get(n, 1)):
+        order = {"trainer": 0, "web": 2}
+        for name in sorted(self.processes, key=lambda n: order.get(n.split("-")[0], 1)):
             process = self.processes[name]
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)

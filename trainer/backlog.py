@@ -26,13 +26,14 @@ class RolloutBacklog:
     """
 
     def __init__(self, *, celery_app: Celery, redis_client: redis.Redis, run_id: int, config: RunConfig,
-                 groups_needed: int, max_staleness: int | None = None):
+                 groups_needed: int, max_staleness: int | None = None, groups_already_consumed: int = 0):
         self._celery = celery_app
         self._redis = redis_client
         self._run_id = run_id
         self._config = config
-        # Headroom for groups lost to failures or dead producers.
-        self._groups_cap = groups_needed + config.groups_per_step * config.rollout_backlog_steps
+        # Headroom for groups lost to failures or dead producers. The cap is on the
+        # run's group counter, which a resumed trainer finds past zero.
+        self._groups_cap = groups_already_consumed + groups_needed + config.groups_per_step * config.rollout_backlog_steps
         self.tasks_sent = 0
         # Group index -> when it was requested, until it is settled (consumed) or expires as lost.
         self._unsettled: OrderedDict[int, float] = OrderedDict()
@@ -96,6 +97,16 @@ class RolloutBacklog:
                 self._unsettled[group_index] = now
         self.tasks_sent += sent
         return sent
+
+    def adopt(self, group_indices) -> None:
+        """Track groups an earlier trainer of the run requested, as if requested now.
+
+        A resumed trainer waits for them like for its own, and counts them lost
+        if they never complete within ``rollout_timeout_s``.
+        """
+        now = time.monotonic()
+        for group_index in group_indices:
+            self._unsettled[group_index] = now
 
     def settle(self, group_ids) -> None:
         """Groups that were consumed (trained on or dropped) are no longer at risk of being lost."""

@@ -54,6 +54,10 @@ class RunProgress(BaseModel):
     trained_group_count: int = Field(
         0, description="Number of groups trained on; at least len(trained_group_ids), kept if those are trimmed."
     )
+    rl_steps: int = Field(0, description="RL updates among ``step`` (the rest were SFT).")
+    has_reference: bool = Field(
+        False, description="The checkpoint also holds the frozen reference policy of a KL penalty."
+    )
 
     @model_validator(mode="after")
     def _count_covers_ids(self):
@@ -94,8 +98,11 @@ class RunCheckpointer:
         )
         # Seconds the most recent save blocked the caller.
         self.last_save_blocking_s = 0.0
+        # Newest step known committed while a later save is still being written.
+        self._committed_floor: int | None = self._manager.latest_step()
 
-    def save(self, step: int, *, train_state, progress: RunProgress | Mapping[str, Any]) -> float:
+    def save(self, step: int, *, train_state, progress: RunProgress | Mapping[str, Any],
+             reference_params=None) -> float:
         """Start saving ``train_state`` and ``progress`` as ``step``; returns the seconds it blocked.
 
         Returns once the arrays are on the host: ``train_state`` may be
@@ -105,16 +112,26 @@ class RunCheckpointer:
         """
         if not isinstance(progress, RunProgress):
             progress = RunProgress.model_validate(dict(progress))
+        progress = progress.model_copy(update={"has_reference": reference_params is not None})
+        items = {
+            "train_state": ocp.args.StandardSave(train_state),
+            "progress": ocp.args.JsonSave(progress.model_dump(mode="json")),
+        }
+        if reference_params is not None:
+            items["reference"] = ocp.args.StandardSave(reference_params)
         started = time.perf_counter()
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                train_state=ocp.args.StandardSave(train_state),
-                progress=ocp.args.JsonSave(progress.model_dump(mode="json")),
-            ),
-        )
+        previous = self._manager.latest_step()
+        # Orbax finishes the previous save before it starts this one.
+        self._manager.save(step, args=ocp.args.Composite(**items))
+        self._committed_floor = previous
         self.last_save_blocking_s = time.perf_counter() - started
         return self.last_save_blocking_s
+
+    def committed_step(self) -> int | None:
+        """The newest step whose checkpoint is complete on disk (a crash now would resume from it)."""
+        if self._manager.is_saving_in_progress():
+            return self._committed_floor
+        return self._manager.latest_step()
 
     def wait_until_finished(self) -> None:
         """Block until every started save is committed on disk."""
@@ -137,6 +154,13 @@ class RunCheckpointer:
             ),
         )
         return restored.train_state, RunProgress.model_validate(restored.progress)
+
+    def restore_reference(self, step: int, *, abstract_params) -> Any:
+        """The reference policy saved with ``step`` (its progress has ``has_reference``)."""
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(reference=ocp.args.StandardRestore(_abstract(abstract_params)))
+        )
+        return restored.reference
 
     def restore_latest(self, abstract_train_state) -> tuple[Any, RunProgress] | None:
         """The newest committed checkpoint, or None if there is none."""

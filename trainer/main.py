@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import redis
 from celery import Celery
 
 from tandem.contracts import TrainerHeartbeat
-from trainer.platform_client import PlatformClient
+from trainer.platform_client import PlatformClient, RunTakenOverError
 from trainer.run_loop import RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed
 
@@ -39,25 +41,68 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
             if claimed is None:
                 time.sleep(poll_s)
                 continue
-            logger.info("claimed run %s (%s)", claimed.run_id, claimed.name)
+            logger.info("claimed run %s (%s)%s", claimed.run_id, claimed.name,
+                        f", attempt {claimed.attempt}: resuming" if claimed.is_resume else "")
+            liveness = LivenessBeat(platform_url=platform_url, token=token, run_id=claimed.run_id,
+                                    worker=consumer, interval_s=settings.heartbeat_interval_s)
+            liveness.start()
             try:
                 status = RunTrainer(claimed, settings=settings, platform=platform,
                                     redis_client=redis_client, celery_app=celery_app).run()
                 logger.info("run %s ended: %s", claimed.run_id, status)
+            except RunTakenOverError as exc:
+                logger.warning("run %s: %s; this trainer stops working on it", claimed.run_id, exc)
             except KeyboardInterrupt:
                 # Stopped by the operator: say so, rather than leave the run "running" forever.
-                platform.heartbeat(
-                    claimed.run_id, TrainerHeartbeat(status="failed", message="trainer process was stopped")
-                )
+                _report_failure(platform, claimed.run_id, consumer, "trainer process was stopped")
                 raise
             except Exception as exc:
                 logger.exception("run %s failed", claimed.run_id)
-                platform.heartbeat(
-                    claimed.run_id,
-                    TrainerHeartbeat(status="failed", message=f"trainer error: {type(exc).__name__}: {exc}"),
-                )
+                _report_failure(platform, claimed.run_id, consumer, f"trainer error: {type(exc).__name__}: {exc}")
+            finally:
+                liveness.stop()
             trained += 1
     finally:
         platform.close()
         redis_client.close()
     return trained
+
+
+class LivenessBeat(threading.Thread):
+    """Heartbeats that only say "this trainer is alive", from a thread of their own.
+
+    The training loop reports progress and learns of cancels and pauses at its
+    own heartbeats, but building a large model, compiling or checkpointing can
+    block it for longer than the reaper's timeout. This thread keeps the run
+    from being reaped meanwhile; a dead process stops both.
+    """
+
+    def __init__(self, *, platform_url: str, token: str, run_id: int, worker: str, interval_s: float):
+        super().__init__(name=f"liveness-run-{run_id}", daemon=True)
+        self._client = PlatformClient(platform_url, token, retries=0)
+        self._run_id = run_id
+        self._worker = worker
+        self._interval_s = interval_s
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stopped.wait(self._interval_s):
+                try:
+                    self._client.heartbeat(self._run_id, TrainerHeartbeat(status=None, worker=self._worker))
+                except RunTakenOverError:
+                    return
+                except Exception as exc:  # the loop's own heartbeats report real trouble
+                    logger.warning("liveness heartbeat of run %s failed: %s", self._run_id, exc)
+        finally:
+            self._client.close()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join(timeout=self._interval_s + 10)
+
+
+def _report_failure(platform: PlatformClient, run_id: int, worker: str, message: str) -> None:
+    # If another trainer holds the run now, its failure is not ours to report.
+    with contextlib.suppress(RunTakenOverError):
+        platform.heartbeat(run_id, TrainerHeartbeat(status="failed", message=message, worker=worker))

@@ -17,12 +17,22 @@ class PlatformUnavailableError(RuntimeError):
     pass
 
 
+class RunTakenOverError(RuntimeError):
+    """The platform gave this trainer's run to another trainer (it presumed this one dead)."""
+
+
 @dataclass(frozen=True)
 class ClaimedRun:
     run_id: int
     name: str
     config: dict
     environment: EnvironmentSpec
+    # Times a trainer claimed the run, this claim included: past 1, resume from the checkpoint.
+    attempt: int = 1
+
+    @property
+    def is_resume(self) -> bool:
+        return self.attempt > 1
 
 
 class PlatformClient:
@@ -68,11 +78,17 @@ class PlatformClient:
             name=run["name"],
             config=run["config"],
             environment=EnvironmentSpec.model_validate(run["environment"]),
+            attempt=int(run.get("attempts", 1)),
         )
 
     def heartbeat(self, run_id: int, heartbeat: TrainerHeartbeat) -> str:
         """Report progress; returns the run's status as the platform sees it."""
-        response = self._post(f"/api/trainer/runs/{run_id}/heartbeat/", heartbeat.model_dump(mode="json"))
+        try:
+            response = self._post(f"/api/trainer/runs/{run_id}/heartbeat/", heartbeat.model_dump(mode="json"))
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 409 and "held by trainer" in exc.response.text:
+                raise RunTakenOverError(exc.response.json()["error"]["message"]) from exc
+            raise
         return response.json()["status"]
 
     def post_events(self, run_id: int, events: list[TrainerStepEvent]) -> None:

@@ -22,22 +22,26 @@ from celery import Celery
 from flax import nnx
 
 from tandem.contracts import (
+    LineageEntry,
     RunSpec,
     TrainerHeartbeat,
     TrainerStepEvent,
+    lineage_stream,
+    run_group_counter_key,
     run_keys,
     run_spec_key,
     run_stop_key,
 )
 from tandem.run_config import RunConfig
 from trainer.algorithms import ReferencePolicy, build_algorithm
-from trainer.backlog import RolloutBacklog
+from trainer.backlog import RolloutBacklog, group_index_of
 from trainer.chat import Conversation
 from trainer.checkpoints import RunCheckpointer, RunProgress, step_rng
 from trainer.hf import create_model
 from trainer.lora import apply_lora
 from trainer.losses import sft_loss
-from trainer.platform_client import ClaimedRun, PlatformClient
+from trainer.platform_client import ClaimedRun, PlatformClient, RunTakenOverError
+from trainer.producer_stats import ProducerStats
 from trainer.rollout_stats import rollout_metrics
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings
 from trainer.staleness import StalenessRecorder, is_stale_group, split_stale_groups
@@ -45,7 +49,7 @@ from trainer.stream import GroupAssembler, TrajectoryStreamReader
 from trainer.tokenizer import load_tokenizer
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
 from trainer.value_head import policy_params, with_value_head
-from trainer.weights import FilesystemWeightPublisher, RedisWeightPublisher
+from trainer.weights import FilesystemWeightPublisher, RedisWeightPublisher, RedisWeightSubscriber
 from workers.environments import load_environment_class
 
 logger = logging.getLogger(__name__)
@@ -53,6 +57,18 @@ logger = logging.getLogger(__name__)
 
 class RunCancelledError(Exception):
     pass
+
+
+class RunReleasedError(Exception):
+    """The platform no longer wants this trainer to train the run (paused, or failed meanwhile)."""
+
+    def __init__(self, status: str):
+        super().__init__(status)
+        self.status = status
+
+
+# Entries kept in a run's lineage stream (about one per step).
+_LINEAGE_MAXLEN = 100_000
 
 
 @dataclass(frozen=True)
@@ -159,9 +175,17 @@ class RunTrainer:
                                         shardings=self.shardings)
         self._last_acked_entry_id: str | None = None
         self._trained_group_count = 0
+        self._rl_steps_done = 0
+        # RL updates whose data is acknowledged once a checkpoint holding them is
+        # committed: (step, groups). A crash before that leaves the data pending,
+        # so the resumed trainer trains it again from that checkpoint, and every
+        # trajectory reaches the surviving parameters exactly once.
+        self._awaiting_checkpoint: list[tuple[int, list]] = []
+        self._reader: TrajectoryStreamReader | None = None
+        self._taken_over = False
         self.reference: ReferencePolicy | None = None
         checkpoint_dir = settings.checkpoint_root / f"run-{self.run_id}"
-        if checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
+        if not claimed.is_resume and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
             # A freshly claimed run has never trained here: these belong to a run
             # of an earlier database that had the same id. Keep them, out of the way.
             checkpoint_dir.rename(checkpoint_dir.with_name(f"{checkpoint_dir.name}.stale-{int(time.time())}"))
@@ -170,18 +194,23 @@ class RunTrainer:
     # -- lifecycle ---------------------------------------------------------
 
     def run(self) -> str:
-        """Train the run to its end; returns the final status."""
+        """Train the run to its end (or until the platform releases it); returns the status."""
         spec = RunSpec(run_id=self.run_id, config=self.config.model_dump(mode="json"),
                        environment=self.claimed.environment)
-        # A claimed run starts from nothing. Keys left under the same id by an
-        # earlier platform database (ids restart when it is recreated) must not
-        # feed this run stale trajectories or weights.
-        self.redis.delete(*run_keys(self.run_id))
+        if self.claimed.is_resume:
+            self._resume_from_checkpoint()
+            # The stream, the consumed-ledger and the group counter carry over.
+            self.redis.delete(run_stop_key(self.run_id))
+        else:
+            # A claimed run starts from nothing. Keys left under the same id by an
+            # earlier platform database (ids restart when it is recreated) must not
+            # feed this run stale trajectories or weights.
+            self.redis.delete(*run_keys(self.run_id))
         self.redis.set(run_spec_key(self.run_id), spec.model_dump_json())
         try:
             self._heartbeat(force=True)
             self._sft_phase()
-            if self.algorithm.needs_reference:
+            if self.algorithm.needs_reference and self.reference is None:
                 # The reference policy of the KL penalty is the policy RL starts from.
                 self.reference = ReferencePolicy(self.graphdef, jax.tree.map(jnp.copy, self.state.params))
             self._publish()
@@ -194,25 +223,65 @@ class RunTrainer:
         except RunCancelledError:
             self.telemetry.flush()
             return "cancelled"
+        except RunReleasedError as released:
+            # Paused: keep everything a resume needs. Failed meanwhile (the reaper
+            # presumed this trainer dead): the same, so the user can resume it.
+            self._checkpoint()
+            self.telemetry.flush()
+            logger.info("run %s %s: checkpointed at step %d and released", self.run_id,
+                        released.status, self.step)
+            return released.status
+        except RunTakenOverError:
+            # Another trainer resumed the run: touch nothing of it any more.
+            self._taken_over = True
+            raise
         finally:
-            # Producers stop starting episodes for a run that is over.
-            self.redis.set(run_stop_key(self.run_id), "1")
+            if not self._taken_over:
+                # Producers stop starting episodes for a run this trainer lets go of.
+                self.redis.set(run_stop_key(self.run_id), "1")
+                self.checkpointer.wait_until_finished()
+                self._ack_checkpointed()
             self.checkpointer.close()
+
+    def _resume_from_checkpoint(self) -> None:
+        """Continue from the newest committed checkpoint, with policy versions that only go up."""
+        published = RedisWeightSubscriber(self.redis).latest_version(self.run_id)
+        restored = self.checkpointer.restore_latest(self.state)
+        if restored is None:
+            logger.warning("run %s resumes with no checkpoint: training starts over", self.run_id)
+        else:
+            self.state, progress = restored
+            self.state = shard_train_state(self.state, self.shardings)
+            self.step = progress.step
+            self._rl_steps_done = progress.rl_steps
+            self._trained_group_count = progress.trained_group_count
+            self._last_acked_entry_id = progress.last_acked_entry_id
+            self.policy_version = progress.policy_version
+            if progress.has_reference:
+                reference = self.checkpointer.restore_reference(progress.step, abstract_params=self.state.params)
+                self.reference = ReferencePolicy(self.graphdef, reference)
+            logger.info("run %s resumes from its checkpoint of step %d (%d RL steps)", self.run_id,
+                        self.step, self._rl_steps_done)
+        # Versions published after the checkpoint stay behind us: the next one is newer still.
+        self.policy_version = max(self.policy_version, published if published is not None else -1)
 
     def _report(self, status: str, message: str = "") -> str:
         return self.platform.heartbeat(
             self.run_id,
             TrainerHeartbeat(status=status, policy_version=max(self.policy_version, 0),
-                             trainer_step=self.step, message=message),
+                             trainer_step=self.step, message=message, worker=self.settings.consumer_name),
         )
 
     def _heartbeat(self, *, force: bool = False) -> None:
+        self._ack_checkpointed()
         if not force and time.monotonic() - self._last_heartbeat < self.settings.heartbeat_interval_s:
             return
         self._last_heartbeat = time.monotonic()
         status = self._report("running")
         if status == "cancelled":
             raise RunCancelledError()
+        if status in {"paused", "failed"}:
+            raise RunReleasedError(status)
 
     # -- SFT ---------------------------------------------------------------
 
@@ -236,13 +305,15 @@ class RunTrainer:
                          pad_id=self.tokenizer.pad_id)
 
     def _sft_phase(self) -> None:
-        for _ in range(self.config.sft_steps):
+        if self._rl_steps_done:
+            return  # resumed after SFT: its learning-rate switch is in the restored optimizer state
+        while self.step < self.config.sft_steps:
             started = time.perf_counter()
             # Batches keyed by step, so a run resumed from a checkpoint sees the same data.
             batch = self._demonstration_batch(step_rng(self.config.seed, self.step))
             if batch is None:
                 logger.info("environment %s has no demonstrations; skipping SFT", self.claimed.environment.name)
-                return
+                break
             compute_started = time.perf_counter()
             self.state, metrics = self._sft_step(self.state, shard_batch(batch, self.shardings))
             loss = float(jax.block_until_ready(metrics["loss"]))
@@ -280,8 +351,60 @@ class RunTrainer:
             progress=RunProgress(
                 step=self.step, policy_version=self.policy_version, run_id=self.run_id,
                 last_acked_entry_id=self._last_acked_entry_id, trained_group_count=self._trained_group_count,
+                rl_steps=self._rl_steps_done,
             ),
+            reference_params=self.reference.params if self.reference is not None else None,
         )
+
+    def _ack_checkpointed(self) -> None:
+        """Acknowledge the data of RL updates that a committed checkpoint now holds."""
+        if not self._awaiting_checkpoint or self._reader is None:
+            return
+        committed = self.checkpointer.committed_step()
+        if committed is None:
+            return
+        ready = [groups for step, groups in self._awaiting_checkpoint if step <= committed]
+        if not ready:
+            return
+        self._awaiting_checkpoint = [(step, groups) for step, groups in self._awaiting_checkpoint
+                                     if step > committed]
+        self._reader.ack_consumed([group for groups in ready for group in groups])
+        self._reader.trim(approximate=True)
+
+    def _log(self, kind: str, *, trajectory_ids=(), group_ids=()) -> None:
+        """Append to the run's lineage stream what became of some trajectories (see LineageEntry)."""
+        entry = LineageEntry(kind=kind, step=self.step, policy_version=self.policy_version,
+                             worker=self.settings.consumer_name, trajectory_ids=list(trajectory_ids),
+                             group_ids=list(group_ids))
+        self.redis.xadd(lineage_stream(self.run_id), entry.to_stream_fields(),
+                        maxlen=_LINEAGE_MAXLEN, approximate=True)
+
+    def _adopt_stream(self, reader: TrajectoryStreamReader) -> tuple[int, list[int], list[str]]:
+        """Take over what the previous trainer of this run left: ``(groups consumed, groups adopted, lost)``.
+
+        Its pending entries are claimed at once. Of the groups the run ever
+        requested, those neither consumed nor in the stream went with the
+        producers the run stopped: they are counted lost and recorded, so late
+        copies are never trained. Those in the stream (pending, undelivered,
+        or trained after the last checkpoint and so never acknowledged) are
+        adopted and waited for like new ones.
+        """
+        claimed = reader.take_over_pending()
+        requested = int(self.redis.get(run_group_counter_key(self.run_id)) or 0)
+        # Older groups are beyond the ledger's memory and long settled.
+        first = max(0, requested - reader.consumed_ids_kept // 2)
+        candidates = [f"{self.run_id}-{index}" for index in range(first, requested)]
+        consumed = reader.consumed_group_ids(candidates)
+        in_stream = reader.group_ids_in_stream()
+        open_groups = [group_id for group_id in candidates if group_id not in consumed]
+        adopted = [group_index_of(group_id) for group_id in open_groups if group_id in in_stream]
+        lost = [group_id for group_id in open_groups if group_id not in in_stream]
+        reader.record_consumed_groups(lost)
+        if lost:
+            self._log("lost", group_ids=lost)
+        logger.info("run %s resumed: %d pending entries claimed, %d groups adopted, %d groups lost",
+                    self.run_id, claimed, len(adopted), len(lost))
+        return requested - len(adopted), adopted, lost
 
     def _entries_appended(self, stream: str) -> int:
         """Entries producers ever appended to ``stream`` (trimming does not lower it)."""
@@ -295,16 +418,24 @@ class RunTrainer:
             self.redis, run_id=self.run_id, consumer=self.settings.consumer_name,
             reclaim_idle_ms=config.reclaim_idle_ms, max_deliveries=config.max_deliveries,
         )
+        self._reader = reader
         assembler = GroupAssembler()
+        episodes_lost = 0
+        groups_consumed, adopted = 0, []
+        if self.claimed.is_resume:
+            groups_consumed, adopted, lost = self._adopt_stream(reader)
+            episodes_lost += len(lost) * config.group_size
+        rl_steps_left = config.rl_steps - self._rl_steps_done
         backlog = RolloutBacklog(celery_app=self.celery_app, redis_client=self.redis, run_id=self.run_id,
-                                 config=config, groups_needed=config.rl_steps * config.groups_per_step,
-                                 max_staleness=config.max_staleness)
+                                 config=config, groups_needed=rl_steps_left * config.groups_per_step,
+                                 max_staleness=config.max_staleness, groups_already_consumed=groups_consumed)
+        backlog.adopt(adopted)
         recorder = StalenessRecorder()
+        producer_stats = ProducerStats(self.redis, self.run_id)
+        producer_stats.step_fields()  # the baseline the first step's utilisation is measured from
         # Sync: a step's episodes are requested only after the previous update is
         # published, so every one of them is generated by the newest policy.
         steps_ahead = 0 if config.pipeline == "sync" else None
-        groups_consumed = 0
-        rl_steps_done = 0
 
         def is_stale(entries) -> bool:
             return is_stale_group(entries, policy_version=self.policy_version, max_staleness=config.max_staleness)
@@ -315,11 +446,13 @@ class RunTrainer:
             if groups:
                 reader.ack_consumed(groups)
                 recorder.dropped(groups)
+                self._log("dropped", trajectory_ids=[entry.record.trajectory_id for group in groups
+                                                     for entry in group],
+                          group_ids=[group[0].record.group_id for group in groups])
                 backlog.extend(groups=len(groups))
                 backlog.settle(group[0].record.group_id for group in groups)
                 groups_consumed += len(groups)
 
-        episodes_lost = 0
         appended_before = self._entries_appended(reader.stream)
 
         def give_up_on_lost_groups() -> None:
@@ -332,10 +465,12 @@ class RunTrainer:
                 held = assembler.refuse_groups(lost)
                 if held:
                     reader.ack_consumed(held)
+                reader.record_consumed_groups(lost)
+                self._log("lost", group_ids=lost)
                 groups_consumed += len(lost)
                 episodes_lost += len(lost) * config.group_size
 
-        while rl_steps_done < config.rl_steps:
+        while self._rl_steps_done < config.rl_steps:
             step_started = time.perf_counter()
             backlog.top_up(groups_consumed=groups_consumed, steps_ahead=steps_ahead)
             wait_started = time.perf_counter()
@@ -372,6 +507,8 @@ class RunTrainer:
                 # Dynamic sampling dropped every group (no reward variance): nothing to learn from.
                 backlog.extend(groups=len(groups))
                 reader.ack_consumed(groups)
+                self._log("dropped", trajectory_ids=[record.trajectory_id for record in records],
+                          group_ids=[group[0].record.group_id for group in groups])
                 continue
             recorder.trained(records, policy_version=self.policy_version)
             batch = self.algorithm.batch(
@@ -382,14 +519,15 @@ class RunTrainer:
             metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
             compute_s = time.perf_counter() - compute_started
 
-            # Acknowledge only after the update that used the data has happened.
-            reader.ack_consumed(groups)
-            reader.trim(approximate=True)
             self._last_acked_entry_id = max(entry_ids, key=_entry_order)
             self._trained_group_count += len(groups)
             publish_s = self._publish()
             self.step += 1
-            rl_steps_done += 1
+            self._rl_steps_done += 1
+            self._log("trained", trajectory_ids=[record.trajectory_id for record in records],
+                      group_ids=[group[0].record.group_id for group in groups])
+            # Acknowledged once a checkpoint with this update is on disk (see _ack_checkpointed).
+            self._awaiting_checkpoint.append((self.step, groups))
             if self.step % config.checkpoint_every == 0:
                 self._checkpoint()
             wall_s = time.perf_counter() - step_started
@@ -409,6 +547,7 @@ class RunTrainer:
                 failed_episodes=int(stats.get("episodes_failed", 0)),
                 episodes_lost=episodes_lost,
                 **staleness_fields,
+                **producer_stats.step_fields(),
                 algorithm_metrics={
                     **{name: value for name, value in metrics.items() if np.isfinite(value)},
                     **{f"batch/{name}": float(value) for name, value in stats.items()},
@@ -421,6 +560,9 @@ class RunTrainer:
 
         # The run is over: episodes read but not trained never will be. Consuming
         # them leaves nothing pending, so the stream can be trimmed to empty.
+        self._checkpoint()
+        self.checkpointer.wait_until_finished()
+        self._ack_checkpointed()
         leftovers = assembler.take_partial(lambda entries: True)
         if leftovers:
             reader.ack_consumed(leftovers)

@@ -240,6 +240,67 @@ class TrajectoryStreamReader:
         self._held.discard(entry_id)
         self.counters.dead_lettered += 1
 
+    # -- resuming -----------------------------------------------------------
+
+    def take_over_pending(self) -> int:
+        """Claim every entry other consumers hold, at once; returns how many.
+
+        For a trainer that resumes a run whose previous trainer is known dead
+        (the platform failed or paused the run): waiting ``reclaim_idle_ms``
+        for them would only stall the resumed run. Claimed entries are read
+        from this consumer's history like its own.
+        """
+        claimed, cursor = 0, "0-0"
+        while True:
+            # Not JUSTID: redis-py then returns no cursor to continue from. The
+            # claim counts as one more delivery, which max_deliveries allows for.
+            next_cursor, messages, *_ = self._redis.xautoclaim(
+                self.stream, TRAINER_CONSUMER_GROUP, self._consumer, min_idle_time=0,
+                start_id=cursor, count=1000,
+            )
+            claimed += len(messages)
+            cursor = _decode(next_cursor)
+            if cursor == "0-0":
+                break
+        for consumer in self._redis.xinfo_consumers(self.stream, TRAINER_CONSUMER_GROUP):
+            name = _decode(consumer["name"])
+            if name != self._consumer and int(consumer["pending"]) == 0:
+                self._redis.xgroup_delconsumer(self.stream, TRAINER_CONSUMER_GROUP, name)
+        self._history_cursor = "0"
+        self.counters.reclaimed += claimed
+        return claimed
+
+    def group_ids_in_stream(self) -> set[str]:
+        """Group ids of every entry still in the stream (pending or not yet delivered)."""
+        group_ids, cursor = set(), "-"
+        while True:
+            batch = self._redis.xrange(self.stream, min=cursor, count=1000)
+            for _, fields in batch:
+                try:
+                    group_ids.add(TrajectoryRecord.from_stream_fields(fields).group_id)
+                except (ValidationError, SchemaVersionError, KeyError, ValueError):
+                    continue  # dead-lettered when read
+            if len(batch) < 1000:
+                return group_ids
+            cursor = "(" + _decode(batch[-1][0])
+
+    def consumed_group_ids(self, group_ids: list[str]) -> set[str]:
+        """Those of ``group_ids`` in the consumed-ledger (trained on, dropped or given up)."""
+        if not group_ids:
+            return set()
+        scores = self._redis.zmscore(self._consumed_groups, group_ids)
+        return {group_id for group_id, score in zip(group_ids, scores, strict=True) if score is not None}
+
+    def record_consumed_groups(self, group_ids: list[str]) -> None:
+        """Put groups that will never be trained (lost with a producer) in the consumed-ledger.
+
+        Their late episodes, if any arrive, are then acknowledged as duplicates,
+        by this trainer or by one that resumes the run.
+        """
+        if group_ids:
+            now = time.time()
+            self._redis.zadd(self._consumed_groups, {group_id: now for group_id in group_ids})
+
     # -- acknowledging -------------------------------------------------------
 
     def ack(self, entry_ids: list[str]) -> int:

@@ -96,13 +96,14 @@ class CircuitBreakers:
                 breaker.probe_in_flight = False
 
     def states(self) -> dict[str, dict]:
-        """``{environment: {"state", "consecutive_failures", "opened_at"}}`` for reporting."""
+        """``{environment: {"state", "consecutive_failures", "opened_at", "last_failure_reason"}}``."""
         with self._lock:
             return {
                 name: {
                     "state": self._state(breaker),
                     "consecutive_failures": breaker.consecutive_failures,
                     "opened_at": breaker.opened_at,
+                    "last_failure_reason": breaker.last_failure_reason,
                 }
                 for name, breaker in self._breakers.items()
             }

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from tandem.contracts import RunSpec, run_spec_key, run_stop_key, trajectory_stream
 from tandem.run_config import RunConfig
+from workers.activity import process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
 from workers.environments import load_environment_class
 from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
@@ -130,14 +131,23 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
         spec = load_run_spec(client, run_id)
         if spec is None:
             raise RunNotReadyError(f"run {run_id} has no spec in Redis")
-        runtime = runtime_for(redis_url, spec)
+        summary = None
+        process_activity.task_started()
         try:
-            runtime.refresh_weights(force=True)
-        except PolicyNotPublishedError as exc:
-            raise RunNotReadyError(str(exc)) from exc
-        return asyncio.run(produce_groups(
-            redis_url=redis_url, spec=spec, runtime=runtime,
-            first_group_index=first_group_index, num_groups=num_groups,
-        ))
+            report_activity(client, run_id)
+            runtime = runtime_for(redis_url, spec)
+            try:
+                runtime.refresh_weights(force=True)
+            except PolicyNotPublishedError as exc:
+                raise RunNotReadyError(str(exc)) from exc
+            summary = asyncio.run(produce_groups(
+                redis_url=redis_url, spec=spec, runtime=runtime,
+                first_group_index=first_group_index, num_groups=num_groups,
+            ))
+            return summary
+        finally:
+            process_activity.task_finished(run_id=run_id, episodes=summary.episodes if summary else 0,
+                                           failed=summary.failed if summary else 0)
+            report_activity(client, run_id)
     finally:
         client.close()

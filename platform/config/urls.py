@@ -11,9 +11,12 @@ from environments.views import EnvironmentListCreateView
 from runs import pages as run_pages
 from runs.views import (
     RunCancelView,
+    RunCloneView,
     RunConfigSchemaView,
     RunDetailView,
     RunListCreateView,
+    RunPauseView,
+    RunResumeView,
     TrainerClaimView,
     TrainerHeartbeatView,
 )
@@ -36,6 +39,9 @@ api = [
     path("api/runs/", RunListCreateView.as_view(), name="api-runs"),
     path("api/runs/<int:run_id>/", RunDetailView.as_view(), name="api-run-detail"),
     path("api/runs/<int:run_id>/cancel/", RunCancelView.as_view(), name="api-run-cancel"),
+    path("api/runs/<int:run_id>/pause/", RunPauseView.as_view(), name="api-run-pause"),
+    path("api/runs/<int:run_id>/resume/", RunResumeView.as_view(), name="api-run-resume"),
+    path("api/runs/<int:run_id>/clone/", RunCloneView.as_view(), name="api-run-clone"),
     path("api/runs/<int:run_id>/metrics/", RunMetricsView.as_view(), name="api-run-metrics"),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
 ]

@@ -10,12 +10,16 @@ class Run(models.Model):
 
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"
+        STARTING = "starting", "Starting"
         RUNNING = "running", "Running"
+        PAUSED = "paused", "Paused"
         FINISHED = "finished", "Finished"
         FAILED = "failed", "Failed"
         CANCELLED = "cancelled", "Cancelled"
 
     TERMINAL_STATUSES = frozenset({Status.FINISHED, Status.FAILED, Status.CANCELLED})
+    # A trainer holds the run and must keep sending heartbeats.
+    TRAINER_HELD_STATUSES = frozenset({Status.STARTING, Status.RUNNING})
 
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="runs")
     environment = models.ForeignKey(
@@ -30,6 +34,10 @@ class Run(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     claimed_by = models.CharField(
         max_length=255, blank=True, default="", help_text="`hostname:pid` of the trainer."
+    )
+    attempts = models.PositiveIntegerField(
+        default=0,
+        help_text="Times a trainer claimed the run; past the first, the trainer resumes from its checkpoint.",
     )
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)

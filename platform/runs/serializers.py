@@ -21,6 +21,7 @@ class RunSerializer(serializers.ModelSerializer):
             "config",
             "policy_version",
             "trainer_step",
+            "attempts",
             "heartbeat_at",
             "created_at",
             "started_at",
@@ -54,6 +55,14 @@ class RunCreateSerializer(serializers.Serializer):
     )
 
 
+class RunCloneSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    config = serializers.DictField(
+        required=False, default=dict,
+        help_text="Only what differs from the original run's config; merged key by key.",
+    )
+
+
 class TrainerClaimSerializer(serializers.Serializer):
     worker = serializers.CharField(max_length=255, help_text="`hostname:pid` of the trainer.")
 
@@ -73,6 +82,7 @@ class ClaimedRunSerializer(serializers.ModelSerializer):
             "environment",
             "policy_version",
             "trainer_step",
+            "attempts",
         ]
 
     def get_environment(self, run: Run) -> dict:

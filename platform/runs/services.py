@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pydantic
+import redis
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
@@ -13,20 +16,27 @@ from accounts.models import Project
 from accounts.permissions import project_require_writer
 from domain_errors import Conflict, InvalidInput, NotFound
 from environments.selectors import environment_get
-from tandem.contracts import TrainerHeartbeat
+from tandem.contracts import TrainerHeartbeat, run_stop_key
 from tandem.run_config import RunConfig
 
 from .models import Run
 from .realtime import run_broadcast_on_commit
 
 Status = Run.Status
+logger = logging.getLogger(__name__)
 
 # The only status changes there are; anything else is refused with a Conflict.
+# starting: a trainer claimed the run and is building it; running: its first
+# heartbeat came. paused: the trainer checkpointed and let go of it; resuming
+# (from paused or failed) queues it again, and the next trainer continues
+# from its last checkpoint.
 LEGAL_TRANSITIONS: dict[str, frozenset[str]] = {
-    Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
-    Status.RUNNING: frozenset({Status.FINISHED, Status.FAILED, Status.CANCELLED}),
+    Status.QUEUED: frozenset({Status.STARTING, Status.CANCELLED, Status.FAILED}),
+    Status.STARTING: frozenset({Status.RUNNING, Status.PAUSED, Status.FAILED, Status.CANCELLED}),
+    Status.RUNNING: frozenset({Status.PAUSED, Status.FINISHED, Status.FAILED, Status.CANCELLED}),
+    Status.PAUSED: frozenset({Status.QUEUED, Status.CANCELLED}),
     Status.FINISHED: frozenset(),
-    Status.FAILED: frozenset(),
+    Status.FAILED: frozenset({Status.QUEUED}),
     Status.CANCELLED: frozenset(),
 }
 
@@ -79,13 +89,19 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
     run.status = to_status
     run.status_reason = reason
     update_fields = ["status", "status_reason"]
-    if to_status == Status.RUNNING:
+    if to_status == Status.RUNNING and run.started_at is None:
         run.started_at = now
         update_fields.append("started_at")
     if to_status in Run.TERMINAL_STATUSES:
         run.finished_at = now
         update_fields.append("finished_at")
+    if to_status == Status.QUEUED:  # resumed: it is not over, and no trainer holds it
+        run.finished_at = None
+        run.claimed_by = ""
+        update_fields += ["finished_at", "claimed_by"]
     run.save(update_fields=update_fields)
+    if to_status in Run.TERMINAL_STATUSES or to_status == Status.PAUSED:
+        run_producers_stop_on_commit(run.pk)
 
     run_broadcast_on_commit(run.pk, [_status_message(run)])
     return run
@@ -94,6 +110,90 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
 def run_cancel(*, user: AbstractBaseUser, run: Run) -> Run:
     project_require_writer(user=user, project=run.project)
     return run_transition(run=run, to_status=Status.CANCELLED, reason=f"Cancelled by {user}.")
+
+
+def run_pause(*, user: AbstractBaseUser, run: Run) -> Run:
+    """Ask the trainer to checkpoint and let go of ``run``; it learns so at its next heartbeat."""
+    project_require_writer(user=user, project=run.project)
+    return run_transition(run=run, to_status=Status.PAUSED, reason=f"Paused by {user}.")
+
+
+def run_resume(*, user: AbstractBaseUser, run: Run) -> Run:
+    """Queue a paused or failed run again; the trainer that claims it continues from its checkpoint."""
+    project_require_writer(user=user, project=run.project)
+    return run_transition(run=run, to_status=Status.QUEUED, reason=f"Resumed by {user}.")
+
+
+@transaction.atomic
+def run_clone(*, user: AbstractBaseUser, run: Run, config_changes: dict[str, Any] | None = None,
+              name: str = "") -> Run:
+    """A new queued run of the same environment whose config differs from ``run``'s only by ``config_changes``.
+
+    Changes merge into the original config key by key (nested sections too), so
+    ``{"algorithm": {"epsilon_high": 0.3}}`` keeps every other algorithm setting.
+    """
+    project_require_writer(user=user, project=run.project)
+    config = _merged(run.config, config_changes or {})
+    normalised = run_config_normalise(config)
+    return Run.objects.create(
+        project=run.project, environment=run.environment, config=normalised,
+        name=name.strip() or f"{run.name} (clone)"[:200], created_at=timezone.now(),
+    )
+
+
+def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def run_reap_dead_trainers(*, heartbeat_timeout_s: float) -> list[Run]:
+    """Fail the runs whose trainer stopped sending heartbeats ``heartbeat_timeout_s`` ago.
+
+    The reason says which trainer and since when; the producers are told to
+    stop. The user can resume such a run: the next trainer continues from the
+    last checkpoint and the stream's pending entries.
+    """
+    cutoff = timezone.now() - timezone.timedelta(seconds=heartbeat_timeout_s)
+    reaped = []
+    candidates = Run.objects.filter(status__in=Run.TRAINER_HELD_STATUSES, heartbeat_at__lt=cutoff)
+    for run_id in candidates.values_list("pk", flat=True):
+        with transaction.atomic():
+            run = Run.objects.select_for_update(skip_locked=True).filter(pk=run_id).first()
+            # Re-checked under the lock: a heartbeat may have arrived since the scan.
+            if run is None or run.status not in Run.TRAINER_HELD_STATUSES or run.heartbeat_at >= cutoff:
+                continue
+            reason = (
+                f"Trainer {run.claimed_by or '(unknown)'} sent no heartbeat since "
+                f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC (timeout {heartbeat_timeout_s:g} s); "
+                "resume the run to continue from its last checkpoint."
+            )
+            reaped.append(run_transition(run=run, to_status=Status.FAILED, reason=reason))
+    return reaped
+
+
+def run_producers_stop_on_commit(run_id: int) -> None:
+    """Once the transaction commits, tell producers to start no more episodes of ``run_id``.
+
+    The trainer sets the same key when it lets go of a run; this covers a
+    trainer that died, or a run cancelled before any trainer held it.
+    """
+
+    def stop() -> None:
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+            try:
+                client.set(run_stop_key(run_id), "1")
+            finally:
+                client.close()
+        except redis.RedisError:
+            logger.exception("could not tell producers to stop run %s", run_id)
+
+    transaction.on_commit(stop)
 
 
 @transaction.atomic
@@ -111,10 +211,11 @@ def run_claim_next(*, worker: str) -> Run | None:
     )
     if run is None:
         return None
-    run_transition(run=run, to_status=Status.RUNNING)
+    run_transition(run=run, to_status=Status.STARTING, reason=f"Claimed by trainer {worker}.")
     run.claimed_by = worker
-    run.heartbeat_at = run.started_at
-    run.save(update_fields=["claimed_by", "heartbeat_at"])
+    run.heartbeat_at = timezone.now()
+    run.attempts += 1
+    run.save(update_fields=["claimed_by", "heartbeat_at", "attempts"])
     return run
 
 
@@ -126,7 +227,10 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
     returned, so the trainer reads the status and stops: cancel wins.
     """
     run = Run.objects.select_for_update().select_related("project").get(pk=run.pk)
-    if run.is_terminal:
+    if heartbeat.worker and run.claimed_by and heartbeat.worker != run.claimed_by:
+        # The run was presumed dead and resumed by another trainer: this one must stop.
+        raise Conflict(f"Run {run.pk} is held by trainer {run.claimed_by}, not {heartbeat.worker}.")
+    if run.is_terminal or run.status == Status.PAUSED:
         return run
     if run.status == Status.QUEUED:
         raise Conflict(f"Run {run.pk} is queued; claim it before reporting on it.")
@@ -136,6 +240,10 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
     run.policy_version = max(run.policy_version, heartbeat.policy_version)
     run.trainer_step = max(run.trainer_step, heartbeat.trainer_step)
     run.save(update_fields=["heartbeat_at", "policy_version", "trainer_step"])
+    if heartbeat.status is None:
+        return run
+    if run.status == Status.STARTING and heartbeat.status != Status.FAILED:
+        run_transition(run=run, to_status=Status.RUNNING, reason="")
     if heartbeat.status != Status.RUNNING:
         run_transition(run=run, to_status=heartbeat.status, reason=heartbeat.message)
     return run

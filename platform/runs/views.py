@@ -15,11 +15,20 @@ from tandem.run_config import RunConfig
 from .selectors import run_get, run_get_for_user, run_list
 from .serializers import (
     ClaimedRunSerializer,
+    RunCloneSerializer,
     RunCreateSerializer,
     RunSerializer,
     TrainerClaimSerializer,
 )
-from .services import run_cancel, run_claim_next, run_create, run_heartbeat
+from .services import (
+    run_cancel,
+    run_claim_next,
+    run_clone,
+    run_create,
+    run_heartbeat,
+    run_pause,
+    run_resume,
+)
 
 
 class RunListCreateView(APIView):
@@ -56,6 +65,32 @@ class RunCancelView(APIView):
     def post(self, request, run_id: int):
         run = run_cancel(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id))
         return Response(RunSerializer(run, context={"request": request}).data)
+
+
+class RunPauseView(APIView):
+    def post(self, request, run_id: int):
+        run = run_pause(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id))
+        return Response(RunSerializer(run, context={"request": request}).data)
+
+
+class RunResumeView(APIView):
+    def post(self, request, run_id: int):
+        run = run_resume(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id))
+        return Response(RunSerializer(run, context={"request": request}).data)
+
+
+class RunCloneView(APIView):
+    def post(self, request, run_id: int):
+        serializer = RunCloneSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        run = run_clone(
+            user=request.user,
+            run=run_get_for_user(user=request.user, run_id=run_id),
+            config_changes=serializer.validated_data["config"],
+            name=serializer.validated_data["name"],
+        )
+        body = RunSerializer(run, context={"request": request}).data
+        return Response(body, status=status.HTTP_201_CREATED)
 
 
 class TrainerClaimView(APIView):

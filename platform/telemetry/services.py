@@ -46,7 +46,12 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
         for event, values in values_by_event
         for name, value in values.items()
     ]
-    MetricPoint.objects.bulk_create(points, ignore_conflicts=True, batch_size=1000)
+    # A trainer resumed from a checkpoint trains the steps after it again: the
+    # newest value of a step is the one its surviving parameters went through.
+    MetricPoint.objects.bulk_create(
+        points, update_conflicts=True, unique_fields=["run", "name", "step"],
+        update_fields=["value", "recorded_at"], batch_size=1000,
+    )
 
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status == Run.Status.RUNNING:

@@ -11,7 +11,8 @@ from accounts.models import Membership
 from accounts.services import membership_add, project_create, user_create_with_token
 from environments.builtin import CALCULATOR
 from environments.services import environment_register
-from runs.services import run_claim_next, run_create
+from runs.services import run_claim_next, run_create, run_heartbeat
+from tandem.contracts import TrainerHeartbeat
 
 _serial = itertools.count(1)
 
@@ -112,4 +113,5 @@ def running_run(make_run, project, environment):
     run = make_run(project, environment=environment)
     claimed = run_claim_next(worker="trainer-host:1")
     assert claimed is not None and claimed.pk == run.pk
-    return claimed
+    # The trainer's first heartbeat moves it from starting to running.
+    return run_heartbeat(run=claimed, heartbeat=TrainerHeartbeat(worker="trainer-host:1"))

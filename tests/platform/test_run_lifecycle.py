@@ -6,12 +6,20 @@ from runs.services import LEGAL_TRANSITIONS, run_transition
 
 ALL_PAIRS = [(source, target) for source in Run.Status.values for target in Run.Status.values]
 LEGAL = [
-    ("queued", "running"),
+    ("queued", "starting"),
     ("queued", "cancelled"),
     ("queued", "failed"),
+    ("starting", "running"),
+    ("starting", "paused"),
+    ("starting", "failed"),
+    ("starting", "cancelled"),
+    ("running", "paused"),
     ("running", "finished"),
     ("running", "failed"),
     ("running", "cancelled"),
+    ("paused", "queued"),
+    ("paused", "cancelled"),
+    ("failed", "queued"),
 ]
 
 
@@ -33,6 +41,8 @@ def test_only_legal_transitions_are_made(make_run, source, target):
         assert run.status == target and run.status_reason == "because"
         assert (run.started_at is not None) == (target == "running")
         assert (run.finished_at is not None) == (target in Run.TERMINAL_STATUSES)
+        if target == "queued":
+            assert run.claimed_by == ""
     else:
         with pytest.raises(Conflict, match=f"is {source}; it cannot become {target}"):
             run_transition(run=run, to_status=target)
@@ -46,5 +56,5 @@ def test_a_transition_judges_the_stored_status_not_a_stale_copy(make_run):
     run_transition(run=run, to_status="cancelled")
 
     with pytest.raises(Conflict):
-        run_transition(run=stale, to_status="running")
+        run_transition(run=stale, to_status="starting")
     assert stale.status == "cancelled"

@@ -126,7 +126,7 @@ def test_the_list_filters_by_status(api, project, environment, make_run):
     assert [r["id"] for r in api.get("/api/runs/?status=cancelled").json()["results"]] == [
         cancelled.pk
     ]
-    response = api.get("/api/runs/?status=paused")
+    response = api.get("/api/runs/?status=sleeping")
     assert response.status_code == 400
     assert list(response.json()["error"]["fields"]) == ["status"]
 
@@ -166,7 +166,7 @@ def test_showing_a_run(api, project, environment, make_run):
 
     expected_keys = {
         "id", "project", "name", "environment", "status", "status_reason", "config",
-        "policy_version", "trainer_step", "heartbeat_at", "created_at", "started_at",
+        "policy_version", "trainer_step", "attempts", "heartbeat_at", "created_at", "started_at",
         "finished_at", "urls",
     }  # fmt: skip
     assert set(body) == expected_keys

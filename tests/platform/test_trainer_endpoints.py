@@ -41,9 +41,15 @@ def test_a_claim_starts_the_oldest_queued_run(trainer_api, project, environment,
         "entrypoint": "workers.environments.calculator:CalculatorEnvironment",
         "params": {},
     }
+    assert claimed["attempts"] == 1
     oldest.refresh_from_db()
-    assert oldest.status == "running" and oldest.claimed_by == "gpu-box:4242"
-    assert oldest.started_at is not None and oldest.heartbeat_at is not None
+    assert oldest.status == "starting" and oldest.claimed_by == "gpu-box:4242"
+    assert oldest.started_at is None and oldest.heartbeat_at is not None
+
+    first = trainer_api.post(_heartbeat(oldest.pk), {"worker": "gpu-box:4242"}, format="json")
+    assert first.json() == {"status": "running"}
+    oldest.refresh_from_db()
+    assert oldest.status == "running" and oldest.started_at is not None
 
 
 def test_claims_take_runs_one_by_one_then_say_there_is_none(

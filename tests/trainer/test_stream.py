@@ -237,3 +237,29 @@ def test_trimming_waits_for_every_consumer_group(redis_client, run_id):
 def test_reader_settings_must_be_positive(redis_client, run_id, bad):
     with pytest.raises(ValueError):
         TrajectoryStreamReader(redis_client, run_id=run_id, consumer="trainer-a", **bad)
+
+
+def test_a_resuming_trainer_takes_over_a_dead_trainers_pending_entries_at_once(redis_client, run_id):
+    dead = TrajectoryStreamReader(redis_client, run_id=run_id, consumer="dead-trainer", reclaim_idle_ms=600_000)
+    ids = _append(redis_client, run_id, *[_record(run_id, f"{run_id}-{i // 2}") for i in range(6)])
+    held = dead.read(block_ms=100)
+    assert len(held) == 6
+    dead.ack_consumed([held[0:2]])  # group 0 trained and acknowledged before the crash
+    undelivered = _append(redis_client, run_id, _record(run_id, f"{run_id}-3"))
+
+    resumed = TrajectoryStreamReader(redis_client, run_id=run_id, consumer="new-trainer", reclaim_idle_ms=600_000)
+    assert resumed.take_over_pending() == 4
+
+    assert set(_pending(redis_client, run_id)) == set(ids[2:])
+    assert {consumer for consumer, _ in _pending(redis_client, run_id).values()} == {"new-trainer"}
+    consumers = {c["name"].decode() for c in redis_client.xinfo_consumers(trajectory_stream(run_id),
+                                                                          TRAINER_CONSUMER_GROUP)}
+    assert consumers == {"new-trainer"}
+    # Without waiting reclaim_idle_ms: the claimed entries first, then the undelivered one.
+    read = resumed.read(block_ms=100)
+    read += resumed.read(block_ms=100)
+    assert [e.entry_id for e in read] == ids[2:] + undelivered
+    assert resumed.group_ids_in_stream() == {f"{run_id}-{i}" for i in range(4)}
+    assert resumed.consumed_group_ids([f"{run_id}-{i}" for i in range(5)]) == {f"{run_id}-0"}
+    resumed.record_consumed_groups([f"{run_id}-4"])
+    assert resumed.consumed_group_ids([f"{run_id}-4"]) == {f"{run_id}-4"}

@@ -26,3 +26,8 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value is None else float(value)

@@ -1,0 +1,167 @@
+"""Pausing, resuming, cloning, and the reaper of runs whose trainer died (real PostgreSQL and Redis)."""
+
+from datetime import timedelta
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from runs.models import Run
+from runs.services import run_claim_next, run_reap_dead_trainers
+from runs.tasks import reap_dead_trainers
+from tandem.contracts import run_stop_key
+
+
+def _heartbeat(run_id: int) -> str:
+    return f"/api/trainer/runs/{run_id}/heartbeat/"
+
+
+@pytest.fixture
+def producers_redis():
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"these tests need Redis at {settings.REDIS_URL}: {exc}")
+    yield client
+    client.close()
+
+
+def _silence(run: Run, seconds: float) -> None:
+    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=seconds))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_reaper_fails_only_runs_whose_trainer_went_silent_and_stops_their_producers(
+    running_run, make_run, project, environment, producers_redis
+):
+    producers_redis.delete(run_stop_key(running_run.pk))
+    alive = make_run(project, environment=environment)
+    run_claim_next(worker="other-host:7")
+    queued = make_run(project, environment=environment)
+    _silence(running_run, 120)
+    _silence(alive, 5)
+
+    reaped = run_reap_dead_trainers(heartbeat_timeout_s=60)
+
+    assert [run.pk for run in reaped] == [running_run.pk]
+    running_run.refresh_from_db()
+    assert running_run.status == "failed"
+    assert "trainer-host:1 sent no heartbeat since" in running_run.status_reason
+    assert "timeout 60 s" in running_run.status_reason
+    assert producers_redis.get(run_stop_key(running_run.pk)) == b"1"
+    assert Run.objects.get(pk=alive.pk).status == "starting"
+    assert Run.objects.get(pk=queued.pk).status == "queued"
+    # A second pass finds nothing more to do.
+    assert run_reap_dead_trainers(heartbeat_timeout_s=60) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_beat_task_reaps_with_the_configured_timeout(running_run, settings):
+    settings.TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S = 30
+    _silence(running_run, 20)
+    assert reap_dead_trainers() == []
+    _silence(running_run, 40)
+    assert reap_dead_trainers() == [running_run.pk]
+
+
+def test_pause_then_resume_queues_the_run_for_a_trainer_that_resumes_it(api, trainer_api, running_run):
+    paused = api.post(f"/api/runs/{running_run.pk}/pause/")
+    assert paused.status_code == 200, paused.content
+    assert paused.json()["status"] == "paused"
+
+    # The trainer learns of the pause at its next heartbeat.
+    beat = trainer_api.post(_heartbeat(running_run.pk), {"worker": "trainer-host:1"}, format="json")
+    assert beat.json() == {"status": "paused"}
+
+    resumed = api.post(f"/api/runs/{running_run.pk}/resume/")
+    assert resumed.status_code == 200, resumed.content
+    assert resumed.json()["status"] == "queued"
+
+    claim = trainer_api.post("/api/trainer/claim/", {"worker": "new-host:2"}, format="json")
+    assert claim.json()["run"]["id"] == running_run.pk
+    assert claim.json()["run"]["attempts"] == 2
+    running_run.refresh_from_db()
+    assert running_run.status == "starting" and running_run.claimed_by == "new-host:2"
+
+
+def test_a_failed_run_can_be_resumed_but_a_finished_one_cannot(api, trainer_api, running_run, make_run,
+                                                                project, environment):
+    trainer_api.post(_heartbeat(running_run.pk), {"status": "failed", "message": "boom",
+                                                  "worker": "trainer-host:1"}, format="json")
+    assert api.post(f"/api/runs/{running_run.pk}/resume/").json()["status"] == "queued"
+    assert Run.objects.get(pk=running_run.pk).finished_at is None
+
+    finished = make_run(project, environment=environment)
+    Run.objects.filter(pk=finished.pk).update(status="finished")
+    refused = api.post(f"/api/runs/{finished.pk}/resume/")
+    assert refused.status_code == 409
+    assert refused.json()["error"]["message"] == f"Run {finished.pk} is finished; it cannot become queued."
+
+
+def test_a_queued_run_cannot_be_paused(api, make_run, project, environment):
+    run = make_run(project, environment=environment)
+    response = api.post(f"/api/runs/{run.pk}/pause/")
+    assert response.status_code == 409
+    assert Run.objects.get(pk=run.pk).status == "queued"
+
+
+def test_a_trainer_that_lost_its_run_to_another_is_told_so(api, trainer_api, running_run):
+    Run.objects.filter(pk=running_run.pk).update(status="failed")
+    api.post(f"/api/runs/{running_run.pk}/resume/")
+    trainer_api.post("/api/trainer/claim/", {"worker": "new-host:2"}, format="json")
+
+    zombie = trainer_api.post(_heartbeat(running_run.pk), {"worker": "trainer-host:1", "trainer_step": 99},
+                              format="json")
+
+    assert zombie.status_code == 409
+    assert "held by trainer new-host:2, not trainer-host:1" in zombie.json()["error"]["message"]
+    running_run.refresh_from_db()
+    assert running_run.trainer_step != 99
+
+
+def test_clone_changes_only_what_it_is_told(api, running_run):
+    original = running_run.config
+    response = api.post(f"/api/runs/{running_run.pk}/clone/",
+                        {"name": "lower lr", "config": {"learning_rate": 0.0005,
+                                                        "algorithm": {"epsilon_high": 0.3}}},
+                        format="json")
+
+    assert response.status_code == 201, response.content
+    clone = response.json()
+    assert clone["status"] == "queued" and clone["name"] == "lower lr" and clone["id"] != running_run.pk
+    assert clone["environment"] == running_run.environment.name
+    assert clone["config"]["learning_rate"] == 0.0005
+    assert clone["config"]["algorithm"]["epsilon_high"] == 0.3
+    differing = {key for key in original if original[key] != clone["config"][key]}
+    assert differing == {"learning_rate", "algorithm"}
+    assert {key for key in original["algorithm"]
+            if original["algorithm"][key] != clone["config"]["algorithm"][key]} == {"epsilon_high"}
+
+
+def test_a_clone_with_a_bad_change_is_400_naming_the_field(api, running_run):
+    response = api.post(f"/api/runs/{running_run.pk}/clone/", {"config": {"group_size": 0}}, format="json")
+    assert response.status_code == 400
+    assert "config.group_size" in response.json()["error"]["fields"]
+
+
+def test_another_projects_user_can_neither_pause_resume_nor_clone(client_for, make_user, running_run):
+    stranger = client_for(make_user("mallory"))
+    for action in ("pause", "resume", "clone"):
+        assert stranger.post(f"/api/runs/{running_run.pk}/{action}/", {}, format="json").status_code == 404
+    assert Run.objects.get(pk=running_run.pk).status == "running"
+
+
+def test_a_liveness_heartbeat_refreshes_the_run_without_moving_it(trainer_api, make_run, project, environment):
+    run = make_run(project, environment=environment)
+    run_claim_next(worker="slow-compile:3")
+    _silence(run, 50)
+
+    beat = trainer_api.post(_heartbeat(run.pk), {"status": None, "worker": "slow-compile:3"}, format="json")
+
+    assert beat.json() == {"status": "starting"}
+    run.refresh_from_db()
+    assert run.status == "starting"
+    assert timezone.now() - run.heartbeat_at < timedelta(seconds=5)
+    assert run_reap_dead_trainers(heartbeat_timeout_s=30) == []

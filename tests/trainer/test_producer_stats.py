@@ -1,0 +1,80 @@
+"""Producer utilisation and circuit-breaker reports, from producer process to trainer telemetry (real Redis)."""
+
+import time
+
+import pytest
+
+from tandem.contracts import ProducerReport, producers_key
+from trainer.producer_stats import ProducerStats
+from workers.activity import ProducerActivity, report_activity
+from workers.circuit_breaker import process_breakers
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_process_is_busy_while_any_of_its_task_threads_runs():
+    clock = Clock()
+    activity = ProducerActivity(clock=clock)
+    activity.task_started()
+    clock.now += 2
+    activity.task_started()  # overlapping tasks: busy time is not counted twice
+    clock.now += 3
+    activity.task_finished(run_id=7, episodes=4, failed=1)
+    clock.now += 1
+    activity.task_finished(run_id=7, episodes=4, failed=0)
+    clock.now += 4  # idle
+
+    uptime, busy, running, episodes, failed = activity.snapshot(7)
+
+    assert (uptime, busy, running, episodes, failed) == (10.0, 6.0, 0, 8, 1)
+    assert activity.snapshot(8)[3:] == (0, 0)
+
+
+def test_the_trainer_measures_each_producers_share_of_the_step(redis_client):
+    run_id = 41
+    clock = Clock()
+    busy_worker, idle_worker = ProducerActivity(clock=clock), ProducerActivity(clock=clock)
+    for activity in (busy_worker, idle_worker):
+        activity.task_started()
+    idle_worker.task_finished(run_id=run_id, episodes=2, failed=0)
+    report_activity(redis_client, run_id, busy_worker, worker="host:1")
+    report_activity(redis_client, run_id, idle_worker, worker="host:2")
+    stats = ProducerStats(redis_client, run_id)
+    first = stats.step_fields()
+    assert first["producer_utilisation"] is None and first["producers_reporting"] == 2
+
+    # Later, host:1 is still in its task (no new report) and host:2 stayed idle.
+    time.sleep(0.4)
+    second = stats.step_fields()
+
+    assert second["producer_utilisation"] == pytest.approx(0.5, abs=0.02)
+    stored = {ProducerReport.model_validate_json(raw).worker
+              for raw in redis_client.hgetall(producers_key(run_id)).values()}
+    assert stored == {"host:1", "host:2"}
+
+
+def test_an_open_circuit_breaker_reaches_the_step_telemetry(redis_client):
+    run_id = 42
+    environment = "flaky-env-under-test"
+    for _ in range(process_breakers.failure_threshold):
+        process_breakers.record_failure(environment, "ConnectionError: refused")
+    try:
+        activity = ProducerActivity()
+        activity.task_started()
+        report = report_activity(redis_client, run_id, activity, worker="host:3")
+        assert report.circuit_breakers[environment].state == "open"
+        assert report.circuit_breakers[environment].last_failure_reason == "ConnectionError: refused"
+
+        fields = ProducerStats(redis_client, run_id).step_fields()
+
+        assert fields["circuit_breakers_open"][environment] == 1
+    finally:
+        process_breakers.record_success(environment)
+    report_activity(redis_client, run_id, activity, worker="host:3")
+    assert ProducerStats(redis_client, run_id).step_fields()["circuit_breakers_open"][environment] == 0
