@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=6)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     parser.add_argument("--port", type=int, default=8766)
+    parser.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     args = parser.parse_args()
     latencies = [int(value) for value in args.latencies.split(",")]
 
@@ -74,7 +75,11 @@ def main() -> None:
 
     redis.Redis.from_url(args.redis_url).flushdb()
     var_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
+    # Enough task threads for async's whole staleness budget of episodes in flight:
+    # (max_staleness + 1) steps of groups, one group per task.
+    task_threads = -(-(config["max_staleness"] + 1) * config["groups_per_step"] // args.workers)
     stack = LocalStack(StackConfig(redis_url=args.redis_url, port=args.port, var_dir=var_dir,
+                                   workers=args.workers, worker_concurrency=task_threads,
                                    database_url=f"sqlite:///{var_dir / 'bench.sqlite3'}"))
     servers = []
     results: dict[str, dict] = {}
@@ -131,7 +136,9 @@ def main() -> None:
             "sync_staleness_max": sync.get("staleness_max"),
             "statuses": [async_.get("status"), sync.get("status")],
         }
-    output["config"] = {**config, "workers": stack.config.workers, "episodes_per_step": episodes_per_step}
+    output["config"] = {**config, "workers": stack.config.workers,
+                        "worker_concurrency": stack.config.worker_concurrency,
+                        "episodes_per_step": episodes_per_step}
     output["wall_s"] = round(time.time() - started, 1)
     print(json.dumps(output))
 

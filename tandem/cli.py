@@ -48,6 +48,8 @@ def cmd_trainer(args) -> int:
 
 def cmd_worker(args) -> int:
     os.environ["REDIS_URL"] = _redis_url(args)
+    # The inference engine sizes its batch for every task thread's episodes.
+    os.environ["TANDEM_WORKER_CONCURRENCY"] = str(args.concurrency)
     from workers.app import app
 
     # Threads, not prefork: nothing forks after JAX starts, and the task threads

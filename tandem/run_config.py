@@ -213,7 +213,8 @@ class RunConfig(BaseModel):
         None,
         ge=1,
         le=4096,
-        description="KV-cache rows of each producer's inference engine (turns decoded together); default groups_per_task * group_size.",
+        description="KV-cache rows of each producer process's inference engine (turns decoded together); "
+        "default groups_per_task * group_size * the worker's task concurrency, at most 256.",
     )
     decode_chunk_tokens: int = Field(
         8,

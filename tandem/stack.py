@@ -32,6 +32,7 @@ class StackConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 2
+    worker_concurrency: int = 4  # rollout tasks each worker runs at once
     var_dir: Path = REPO_ROOT / "var"
     django_settings: str = "config.settings.dev"
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -125,6 +126,7 @@ class LocalStack:
         for index in range(self.config.workers):
             self._spawn(f"worker-{index}", [
                 sys.executable, "-m", "tandem.cli", "worker", "--name", f"rollouts-{index}@%h",
+                "--concurrency", str(self.config.worker_concurrency),
             ])
 
     def start_trainer(self, *, trainer_token: str, name: str = "trainer") -> None:

@@ -27,16 +27,27 @@ from trainer.inference_engine import Completion, InferenceEngine
 from trainer.model import Transformer, split_model
 from trainer.tokenizer import load_tokenizer
 from trainer.weights import RedisWeightSubscriber
+from workers.settings import task_concurrency
 
 
 class PolicyNotPublishedError(RuntimeError):
     """The trainer has not published any weights for this run yet."""
 
 
-def inference_slots(config: RunConfig) -> int:
-    """KV-cache rows of a run's engine: by default, every episode of one rollout task."""
+# A default, not a limit: runs that want more rows say so in inference_slots.
+_DEFAULT_SLOTS_CAP = 256
+
+
+def inference_slots(config: RunConfig, task_concurrency: int = 1) -> int:
+    """KV-cache rows of a run's engine: by default, every episode the process's task threads run at once.
+
+    The task threads of a worker share one engine. With fewer rows than
+    episodes in flight, turns queue for a row and idle episodes lose their
+    cached prefix, so generation runs in small batches exactly when many
+    episodes wait on their environments.
+    """
     configured = config.inference_slots
-    return configured or config.groups_per_task * config.group_size
+    return configured or min(config.groups_per_task * config.group_size * task_concurrency, _DEFAULT_SLOTS_CAP)
 
 
 class PolicyRuntime:
@@ -56,7 +67,7 @@ class PolicyRuntime:
             config=model_config,
             eos_id=self.tokenizer.eos_id,
             pad_id=self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id,
-            num_slots=inference_slots(config),
+            num_slots=inference_slots(config, task_concurrency()),
             chunk_size=config.decode_chunk_tokens,
             detokenize=self.tokenizer.decode,
             # Runs in the engine thread between chunks, so weights never change mid-chunk.

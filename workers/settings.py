@@ -7,3 +7,8 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 def redis_url() -> str:
     return os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+
+
+def task_concurrency() -> int:
+    """Rollout tasks this process runs at once (``tandem worker --concurrency``); 1 outside a worker."""
+    return max(int(os.environ.get("TANDEM_WORKER_CONCURRENCY", "1")), 1)

@@ -100,3 +100,14 @@ def test_episodes_reuse_their_prefix_across_turns_and_free_their_slots(
     assert stats.evictions == 0
     assert all(r.policy_versions == [7, 7] for r in records)
     assert runtime.engine.session_count == 0  # every episode ended its session
+
+
+def test_the_engine_has_a_row_for_every_episode_of_every_task_thread_by_default():
+    from tandem.run_config import RunConfig
+    from workers.policy import inference_slots
+
+    config = RunConfig.model_validate({"group_size": 8, "groups_per_task": 2})
+    assert inference_slots(config) == 16
+    assert inference_slots(config, task_concurrency=4) == 64
+    assert inference_slots(config, task_concurrency=100) == 256
+    assert inference_slots(RunConfig.model_validate({"inference_slots": 12}), task_concurrency=4) == 12
