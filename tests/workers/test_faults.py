@@ -54,7 +54,10 @@ def test_the_breaker_opens_after_consecutive_failures_and_fails_new_episodes_fas
     assert reasons[:3] == ["reset raised ConnectionError: environment server unreachable"] * 3
     assert all(r.startswith("circuit open: 3 consecutive failed episodes of 'broken'") for r in reasons[3:])
     assert BrokenResetEnvironment.resets == 3  # open: the environment is not called at all
-    assert breakers.states() == {"broken": {"state": "open", "consecutive_failures": 3, "opened_at": 1000.0}}
+    assert breakers.states() == {"broken": {
+        "state": "open", "consecutive_failures": 3, "opened_at": 1000.0,
+        "last_failure_reason": "reset raised ConnectionError: environment server unreachable",
+    }}
 
 
 def test_after_the_cooldown_one_probe_closes_the_breaker_on_success():
@@ -66,7 +69,8 @@ def test_after_the_cooldown_one_probe_closes_the_breaker_on_success():
     assert breakers.admit("broken") is None  # the probe
     assert breakers.admit("broken").startswith("circuit open:")  # others wait for its verdict
     breakers.record_success("broken")
-    assert breakers.states()["broken"] == {"state": "closed", "consecutive_failures": 0, "opened_at": None}
+    assert breakers.states()["broken"] == {"state": "closed", "consecutive_failures": 0, "opened_at": None,
+                                           "last_failure_reason": ""}
 
 
 def test_a_failed_probe_reopens_the_breaker_for_another_cooldown():
