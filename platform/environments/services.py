@@ -25,6 +25,7 @@ from tandem.contracts import (
     ProbeCheck,
     ProbeReport,
     ProbeRequest,
+    ProbeTimeouts,
     environment_paused_key,
     probe_request_key,
 )
@@ -183,6 +184,7 @@ def environment_probe_request(
             probe_id=probe.pk,
             purpose=purpose,
             environment=version.to_spec(),
+            timeouts=ProbeTimeouts(**settings.TANDEM_PROBE_TIMEOUTS),
             url_allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST,
         )
         # robust: the registration stands if Redis is away; the probe then expires, visibly.
