@@ -14,7 +14,7 @@ from environments.services import (
     environment_version_register,
 )
 from runs.services import run_claim_next
-from tandem.contracts import environment_paused_key
+from tandem.contracts import PROBE_QUEUE, environment_paused_key
 
 from .conftest import probe_report
 
@@ -136,6 +136,7 @@ def test_a_failed_health_check_pauses_dispatch_with_its_reason_and_a_pass_resume
     assert redis_client.get(environment_paused_key(version.pk)) is None
     claimed = trainer_api.post(CLAIM, {"worker": "t:2"}, format="json")
     assert claimed.json()["run"]["id"] == queued.pk
+    redis_client.delete(PROBE_QUEUE)  # the two health probes sent; no worker here runs them
 
 
 def test_a_health_check_never_overrules_a_pending_or_failed_probe(project, make_environment):
