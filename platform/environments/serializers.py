@@ -30,6 +30,12 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
     )
 
     def validate(self, data):
+        # A misspelt or renamed field would otherwise be dropped silently and the probe fail later.
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({
+                key: ["Renamed 'settings'." if key == "params" else "Unknown field."] for key in unknown
+            })
         adapter = ADAPTER_ENTRYPOINTS.get(data["kind"])
         if adapter is None and not data["entrypoint"]:
             raise serializers.ValidationError({"entrypoint": ["Kind 'python' needs 'module:Class'."]})

@@ -47,9 +47,9 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     api = httpx.Client(base_url=stack.config.platform_url,
                        headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
     api.post("/api/environments/", json={
-        "project": credentials.project_id, "name": "slow-remote", "kind": "python",
-        "entrypoint": "workers.environments.http:RemoteHTTPEnvironment",
-        "params": {"url": slow_environment_url, "timeout_s": 30},
+        "project": credentials.project_id, "name": "slow-remote", "kind": "http",
+        "settings": {"url": slow_environment_url, "timeout_s": 30},
+        "tools": httpx.get(f"{slow_environment_url}/schema").json()["tools"],
     }).raise_for_status()
     run = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "producer death", "environment": "slow-remote",

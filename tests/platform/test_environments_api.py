@@ -96,6 +96,14 @@ def test_settings_must_be_an_object(api, project):
     assert _fields(response) == ["settings"]
 
 
+def test_unknown_fields_are_400_naming_them(api, project):
+    response = _register(api, project=project.pk, params={"size": 5}, colour="blue")
+
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {"colour": ["Unknown field."],
+                                                  "params": ["Renamed 'settings'."]}
+
+
 def test_an_adapter_kind_loads_its_adapter_and_refuses_another_entrypoint(api, project):
     http = _register(api, project=project.pk, kind="http", entrypoint="",
                      settings={"url": "http://127.0.0.1:8765"}, tools=[])
