@@ -125,6 +125,7 @@ def cmd_up(args) -> int:
         credentials = stack.prepare()
         stack.start(credentials)
         print(f"dashboard: {config.platform_url}/runs/  (login {credentials.username} / {credentials.password})")
+        print(f"environments and their probes: {config.platform_url}/environments/")
         print(f"API token for {credentials.username}: {credentials.user_token}")
         print(f"logs: {stack.log_dir}")
         if not args.demo:

@@ -393,9 +393,13 @@ class ProbeTimeouts(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # Resolving a remote URL's host name on the worker.
+    url: float = Field(10.0, gt=0)
     # Loading imports the module and builds the instance; a reasoning-gym dataset takes seconds.
     load: float = Field(60.0, gt=0)
     reset: float = Field(20.0, gt=0)
+    # Reading the declared tools (a property may do I/O) and checking their schemas.
+    tools: float = Field(10.0, gt=0)
     step: float = Field(20.0, gt=0)
     close: float = Field(10.0, gt=0)
 

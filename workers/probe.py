@@ -198,22 +198,21 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
         await state["environment"].close()
         return "closed"
 
-    plan: list[tuple[str, Callable[[], Any], float | None, bool]] = [
-        # (name, check, timeout, runs on the environment's loop)
-        ("url", check_url, None, False),
-        ("load", load, timeouts.load, True),
-        ("sample_task", sample_task, timeouts.load, True),
-        ("reset", reset, timeouts.reset, True),
-        ("tools", lambda: check_tools(state["environment"], spec.tools), None, False),
-        ("step", step, timeouts.step, True),
+    plan: list[tuple[str, Callable[[], Any], float]] = [
+        ("url", check_url, timeouts.url),
+        ("load", load, timeouts.load),
+        ("sample_task", sample_task, timeouts.load),
+        ("reset", reset, timeouts.reset),
+        ("tools", lambda: check_tools(state["environment"], spec.tools), timeouts.tools),
+        ("step", step, timeouts.step),
     ]
     failed = False
-    for name, function, timeout_s, on_loop in plan:
+    for name, function, timeout_s in plan:
         if failed:
             checks.append(ProbeCheck(name=name, status="skipped", message="an earlier check failed",
                                      timeout_s=timeout_s))
             continue
-        checks.append(_timed(name, function, timeout_s, loop if on_loop else None))
+        checks.append(_timed(name, function, timeout_s, loop))
         failed = checks[-1].status == "failed"
     if "environment" in state and state.get("reset"):
         # close() runs even after a failed step: it releases what reset took.
@@ -230,13 +229,11 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
                        started_at=started_at, finished_at=time.time())
 
 
-def _timed(name: str, function: Callable[[], Any], timeout_s: float | None,
-           loop: _EnvironmentLoop | None) -> ProbeCheck:
+def _timed(name: str, function: Callable[[], Any], timeout_s: float,
+           loop: _EnvironmentLoop) -> ProbeCheck:
     started = time.perf_counter()
     try:
-        if loop is None:
-            message = function()
-        elif inspect.iscoroutinefunction(function):
+        if inspect.iscoroutinefunction(function):
             message = loop.run(function(), timeout_s)
         else:
             message = loop.call(function, timeout_s)

@@ -40,7 +40,7 @@ def produce_rollouts(self, run_id: int, first_group_index: int, num_groups: int)
     queue=PROBE_QUEUE,
     # The probe's own per-check timeouts are what hold: the threads pool enforces
     # no Celery time limit. These bound it under prefork, above the sum of the
-    # default check timeouts (ProbeTimeouts: 60 + 60 + 20 + 20 + 10 seconds).
+    # default check timeouts (ProbeTimeouts: 10 + 60 + 60 + 20 + 10 + 20 + 10 seconds).
     soft_time_limit=240,
     time_limit=300,
 )

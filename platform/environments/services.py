@@ -234,7 +234,20 @@ def environment_probe_record(*, report: ProbeReport) -> EnvironmentProbe:
     probe.duration_s = round(max(report.finished_at - report.started_at, 0.0), 6)
     probe.save(update_fields=["status", "checks", "worker", "finished_at", "duration_s"])
     _version_apply_probe(probe)
+    if probe.purpose == Purpose.HEALTH:
+        _health_history_trim(version_id=probe.version_id)
     return probe
+
+
+def _health_history_trim(*, version_id: int) -> None:
+    """Beat adds a health probe per version in use every minute; keep the newest only."""
+    finished = EnvironmentProbe.objects.filter(
+        version_id=version_id, purpose=Purpose.HEALTH
+    ).exclude(status=EnvironmentProbe.Status.PENDING)
+    old = finished.order_by("-requested_at", "-id").values_list("pk", flat=True)[
+        settings.TANDEM_HEALTH_PROBES_KEPT:
+    ]
+    EnvironmentProbe.objects.filter(pk__in=list(old)).delete()
 
 
 def _version_apply_probe(probe: EnvironmentProbe) -> None:
@@ -304,6 +317,8 @@ def environment_probes_expire(*, now=None) -> int:
     return expired
 
 
+# Not one transaction: each expired probe and each health probe request commits
+# on its own, so one failure leaves the rest of the sweep done.
 def environment_health_sweep(*, now=None) -> dict[str, int]:
     """Probe again every version in use that passed its probe; run periodically by Celery beat.
 

@@ -205,3 +205,15 @@ def test_new_runs_may_pin_a_version_that_is_not_ready_yet(api, project, environm
 
     assert response.status_code == 201
     assert response.json()["environment_version"]["dispatchable"] is False
+
+
+def test_the_health_history_keeps_the_newest_checks(project, environment, settings):
+    settings.TANDEM_HEALTH_PROBES_KEPT = 2
+    version = _version(environment)
+
+    checks = [_health_check(version, failed_check="step" if index == 2 else None)
+              for index in range(4)]
+
+    kept = version.probes.filter(purpose="health").order_by("id")
+    assert [probe.pk for probe in kept] == [checks[2].pk, checks[3].pk]
+    assert version.probes.filter(purpose="registration").count() == 1

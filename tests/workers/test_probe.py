@@ -11,7 +11,7 @@ from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts
 from workers.environments import http_example_server
 from workers.probe import run_probe
 
-FAST = ProbeTimeouts(load=10, reset=1.5, step=1.5, close=1.5)
+FAST = ProbeTimeouts(url=5, load=10, reset=1.5, tools=1.5, step=1.5, close=1.5)
 CHECKS = ["url", "load", "sample_task", "reset", "tools", "step", "close"]
 
 
@@ -50,6 +50,7 @@ def test_the_builtin_calculator_passes_every_check_quickly():
     assert _check(report, "step").message == "reward 0, done True"
     assert all(check.latency_s is not None and check.latency_s < 1.0 for check in report.checks)
     assert _check(report, "reset").timeout_s == FAST.reset
+    assert all(check.timeout_s is not None for check in report.checks)  # every check has a limit
     assert time.perf_counter() - started < 2.0
 
 

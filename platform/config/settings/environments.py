@@ -12,3 +12,5 @@ TANDEM_PROBE_EXPIRY_S = float(env_str("TANDEM_PROBE_EXPIRY_S", "600"))
 # Per-check probe timeouts in seconds, JSON, e.g. {"reset": 5}; unset ones keep
 # tandem.contracts.ProbeTimeouts' defaults.
 TANDEM_PROBE_TIMEOUTS = json.loads(env_str("TANDEM_PROBE_TIMEOUTS", "{}"))
+# Health check probes kept per version (the health history); older ones are deleted.
+TANDEM_HEALTH_PROBES_KEPT = int(env_str("TANDEM_HEALTH_PROBES_KEPT", "500"))
