@@ -69,7 +69,9 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     time.sleep(1.0)  # its episodes are now waiting on the 2 s environment step
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(timeout=10)
-    assert "succeeded" not in log.read_text(errors="replace")
+    # It ran no rollout task to the end (an environment probe may have succeeded there).
+    assert not [line for line in log.read_text(errors="replace").splitlines()
+                if "tandem.rollouts.produce" in line and "succeeded" in line]
 
     deadline = time.monotonic() + 240
     while (status := api.get(f"/api/runs/{run_id}/").json()["status"]) not in {"finished", "failed"}:
