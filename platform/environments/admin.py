@@ -12,6 +12,9 @@ class EnvironmentAdmin(admin.ModelAdmin):
 class EnvironmentVersionAdmin(admin.ModelAdmin):
     list_display = ["id", "environment", "number", "kind", "status", "created_at"]
     list_filter = ["kind", "status"]
+    # A version is immutable: a different definition is a new version.
+    readonly_fields = ["environment", "number", "kind", "entrypoint", "settings", "tools",
+                       "created_by", "created_at"]
 
 
 @admin.register(EnvironmentProbe)
