@@ -61,7 +61,10 @@ def environment_page(request, environment_id: int):
             "version": version,
             "settings_json": json.dumps(version.settings, indent=2, sort_keys=True),
             "tools_json": json.dumps(version.tools, indent=2, sort_keys=True),
-            "probes": list(environment_probe_list(version=version)[:PROBES_ON_PAGE]),
+            "probes": [
+                {"probe": probe, "checks": [_check_shown(check) for check in probe.checks]}
+                for probe in environment_probe_list(version=version)[:PROBES_ON_PAGE]
+            ],
         }
         for version in environment.versions.all()
     ]
@@ -80,6 +83,12 @@ def environment_version_probe_page(request, environment_id: int, number: int):
     else:
         messages.success(request, f"Probing {version} again.")
     return redirect("environment-page", environment_id=environment.pk)
+
+
+def _check_shown(check: dict) -> dict:
+    """A probe check with its latency in milliseconds: most checks take well under one."""
+    latency_s = check.get("latency_s")
+    return {**check, "latency_ms": None if latency_s is None else round(latency_s * 1000, 1)}
 
 
 def _environment_or_404(request, environment_id: int):
