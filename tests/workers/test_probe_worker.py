@@ -31,7 +31,8 @@ SETTLE_TIMEOUT_S = 120
 def processes(django_db_setup, django_db_blocker, redis_url, tmp_path_factory):
     """One rollout worker on the probes queue and one platform worker with beat, on the test database."""
     database = connection.settings_dict
-    database_url = (f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
+    password = f":{database['PASSWORD']}" if database.get("PASSWORD") else ""
+    database_url = (f"postgres://{database['USER']}{password}@{database['HOST']}:{database['PORT']}/"
                     f"{database['NAME']}")
     client = redis.Redis.from_url(redis_url)
     client.delete(PROBE_QUEUE, PLATFORM_QUEUE)  # tasks left by an earlier session name rows long gone
