@@ -95,9 +95,10 @@ def main() -> None:
             servers.append(process)
             name = f"remote-calculator-{latency}ms"
             client.post("/api/environments/", json={
-                "project": credentials.project_id, "name": name, "kind": "python",
-                "entrypoint": "workers.environments.http:RemoteHTTPEnvironment",
-                "params": {"url": url, "timeout_s": 30},
+                "project": credentials.project_id, "name": name, "kind": "http",
+                "settings": {"url": url, "timeout_s": 30},
+                # The probe checks the declared tools against what the server exposes.
+                "tools": httpx.get(f"{url}/schema").json()["tools"],
             }).raise_for_status()
             for pipeline in ("async", "sync"):
                 response = client.post("/api/runs/", json={

@@ -54,10 +54,34 @@ def cmd_worker(args) -> int:
 
     # Threads, not prefork: nothing forks after JAX starts, and the task threads
     # of one process share its inference engine, which batches their episodes together.
-    argv = ["worker", "--pool", "threads", "--concurrency", str(args.concurrency), "--queues", "rollouts",
+    argv = ["worker", "--pool", "threads", "--concurrency", str(args.concurrency), "--queues", args.queues,
             "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]
     if args.name:
         argv += ["--hostname", args.name]
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_platform_worker(args) -> int:
+    """The platform's Celery worker with Celery beat inside: probe reports, health sweeps, the run reaper."""
+    platform_dir = Path(__file__).resolve().parents[1] / "platform"
+    sys.path.insert(0, str(platform_dir))
+    os.environ["REDIS_URL"] = _redis_url(args)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+    import django
+
+    django.setup()
+    from config.celery import app
+    from tandem.contracts import PLATFORM_QUEUE
+
+    schedule = Path(args.schedule_file)
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    # Solo pool: its tasks are short database writes. Beat runs inside this process,
+    # so run exactly one platform worker (a second would double every health sweep).
+    argv = ["worker", "--pool", "solo", "--queues", PLATFORM_QUEUE, "--loglevel", args.loglevel,
+            "--without-gossip", "--without-mingle", "--hostname", args.name]
+    if not args.no_beat:
+        argv += ["--beat", "--schedule", str(schedule)]
     app.worker_main(argv)
     return 0
 
@@ -103,6 +127,7 @@ def cmd_up(args) -> int:
         credentials = stack.prepare()
         stack.start(credentials)
         print(f"dashboard: {config.platform_url}/runs/  (login {credentials.username} / {credentials.password})")
+        print(f"environments and their probes: {config.platform_url}/environments/")
         print(f"API token for {credentials.username}: {credentials.user_token}")
         print(f"logs: {stack.log_dir}")
         if not args.demo:
@@ -156,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--redis-url", help=f"default: $REDIS_URL or {DEFAULT_REDIS_URL}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    up = commands.add_parser("up", help="start web, rollout workers and a trainer on this machine")
+    up = commands.add_parser(
+        "up", help="start web, the platform worker with beat, rollout workers and a trainer on this machine")
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     up.add_argument("--demo", action="store_true", help="submit a demo run and show its progress")
@@ -176,7 +202,19 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--loglevel", default="INFO")
     worker.add_argument("--concurrency", type=int, default=4,
                         help="rollout tasks this process runs at once (each runs many episodes)")
+    worker.add_argument("--queues", default="rollouts,probes",
+                        help="Celery queues to consume: rollouts (episodes) and probes (environment probes)")
     worker.set_defaults(func=cmd_worker)
+
+    platform_worker = commands.add_parser(
+        "platform-worker", help="run the platform's Celery worker and beat (probe reports, health checks, reaper)")
+    platform_worker.add_argument("--name", default="platform@%h")
+    platform_worker.add_argument("--loglevel", default="INFO")
+    platform_worker.add_argument("--schedule-file", default=os.environ.get(
+        "TANDEM_BEAT_SCHEDULE", "var/celerybeat-schedule"), help="where Celery beat keeps its state")
+    platform_worker.add_argument("--no-beat", action="store_true",
+                                 help="do not run Celery beat here (it runs in another process)")
+    platform_worker.set_defaults(func=cmd_platform_worker)
     return parser
 
 

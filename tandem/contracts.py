@@ -9,7 +9,7 @@ by a newer, incompatible writer instead of misreading it.
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,6 +24,15 @@ ROLLOUT_QUEUE = "rollouts"
 
 # Consumer group the trainer reads trajectory streams through.
 TRAINER_CONSUMER_GROUP = "trainer"
+
+# Conformance probes of registered environments run where environments run (the
+# rollout workers, `tandem worker` consumes both queues); their reports go back
+# to the platform's own Celery worker, which has the database. Workers keep
+# needing nothing but Redis.
+PROBE_TASK_NAME = "tandem.environments.probe"
+PROBE_QUEUE = "probes"
+PROBE_REPORT_TASK_NAME = "tandem.environments.record_probe_report"
+PLATFORM_QUEUE = "platform"
 
 
 class SchemaVersionError(ValueError):
@@ -88,6 +97,19 @@ def lineage_stream(run_id: int) -> str:
     return _run_key(run_id, "lineage")
 
 
+def probe_request_key(probe_id: int) -> str:
+    """Redis string holding the :class:`ProbeRequest` JSON a probe task reads by its id."""
+    return f"{KEY_PREFIX}:probe:{probe_id}:request"
+
+
+def environment_paused_key(version_id: int) -> str:
+    """Redis string, set while a registered environment version is unhealthy: the reason.
+
+    Producers start no episode of a run pinned to a paused version.
+    """
+    return f"{KEY_PREFIX}:environment_version:{version_id}:paused"
+
+
 def run_keys(run_id: int) -> tuple[str, ...]:
     """Every Redis key a run owns (Celery's own queue aside)."""
     return (
@@ -108,29 +130,100 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_version: int = SCHEMA_VERSION
+    # Versions this reader understands. A record whose shape changed lists its
+    # older versions too and upgrades them in a validator of its own.
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({SCHEMA_VERSION})
 
     @model_validator(mode="before")
     @classmethod
     def _refuse_unknown_schema(cls, data):
         if isinstance(data, dict):
-            version = data.get("schema_version", SCHEMA_VERSION)
-            if version != SCHEMA_VERSION:
+            version = data.get("schema_version", cls.model_fields["schema_version"].default)
+            if version not in cls.readable_schema_versions:
                 raise SchemaVersionError(
                     f"{cls.__name__} schema_version {version} is not supported "
-                    f"(this reader understands {SCHEMA_VERSION})"
+                    f"(this reader understands {sorted(cls.readable_schema_versions)})"
                 )
         return data
 
 
+EnvironmentKind = Literal["python", "http", "openenv", "gymnasium", "reasoning_gym"]
+
+# The class producers load for each kind that is an adapter; a 'python'
+# registration names its own class.
+ADAPTER_ENTRYPOINTS: dict[str, str] = {
+    "http": "workers.environments.http:RemoteHTTPEnvironment",
+    "openenv": "workers.environments.openenv:OpenEnvEnvironment",
+    "gymnasium": "workers.environments.gymnasium_text:GymnasiumTextEnvironment",
+    "reasoning_gym": "workers.environments.reasoning_gym:ReasoningGymEnvironment",
+}
+
+
+class ToolSchema(BaseModel):
+    """A tool an environment declares: its name and the JSON schema of its arguments."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    parameters: dict = Field(description="JSON schema of the arguments (an object schema).")
+
+
 class EnvironmentSpec(_Record):
-    """A registered environment as producers need it."""
+    """One immutable version of a registered environment, as producers and probes need it.
+
+    Schema 2 added ``version``, ``version_id``, ``tools`` and the adapter kinds;
+    a schema 1 record (kind 'python', no version) is read as version 0.
+    """
+
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2})
+    schema_version: int = 2
 
     name: str = Field(description="Registered name, unique within a project.")
-    kind: Literal["python"] = Field(
-        description="How producers load it. 'python': a class named by `module:Class`."
+    version: int = Field(
+        0, ge=0, description="Registry version number (1, 2 ...); 0: not from the registry."
     )
-    entrypoint: str = Field(description="`module:Class` implementing workers.environments.Environment.")
-    params: dict = Field(default_factory=dict, description="Keyword arguments for the class.")
+    version_id: int | None = Field(
+        None, description="Registry id of the version; names its dispatch pause flag in Redis."
+    )
+    kind: EnvironmentKind = Field(
+        description="How producers load it. 'python': a class named by `entrypoint`; the other "
+        "kinds are adapters (ADAPTER_ENTRYPOINTS) configured by `params`."
+    )
+    entrypoint: str = Field(
+        "", description="`module:Class` implementing workers.environments.Environment; "
+        "filled in from the kind for adapters."
+    )
+    params: dict = Field(
+        default_factory=dict, description="The registered settings: keyword arguments for the class."
+    )
+    tools: tuple[ToolSchema, ...] = Field(
+        (), description="Tools the environment must expose, exactly; the probe checks them."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade_and_fill_adapter(cls, data):
+        if isinstance(data, dict):
+            if data.get("schema_version") == 1:
+                data = {**data, "schema_version": 2}
+            adapter = ADAPTER_ENTRYPOINTS.get(data.get("kind", ""))
+            if adapter is not None and not data.get("entrypoint"):
+                data = {**data, "entrypoint": adapter}
+        return data
+
+    @model_validator(mode="after")
+    def _entrypoint_fits_kind(self):
+        adapter = ADAPTER_ENTRYPOINTS.get(self.kind)
+        if adapter is not None and self.entrypoint != adapter:
+            raise ValueError(f"kind {self.kind!r} always loads {adapter}, not {self.entrypoint!r}")
+        if adapter is None and not self.entrypoint:
+            raise ValueError("kind 'python' needs an entrypoint 'module:Class'")
+        return self
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.version}" if self.version else self.name
 
 
 class RunSpec(_Record):
@@ -318,6 +411,66 @@ class TrainerStepEvent(_Record):
         for name, value in self.algorithm_metrics.items():
             values.setdefault(f"algorithm/{name}", value)
         return values
+
+
+class ProbeTimeouts(BaseModel):
+    """Seconds each probe check may take before it fails as timed out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Resolving a remote URL's host name on the worker.
+    url: float = Field(10.0, gt=0)
+    # Loading imports the module and builds the instance; a reasoning-gym dataset takes seconds.
+    load: float = Field(60.0, gt=0)
+    reset: float = Field(20.0, gt=0)
+    # Reading the declared tools (a property may do I/O) and checking their schemas.
+    tools: float = Field(10.0, gt=0)
+    step: float = Field(20.0, gt=0)
+    close: float = Field(10.0, gt=0)
+
+
+ProbePurpose = Literal["registration", "health", "manual"]
+
+# What the probe sends as the policy's turn: a policy can say anything,
+# including nothing, and a conforming environment answers it without crashing.
+PROBE_ACTION = ""
+
+
+class ProbeRequest(_Record):
+    """What a probe task runs, written by the platform to :func:`probe_request_key`."""
+
+    probe_id: int
+    purpose: ProbePurpose
+    environment: EnvironmentSpec
+    timeouts: ProbeTimeouts = Field(default_factory=ProbeTimeouts)
+    url_allowlist: tuple[str, ...] | None = Field(
+        None, description="Hosts and networks remote URLs may reach; None: all but link-local "
+        "and cloud-metadata addresses (tandem.environment_urls)."
+    )
+
+
+class ProbeCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="url, load, sample_task, reset, tools, step or close.")
+    status: Literal["passed", "failed", "skipped"]
+    message: str = ""
+    latency_s: float | None = Field(None, description="Wall time of the check; None if skipped.")
+    timeout_s: float | None = Field(None, description="Its limit; None if it has none.")
+
+
+class ProbeReport(_Record):
+    """A probe's outcome, sent back to the platform as the argument of PROBE_REPORT_TASK_NAME."""
+
+    probe_id: int
+    checks: tuple[ProbeCheck, ...]
+    worker: str = Field("", description="`hostname:pid` of the worker that ran it.")
+    started_at: float
+    finished_at: float
+
+    @property
+    def passed(self) -> bool:
+        return all(check.status == "passed" for check in self.checks)
 
 
 RunReportedStatus = Literal["running", "finished", "failed"]

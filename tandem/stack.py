@@ -1,4 +1,4 @@
-"""Starting and stopping a whole Tandem on one machine: web, producers, trainer.
+"""Starting and stopping a whole Tandem on one machine: web, platform worker, producers, trainer.
 
 ``tandem up`` and the end-to-end tests both use it, so the tests exercise
 the same processes, commands and settings a user gets.
@@ -113,14 +113,12 @@ class LocalStack:
             time.sleep(0.2)
         raise StackError(f"web server did not answer within {ready_timeout_s}s; see {self.log_dir / 'web.log'}")
 
-    def start_platform_tasks(self) -> None:
-        """The platform's own Celery worker with its beat: the reaper of runs whose trainer died."""
-        self._spawn("platform-tasks", [
-            sys.executable, "-m", "celery", "-A", "config.celery", "worker", "--beat",
-            "--schedule", str(self.config.var_dir / "celerybeat-schedule"),
-            "--queues", "platform", "--pool", "threads", "--concurrency", "2",
-            "--hostname", "platform@%h", "--loglevel", "info",
-        ], cwd=PLATFORM_DIR)
+    def start_platform_worker(self) -> None:
+        """The platform's Celery worker, with beat: records probe reports and runs health sweeps."""
+        self._spawn("platform-worker", [
+            sys.executable, "-m", "tandem.cli", "platform-worker",
+            "--schedule-file", str(self.config.var_dir / "celerybeat-schedule"),
+        ])
 
     def start_workers(self) -> None:
         for index in range(self.config.workers):
@@ -138,7 +136,7 @@ class LocalStack:
 
     def start(self, credentials: Credentials) -> None:
         self.start_web()
-        self.start_platform_tasks()
+        self.start_platform_worker()
         self.start_workers()
         self.start_trainer(trainer_token=credentials.trainer_token)
 

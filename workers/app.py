@@ -12,14 +12,27 @@ from __future__ import annotations
 
 from celery import Celery
 
-from tandem.contracts import ROLLOUT_QUEUE, ROLLOUT_TASK_NAME
+from tandem.contracts import (
+    PLATFORM_QUEUE,
+    PROBE_QUEUE,
+    PROBE_REPORT_TASK_NAME,
+    PROBE_TASK_NAME,
+    ROLLOUT_QUEUE,
+    ROLLOUT_TASK_NAME,
+)
 from workers.settings import redis_url
 
 app = Celery("tandem_workers", broker=redis_url(), include=["workers.tasks"])
 
 app.conf.update(
     task_default_queue=ROLLOUT_QUEUE,
-    task_routes={ROLLOUT_TASK_NAME: {"queue": ROLLOUT_QUEUE}},
+    task_routes={
+        ROLLOUT_TASK_NAME: {"queue": ROLLOUT_QUEUE},
+        # Conformance probes of environments (workers/probe.py); their reports go
+        # to the platform's worker, which records them in the database.
+        PROBE_TASK_NAME: {"queue": PROBE_QUEUE},
+        PROBE_REPORT_TASK_NAME: {"queue": PLATFORM_QUEUE},
+    },
     task_serializer="json",
     accept_content=["json"],
     # Results are never read: trajectories travel through the run's stream.

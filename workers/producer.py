@@ -12,7 +12,13 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aioredis
 
-from tandem.contracts import RunSpec, run_spec_key, run_stop_key, trajectory_stream
+from tandem.contracts import (
+    RunSpec,
+    environment_paused_key,
+    run_spec_key,
+    run_stop_key,
+    trajectory_stream,
+)
 from tandem.run_config import RunConfig
 from workers.activity import process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
@@ -29,6 +35,10 @@ _runtimes_lock = threading.Lock()
 
 class RunNotReadyError(RuntimeError):
     """The run's spec or first weights are not in Redis yet; the task should retry."""
+
+
+class EnvironmentPausedError(RunNotReadyError):
+    """The run's environment version failed a health check; no episode starts until it passes one."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,12 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
         spec = load_run_spec(client, run_id)
         if spec is None:
             raise RunNotReadyError(f"run {run_id} has no spec in Redis")
+        if spec.environment.version_id is not None:
+            reason = client.get(environment_paused_key(spec.environment.version_id))
+            if reason is not None:
+                raise EnvironmentPausedError(
+                    f"run {run_id}: environment {spec.environment.label} is unhealthy: {reason.decode()}"
+                )
         summary = None
         process_activity.task_started()
         try:

@@ -7,7 +7,14 @@ from django.views.generic import RedirectView
 
 from accounts.views import ProjectListCreateView
 from config.api_root import ApiRootView
-from environments.views import EnvironmentListCreateView
+from environments import pages as environment_pages
+from environments.views import (
+    EnvironmentDetailView,
+    EnvironmentListCreateView,
+    EnvironmentVersionCreateView,
+    EnvironmentVersionDetailView,
+    EnvironmentVersionProbeView,
+)
 from runs import pages as run_pages
 from runs.views import (
     RunCancelView,
@@ -29,6 +36,17 @@ pages = [
     path("runs/", run_pages.run_list_page, name="run-list-page"),
     path("runs/<int:run_id>/", run_pages.run_page, name="run-page"),
     path("runs/<int:run_id>/cancel/", run_pages.run_cancel_page, name="run-cancel-page"),
+    path("environments/", environment_pages.environment_list_page, name="environment-list-page"),
+    path(
+        "environments/<int:environment_id>/",
+        environment_pages.environment_page,
+        name="environment-page",
+    ),
+    path(
+        "environments/<int:environment_id>/versions/<int:number>/probe/",
+        environment_pages.environment_version_probe_page,
+        name="environment-version-probe-page",
+    ),
     path("admin/", admin.site.urls),
 ]
 
@@ -36,6 +54,26 @@ api = [
     path("api/", ApiRootView.as_view(), name="api-root"),
     path("api/projects/", ProjectListCreateView.as_view(), name="api-projects"),
     path("api/environments/", EnvironmentListCreateView.as_view(), name="api-environments"),
+    path(
+        "api/environments/<int:environment_id>/",
+        EnvironmentDetailView.as_view(),
+        name="api-environment-detail",
+    ),
+    path(
+        "api/environments/<int:environment_id>/versions/",
+        EnvironmentVersionCreateView.as_view(),
+        name="api-environment-versions",
+    ),
+    path(
+        "api/environments/<int:environment_id>/versions/<int:number>/",
+        EnvironmentVersionDetailView.as_view(),
+        name="api-environment-version-detail",
+    ),
+    path(
+        "api/environments/<int:environment_id>/versions/<int:number>/probe/",
+        EnvironmentVersionProbeView.as_view(),
+        name="api-environment-version-probe",
+    ),
     path("api/runs/", RunListCreateView.as_view(), name="api-runs"),
     path("api/runs/<int:run_id>/", RunDetailView.as_view(), name="api-run-detail"),
     path("api/runs/<int:run_id>/cancel/", RunCancelView.as_view(), name="api-run-cancel"),

@@ -1,25 +1,16 @@
+from django.conf import settings as django_settings
 from django.db import models
 
 from tandem.contracts import EnvironmentSpec
 
 
 class Environment(models.Model):
-    """An environment class that rollout producers load by its entrypoint."""
-
-    class Kind(models.TextChoices):
-        PYTHON = "python", "Python class"
+    """A name in a project under which environment versions are registered."""
 
     project = models.ForeignKey(
         "accounts.Project", on_delete=models.CASCADE, related_name="environments"
     )
     name = models.CharField(max_length=100)
-    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.PYTHON)
-    entrypoint = models.CharField(
-        max_length=255, help_text="`module:Class`, importable by producers."
-    )
-    params = models.JSONField(
-        default=dict, blank=True, help_text="Keyword arguments for the class."
-    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -33,8 +24,118 @@ class Environment(models.Model):
     def __str__(self) -> str:
         return self.name
 
+
+class EnvironmentVersion(models.Model):
+    """One immutable registration of an environment: its kind, settings and tool schemas.
+
+    The definition never changes after creation (a change is a new version);
+    ``status`` and its reason follow the probe and the health checks, through
+    ``environments.services`` only. Runs pin the version they were created on.
+    """
+
+    class Kind(models.TextChoices):
+        PYTHON = "python", "Python class (module:Class)"
+        HTTP = "http", "HTTP protocol"
+        OPENENV = "openenv", "OpenEnv server"
+        GYMNASIUM = "gymnasium", "Gymnasium-style text environment"
+        REASONING_GYM = "reasoning_gym", "reasoning-gym task"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Probe pending"
+        READY = "ready", "Ready"
+        FAILED = "failed", "Probe failed"
+        UNHEALTHY = "unhealthy", "Unhealthy"
+
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField(help_text="1, 2, ... within the environment.")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    entrypoint = models.CharField(
+        max_length=255, help_text="`module:Class` producers load; the adapter's for non-python kinds."
+    )
+    settings = models.JSONField(
+        default=dict, blank=True, help_text="Keyword arguments for the class."
+    )
+    tools = models.JSONField(
+        default=list, blank=True, help_text="Declared tool schemas: [{name, description, parameters}]."
+    )
+    created_by = models.ForeignKey(
+        django_settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    status_reason = models.TextField(blank=True, default="")
+    status_changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["environment_id", "-number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["environment", "number"], name="environment_version_number_unique"
+            ),
+        ]
+        indexes = [models.Index(fields=["status"], name="environment_version_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.environment.name}@{self.number}"
+
+    @property
+    def is_dispatchable(self) -> bool:
+        """Runs pinned to it may start and produce episodes."""
+        return self.status == self.Status.READY
+
     def to_spec(self) -> EnvironmentSpec:
-        """The environment as the cross-process contract describes it to producers."""
+        """The version as the cross-process contract describes it to producers and probes."""
         return EnvironmentSpec(
-            name=self.name, kind=self.kind, entrypoint=self.entrypoint, params=self.params
+            name=self.environment.name,
+            version=self.number,
+            version_id=self.pk,
+            kind=self.kind,
+            entrypoint=self.entrypoint,
+            params=self.settings,
+            tools=self.tools,
+        )
+
+
+class EnvironmentProbe(models.Model):
+    """One run of the conformance probe against a version: at registration, on request, or as a health check."""
+
+    class Purpose(models.TextChoices):
+        REGISTRATION = "registration", "Registration"
+        MANUAL = "manual", "Requested"
+        HEALTH = "health", "Health check"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        PASSED = "passed", "Passed"
+        FAILED = "failed", "Failed"
+
+    version = models.ForeignKey(EnvironmentVersion, on_delete=models.CASCADE, related_name="probes")
+    purpose = models.CharField(max_length=16, choices=Purpose.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    checks = models.JSONField(
+        default=list, blank=True,
+        help_text="[{name, status, message, latency_s, timeout_s}] from tandem.contracts.ProbeCheck.",
+    )
+    worker = models.CharField(max_length=255, blank=True, default="")
+    requested_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [
+            models.Index(fields=["version", "-requested_at"], name="probe_version_requested_idx"),
+            models.Index(fields=["status", "requested_at"], name="probe_status_requested_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"probe {self.pk} of {self.version_id} ({self.status})"
+
+    @property
+    def failure_message(self) -> str:
+        """The failed checks, as one line for a status reason."""
+        return "; ".join(
+            f"{check['name']}: {check['message']}"
+            for check in self.checks
+            if check.get("status") == "failed"
         )

@@ -1,24 +1,47 @@
-"""Reads of environments."""
+"""Reads of environments, their versions and probes."""
 
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 
 from accounts.models import Project
-from domain_errors import NotFound
+from domain_errors import Conflict, InvalidInput, NotFound
 
-from .models import Environment
+from .models import Environment, EnvironmentProbe, EnvironmentVersion
+
+# Probes shown with a version: its registration and the recent health history.
+PROBES_SHOWN = 50
 
 
 def environment_list(
     *, user: AbstractBaseUser, project: Project | None = None
 ) -> QuerySet[Environment]:
-    """Environments of the projects the user belongs to, optionally of one project."""
+    """Environments of the projects the user belongs to, optionally of one project.
+
+    Each has ``versions`` prefetched, newest first, so the latest is ``versions.all()[0]``.
+    """
     environments = Environment.objects.filter(project__memberships__user=user)
     if project is not None:
         environments = environments.filter(project=project)
-    return environments.select_related("project").order_by("project__name", "project_id", "name")
+    return (
+        environments.select_related("project")
+        .prefetch_related(
+            Prefetch(
+                "versions",
+                queryset=EnvironmentVersion.objects.select_related("created_by").order_by("-number"),
+            )
+        )
+        .order_by("project__name", "project_id", "name")
+    )
+
+
+def environment_get_for_user(*, user: AbstractBaseUser, environment_id: int) -> Environment:
+    """The environment, if it is in one of the user's projects; others' are reported as missing."""
+    environment = environment_list(user=user).filter(pk=environment_id).first()
+    if environment is None:
+        raise NotFound(f"Environment {environment_id} not found.")
+    return environment
 
 
 def environment_get(*, project: Project, name: str) -> Environment:
@@ -26,3 +49,62 @@ def environment_get(*, project: Project, name: str) -> Environment:
     if environment is None:
         raise NotFound(f"No environment named '{name}' in project '{project.name}'.")
     return environment
+
+
+def environment_version_get(*, environment: Environment, number: int) -> EnvironmentVersion:
+    version = (
+        EnvironmentVersion.objects.select_related("environment__project")
+        .filter(environment=environment, number=number)
+        .first()
+    )
+    if version is None:
+        raise NotFound(f"Environment '{environment.name}' has no version {number}.")
+    return version
+
+
+def environment_version_latest(*, environment: Environment) -> EnvironmentVersion:
+    version = (
+        EnvironmentVersion.objects.select_related("environment__project")
+        .filter(environment=environment)
+        .order_by("-number")
+        .first()
+    )
+    if version is None:
+        raise NotFound(f"Environment '{environment.name}' has no version.")
+    return version
+
+
+def environment_version_resolve(*, project: Project, reference: str) -> EnvironmentVersion:
+    """The version ``reference`` names in ``project``: ``name`` (its latest version) or ``name@3``."""
+    name, _, number = reference.partition("@")
+    environment = environment_get(project=project, name=name)
+    if not number:
+        return environment_version_latest(environment=environment)
+    if not number.isdigit():
+        raise NotFound(f"'{reference}': the version after '@' must be a number.")
+    return environment_version_get(environment=environment, number=int(number))
+
+
+def environment_version_pin(*, project: Project, reference: str) -> EnvironmentVersion:
+    """The version a new run named ``reference`` pins; refused if its probe failed.
+
+    A version whose probe is pending, or that is unhealthy, may be pinned: the
+    run waits in the queue until the version is ready (the trainer's claim
+    skips it), as the platform README documents.
+    """
+    try:
+        version = environment_version_resolve(project=project, reference=reference)
+    except NotFound as error:
+        raise InvalidInput.for_field("environment", error.message) from None
+    if version.status == EnvironmentVersion.Status.FAILED:
+        message = (
+            f"Environment {version} failed its probe, so no new run may use it: "
+            f"{version.status_reason} Register a fixed version, or probe it again."
+        )
+        raise Conflict(message, fields={"environment": [message]})
+    return version
+
+
+def environment_probe_list(*, version: EnvironmentVersion) -> QuerySet[EnvironmentProbe]:
+    """The version's probes, newest first: its registration probe and health history."""
+    return EnvironmentProbe.objects.filter(version=version).order_by("-requested_at", "-id")

@@ -1,21 +1,121 @@
 from rest_framework import serializers
 
-from .models import Environment
+from tandem.contracts import ADAPTER_ENTRYPOINTS, EnvironmentSpec, ToolSchema
+
+from .models import Environment, EnvironmentProbe, EnvironmentVersion
 
 
-class EnvironmentSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Environment
-        fields = ["id", "project", "name", "kind", "entrypoint", "params", "created_at"]
+class ToolSchemaSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    parameters = serializers.DictField(help_text="JSON schema of the arguments, of type 'object'.")
 
 
-class EnvironmentRegisterSerializer(serializers.Serializer):
+class EnvironmentVersionRegisterSerializer(serializers.Serializer):
+    """A version's definition: what producers load, with which settings and tools."""
+
+    kind = serializers.ChoiceField(
+        choices=EnvironmentVersion.Kind.choices, default=EnvironmentVersion.Kind.PYTHON
+    )
+    entrypoint = serializers.CharField(
+        max_length=255, required=False, allow_blank=True, default="",
+        help_text="`module:Class`, for kind 'python'; the other kinds load their adapter.",
+    )
+    settings = serializers.DictField(
+        required=False, default=dict, help_text="Keyword arguments for the class or adapter."
+    )
+    tools = ToolSchemaSerializer(
+        many=True, required=False, default=list,
+        help_text="Tools the environment exposes, exactly; the probe checks them.",
+    )
+
+    def validate(self, data):
+        # A misspelt or renamed field would otherwise be dropped silently and the probe fail later.
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({
+                key: ["Renamed 'settings'." if key == "params" else "Unknown field."] for key in unknown
+            })
+        adapter = ADAPTER_ENTRYPOINTS.get(data["kind"])
+        if adapter is None and not data["entrypoint"]:
+            raise serializers.ValidationError({"entrypoint": ["Kind 'python' needs 'module:Class'."]})
+        if adapter is not None and data["entrypoint"] not in ("", adapter):
+            raise serializers.ValidationError(
+                {"entrypoint": [f"Kind '{data['kind']}' always loads {adapter}; leave it out."]}
+            )
+        return data
+
+    def to_spec(self, *, name: str) -> EnvironmentSpec:
+        data = self.validated_data
+        return EnvironmentSpec(
+            name=name,
+            kind=data["kind"],
+            entrypoint=data["entrypoint"],
+            params=data["settings"],
+            tools=tuple(ToolSchema(**tool) for tool in data["tools"]),
+        )
+
+
+class EnvironmentRegisterSerializer(EnvironmentVersionRegisterSerializer):
     project = serializers.IntegerField(
         required=False, allow_null=True, help_text="Defaults to the caller's only project."
     )
     name = serializers.CharField(max_length=100)
-    kind = serializers.ChoiceField(
-        choices=Environment.Kind.choices, default=Environment.Kind.PYTHON
-    )
-    entrypoint = serializers.CharField(max_length=255)
-    params = serializers.DictField(required=False, default=dict)
+
+
+class EnvironmentProbeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EnvironmentProbe
+        fields = ["id", "purpose", "status", "checks", "worker", "requested_at", "finished_at",
+                  "duration_s"]
+
+
+class EnvironmentVersionStatusSerializer(serializers.ModelSerializer):
+    """A version's number and whether runs may use it; runs show it too."""
+
+    dispatchable = serializers.BooleanField(source="is_dispatchable")
+
+    class Meta:
+        model = EnvironmentVersion
+        fields = ["id", "number", "status", "status_reason", "status_changed_at", "dispatchable"]
+
+
+class EnvironmentVersionSerializer(EnvironmentVersionStatusSerializer):
+    created_by = serializers.CharField(source="created_by.username", default=None)
+
+    class Meta(EnvironmentVersionStatusSerializer.Meta):
+        fields = [*EnvironmentVersionStatusSerializer.Meta.fields, "kind", "entrypoint",
+                  "settings", "tools", "created_by", "created_at"]
+
+
+class EnvironmentVersionDetailSerializer(EnvironmentVersionSerializer):
+    environment = serializers.IntegerField(source="environment_id")
+    name = serializers.CharField(source="environment.name")
+    probes = serializers.SerializerMethodField()
+
+    class Meta(EnvironmentVersionSerializer.Meta):
+        fields = ["environment", "name", *EnvironmentVersionSerializer.Meta.fields, "probes"]
+
+    def get_probes(self, version: EnvironmentVersion) -> list[dict]:
+        return EnvironmentProbeSerializer(self.context["probes"], many=True).data
+
+
+class EnvironmentSerializer(serializers.ModelSerializer):
+    """An environment with its latest version; ``versions`` must be prefetched newest first."""
+
+    latest_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Environment
+        fields = ["id", "project", "name", "created_at", "latest_version"]
+
+    def get_latest_version(self, environment: Environment) -> dict | None:
+        versions = environment.versions.all()
+        return EnvironmentVersionSerializer(versions[0]).data if versions else None
+
+
+class EnvironmentDetailSerializer(EnvironmentSerializer):
+    versions = EnvironmentVersionSerializer(many=True)
+
+    class Meta(EnvironmentSerializer.Meta):
+        fields = [*EnvironmentSerializer.Meta.fields, "versions"]

@@ -1,31 +1,61 @@
-"""Writes of environments."""
+"""Writes of environments: registering versions, probing them, and acting on the reports."""
 
 from __future__ import annotations
 
+import logging
 import re
+from datetime import timedelta
 
+import redis
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, Max, OuterRef, Q, Subquery
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from accounts.models import Project
 from accounts.permissions import project_require_writer
-from domain_errors import Conflict, InvalidInput
-from tandem.contracts import EnvironmentSpec
+from domain_errors import Conflict, InvalidInput, NotFound
+from tandem.contracts import (
+    PROBE_QUEUE,
+    PROBE_TASK_NAME,
+    EnvironmentSpec,
+    ProbeCheck,
+    ProbeReport,
+    ProbeRequest,
+    ProbeTimeouts,
+    environment_paused_key,
+    probe_request_key,
+)
+from tandem.environment_urls import EnvironmentURLRefused, check_environment_url
 
-from .models import Environment
+from .models import Environment, EnvironmentProbe, EnvironmentVersion
+
+logger = logging.getLogger(__name__)
+
+Status = EnvironmentVersion.Status
+Purpose = EnvironmentProbe.Purpose
 
 # `package.module:ClassName`: what producers pass to importlib and getattr.
 ENTRYPOINT_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # Names appear in URLs, CLI arguments and stream records, so they stay plain.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+# The setting each adapter cannot work without, and what it must look like.
+REQUIRED_SETTINGS = {
+    EnvironmentVersion.Kind.HTTP: ("url", "the server's base URL, e.g. http://host:8765"),
+    EnvironmentVersion.Kind.OPENENV: ("url", "the OpenEnv server's URL, e.g. http://host:8000"),
+    EnvironmentVersion.Kind.GYMNASIUM: ("factory", "'module:callable' building the environment"),
+    EnvironmentVersion.Kind.REASONING_GYM: ("dataset", "a reasoning-gym dataset name"),
+}
+# A probe request outlives any sensible queue wait; an expired one is reported as such.
+PROBE_REQUEST_TTL_S = 24 * 3600
 
 
-@transaction.atomic
-def environment_register(
-    *, user: AbstractBaseUser, project: Project, spec: EnvironmentSpec
-) -> Environment:
-    """Register ``spec`` in ``project``; its name must be new in the project."""
-    project_require_writer(user=user, project=project)
+def _validate_spec(spec: EnvironmentSpec) -> None:
+    """Raise InvalidInput naming the field of ``spec`` that cannot work, before any probe runs."""
     if not NAME_PATTERN.match(spec.name):
         raise InvalidInput.for_field(
             "name", "Use letters, digits, '_', '.' and '-', starting with a letter or digit."
@@ -35,24 +65,292 @@ def environment_register(
             "entrypoint",
             f"'{spec.entrypoint}' is not of the form 'package.module:ClassName'.",
         )
+    required = REQUIRED_SETTINGS.get(spec.kind)
+    if required is not None:
+        key, what = required
+        if not isinstance(spec.params.get(key), str) or not spec.params[key].strip():
+            raise InvalidInput.for_field(f"settings.{key}", f"Kind '{spec.kind}' needs {what}.")
+    url = spec.params.get("url")
+    if isinstance(url, str):
+        try:
+            check_environment_url(url, allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST)
+        except EnvironmentURLRefused as error:
+            raise InvalidInput.for_field("settings.url", str(error)) from None
+    names = set()
+    for index, tool in enumerate(spec.tools):
+        if not TOOL_NAME_PATTERN.match(tool.name):
+            raise InvalidInput.for_field(
+                f"tools.{index}.name", f"'{tool.name}' is not a plain identifier."
+            )
+        if tool.name in names:
+            raise InvalidInput.for_field(f"tools.{index}.name", f"'{tool.name}' is declared twice.")
+        names.add(tool.name)
+        if tool.parameters.get("type") != "object":
+            raise InvalidInput.for_field(
+                f"tools.{index}.parameters", "Must be a JSON schema of type 'object'."
+            )
+        try:
+            Draft202012Validator.check_schema(tool.parameters)
+        except SchemaError as error:
+            raise InvalidInput.for_field(
+                f"tools.{index}.parameters", f"Not a valid JSON schema: {error.message}"
+            ) from None
+
+
+def _version_create(
+    *, environment: Environment, spec: EnvironmentSpec, user: AbstractBaseUser | None, number: int
+) -> EnvironmentVersion:
+    _validate_spec(spec)
+    version = EnvironmentVersion.objects.create(
+        environment=environment,
+        number=number,
+        kind=spec.kind,
+        entrypoint=spec.entrypoint,
+        settings=spec.params,
+        tools=[tool.model_dump(mode="json") for tool in spec.tools],
+        created_by=user if user is not None and user.is_authenticated else None,
+    )
+    environment_probe_request(version=version, purpose=Purpose.REGISTRATION)
+    return version
+
+
+@transaction.atomic
+def environment_register(
+    *, user: AbstractBaseUser, project: Project, spec: EnvironmentSpec
+) -> EnvironmentVersion:
+    """Register ``spec`` under a name new in ``project``: the environment and its version 1.
+
+    The version is probed once the transaction commits; it is ``pending`` until then.
+    """
+    project_require_writer(user=user, project=project)
+    _validate_spec(spec)
     try:
         with transaction.atomic():
-            return Environment.objects.create(
-                project=project,
-                name=spec.name,
-                kind=spec.kind,
-                entrypoint=spec.entrypoint,
-                params=spec.params,
-            )
+            environment = Environment.objects.create(project=project, name=spec.name)
     except IntegrityError:
-        message = f"Project '{project.name}' already has an environment named '{spec.name}'."
+        message = (
+            f"Project '{project.name}' already has an environment named '{spec.name}'; "
+            "register a new version of it instead."
+        )
         raise Conflict(message, fields={"name": [message]}) from None
+    return _version_create(environment=environment, spec=spec, user=user, number=1)
+
+
+@transaction.atomic
+def environment_version_register(
+    *, user: AbstractBaseUser, environment: Environment, spec: EnvironmentSpec
+) -> EnvironmentVersion:
+    """Register ``spec`` (its name is ignored) as the next version of ``environment``."""
+    project_require_writer(user=user, project=environment.project)
+    # The row lock numbers concurrent registrations one after the other.
+    Environment.objects.select_for_update().get(pk=environment.pk)
+    latest = environment.versions.aggregate(latest=Max("number"))["latest"] or 0
+    spec = spec.model_copy(update={"name": environment.name})
+    return _version_create(environment=environment, spec=spec, user=user, number=latest + 1)
+
+
+def _same_definition(version: EnvironmentVersion, spec: EnvironmentSpec) -> bool:
+    return (
+        version.kind == spec.kind
+        and version.entrypoint == spec.entrypoint
+        and version.settings == spec.params
+        and version.tools == [tool.model_dump(mode="json") for tool in spec.tools]
+    )
 
 
 @transaction.atomic
 def environment_ensure(
     *, user: AbstractBaseUser, project: Project, spec: EnvironmentSpec
-) -> Environment:
-    """The environment named ``spec.name`` in ``project``, registered if missing."""
-    existing = Environment.objects.filter(project=project, name=spec.name).first()
-    return existing or environment_register(user=user, project=project, spec=spec)
+) -> EnvironmentVersion:
+    """The latest version of ``spec.name`` in ``project`` if it is ``spec``; else a new version."""
+    environment = Environment.objects.filter(project=project, name=spec.name).first()
+    if environment is None:
+        return environment_register(user=user, project=project, spec=spec)
+    latest = environment.versions.order_by("-number").first()
+    if latest is not None and _same_definition(latest, spec):
+        return latest
+    return environment_version_register(user=user, environment=environment, spec=spec)
+
+
+def environment_probe_request(
+    *, version: EnvironmentVersion, purpose: str, user: AbstractBaseUser | None = None
+) -> EnvironmentProbe:
+    """Ask a worker to probe ``version``; the request is sent when the transaction commits."""
+    if user is not None:
+        project_require_writer(user=user, project=version.environment.project)
+    with transaction.atomic():
+        probe = EnvironmentProbe.objects.create(version=version, purpose=purpose)
+        request = ProbeRequest(
+            probe_id=probe.pk,
+            purpose=purpose,
+            environment=version.to_spec(),
+            timeouts=ProbeTimeouts(**settings.TANDEM_PROBE_TIMEOUTS),
+            url_allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST,
+        )
+        # robust: the registration stands if Redis is away; the probe then expires, visibly.
+        transaction.on_commit(lambda: _probe_send(request), robust=True)
+    return probe
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+
+
+def _probe_send(request: ProbeRequest) -> None:
+    from config.celery import app as celery_app
+
+    client = _redis()
+    try:
+        client.set(probe_request_key(request.probe_id), request.model_dump_json(), ex=PROBE_REQUEST_TTL_S)
+    finally:
+        client.close()
+    celery_app.send_task(PROBE_TASK_NAME, args=[request.probe_id], queue=PROBE_QUEUE)
+
+
+@transaction.atomic
+def environment_probe_record(*, report: ProbeReport) -> EnvironmentProbe:
+    """Store a worker's probe report and move the version's status by it.
+
+    A registration or requested probe decides ``ready`` or ``failed``; a health
+    check moves a version that passed its probe between ``ready`` and
+    ``unhealthy``. A second report of the same probe (a redelivered task) changes nothing.
+    """
+    probe = (
+        EnvironmentProbe.objects.select_for_update()
+        .select_related("version__environment__project")
+        .filter(pk=report.probe_id)
+        .first()
+    )
+    if probe is None:
+        raise NotFound(f"Probe {report.probe_id} not found.")
+    if probe.status != EnvironmentProbe.Status.PENDING:
+        return probe
+    probe.status = (
+        EnvironmentProbe.Status.PASSED if report.passed else EnvironmentProbe.Status.FAILED
+    )
+    probe.checks = [check.model_dump(mode="json") for check in report.checks]
+    probe.worker = report.worker
+    probe.finished_at = timezone.now()
+    probe.duration_s = round(max(report.finished_at - report.started_at, 0.0), 6)
+    probe.save(update_fields=["status", "checks", "worker", "finished_at", "duration_s"])
+    _version_apply_probe(probe)
+    if probe.purpose == Purpose.HEALTH:
+        _health_history_trim(version_id=probe.version_id)
+    return probe
+
+
+def _health_history_trim(*, version_id: int) -> None:
+    """Beat adds a health probe per version in use every minute; keep the newest only."""
+    finished = EnvironmentProbe.objects.filter(
+        version_id=version_id, purpose=Purpose.HEALTH
+    ).exclude(status=EnvironmentProbe.Status.PENDING)
+    old = finished.order_by("-requested_at", "-id").values_list("pk", flat=True)[
+        settings.TANDEM_HEALTH_PROBES_KEPT:
+    ]
+    EnvironmentProbe.objects.filter(pk__in=list(old)).delete()
+
+
+def _version_apply_probe(probe: EnvironmentProbe) -> None:
+    version = EnvironmentVersion.objects.select_for_update().get(pk=probe.version_id)
+    passed = probe.status == EnvironmentProbe.Status.PASSED
+    if probe.purpose == Purpose.HEALTH:
+        if version.status not in (Status.READY, Status.UNHEALTHY):
+            return  # a health check never overrules the probe's own verdict
+        status = Status.READY if passed else Status.UNHEALTHY
+    else:
+        status = Status.READY if passed else Status.FAILED
+    reason = "" if passed else f"{probe.get_purpose_display()} probe {probe.pk} failed: {probe.failure_message}"
+    if (status, reason) == (version.status, version.status_reason):
+        return
+    version.status, version.status_reason = status, reason
+    version.status_changed_at = timezone.now()
+    version.save(update_fields=["status", "status_reason", "status_changed_at"])
+    transaction.on_commit(lambda: _pause_flag_write(version.pk, status, reason), robust=True)
+    if status == Status.FAILED:
+        _queued_runs_fail(version=version, probe=probe)
+
+
+def _pause_flag_write(version_id: int, status: str, reason: str) -> None:
+    """Producers read this flag; a version that is not ready starts no episode."""
+    client = _redis()
+    try:
+        if status in (Status.UNHEALTHY, Status.FAILED):
+            client.set(environment_paused_key(version_id), reason or status)
+        else:
+            client.delete(environment_paused_key(version_id))
+    finally:
+        client.close()
+
+
+def _queued_runs_fail(*, version: EnvironmentVersion, probe: EnvironmentProbe) -> None:
+    from runs.models import Run
+    from runs.services import run_transition
+
+    reason = f"Environment {version} failed its probe: {probe.failure_message}"
+    for run in Run.objects.filter(environment_version=version, status=Run.Status.QUEUED):
+        run_transition(run=run, to_status=Run.Status.FAILED, reason=reason)
+
+
+def environment_probes_expire(*, now=None) -> int:
+    """Fail the probes no worker reported on within TANDEM_PROBE_EXPIRY_S; returns how many."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.TANDEM_PROBE_EXPIRY_S)
+    stale = EnvironmentProbe.objects.filter(
+        status=EnvironmentProbe.Status.PENDING, requested_at__lt=cutoff
+    ).values_list("pk", flat=True)
+    expired = 0
+    for probe_id in list(stale):
+        check = ProbeCheck(
+            name="report",
+            status="failed",
+            message=(
+                f"no worker reported within {settings.TANDEM_PROBE_EXPIRY_S:g}s; is a `tandem "
+                f"worker` consuming the '{PROBE_QUEUE}' queue?"
+            ),
+        )
+        report = ProbeReport(
+            probe_id=probe_id, checks=(check,), worker="platform",
+            started_at=now.timestamp(), finished_at=now.timestamp(),
+        )
+        environment_probe_record(report=report)
+        expired += 1
+    return expired
+
+
+# Not one transaction: each expired probe and each health probe request commits
+# on its own, so one failure leaves the rest of the sweep done.
+def environment_health_sweep(*, now=None) -> dict[str, int]:
+    """Probe again every version in use that passed its probe; run periodically by Celery beat.
+
+    In use: the latest version of its environment, or pinned by a queued or
+    running run. A version with a probe still in flight is left alone. The
+    pause flags of versions that are not ready are written again, so a Redis
+    that lost them (a restart) pauses dispatch again within one sweep.
+    """
+    from runs.models import Run
+
+    expired = environment_probes_expire(now=now)
+    active_runs = Run.objects.filter(
+        environment_version=OuterRef("pk"), status__in=[Run.Status.QUEUED, Run.Status.RUNNING]
+    )
+    in_flight = EnvironmentProbe.objects.filter(
+        version=OuterRef("pk"), status=EnvironmentProbe.Status.PENDING
+    )
+    latest_numbers = Environment.objects.filter(pk=OuterRef("environment_id")).annotate(
+        latest=Max("versions__number")
+    ).values("latest")
+    candidates = (
+        EnvironmentVersion.objects.filter(status__in=[Status.READY, Status.UNHEALTHY])
+        .annotate(in_use=Exists(active_runs), in_flight=Exists(in_flight))
+        .filter(Q(in_use=True) | Q(number=Subquery(latest_numbers)))
+        .filter(in_flight=False)
+        .select_related("environment")
+    )
+    requested = 0
+    for version in candidates:
+        environment_probe_request(version=version, purpose=Purpose.HEALTH)
+        requested += 1
+    not_ready = EnvironmentVersion.objects.filter(status__in=[Status.UNHEALTHY, Status.FAILED])
+    for version_id, status, reason in not_ready.values_list("pk", "status", "status_reason"):
+        _pause_flag_write(version_id, status, reason)
+    return {"expired": expired, "health_probes": requested}

@@ -25,6 +25,12 @@ class Run(models.Model):
     environment = models.ForeignKey(
         "environments.Environment", on_delete=models.PROTECT, related_name="runs"
     )
+    environment_version = models.ForeignKey(
+        "environments.EnvironmentVersion",
+        on_delete=models.PROTECT,
+        related_name="runs",
+        help_text="The version the run pinned when it was created; producers load exactly it.",
+    )
     name = models.CharField(max_length=200)
     config = models.JSONField(help_text="The validated RunConfig with every default filled in.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)

@@ -19,7 +19,7 @@ def run_list(*, user: AbstractBaseUser, status: str | None = None) -> QuerySet[R
                 "status", f"Unknown status '{status}'; one of {', '.join(Run.Status.values)}."
             )
         runs = runs.filter(status=status)
-    return runs.select_related("project", "environment").order_by("-created_at", "-id")
+    return runs.select_related("project", "environment", "environment_version").order_by("-created_at", "-id")
 
 
 def run_get_for_user(*, user: AbstractBaseUser, run_id: int) -> Run:
@@ -36,7 +36,7 @@ def run_is_visible(*, user: AbstractBaseUser, run_id: int) -> bool:
 
 def run_get(*, run_id: int) -> Run:
     """Any run, for the trainer, which works on every project's runs."""
-    run = Run.objects.select_related("project", "environment").filter(pk=run_id).first()
+    run = Run.objects.select_related("project", "environment", "environment_version").filter(pk=run_id).first()
     if run is None:
         raise NotFound(f"Run {run_id} not found.")
     return run

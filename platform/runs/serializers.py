@@ -1,12 +1,17 @@
 from django.urls import reverse
 from rest_framework import serializers
 
+from environments.serializers import EnvironmentVersionStatusSerializer
+
 from .models import Run
 from .realtime import run_websocket_path
 
 
 class RunSerializer(serializers.ModelSerializer):
     environment = serializers.CharField(source="environment.name")
+    environment_version = EnvironmentVersionStatusSerializer(
+        read_only=True, help_text="The pinned version; not dispatchable: the run waits, with the reason."
+    )
     urls = serializers.SerializerMethodField()
 
     class Meta:
@@ -16,6 +21,7 @@ class RunSerializer(serializers.ModelSerializer):
             "project",
             "name",
             "environment",
+            "environment_version",
             "status",
             "status_reason",
             "config",
@@ -86,4 +92,4 @@ class ClaimedRunSerializer(serializers.ModelSerializer):
         ]
 
     def get_environment(self, run: Run) -> dict:
-        return run.environment.to_spec().model_dump(mode="json")
+        return run.environment_version.to_spec().model_dump(mode="json")

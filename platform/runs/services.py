@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from accounts.models import Project
 from accounts.permissions import project_require_writer
-from domain_errors import Conflict, InvalidInput, NotFound
-from environments.selectors import environment_get
+from domain_errors import Conflict, InvalidInput
+from environments.models import EnvironmentVersion
+from environments.selectors import environment_version_pin
 from tandem.contracts import TrainerHeartbeat, run_stop_key
 from tandem.run_config import RunConfig
 
@@ -58,17 +59,20 @@ def run_create(
     config: dict[str, Any] | None = None,
     name: str = "",
 ) -> Run:
-    """Queue a run of ``environment_name`` (an environment of ``project``)."""
+    """Queue a run of ``environment_name`` (an environment of ``project``, or ``name@version``)."""
     project_require_writer(user=user, project=project)
-    try:
-        environment = environment_get(project=project, name=environment_name)
-    except NotFound as error:
-        raise InvalidInput.for_field("environment", error.message) from None
+    # `name` pins the latest version, `name@3` version 3; a failed probe is a Conflict.
+    version = environment_version_pin(project=project, reference=environment_name)
     normalised = run_config_normalise(config)
     now = timezone.now()
-    name = name.strip() or f"{environment.name}-{now:%Y%m%d-%H%M%S}"
+    name = name.strip() or f"{version.environment.name}-{now:%Y%m%d-%H%M%S}"
     return Run.objects.create(
-        project=project, environment=environment, name=name, config=normalised, created_at=now
+        project=project,
+        environment=version.environment,
+        environment_version=version,
+        name=name,
+        config=normalised,
+        created_at=now,
     )
 
 
@@ -136,8 +140,8 @@ def run_clone(*, user: AbstractBaseUser, run: Run, config_changes: dict[str, Any
     config = _merged(run.config, config_changes or {})
     normalised = run_config_normalise(config)
     return Run.objects.create(
-        project=run.project, environment=run.environment, config=normalised,
-        name=name.strip() or f"{run.name} (clone)"[:200], created_at=timezone.now(),
+        project=run.project, environment=run.environment, environment_version=run.environment_version,
+        config=normalised, name=name.strip() or f"{run.name} (clone)"[:200], created_at=timezone.now(),
     )
 
 
@@ -205,7 +209,8 @@ def run_claim_next(*, worker: str) -> Run | None:
     """
     run = (
         Run.objects.select_for_update(skip_locked=True)
-        .filter(status=Status.QUEUED)
+        # A run waits while its environment version's probe is pending or it is unhealthy.
+        .filter(status=Status.QUEUED, environment_version__status=EnvironmentVersion.Status.READY)
         .order_by("created_at", "id")
         .first()
     )

@@ -10,9 +10,9 @@ from rest_framework.test import APIClient
 from accounts.models import Membership
 from accounts.services import membership_add, project_create, user_create_with_token
 from environments.builtin import CALCULATOR
-from environments.services import environment_register
+from environments.services import environment_probe_record, environment_register
 from runs.services import run_claim_next, run_create, run_heartbeat
-from tandem.contracts import TrainerHeartbeat
+from tandem.contracts import ProbeCheck, ProbeReport, TrainerHeartbeat
 
 _serial = itertools.count(1)
 
@@ -41,10 +41,26 @@ def make_project(make_user):
     return make
 
 
+def probe_report(probe, *, failed_check: str | None = None) -> ProbeReport:
+    """A worker's report on ``probe``: every check passed, or ``failed_check`` failed."""
+    checks = tuple(
+        ProbeCheck(name=name, status="failed" if name == failed_check else "passed",
+                   message="boom" if name == failed_check else "ok", latency_s=0.01, timeout_s=5.0)
+        for name in ("load", "reset", "step")
+    )
+    return ProbeReport(probe_id=probe.pk, checks=checks, worker="test:1", started_at=0.0,
+                       finished_at=0.05)
+
+
 @pytest.fixture
 def make_environment():
-    def make(project, spec=CALCULATOR):
-        return environment_register(user=project.owner, project=project, spec=spec)
+    """An environment whose version 1 passed its probe (``probed=False``: still pending)."""
+
+    def make(project, spec=CALCULATOR, *, probed: bool = True):
+        version = environment_register(user=project.owner, project=project, spec=spec)
+        if probed:
+            environment_probe_record(report=probe_report(version.probes.get()))
+        return version.environment
 
     return make
 

@@ -6,7 +6,7 @@ from django.core.management import call_command
 from rest_framework.authtoken.models import Token
 
 from accounts.models import Membership
-from environments.models import Environment
+from environments.models import Environment, EnvironmentVersion
 
 ARGS = [
     "--username",
@@ -42,8 +42,11 @@ def test_bootstrap_prints_one_json_line_of_working_credentials(db, capsys, clien
     membership = Membership.objects.get(user=demo, project_id=result["project_id"])
     assert membership.role == "owner" and membership.project.name == "demo"
     calculator = Environment.objects.get(project_id=result["project_id"], name="calculator")
-    assert calculator.entrypoint == "workers.environments.calculator:CalculatorEnvironment"
-    assert calculator.kind == "python" and calculator.params == {}
+    version = calculator.versions.get()
+    assert version.entrypoint == "workers.environments.calculator:CalculatorEnvironment"
+    assert version.kind == "python" and version.settings == {}
+    assert [tool["name"] for tool in version.tools] == ["calc"]
+    assert version.status == "pending" and version.probes.get().purpose == "registration"
 
     runs = client_for(demo).post("/api/runs/", {"environment": "calculator"}, format="json")
     assert runs.status_code == 201
@@ -56,4 +59,5 @@ def test_bootstrap_is_idempotent(db, capsys):
     assert first == second
     assert get_user_model().objects.count() == 2
     assert Environment.objects.count() == 1
+    assert EnvironmentVersion.objects.count() == 1
     assert authenticate(username="demo", password="demo") is not None

@@ -1,6 +1,16 @@
 import pytest
 
-from environments.models import Environment
+from environments.models import Environment, EnvironmentProbe, EnvironmentVersion
+from environments.services import environment_probe_record
+from tandem.contracts import PROBE_QUEUE, ProbeRequest, probe_request_key
+
+from .conftest import probe_report
+
+CALC_TOOL = {
+    "name": "calc",
+    "description": "Evaluates an expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+}
 
 
 def _register(api, **overrides):
@@ -8,20 +18,48 @@ def _register(api, **overrides):
         "name": "maze",
         "kind": "python",
         "entrypoint": "workers.environments.maze:MazeEnvironment",
-        "params": {"size": 5},
+        "settings": {"size": 5},
+        "tools": [CALC_TOOL],
     }
     payload.update(overrides)
     return api.post("/api/environments/", payload, format="json")
 
 
-def test_registering_an_environment_stores_its_spec(api, project):
+def _fields(response) -> list[str]:
+    return list(response.json()["error"]["fields"])
+
+
+def test_registering_creates_version_one_pending_its_probe(api, project):
     response = _register(api, project=project.pk)
 
     assert response.status_code == 201, response.json()
     body = response.json()
-    assert body["project"] == project.pk
-    assert body["entrypoint"] == "workers.environments.maze:MazeEnvironment"
-    assert Environment.objects.get(pk=body["id"]).to_spec().params == {"size": 5}
+    assert body["project"] == project.pk and body["name"] == "maze"
+    [version] = body["versions"]
+    assert version["number"] == 1 and version["status"] == "pending"
+    assert version["dispatchable"] is False
+    assert version["settings"] == {"size": 5} and version["tools"] == [CALC_TOOL]
+    assert body["latest_version"]["id"] == version["id"]
+    stored = EnvironmentVersion.objects.get(pk=version["id"])
+    assert stored.to_spec().params == {"size": 5}
+    assert stored.probes.get().purpose == "registration"
+
+
+def test_registration_sends_the_probe_request_once_committed(
+    api, project, redis_client, django_capture_on_commit_callbacks
+):
+    redis_client.delete(PROBE_QUEUE)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = _register(api, project=project.pk)
+
+    probe = EnvironmentProbe.objects.get(version_id=response.json()["versions"][0]["id"])
+    request = ProbeRequest.model_validate_json(redis_client.get(probe_request_key(probe.pk)))
+    assert request.purpose == "registration"
+    assert request.environment.name == "maze" and request.environment.version == 1
+    assert request.environment.tools[0].name == "calc"
+    assert redis_client.llen(PROBE_QUEUE) == 1
+    redis_client.delete(PROBE_QUEUE, probe_request_key(probe.pk))
 
 
 @pytest.mark.parametrize(
@@ -34,34 +72,117 @@ def test_registering_an_environment_stores_its_spec(api, project):
         "a:b:c",
         "1maze:Maze",
         "maze: Maze",
+        "",
     ],
 )
 def test_a_malformed_entrypoint_is_400_naming_entrypoint(api, project, entrypoint):
     response = _register(api, project=project.pk, entrypoint=entrypoint)
 
     assert response.status_code == 400
-    assert list(response.json()["error"]["fields"]) == ["entrypoint"]
+    assert _fields(response) == ["entrypoint"]
 
 
 def test_an_unknown_kind_is_400_naming_kind(api, project):
     response = _register(api, project=project.pk, kind="docker")
 
     assert response.status_code == 400
-    assert list(response.json()["error"]["fields"]) == ["kind"]
+    assert _fields(response) == ["kind"]
 
 
-def test_params_must_be_an_object(api, project):
-    response = _register(api, project=project.pk, params=[1, 2])
+def test_settings_must_be_an_object(api, project):
+    response = _register(api, project=project.pk, settings=[1, 2])
 
     assert response.status_code == 400
-    assert list(response.json()["error"]["fields"]) == ["params"]
+    assert _fields(response) == ["settings"]
+
+
+def test_unknown_fields_are_400_naming_them(api, project):
+    response = _register(api, project=project.pk, params={"size": 5}, colour="blue")
+
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {"colour": ["Unknown field."],
+                                                  "params": ["Renamed 'settings'."]}
+
+
+def test_an_adapter_kind_loads_its_adapter_and_refuses_another_entrypoint(api, project):
+    http = _register(api, project=project.pk, kind="http", entrypoint="",
+                     settings={"url": "http://127.0.0.1:8765"}, tools=[])
+    foreign = _register(api, project=project.pk, name="other", kind="http",
+                        settings={"url": "http://127.0.0.1:8765"})
+
+    assert http.status_code == 201, http.json()
+    version = http.json()["versions"][0]
+    assert version["kind"] == "http"
+    assert version["entrypoint"] == "workers.environments.http:RemoteHTTPEnvironment"
+    assert foreign.status_code == 400 and _fields(foreign) == ["entrypoint"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [("http", "settings.url"), ("openenv", "settings.url"), ("gymnasium", "settings.factory"),
+     ("reasoning_gym", "settings.dataset")],
+)
+def test_an_adapter_without_its_required_setting_is_400_naming_it(api, project, kind, field):
+    response = _register(api, project=project.pk, kind=kind, entrypoint="", settings={})
+
+    assert response.status_code == 400
+    assert _fields(response) == [field]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://metadata.google.internal/computeMetadata/v1/",
+        "http://[fe80::1]:8080",
+        "http://[::ffff:169.254.169.254]/",
+        "http://100.100.100.200/",
+        "file:///etc/passwd",
+    ],
+)
+def test_link_local_and_metadata_urls_are_refused_by_default(api, project, url):
+    response = _register(api, project=project.pk, kind="http", entrypoint="", settings={"url": url})
+
+    assert response.status_code == 400
+    assert _fields(response) == ["settings.url"]
+
+
+def test_with_an_allow_list_only_listed_hosts_and_networks_register(api, project, settings):
+    settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST = ["10.0.0.0/8", "envs.example.com"]
+
+    def register(name, url):
+        return _register(api, project=project.pk, name=name, kind="http", entrypoint="",
+                         settings={"url": url}, tools=[])
+
+    assert register("listed-network", "http://10.1.2.3:8765").status_code == 201
+    assert register("listed-name", "https://envs.example.com").status_code == 201
+    refused = register("unlisted", "http://192.168.1.5:8765")
+    assert refused.status_code == 400 and _fields(refused) == ["settings.url"]
+    assert "allow-list" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("tools", "field"),
+    [
+        ([{**CALC_TOOL, "parameters": {"type": "string"}}], "tools.0.parameters"),
+        ([{**CALC_TOOL, "parameters": {"type": "object", "required": "expression"}}],
+         "tools.0.parameters"),
+        ([CALC_TOOL, CALC_TOOL], "tools.1.name"),
+        ([{**CALC_TOOL, "name": "two words"}], "tools.0.name"),
+    ],
+)
+def test_malformed_tool_schemas_are_400_naming_the_tool(api, project, tools, field):
+    response = _register(api, project=project.pk, tools=tools)
+
+    assert response.status_code == 400
+    assert _fields(response) == [field]
 
 
 def test_a_name_taken_in_the_project_is_a_conflict_naming_name(api, project, environment):
     response = _register(api, project=project.pk, name=environment.name)
 
     assert response.status_code == 409
-    assert list(response.json()["error"]["fields"]) == ["name"]
+    assert _fields(response) == ["name"]
 
 
 def test_the_same_name_is_free_in_another_project(api, project, environment, make_project, user):
@@ -72,20 +193,72 @@ def test_the_same_name_is_free_in_another_project(api, project, environment, mak
     assert response.status_code == 201
 
 
-def test_a_viewer_may_not_register_environments(client_for, make_user, make_project):
+def test_a_new_version_leaves_the_earlier_one_as_it_was(api, project):
+    first = _register(api, project=project.pk).json()
+
+    second = api.post(f"/api/environments/{first['id']}/versions/",
+                      {"entrypoint": "workers.environments.maze:MazeV2", "settings": {"size": 9}},
+                      format="json")
+
+    assert second.status_code == 201, second.json()
+    assert second.json()["number"] == 2 and second.json()["settings"] == {"size": 9}
+    assert second.json()["tools"] == []
+    one = api.get(f"/api/environments/{first['id']}/versions/1/").json()
+    assert one["settings"] == {"size": 5} and one["tools"] == [CALC_TOOL]
+    detail = api.get(f"/api/environments/{first['id']}/").json()
+    assert [version["number"] for version in detail["versions"]] == [2, 1]
+    assert detail["latest_version"]["number"] == 2
+
+
+def test_the_version_page_of_the_api_shows_each_check_with_its_latency(api, project):
+    body = _register(api, project=project.pk).json()
+    version = EnvironmentVersion.objects.get(pk=body["versions"][0]["id"])
+
+    environment_probe_record(report=probe_report(version.probes.get(), failed_check="step"))
+    shown = api.get(f"/api/environments/{body['id']}/versions/1/").json()
+
+    assert shown["status"] == "failed"
+    assert "step: boom" in shown["status_reason"]
+    [probe] = shown["probes"]
+    assert probe["status"] == "failed" and probe["purpose"] == "registration"
+    assert [(check["name"], check["status"]) for check in probe["checks"]] == [
+        ("load", "passed"), ("reset", "passed"), ("step", "failed")
+    ]
+    assert all(check["latency_s"] == 0.01 for check in probe["checks"])
+    assert probe["duration_s"] == pytest.approx(0.05)
+
+
+def test_probing_again_is_accepted_and_pending(api, project, environment):
+    response = api.post(f"/api/environments/{environment.pk}/versions/1/probe/")
+
+    assert response.status_code == 202
+    assert response.json()["purpose"] == "manual" and response.json()["status"] == "pending"
+
+
+def test_a_viewer_may_not_register_environments_or_versions(client_for, make_user, make_project,
+                                                             make_environment):
     viewer = make_user()
     project = make_project(viewers=[viewer])
+    environment = make_environment(project)
+    client = client_for(viewer)
 
-    response = _register(client_for(viewer), project=project.pk)
+    registered = _register(client, project=project.pk)
+    versioned = client.post(f"/api/environments/{environment.pk}/versions/",
+                            {"entrypoint": "a:B"}, format="json")
+    probed = client.post(f"/api/environments/{environment.pk}/versions/1/probe/")
 
-    assert response.status_code == 403
-    assert response.json()["error"]["code"] == "permission_denied"
+    assert [registered.status_code, versioned.status_code, probed.status_code] == [403, 403, 403]
+    assert registered.json()["error"]["code"] == "permission_denied"
 
 
-def test_another_users_project_is_not_found(api, make_project):
-    response = _register(api, project=make_project().pk)
+def test_another_users_project_and_environment_are_not_found(api, make_project, make_environment):
+    others = make_project()
+    environment = make_environment(others)
 
-    assert response.status_code == 404
+    assert _register(api, project=others.pk).status_code == 404
+    assert api.get(f"/api/environments/{environment.pk}/").status_code == 404
+    assert api.get(f"/api/environments/{environment.pk}/versions/1/").status_code == 404
+    assert api.post(f"/api/environments/{environment.pk}/versions/1/probe/").status_code == 404
 
 
 def test_listing_shows_the_environments_of_the_users_projects(
@@ -100,8 +273,30 @@ def test_listing_shows_the_environments_of_the_users_projects(
 
     assert {item["id"] for item in everything} == {environment.pk, in_other.pk}
     assert [item["id"] for item in only_other] == [in_other.pk]
+    assert only_other[0]["latest_version"]["status"] == "ready"
+
+
+def test_listing_costs_the_same_queries_for_many_environments(
+    api, project, make_environment, django_assert_num_queries
+):
+    from environments.builtin import CALCULATOR
+
+    for index in range(5):
+        make_environment(project, CALCULATOR.model_copy(update={"name": f"calc-{index}"}))
+
+    # auth token, count, page, versions prefetch
+    with django_assert_num_queries(4):
+        response = api.get("/api/environments/")
+
+    assert response.json()["count"] == 5
 
 
 def test_listing_a_project_of_someone_else_is_not_found(api, make_project):
     assert api.get(f"/api/environments/?project={make_project().pk}").status_code == 404
     assert api.get("/api/environments/?project=abc").status_code == 400
+
+
+def test_environments_are_deleted_with_their_versions(project, environment):
+    project.delete()
+
+    assert not Environment.objects.exists() and not EnvironmentVersion.objects.exists()

@@ -165,12 +165,14 @@ def test_showing_a_run(api, project, environment, make_run):
     body = api.get(f"/api/runs/{run.pk}/").json()
 
     expected_keys = {
-        "id", "project", "name", "environment", "status", "status_reason", "config",
+        "id", "project", "name", "environment", "environment_version", "status", "status_reason", "config",
         "policy_version", "trainer_step", "attempts", "heartbeat_at", "created_at", "started_at",
         "finished_at", "urls",
     }  # fmt: skip
     assert set(body) == expected_keys
     assert body["name"] == "shown" and body["status"] == "queued"
+    assert body["environment_version"]["number"] == 1
+    assert body["environment_version"]["status"] == "ready"
 
 
 def test_another_users_run_is_not_found(api, make_run):

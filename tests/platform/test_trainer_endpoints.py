@@ -34,12 +34,16 @@ def test_a_claim_starts_the_oldest_queued_run(trainer_api, project, environment,
     claimed = response.json()["run"]
     assert claimed["id"] == oldest.pk and claimed["name"] == "oldest"
     assert claimed["config"] == oldest.config
+    version = environment.versions.get()
     assert claimed["environment"] == {
-        "schema_version": 1,
+        "schema_version": 2,
         "name": "calculator",
+        "version": 1,
+        "version_id": version.pk,
         "kind": "python",
         "entrypoint": "workers.environments.calculator:CalculatorEnvironment",
         "params": {},
+        "tools": version.tools,
     }
     assert claimed["attempts"] == 1
     oldest.refresh_from_db()

@@ -96,4 +96,5 @@ WHITENOISE_USE_FINDERS = True
 
 from .api import *  # noqa: E402,F403
 from .celery import *  # noqa: E402,F403
+from .environments import *  # noqa: E402,F403
 from .realtime import *  # noqa: E402,F403

@@ -1,6 +1,6 @@
 """Celery, as configured for the platform's own app (config/celery.py)."""
 
-from .environment import REDIS_URL
+from .environment import REDIS_URL, env_float, env_str
 
 CELERY_BROKER_URL = REDIS_URL
 # The platform's tasks never share a queue with the rollout producers' queue.
@@ -11,17 +11,23 @@ CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
-from .environment import env_float  # noqa: E402
-
 # A trainer heartbeats every 2 s; a minute of silence means it is gone, not slow
 # (a checkpoint or a compile never blocks the loop that long).
 TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S = env_float("TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S", 60.0)
 # The reaper's period: a dead trainer's run is failed at most timeout + period after its last heartbeat.
 TANDEM_REAPER_INTERVAL_S = env_float("TANDEM_REAPER_INTERVAL_S", 10.0)
+# Celery beat (run embedded in the platform worker: `tandem platform-worker`,
+# which `tandem up` starts) sends the reaper and the environment health sweep,
+# which probes every version in use again and marks failures unhealthy.
 CELERY_BEAT_SCHEDULE = {
     "reap-dead-trainers": {
         "task": "tandem.platform.reap_dead_trainers",
         "schedule": TANDEM_REAPER_INTERVAL_S,
-        "options": {"queue": "platform", "expires": TANDEM_REAPER_INTERVAL_S},
+        "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": TANDEM_REAPER_INTERVAL_S},
+    },
+    "environment-health-sweep": {
+        "task": "tandem.environments.health_sweep",
+        "schedule": float(env_str("TANDEM_HEALTH_CHECK_INTERVAL_S", "60")),
+        "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": 60},
     },
 }

@@ -1,0 +1,16 @@
+"""The environment registry: where remote environments may live, and how long a probe may stay unanswered."""
+
+import json
+
+from .environment import env_list, env_str
+
+# Hosts and networks remote environment URLs may reach (tandem/environment_urls.py).
+# Unset: everything except link-local and cloud-metadata addresses.
+TANDEM_ENVIRONMENT_URL_ALLOWLIST = env_list("TANDEM_ENVIRONMENT_URL_ALLOWLIST", []) or None
+# A probe no worker reported on within this long fails: no worker consumes the `probes` queue.
+TANDEM_PROBE_EXPIRY_S = float(env_str("TANDEM_PROBE_EXPIRY_S", "600"))
+# Per-check probe timeouts in seconds, JSON, e.g. {"reset": 5}; unset ones keep
+# tandem.contracts.ProbeTimeouts' defaults.
+TANDEM_PROBE_TIMEOUTS = json.loads(env_str("TANDEM_PROBE_TIMEOUTS", "{}"))
+# Health check probes kept per version (the health history); older ones are deleted.
+TANDEM_HEALTH_PROBES_KEPT = int(env_str("TANDEM_HEALTH_PROBES_KEPT", "500"))

@@ -1,0 +1,62 @@
+"""The dashboard's environment registration form: the REST body, as form fields."""
+
+import json
+
+from django import forms
+
+from domain_errors import DomainError
+
+from .models import EnvironmentVersion
+
+
+class JSONField(forms.CharField):
+    """A textarea holding JSON of one type (an object or a list)."""
+
+    def __init__(self, *, json_type: type, **kwargs):
+        self.json_type = json_type
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 4, "class": "mono"}))
+        super().__init__(**kwargs)
+
+    def clean(self, value):
+        value = super().clean(value)
+        if not value or not value.strip():
+            return self.json_type()
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise forms.ValidationError(f"Not JSON: {error}") from None
+        if not isinstance(parsed, self.json_type):
+            kind = "an object" if self.json_type is dict else "a list"
+            raise forms.ValidationError(f"Must be {kind}.")
+        return parsed
+
+
+class EnvironmentRegisterForm(forms.Form):
+    project = forms.ChoiceField()
+    name = forms.CharField(max_length=100)
+    kind = forms.ChoiceField(choices=EnvironmentVersion.Kind.choices)
+    entrypoint = forms.CharField(
+        max_length=255, required=False, help_text="module:Class, for kind 'python' only."
+    )
+    settings = JSONField(json_type=dict, required=False, help_text='e.g. {"url": "http://host:8765"}')
+    tools = JSONField(
+        json_type=list, required=False,
+        help_text='[{"name": "calc", "description": "...", "parameters": {"type": "object", ...}}]',
+    )
+
+    def __init__(self, *args, projects, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["project"].choices = [(project.pk, project.name) for project in projects]
+
+    def api_body(self) -> dict:
+        """The REST registration body, so the page and the API validate alike."""
+        return {key: value for key, value in self.cleaned_data.items()}
+
+    def add_domain_error(self, error: DomainError) -> None:
+        if not error.fields:
+            self.add_error(None, error.message)
+        for path, messages in error.fields.items():
+            field = path.split(".")[0]
+            for message in messages:
+                self.add_error(field if field in self.fields else None,
+                               message if field == path else f"{path}: {message}")

@@ -1,0 +1,40 @@
+"""Celery tasks of the environment registry, run by the platform's worker (queue `platform`).
+
+The probe itself runs on a rollout worker (workers/tasks.py); these record
+what it reports and start the periodic health checks. Both take plain data,
+load fresh state and call one service. The platform worker runs the solo
+pool, where Celery enforces no time limit; the limits below hold under
+prefork and document what each task should take.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from domain_errors import NotFound
+from tandem.contracts import PLATFORM_QUEUE, PROBE_REPORT_TASK_NAME, ProbeReport
+
+from .services import environment_health_sweep, environment_probe_record
+
+logger = logging.getLogger(__name__)
+
+HEALTH_SWEEP_TASK_NAME = "tandem.environments.health_sweep"
+
+
+@shared_task(name=PROBE_REPORT_TASK_NAME, queue=PLATFORM_QUEUE, soft_time_limit=30, time_limit=60)
+def record_probe_report(report: dict) -> None:
+    """Store a probe report a worker sent (a ProbeReport as JSON)."""
+    parsed = ProbeReport.model_validate(report)
+    try:
+        environment_probe_record(report=parsed)
+    except NotFound:
+        # The environment was deleted while its probe ran: nothing left to report on.
+        logger.warning("probe %s reported, but it no longer exists", parsed.probe_id)
+
+
+@shared_task(name=HEALTH_SWEEP_TASK_NAME, queue=PLATFORM_QUEUE, soft_time_limit=60, time_limit=120)
+def health_sweep() -> dict:
+    """Expire unanswered probes and request a health probe of every version in use."""
+    return environment_health_sweep()

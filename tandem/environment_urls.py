@@ -1,0 +1,120 @@
+"""Which URLs a remote environment may live at: the allow-list, and what is refused without one.
+
+A registered URL is fetched by workers inside the cluster, so a URL that points
+at a cloud metadata service or another link-local address would hand that
+service's answers (credentials, often) to whoever registered it. The platform
+checks the URL as written when it is registered; the probe checks it again on
+the worker, after resolving the host name there, since that is where the
+connection is made.
+
+The allow-list (``TANDEM_ENVIRONMENT_URL_ALLOWLIST``, comma separated) holds
+host names (``envs.example.com``, or ``*.example.com`` for subdomains) and
+networks (``10.0.0.0/8``, ``127.0.0.1``). Without one, every address is
+allowed except link-local and cloud metadata ones. With one, a URL is allowed
+only if its host name is listed or every address it resolves to is in a
+listed network; a listed name that resolves into the refused ranges is still
+refused unless a listed network holds that address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+REFUSED_NETWORKS = tuple(ipaddress.ip_network(network) for network in (
+    "169.254.0.0/16",  # IPv4 link-local, and AWS/GCP/Azure/OpenStack metadata at 169.254.169.254
+    "fe80::/10",  # IPv6 link-local
+    "fd00:ec2::254/128",  # AWS metadata over IPv6
+    "100.100.100.200/32",  # Alibaba Cloud metadata
+    "168.63.129.16/32",  # Azure wire server
+))
+REFUSED_HOST_NAMES = frozenset({"metadata.google.internal", "metadata", "instance-data"})
+
+
+class EnvironmentURLRefused(ValueError):
+    """The URL is malformed, or points where environments may not be."""
+
+
+def _parse_allowlist(entries: Iterable[str]) -> tuple[list, list[str]]:
+    networks, names = [], []
+    for entry in entries:
+        entry = entry.strip().lower()
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            names.append(entry)
+    return networks, names
+
+
+def _name_listed(host: str, names: list[str]) -> bool:
+    return any(host == name or (name.startswith("*.") and host.endswith(name[1:])) for name in names)
+
+
+def _address(host: str) -> Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def resolve_host(host: str) -> list[Address]:
+    """Every address ``host`` resolves to here."""
+    infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    return sorted({ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}, key=str)
+
+
+def check_environment_url(
+    url: str,
+    *,
+    allowlist: Iterable[str] | None = None,
+    resolve: Callable[[str], list[Address]] | None = None,
+) -> None:
+    """Raise EnvironmentURLRefused unless ``url`` may be used.
+
+    ``resolve``: look the host name up and check every address (the worker
+    does); None checks the URL as written only (the platform, which may not
+    see the same DNS as the workers).
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in {"http", "https", "ws", "wss"}:
+        raise EnvironmentURLRefused(f"{url!r} must start with http://, https://, ws:// or wss://")
+    host = (parts.hostname or "").lower().rstrip(".")
+    if not host:
+        raise EnvironmentURLRefused(f"{url!r} has no host")
+    networks, names = _parse_allowlist(allowlist) if allowlist is not None else ([], [])
+    if host in REFUSED_HOST_NAMES and not _name_listed(host, names):
+        raise EnvironmentURLRefused(f"{host} is a cloud metadata service")
+
+    literal = _address(host)
+    if literal is not None:
+        addresses = [literal]
+    elif resolve is not None:
+        try:
+            addresses = resolve(host)
+        except OSError as exc:
+            raise EnvironmentURLRefused(f"cannot resolve {host}: {exc}") from exc
+    else:
+        addresses = []
+
+    name_allowed = allowlist is None or _name_listed(host, names)
+    if allowlist is not None and not name_allowed and literal is None and resolve is None:
+        # A name not on the list may still resolve into a listed network: the worker decides.
+        return
+    for address in addresses:
+        # ::ffff:169.254.169.254 reaches the same service as 169.254.169.254.
+        address = getattr(address, "ipv4_mapped", None) or address
+        if any(address in network for network in networks):
+            continue
+        if allowlist is not None and not name_allowed:
+            raise EnvironmentURLRefused(f"{host} ({address}) is not on the environment URL allow-list")
+        if any(address in network for network in REFUSED_NETWORKS):
+            raise EnvironmentURLRefused(
+                f"{host} ({address}) is a link-local or cloud-metadata address; "
+                "list it in TANDEM_ENVIRONMENT_URL_ALLOWLIST to allow it"
+            )

@@ -1,0 +1,260 @@
+"""The conformance probe: can producers use this environment version?
+
+The probe does what a producer does for one episode, with a harmless action,
+and checks every answer's shape: the URL (for remote kinds), loading the class
+with the registered settings, sampling a task, ``reset``, the declared tools,
+one ``step`` with :data:`~tandem.contracts.PROBE_ACTION`, and ``close``. Each
+check has its own timeout and its wall time is reported. The first failing
+check ends the probe; the checks after it are reported as skipped.
+
+Timeouts hold against environments that block the event loop too (a
+``time.sleep`` in ``reset``): the environment runs on an event loop in a
+thread of its own and the probe waits on each call from outside it. A thread
+stuck in such a call is abandoned (it is a daemon) and named in the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import json
+import math
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import redis
+
+from tandem.contracts import (
+    PROBE_ACTION,
+    ProbeCheck,
+    ProbeReport,
+    ProbeRequest,
+    ToolSchema,
+    probe_request_key,
+)
+from tandem.environment_urls import EnvironmentURLRefused, check_environment_url, resolve_host
+from workers.environments.base import Environment, StepResult
+from workers.environments.loading import load_environment_class
+
+# Enough of a message to act on, not a whole HTML error page.
+_MESSAGE_CHARS = 500
+_PROBE_SEED = 0
+
+
+class CheckFailed(Exception):
+    """A check's verdict, with the message shown to whoever registered the environment."""
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MESSAGE_CHARS else text[:_MESSAGE_CHARS] + " ..."
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, CheckFailed):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _EnvironmentLoop:
+    """An event loop on a daemon thread; the probe waits on it with timeouts from outside."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="probe-environment", daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine, timeout_s: float) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise CheckFailed(f"timed out after {timeout_s:g}s") from None
+
+    def call(self, function: Callable[[], Any], timeout_s: float) -> Any:
+        async def call_on_loop():
+            return function()
+
+        return self.run(call_on_loop(), timeout_s)
+
+    def stop(self, join_timeout_s: float = 2.0) -> bool:
+        """Stop the loop; False if its thread is still stuck in an environment call."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(join_timeout_s)
+        if self.thread.is_alive():
+            return False
+        self.loop.close()
+        return True
+
+
+def _check_observation(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise CheckFailed(f"{where} returned a {type(value).__name__} observation, expected str")
+    return value
+
+
+def _check_json(value: Any, where: str) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise CheckFailed(f"{where} is not JSON-serialisable: {exc}") from None
+
+
+def check_step_result(result: Any) -> str:
+    if not isinstance(result, StepResult):
+        raise CheckFailed(f"step returned a {type(result).__name__}, expected StepResult")
+    _check_observation(result.observation, "step")
+    reward = result.reward
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise CheckFailed(f"step reward is {reward!r}, expected a finite number")
+    if not isinstance(result.done, bool):
+        raise CheckFailed(f"step done is {type(result.done).__name__}, expected bool")
+    if not isinstance(result.info, dict):
+        raise CheckFailed(f"step info is {type(result.info).__name__}, expected dict")
+    _check_json(result.info, "step info")
+    return f"reward {float(reward):g}, done {result.done}"
+
+
+def check_tools(environment: Environment, declared: tuple[ToolSchema, ...]) -> str:
+    """The environment exposes exactly the declared tools, with the declared argument schemas."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    exposed = {}
+    for tool in getattr(environment, "tools", ()) or ():
+        exposed[tool.name] = {"description": tool.description, "parameters": tool.parameters}
+    wanted = {tool.name: tool for tool in declared}
+    problems = []
+    missing = sorted(set(wanted) - set(exposed))
+    if missing:
+        problems.append(f"declared but not exposed: {', '.join(missing)}")
+    undeclared = sorted(set(exposed) - set(wanted))
+    if undeclared:
+        schemas = json.dumps([{"name": name, **exposed[name]} for name in undeclared], sort_keys=True)
+        problems.append(f"exposed but not declared (register them): {schemas}")
+    for name in sorted(set(wanted) & set(exposed)):
+        parameters = exposed[name]["parameters"]
+        if parameters != wanted[name].parameters:
+            problems.append(f"{name}: parameters differ from the declaration; exposed "
+                            f"{json.dumps(parameters, sort_keys=True)}")
+            continue
+        try:
+            Draft202012Validator.check_schema(parameters)
+        except SchemaError as exc:
+            problems.append(f"{name}: parameters is not a valid JSON schema: {exc.message}")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    return f"{len(exposed)} tool{'s' if len(exposed) != 1 else ''}: {', '.join(sorted(exposed)) or 'none'}"
+
+
+def run_probe(request: ProbeRequest) -> ProbeReport:
+    """Run every check of ``request`` and report; never raises for the environment's faults."""
+    spec = request.environment
+    timeouts = request.timeouts
+    started_at = time.time()
+    checks: list[ProbeCheck] = []
+    state: dict[str, Any] = {}
+    loop = _EnvironmentLoop()
+
+    def check_url() -> str:
+        url = spec.params.get("url")
+        if not isinstance(url, str):
+            return "no remote URL"
+        try:
+            check_environment_url(url, allowlist=request.url_allowlist, resolve=resolve_host)
+        except EnvironmentURLRefused as exc:
+            raise CheckFailed(str(exc)) from None
+        return f"{url} is allowed"
+
+    def load() -> str:
+        environment_class = load_environment_class(spec)
+        state["class"] = environment_class
+        state["environment"] = environment_class(**spec.params)
+        return spec.entrypoint
+
+    def sample_task() -> str:
+        task = state["environment"].sample_task(random.Random(_PROBE_SEED))
+        if not isinstance(task, dict):
+            raise CheckFailed(f"sample_task returned a {type(task).__name__}, expected dict")
+        _check_json(task, "the task")
+        state["task"] = task
+        return _short(json.dumps(task, sort_keys=True))
+
+    async def reset() -> str:
+        observation = _check_observation(await state["environment"].reset(state["task"]), "reset")
+        state["reset"] = True
+        return f"observation of {len(observation)} chars"
+
+    async def step() -> str:
+        return check_step_result(await state["environment"].step(PROBE_ACTION))
+
+    async def close() -> str:
+        await state["environment"].close()
+        return "closed"
+
+    plan: list[tuple[str, Callable[[], Any], float]] = [
+        ("url", check_url, timeouts.url),
+        ("load", load, timeouts.load),
+        ("sample_task", sample_task, timeouts.load),
+        ("reset", reset, timeouts.reset),
+        ("tools", lambda: check_tools(state["environment"], spec.tools), timeouts.tools),
+        ("step", step, timeouts.step),
+    ]
+    failed = False
+    for name, function, timeout_s in plan:
+        if failed:
+            checks.append(ProbeCheck(name=name, status="skipped", message="an earlier check failed",
+                                     timeout_s=timeout_s))
+            continue
+        checks.append(_timed(name, function, timeout_s, loop))
+        failed = checks[-1].status == "failed"
+    if "environment" in state and state.get("reset"):
+        # close() runs even after a failed step: it releases what reset took.
+        checks.append(_timed("close", close, timeouts.close, loop))
+    else:
+        checks.append(ProbeCheck(name="close", status="skipped", message="nothing to close",
+                                 timeout_s=timeouts.close))
+    if not loop.stop():
+        last = checks[-1]
+        checks[-1] = last.model_copy(update={
+            "message": f"{last.message}; the environment's thread is still blocked and was abandoned"})
+    return ProbeReport(probe_id=request.probe_id, checks=tuple(checks),
+                       worker=f"{socket.gethostname()}:{os.getpid()}",
+                       started_at=started_at, finished_at=time.time())
+
+
+def _timed(name: str, function: Callable[[], Any], timeout_s: float,
+           loop: _EnvironmentLoop) -> ProbeCheck:
+    started = time.perf_counter()
+    try:
+        if inspect.iscoroutinefunction(function):
+            message = loop.run(function(), timeout_s)
+        else:
+            message = loop.call(function, timeout_s)
+        status = "passed"
+    except Exception as exc:  # noqa: BLE001 - any fault of the environment is the check's verdict
+        message, status = _describe(exc), "failed"
+    return ProbeCheck(name=name, status=status, message=_short(str(message)),
+                      latency_s=round(time.perf_counter() - started, 6), timeout_s=timeout_s)
+
+
+def probe_by_id(*, redis_url: str, probe_id: int) -> ProbeReport:
+    """Run the probe the platform asked for under ``probe_id``."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        raw = client.get(probe_request_key(probe_id))
+    finally:
+        client.close()
+    if raw is None:
+        now = time.time()
+        check = ProbeCheck(name="request", status="failed",
+                           message="the probe request expired in Redis before a worker took it; probe again")
+        return ProbeReport(probe_id=probe_id, checks=(check,), worker=f"{socket.gethostname()}:{os.getpid()}",
+                           started_at=now, finished_at=now)
+    return run_probe(ProbeRequest.model_validate_json(raw))
