@@ -1,30 +1,41 @@
 """API of environments."""
 
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
+from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from accounts.selectors import project_get_for_user, project_resolve_for_user
-from config.pagination import PageNumberPagination
-from config.query_params import int_query_param
+from accounts.selectors import project_resolve_for_user
+from config.openapi import ErrorSerializer
+from config.query_params import project_query_param
 from tandem.contracts import EnvironmentSpec
 
+from .filters import EnvironmentFilter
+from .models import Environment
 from .selectors import environment_list
 from .serializers import EnvironmentRegisterSerializer, EnvironmentSerializer
 from .services import environment_register
 
 
-class EnvironmentListCreateView(APIView):
-    def get(self, request):
-        project_id = int_query_param(request, "project")
-        project = None
-        if project_id is not None:
-            project = project_get_for_user(user=request.user, project_id=project_id)
-        environments = environment_list(user=request.user, project=project)
-        paginator = PageNumberPagination()
-        page = paginator.paginate_queryset(environments, request, view=self)
-        return paginator.get_paginated_response(EnvironmentSerializer(page, many=True).data)
+@extend_schema(tags=["environments"])
+class EnvironmentListCreateView(ListAPIView):
+    queryset = Environment.objects.none()  # the model, for the schema
+    serializer_class = EnvironmentSerializer
+    filterset_class = EnvironmentFilter
+    ordering_fields = {"name": "name", "created_at": "created_at", "id": "id"}
+    ordering = ["project__name", "project_id", "name"]
 
+    def get_queryset(self):
+        project = project_query_param(self.request)  # another's project is a 404
+        return environment_list(user=self.request.user, project=project)
+
+    @extend_schema(
+        request=EnvironmentRegisterSerializer,
+        responses={
+            201: EnvironmentSerializer,
+            409: OpenApiResponse(ErrorSerializer, description="The name is taken."),
+        },
+    )
     def post(self, request):
         serializer = EnvironmentRegisterSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

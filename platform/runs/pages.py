@@ -4,13 +4,14 @@ import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.selectors import project_get_for_user, project_list
-from domain_errors import DomainError, NotFound
+from domain_errors import DomainError, Forbidden, NotFound
 from environments.selectors import environment_list
 
 from .forms import RunCreateForm
@@ -41,6 +42,8 @@ def run_list_page(request):
                 config=form.config(),
                 name=form.cleaned_data["name"],
             )
+        except Forbidden as error:
+            raise PermissionDenied(error.message) from None  # a viewer: 403, as over the API
         except DomainError as error:
             form.add_domain_error(error)
         else:
@@ -68,6 +71,8 @@ def run_cancel_page(request, run_id: int):
     run = _run_or_404(request, run_id)
     try:
         run_cancel(user=request.user, run=run)
+    except Forbidden as error:
+        raise PermissionDenied(error.message) from None
     except DomainError as error:
         messages.error(request, error.message)
     else:

@@ -1,7 +1,8 @@
 """API of telemetry: the charts' backfill, and the trainer's posts."""
 
 import pydantic
-from rest_framework import status
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
@@ -20,9 +21,39 @@ MAX_POINTS_PER_PAGE = 5000
 MAX_EVENTS_PER_POST = 1000
 
 
+class MetricPointSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    name = serializers.CharField()
+    value = serializers.FloatField()
+
+
+class MetricPageSerializer(serializers.Serializer):
+    run = serializers.IntegerField()
+    points = MetricPointSerializer(many=True, help_text="Whole steps only, by step then name.")
+    next_after_step = serializers.IntegerField(
+        allow_null=True, help_text="Ask again with ?after_step= this; null when points is empty."
+    )
+
+
+@extend_schema(tags=["runs"])
 class RunMetricsView(APIView):
     """``?after_step=<n>&names=a,b&limit=<n>``: the points after a step cursor, by step."""
 
+    reads_query_parameters = True
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after_step", int, description="Cursor: points after this step.", default=-1),
+            OpenApiParameter("names", str, description="Comma-separated metric names; all if absent."),
+            OpenApiParameter(
+                "limit",
+                int,
+                description=f"About how many points (1 to {MAX_POINTS_PER_PAGE}).",
+                default=DEFAULT_POINTS_PER_PAGE,
+            ),
+        ],
+        responses={200: MetricPageSerializer},
+    )
     def get(self, request, run_id: int):
         run = run_get_for_user(user=request.user, run_id=run_id)
         after_step = int_query_param(request, "after_step", default=-1)
@@ -40,12 +71,24 @@ class NonFiniteJSONParser(JSONParser):
     strict = False
 
 
+@extend_schema(tags=["trainer"])
 class TrainerTelemetryView(APIView):
     """``{"events": [TrainerStepEvent, ...]}`` from the trainer; 202 ``{"stored": n}``."""
 
     permission_classes = [IsAdminUser]
     parser_classes = [NonFiniteJSONParser]
 
+    @extend_schema(
+        request=inline_serializer(
+            "TrainerTelemetry",
+            {
+                "events": serializers.ListField(
+                    child=serializers.DictField(), help_text="TrainerStepEvent objects."
+                )
+            },
+        ),
+        responses={202: inline_serializer("TelemetryStored", {"stored": serializers.IntegerField()})},
+    )
     def post(self, request, run_id: int):
         run = run_get(run_id=run_id)
         raw_events = request.data.get("events") if isinstance(request.data, dict) else None

@@ -19,9 +19,11 @@ _serial = itertools.count(1)
 @pytest.fixture
 def make_user(db):
     def make(username: str | None = None, *, is_staff: bool = False, password: str = "pw"):
-        user, _ = user_create_with_token(
+        user, raw_token = user_create_with_token(
             username=username or f"user{next(_serial)}", password=password, is_staff=is_staff
         )
+        # Only the hash is stored; tests keep the raw value on the object they were handed.
+        user.raw_token = raw_token
         return user
 
     return make
@@ -85,7 +87,7 @@ def client_for():
 
     def make(user) -> APIClient:
         client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {user.raw_token}")
         return client
 
     return make

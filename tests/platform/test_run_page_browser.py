@@ -93,10 +93,10 @@ def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
     ]
     metric_events_record(run=running_run, events=history)
     trainer_http = httpx.Client(
-        base_url=server, headers={"Authorization": f"Token {trainer.auth_token.key}"}
+        base_url=server, headers={"Authorization": f"Token {trainer.raw_token}"}
     )
     user_http = httpx.Client(
-        base_url=server, headers={"Authorization": f"Token {user.auth_token.key}"}
+        base_url=server, headers={"Authorization": f"Token {user.raw_token}"}
     )
 
     def post_step(step: int) -> None:
