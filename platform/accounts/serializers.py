@@ -6,7 +6,9 @@ from .models import ApiToken, Membership, Project
 class ProjectSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", help_text="Who created the project.")
     role = serializers.ChoiceField(
-        choices=Membership.Role.choices, read_only=True, help_text="The caller's role in the project."
+        choices=Membership.Role.choices,
+        read_only=True,
+        help_text="The caller's role in the project.",
     )
 
     class Meta:

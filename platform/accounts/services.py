@@ -74,7 +74,9 @@ def membership_create(
 
 
 @transaction.atomic
-def membership_change_role(*, actor: AbstractBaseUser, membership: Membership, role: str) -> Membership:
+def membership_change_role(
+    *, actor: AbstractBaseUser, membership: Membership, role: str
+) -> Membership:
     """An owner changes a member's role; the project always keeps an owner."""
     project_require_owner(user=actor, project=membership.project)
     _require_role(role)

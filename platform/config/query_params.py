@@ -1,6 +1,5 @@
 """Reading typed query parameters, failing with an error that names the parameter."""
 
-
 import django_filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field

@@ -117,7 +117,11 @@ class TrainerHeartbeatView(APIView):
         responses={
             200: inline_serializer(
                 "HeartbeatAnswer",
-                {"status": serializers.CharField(help_text="`cancelled` tells the trainer to stop.")},
+                {
+                    "status": serializers.CharField(
+                        help_text="`cancelled` tells the trainer to stop."
+                    )
+                },
             ),
             **CONFLICT,
         },

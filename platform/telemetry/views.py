@@ -43,8 +43,12 @@ class RunMetricsView(APIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("after_step", int, description="Cursor: points after this step.", default=-1),
-            OpenApiParameter("names", str, description="Comma-separated metric names; all if absent."),
+            OpenApiParameter(
+                "after_step", int, description="Cursor: points after this step.", default=-1
+            ),
+            OpenApiParameter(
+                "names", str, description="Comma-separated metric names; all if absent."
+            ),
             OpenApiParameter(
                 "limit",
                 int,
@@ -87,7 +91,9 @@ class TrainerTelemetryView(APIView):
                 )
             },
         ),
-        responses={202: inline_serializer("TelemetryStored", {"stored": serializers.IntegerField()})},
+        responses={
+            202: inline_serializer("TelemetryStored", {"stored": serializers.IntegerField()})
+        },
     )
     def post(self, request, run_id: int):
         run = run_get(run_id=run_id)

@@ -95,9 +95,7 @@ def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
     trainer_http = httpx.Client(
         base_url=server, headers={"Authorization": f"Token {trainer.raw_token}"}
     )
-    user_http = httpx.Client(
-        base_url=server, headers={"Authorization": f"Token {user.raw_token}"}
-    )
+    user_http = httpx.Client(base_url=server, headers={"Authorization": f"Token {user.raw_token}"})
 
     def post_step(step: int) -> None:
         response = trainer_http.post(
