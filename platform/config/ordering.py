@@ -47,7 +47,9 @@ class StrictOrderingFilter(OrderingFilter):
                 "required": False,
                 "in": "query",
                 "description": f"{self.ordering_description} One or more of: {', '.join(choices)}.",
-                "schema": {"type": "string"},
-                "example": choices[1],
+                # An array sent as one comma-separated value: ?ordering=status,-created_at
+                "schema": {"type": "array", "items": {"type": "string", "enum": choices}},
+                "style": "form",
+                "explode": False,
             }
         ]

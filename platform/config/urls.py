@@ -85,3 +85,6 @@ trainer_api = [
 ]
 
 urlpatterns = pages + api + trainer_api
+
+handler404 = "config.error_pages.not_found"
+handler500 = "config.error_pages.server_error"

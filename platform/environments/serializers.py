@@ -1,5 +1,7 @@
 from rest_framework import serializers
 
+from config.db_limits import require_no_nul
+
 from .models import Environment
 
 
@@ -19,3 +21,7 @@ class EnvironmentRegisterSerializer(serializers.Serializer):
     )
     entrypoint = serializers.CharField(max_length=255)
     params = serializers.DictField(required=False, default=dict)
+
+    def validate_params(self, params: dict) -> dict:
+        require_no_nul(params, "params")  # jsonb cannot hold one
+        return params

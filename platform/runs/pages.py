@@ -10,7 +10,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from accounts.selectors import project_get_for_user, project_list
+from accounts.models import Membership
+from accounts.selectors import project_get_for_user, project_list, project_role
 from domain_errors import DomainError, Forbidden, NotFound
 from environments.selectors import environment_list
 
@@ -61,6 +62,9 @@ def run_page(request, run_id: int):
         "metrics_url": reverse("api-run-metrics", args=[run.pk]),
         "run_url": reverse("api-run-detail", args=[run.pk]),
         "websocket_path": run_websocket_path(run.pk),
+        # Viewers see no cancel button; the cancel view refuses them anyway.
+        "can_write": project_role(user=request.user, project=run.project)
+        in Membership.WRITER_ROLES,
     }
     return render(request, "runs/detail.html", context)
 

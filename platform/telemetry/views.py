@@ -8,11 +8,13 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.db_limits import require_db_int, require_no_nul
 from config.query_params import int_query_param
 from domain_errors import InvalidInput
 from runs.selectors import run_get, run_get_for_user
 from tandem.contracts import TrainerStepEvent
 
+from .models import MetricPoint
 from .selectors import metric_points_after
 from .services import metric_events_record
 
@@ -75,6 +77,19 @@ class NonFiniteJSONParser(JSONParser):
     strict = False
 
 
+def _require_storable(event: TrainerStepEvent, *, prefix: str) -> None:
+    require_db_int(event.step, f"{prefix}.step")
+    require_db_int(event.policy_version, f"{prefix}.policy_version")
+    max_length = MetricPoint._meta.get_field("name").max_length
+    for name in event.metric_values():
+        require_no_nul(name, f"{prefix}.rollout_metrics")
+        if len(name) > max_length:
+            raise InvalidInput.for_field(
+                f"{prefix}.rollout_metrics",
+                f"Metric name '{name[:80]}' is longer than {max_length} characters.",
+            )
+
+
 @extend_schema(tags=["trainer"])
 class TrainerTelemetryView(APIView):
     """``{"events": [TrainerStepEvent, ...]}`` from the trainer; 202 ``{"stored": n}``."""
@@ -110,5 +125,6 @@ class TrainerTelemetryView(APIView):
                 events.append(TrainerStepEvent.model_validate(raw_event))
             except pydantic.ValidationError as error:
                 raise InvalidInput.from_pydantic(error, prefix=f"events.{index}") from None
+            _require_storable(events[-1], prefix=f"events.{index}")
         stored = metric_events_record(run=run, events=events)
         return Response({"stored": stored}, status=status.HTTP_202_ACCEPTED)

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import httpx
 import pytest
+from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.models import Membership
@@ -12,8 +19,10 @@ from accounts.services import membership_add, project_create, user_create_with_t
 from environments.builtin import CALCULATOR
 from environments.services import environment_register
 from runs.services import run_claim_next, run_create
+from tandem.services import free_local_port
 
 _serial = itertools.count(1)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -115,3 +124,51 @@ def running_run(make_run, project, environment):
     claimed = run_claim_next(worker="trainer-host:1")
     assert claimed is not None and claimed.pk == run.pk
     return claimed
+
+
+@pytest.fixture
+def server(transactional_db, tmp_path):
+    """uvicorn serving the platform from the test database, as it is served for real."""
+    db = connection.settings_dict
+    port = free_local_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    log = tmp_path / "uvicorn.log"
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "config.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=REPO_ROOT / "platform",
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{base}/api/", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"uvicorn did not start:\n{log.read_text()}"
+            time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        print(log.read_text()[-4000:])  # shown when the test fails

@@ -8,7 +8,10 @@ from django.urls import get_resolver
 from accounts.services import api_token_create, membership_add
 from environments.builtin import CALCULATOR
 from runs.models import Run
+from tandem.contracts import TrainerStepEvent
+from telemetry.services import metric_events_record
 
+from .builders import step_event
 from .route_walk import api_list_routes
 
 
@@ -172,3 +175,16 @@ def test_environments_filter_by_kind_and_name(api, project, environment):
     assert api.get("/api/environments/?name=chess").json()["count"] == 0
     response = api.get("/api/environments/?kind=docker")
     assert response.status_code == 400 and list(response.json()["error"]["fields"]) == ["kind"]
+
+
+def test_the_metrics_cursor_takes_a_fixed_number_of_queries(
+    api, running_run, django_assert_num_queries
+):
+    events = [TrainerStepEvent.model_validate(step_event(running_run.pk, s)) for s in range(1, 30)]
+    metric_events_record(run=running_run, events=events)
+    api.get("/api/projects/")  # records the token's last use first
+
+    # The token with its user, the run (its project and environment joined), the points.
+    with django_assert_num_queries(3):
+        response = api.get(f"/api/runs/{running_run.pk}/metrics/?limit=100")
+    assert len(response.json()["points"]) >= 90

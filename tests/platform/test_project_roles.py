@@ -69,7 +69,11 @@ def test_a_viewer_cannot_write_through_the_pages_either(team):
 
     assert started.status_code == 403 and cancelled.status_code == 403
     assert Run.objects.get().status == "queued"
-    assert browser.get(f"/runs/{run.pk}/").status_code == 200
+    page = browser.get(f"/runs/{run.pk}/")
+    assert page.status_code == 200 and 'id="cancel-form"' not in page.content.decode()
+    owner = Client()
+    owner.force_login(team["owner"])
+    assert 'id="cancel-form"' in owner.get(f"/runs/{run.pk}/").content.decode()
 
 
 def test_a_member_starts_and_cancels_runs_but_does_not_manage_members(team, client_for):

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from django.db import connection
 from playwright.sync_api import sync_playwright
 
 from tandem.contracts import TrainerStepEvent
-from tandem.services import free_local_port
 from telemetry.services import metric_events_record
 
 from .builders import POINTS_PER_STEP_EVENT, step_event
@@ -33,54 +27,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-
-
-@pytest.fixture
-def server(transactional_db, tmp_path):
-    """uvicorn serving the platform from the test database, as it is served for real."""
-    db = connection.settings_dict
-    port = free_local_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings.test",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "PYTHONPATH": str(REPO_ROOT),
-    }
-    log = tmp_path / "uvicorn.log"
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "config.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            cwd=REPO_ROOT / "platform",
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/api/", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"uvicorn did not start:\n{log.read_text()}"
-            time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        print(log.read_text()[-4000:])  # shown when the test fails
 
 
 def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
