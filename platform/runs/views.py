@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.selectors import project_resolve_for_user
+from config.db_limits import require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
 from config.query_params import project_query_param
 from domain_errors import InvalidInput
@@ -131,6 +132,9 @@ class TrainerHeartbeatView(APIView):
             heartbeat = TrainerHeartbeat.model_validate(request.data)
         except pydantic.ValidationError as error:
             raise InvalidInput.from_pydantic(error) from None
+        require_db_int(heartbeat.policy_version, "policy_version")
+        require_db_int(heartbeat.trainer_step, "trainer_step")
+        require_no_nul(heartbeat.message, "message")
         run = run_heartbeat(run=run_get(run_id=run_id), heartbeat=heartbeat)
         return Response({"status": run.status})
 
