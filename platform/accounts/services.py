@@ -45,7 +45,11 @@ def project_ensure(*, owner: AbstractBaseUser, name: str) -> Project:
 
 @transaction.atomic
 def membership_add(*, project: Project, user: AbstractBaseUser, role: str) -> Membership:
-    """Add ``user`` to ``project`` with ``role``, or change the role of a member."""
+    """Add ``user`` to ``project`` with ``role``, or change the role of a member.
+
+    For trusted callers (bootstrap, tests); requests go through
+    :func:`membership_create` and friends, which check that the actor is an owner.
+    """
     if role not in Membership.Role.values:
         raise InvalidInput.for_field("role", f"Unknown role '{role}'.")
     membership, _ = Membership.objects.update_or_create(

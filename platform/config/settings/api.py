@@ -40,6 +40,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # Request bodies are JSON only (DEFAULT_PARSER_CLASSES), so document just that.
+    # Separate request and response components, so read-only fields (id, created_at)
+    # are not asked of clients and write-only ones are not promised back.
     "COMPONENT_SPLIT_REQUEST": True,
 }
