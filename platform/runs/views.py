@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.selectors import project_resolve_for_user
-from config.db_limits import require_db_int, require_no_nul
+from config.db_limits import DB_INT_MAX, require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
 from config.query_params import project_query_param
 from domain_errors import InvalidInput
@@ -109,12 +109,20 @@ class TrainerClaimView(APIView):
         return Response({"run": ClaimedRunSerializer(run).data})
 
 
+def _heartbeat_schema() -> dict:
+    """TrainerHeartbeat's JSON schema, with the bounds of the columns it lands in."""
+    schema = TrainerHeartbeat.model_json_schema()
+    for name in ("policy_version", "trainer_step"):
+        schema["properties"][name]["maximum"] = DB_INT_MAX
+    return schema
+
+
 @extend_schema(tags=["trainer"])
 class TrainerHeartbeatView(APIView):
     permission_classes = [IsAdminUser]
 
     @extend_schema(
-        request={"application/json": TrainerHeartbeat.model_json_schema()},
+        request={"application/json": _heartbeat_schema()},
         responses={
             200: inline_serializer(
                 "HeartbeatAnswer",
