@@ -7,6 +7,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -115,8 +116,30 @@ def test_a_blank_name_is_400_naming_the_field(api):
     assert list(response.json()["error"]["fields"]) == ["name"]
 
 
-def test_drf_authtokens_table_is_gone(db):
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_drops_drf_authtokens_raw_keys():
+    executor = MigrationExecutor(connection)
+    executor.migrate([("accounts", "0001_initial")])
+    with connection.cursor() as cursor:  # DRF's table as an older Tandem left it
+        cursor.execute(
+            "CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created timestamptz,"
+            " user_id integer)"
+        )
+        cursor.execute("INSERT INTO authtoken_token VALUES ('raw-key', now(), 1)")
+        cursor.execute(
+            "INSERT INTO django_migrations (app, name, applied) VALUES"
+            " ('authtoken', '0001_initial', now())"
+        )
+
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([("accounts", "0002_api_tokens")])
+
     assert "authtoken_token" not in connection.introspection.table_names()
+    assert "accounts_apitoken" in connection.introspection.table_names()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM django_migrations WHERE app = 'authtoken'")
+        assert cursor.fetchone() == (0,)
 
 
 def test_a_session_write_without_a_csrf_token_is_refused(user):
