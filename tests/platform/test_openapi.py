@@ -6,6 +6,7 @@ import io
 import json
 import os
 from collections import Counter
+from urllib.parse import urlsplit
 
 import pytest
 import schemathesis
@@ -13,6 +14,7 @@ from django.core.management import call_command
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
+from playwright.sync_api import sync_playwright
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import (
@@ -24,6 +26,8 @@ from schemathesis.specs.openapi.checks import (
 
 from accounts.services import api_token_create, membership_add
 from runs.services import run_claim_next
+
+from .test_run_page_browser import CHROMIUM, CHROMIUM_ARGS
 
 # Examples per operation, per generation mode and per choice of path ids; the
 # whole fuzz stays well under two minutes on a shared two-core machine. Raise it
@@ -194,3 +198,32 @@ def _with_path(pair):
     case, path_parameters = pair
     case.path_parameters = {**(case.path_parameters or {}), **path_parameters}
     return case
+
+
+def test_the_docs_page_works_in_chromium_with_no_outside_request(server, user):
+    """Swagger UI renders every operation from /api/schema/ with nothing fetched elsewhere."""
+    outside: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        page = browser.new_page()
+        page.on(
+            "request",
+            lambda request: (
+                outside.append(request.url)
+                if urlsplit(request.url).netloc != urlsplit(server).netloc
+                and not request.url.startswith("data:")
+                else None
+            ),
+        )
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{server}/api/docs/")
+        page.wait_for_selector(".swagger-ui .opblock", timeout=20_000)
+        operations = page.locator(".swagger-ui .opblock").count()
+        browser.close()
+
+    assert operations >= 20
+    assert not outside, outside
+    assert not errors, errors
