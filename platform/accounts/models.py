@@ -47,3 +47,31 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.project} ({self.role})"
+
+
+class ApiToken(models.Model):
+    """A named API token of a user. Only a hash of its secret is kept.
+
+    The raw value is shown once, when the token is created; ``prefix`` (its first
+    characters, not enough to guess the rest) lets people tell their tokens apart.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16)
+    # sha256 of the whole raw token, hex. The secret has 256 bits of entropy, so a
+    # fast unsalted hash is enough: there is nothing to brute-force.
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "name"], name="api_token_name_unique_per_user"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import OuterRef, QuerySet, Subquery
-from rest_framework.authtoken.models import Token
 
 from domain_errors import InvalidInput, NotFound
 
-from .models import Membership, Project
+from .models import ApiToken, Membership, Project
+from .tokens import token_digest
 
 
 def project_list(*, user: AbstractBaseUser) -> QuerySet[Project]:
@@ -49,9 +49,40 @@ def project_role(*, user: AbstractBaseUser, project: Project) -> str | None:
     )
 
 
-def user_for_token(*, key: str) -> AbstractBaseUser | None:
-    """The active user an API token belongs to, or None."""
-    token = Token.objects.select_related("user").filter(key=key).first()
+def api_token_authenticate(*, raw: str) -> ApiToken | None:
+    """The token whose raw value is ``raw``, with its user, if that user is active."""
+    token = ApiToken.objects.select_related("user").filter(digest=token_digest(raw)).first()
     if token is None or not token.user.is_active:
         return None
-    return token.user
+    return token
+
+
+def api_token_list(*, user: AbstractBaseUser) -> QuerySet[ApiToken]:
+    return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
+
+
+def api_token_get_for_user(*, user: AbstractBaseUser, token_id: int) -> ApiToken:
+    """One of the user's tokens; another user's token is reported as missing."""
+    token = api_token_list(user=user).filter(pk=token_id).first()
+    if token is None:
+        raise NotFound(f"Token {token_id} not found.")
+    return token
+
+
+def membership_list(*, project: Project) -> QuerySet[Membership]:
+    return (
+        Membership.objects.filter(project=project)
+        .select_related("user")
+        .order_by("user__username", "id")
+    )
+
+
+def membership_get(*, project: Project, username: str) -> Membership:
+    membership = (
+        Membership.objects.filter(project=project, user__username=username)
+        .select_related("user", "project")
+        .first()
+    )
+    if membership is None:
+        raise NotFound(f"'{username}' is not a member of project '{project.name}'.")
+    return membership

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from rest_framework.authtoken.models import Token
+from django.utils import timezone
 
 from domain_errors import Conflict, InvalidInput
 
-from .models import Membership, Project
+from .models import ApiToken, Membership, Project
+from .permissions import project_require_owner
+from .tokens import token_digest, token_generate, token_prefix
 
 User = get_user_model()
 
@@ -41,7 +45,11 @@ def project_ensure(*, owner: AbstractBaseUser, name: str) -> Project:
 
 @transaction.atomic
 def membership_add(*, project: Project, user: AbstractBaseUser, role: str) -> Membership:
-    """Add ``user`` to ``project`` with ``role``, or change the role of a member."""
+    """Add ``user`` to ``project`` with ``role``, or change the role of a member.
+
+    For trusted callers (bootstrap, tests); requests go through
+    :func:`membership_create` and friends, which check that the actor is an owner.
+    """
     if role not in Membership.Role.values:
         raise InvalidInput.for_field("role", f"Unknown role '{role}'.")
     membership, _ = Membership.objects.update_or_create(
@@ -51,31 +59,138 @@ def membership_add(*, project: Project, user: AbstractBaseUser, role: str) -> Me
 
 
 @transaction.atomic
+def membership_create(
+    *, actor: AbstractBaseUser, project: Project, username: str, role: str
+) -> Membership:
+    """An owner adds the user named ``username`` to the project."""
+    project_require_owner(user=actor, project=project)
+    _require_role(role)
+    user = User.objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise InvalidInput.for_field("username", f"No user named '{username}'.")
+    membership, created = Membership.objects.get_or_create(
+        project=project, user=user, defaults={"role": role}
+    )
+    if not created:
+        message = f"'{username}' is already a member of '{project.name}' ({membership.role})."
+        raise Conflict(message, fields={"username": [message]})
+    return membership
+
+
+@transaction.atomic
+def membership_change_role(
+    *, actor: AbstractBaseUser, membership: Membership, role: str
+) -> Membership:
+    """An owner changes a member's role; the project always keeps an owner."""
+    project_require_owner(user=actor, project=membership.project)
+    _require_role(role)
+    if role != Membership.Role.OWNER:
+        _require_another_owner(membership)
+    membership.role = role
+    membership.save(update_fields=["role"])
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> None:
+    """An owner removes a member (themselves included, unless they are the last owner)."""
+    project_require_owner(user=actor, project=membership.project)
+    _require_another_owner(membership)
+    membership.delete()
+
+
+def _require_role(role: str) -> None:
+    if role not in Membership.Role.values:
+        raise InvalidInput.for_field(
+            "role", f"Unknown role '{role}'; one of {', '.join(Membership.Role.values)}."
+        )
+
+
+def _require_another_owner(membership: Membership) -> None:
+    if membership.role != Membership.Role.OWNER:
+        return
+    # Locked, so two owners demoting each other at once cannot leave the project ownerless.
+    owners = list(
+        Membership.objects.select_for_update()
+        .filter(project_id=membership.project_id, role=Membership.Role.OWNER)
+        .values_list("pk", flat=True)
+    )
+    if owners == [membership.pk]:
+        raise Conflict(
+            f"{membership.user} is the last owner of '{membership.project.name}'; "
+            "make someone else an owner first.",
+            fields={"role": ["A project needs at least one owner."]},
+        )
+
+
+@transaction.atomic
+def api_token_create(*, user: AbstractBaseUser, name: str) -> tuple[ApiToken, str]:
+    """A new API token of ``user``; returns it with its raw value, which is not stored."""
+    name = name.strip()
+    if not name:
+        raise InvalidInput.for_field("name", "A token needs a name.")
+    raw = token_generate()
+    try:
+        with transaction.atomic():
+            token = ApiToken.objects.create(
+                user=user, name=name, prefix=token_prefix(raw), digest=token_digest(raw)
+            )
+    except IntegrityError:
+        message = f"You already have a token named '{name}'."
+        raise Conflict(message, fields={"name": [message]}) from None
+    return token, raw
+
+
+@transaction.atomic
+def api_token_revoke(*, token: ApiToken) -> None:
+    """Delete the token; the next request that presents it is refused."""
+    token.delete()
+
+
+# How stale ``last_used_at`` may get: a write on every request would cost more
+# than a "last used" column is worth.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def api_token_mark_used(*, token: ApiToken) -> None:
+    now = timezone.now()
+    if token.last_used_at is not None and now - token.last_used_at < LAST_USED_RESOLUTION:
+        return
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    token.last_used_at = now
+
+
+@transaction.atomic
 def user_create_with_token(
-    *, username: str, password: str | None, is_staff: bool = False
-) -> tuple[AbstractBaseUser, Token]:
-    """A new user with an API token; ``password=None`` leaves it token-only."""
+    *, username: str, password: str | None, is_staff: bool = False, token_name: str = "default"
+) -> tuple[AbstractBaseUser, str]:
+    """A new user and the raw value of its first API token; ``password=None`` leaves it token-only."""
     if User.objects.filter(username=username).exists():
         raise Conflict(
             f"User '{username}' already exists.",
             fields={"username": [f"User '{username}' already exists."]},
         )
     user = User.objects.create_user(username=username, password=password, is_staff=is_staff)
-    return user, Token.objects.create(user=user)
+    _, raw = api_token_create(user=user, name=token_name)
+    return user, raw
 
 
 @transaction.atomic
 def user_ensure_with_token(
-    *, username: str, password: str | None, is_staff: bool = False
-) -> tuple[AbstractBaseUser, Token]:
+    *, username: str, password: str | None, is_staff: bool = False, token_name: str = "bootstrap"
+) -> tuple[AbstractBaseUser, str]:
     """Like :func:`user_create_with_token`, but an existing user is brought in line.
 
     The password and staff flag are reset to the given ones, so that what a
-    bootstrap prints is what works; the existing token is kept.
+    bootstrap prints is what works. Only hashes of tokens are stored, so the
+    token named ``token_name`` is replaced by a new one whose raw value is
+    returned; the user's other tokens are kept.
     """
     user = User.objects.filter(username=username).first()
     if user is None:
-        return user_create_with_token(username=username, password=password, is_staff=is_staff)
+        return user_create_with_token(
+            username=username, password=password, is_staff=is_staff, token_name=token_name
+        )
     if password is None:
         user.set_unusable_password()
     else:
@@ -83,5 +198,6 @@ def user_ensure_with_token(
     user.is_staff = is_staff
     user.is_active = True
     user.save(update_fields=["password", "is_staff", "is_active"])
-    token, _ = Token.objects.get_or_create(user=user)
-    return user, token
+    ApiToken.objects.filter(user=user, name=token_name).delete()
+    _, raw = api_token_create(user=user, name=token_name)
+    return user, raw

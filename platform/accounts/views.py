@@ -1,25 +1,167 @@
-"""API of projects."""
+"""API of projects, their members, and the caller's API tokens."""
 
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
+from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from config.pagination import PageNumberPagination
+from config.openapi import ErrorSerializer
 
-from .selectors import project_get_for_user, project_list
-from .serializers import ProjectCreateSerializer, ProjectSerializer
-from .services import project_create
+from .filters import ApiTokenFilter, MembershipFilter, ProjectFilter
+from .models import ApiToken, Membership, Project
+from .selectors import (
+    api_token_get_for_user,
+    api_token_list,
+    membership_get,
+    membership_list,
+    project_get_for_user,
+    project_list,
+)
+from .serializers import (
+    ApiTokenCreatedSerializer,
+    ApiTokenCreateSerializer,
+    ApiTokenSerializer,
+    MembershipCreateSerializer,
+    MembershipSerializer,
+    MembershipUpdateSerializer,
+    ProjectCreateSerializer,
+    ProjectSerializer,
+)
+from .services import (
+    api_token_create,
+    api_token_revoke,
+    membership_change_role,
+    membership_create,
+    membership_remove,
+    project_create,
+)
+
+CONFLICT = {409: OpenApiResponse(ErrorSerializer, description="Conflicts with existing data.")}
 
 
-class ProjectListCreateView(APIView):
-    def get(self, request):
-        paginator = PageNumberPagination()
-        page = paginator.paginate_queryset(project_list(user=request.user), request, view=self)
-        return paginator.get_paginated_response(ProjectSerializer(page, many=True).data)
+@extend_schema(tags=["projects"])
+class ProjectListCreateView(ListAPIView):
+    """The caller's projects, each with the caller's ``role`` in it."""
 
+    queryset = Project.objects.none()  # the model, for the schema; get_queryset is the real one
+    serializer_class = ProjectSerializer
+    filterset_class = ProjectFilter
+    ordering_fields = {"name": "name", "created_at": "created_at", "id": "id"}
+    ordering = ["name", "id"]
+
+    def get_queryset(self):
+        return project_list(user=self.request.user)
+
+    @extend_schema(request=ProjectCreateSerializer, responses={201: ProjectSerializer, **CONFLICT})
     def post(self, request):
         serializer = ProjectCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         project = project_create(owner=request.user, **serializer.validated_data)
         project = project_get_for_user(user=request.user, project_id=project.pk)
         return Response(ProjectSerializer(project).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["projects"])
+class ProjectDetailView(GenericAPIView):
+    serializer_class = ProjectSerializer
+
+    def get(self, request, project_id: int):
+        project = project_get_for_user(user=request.user, project_id=project_id)
+        return Response(ProjectSerializer(project).data)
+
+
+@extend_schema(tags=["projects"])
+class MembershipListCreateView(ListAPIView):
+    """Who belongs to the project; any member may read it, only owners change it."""
+
+    queryset = Membership.objects.none()
+    serializer_class = MembershipSerializer
+    filterset_class = MembershipFilter
+    ordering_fields = {"username": "user__username", "role": "role", "created_at": "created_at"}
+    ordering = ["user__username", "id"]
+
+    def get_queryset(self):
+        project = project_get_for_user(user=self.request.user, project_id=self.kwargs["project_id"])
+        return membership_list(project=project)
+
+    @extend_schema(
+        request=MembershipCreateSerializer, responses={201: MembershipSerializer, **CONFLICT}
+    )
+    def post(self, request, project_id: int):
+        project = project_get_for_user(user=request.user, project_id=project_id)
+        serializer = MembershipCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        membership = membership_create(
+            actor=request.user, project=project, **serializer.validated_data
+        )
+        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["projects"])
+class MembershipDetailView(GenericAPIView):
+    serializer_class = MembershipSerializer
+
+    def _membership(self, request, project_id: int, username: str):
+        project = project_get_for_user(user=request.user, project_id=project_id)
+        return membership_get(project=project, username=username)
+
+    def get(self, request, project_id: int, username: str):
+        return Response(MembershipSerializer(self._membership(request, project_id, username)).data)
+
+    @extend_schema(
+        request=MembershipUpdateSerializer, responses={200: MembershipSerializer, **CONFLICT}
+    )
+    def patch(self, request, project_id: int, username: str):
+        membership = self._membership(request, project_id, username)
+        serializer = MembershipUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        membership = membership_change_role(
+            actor=request.user, membership=membership, role=serializer.validated_data["role"]
+        )
+        return Response(MembershipSerializer(membership).data)
+
+    @extend_schema(responses={204: None, **CONFLICT})
+    def delete(self, request, project_id: int, username: str):
+        membership_remove(
+            actor=request.user, membership=self._membership(request, project_id, username)
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema(tags=["tokens"])
+class ApiTokenListCreateView(ListAPIView):
+    """The caller's API tokens. Only a hash is stored: the raw value is shown once, on creation."""
+
+    queryset = ApiToken.objects.none()
+    serializer_class = ApiTokenSerializer
+    filterset_class = ApiTokenFilter
+    ordering_fields = {"name": "name", "created_at": "created_at", "last_used_at": "last_used_at"}
+    ordering = ["-created_at", "-id"]
+
+    def get_queryset(self):
+        return api_token_list(user=self.request.user)
+
+    @extend_schema(
+        request=ApiTokenCreateSerializer, responses={201: ApiTokenCreatedSerializer, **CONFLICT}
+    )
+    def post(self, request):
+        serializer = ApiTokenCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        token, raw = api_token_create(user=request.user, **serializer.validated_data)
+        token.token = raw
+        return Response(ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["tokens"])
+class ApiTokenDetailView(GenericAPIView):
+    serializer_class = ApiTokenSerializer
+
+    def get(self, request, token_id: int):
+        token = api_token_get_for_user(user=request.user, token_id=token_id)
+        return Response(ApiTokenSerializer(token).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, token_id: int):
+        """Revoke the token: the next request that presents it gets 401."""
+        api_token_revoke(token=api_token_get_for_user(user=request.user, token_id=token_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)

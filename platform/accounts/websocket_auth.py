@@ -14,17 +14,17 @@ from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 from django.contrib.auth.models import AnonymousUser
 
-from .selectors import user_for_token
+from .authentication import token_from_header, token_user
 
 
 class TokenAuthMiddleware(BaseMiddleware):
     async def __call__(self, scope, receive, send):
         scope = dict(scope)
         headers = {name.lower(): value for name, value in scope.get("headers", [])}
-        scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        if scheme.lower() == "token" and key.strip():
-            user = await database_sync_to_async(user_for_token)(key=key.strip())
-            scope["user"] = user or AnonymousUser()
+        raw = token_from_header(headers.get(b"authorization", b"").decode("latin-1"))
+        if raw:
+            found = await database_sync_to_async(token_user)(raw)
+            scope["user"] = found[0] if found else AnonymousUser()
         elif not _same_origin(headers.get(b"origin"), headers.get(b"host")):
             scope["user"] = AnonymousUser()
         return await super().__call__(scope, receive, send)

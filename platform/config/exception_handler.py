@@ -6,15 +6,19 @@ request itself was invalid.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import DataError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from domain_errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound
+
+logger = logging.getLogger(__name__)
 
 _DOMAIN_STATUS = {
     InvalidInput: status.HTTP_400_BAD_REQUEST,
@@ -36,6 +40,15 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         )
         body = error_body(code=exc.code, message=exc.message, fields=exc.fields)
         return Response(body, status=status_code)
+
+    if isinstance(exc, DataError):
+        # The database refused a value (out of range, a NUL byte) that no check caught
+        # first. The input is at fault, not the server; the log says which check is missing.
+        logger.warning("DataError reached the API's exception handler: %s", exc)
+        body = error_body(
+            code="invalid", message=f"A value cannot be stored: {str(exc).splitlines()[0]}"
+        )
+        return Response(body, status=status.HTTP_400_BAD_REQUEST)
 
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()

@@ -4,8 +4,17 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from accounts.views import ProjectListCreateView
+from accounts import pages as account_pages
+from accounts.views import (
+    ApiTokenDetailView,
+    ApiTokenListCreateView,
+    MembershipDetailView,
+    MembershipListCreateView,
+    ProjectDetailView,
+    ProjectListCreateView,
+)
 from config.api_root import ApiRootView
 from environments import pages as environment_pages
 from environments.views import (
@@ -47,12 +56,33 @@ pages = [
         environment_pages.environment_version_probe_page,
         name="environment-version-probe-page",
     ),
+    path("tokens/", account_pages.token_list_page, name="token-list-page"),
+    path(
+        "tokens/<int:token_id>/revoke/",
+        account_pages.token_revoke_page,
+        name="token-revoke-page",
+    ),
     path("admin/", admin.site.urls),
 ]
 
 api = [
     path("api/", ApiRootView.as_view(), name="api-root"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/tokens/", ApiTokenListCreateView.as_view(), name="api-tokens"),
+    path("api/tokens/<int:token_id>/", ApiTokenDetailView.as_view(), name="api-token-detail"),
     path("api/projects/", ProjectListCreateView.as_view(), name="api-projects"),
+    path("api/projects/<int:project_id>/", ProjectDetailView.as_view(), name="api-project-detail"),
+    path(
+        "api/projects/<int:project_id>/members/",
+        MembershipListCreateView.as_view(),
+        name="api-project-members",
+    ),
+    path(
+        "api/projects/<int:project_id>/members/<str:username>/",
+        MembershipDetailView.as_view(),
+        name="api-project-member",
+    ),
     path("api/environments/", EnvironmentListCreateView.as_view(), name="api-environments"),
     path(
         "api/environments/<int:environment_id>/",
@@ -85,7 +115,6 @@ api = [
 ]
 
 trainer_api = [
-    path("api/", ApiRootView.as_view(), name="api-root"),
     path("api/trainer/claim/", TrainerClaimView.as_view(), name="api-trainer-claim"),
     path(
         "api/trainer/runs/<int:run_id>/heartbeat/",
@@ -100,3 +129,6 @@ trainer_api = [
 ]
 
 urlpatterns = pages + api + trainer_api
+
+handler404 = "config.error_pages.not_found"
+handler500 = "config.error_pages.server_error"

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from config.db_limits import require_no_nul
 from tandem.contracts import ADAPTER_ENTRYPOINTS, EnvironmentSpec, ToolSchema
 
 from .models import Environment, EnvironmentProbe, EnvironmentVersion
@@ -28,6 +29,10 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
         many=True, required=False, default=list,
         help_text="Tools the environment exposes, exactly; the probe checks them.",
     )
+
+    def validate_settings(self, settings: dict) -> dict:
+        require_no_nul(settings, "settings")  # jsonb cannot hold one
+        return settings
 
     def validate(self, data):
         # A misspelt or renamed field would otherwise be dropped silently and the probe fail later.

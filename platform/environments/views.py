@@ -1,13 +1,16 @@
 """API of the environment registry."""
 
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
+from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from accounts.selectors import project_get_for_user, project_resolve_for_user
-from config.pagination import PageNumberPagination
-from config.query_params import int_query_param
+from accounts.selectors import project_resolve_for_user
+from config.openapi import ErrorSerializer
+from config.query_params import project_query_param
 
+from .filters import EnvironmentFilter
+from .models import Environment
 from .selectors import (
     PROBES_SHOWN,
     environment_get_for_user,
@@ -31,17 +34,25 @@ def _version_body(version) -> dict:
     return EnvironmentVersionDetailSerializer(version, context={"probes": probes}).data
 
 
-class EnvironmentListCreateView(APIView):
-    def get(self, request):
-        project_id = int_query_param(request, "project")
-        project = None
-        if project_id is not None:
-            project = project_get_for_user(user=request.user, project_id=project_id)
-        environments = environment_list(user=request.user, project=project)
-        paginator = PageNumberPagination()
-        page = paginator.paginate_queryset(environments, request, view=self)
-        return paginator.get_paginated_response(EnvironmentSerializer(page, many=True).data)
+@extend_schema(tags=["environments"])
+class EnvironmentListCreateView(ListAPIView):
+    queryset = Environment.objects.none()  # the model, for the schema
+    serializer_class = EnvironmentSerializer
+    filterset_class = EnvironmentFilter
+    ordering_fields = {"name": "name", "created_at": "created_at", "id": "id"}
+    ordering = ["project__name", "project_id", "name"]
 
+    def get_queryset(self):
+        project = project_query_param(self.request)  # another's project is a 404
+        return environment_list(user=self.request.user, project=project)
+
+    @extend_schema(
+        request=EnvironmentRegisterSerializer,
+        responses={
+            201: EnvironmentSerializer,
+            409: OpenApiResponse(ErrorSerializer, description="The name is taken."),
+        },
+    )
     def post(self, request):
         serializer = EnvironmentRegisterSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -55,13 +66,21 @@ class EnvironmentListCreateView(APIView):
         return Response(body, status=status.HTTP_201_CREATED)
 
 
-class EnvironmentDetailView(APIView):
+@extend_schema(tags=["environments"])
+class EnvironmentDetailView(GenericAPIView):
+    serializer_class = EnvironmentDetailSerializer
+
     def get(self, request, environment_id: int):
         environment = environment_get_for_user(user=request.user, environment_id=environment_id)
         return Response(EnvironmentDetailSerializer(environment).data)
 
 
-class EnvironmentVersionCreateView(APIView):
+@extend_schema(tags=["environments"])
+class EnvironmentVersionCreateView(GenericAPIView):
+    serializer_class = EnvironmentVersionRegisterSerializer
+
+    @extend_schema(request=EnvironmentVersionRegisterSerializer,
+                   responses={201: EnvironmentVersionDetailSerializer})
     def post(self, request, environment_id: int):
         environment = environment_get_for_user(user=request.user, environment_id=environment_id)
         serializer = EnvironmentVersionRegisterSerializer(data=request.data)
@@ -72,14 +91,21 @@ class EnvironmentVersionCreateView(APIView):
         return Response(_version_body(version), status=status.HTTP_201_CREATED)
 
 
-class EnvironmentVersionDetailView(APIView):
+@extend_schema(tags=["environments"])
+class EnvironmentVersionDetailView(GenericAPIView):
+    serializer_class = EnvironmentVersionDetailSerializer
+
     def get(self, request, environment_id: int, number: int):
         environment = environment_get_for_user(user=request.user, environment_id=environment_id)
         version = environment_version_get(environment=environment, number=number)
         return Response(_version_body(version))
 
 
-class EnvironmentVersionProbeView(APIView):
+@extend_schema(tags=["environments"])
+class EnvironmentVersionProbeView(GenericAPIView):
+    serializer_class = EnvironmentProbeSerializer
+
+    @extend_schema(request=None, responses={202: EnvironmentProbeSerializer})
     def post(self, request, environment_id: int, number: int):
         environment = environment_get_for_user(user=request.user, environment_id=environment_id)
         version = environment_version_get(environment=environment, number=number)

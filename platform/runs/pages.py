@@ -4,13 +4,15 @@ import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from accounts.selectors import project_get_for_user, project_list
-from domain_errors import DomainError, NotFound
+from accounts.models import Membership
+from accounts.selectors import project_get_for_user, project_list, project_role
+from domain_errors import DomainError, Forbidden, NotFound
 from environments.selectors import environment_list
 
 from .forms import RunCreateForm
@@ -41,6 +43,8 @@ def run_list_page(request):
                 config=form.config(),
                 name=form.cleaned_data["name"],
             )
+        except Forbidden as error:
+            raise PermissionDenied(error.message) from None  # a viewer: 403, as over the API
         except DomainError as error:
             form.add_domain_error(error)
         else:
@@ -58,6 +62,9 @@ def run_page(request, run_id: int):
         "metrics_url": reverse("api-run-metrics", args=[run.pk]),
         "run_url": reverse("api-run-detail", args=[run.pk]),
         "websocket_path": run_websocket_path(run.pk),
+        # Viewers see no cancel button; the cancel view refuses them anyway.
+        "can_write": project_role(user=request.user, project=run.project)
+        in Membership.WRITER_ROLES,
     }
     return render(request, "runs/detail.html", context)
 
@@ -68,6 +75,8 @@ def run_cancel_page(request, run_id: int):
     run = _run_or_404(request, run_id)
     try:
         run_cancel(user=request.user, run=run)
+    except Forbidden as error:
+        raise PermissionDenied(error.message) from None
     except DomainError as error:
         messages.error(request, error.message)
     else:

@@ -1,6 +1,7 @@
 from django.urls import reverse
 from rest_framework import serializers
 
+from config.db_limits import require_no_nul
 from environments.serializers import EnvironmentVersionStatusSerializer
 
 from .models import Run
@@ -59,6 +60,10 @@ class RunCreateSerializer(serializers.Serializer):
     config = serializers.DictField(
         required=False, default=dict, help_text="A partial RunConfig; defaults fill the rest."
     )
+
+    def validate_config(self, config: dict) -> dict:
+        require_no_nul(config, "config")  # jsonb cannot hold one
+        return config
 
 
 class RunCloneSerializer(serializers.Serializer):

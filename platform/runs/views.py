@@ -1,17 +1,24 @@
 """API of runs, for users and for the trainer."""
 
 import pydantic
-from rest_framework import status
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.selectors import project_resolve_for_user
-from config.pagination import PageNumberPagination
+from config.db_limits import DB_INT_MAX, require_db_int, require_no_nul
+from config.openapi import ErrorSerializer
+from config.query_params import project_query_param
 from domain_errors import InvalidInput
 from tandem.contracts import TrainerHeartbeat
 from tandem.run_config import RunConfig
 
+from .filters import RunFilter
+from .models import Run
 from .selectors import run_get, run_get_for_user, run_list
 from .serializers import (
     ClaimedRunSerializer,
@@ -30,15 +37,35 @@ from .services import (
     run_resume,
 )
 
+CONFLICT = {409: OpenApiResponse(ErrorSerializer, description="The run has already ended.")}
+TRANSITION_CONFLICT = {
+    409: OpenApiResponse(ErrorSerializer, description="The run's status does not allow this change.")
+}
 
-class RunListCreateView(APIView):
-    def get(self, request):
-        runs = run_list(user=request.user, status=request.query_params.get("status") or None)
-        paginator = PageNumberPagination()
-        page = paginator.paginate_queryset(runs, request, view=self)
-        serializer = RunSerializer(page, many=True, context={"request": request})
-        return paginator.get_paginated_response(serializer.data)
 
+@extend_schema(tags=["runs"])
+class RunListCreateView(ListAPIView):
+    """The runs of the caller's projects, newest first unless ``?ordering=`` says otherwise."""
+
+    queryset = Run.objects.none()  # the model, for the schema; get_queryset is the real one
+    serializer_class = RunSerializer
+    filterset_class = RunFilter
+    ordering_fields = {
+        "created_at": "created_at",
+        "started_at": "started_at",
+        "finished_at": "finished_at",
+        "name": "name",
+        "status": "status",
+        "trainer_step": "trainer_step",
+        "id": "id",
+    }
+    ordering = ["-created_at", "-id"]
+
+    def get_queryset(self):
+        project_query_param(self.request)  # another's project is a 404, not an empty list
+        return run_list(user=self.request.user)
+
+    @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer})
     def post(self, request):
         serializer = RunCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -55,31 +82,50 @@ class RunListCreateView(APIView):
         return Response(body, status=status.HTTP_201_CREATED)
 
 
-class RunDetailView(APIView):
+@extend_schema(tags=["runs"])
+class RunDetailView(GenericAPIView):
+    serializer_class = RunSerializer
+
     def get(self, request, run_id: int):
         run = run_get_for_user(user=request.user, run_id=run_id)
         return Response(RunSerializer(run, context={"request": request}).data)
 
 
-class RunCancelView(APIView):
+@extend_schema(tags=["runs"])
+class RunCancelView(GenericAPIView):
+    serializer_class = RunSerializer
+
+    @extend_schema(request=None, responses={200: RunSerializer, **CONFLICT})
     def post(self, request, run_id: int):
         run = run_cancel(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id))
         return Response(RunSerializer(run, context={"request": request}).data)
 
 
-class RunPauseView(APIView):
+@extend_schema(tags=["runs"])
+class RunPauseView(GenericAPIView):
+    serializer_class = RunSerializer
+
+    @extend_schema(request=None, responses={200: RunSerializer, **TRANSITION_CONFLICT})
     def post(self, request, run_id: int):
         run = run_pause(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id))
         return Response(RunSerializer(run, context={"request": request}).data)
 
 
-class RunResumeView(APIView):
+@extend_schema(tags=["runs"])
+class RunResumeView(GenericAPIView):
+    serializer_class = RunSerializer
+
+    @extend_schema(request=None, responses={200: RunSerializer, **TRANSITION_CONFLICT})
     def post(self, request, run_id: int):
         run = run_resume(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id))
         return Response(RunSerializer(run, context={"request": request}).data)
 
 
-class RunCloneView(APIView):
+@extend_schema(tags=["runs"])
+class RunCloneView(GenericAPIView):
+    serializer_class = RunCloneSerializer
+
+    @extend_schema(request=RunCloneSerializer, responses={201: RunSerializer})
     def post(self, request, run_id: int):
         serializer = RunCloneSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -93,9 +139,17 @@ class RunCloneView(APIView):
         return Response(body, status=status.HTTP_201_CREATED)
 
 
+@extend_schema(tags=["trainer"])
 class TrainerClaimView(APIView):
     permission_classes = [IsAdminUser]
 
+    @extend_schema(
+        request=TrainerClaimSerializer,
+        responses={
+            200: inline_serializer("ClaimedRunEnvelope", {"run": ClaimedRunSerializer()}),
+            204: OpenApiResponse(description="No run is queued."),
+        },
+    )
     def post(self, request):
         serializer = TrainerClaimSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -105,20 +159,56 @@ class TrainerClaimView(APIView):
         return Response({"run": ClaimedRunSerializer(run).data})
 
 
+def _heartbeat_schema() -> dict:
+    """TrainerHeartbeat's JSON schema, with the bounds of the columns it lands in."""
+    schema = TrainerHeartbeat.model_json_schema()
+    for name in ("policy_version", "trainer_step"):
+        schema["properties"][name]["maximum"] = DB_INT_MAX
+    # OpenAPI 3.0 has no "null" type: pydantic's anyOf [..., null] becomes nullable.
+    status = schema["properties"]["status"]
+    choices = [option for option in status.pop("anyOf") if option.get("type") != "null"]
+    status.update(choices[0], nullable=True)
+    return schema
+
+
+@extend_schema(tags=["trainer"])
 class TrainerHeartbeatView(APIView):
     permission_classes = [IsAdminUser]
 
+    @extend_schema(
+        request={"application/json": _heartbeat_schema()},
+        responses={
+            200: inline_serializer(
+                "HeartbeatAnswer",
+                {
+                    "status": serializers.CharField(
+                        help_text="`cancelled` tells the trainer to stop; `paused` or `failed` to "
+                        "checkpoint and let go of the run."
+                    )
+                },
+            ),
+            409: OpenApiResponse(
+                ErrorSerializer,
+                description="The run is queued, or another trainer holds it (it was resumed elsewhere).",
+            ),
+        },
+    )
     def post(self, request, run_id: int):
         try:
             heartbeat = TrainerHeartbeat.model_validate(request.data)
         except pydantic.ValidationError as error:
             raise InvalidInput.from_pydantic(error) from None
+        require_db_int(heartbeat.policy_version, "policy_version")
+        require_db_int(heartbeat.trainer_step, "trainer_step")
+        require_no_nul(heartbeat.message, "message")
         run = run_heartbeat(run=run_get(run_id=run_id), heartbeat=heartbeat)
         return Response({"status": run.status})
 
 
+@extend_schema(tags=["runs"])
 class RunConfigSchemaView(APIView):
     """The JSON schema of RunConfig, so clients can build or check a config before posting it."""
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         return Response(RunConfig.model_json_schema())

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import httpx
 import pytest
+from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.models import Membership
@@ -13,16 +20,20 @@ from environments.builtin import CALCULATOR
 from environments.services import environment_probe_record, environment_register
 from runs.services import run_claim_next, run_create, run_heartbeat
 from tandem.contracts import ProbeCheck, ProbeReport, TrainerHeartbeat
+from tandem.services import free_local_port
 
 _serial = itertools.count(1)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def make_user(db):
     def make(username: str | None = None, *, is_staff: bool = False, password: str = "pw"):
-        user, _ = user_create_with_token(
+        user, raw_token = user_create_with_token(
             username=username or f"user{next(_serial)}", password=password, is_staff=is_staff
         )
+        # Only the hash is stored; tests keep the raw value on the object they were handed.
+        user.raw_token = raw_token
         return user
 
     return make
@@ -102,7 +113,7 @@ def client_for():
 
     def make(user) -> APIClient:
         client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {user.raw_token}")
         return client
 
     return make
@@ -131,3 +142,51 @@ def running_run(make_run, project, environment):
     assert claimed is not None and claimed.pk == run.pk
     # The trainer's first heartbeat moves it from starting to running.
     return run_heartbeat(run=claimed, heartbeat=TrainerHeartbeat(worker="trainer-host:1"))
+
+
+@pytest.fixture
+def server(transactional_db, tmp_path):
+    """uvicorn serving the platform from the test database, as it is served for real."""
+    db = connection.settings_dict
+    port = free_local_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    log = tmp_path / "uvicorn.log"
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "config.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=REPO_ROOT / "platform",
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{base}/api/", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"uvicorn did not start:\n{log.read_text()}"
+            time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        print(log.read_text()[-4000:])  # shown when the test fails

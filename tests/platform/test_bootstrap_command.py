@@ -3,9 +3,9 @@ import json
 
 from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
-from rest_framework.authtoken.models import Token
 
 from accounts.models import Membership
+from accounts.selectors import api_token_authenticate
 from environments.models import Environment, EnvironmentVersion
 
 ARGS = [
@@ -35,8 +35,8 @@ def test_bootstrap_prints_one_json_line_of_working_credentials(db, capsys, clien
     assert set(result) == {"user_token", "trainer_token", "project_id", "username", "password"}
     demo = authenticate(username="demo", password="demo")
     assert demo is not None and not demo.is_staff
-    assert Token.objects.get(key=result["user_token"]).user == demo
-    trainer = Token.objects.get(key=result["trainer_token"]).user
+    assert api_token_authenticate(raw=result["user_token"]).user == demo
+    trainer = api_token_authenticate(raw=result["trainer_token"]).user
     assert trainer.username == "tandem-trainer" and trainer.is_staff
     assert not trainer.has_usable_password()
     membership = Membership.objects.get(user=demo, project_id=result["project_id"])
@@ -48,15 +48,22 @@ def test_bootstrap_prints_one_json_line_of_working_credentials(db, capsys, clien
     assert [tool["name"] for tool in version.tools] == ["calc"]
     assert version.status == "pending" and version.probes.get().purpose == "registration"
 
+    demo.raw_token = result["user_token"]
     runs = client_for(demo).post("/api/runs/", {"environment": "calculator"}, format="json")
     assert runs.status_code == 201
 
 
-def test_bootstrap_is_idempotent(db, capsys):
+def test_bootstrap_is_idempotent_and_replaces_its_tokens(db, capsys):
     first = _bootstrap(capsys)
     second = _bootstrap(capsys)
 
-    assert first == second
+    tokens = ("user_token", "trainer_token")
+    assert {k: v for k, v in first.items() if k not in tokens} == {
+        k: v for k, v in second.items() if k not in tokens
+    }
+    for key in tokens:
+        assert api_token_authenticate(raw=first[key]) is None
+        assert api_token_authenticate(raw=second[key]) is not None
     assert get_user_model().objects.count() == 2
     assert Environment.objects.count() == 1
     assert EnvironmentVersion.objects.count() == 1

@@ -51,7 +51,7 @@ def test_a_member_receives_the_metrics_the_trainer_posts(running_run, user, trai
 
     async def scenario():
         communicator = WebsocketCommunicator(
-            application, f"/ws/runs/{running_run.pk}/", headers=_headers(token=user.auth_token.key)
+            application, f"/ws/runs/{running_run.pk}/", headers=_headers(token=user.raw_token)
         )
         connected, _ = await communicator.connect(timeout=5)
         assert connected
@@ -75,7 +75,7 @@ def test_a_member_receives_the_metrics_the_trainer_posts(running_run, user, trai
 def test_a_member_sees_the_run_cancelled(running_run, user, api):
     async def scenario():
         communicator = WebsocketCommunicator(
-            application, f"/ws/runs/{running_run.pk}/", headers=_headers(token=user.auth_token.key)
+            application, f"/ws/runs/{running_run.pk}/", headers=_headers(token=user.raw_token)
         )
         assert (await communicator.connect(timeout=5))[0]
         await sync_to_async(api.post)(f"/api/runs/{running_run.pk}/cancel/")
@@ -100,13 +100,13 @@ def test_an_unknown_token_is_refused(running_run):
 def test_a_user_outside_the_project_is_refused(running_run, make_user):
     outsider = make_user()
 
-    assert not _connects(running_run, _headers(token=outsider.auth_token.key))
+    assert not _connects(running_run, _headers(token=outsider.raw_token))
 
 
 def test_a_missing_run_is_refused(running_run, user):
     running_run.pk += 1000
 
-    assert not _connects(running_run, _headers(token=user.auth_token.key))
+    assert not _connects(running_run, _headers(token=user.raw_token))
 
 
 def test_a_browser_session_from_the_page_itself_is_accepted(running_run, user):

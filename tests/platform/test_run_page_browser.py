@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from django.db import connection
 from playwright.sync_api import sync_playwright
 
 from tandem.contracts import TrainerStepEvent
-from tandem.services import free_local_port
 from telemetry.services import metric_events_record
 
 from .builders import POINTS_PER_STEP_EVENT, step_event
@@ -35,54 +29,6 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture
-def server(transactional_db, tmp_path):
-    """uvicorn serving the platform from the test database, as it is served for real."""
-    db = connection.settings_dict
-    port = free_local_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings.test",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "PYTHONPATH": str(REPO_ROOT),
-    }
-    log = tmp_path / "uvicorn.log"
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "config.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            cwd=REPO_ROOT / "platform",
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/api/", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"uvicorn did not start:\n{log.read_text()}"
-            time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        print(log.read_text()[-4000:])  # shown when the test fails
-
-
 def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
     server, running_run, user, trainer, tmp_path
 ):
@@ -93,11 +39,9 @@ def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
     ]
     metric_events_record(run=running_run, events=history)
     trainer_http = httpx.Client(
-        base_url=server, headers={"Authorization": f"Token {trainer.auth_token.key}"}
+        base_url=server, headers={"Authorization": f"Token {trainer.raw_token}"}
     )
-    user_http = httpx.Client(
-        base_url=server, headers={"Authorization": f"Token {user.auth_token.key}"}
-    )
+    user_http = httpx.Client(base_url=server, headers={"Authorization": f"Token {user.raw_token}"})
 
     def post_step(step: int) -> None:
         response = trainer_http.post(

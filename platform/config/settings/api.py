@@ -1,9 +1,12 @@
-"""Django REST framework: token auth for scripts and the trainer, session auth for the browser."""
+"""Django REST framework: token auth for scripts and the trainer, session auth for the browser.
+
+Also the API's OpenAPI schema (drf-spectacular).
+"""
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # First, so unauthenticated API calls get 401 with a WWW-Authenticate header, not 403.
-        "rest_framework.authentication.TokenAuthentication",
+        "accounts.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -16,4 +19,34 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "config.exception_handler.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "config.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
+    # Every list endpoint: its FilterSet's filters, then ?ordering= over the fields the view names.
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "config.ordering.StrictOrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "config.openapi.TandemAutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Tandem API",
+    "DESCRIPTION": (
+        "Runs, environments, projects and tokens of a Tandem platform. Every error has "
+        'one shape: `{"error": {"code", "message", "fields"}}`.'
+    ),
+    "VERSION": "1",
+    # The schema describes the API, not the server's own schema endpoints.
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI's assets come from the drf-spectacular-sidecar package: no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # Separate request and response components, so read-only fields (id, created_at)
+    # are not asked of clients and write-only ones are not promised back.
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Three models have a `status`; each choice set gets a name of its own.
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "runs.models.Run.Status",
+        "EnvironmentVersionStatusEnum": "environments.models.EnvironmentVersion.Status",
+        "EnvironmentProbeStatusEnum": "environments.models.EnvironmentProbe.Status",
+    },
 }

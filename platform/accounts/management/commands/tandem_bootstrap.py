@@ -1,7 +1,9 @@
 """``manage.py tandem_bootstrap``: a ready-to-use demo user, project and trainer, idempotently.
 
 Applies migrations first, so it works on a fresh database. Prints one JSON
-line on stdout and nothing else; progress goes to stderr.
+line on stdout and nothing else; progress goes to stderr. Only hashes of tokens
+are stored, so each run replaces both users' token named "bootstrap" and prints
+the new ones; tokens printed by an earlier run stop working.
 """
 
 import json
@@ -40,8 +42,8 @@ class Command(BaseCommand):
                 username=options["trainer_username"], password=None, is_staff=True
             )
         result = {
-            "user_token": user_token.key,
-            "trainer_token": trainer_token.key,
+            "user_token": user_token,
+            "trainer_token": trainer_token,
             "project_id": project.pk,
             "username": options["username"],
             "password": options["password"],

@@ -1,0 +1,44 @@
+"""The dashboard's API tokens page: list, create (the raw value shown once), revoke."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from domain_errors import DomainError, NotFound
+
+from .forms import ApiTokenCreateForm
+from .selectors import api_token_get_for_user, api_token_list
+from .services import api_token_create, api_token_revoke
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def token_list_page(request):
+    form = ApiTokenCreateForm(request.POST or None)
+    created = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            token, raw = api_token_create(user=request.user, name=form.cleaned_data["name"])
+        except DomainError as error:
+            form.add_error("name" if "name" in error.fields else None, error.message)
+        else:
+            # Rendered, not redirected: the raw value must not be kept in a session
+            # message, and this answer is the only time it is shown.
+            created = {"token": token, "raw": raw}
+            form = ApiTokenCreateForm()
+    context = {"tokens": api_token_list(user=request.user), "form": form, "created": created}
+    return render(request, "accounts/tokens.html", context)
+
+
+@login_required
+@require_POST
+def token_revoke_page(request, token_id: int):
+    try:
+        token = api_token_get_for_user(user=request.user, token_id=token_id)
+    except NotFound as error:
+        raise Http404(error.message) from None
+    api_token_revoke(token=token)
+    messages.success(request, f"Token '{token.name}' revoked.")
+    return redirect("token-list-page")

@@ -1,0 +1,223 @@
+"""No route shows or changes another project's objects, generated from the URL configuration.
+
+Every HTTP route (config.urls) and WebSocket route (runs.routing) that takes an
+object id is tried by a user of another project, with every method; the answer
+must be 404 (as for an id that does not exist) or, for a method the route does not
+allow at all, 405. A new route whose URL kwarg has no builder in KWARG_BUILDERS
+fails this test until someone says how to make its object.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AbstractBaseUser
+from django.test import Client
+from django.urls import get_resolver
+from rest_framework.test import APIClient
+
+from accounts.models import ApiToken, Project
+from config.asgi import application
+from environments.models import EnvironmentProbe, EnvironmentVersion
+from runs.models import Run
+from runs.routing import websocket_urlpatterns
+
+from .route_walk import Route, walk
+
+
+@dataclass
+class World:
+    """A project with an owner and a second member, an environment and a run."""
+
+    owner: AbstractBaseUser
+    member: AbstractBaseUser
+    project: Project
+    run: Run
+    token: ApiToken  # one of the owner's API tokens
+
+
+# How to make, in World, the object each URL kwarg names.
+KWARG_BUILDERS = {
+    "run_id": lambda world: world.run.pk,
+    "project_id": lambda world: world.project.pk,
+    "token_id": lambda world: world.token.pk,
+    "username": lambda world: world.member.username,
+    "environment_id": lambda world: world.run.environment_id,
+    # With environment_id: the version of the world's environment its run is pinned to.
+    "number": lambda world: world.run.environment_version.number,
+}
+# An id (or name) nothing has, to check the outsider's answer is that of a missing object.
+MISSING = {"run_id": 10**9, "project_id": 10**9, "token_id": 10**9, "username": "nobody-at-all",
+           "environment_id": 10**9, "number": 10**6}
+
+# Routes of staff users who work on every project (the trainer): others get 403 on each.
+STAFF_ONLY = {
+    "/api/trainer/runs/<int:run_id>/heartbeat/",
+    "/api/trainer/runs/<int:run_id>/telemetry/",
+}
+# Django's admin is for staff, who see everything by design; it has its own login.
+SKIPPED_NAMESPACES = {"admin"}
+
+# OPTIONS is left out: DRF answers it from the view class alone, the same for any id
+# (test_options_answers_the_same_for_any_id proves it).
+METHODS = ["get", "post", "put", "patch", "delete"]
+
+
+def _object_routes() -> list[Route]:
+    return [
+        route
+        for route in walk(get_resolver())
+        if route.kwargs and route.namespace not in SKIPPED_NAMESPACES
+    ]
+
+
+@pytest.fixture
+def make_world(make_user, make_project, make_environment, make_run):
+    def make() -> World:
+        owner, member = make_user(), make_user()
+        project = make_project(owner=owner, members=[member])
+        run = make_run(project, environment=make_environment(project))
+        return World(
+            owner=owner,
+            member=member,
+            project=project,
+            run=run,
+            token=ApiToken.objects.get(user=owner),
+        )
+
+    return make
+
+
+@pytest.fixture
+def outsider(make_user, make_project, make_environment, make_run):
+    """A member (owner, even) of a project of their own, with a run there."""
+    user = make_user()
+    project = make_project(owner=user)
+    make_run(project, environment=make_environment(project))
+    return user
+
+
+def _client_for(user, route: Route):
+    """The API by token, as scripts use it; pages by session, as browsers do."""
+    if route.path.startswith("/api/"):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {user.raw_token}")
+        return client
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _url(route: Route, values: dict) -> str:
+    return re.sub(r"<(?:\w+:)?(\w+)>", lambda match: str(values[match.group(1)]), route.path)
+
+
+def _snapshot(world: World) -> tuple:
+    """What a request could change about the world's objects."""
+    return (
+        Run.objects.filter(pk=world.run.pk).values_list("status", "name").first(),
+        ApiToken.objects.filter(pk=world.token.pk).values_list("name", "last_used_at").first(),
+        sorted(world.project.memberships.values_list("user__username", "role")),
+        Project.objects.filter(pk=world.project.pk).values_list("name").first(),
+        sorted(EnvironmentProbe.objects.filter(version__environment=world.run.environment_id)
+               .values_list("pk", flat=True)),
+        sorted(EnvironmentVersion.objects.filter(environment=world.run.environment_id)
+               .values_list("number", flat=True)),
+    )
+
+
+def _values(route: Route, world: World | None) -> dict:
+    missing = [kwarg for kwarg in route.kwargs if kwarg not in KWARG_BUILDERS]
+    assert not missing, (
+        f"{route.path} takes {missing}: add a builder to KWARG_BUILDERS so that "
+        "the isolation test covers it"
+    )
+    if world is None:
+        return {kwarg: MISSING[kwarg] for kwarg in route.kwargs}
+    return {kwarg: KWARG_BUILDERS[kwarg](world) for kwarg in route.kwargs}
+
+
+def _request(client, method: str, url: str):
+    body = {} if method in {"post", "put", "patch"} else None
+    if isinstance(client, APIClient):
+        return getattr(client, method)(url, body, format="json")
+    return getattr(client, method)(url, body or {})
+
+
+def test_the_walk_finds_the_object_routes():
+    paths = {route.path for route in _object_routes()}
+    assert {
+        "/api/runs/<int:run_id>/",
+        "/api/runs/<int:run_id>/metrics/",
+        "/api/runs/<int:run_id>/cancel/",
+        "/api/projects/<int:project_id>/members/<str:username>/",
+        "/api/tokens/<int:token_id>/",
+        "/runs/<int:run_id>/",
+        "/tokens/<int:token_id>/revoke/",
+    } <= paths
+    assert paths >= STAFF_ONLY
+
+
+@pytest.mark.parametrize("route", _object_routes(), ids=lambda route: route.path)
+def test_another_projects_user_gets_404_for_every_method(route, make_world, outsider):
+    allowed = []
+    for method in METHODS:
+        world = make_world()  # fresh, since the owner's own request may change it
+        url = _url(route, _values(route, world))
+        before = _snapshot(world)
+        answer = _request(_client_for(outsider, route), method, url)
+        assert _snapshot(world) == before, (method, url, "the outsider changed something")
+        missing = _request(_client_for(outsider, route), method, _url(route, _values(route, None)))
+        owner_answer = _request(_client_for(world.owner, route), method, url)
+        if owner_answer.status_code == 405:
+            assert answer.status_code in {404, 405}, (method, url, answer.status_code)
+            continue
+        allowed.append(method)
+        expected = 403 if route.path in STAFF_ONLY else 404
+        assert answer.status_code == expected, (method, url, answer.status_code)
+        assert missing.status_code == expected, (method, url, "missing", missing.status_code)
+    assert allowed, f"no method of {route.path} answered its owner; is the route reachable?"
+
+
+def test_options_answers_the_same_for_any_id(make_world, outsider):
+    world = make_world()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {outsider.raw_token}")
+
+    real = client.options(f"/api/runs/{world.run.pk}/")
+    missing = client.options(f"/api/runs/{MISSING['run_id']}/")
+
+    assert real.status_code == missing.status_code
+    assert real.json() == missing.json()
+    assert world.run.name not in real.content.decode()
+
+
+def _websocket_routes() -> list[Route]:
+    return [
+        Route(path="/" + str(p.pattern), pattern=p, namespace=None) for p in websocket_urlpatterns
+    ]
+
+
+def _connects(path: str, user) -> bool:
+    async def scenario():
+        headers = [(b"host", b"testserver"), (b"authorization", f"Token {user.raw_token}".encode())]
+        communicator = WebsocketCommunicator(application, path, headers=headers)
+        connected, _ = await communicator.connect(timeout=5)
+        await communicator.disconnect(timeout=1 if connected else 0.1)
+        return connected
+
+    return async_to_sync(scenario)()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", _websocket_routes(), ids=lambda route: route.path)
+def test_another_projects_user_cannot_open_a_websocket(route, make_world, outsider):
+    world = make_world()
+    url = _url(route, _values(route, world))
+
+    assert not _connects(url, outsider)
+    assert _connects(url, world.owner)  # the route itself works

@@ -1,0 +1,231 @@
+"""The OpenAPI schema and its docs, and a schemathesis fuzz of the whole API on a live server."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections import Counter
+from urllib.parse import urlsplit
+
+import pytest
+import schemathesis
+from django.core.management import call_command
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+from playwright.sync_api import sync_playwright
+from schemathesis.checks import not_a_server_error
+from schemathesis.generation.modes import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from accounts.services import api_token_create, membership_add
+from runs.services import run_claim_next
+
+from .test_run_page_browser import CHROMIUM, CHROMIUM_ARGS
+
+# Examples per operation, per generation mode and per choice of path ids; the
+# whole fuzz stays well under two minutes on a shared two-core machine. Raise it
+# (TANDEM_FUZZ_EXAMPLES=200) for a deeper hunt.
+MAX_EXAMPLES = int(os.environ.get("TANDEM_FUZZ_EXAMPLES", 12))
+# What the schema promises about answers: no 5xx, and every status code, content
+# type, header and body as documented. Left out are the checks of how strictly the
+# API validates input (a schema cannot say that a name must not hold a NUL byte).
+RESPONSE_CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+
+
+def test_the_schema_lists_every_api_route_with_the_error_shape(client, db):
+    response = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+
+    assert response.status_code == 200
+    schema = json.loads(response.content)
+    paths = schema["paths"]
+    for path in (
+        "/api/runs/",
+        "/api/runs/{run_id}/",
+        "/api/runs/{run_id}/cancel/",
+        "/api/runs/{run_id}/metrics/",
+        "/api/tokens/",
+        "/api/tokens/{token_id}/",
+        "/api/projects/{project_id}/members/{username}/",
+        "/api/trainer/claim/",
+    ):
+        assert path in paths, path
+    error = schema["components"]["schemas"]["Error"]
+    assert error["properties"]["error"]["$ref"] == "#/components/schemas/ErrorDetail"
+    assert set(schema["components"]["schemas"]["ErrorDetail"]["properties"]) == {
+        "code",
+        "message",
+        "fields",
+    }
+    cancel = paths["/api/runs/{run_id}/cancel/"]["post"]["responses"]
+    assert {"200", "401", "403", "404", "409"} <= set(cancel)
+    assert cancel["409"]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
+    created = paths["/api/tokens/"]["post"]["responses"]["201"]["content"]["application/json"]
+    assert created["schema"]["$ref"].endswith("/ApiTokenCreated")
+    listing = paths["/api/runs/"]["get"]
+    parameters = {parameter["name"] for parameter in listing["parameters"]}
+    assert {"status", "project", "environment", "ordering", "page", "page_size"} <= parameters
+    ordering = next(p for p in listing["parameters"] if p["name"] == "ordering")
+    assert "-created_at" in ordering["description"]
+    security = schema["components"]["securitySchemes"]["tokenAuth"]
+    assert security == {**security, "type": "apiKey", "in": "header", "name": "Authorization"}
+
+
+def test_the_schema_generates_without_a_warning_and_validates(db):
+    """A view drf-spectacular cannot describe (no serializer, say) fails here."""
+    out = io.StringIO()
+
+    call_command("spectacular", "--validate", "--fail-on-warn", stdout=out, stderr=out)
+
+    assert "openapi: 3" in out.getvalue()
+
+
+def test_the_docs_page_serves_swagger_ui_from_our_own_static_files(client, db):
+    page = client.get("/api/docs/")
+
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in html
+    assert "cdn" not in html.lower() and "unpkg" not in html.lower()
+    asset = client.get("/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
+    assert asset.status_code == 200
+    b"".join(asset.streaming_content)
+
+
+@pytest.fixture
+def fuzz_target(server, make_user, make_project, make_environment, make_run):
+    """A staff user who owns a project with a member, an environment and runs, on uvicorn."""
+    user = make_user("fuzzer", is_staff=True)
+    project = make_project(owner=user, name="fuzzed")
+    membership_add(project=project, user=make_user("teammate"), role="member")
+    environment = make_environment(project)
+    make_run(project, environment=environment)
+    claimed = run_claim_next(worker="fuzz:1")
+    queued = make_run(project, environment=environment)
+    spare_token, _ = api_token_create(user=user, name="spare")
+    return {
+        "base": server,
+        "headers": {"Authorization": f"Token {user.raw_token}"},
+        # Real ids, so that fuzzed bodies and queries reach more than the 404 of a random id.
+        "path_parameters": {
+            "run_id": st.sampled_from([claimed.pk, queued.pk]),
+            "project_id": st.just(project.pk),
+            "token_id": st.just(spare_token.pk),
+            "username": st.sampled_from(["teammate", "fuzzer"]),
+            "environment_id": st.just(environment.pk),
+            "number": st.sampled_from([1, 2]),
+        },
+    }
+
+
+def test_schemathesis_finds_no_server_error_anywhere_in_the_api(fuzz_target):
+    schema = schemathesis.openapi.from_url(
+        f"{fuzz_target['base']}/api/schema/?format=json", headers=fuzz_target["headers"]
+    )
+    operations = [result.ok() for result in schema.get_all_operations()]
+    statuses: Counter[int] = Counter()
+    server_errors: list[str] = []
+    unsatisfiable: list[str] = []
+    nonconforming: list[str] = []
+
+    def fuzz(operation, mode: GenerationMode, real_ids: bool) -> None:
+        strategy = operation.as_strategy(generation_mode=mode)
+        names = [p.name for p in operation.path_parameters]
+        if real_ids:
+            chosen = {name: fuzz_target["path_parameters"][name] for name in names}
+        else:
+            # Random ids, except that DELETE /api/tokens/<id>/ must not revoke the fuzzer's own.
+            chosen = {"token_id": st.integers(min_value=10**6)} if "token_id" in names else {}
+        strategy = st.tuples(strategy, st.fixed_dictionaries(chosen)).map(_with_path)
+
+        @settings(
+            max_examples=MAX_EXAMPLES,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=strategy)
+        def run(case):
+            response = case.call(base_url=fuzz_target["base"], headers=fuzz_target["headers"])
+            statuses[response.status_code] += 1
+            if response.status_code >= 500:
+                server_errors.append(f"{operation.label}: {case.as_curl_command()}")
+            try:
+                case.validate_response(
+                    response, checks=RESPONSE_CHECKS, headers=fuzz_target["headers"]
+                )
+            except (AssertionError, BaseExceptionGroup) as failure:
+                nonconforming.append(f"{operation.label} {response.status_code}: {failure}")
+
+        try:
+            run()
+        except Unsatisfiable:
+            # No invalid input exists for an operation that takes none (GET /api/).
+            assert mode is GenerationMode.NEGATIVE, operation.label
+            unsatisfiable.append(operation.label)
+
+    for operation in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            fuzz(operation, mode, real_ids=False)
+            if operation.path_parameters:
+                fuzz(operation, mode, real_ids=True)
+
+    cases = sum(statuses.values())
+    print(
+        f"schemathesis: {len(operations)} operations, {cases} test cases, "
+        f"{len(server_errors)} server errors, {len(nonconforming)} answers unlike the schema; statuses {dict(sorted(statuses.items()))}; "
+        f"no negative cases for {unsatisfiable}"
+    )
+    assert len(operations) >= 20
+    assert cases >= len(operations) * MAX_EXAMPLES
+    assert not server_errors, "\n".join(server_errors[:20])
+    assert not nonconforming, "\n\n".join(nonconforming[:10])
+    assert statuses[200] and statuses[201] and statuses[400] and statuses[404]
+
+
+def _with_path(pair):
+    case, path_parameters = pair
+    case.path_parameters = {**(case.path_parameters or {}), **path_parameters}
+    return case
+
+
+def test_the_docs_page_works_in_chromium_with_no_outside_request(server, user):
+    """Swagger UI renders every operation from /api/schema/ with nothing fetched elsewhere."""
+    outside: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        page = browser.new_page()
+        page.on(
+            "request",
+            lambda request: (
+                outside.append(request.url)
+                if urlsplit(request.url).netloc != urlsplit(server).netloc
+                and not request.url.startswith("data:")
+                else None
+            ),
+        )
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{server}/api/docs/")
+        page.wait_for_selector(".swagger-ui .opblock", timeout=20_000)
+        operations = page.locator(".swagger-ui .opblock").count()
+        browser.close()
+
+    assert operations >= 20
+    assert not outside, outside
+    assert not errors, errors
