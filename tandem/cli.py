@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, default=4,
                         help="rollout tasks this process runs at once (each runs many episodes)")
     worker.set_defaults(func=cmd_worker)
+
+    from tandem.cli_client import register_subcommands  # login, runs, envs: the platform's API
+    register_subcommands(commands)
     return parser
 
 
