@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tandem.client import EndpointUnavailable, Run, TandemAPIError, TandemClient
+from tandem.client import (
+    EndpointUnavailable,
+    LoginMissing,
+    Run,
+    TandemAPIError,
+    TandemClient,
+    save_login,
+)
 
 BAR_WIDTH = 24
 
@@ -24,44 +30,11 @@ class CommandError(Exception):
     """A mistake of the caller's that the command reports in one line (exit code 2)."""
 
 
-# --- where to connect -------------------------------------------------------
-
-def config_path() -> Path:
-    root = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(root) / "tandem" / "config.json"
-
-
-def save_login(url: str, token: str) -> Path:
-    path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # Created 0600 from the start: the token is never readable by others, not even briefly.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        json.dump({"url": url, "token": token}, file)
-        file.write("\n")
-    os.chmod(path, 0o600)  # an older file keeps its mode on O_TRUNC
-    return path
-
-
-def load_login() -> tuple[str, str]:
-    saved: dict[str, str] = {}
-    path = config_path()
-    if path.exists():
-        try:
-            saved = json.loads(path.read_text())
-        except ValueError as exc:
-            raise CommandError(f"{path} is not valid JSON ({exc}); run `tandem login` again") from None
-    url = os.environ.get("TANDEM_URL") or saved.get("url")
-    token = os.environ.get("TANDEM_TOKEN") or saved.get("token")
-    if not url or not token:
-        raise CommandError("not logged in: run `tandem login --url URL --token TOKEN` "
-                           "or set TANDEM_URL and TANDEM_TOKEN")
-    return url, token
-
-
 def _client() -> TandemClient:
-    url, token = load_login()
-    return TandemClient(url, token)
+    try:
+        return TandemClient.from_login()
+    except LoginMissing as exc:
+        raise CommandError(str(exc)) from None
 
 
 # --- parsing values -----------------------------------------------------------

@@ -23,8 +23,10 @@ client backfills from the cursor again. No step is lost or yielded twice.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -434,6 +436,45 @@ class RunsAPI:
                     time.sleep(retry_s)
 
 
+def login_path() -> Path:
+    """Where ``tandem login`` saves the platform's URL and the token: ``$XDG_CONFIG_HOME/tandem/config.json``."""
+    root = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(root) / "tandem" / "config.json"
+
+
+def save_login(url: str, token: str) -> Path:
+    path = login_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Created 0600 from the start: the token is never readable by others, not even briefly.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        json.dump({"url": url, "token": token}, file)
+        file.write("\n")
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_TRUNC
+    return path
+
+
+class LoginMissing(RuntimeError):
+    """Neither ``$TANDEM_URL``/``$TANDEM_TOKEN`` nor a saved login say where to connect."""
+
+
+def saved_login() -> tuple[str, str]:
+    """``(url, token)``: ``$TANDEM_URL`` and ``$TANDEM_TOKEN`` when set, else what ``tandem login`` saved."""
+    saved: dict[str, str] = {}
+    path = login_path()
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except ValueError as exc:
+            raise LoginMissing(f"{path} is not valid JSON ({exc}); run `tandem login` again") from None
+    url = os.environ.get("TANDEM_URL") or saved.get("url")
+    token = os.environ.get("TANDEM_TOKEN") or saved.get("token")
+    if not url or not token:
+        raise LoginMissing("not logged in: run `tandem login --url URL --token TOKEN` "
+                           "or set TANDEM_URL and TANDEM_TOKEN")
+    return url, token
+
+
 class TandemClient:
     """The platform's API for users: ``runs``, ``environments`` and ``projects``.
 
@@ -448,6 +489,12 @@ class TandemClient:
         self.runs = RunsAPI(self._transport)
         self.environments = EnvironmentsAPI(self._transport)
         self.projects = ProjectsAPI(self._transport)
+
+    @classmethod
+    def from_login(cls, *, timeout: float = 30.0) -> TandemClient:
+        """A client for the platform ``tandem login`` saved (or ``$TANDEM_URL`` and ``$TANDEM_TOKEN``)."""
+        url, token = saved_login()
+        return cls(url, token, timeout=timeout)
 
     def run_config_schema(self) -> dict[str, Any]:
         """RunConfig's JSON schema, as the platform validates it."""
@@ -464,6 +511,7 @@ class TandemClient:
 
 
 __all__ = [
-    "EndpointUnavailable", "Environment", "MetricPoint", "MetricsPage", "Project", "Run", "RunEvent",
-    "RunWaitTimeout", "StepMetrics", "TandemAPIError", "TandemClient",
+    "EndpointUnavailable", "Environment", "LoginMissing", "MetricPoint", "MetricsPage", "Project", "Run", "RunEvent",
+    "RunWaitTimeout", "StepMetrics", "TandemAPIError", "TandemClient", "login_path",
+    "save_login", "saved_login",
 ]

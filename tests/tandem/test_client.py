@@ -9,10 +9,12 @@ import pytest
 
 from tandem.client import (
     EndpointUnavailable,
+    LoginMissing,
     RunWaitTimeout,
     StepMetrics,
     TandemAPIError,
     TandemClient,
+    save_login,
 )
 from tandem.services import free_local_port
 from tandem.stack import LocalStack
@@ -229,3 +231,22 @@ def test_the_stream_loses_no_step_across_a_reconnect(platform, client, trainer, 
     assert not stream.thread.is_alive() and stream.error is None
     assert stream.step_numbers() == [1, 2, 3, 4]
     assert all(set(step.values) == {"loss"} for step in stream.steps)
+
+
+def test_a_script_connects_with_the_saved_login_unless_the_environment_says_otherwise(
+    platform, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("TANDEM_URL", raising=False)
+    monkeypatch.delenv("TANDEM_TOKEN", raising=False)
+    with pytest.raises(LoginMissing):
+        TandemClient.from_login()
+
+    save_login(platform.url, platform.credentials.user_token)
+    with TandemClient.from_login() as saved:
+        assert [project.name for project in saved.projects.list()] == ["demo"]
+
+    monkeypatch.setenv("TANDEM_TOKEN", "not-a-token")
+    with TandemClient.from_login() as overridden, pytest.raises(TandemAPIError) as refused:
+        list(overridden.projects.list())
+    assert refused.value.status_code == 401
