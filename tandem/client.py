@@ -97,9 +97,9 @@ class Environment(_Record):
     """An environment of a project. Only what every platform version has is typed; the rest is extra."""
 
     id: int
-    project: int
+    project: int | None = None
     name: str
-    kind: str
+    kind: str = ""
 
 
 class Run(_Record):
