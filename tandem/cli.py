@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     platform_worker.add_argument("--no-beat", action="store_true",
                                  help="do not run Celery beat here (it runs in another process)")
     platform_worker.set_defaults(func=cmd_platform_worker)
+
+    from tandem.cli_client import register_subcommands  # login, runs, envs: the platform's API
+    register_subcommands(commands)
     return parser
 
 

@@ -1,0 +1,198 @@
+"""``tandem login``, ``tandem runs ...`` and ``tandem envs ...`` as real subprocesses against a real platform."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tandem.stack import REPO_ROOT
+
+from .conftest import wait_until
+
+
+@pytest.fixture
+def config_home(tmp_path) -> Path:
+    return tmp_path / "config"
+
+
+@pytest.fixture
+def tandem(platform, config_home):
+    """``tandem <args>`` with the platform given by TANDEM_URL/TANDEM_TOKEN (unless ``login=False``)."""
+
+    def run(*args: str, login: bool = True, env: dict[str, str] | None = None, timeout: float = 60,
+            raw: bool = False):
+        # raw: bytes as written (text mode would turn a progress bar's \r into \n).
+        return subprocess.run([sys.executable, "-m", "tandem.cli", *args], cwd=REPO_ROOT,
+                              env=_env(platform, config_home, login=login, extra=env),
+                              capture_output=True, text=not raw, timeout=timeout)
+
+    return run
+
+
+def _env(platform, config_home: Path, *, login: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in ("TANDEM_URL", "TANDEM_TOKEN")}
+    env["XDG_CONFIG_HOME"] = str(config_home)
+    if login:
+        env["TANDEM_URL"] = platform.url
+        env["TANDEM_TOKEN"] = platform.credentials.user_token
+    env.update(extra or {})
+    return env
+
+
+def test_login_saves_url_and_token_readable_by_the_owner_only(tandem, platform, config_home):
+    logged_in = tandem("login", "--url", platform.url, "--token", platform.credentials.user_token, login=False)
+
+    assert logged_in.returncode == 0, logged_in.stderr
+    assert "projects: demo" in logged_in.stdout
+    path = config_home / "tandem" / "config.json"
+    assert json.loads(path.read_text()) == {"url": platform.url, "token": platform.credentials.user_token}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    listed = tandem("runs", "list", login=False)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith("ID")
+    # The environment wins over the saved login.
+    overridden = tandem("runs", "list", login=False, env={"TANDEM_TOKEN": "not-a-token"})
+    assert overridden.returncode == 1 and "401" in overridden.stderr
+
+
+def test_a_wrong_token_is_not_saved(tandem, platform, config_home):
+    result = tandem("login", "--url", platform.url, "--token", "not-a-token", login=False)
+
+    assert result.returncode == 1 and "401" in result.stderr
+    assert not (config_home / "tandem" / "config.json").exists()
+
+
+def test_commands_without_a_login_say_how_to_log_in(tandem):
+    result = tandem("runs", "list", login=False)
+
+    assert result.returncode == 2 and "tandem login" in result.stderr
+
+
+def test_runs_create_show_list_and_cancel(tandem, tmp_path):
+    config_file = tmp_path / "run.json"
+    config_file.write_text(json.dumps({"rl_steps": 4, "seed": 3}))
+
+    created = tandem("runs", "create", "--env", "calculator", "--config", str(config_file),
+                     "--set", "seed=11", "--set", "model.num_layers=1", "--name", "cli run", "--json")
+
+    assert created.returncode == 0, created.stderr
+    run = json.loads(created.stdout)
+    assert run["status"] == "queued" and run["name"] == "cli run"
+    assert (run["config"]["rl_steps"], run["config"]["seed"], run["config"]["model"]["num_layers"]) == (4, 11, 1)
+    shown = tandem("runs", "show", str(run["id"]))
+    assert shown.returncode == 0, shown.stderr
+    assert f"run {run['id']}: cli run" in shown.stdout and '"rl_steps": 4' in shown.stdout
+    queued = tandem("runs", "list", "--status", "queued")
+    assert any(line.split()[:2] == [str(run["id"]), "queued"] for line in queued.stdout.splitlines())
+
+    cancelled = tandem("runs", "cancel", str(run["id"]))
+
+    assert cancelled.returncode == 0 and cancelled.stdout.strip() == f"run {run['id']} cancelled"
+    listed = json.loads(tandem("runs", "list", "--status", "cancelled", "--json").stdout)
+    assert run["id"] in [item["id"] for item in listed]
+    again = tandem("runs", "cancel", str(run["id"]))
+    assert again.returncode == 1 and "409" in again.stderr
+
+
+def test_a_bad_config_is_reported_with_the_field(tandem):
+    result = tandem("runs", "create", "--env", "calculator", "--set", "group_size=1")
+
+    assert result.returncode == 1
+    assert "config.group_size:" in result.stderr and "400 invalid" in result.stderr
+
+
+def test_a_malformed_set_is_a_usage_error(tandem):
+    result = tandem("runs", "create", "--env", "calculator", "--set", "group_size")
+
+    assert result.returncode == 2 and "expected key=value" in result.stderr
+
+
+def test_runs_watch_prints_progress_until_the_run_finishes(tandem, platform, client, trainer):
+    run = client.runs.create(environment="calculator", config={"sft_steps": 0, "rl_steps": 4})
+    trainer.claim(run.id)
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "runs", "watch", str(run.id), "--every-s", "0", "--poll-s", "1"],
+        cwd=REPO_ROOT, env=_env(platform, Path("/nonexistent"), login=True),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        # The watcher first shows the run as it is, then follows it.
+        first = watch.stdout.readline()
+        assert first.startswith(f"run {run.id} [running] step 0/4"), first
+        for step in range(1, 5):
+            trainer.post_steps(run.id, [step])
+            time.sleep(0.2)
+        wait_until(lambda: client.runs.get(run.id).trainer_step == 4, what="step 4 recorded")
+        trainer.heartbeat(run.id, status="finished", trainer_step=4, policy_version=4)
+        out, err = watch.communicate(timeout=30)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+
+    assert watch.returncode == 0, err
+    lines = [first.strip(), *out.splitlines()]
+    assert lines[-1].startswith(f"run {run.id} [finished] step 4/4 reward 0.400 success 0.20")
+    assert any("[running] step 2/4 reward 0.200" in line for line in lines), lines
+
+
+def test_runs_watch_of_a_cancelled_run_exits_non_zero(tandem, client):
+    run = client.runs.cancel(client.runs.create(environment="calculator").id)
+
+    result = tandem("runs", "watch", str(run.id))
+
+    assert result.returncode == 1
+    *_, progress, reason = result.stdout.splitlines()
+    assert progress.startswith(f"run {run.id} [cancelled] step 0/")
+    assert reason == f"run {run.id} cancelled: {run.status_reason}" and run.status_reason
+
+
+def test_runs_watch_on_a_terminal_draws_one_bar(tandem, client, trainer):
+    run = client.runs.create(environment="calculator", config={"sft_steps": 0, "rl_steps": 4})
+    trainer.post_steps(run.id, [1, 2])
+    client.runs.cancel(run.id)
+
+    result = tandem("runs", "watch", str(run.id), "--tty", "yes", raw=True)
+
+    output = result.stdout.decode()
+    # Redrawn in place: one line break after the bar, one after the reason the run ended.
+    assert output.count("\r") >= 2 and output.count("\n") == 2
+    bar, reason = output.rsplit("\r", 1)[1].splitlines()
+    assert bar.startswith(f"run {run.id} [cancelled] [############------------]  50% step 2/4 reward 0.200")
+    assert reason.startswith(f"run {run.id} cancelled:")
+
+
+def test_envs_register_list_and_probe(tandem):
+    registered = tandem("envs", "register", "cli-calculator",
+                        "--entrypoint", "workers.environments.calculator:CalculatorEnvironment",
+                        "--setting", "max_operand=9")
+    assert registered.returncode == 0, registered.stderr
+    assert registered.stdout.startswith("environment cli-calculator registered")
+    assert registered.stdout.rstrip().endswith("version 1 is pending")
+
+    listed = tandem("envs", "list", "--json")
+    environments = {item["name"]: item for item in json.loads(listed.stdout)}
+    assert environments["cli-calculator"]["latest_version"]["settings"] == {"max_operand": 9}
+    table = tandem("envs", "list").stdout.splitlines()
+    assert table[0].split() == ["NAME", "KIND", "PROJECT", "VERSION", "STATUS", "ENTRYPOINT"]
+    assert any(line.split()[:2] == ["cli-calculator", "python"] for line in table)
+
+    duplicate = tandem("envs", "register", "cli-calculator", "--entrypoint", "a.b:C")
+    assert duplicate.returncode == 1 and "409" in duplicate.stderr
+
+    # A worker runs the probe; the report lists every check. The calculator has a tool
+    # that the registration did not declare, so the probe fails, naming the check.
+    probe = tandem("envs", "probe", "cli-calculator", "--wait", "90")
+    assert probe.returncode == 1, probe.stdout + probe.stderr
+    lines = probe.stdout.splitlines()
+    assert lines[0].endswith("of cli-calculator: failed")
+    checks = {line.split()[0]: line.split()[1] for line in lines[1:]}
+    assert checks["reset"] == "passed" and checks["tools"] == "failed" and checks["step"] == "skipped"
+    assert "exposed but not declared" in probe.stdout

@@ -1,0 +1,253 @@
+"""tandem.client against a real platform: runs, environments, projects, metrics and their stream."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+
+from tandem.client import (
+    LoginMissing,
+    RunWaitTimeout,
+    StepMetrics,
+    TandemAPIError,
+    TandemClient,
+    save_login,
+)
+from tandem.services import free_local_port
+from tandem.stack import LocalStack
+from tests.platform.builders import step_event
+
+from .conftest import Platform, Trainer, wait_until
+
+
+def test_a_run_is_created_shown_listed_and_cancelled(client):
+    run = client.runs.create(environment="calculator", config={"rl_steps": 3}, name="sdk: create")
+
+    assert run.status == "queued" and run.name == "sdk: create" and run.environment == "calculator"
+    assert run.config["rl_steps"] == 3 and run.config["group_size"] == 8  # defaults fill the rest
+    assert run.total_steps == run.config["sft_steps"] + 3
+    assert run.urls["websocket"].endswith(f"/ws/runs/{run.id}/")
+    assert client.runs.get(run.id) == run
+    assert run.id in {listed.id for listed in client.runs.list(status="queued")}
+
+    cancelled = client.runs.cancel(run.id)
+
+    assert cancelled.status == "cancelled" and cancelled.ended
+    assert run.id in {listed.id for listed in client.runs.list(status="cancelled")}
+    assert run.id not in {listed.id for listed in client.runs.list(status="queued")}
+
+
+def test_cancelling_an_ended_run_is_a_conflict(client):
+    run = client.runs.cancel(client.runs.create(environment="calculator").id)
+
+    with pytest.raises(TandemAPIError) as error:
+        client.runs.cancel(run.id)
+
+    assert error.value.status_code == 409 and error.value.is_platform_error
+    assert error.value.code and error.value.message
+
+
+def test_pause_resume_and_clone(client, trainer):
+    run = client.runs.create(environment="calculator", config={"rl_steps": 5, "seed": 7}, name="original")
+    trainer.claim(run.id)
+    assert client.runs.get(run.id).status == "running"
+
+    assert client.runs.pause(run.id).status == "paused"
+    assert client.runs.resume(run.id).status == "queued"
+
+    clone = client.runs.clone(run.id, config={"rl_steps": 9}, name="the clone")
+
+    assert clone.id != run.id and clone.status == "queued" and clone.name == "the clone"
+    assert clone.config == {**client.runs.get(run.id).config, "rl_steps": 9}
+    client.runs.cancel(run.id)
+    client.runs.cancel(clone.id)
+
+
+def test_listing_iterates_every_page(client):
+    created = [client.runs.create(environment="calculator", name=f"page {index}").id for index in range(5)]
+
+    listed = [run.id for run in client.runs.list(page_size=2)]
+
+    assert len(listed) == len(set(listed)) >= 5
+    # Newest first, across page boundaries.
+    assert [run_id for run_id in listed if run_id in created] == sorted(created, reverse=True)
+    for run_id in created:
+        client.runs.cancel(run_id)
+
+
+def test_a_bad_config_raises_the_platforms_error_naming_the_field(client):
+    with pytest.raises(TandemAPIError) as error:
+        client.runs.create(environment="calculator", config={"group_size": 1})
+
+    assert error.value.status_code == 400 and error.value.code == "invalid"
+    assert list(error.value.fields) == ["config.group_size"]
+    assert "config.group_size" in error.value.message
+
+
+def test_a_missing_run_and_a_bad_token_are_api_errors(platform, client):
+    with pytest.raises(TandemAPIError) as missing:
+        client.runs.get(10**9)
+    with TandemClient(platform.url, "not-a-token") as stranger, pytest.raises(TandemAPIError) as refused:
+        list(stranger.runs.list())
+
+    assert missing.value.status_code == 404 and missing.value.code == "not_found"
+    assert refused.value.status_code == 401 and refused.value.is_platform_error
+
+
+def test_projects_and_environments(platform, client):
+    projects = list(client.projects.list())
+    assert [(project.id, project.name) for project in projects] == [(platform.credentials.project_id, "demo")]
+
+    registered = client.environments.register(
+        "sdk-calculator", entrypoint="workers.environments.calculator:CalculatorEnvironment",
+        settings={"max_operand": 9},
+    )
+
+    assert registered.name == "sdk-calculator" and registered.project == platform.credentials.project_id
+    assert registered.kind == "python" and registered.settings == {"max_operand": 9}
+    assert registered.latest_version["number"] == 1 and registered.id > 0
+    names = [environment.name for environment in client.environments.list()]
+    assert "sdk-calculator" in names and "calculator" in names
+    with pytest.raises(TandemAPIError) as duplicate:
+        client.environments.register(
+            "sdk-calculator", entrypoint="workers.environments.calculator:CalculatorEnvironment")
+    assert duplicate.value.status_code == 409
+
+
+def test_probing_returns_the_workers_report(client):
+    probe = client.environments.probe("calculator", wait_s=90)
+
+    assert probe["status"] == "passed", probe
+    assert [check["name"] for check in probe["checks"]][:2] == ["url", "load"]
+    assert all(check["status"] in {"passed", "skipped"} for check in probe["checks"])
+
+
+def test_probing_an_unknown_environment_names_it(client):
+    with pytest.raises(TandemAPIError) as error:
+        client.environments.probe("no-such-environment")
+
+    assert error.value.status_code == 404 and "no-such-environment" in error.value.message
+
+
+def test_metrics_are_read_by_step_after_a_cursor(client, trainer):
+    run = client.runs.create(environment="calculator")
+    trainer.post_steps(run.id, range(1, 4))
+
+    steps = list(client.runs.metrics(run.id))
+    only_loss = list(client.runs.metrics(run.id, names=["loss"], after_step=1))
+
+    assert [step.step for step in steps] == [1, 2, 3]
+    expected = step_event(run.id, 2)
+    assert steps[1].values["loss"] == pytest.approx(expected["loss"])
+    assert steps[1].values["reward_mean"] == pytest.approx(expected["reward_mean"])
+    assert [(step.step, step.values) for step in only_loss] == [
+        (2, {"loss": pytest.approx(1 / 3)}), (3, {"loss": pytest.approx(1 / 4)})]
+    client.runs.cancel(run.id)
+
+
+def test_waiting_times_out_on_a_live_run_and_returns_once_it_ends(client):
+    run = client.runs.create(environment="calculator")
+
+    with pytest.raises(RunWaitTimeout) as timeout:
+        client.runs.wait(run.id, timeout=0.3, poll_interval_s=0.1)
+    assert timeout.value.run.status == "queued"
+
+    timer = threading.Timer(0.5, client.runs.cancel, args=[run.id])
+    timer.start()
+    ended = client.runs.wait(run.id, timeout=20, poll_interval_s=0.1)
+    timer.join()
+
+    assert ended.status == "cancelled"
+
+
+class Collector:
+    """Consumes a stream in a thread, as a script's loop would."""
+
+    def __init__(self, iterator):
+        self.steps: list[StepMetrics] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._consume, args=(iterator,), daemon=True)
+        self.thread.start()
+
+    def _consume(self, iterator) -> None:
+        try:
+            for step in iterator:
+                self.steps.append(step)
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.error = exc
+
+    def step_numbers(self) -> list[int]:
+        return [step.step for step in self.steps]
+
+
+def test_the_stream_yields_recorded_steps_then_live_ones_then_ends_with_the_run(client, trainer):
+    run = client.runs.create(environment="calculator")
+    trainer.post_steps(run.id, range(1, 4))
+
+    stream = Collector(client.runs.stream_metrics(run.id, idle_check_s=30))
+    wait_until(lambda: len(stream.steps) == 3, what="the backfilled steps")
+    trainer.post_steps(run.id, [4])
+    trainer.post_steps(run.id, [5, 6])
+    wait_until(lambda: len(stream.steps) == 6, what="the live steps")
+    client.runs.cancel(run.id)
+    stream.thread.join(timeout=20)
+
+    assert not stream.thread.is_alive(), "the stream did not end with the run"
+    assert stream.error is None
+    assert stream.step_numbers() == [1, 2, 3, 4, 5, 6]
+    assert stream.steps[4].values["reward_mean"] == pytest.approx(step_event(run.id, 5)["reward_mean"])
+
+
+def test_the_stream_loses_no_step_across_a_reconnect(platform, client, trainer, tmp_path):
+    """Steps recorded while the client's server is down come by backfill once it is back."""
+    run = client.runs.create(environment="calculator")
+    trainer.post_steps(run.id, [1])
+    stream = Collector(client.runs.stream_metrics(run.id, names=["loss"], idle_check_s=30,
+                                                  reconnect_max_s=0.5))
+    wait_until(lambda: stream.step_numbers() == [1], what="step 1")
+
+    # A second web server on the same database and Redis keeps the platform up
+    # while the one the client follows is down.
+    other = LocalStack(replace(platform.stack.config, port=free_local_port(), var_dir=tmp_path))
+    other.start_web()
+    try:
+        web = platform.stack.processes.pop("web")
+        web.terminate()
+        web.wait(timeout=20)
+        with TandemClient(other.config.platform_url, platform.credentials.user_token) as other_client:
+            other_trainer = Trainer(Platform(other, platform.credentials), other_client)
+            other_trainer.post_steps(run.id, [2, 3])
+            other_trainer.http.close()
+        platform.stack.start_web()
+        wait_until(lambda: len(stream.steps) == 3, what="the steps recorded while disconnected")
+        trainer.post_steps(run.id, [4])
+        wait_until(lambda: len(stream.steps) == 4, what="a live step after the reconnect")
+    finally:
+        client.runs.cancel(run.id)
+        other.stop()
+    stream.thread.join(timeout=20)
+
+    assert not stream.thread.is_alive() and stream.error is None
+    assert stream.step_numbers() == [1, 2, 3, 4]
+    assert all(set(step.values) == {"loss"} for step in stream.steps)
+
+
+def test_a_script_connects_with_the_saved_login_unless_the_environment_says_otherwise(
+    platform, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("TANDEM_URL", raising=False)
+    monkeypatch.delenv("TANDEM_TOKEN", raising=False)
+    with pytest.raises(LoginMissing):
+        TandemClient.from_login()
+
+    save_login(platform.url, platform.credentials.user_token)
+    with TandemClient.from_login() as saved:
+        assert [project.name for project in saved.projects.list()] == ["demo"]
+
+    monkeypatch.setenv("TANDEM_TOKEN", "not-a-token")
+    with TandemClient.from_login() as overridden, pytest.raises(TandemAPIError) as refused:
+        list(overridden.projects.list())
+    assert refused.value.status_code == 401
