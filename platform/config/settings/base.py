@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "environments",
     "runs",
     "telemetry",
+    "trajectories",
 ]
 
 MIDDLEWARE = [
