@@ -1,3 +1,5 @@
+import json
+
 from django import forms
 
 from domain_errors import DomainError
@@ -41,11 +43,20 @@ class RunCreateForm(forms.Form):
                 self.add_error(field if field in self.fields else None, f"{path}: {message}")
 
 
+class _ConfigJSONField(forms.JSONField):
+    """A config shown indented, keys sorted, like on the run page, so it can be read and edited."""
+
+    def prepare_value(self, value):
+        if isinstance(value, dict):
+            return json.dumps(value, indent=2, sort_keys=True)
+        return super().prepare_value(value)
+
+
 class RunCloneForm(forms.Form):
     """"Clone from run": the run's name and whole config, prefilled, to edit before queueing the copy."""
 
     name = forms.CharField(max_length=200, required=False)
-    config = forms.JSONField(
+    config = _ConfigJSONField(
         help_text="The original run's config; what you change here differs in the clone.",
         widget=forms.Textarea(attrs={"rows": 24, "cols": 60, "spellcheck": "false"}),
     )

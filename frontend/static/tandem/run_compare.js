@@ -13,6 +13,7 @@
   const METRICS = ["reward_mean", "success_rate", "loss"];
   const COLOURS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#d97706", "#0891b2", "#db2777", "#4b5563"];
   const PAGE_LIMIT = 5000;
+  const STEP_INCREMENTS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];
   const state = (window.tandemCompare = { loaded: 0, points: {}, charts: 0 });
 
   series.forEach((run, index) => {
@@ -60,7 +61,8 @@
               points: { show: false },
             })),
           ],
-          axes: [{ label: "step" }, {}],
+          // Steps are whole numbers: no tick at 1.5.
+          axes: [{ label: "step", incrs: STEP_INCREMENTS }, {}],
         },
         [steps, ...columns],
         container,
