@@ -94,7 +94,8 @@ def _turn_bounds(record: TrajectoryRecord, eos_id: int) -> list[tuple[int, int, 
 
 def _decode(tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
     """Text of the tokens, special ones written out, so an EOS the loss trains on can be seen."""
-    names = {tokenizer.eos_id: "⟨eos⟩", tokenizer.pad_id: "⟨pad⟩"}
+    # Later entries win: a tokenizer that pads with its EOS (HFTokenizer's fallback) shows ⟨eos⟩.
+    names = {tokenizer.pad_id: "⟨pad⟩", tokenizer.eos_id: "⟨eos⟩"}
     if tokenizer.bos_id is not None:
         names[tokenizer.bos_id] = "⟨bos⟩"
     parts, ordinary = [], []

@@ -16,10 +16,11 @@ from runs.services import run_transition
 from tandem.contracts import TrainerStepEvent
 from telemetry.services import metric_events_record
 from trainer.platform_client import PlatformClient
+from trainer.trajectory_samples import TrajectorySampleBuffer
 
 from .builders import step_event
 from .test_run_page_browser import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT, server  # noqa: F401 - the fixture
-from .trajectory_builders import calculator_sample
+from .trajectory_builders import CALC, TOKENIZER, calculator_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,16 +65,19 @@ def chromium_page():
 def test_a_posted_trajectory_shows_its_turns_tool_call_and_trained_tokens(
     server, chromium_page, running_run, trainer  # noqa: F811
 ):
-    samples = [
-        calculator_sample(running_run.pk, step=3, reward=1.0, why="best"),
-        calculator_sample(running_run.pk, step=3, reward=0.0, why="worst", answer="6"),
-        calculator_sample(running_run.pk, step=3, status="failed", why="failed"),
+    records = [
+        calculator_record(running_run.pk, reward=1.0),
+        calculator_record(running_run.pk, reward=0.0, answer="6"),
+        calculator_record(running_run.pk, status="failed"),
     ]
-    # Posted as the trainer posts them: its own client, over HTTP.
+    # Sent as the trainer sends them: its sample buffer, through its platform client, over HTTP.
     client = PlatformClient(server, trainer.auth_token.key)
-    client.post_trajectory_samples(running_run.pk, samples)
+    buffer = TrajectorySampleBuffer(client, running_run.pk, TOKENIZER, per_step=2, tools=[CALC])
+    buffer.add_step(step=3, records=records)
+    buffer.flush()
     client.close()
-    best = samples[0]
+    assert (buffer.posted, buffer.lost) == (3, 0)
+    best, failed = records[0], records[2]
 
     # No ORM calls from here on: Playwright's sync API keeps an event loop running in this thread.
     page = chromium_page(server, f"/runs/{running_run.pk}/")
@@ -112,7 +116,7 @@ def test_a_posted_trajectory_shows_its_turns_tool_call_and_trained_tokens(
     assert "trained" in page.inner_text("#mask-legend") and "masked" in page.inner_text("#mask-legend")
     page.screenshot(path=str(SCREENSHOTS / "trajectory_detail.png"), full_page=True)
 
-    page.goto(f"{server}/runs/{running_run.pk}/trajectories/{samples[2].trajectory_id}/")
+    page.goto(f"{server}/runs/{running_run.pk}/trajectories/{failed.trajectory_id}/")
     assert "tool calc timed out after 30s" in page.inner_text("#trajectory-failure")
     assert page.locator("#turns .span-trained").count() == 0
     page.screenshot(path=str(SCREENSHOTS / "trajectory_failed.png"), full_page=True)

@@ -20,14 +20,14 @@ CALC = ToolSchema(
 
 def _record(*, reward: float = 1.0, status: str = "ok", conversation: Conversation | None = None,
             policy_versions=(3, 4), trajectory_id: str | None = None) -> TrajectoryRecord:
-    conversation = conversation or _calculator_conversation()
+    conversation = _calculator_conversation() if conversation is None else conversation
     loss_mask = list(conversation.loss_mask)
     if status == "failed":
         loss_mask = [0] * len(loss_mask)  # as producers send failed episodes
     fields = {"trajectory_id": trajectory_id} if trajectory_id else {}
     return TrajectoryRecord(
         **fields, run_id=7, group_id="7-0", group_size=4, environment="calculator",
-        policy_version=min(policy_versions), policy_versions=list(policy_versions),
+        policy_version=min(policy_versions, default=0), policy_versions=list(policy_versions),
         token_ids=list(conversation.token_ids), behaviour_logprobs=list(conversation.behaviour_logprobs),
         loss_mask=loss_mask, reward=reward, status=status,
         failure_reason="step timed out after 30s" if status == "failed" else "",
@@ -96,6 +96,15 @@ def test_a_failed_episode_keeps_its_turns_with_every_token_masked():
     assert all(not span.trained for turn in sample.turns for span in turn.spans)
     assert sample.trained_tokens == 0 and sample.num_tokens == 37
     assert sample.failure_reason == "step timed out after 30s"
+
+
+def test_an_episode_that_failed_before_its_first_token_has_no_turns():
+    # A circuit breaker that was open fails the episode before reset: no tokens at all.
+    record = _record(conversation=Conversation(TOKENIZER), status="failed", reward=0.0, policy_versions=())
+
+    sample = trajectory_sample(record, step=2, selected_because="failed", tokenizer=TOKENIZER)
+
+    assert sample.turns == () and sample.num_tokens == 0 and sample.trained_tokens == 0
 
 
 def test_two_policy_turns_with_nothing_between_are_split_at_eos():
