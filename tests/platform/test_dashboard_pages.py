@@ -116,3 +116,20 @@ def test_the_run_list_refuses_an_unknown_sort_by_name(browser, running_run):
     html = browser.get("/runs/?sort=colour").content.decode()
 
     assert "sort: Unknown sort" in html and f'href="/runs/{running_run.pk}/"' in html
+
+
+def test_the_trajectory_list_pages_keep_the_filters(browser, trainer_api, running_run):
+    samples = [calculator_sample(running_run.pk, step=step, reward=1.0) for step in range(1, 53)]
+    samples.append(calculator_sample(running_run.pk, step=60, status="failed", why="failed"))
+    response = trainer_api.post(
+        f"/api/trainer/runs/{running_run.pk}/trajectories/", post_body(*samples), format="json"
+    )
+    assert response.status_code == 202
+
+    first = browser.get(f"/runs/{running_run.pk}/trajectories/?status=ok").content.decode()
+    second = browser.get(f"/runs/{running_run.pk}/trajectories/?status=ok&page=2").content.decode()
+
+    assert first.count('class="trajectory-row"') == 50 and "page 1 of 2 · 52 trajectories" in first
+    assert 'href="?status=ok&amp;page=2"' in first
+    assert second.count('class="trajectory-row"') == 2
+    assert samples[0].trajectory_id in second and samples[-1].trajectory_id not in first + second
