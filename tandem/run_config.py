@@ -224,6 +224,11 @@ class RunConfig(BaseModel):
     )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature of producers.")
     checkpoint_every: int = Field(20, ge=1, description="Trainer steps between Orbax checkpoints.")
+    trajectory_samples_per_step: int = Field(
+        2, ge=0, le=64,
+        description="Trajectories of each RL step the trainer sends to the platform's trajectory browser: "
+        "the best and worst rewards (half each), plus up to as many failed episodes. 0: none.",
+    )
 
     @model_validator(mode="after")
     def _one_task_fits_the_staleness_budget(self):

@@ -1,4 +1,4 @@
-"""The trainer's side of the platform's trainer API (claim, heartbeat, telemetry)."""
+"""The trainer's side of the platform's trainer API (claim, heartbeat, telemetry, trajectory samples)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from tandem.contracts import EnvironmentSpec, TrainerHeartbeat, TrainerStepEvent
+from tandem.contracts import EnvironmentSpec, TrainerHeartbeat, TrainerStepEvent, TrajectorySample
 
 logger = logging.getLogger(__name__)
 
@@ -97,3 +97,14 @@ class PlatformClient:
                 f"/api/trainer/runs/{run_id}/telemetry/",
                 {"events": [event.model_dump(mode="json") for event in events]},
             )
+
+    def post_trajectory_samples(self, run_id: int, samples: list[TrajectorySample], *,
+                                timeout_s: float = 5.0) -> None:
+        """Post samples once, without retrying: they are a view of training, never worth a wait."""
+        if samples:
+            response = self._http.post(
+                f"/api/trainer/runs/{run_id}/trajectories/",
+                json={"samples": [sample.model_dump(mode="json") for sample in samples]},
+                timeout=timeout_s,
+            )
+            response.raise_for_status()

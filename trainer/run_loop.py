@@ -48,6 +48,7 @@ from trainer.staleness import StalenessRecorder, is_stale_group, split_stale_gro
 from trainer.stream import GroupAssembler, TrajectoryStreamReader
 from trainer.tokenizer import load_tokenizer
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.trajectory_samples import TrajectorySampleBuffer
 from trainer.value_head import policy_params, with_value_head
 from trainer.weights import FilesystemWeightPublisher, RedisWeightPublisher, RedisWeightSubscriber
 from workers.environments import load_environment_class
@@ -119,6 +120,8 @@ class _Telemetry:
     interval_s: float
     pending: list[TrainerStepEvent] = field(default_factory=list)
     last_flush: float = 0.0
+    # Sampled trajectories go out with the events (the trajectory browser's data).
+    trajectories: TrajectorySampleBuffer | None = None
 
     def emit(self, event: TrainerStepEvent) -> None:
         self.pending.append(event)
@@ -128,6 +131,8 @@ class _Telemetry:
     def flush(self) -> None:
         events, self.pending = self.pending, []
         self.platform.post_events(self.run_id, events)
+        if self.trajectories is not None:
+            self.trajectories.flush()
         self.last_flush = time.monotonic()
 
 
@@ -143,7 +148,11 @@ class RunTrainer:
         self.celery_app = celery_app
         self.tokenizer = load_tokenizer(self.config.model.tokenizer)
         self.environment_class = load_environment_class(claimed.environment)
-        self.telemetry = _Telemetry(platform, self.run_id, settings.telemetry_interval_s)
+        self.telemetry = _Telemetry(platform, self.run_id, settings.telemetry_interval_s,
+                                    trajectories=TrajectorySampleBuffer(
+                                        platform, self.run_id, self.tokenizer,
+                                        per_step=self.config.trajectory_samples_per_step,
+                                        tools=claimed.environment.tools))
         if self.config.weight_transport == "filesystem":
             weight_root = Path(self.config.weight_dir or settings.checkpoint_root / "weights")
             self.publisher = FilesystemWeightPublisher(redis_client, weight_root)
@@ -526,6 +535,7 @@ class RunTrainer:
             self._rl_steps_done += 1
             self._log("trained", trajectory_ids=[record.trajectory_id for record in records],
                       group_ids=[group[0].record.group_id for group in groups])
+            self.telemetry.trajectories.add_step(step=self.step, records=records)
             # Acknowledged once a checkpoint with this update is on disk (see _ack_checkpointed).
             self._awaiting_checkpoint.append((self.step, groups))
             if self.step % config.checkpoint_every == 0:

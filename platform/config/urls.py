@@ -37,6 +37,12 @@ from runs.views import (
     TrainerHeartbeatView,
 )
 from telemetry.views import RunMetricsView, TrainerTelemetryView
+from trajectories import pages as trajectory_pages
+from trajectories.views import (
+    RunTrajectoryDetailView,
+    RunTrajectoryListView,
+    TrainerTrajectoriesView,
+)
 
 pages = [
     path("", RedirectView.as_view(pattern_name="run-list-page", permanent=False)),
@@ -45,6 +51,20 @@ pages = [
     path("runs/", run_pages.run_list_page, name="run-list-page"),
     path("runs/<int:run_id>/", run_pages.run_page, name="run-page"),
     path("runs/<int:run_id>/cancel/", run_pages.run_cancel_page, name="run-cancel-page"),
+    path("runs/<int:run_id>/pause/", run_pages.run_pause_page, name="run-pause-page"),
+    path("runs/<int:run_id>/resume/", run_pages.run_resume_page, name="run-resume-page"),
+    path("runs/<int:run_id>/clone/", run_pages.run_clone_page, name="run-clone-page"),
+    path("runs/compare/", run_pages.run_compare_page, name="run-compare-page"),
+    path(
+        "runs/<int:run_id>/trajectories/",
+        trajectory_pages.trajectory_list_page,
+        name="trajectory-list-page",
+    ),
+    path(
+        "runs/<int:run_id>/trajectories/<str:trajectory_id>/",
+        trajectory_pages.trajectory_page,
+        name="trajectory-page",
+    ),
     path("environments/", environment_pages.environment_list_page, name="environment-list-page"),
     path(
         "environments/<int:environment_id>/",
@@ -111,6 +131,16 @@ api = [
     path("api/runs/<int:run_id>/resume/", RunResumeView.as_view(), name="api-run-resume"),
     path("api/runs/<int:run_id>/clone/", RunCloneView.as_view(), name="api-run-clone"),
     path("api/runs/<int:run_id>/metrics/", RunMetricsView.as_view(), name="api-run-metrics"),
+    path(
+        "api/runs/<int:run_id>/trajectories/",
+        RunTrajectoryListView.as_view(),
+        name="api-run-trajectories",
+    ),
+    path(
+        "api/runs/<int:run_id>/trajectories/<str:trajectory_id>/",
+        RunTrajectoryDetailView.as_view(),
+        name="api-run-trajectory-detail",
+    ),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
 ]
 
@@ -125,6 +155,11 @@ trainer_api = [
         "api/trainer/runs/<int:run_id>/telemetry/",
         TrainerTelemetryView.as_view(),
         name="api-trainer-telemetry",
+    ),
+    path(
+        "api/trainer/runs/<int:run_id>/trajectories/",
+        TrainerTrajectoriesView.as_view(),
+        name="api-trainer-trajectories",
     ),
 ]
 

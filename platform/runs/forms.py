@@ -1,3 +1,5 @@
+import json
+
 from django import forms
 
 from domain_errors import DomainError
@@ -39,3 +41,41 @@ class RunCreateForm(forms.Form):
             field = path.removeprefix("config.")
             for message in messages:
                 self.add_error(field if field in self.fields else None, f"{path}: {message}")
+
+
+class _ConfigJSONField(forms.JSONField):
+    """A config shown indented, keys sorted, like on the run page, so it can be read and edited."""
+
+    def prepare_value(self, value):
+        if isinstance(value, dict):
+            return json.dumps(value, indent=2, sort_keys=True)
+        return super().prepare_value(value)
+
+
+class RunCloneForm(forms.Form):
+    """"Clone from run": the run's name and whole config, prefilled, to edit before queueing the copy."""
+
+    name = forms.CharField(max_length=200, required=False)
+    config = _ConfigJSONField(
+        help_text="The original run's config; what you change here differs in the clone.",
+        widget=forms.Textarea(attrs={"rows": 24, "cols": 60, "spellcheck": "false"}),
+    )
+
+    def __init__(self, *args, run, **kwargs):
+        kwargs.setdefault("initial", {"name": f"{run.name} (clone)"[:200], "config": run.config})
+        super().__init__(*args, **kwargs)
+
+    def clean_config(self):
+        config = self.cleaned_data["config"]
+        if not isinstance(config, dict):
+            raise forms.ValidationError("Expected a JSON object (a RunConfig).")
+        return config
+
+    def add_domain_error(self, error: DomainError) -> None:
+        """A service's error about ``config.<path>`` shows under the config, naming the path."""
+        if not error.fields:
+            self.add_error(None, error.message)
+        for path, messages in error.fields.items():
+            field = "config" if path.startswith("config") else path if path in self.fields else None
+            for message in messages:
+                self.add_error(field, f"{path}: {message}")

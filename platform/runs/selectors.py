@@ -40,3 +40,38 @@ def run_get(*, run_id: int) -> Run:
     if run is None:
         raise NotFound(f"Run {run_id} not found.")
     return run
+
+
+# Sortable columns of the run list: what a page asks for -> the fields ordered by.
+RUN_SORTS: dict[str, tuple[str, ...]] = {
+    "name": ("name", "id"),
+    "environment": ("environment__name", "id"),
+    "status": ("status", "id"),
+    "step": ("trainer_step", "id"),
+    "policy": ("policy_version", "id"),
+    "created": ("created_at", "id"),
+}
+
+
+def run_search(
+    *,
+    user: AbstractBaseUser,
+    status: str | None = None,
+    environment: str | None = None,
+    name_contains: str | None = None,
+    sort: str = "-created",
+) -> QuerySet[Run]:
+    """The user's runs filtered by status, environment name and a piece of the run's name.
+
+    ``sort`` is a key of RUN_SORTS, descending with a leading ``-``.
+    """
+    runs = run_list(user=user, status=status)
+    if environment:
+        runs = runs.filter(environment__name=environment)
+    if name_contains:
+        runs = runs.filter(name__icontains=name_contains)
+    descending = sort.startswith("-")
+    fields = RUN_SORTS.get(sort.removeprefix("-"))
+    if fields is None:
+        raise InvalidInput.for_field("sort", f"Unknown sort '{sort}'; one of {', '.join(RUN_SORTS)}.")
+    return runs.order_by(*(f"-{field}" if descending else field for field in fields))

@@ -147,6 +147,19 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     assert max(m["step"] for m in live) == steps[-1]
     assert any("reward_mean" in m["values"] for m in live)
 
+    # The trainer sent a few trajectories of every RL step to the trajectory browser.
+    samples = client.get(f"/api/runs/{run_id}/trajectories/", params={"page_size": 200}).json()
+    rl_steps = range(SMALL_RUN["sft_steps"] + 1, SMALL_RUN["sft_steps"] + SMALL_RUN["rl_steps"] + 1)
+    assert {sample["step"] for sample in samples["results"]} == set(rl_steps), samples
+    assert all(sample["environment"] == "calculator" for sample in samples["results"])
+    best = next(sample for sample in samples["results"] if sample["selected_because"] == "best")
+    detail = client.get(best["url"]).json()
+    assert detail["turns"][0]["role"] == "prompt" and detail["turns"][1]["role"] == "policy"
+    trained = sum(span["tokens"] for turn in detail["turns"] for span in turn["spans"] if span["trained"])
+    assert trained == detail["trained_tokens"] > 0
+    assert all(span["trained"] for turn in detail["turns"] if turn["role"] == "policy" for span in turn["spans"])
+    assert len(detail["policy_versions"]) == detail["num_turns"] >= 1
+
     # Orbax wrote checkpoints for the run.
     checkpoint_dir = local.config.var_dir / "checkpoints" / f"run-{run_id}"
     assert any(path.name.isdigit() for path in checkpoint_dir.iterdir())

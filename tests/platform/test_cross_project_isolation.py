@@ -25,8 +25,10 @@ from config.asgi import application
 from environments.models import EnvironmentProbe, EnvironmentVersion
 from runs.models import Run
 from runs.routing import websocket_urlpatterns
+from trajectories.services import trajectory_samples_record
 
 from .route_walk import Route, walk
+from .trajectory_builders import calculator_sample
 
 
 @dataclass
@@ -47,17 +49,19 @@ KWARG_BUILDERS = {
     "token_id": lambda world: world.token.pk,
     "username": lambda world: world.member.username,
     "environment_id": lambda world: world.run.environment_id,
+    "trajectory_id": lambda world: _sampled_trajectory(world.run),
     # With environment_id: the version of the world's environment its run is pinned to.
     "number": lambda world: world.run.environment_version.number,
 }
 # An id (or name) nothing has, to check the outsider's answer is that of a missing object.
 MISSING = {"run_id": 10**9, "project_id": 10**9, "token_id": 10**9, "username": "nobody-at-all",
-           "environment_id": 10**9, "number": 10**6}
+           "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory"}
 
 # Routes of staff users who work on every project (the trainer): others get 403 on each.
 STAFF_ONLY = {
     "/api/trainer/runs/<int:run_id>/heartbeat/",
     "/api/trainer/runs/<int:run_id>/telemetry/",
+    "/api/trainer/runs/<int:run_id>/trajectories/",
 }
 # Django's admin is for staff, who see everything by design; it has its own login.
 SKIPPED_NAMESPACES = {"admin"}
@@ -65,6 +69,13 @@ SKIPPED_NAMESPACES = {"admin"}
 # OPTIONS is left out: DRF answers it from the view class alone, the same for any id
 # (test_options_answers_the_same_for_any_id proves it).
 METHODS = ["get", "post", "put", "patch", "delete"]
+
+
+def _sampled_trajectory(run: Run) -> str:
+    """The id of a new trajectory sample of ``run``."""
+    sample = calculator_sample(run.pk)
+    trajectory_samples_record(run=run, samples=[sample])
+    return sample.trajectory_id
 
 
 def _object_routes() -> list[Route]:

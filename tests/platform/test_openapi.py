@@ -26,8 +26,10 @@ from schemathesis.specs.openapi.checks import (
 
 from accounts.services import api_token_create, membership_add
 from runs.services import run_claim_next
+from trajectories.services import trajectory_samples_record
 
 from .test_run_page_browser import CHROMIUM, CHROMIUM_ARGS
+from .trajectory_builders import calculator_sample
 
 # Examples per operation, per generation mode and per choice of path ids; the
 # whole fuzz stays well under two minutes on a shared two-core machine. Raise it
@@ -115,6 +117,8 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run):
     claimed = run_claim_next(worker="fuzz:1")
     queued = make_run(project, environment=environment)
     spare_token, _ = api_token_create(user=user, name="spare")
+    sample = calculator_sample(claimed.pk)
+    trajectory_samples_record(run=claimed, samples=[sample])
     return {
         "base": server,
         "headers": {"Authorization": f"Token {user.raw_token}"},
@@ -125,6 +129,7 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run):
             "token_id": st.just(spare_token.pk),
             "username": st.sampled_from(["teammate", "fuzzer"]),
             "environment_id": st.just(environment.pk),
+            "trajectory_id": st.just(sample.trajectory_id),
             "number": st.sampled_from([1, 2]),
         },
     }

@@ -35,6 +35,7 @@
   const metricsUrl = root.dataset.metricsUrl;
   const runUrl = root.dataset.runUrl;
   const websocketPath = root.dataset.websocketPath;
+  const actionsByStatus = JSON.parse(root.dataset.actions || "{}");
   const el = {
     status: document.getElementById("run-status"),
     statusReason: document.getElementById("run-status-reason"),
@@ -151,6 +152,11 @@
       el.status.textContent = update.status;
       el.status.className = `badge badge-${update.status}`;
       if (TERMINAL.has(update.status) && el.cancelForm) el.cancelForm.remove();
+      // Only the actions the new status admits stay on offer (the server decided per status).
+      const offered = actionsByStatus[update.status] || [];
+      for (const form of document.querySelectorAll("#run-actions form[data-action]")) {
+        form.hidden = !offered.includes(form.dataset.action);
+      }
     }
     if (update.status_reason !== undefined) el.statusReason.textContent = update.status_reason;
     // Versions only grow: a REST answer that left before a socket message must not

@@ -48,5 +48,6 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "runs.models.Run.Status",
         "EnvironmentVersionStatusEnum": "environments.models.EnvironmentVersion.Status",
         "EnvironmentProbeStatusEnum": "environments.models.EnvironmentProbe.Status",
+        "TrajectoryStatusEnum": "trajectories.models.TrajectorySample.Status",
     },
 }

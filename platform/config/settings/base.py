@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "environments",
     "runs",
     "telemetry",
+    "trajectories",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,78 @@
+// Overlaid charts of several runs: one line per run for each metric, by trainer step.
+//
+// Each run's history comes from its REST metrics endpoint, paged by the step
+// cursor; uPlot wants one shared x column, so the runs' steps are merged and a
+// run has null (a gap) at steps it has no point for.
+(function () {
+  "use strict";
+
+  const root = document.getElementById("compare-root");
+  const series = JSON.parse(document.getElementById("compare-series").textContent);
+  if (!root || series.length === 0) return;
+
+  const METRICS = ["reward_mean", "success_rate", "loss"];
+  const COLOURS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#d97706", "#0891b2", "#db2777", "#4b5563"];
+  const PAGE_LIMIT = 5000;
+  const STEP_INCREMENTS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];
+  const state = (window.tandemCompare = { loaded: 0, points: {}, charts: 0 });
+
+  series.forEach((run, index) => {
+    const swatch = document.querySelector(`#compare-runs li[data-run-id="${run.id}"] .swatch`);
+    if (swatch) swatch.style.background = COLOURS[index % COLOURS.length];
+  });
+
+  async function history(run) {
+    const byStep = new Map(); // step -> {name: value}
+    let cursor = -1;
+    for (;;) {
+      const url = `${run.metrics_url}?after_step=${cursor}&limit=${PAGE_LIMIT}&names=${METRICS.join(",")}`;
+      const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      if (!response.ok) throw new Error(`metrics of run ${run.id}: HTTP ${response.status}`);
+      const body = await response.json();
+      if (body.points.length === 0) return byStep;
+      for (const point of body.points) {
+        if (!byStep.has(point.step)) byStep.set(point.step, {});
+        byStep.get(point.step)[point.name] = point.value;
+      }
+      cursor = body.next_after_step;
+    }
+  }
+
+  function draw(histories) {
+    const steps = [...new Set(histories.flatMap((byStep) => [...byStep.keys()]))].sort((a, b) => a - b);
+    for (const metric of METRICS) {
+      const container = document.getElementById(`compare-${metric}`);
+      const columns = histories.map((byStep) =>
+        steps.map((step) => (byStep.has(step) && byStep.get(step)[metric] !== undefined ? byStep.get(step)[metric] : null)),
+      );
+      state.points[metric] = columns.map((column) => column.filter((value) => value !== null).length);
+      new uPlot(
+        {
+          width: Math.max(container.clientWidth, 300),
+          height: 240,
+          scales: { x: { time: false } },
+          series: [
+            { label: "step" },
+            ...series.map((run, index) => ({
+              label: `${run.name} #${run.id}`,
+              stroke: COLOURS[index % COLOURS.length],
+              width: 2,
+              spanGaps: true,
+              points: { show: false },
+            })),
+          ],
+          // Steps are whole numbers: no tick at 1.5.
+          axes: [{ label: "step", incrs: STEP_INCREMENTS }, {}],
+        },
+        [steps, ...columns],
+        container,
+      );
+      state.charts += 1;
+    }
+  }
+
+  Promise.all(series.map(history)).then((histories) => {
+    state.loaded = histories.length;
+    draw(histories);
+  });
+})();

@@ -1,0 +1,44 @@
+from django.db import models
+from django.utils import timezone
+
+
+class TrajectorySample(models.Model):
+    """A trajectory the trainer trained on and sent for people to read (tandem.contracts.TrajectorySample).
+
+    The columns are what lists filter and show; ``payload`` is the whole record,
+    turns included, read only by the detail view.
+    """
+
+    class Status(models.TextChoices):
+        OK = "ok", "OK"
+        FAILED = "failed", "Failed"
+
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, related_name="trajectory_samples", db_index=False
+    )
+    trajectory_id = models.CharField(max_length=64)
+    step = models.IntegerField(help_text="The trainer step whose update used it.")
+    selected_because = models.CharField(max_length=16, help_text="best, worst or failed.")
+    environment = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    failure_reason = models.TextField(blank=True, default="")
+    reward = models.FloatField()
+    policy_version = models.IntegerField()
+    num_turns = models.IntegerField()
+    num_tokens = models.IntegerField()
+    trained_tokens = models.IntegerField()
+    payload = models.JSONField(help_text="The TrajectorySample record as the trainer posted it.")
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # A retried post stores nothing twice; also the (run, ...) index of the detail read.
+            models.UniqueConstraint(fields=["run", "trajectory_id"], name="trajectory_sample_unique"),
+        ]
+        indexes = [
+            # Lists read a run's samples newest step first.
+            models.Index(fields=["run", "-step", "-id"], name="trajectory_sample_run_step_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.trajectory_id} of run {self.run_id} (step {self.step})"

@@ -1,0 +1,54 @@
+"""Reads of trajectory samples; callers pass a run the user may see (runs.selectors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import QuerySet
+
+from domain_errors import InvalidInput, NotFound
+from runs.models import Run
+
+from .models import TrajectorySample
+
+
+@dataclass(frozen=True)
+class TrajectoryFilters:
+    status: str | None = None
+    environment: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+
+
+def trajectory_sample_list(*, run: Run, filters: TrajectoryFilters = TrajectoryFilters()) -> QuerySet[TrajectorySample]:
+    """The run's samples matching ``filters``, newest step first, without their turns."""
+    samples = TrajectorySample.objects.filter(run=run)
+    if filters.status is not None:
+        if filters.status not in TrajectorySample.Status.values:
+            raise InvalidInput.for_field(
+                "status",
+                f"Unknown status '{filters.status}'; one of {', '.join(TrajectorySample.Status.values)}.",
+            )
+        samples = samples.filter(status=filters.status)
+    if filters.environment is not None:
+        samples = samples.filter(environment=filters.environment)
+    if filters.min_reward is not None:
+        samples = samples.filter(reward__gte=filters.min_reward)
+    if filters.max_reward is not None:
+        samples = samples.filter(reward__lte=filters.max_reward)
+    return samples.defer("payload").order_by("-step", "-id")
+
+
+def trajectory_sample_get(*, run: Run, trajectory_id: str) -> TrajectorySample:
+    sample = TrajectorySample.objects.filter(run=run, trajectory_id=trajectory_id).first()
+    if sample is None:
+        raise NotFound(f"Trajectory {trajectory_id} of run {run.pk} not found.")
+    return sample
+
+
+def trajectory_environments(*, run: Run) -> list[str]:
+    """Environments the run's samples come from, for the browser's filter."""
+    return list(
+        TrajectorySample.objects.filter(run=run).order_by("environment")
+        .values_list("environment", flat=True).distinct()
+    )

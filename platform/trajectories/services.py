@@ -1,0 +1,55 @@
+"""Writes of trajectory samples: the trainer's posts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import transaction
+from django.utils import timezone
+
+from domain_errors import InvalidInput
+from runs.models import Run
+from tandem.contracts import TrajectorySample as TrajectorySampleRecord
+
+from .models import TrajectorySample
+
+
+@transaction.atomic
+def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRecord]) -> int:
+    """Store the samples of ``run``; a retried post stores each once, the newest copy winning.
+
+    A trainer resumed from a checkpoint trains the steps after it again and may
+    send the same trajectory with a later step: that step is the one kept.
+    Returns how many samples the post carried.
+    """
+    for index, sample in enumerate(samples):
+        if sample.run_id != run.pk:
+            raise InvalidInput.for_field(
+                f"samples.{index}.run_id",
+                f"Sample is of run {sample.run_id}, posted to run {run.pk}.",
+            )
+    now = timezone.now()
+    rows = {
+        sample.trajectory_id: TrajectorySample(
+            run=run,
+            trajectory_id=sample.trajectory_id,
+            step=sample.step,
+            selected_because=sample.selected_because,
+            environment=sample.environment,
+            status=sample.status,
+            failure_reason=sample.failure_reason,
+            reward=sample.reward,
+            policy_version=sample.policy_version,
+            num_turns=len(sample.policy_versions),
+            num_tokens=sample.num_tokens,
+            trained_tokens=sample.trained_tokens,
+            payload=sample.model_dump(mode="json"),
+            recorded_at=now,
+        )
+        for sample in samples
+    }
+    TrajectorySample.objects.bulk_create(
+        rows.values(), update_conflicts=True, unique_fields=["run", "trajectory_id"],
+        update_fields=["step", "selected_because", "payload", "recorded_at"], batch_size=200,
+    )
+    return len(samples)

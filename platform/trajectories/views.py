@@ -1,0 +1,77 @@
+"""API of trajectory samples: the browser's list and detail, and the trainer's posts."""
+
+import pydantic
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.generics import GenericAPIView, ListAPIView
+from rest_framework.permissions import IsAdminUser
+from rest_framework.response import Response
+
+from config.pagination import PageNumberPagination
+from domain_errors import InvalidInput
+from runs.selectors import run_get, run_get_for_user
+from tandem.contracts import TrajectorySample as TrajectorySampleRecord
+
+from .selectors import TrajectoryFilters, trajectory_sample_get, trajectory_sample_list
+from .serializers import (
+    TrajectoryFiltersSerializer,
+    TrajectorySampleSerializer,
+    TrajectorySampleSummarySerializer,
+)
+from .services import trajectory_samples_record
+
+MAX_SAMPLES_PER_POST = 200
+
+
+@extend_schema(tags=["trajectories"], parameters=[TrajectoryFiltersSerializer])
+class RunTrajectoryListView(ListAPIView):
+    """``?status=ok|failed&environment=&min_reward=&max_reward=``: the run's samples, newest step first."""
+
+    serializer_class = TrajectorySampleSummarySerializer
+    pagination_class = PageNumberPagination
+    filter_backends = []  # the query is validated by TrajectoryFiltersSerializer instead
+
+    def get_queryset(self):
+        run = run_get_for_user(user=self.request.user, run_id=self.kwargs["run_id"])
+        filters = TrajectoryFiltersSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        return trajectory_sample_list(run=run, filters=TrajectoryFilters(**filters.validated_data))
+
+
+@extend_schema(tags=["trajectories"])
+class RunTrajectoryDetailView(GenericAPIView):
+    serializer_class = TrajectorySampleSerializer
+
+    def get(self, request, run_id: int, trajectory_id: str):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        sample = trajectory_sample_get(run=run, trajectory_id=trajectory_id)
+        return Response(TrajectorySampleSerializer(sample).data)
+
+
+@extend_schema(tags=["trainer"])
+class TrainerTrajectoriesView(GenericAPIView):
+    """``{"samples": [TrajectorySample, ...]}`` from the trainer; 202 ``{"stored": n}``."""
+
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request=inline_serializer("TrajectorySamplesPost", {
+            "samples": serializers.ListField(child=serializers.DictField(),
+                                             help_text="TrajectorySample records (tandem.contracts).")}),
+        responses={202: inline_serializer("TrajectorySamplesStored", {"stored": serializers.IntegerField()})},
+    )
+    def post(self, request, run_id: int):
+        run = run_get(run_id=run_id)
+        raw_samples = request.data.get("samples") if isinstance(request.data, dict) else None
+        if not isinstance(raw_samples, list):
+            raise InvalidInput.for_field("samples", "Expected a list of TrajectorySample objects.")
+        if len(raw_samples) > MAX_SAMPLES_PER_POST:
+            raise InvalidInput.for_field("samples", f"At most {MAX_SAMPLES_PER_POST} samples per post.")
+        samples = []
+        for index, raw_sample in enumerate(raw_samples):
+            try:
+                samples.append(TrajectorySampleRecord.model_validate(raw_sample))
+            except pydantic.ValidationError as error:
+                raise InvalidInput.from_pydantic(error, prefix=f"samples.{index}") from None
+        stored = trajectory_samples_record(run=run, samples=samples)
+        return Response({"stored": stored}, status=status.HTTP_202_ACCEPTED)

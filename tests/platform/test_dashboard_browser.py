@@ -1,0 +1,230 @@
+"""The dashboard's pages in real Chromium against a real uvicorn: trajectories, run actions, the run list.
+
+Screenshots of every page go to test-artifacts/screenshots/ (gitignored), for people to look at.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import sync_playwright
+
+from runs.services import run_transition
+from tandem.contracts import TrainerStepEvent
+from telemetry.services import metric_events_record
+from trainer.platform_client import PlatformClient
+from trainer.trajectory_samples import TrajectorySampleBuffer
+
+from .builders import step_event
+from .test_run_page_browser import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT
+from .trajectory_builders import CALC, TOKENIZER, calculator_record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
+
+
+@pytest.fixture
+def chromium_page():
+    """``open_page(server, next_path)``: a logged-in page; errors of its scripts fail the test.
+
+    Chromium starts at the first page, after the test's own database set-up: Playwright's
+    sync API keeps an event loop running in this thread, and Django refuses ORM calls then.
+    """
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"browser tests need Chromium at {CHROMIUM} (Debian package `chromium`)")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    errors: list[str] = []
+    started: dict = {}
+
+    def open_page(base: str, next_path: str, *, username: str = "alice"):
+        if not started:
+            started["playwright"] = sync_playwright().start()
+            started["browser"] = started["playwright"].chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
+        page = started["browser"].new_page(viewport={"width": 1280, "height": 900})
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{base}/login/?next={next_path}")
+        page.fill("#id_username", username)
+        page.fill("#id_password", "pw")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"**{next_path}")
+        return page
+
+    yield open_page
+    if started:
+        started["browser"].close()
+        started["playwright"].stop()
+    assert errors == [], errors
+
+
+def test_a_posted_trajectory_shows_its_turns_tool_call_and_trained_tokens(
+    server, chromium_page, running_run, trainer
+):
+    records = [
+        calculator_record(running_run.pk, reward=1.0),
+        calculator_record(running_run.pk, reward=0.0, answer="6"),
+        calculator_record(running_run.pk, status="failed"),
+    ]
+    # Sent as the trainer sends them: its sample buffer, through its platform client, over HTTP.
+    client = PlatformClient(server, trainer.raw_token)
+    buffer = TrajectorySampleBuffer(client, running_run.pk, TOKENIZER, per_step=2, tools=[CALC])
+    buffer.add_step(step=3, records=records)
+    buffer.flush()
+    client.close()
+    assert (buffer.posted, buffer.lost) == (3, 0)
+    best, failed = records[0], records[2]
+
+    # No ORM calls from here on: Playwright's sync API keeps an event loop running in this thread.
+    page = chromium_page(server, f"/runs/{running_run.pk}/")
+    page.click("#trajectories-link")
+    page.wait_for_url(f"**/runs/{running_run.pk}/trajectories/")
+    assert page.locator(".trajectory-row").count() == 3
+    page.screenshot(path=str(SCREENSHOTS / "trajectory_list.png"), full_page=True)
+
+    page.select_option("select[name=status]", "failed")
+    page.click("#trajectory-filters button[type=submit]")
+    page.wait_for_url("**status=failed**")
+    assert page.locator(".trajectory-row").count() == 1
+    assert "tool calc timed out" in page.inner_text("#trajectory-table")
+    page.select_option("select[name=status]", "")
+    page.fill("input[name=min_reward]", "0.5")
+    page.click("#trajectory-filters button[type=submit]")
+    page.wait_for_url("**min_reward=0.5**")
+    assert page.locator(".trajectory-row").count() == 1
+
+    page.click(f"a[href$='/trajectories/{best.trajectory_id}/']")
+    page.wait_for_url(f"**/trajectories/{best.trajectory_id}/")
+    roles = page.locator("#turns > li").evaluate_all("items => items.map(item => item.dataset.role)")
+    assert roles == ["prompt", "policy", "tool", "policy"]
+    assert page.inner_text("#trajectory-policy-versions") == "v3, v4"
+    trained = page.locator("#turns .span-trained").all_inner_texts()
+    masked = page.locator("#turns .span-masked").all_inner_texts()
+    assert trained == ["calc(2+3)⟨eos⟩", "5⟨eos⟩"]
+    assert masked == ["⟨bos⟩tools:calc\nWhat is 2+3?", "5"]
+    assert "calc(expression=2+3)" in page.inner_text(".turn-policy .tool-call")
+    # The two kinds of span look different, and the legend says which is which.
+    colours = page.evaluate(
+        "() => ['.span-trained', '.span-masked'].map(s => getComputedStyle(document.querySelector("
+        "'#turns ' + s)).backgroundColor)"
+    )
+    assert colours[0] != colours[1]
+    assert "trained" in page.inner_text("#mask-legend") and "masked" in page.inner_text("#mask-legend")
+    page.screenshot(path=str(SCREENSHOTS / "trajectory_detail.png"), full_page=True)
+
+    page.goto(f"{server}/runs/{running_run.pk}/trajectories/{failed.trajectory_id}/")
+    assert "tool calc timed out after 30s" in page.inner_text("#trajectory-failure")
+    assert page.locator("#turns .span-trained").count() == 0
+    page.screenshot(path=str(SCREENSHOTS / "trajectory_failed.png"), full_page=True)
+
+
+def test_pause_resume_and_clone_from_the_run_page(server, chromium_page, running_run, user):
+    api = httpx.Client(base_url=server, headers={"Authorization": f"Token {user.raw_token}"})
+
+    page = chromium_page(server, f"/runs/{running_run.pk}/")
+    assert page.is_visible("#pause-form") and not page.is_visible("#resume-form")
+    assert page.is_visible("#cancel-form") and page.is_visible("#clone-link")
+    page.screenshot(path=str(SCREENSHOTS / "run_detail_running.png"), full_page=True)
+
+    page.click("#pause-form button")
+    page.wait_for_selector("#resume-form", state="visible")
+    assert page.inner_text("#run-status") == "paused"
+    assert not page.is_visible("#pause-form")
+    assert "paused" in page.inner_text(".messages")
+    assert api.get(f"/api/runs/{running_run.pk}/").json()["status"] == "paused"
+    page.screenshot(path=str(SCREENSHOTS / "run_detail_paused.png"), full_page=True)
+
+    page.click("#resume-form button")
+    page.wait_for_selector("#pause-form", state="hidden")
+    assert page.inner_text("#run-status") == "queued"
+    assert not page.is_visible("#resume-form") and page.is_visible("#cancel-form")
+    assert api.get(f"/api/runs/{running_run.pk}/").json()["status"] == "queued"
+
+    page.click("#clone-link")
+    page.wait_for_url(f"**/runs/{running_run.pk}/clone/")
+    prefilled = json.loads(page.input_value("#id_config"))
+    original = api.get(f"/api/runs/{running_run.pk}/").json()
+    assert prefilled == original["config"]
+    assert page.input_value("#id_name") == f"{original['name']} (clone)"
+    page.screenshot(path=str(SCREENSHOTS / "run_clone.png"), full_page=True)
+    page.fill("#id_config", json.dumps({**prefilled, "rl_steps": prefilled["rl_steps"] + 5}))
+    page.fill("#id_name", "the clone")
+    page.click("#clone-form button[type=submit]")
+    page.wait_for_selector("#run-root")
+    clone_id = int(page.get_attribute("#run-root", "data-run-id"))
+    clone = api.get(f"/api/runs/{clone_id}/").json()
+
+    assert clone_id != running_run.pk and clone["name"] == "the clone" and clone["status"] == "queued"
+    assert clone["config"] == {**original["config"], "rl_steps": original["config"]["rl_steps"] + 5}
+
+
+def test_the_run_list_filters_sorts_updates_live_and_compares(
+    server, chromium_page, make_run, project, environment, user
+):
+    runs = {name: make_run(project, environment=environment, name=name) for name in ("alpha", "beta", "gamma")}
+    run_transition(run=runs["gamma"], to_status="cancelled", reason="test")
+    for offset, name in enumerate(("alpha", "beta")):
+        events = [
+            TrainerStepEvent.model_validate(step_event(
+                runs[name].pk, step, reward_mean=0.1 * step + offset, success_rate=0.2 * step + 0.1 * offset,
+                loss=1.0 / (step + 1) + offset,
+            ))
+            for step in (1, 2, 3)
+        ]
+        metric_events_record(run=runs[name], events=events)
+    api = httpx.Client(base_url=server, headers={"Authorization": f"Token {user.raw_token}"})
+
+    page = chromium_page(server, "/runs/")
+
+    def names() -> list[str]:
+        return [text.split(" #")[0] for text in page.locator("#run-table .run-name").all_inner_texts()]
+
+    assert names() == ["gamma", "beta", "alpha"]  # newest first
+    page.click("a.sort[data-sort=name]")
+    page.wait_for_url("**sort=name**")
+    assert names() == ["alpha", "beta", "gamma"]
+    page.click("a.sort[data-sort=name]")
+    page.wait_for_url("**sort=-name**")
+    assert names() == ["gamma", "beta", "alpha"]
+    page.fill("input[name=q]", "ALP")
+    page.click("#run-filters button[type=submit]")
+    page.wait_for_url("**q=ALP**")
+    assert names() == ["alpha"]
+    page.goto(f"{server}/runs/?status=cancelled")
+    assert names() == ["gamma"]
+    page.goto(f"{server}/runs/?environment={environment.name}&sort=name")
+    assert names() == ["alpha", "beta", "gamma"]
+
+    # A status change shows without a reload (the list polls the REST API).
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    assert api.post(f"/api/runs/{runs['beta'].pk}/cancel/").status_code == 200
+    page.wait_for_function(
+        f"() => document.querySelector('tr[data-run-id=\"{runs['beta'].pk}\"] .run-status').textContent.trim()"
+        " === 'cancelled'",
+        timeout=15_000,
+    )
+    assert navigations == []
+    assert page.get_attribute(f"tr[data-run-id='{runs['beta'].pk}'] .run-status .badge", "class") == (
+        "badge badge-cancelled"
+    )
+
+    assert page.is_disabled("#compare-button")
+    page.check(f"tr[data-run-id='{runs['alpha'].pk}'] .compare-select")
+    assert page.is_disabled("#compare-button")
+    page.check(f"tr[data-run-id='{runs['beta'].pk}'] .compare-select")
+    page.screenshot(path=str(SCREENSHOTS / "run_list.png"), full_page=True)
+    page.click("#compare-button")
+    page.wait_for_url("**/runs/compare/?runs=**")
+    page.wait_for_function("() => window.tandemCompare && window.tandemCompare.charts === 3")
+    points = page.evaluate("window.tandemCompare.points")
+    assert points == {"reward_mean": [3, 3], "success_rate": [3, 3], "loss": [3, 3]}
+    for metric in ("reward_mean", "success_rate", "loss"):
+        assert page.locator(f"#compare-{metric} canvas").count() == 1
+        legend = page.locator(f"#compare-{metric} .u-legend").inner_text()
+        assert "alpha" in legend and "beta" in legend
+    page.screenshot(path=str(SCREENSHOTS / "run_compare.png"), full_page=True)

@@ -1,0 +1,124 @@
+"""The trajectory samples API: the trainer's posts, and project-scoped reads with filters and pages."""
+
+from __future__ import annotations
+
+from trajectories.models import TrajectorySample
+
+from .trajectory_builders import calculator_sample, post_body
+
+
+def _post(trainer_api, run_id: int, *samples):
+    return trainer_api.post(f"/api/trainer/runs/{run_id}/trajectories/", post_body(*samples), format="json")
+
+
+def test_posted_samples_are_stored_once_and_read_back_turn_by_turn(trainer_api, api, running_run):
+    sample = calculator_sample(running_run.pk, step=4)
+
+    first = _post(trainer_api, running_run.pk, sample)
+    retried = _post(trainer_api, running_run.pk, sample)
+
+    assert first.status_code == 202, first.content
+    assert first.json() == {"stored": 1} and retried.json() == {"stored": 1}
+    assert TrajectorySample.objects.filter(run=running_run).count() == 1
+    detail = api.get(f"/api/runs/{running_run.pk}/trajectories/{sample.trajectory_id}/")
+    assert detail.status_code == 200, detail.content
+    body = detail.json()
+    assert body["id"] == sample.trajectory_id and body["step"] == 4 and body["status"] == "ok"
+    assert body["policy_versions"] == [3, 4] and body["num_turns"] == 2
+    assert [turn["role"] for turn in body["turns"]] == ["prompt", "policy", "tool", "policy"]
+    assert body["turns"][1]["tool_calls"] == [{"name": "calc", "arguments": {"expression": "2+3"}}]
+    assert [span["trained"] for turn in body["turns"] for span in turn["spans"]] == [False, True, False, True]
+    assert body["trained_tokens"] == 12 and body["num_tokens"] == 37
+
+
+def test_only_staff_post_samples_and_only_for_the_run_they_name(api, trainer_api, running_run, make_run):
+    other = make_run()
+    sample = calculator_sample(running_run.pk)
+
+    assert _post(api, running_run.pk, sample).status_code == 403
+    wrong_run = _post(trainer_api, other.pk, sample)
+    assert wrong_run.status_code == 400
+    assert list(wrong_run.json()["error"]["fields"]) == ["samples.0.run_id"]
+    broken = post_body(sample)
+    broken["samples"][0]["num_tokens"] = 3
+    invalid = trainer_api.post(f"/api/trainer/runs/{running_run.pk}/trajectories/", broken, format="json")
+    assert invalid.status_code == 400
+    assert "samples.0" in next(iter(invalid.json()["error"]["fields"]))
+    assert TrajectorySample.objects.count() == 0
+
+
+def test_another_projects_run_and_its_trajectories_are_not_found(
+    trainer_api, client_for, make_user, running_run
+):
+    sample = calculator_sample(running_run.pk)
+    _post(trainer_api, running_run.pk, sample)
+    stranger = client_for(make_user("mallory"))
+
+    listing = stranger.get(f"/api/runs/{running_run.pk}/trajectories/")
+    detail = stranger.get(f"/api/runs/{running_run.pk}/trajectories/{sample.trajectory_id}/")
+
+    assert listing.status_code == 404 and detail.status_code == 404
+    assert listing.json()["error"]["code"] == "not_found"
+
+
+def test_a_trajectory_of_another_run_is_not_found_under_this_one(
+    api, trainer_api, running_run, make_run, project, environment
+):
+    other_run = make_run(project, environment=environment)
+    sample = calculator_sample(other_run.pk)
+    assert _post(trainer_api, other_run.pk, sample).status_code == 202
+
+    response = api.get(f"/api/runs/{running_run.pk}/trajectories/{sample.trajectory_id}/")
+
+    assert response.status_code == 404
+
+
+def test_the_list_filters_by_status_environment_and_reward_range(api, trainer_api, running_run):
+    samples = [
+        calculator_sample(running_run.pk, step=1, reward=0.0, why="worst"),
+        calculator_sample(running_run.pk, step=1, reward=1.0),
+        calculator_sample(running_run.pk, step=2, reward=0.5, environment="calculator-hard"),
+        calculator_sample(running_run.pk, step=2, status="failed", why="failed"),
+    ]
+    assert _post(trainer_api, running_run.pk, *samples).status_code == 202
+    url = f"/api/runs/{running_run.pk}/trajectories/"
+
+    def ids(**query):
+        response = api.get(url, query)
+        assert response.status_code == 200, response.content
+        return {row["id"] for row in response.json()["results"]}
+
+    every = {sample.trajectory_id for sample in samples}
+    assert ids() == every
+    assert ids(status="failed") == {samples[3].trajectory_id}
+    assert ids(status="ok") == every - {samples[3].trajectory_id}
+    assert ids(environment="calculator-hard") == {samples[2].trajectory_id}
+    assert ids(min_reward=0.5) == {samples[1].trajectory_id, samples[2].trajectory_id}
+    assert ids(min_reward=0.1, max_reward=0.9) == {samples[2].trajectory_id}
+    assert ids(max_reward=0.0) == {samples[0].trajectory_id, samples[3].trajectory_id}
+    first = api.get(url).json()["results"]
+    assert [row["step"] for row in first] == [2, 2, 1, 1]  # newest step first
+    assert "turns" not in first[0]
+
+    bad = api.get(url, {"status": "lost", "min_reward": "lots"})
+    assert bad.status_code == 400
+    assert set(bad.json()["error"]["fields"]) == {"status", "min_reward"}
+
+
+def test_the_list_pages_with_a_fixed_number_of_queries(
+    api, trainer_api, running_run, django_assert_num_queries
+):
+    samples = [calculator_sample(running_run.pk, step=step) for step in range(1, 8)]
+    assert _post(trainer_api, running_run.pk, *samples).status_code == 202
+    url = f"/api/runs/{running_run.pk}/trajectories/"
+    api.get("/api/projects/")  # records the token's last use, a write that happens once a minute
+
+    # The token, the run, the count and the page: however many samples the page holds.
+    with django_assert_num_queries(4):
+        first = api.get(url, {"page_size": 3}).json()
+    with django_assert_num_queries(4):
+        last = api.get(url, {"page_size": 3, "page": 3}).json()
+
+    assert first["count"] == 7 and len(first["results"]) == 3 and first["next"] is not None
+    assert [row["step"] for row in first["results"]] == [7, 6, 5]
+    assert [row["step"] for row in last["results"]] == [1] and last["next"] is None

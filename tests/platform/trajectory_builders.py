@@ -1,0 +1,48 @@
+"""Trajectory samples as the trainer builds them: real records through trainer.trajectory_samples."""
+
+from __future__ import annotations
+
+import uuid
+
+from tandem.contracts import EpisodeTimings, ToolSchema, TrajectoryRecord, TrajectorySample
+from trainer.chat import Conversation
+from trainer.tokenizer import EOS_ID, ByteTokenizer
+from trainer.trajectory_samples import trajectory_sample
+
+TOKENIZER = ByteTokenizer()
+CALC = ToolSchema(
+    name="calc",
+    parameters={"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+)
+
+
+def calculator_record(
+    run_id: int, *, reward: float = 1.0, status: str = "ok", environment: str = "calculator",
+    question: str = "What is 2+3?", expression: str = "2+3", answer: str = "5",
+) -> TrajectoryRecord:
+    """An episode that calls the calculator, reads the result and answers."""
+    conversation = Conversation.start(TOKENIZER, tool_names=["calc"], prompt=question)
+    call = TOKENIZER.encode(f"calc({expression})") + [EOS_ID]
+    conversation.add_policy_tokens(call, [-0.5] * len(call))
+    conversation.add_environment(answer)
+    reply = TOKENIZER.encode(answer) + [EOS_ID]
+    conversation.add_policy_tokens(reply, [-0.25] * len(reply))
+    failed = status == "failed"
+    return TrajectoryRecord(
+        trajectory_id=uuid.uuid4().hex, run_id=run_id, group_id=f"{run_id}-0", group_size=4,
+        environment=environment, policy_version=3, policy_versions=[3, 4],
+        token_ids=list(conversation.token_ids), behaviour_logprobs=list(conversation.behaviour_logprobs),
+        loss_mask=[0] * len(conversation.loss_mask) if failed else list(conversation.loss_mask),
+        reward=0.0 if failed else reward, status=status,
+        failure_reason="tool calc timed out after 30s" if failed else "", num_turns=2,
+        timings=EpisodeTimings(started_at=100.0, finished_at=101.5, generation_s=1.0, environment_s=0.2),
+    )
+
+
+def calculator_sample(run_id: int, *, step: int = 1, why: str = "best", **record_fields) -> TrajectorySample:
+    return trajectory_sample(calculator_record(run_id, **record_fields), step=step, selected_because=why,
+                             tokenizer=TOKENIZER, tools=[CALC])
+
+
+def post_body(*samples: TrajectorySample) -> dict:
+    return {"samples": [sample.model_dump(mode="json") for sample in samples]}

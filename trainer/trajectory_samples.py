@@ -1,0 +1,197 @@
+"""A few trajectories of each RL step, made readable and sent to the platform's trajectory browser.
+
+Of the records a step trained on, :func:`select_samples` picks the best and
+worst rewards and the failed episodes; :func:`trajectory_sample` turns one into
+a :class:`~tandem.contracts.TrajectorySample`: the conversation turn by turn,
+its tool calls, and the loss mask as spans of decoded text.
+:class:`TrajectorySampleBuffer` gathers them and posts them with the
+telemetry flushes; a post that fails loses those samples and never the step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tandem.contracts import (
+    TokenSpan,
+    ToolCallSample,
+    ToolSchema,
+    TrajectoryRecord,
+    TrajectorySample,
+    TrajectoryTurn,
+)
+from trainer.tokenizer import Tokenizer
+from workers.environments.base import Tool
+from workers.tool_calls import parse_tool_calls
+
+logger = logging.getLogger(__name__)
+
+# Samples held while the platform does not answer; older ones go first.
+_MAX_PENDING = 256
+
+
+def select_samples(
+    records: Sequence[TrajectoryRecord], *, per_step: int
+) -> list[tuple[str, TrajectoryRecord]]:
+    """``(why, record)`` for the records worth showing: best and worst rewards, then failures.
+
+    ``per_step`` records of the successful episodes at most, the higher half
+    of them the best rewards and the rest the worst (the best first, ties by
+    stream order), plus up to ``per_step`` failed episodes. A record is chosen
+    once.
+    """
+    if per_step <= 0:
+        return []
+    finished = [record for record in records if record.status == "ok"]
+    by_reward = sorted(finished, key=lambda record: record.reward)  # stable: ties keep stream order
+    best_count = (per_step + 1) // 2
+    chosen: list[tuple[str, TrajectoryRecord]] = []
+    seen: set[str] = set()
+
+    def take(why: str, record: TrajectoryRecord) -> None:
+        if record.trajectory_id not in seen:
+            seen.add(record.trajectory_id)
+            chosen.append((why, record))
+
+    for record in sorted(finished, key=lambda record: -record.reward)[:best_count]:
+        take("best", record)
+    for record in by_reward[: per_step - best_count]:
+        take("worst", record)
+    for record in [record for record in records if record.status == "failed"][:per_step]:
+        take("failed", record)
+    return chosen
+
+
+def _policy_token_flags(record: TrajectoryRecord) -> list[bool]:
+    """Which tokens the policy generated.
+
+    The loss mask says so, except for failed episodes, whose mask producers
+    zero (nothing of them is trained); there the behaviour log-probabilities
+    still tell the policy's tokens (non-zero) from the rest (0.0). A sampled
+    token of probability exactly 1 in a failed episode is then shown as the
+    environment's: an accepted imprecision of a view that trains nothing.
+    """
+    if record.status == "ok":
+        return [mask == 1 for mask in record.loss_mask]
+    return [logprob != 0.0 for logprob in record.behaviour_logprobs]
+
+
+def _turn_bounds(record: TrajectoryRecord, eos_id: int) -> list[tuple[int, int, bool]]:
+    """``(start, end, is_policy)`` of each turn: maximal runs, a policy turn also ending after EOS."""
+    flags = _policy_token_flags(record)
+    bounds: list[tuple[int, int, bool]] = []
+    start = 0
+    for index in range(1, len(flags) + 1):
+        at_end = index == len(flags)
+        closes_policy_turn = flags[index - 1] and record.token_ids[index - 1] == eos_id
+        if at_end or flags[index] != flags[index - 1] or closes_policy_turn:
+            bounds.append((start, index, flags[index - 1]))
+            start = index
+    return bounds
+
+
+def _decode(tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
+    """Text of the tokens, special ones written out, so an EOS the loss trains on can be seen."""
+    # Later entries win: a tokenizer that pads with its EOS (HFTokenizer's fallback) shows ⟨eos⟩.
+    names = {tokenizer.pad_id: "⟨pad⟩", tokenizer.eos_id: "⟨eos⟩"}
+    if tokenizer.bos_id is not None:
+        names[tokenizer.bos_id] = "⟨bos⟩"
+    parts, ordinary = [], []
+    for token_id in token_ids:
+        if token_id in names:
+            if ordinary:
+                parts.append(tokenizer.decode(ordinary))
+                ordinary = []
+            parts.append(names[token_id])
+        else:
+            ordinary.append(token_id)
+    if ordinary:
+        parts.append(tokenizer.decode(ordinary))
+    return "".join(parts)
+
+
+def _spans(tokenizer: Tokenizer, token_ids: Sequence[int], loss_mask: Sequence[int]) -> tuple[TokenSpan, ...]:
+    spans, start = [], 0
+    for index in range(1, len(token_ids) + 1):
+        if index == len(token_ids) or loss_mask[index] != loss_mask[start]:
+            spans.append(TokenSpan(text=_decode(tokenizer, token_ids[start:index]), tokens=index - start,
+                                   trained=loss_mask[start] == 1))
+            start = index
+    return tuple(spans)
+
+
+def trajectory_sample(
+    record: TrajectoryRecord, *, step: int, selected_because: str, tokenizer: Tokenizer,
+    tools: Sequence[ToolSchema] = (),
+) -> TrajectorySample:
+    """``record`` as people read it; ``tools`` are the environment's, to recognise tool calls."""
+    callable_tools = [Tool(name=tool.name, description=tool.description, parameters=tool.parameters, run=None)
+                      for tool in tools]
+    turns: list[TrajectoryTurn] = []
+    policy_turns = 0
+    last_policy_called_tools = False
+    for start, end, is_policy in _turn_bounds(record, tokenizer.eos_id):
+        token_ids = record.token_ids[start:end]
+        text = tokenizer.decode(token_ids)
+        spans = _spans(tokenizer, token_ids, record.loss_mask[start:end])
+        if is_policy:
+            calls = parse_tool_calls(text, callable_tools).calls
+            versions = record.policy_versions
+            turns.append(TrajectoryTurn(
+                role="policy", text=text, spans=spans,
+                policy_version=versions[policy_turns] if policy_turns < len(versions) else None,
+                tool_calls=tuple(ToolCallSample(name=call.tool.name, arguments=call.arguments) for call in calls),
+            ))
+            policy_turns += 1
+            last_policy_called_tools = bool(calls)
+        else:
+            role = "prompt" if not turns else "tool" if last_policy_called_tools else "environment"
+            turns.append(TrajectoryTurn(role=role, text=text, spans=spans))
+    return TrajectorySample(
+        trajectory_id=record.trajectory_id, run_id=record.run_id, step=step,
+        selected_because=selected_because, group_id=record.group_id, environment=record.environment,
+        reward=record.reward, status=record.status, failure_reason=record.failure_reason,
+        policy_version=record.policy_version, policy_versions=list(record.policy_versions),
+        num_tokens=len(record.token_ids), trained_tokens=sum(1 for mask in record.loss_mask if mask == 1),
+        started_at=record.timings.started_at, finished_at=record.timings.finished_at, turns=tuple(turns),
+    )
+
+
+@dataclass
+class TrajectorySampleBuffer:
+    """Samples of the steps since the last flush; ``flush`` posts them, dropping them if that fails."""
+
+    platform: object  # trainer.platform_client.PlatformClient
+    run_id: int
+    tokenizer: Tokenizer
+    per_step: int
+    tools: Sequence[ToolSchema] = ()
+    pending: list[TrajectorySample] = field(default_factory=list)
+    posted: int = 0
+    lost: int = 0
+
+    def add_step(self, *, step: int, records: Sequence[TrajectoryRecord]) -> None:
+        for why, record in select_samples(records, per_step=self.per_step):
+            try:
+                self.pending.append(trajectory_sample(record, step=step, selected_because=why,
+                                                      tokenizer=self.tokenizer, tools=self.tools))
+            except Exception:  # noqa: BLE001 - a view of the data must never stop training on it
+                logger.exception("run %s: trajectory %s could not be sampled", self.run_id,
+                                 record.trajectory_id)
+        if len(self.pending) > _MAX_PENDING:
+            self.lost += len(self.pending) - _MAX_PENDING
+            self.pending = self.pending[-_MAX_PENDING:]
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        samples, self.pending = self.pending, []
+        try:
+            self.platform.post_trajectory_samples(self.run_id, samples)
+        except Exception as exc:  # noqa: BLE001 - the browser misses them; training goes on
+            self.lost += len(samples)
+            logger.warning("run %s: %d trajectory samples not posted: %s", self.run_id, len(samples), exc)
+        else:
+            self.posted += len(samples)
