@@ -20,7 +20,7 @@ from runs.views import (
     TrainerClaimView,
     TrainerHeartbeatView,
 )
-from telemetry.views import RunMetricsView, TrainerTelemetryView
+from telemetry.views import RunMetricChartView, RunMetricsView, TrainerTelemetryView
 
 pages = [
     path("", RedirectView.as_view(pattern_name="run-list-page", permanent=False)),
@@ -43,6 +43,11 @@ api = [
     path("api/runs/<int:run_id>/resume/", RunResumeView.as_view(), name="api-run-resume"),
     path("api/runs/<int:run_id>/clone/", RunCloneView.as_view(), name="api-run-clone"),
     path("api/runs/<int:run_id>/metrics/", RunMetricsView.as_view(), name="api-run-metrics"),
+    path(
+        "api/runs/<int:run_id>/metrics/series/",
+        RunMetricChartView.as_view(),
+        name="api-run-metric-series",
+    ),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
 ]
 

@@ -1,13 +1,15 @@
-"""Reads of metric points."""
+"""Reads of metric points: the backfill cursor, and charts at a requested resolution."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.db.models import Max, Min
+
 from runs.models import Run
 
-from .models import MetricPoint
+from .models import MetricBucket, MetricPoint
 
 
 @dataclass(frozen=True)
@@ -41,3 +43,114 @@ def metric_points_after(
                 .values_list("step", "name", "value")
             )
     return MetricPage(points=rows, next_after_step=rows[-1][0] if rows else None)
+
+
+@dataclass(frozen=True)
+class MetricSeries:
+    """One series as parallel columns, one entry per bucket (or per point when raw)."""
+
+    first_step: list[int]
+    last_step: list[int]
+    count: list[int]
+    min: list[float]
+    max: list[float]
+    mean: list[float]
+
+
+@dataclass(frozen=True)
+class MetricChart:
+    from_step: int | None  # the range charted; None when the run has no points to chart
+    to_step: int | None
+    resolution: int  # steps per bucket; 1: raw points
+    series: dict[str, MetricSeries]
+
+
+def metric_chart(
+    *,
+    run: Run,
+    points: int,
+    names: Sequence[str] = (),
+    from_step: int | None = None,
+    to_step: int | None = None,
+) -> MetricChart:
+    """The series ``names`` (empty: every series of the run) over a step range, in at least
+    ``points`` buckets when the range has that many steps.
+
+    The resolution is the coarsest of ``MetricBucket.BUCKET_RESOLUTIONS`` that still
+    cuts the range into ``points`` buckets, so the answer holds between ``points``
+    and ``BUCKET_FANOUT * points`` of them per series and never reads raw points
+    for a long range. A range of fewer than ``BUCKET_FANOUT * points`` steps comes
+    as raw points. Buckets are whole: the first and last may reach up to one bucket
+    outside the range; each says which steps its points are at.
+
+    A missing bound is the series' first or last step, found from the coarsest
+    buckets (a few rows per series); with both bounds and the names given, the
+    chart is one query.
+    """
+    names = list(dict.fromkeys(names))
+    if not names or from_step is None or to_step is None:
+        extents = (
+            MetricBucket.objects.filter(run=run, resolution=MetricBucket.BUCKET_RESOLUTIONS[-1])
+            .filter(**({"name__in": names} if names else {}))
+            .values("name")
+            .annotate(first=Min("first_step"), last=Max("last_step"))
+            .order_by("name")
+        )
+        extents = list(extents)
+        names = names or [extent["name"] for extent in extents]
+        if from_step is None and extents:
+            from_step = min(extent["first"] for extent in extents)
+        if to_step is None and extents:
+            to_step = max(extent["last"] for extent in extents)
+    series = {name: MetricSeries([], [], [], [], [], []) for name in names}
+    if from_step is None or to_step is None or to_step < from_step or not names:
+        return MetricChart(from_step=from_step, to_step=to_step, resolution=1, series=series)
+
+    resolution = _chart_resolution(steps=to_step - from_step + 1, points=points)
+    if resolution == 1:
+        rows = (
+            MetricPoint.objects.filter(
+                run=run, name__in=names, step__gte=from_step, step__lte=to_step
+            )
+            .order_by("name", "step")
+            .values_list("name", "step", "value")
+        )
+        for name, step, value in rows:
+            _append(series[name], step, step, 1, value, value, value)
+    else:
+        rows = (
+            MetricBucket.objects.filter(
+                run=run,
+                resolution=resolution,
+                name__in=names,
+                bucket_start__gte=from_step // resolution * resolution,
+                bucket_start__lte=to_step,
+            )
+            .order_by("name", "bucket_start")
+            .values_list(
+                "name", "first_step", "last_step", "point_count",
+                "value_min", "value_max", "value_sum",
+            )
+        )
+        for name, first, last, count, low, high, total in rows:
+            _append(series[name], first, last, count, low, high, total / count)
+    return MetricChart(from_step=from_step, to_step=to_step, resolution=resolution, series=series)
+
+
+def _chart_resolution(*, steps: int, points: int) -> int:
+    """The coarsest resolution (1: raw) that cuts ``steps`` steps into at least ``points``."""
+    resolution = 1
+    for candidate in MetricBucket.BUCKET_RESOLUTIONS:
+        if -(-steps // candidate) < points:
+            break
+        resolution = candidate
+    return resolution
+
+
+def _append(series: MetricSeries, first, last, count, low, high, mean) -> None:
+    series.first_step.append(first)
+    series.last_step.append(last)
+    series.count.append(count)
+    series.min.append(low)
+    series.max.append(high)
+    series.mean.append(mean)
