@@ -68,6 +68,32 @@ def test_a_range_of_exactly_four_times_the_points_uses_the_finest_buckets(api, l
     assert chart["series"]["loss"]["mean"][0] == 5001.5
 
 
+def test_between_two_stored_resolutions_the_finer_buckets_are_merged_to_at_most_twice_the_points(
+    api, long_run
+):
+    chart = _chart(api, long_run, names="loss", points=2000)
+
+    # 5000 buckets of 4 steps, 1250 of 16: the 4s are merged in pairs, 2500 of 8 steps.
+    assert chart["resolution"] == 8
+    loss = chart["series"]["loss"]
+    assert len(loss["mean"]) == 2500
+    assert (loss["first_step"][10], loss["last_step"][10], loss["count"][10]) == (80, 87, 8)
+    assert (loss["min"][10], loss["max"][10], loss["mean"][10]) == (80.0, 87.0, 83.5)
+
+
+def test_a_range_under_four_times_the_points_merges_raw_points(api, long_run):
+    chart = _chart(api, long_run, names="loss,eval", points=1000, from_step=1000, to_step=3999)
+
+    assert chart["resolution"] == 3  # 1000 buckets of 3 steps; 4 would give 750
+    loss, evals = chart["series"]["loss"], chart["series"]["eval"]
+    # Buckets start at multiples of 3, so whole ones reach out to 999 and 4001.
+    assert len(loss["mean"]) == 1001 and loss["last_step"][-1] == 4001
+    assert (loss["first_step"][0], loss["last_step"][0], loss["mean"][0]) == (999, 1001, 1000.0)
+    # A sparse series keeps one bucket per point it has.
+    assert evals["first_step"] == list(range(1000, 4001, 100))  # 4000: in the bucket 3999-4001
+    assert set(evals["count"]) == {1}
+
+
 def test_buckets_at_the_edges_of_a_range_are_whole_and_say_which_steps_they_hold(api, long_run):
     chart = _chart(api, long_run, names="loss", points=1000, from_step=5001, to_step=9001)
 
@@ -94,7 +120,9 @@ def test_without_names_or_bounds_the_chart_has_every_series_over_its_whole_exten
 
     assert list(chart["series"]) == ["eval", "loss"]
     assert (chart["from_step"], chart["to_step"]) == (0, STEPS - 1)
-    assert chart["resolution"] == 64  # 313 buckets; 256 would give 79
+    # Buckets of 64 (313 of them) merged 3 at a time: 105; 4 at a time would give 79.
+    assert chart["resolution"] == 192
+    assert len(chart["series"]["loss"]["mean"]) == 105
     assert sum(chart["series"]["eval"]["count"]) == STEPS // 100
     assert sum(chart["series"]["loss"]["count"]) == STEPS
 
