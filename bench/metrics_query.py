@@ -9,8 +9,8 @@ database with COPY, then builds the chart buckets in bulk with
   process through Django, DRF and token auth (``--queries`` times each, after
   one warm-up): ``full`` (``from_step=0&to_step=<last>``, ``loss``),
   ``full_all_series`` (no names, no bounds: every series, its extent looked up),
-  ``recent`` (the last 1% of steps) and ``recent_raw`` (the last 2000 steps,
-  which come as raw points). ``p50``, ``p95``, the resolution and the
+  ``recent`` (the last 1% of steps) and ``recent_raw`` (the last 1.5 x 1000
+  steps, which come as raw points). ``p50``, ``p95``, the resolution and the
   buckets returned per series.
 - ``naive_ms``: the raw points of the full range of ``loss`` (what a chart
   without buckets has to read; ``--naive-queries`` times), and
@@ -167,7 +167,8 @@ def _bench(args) -> dict:
         "full_all_series": {},
         "recent": {"names": "loss", "from_step": args.points - args.points // 100,
                    "to_step": last_step},
-        "recent_raw": {"names": "loss", "from_step": args.points - 2000, "to_step": last_step},
+        "recent_raw": {"names": "loss", "from_step": args.points - args.chart_points * 3 // 2,
+                       "to_step": last_step},
     }
     chart_ms = {}
     for kind, params in charts.items():

@@ -44,8 +44,9 @@ class MetricBucket(models.Model):
     BUCKET_RESOLUTIONS = (4, 16, 64, 256, 1024, 4096, 16384, 65536)
 
     # The key is the read path's index and the upsert's conflict target; a surrogate
-    # id would only add a second index to every bulk write.
-    pk = models.CompositePrimaryKey("run_id", "name", "resolution", "bucket_start")
+    # id would only add a second index to every bulk write. Resolution before name:
+    # listing a run's series reads only its coarsest level's few rows.
+    pk = models.CompositePrimaryKey("run_id", "resolution", "name", "bucket_start")
     run = models.ForeignKey(
         "runs.Run", on_delete=models.CASCADE, related_name="metric_buckets", db_index=False
     )

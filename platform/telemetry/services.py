@@ -191,7 +191,7 @@ def _bucket_upsert_sql(
         f"{', '.join(_BUCKET_FIELDS)}) "
         f"SELECT run_id, name, {resolution}, {start}, {aggregates} {where} "
         f"GROUP BY run_id, name, {start} "
-        "ON CONFLICT (run_id, name, resolution, bucket_start) DO UPDATE SET "
+        "ON CONFLICT (run_id, resolution, name, bucket_start) DO UPDATE SET "
         + ", ".join(f"{field} = EXCLUDED.{field}" for field in _BUCKET_FIELDS)
     )
     return sql, params
