@@ -222,3 +222,45 @@ def test_the_embedded_sqlite_default_keeps_buckets_with_the_same_statements(tmp_
     # 42 steps (-2..39) in at least 10 buckets: resolution 4, from the bucket at -4.
     assert answer["resolution"] == 4
     assert answer["means"] == [-1.5, -0.5, 5.5, 9.5, 13.5, 17.5, 21.5, 25.5, 29.5, 33.5, 37.5]
+
+
+def test_concurrent_posts_for_one_run_both_land_in_the_shared_bucket(transactional_db, running_run):
+    import threading
+
+    from django.db import connection, transaction
+
+    first_written, errors = threading.Event(), []
+
+    def first_post():
+        try:
+            with transaction.atomic():
+                _record(running_run, {0: 1.0})
+                first_written.set()
+                # Hold the transaction open while the second post starts.
+                threading.Event().wait(1.0)
+        except Exception as error:  # reported by the assertion below
+            errors.append(error)
+            first_written.set()
+        finally:
+            connection.close()
+
+    def second_post():
+        try:
+            _record(running_run, {1: 3.0})  # same bucket of 4 as step 0
+        except Exception as error:
+            errors.append(error)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=first_post)
+    first.start()
+    assert first_written.wait(10)
+    second = threading.Thread(target=second_post)
+    second.start()
+    first.join(10)
+    second.join(10)
+
+    assert errors == []
+    bucket = _bucket(running_run, 4, 0)
+    assert (bucket["point_count"], bucket["value_sum"]) == (2, 4.0)
+    _assert_buckets_match_points(running_run)
