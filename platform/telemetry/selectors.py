@@ -14,7 +14,6 @@ from django.db.models import (
     Min,
     QuerySet,
     Sum,
-    Value,
 )
 from django.db.models.functions import Mod
 
@@ -127,9 +126,12 @@ def metric_chart(
                 run=run, name__in=names, step__gte=from_step, step__lte=to_step
             )
             .order_by("step")  # an integer sort; ordering by name too would sort by collation
-            .values_list("name", "step", "step", Value(1), "value", "value", "value")
+            .values_list("name", "step", "value")
         )
-    elif source_resolution == 1:
+        for name, step, value in rows:
+            _append(series[name], step, step, 1, value, value, value)
+        return MetricChart(from_step=from_step, to_step=to_step, resolution=1, series=series)
+    if source_resolution == 1:
         rows = _merged(
             MetricPoint.objects.filter(
                 run=run,
