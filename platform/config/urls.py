@@ -36,7 +36,7 @@ from runs.views import (
     TrainerClaimView,
     TrainerHeartbeatView,
 )
-from telemetry.views import RunMetricsView, TrainerTelemetryView
+from telemetry.views import RunMetricChartView, RunMetricsView, TrainerTelemetryView
 from trajectories import pages as trajectory_pages
 from trajectories.views import (
     RunTrajectoryDetailView,
@@ -140,6 +140,11 @@ api = [
         "api/runs/<int:run_id>/trajectories/<str:trajectory_id>/",
         RunTrajectoryDetailView.as_view(),
         name="api-run-trajectory-detail",
+    ),
+    path(
+        "api/runs/<int:run_id>/metrics/series/",
+        RunMetricChartView.as_view(),
+        name="api-run-metric-series",
     ),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
 ]

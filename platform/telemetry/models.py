@@ -27,3 +27,38 @@ class MetricPoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}@{self.step}={self.value}"
+
+
+class MetricBucket(models.Model):
+    """Summary of one series over ``resolution`` consecutive steps, for charts of long runs.
+
+    Each level (``BUCKET_RESOLUTIONS``) is derived from the one below it, the finest
+    from the raw points, and all of them change in the same transaction as the
+    points they summarise (``telemetry.services``). A chart of a long range reads a
+    few thousand of these instead of millions of points.
+    """
+
+    # Steps per bucket, each level ``BUCKET_FANOUT`` times the one below: a chart asking
+    # for n points gets between n and 4n buckets, and a point is in 8 buckets.
+    BUCKET_FANOUT = 4
+    BUCKET_RESOLUTIONS = (4, 16, 64, 256, 1024, 4096, 16384, 65536)
+
+    # The key is the read path's index and the upsert's conflict target; a surrogate
+    # id would only add a second index to every bulk write. Resolution before name:
+    # listing a run's series reads only its coarsest level's few rows.
+    pk = models.CompositePrimaryKey("run_id", "resolution", "name", "bucket_start")
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, related_name="metric_buckets", db_index=False
+    )
+    name = models.CharField(max_length=64)
+    resolution = models.IntegerField()
+    bucket_start = models.IntegerField(help_text="First step covered: a multiple of resolution.")
+    point_count = models.IntegerField()
+    value_sum = models.FloatField()
+    value_min = models.FloatField()
+    value_max = models.FloatField()
+    first_step = models.IntegerField(help_text="Step of the bucket's first point.")
+    last_step = models.IntegerField(help_text="Step of the bucket's last point.")
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.bucket_start}+{self.resolution}]"

@@ -1,13 +1,25 @@
-"""Reads of metric points."""
+"""Reads of metric points: the backfill cursor, and charts at a requested resolution."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.db.models import (
+    Count,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    Max,
+    Min,
+    QuerySet,
+    Sum,
+)
+from django.db.models.functions import Mod
+
 from runs.models import Run
 
-from .models import MetricPoint
+from .models import MetricBucket, MetricPoint
 
 
 @dataclass(frozen=True)
@@ -41,3 +53,160 @@ def metric_points_after(
                 .values_list("step", "name", "value")
             )
     return MetricPage(points=rows, next_after_step=rows[-1][0] if rows else None)
+
+
+@dataclass(frozen=True)
+class MetricSeries:
+    """One series as parallel columns, one entry per bucket (or per point when raw)."""
+
+    first_step: list[int]
+    last_step: list[int]
+    count: list[int]
+    min: list[float]
+    max: list[float]
+    mean: list[float]
+
+
+@dataclass(frozen=True)
+class MetricChart:
+    from_step: int | None  # the range charted; None when the run has no points to chart
+    to_step: int | None
+    resolution: int  # steps per bucket; 1: raw points
+    series: dict[str, MetricSeries]
+
+
+def metric_chart(
+    *,
+    run: Run,
+    points: int,
+    names: Sequence[str] = (),
+    from_step: int | None = None,
+    to_step: int | None = None,
+) -> MetricChart:
+    """The series ``names`` (empty: every series of the run) over a step range, in at least
+    ``points`` buckets when the range has that many steps.
+
+    The source is the coarsest of ``MetricBucket.BUCKET_RESOLUTIONS`` that still
+    cuts the range into ``points`` buckets (the raw points below the finest), so a
+    long range never reads raw points. Its buckets are then merged, in the same
+    query, ``m`` at a time for the largest ``m`` that still gives ``points``: the
+    answer holds between ``points`` and ``2 * points`` buckets per series, not up
+    to ``BUCKET_FANOUT`` times as many. A range of fewer than ``2 * points`` steps
+    comes as raw points (resolution 1). Buckets are whole: the first and last may
+    reach up to one bucket outside the range; each says which steps its points
+    are at.
+
+    A missing bound is the series' first or last step, found from the coarsest
+    buckets (a few rows per series); with both bounds and the names given, the
+    chart is one query.
+    """
+    names = list(dict.fromkeys(names))
+    if not names or from_step is None or to_step is None:
+        extents = list(
+            MetricBucket.objects.filter(run=run, resolution=MetricBucket.BUCKET_RESOLUTIONS[-1])
+            .filter(**({"name__in": names} if names else {}))
+            .values("name")
+            .annotate(first=Min("first_step"), last=Max("last_step"))
+            .order_by("name")
+        )
+        names = names or [extent["name"] for extent in extents]
+        if from_step is None and extents:
+            from_step = min(extent["first"] for extent in extents)
+        if to_step is None and extents:
+            to_step = max(extent["last"] for extent in extents)
+    series = {name: MetricSeries([], [], [], [], [], []) for name in names}
+    if from_step is None or to_step is None or to_step < from_step or not names:
+        return MetricChart(from_step=from_step, to_step=to_step, resolution=1, series=series)
+
+    source_resolution, width = _chart_widths(steps=to_step - from_step + 1, points=points)
+    first_group = from_step // width * width
+    if width == 1:
+        rows = (
+            MetricPoint.objects.filter(
+                run=run, name__in=names, step__gte=from_step, step__lte=to_step
+            )
+            .order_by("step")  # an integer sort; ordering by name too would sort by collation
+            .values_list("name", "step", "value")
+        )
+        for name, step, value in rows:
+            _append(series[name], step, step, 1, value, value, value)
+        return MetricChart(from_step=from_step, to_step=to_step, resolution=1, series=series)
+    if source_resolution == 1:
+        rows = _merged(
+            MetricPoint.objects.filter(
+                run=run,
+                name__in=names,
+                step__gte=first_group,
+                step__lte=to_step // width * width + width - 1,  # whole, like stored buckets
+            ),
+            key="step",
+            width=width,
+            aggregates=(
+                Min("step"), Max("step"), Count("*"), Min("value"), Max("value"), Sum("value")
+            ),
+        )
+    else:
+        rows = _merged(
+            MetricBucket.objects.filter(
+                run=run,
+                resolution=source_resolution,
+                name__in=names,
+                bucket_start__gte=first_group,
+                bucket_start__lte=to_step,
+            ),
+            key="bucket_start",
+            width=width,
+            aggregates=(
+                Min("first_step"), Max("last_step"), Sum("point_count"),
+                Min("value_min"), Max("value_max"), Sum("value_sum"),
+            ),
+        )
+    for name, first, last, count, low, high, total in rows:
+        _append(series[name], first, last, count, low, high, total / count)
+    return MetricChart(from_step=from_step, to_step=to_step, resolution=width, series=series)
+
+
+def _chart_widths(*, steps: int, points: int) -> tuple[int, int]:
+    """(stored resolution to read, steps per bucket answered) for ``points`` over ``steps``.
+
+    The stored resolution is the coarsest (1: raw) that cuts ``steps`` into at
+    least ``points`` buckets; the answer's width is the largest multiple of it
+    that still does (and is no wider than the range).
+    """
+    def enough(width: int) -> bool:
+        return -(-steps // width) >= points
+
+    resolution = 1
+    for candidate in MetricBucket.BUCKET_RESOLUTIONS:
+        if not enough(candidate):
+            break
+        resolution = candidate
+    multiple = 1
+    while resolution * (multiple + 1) <= steps and enough(resolution * (multiple + 1)):
+        multiple += 1
+    return resolution, resolution * multiple
+
+
+def _merged(rows: QuerySet, *, key: str, width: int, aggregates: tuple) -> QuerySet:
+    """``rows`` grouped per series into ``width``-step buckets, as chart rows ordered by step."""
+    # Floored, like the stored buckets (SQL's MOD truncates toward zero).
+    group = ExpressionWrapper(
+        F(key) - Mod(Mod(F(key), width) + width, width), output_field=IntegerField()
+    )
+    columns = ("first", "last", "count", "low", "high", "total")
+    return (
+        rows.annotate(group=group)
+        .values("name", "group")
+        .annotate(**dict(zip(columns, aggregates, strict=True)))
+        .order_by("group")
+        .values_list("name", *columns)
+    )
+
+
+def _append(series: MetricSeries, first, last, count, low, high, mean) -> None:
+    series.first_step.append(first)
+    series.last_step.append(last)
+    series.count.append(count)
+    series.min.append(low)
+    series.max.append(high)
+    series.mean.append(mean)

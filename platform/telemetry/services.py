@@ -1,11 +1,11 @@
-"""Writes of telemetry: the trainer's step events."""
+"""Writes of telemetry: the trainer's step events, and the chart buckets that summarise them."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from domain_errors import InvalidInput
@@ -13,7 +13,7 @@ from runs.models import Run
 from runs.realtime import run_broadcast_on_commit
 from tandem.contracts import TrainerStepEvent
 
-from .models import MetricPoint
+from .models import MetricBucket, MetricPoint
 
 
 @transaction.atomic
@@ -37,6 +37,9 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
     if not events:
         return 0
 
+    # Locked before the points are written, so that two posts for the run take
+    # turns: each one's bucket recompute then sees every point committed before it.
+    run = Run.objects.select_for_update().get(pk=run.pk)
     now = timezone.now()
     values_by_event = [
         (event, _finite_values(event)) for event in sorted(events, key=lambda e: e.step)
@@ -52,8 +55,13 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
         points, update_conflicts=True, unique_fields=["run", "name", "step"],
         update_fields=["value", "recorded_at"], batch_size=1000,
     )
+    if points:
+        _buckets_recompute(
+            run_id=run.pk,
+            names=sorted({point.name for point in points}),
+            steps={point.step for point in points},
+        )
 
-    run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status == Run.Status.RUNNING:
         run.trainer_step = max(run.trainer_step, max(event.step for event in events))
         run.policy_version = max(run.policy_version, max(event.policy_version for event in events))
@@ -76,6 +84,117 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
         ],
     )
     return len(points)
+
+
+@transaction.atomic
+def metric_buckets_rebuild(*, run: Run) -> int:
+    """Recompute every chart bucket of the run from its points; returns the buckets written.
+
+    The bulk path for points written without ``metric_events_record`` (an import,
+    the benchmark's COPY): the same statements as the write path, over every step.
+    """
+    Run.objects.select_for_update().get(pk=run.pk)
+    return _buckets_recompute(run_id=run.pk, names=None, steps=None)
+
+
+def _buckets_recompute(
+    *, run_id: int, names: Sequence[str] | None, steps: set[int] | None
+) -> int:
+    """Recompute the buckets holding ``steps`` of the series ``names`` (None: all), every level.
+
+    A recompute rather than an increment, because a re-sent step replaces a value
+    and an old minimum or maximum cannot be taken back out of a bucket. Each level
+    reads only the at most ``BUCKET_FANOUT`` rows per bucket of the level below it
+    (the finest reads the points), so a post costs one statement per level
+    whatever the length of the run.
+    """
+    written = 0
+    source_resolution = None  # the raw points
+    for resolution in MetricBucket.BUCKET_RESOLUTIONS:
+        ranges = None if steps is None else _bucket_ranges(steps, resolution)
+        sql, params = _bucket_upsert_sql(
+            run_id=run_id,
+            resolution=resolution,
+            source_resolution=source_resolution,
+            names=names,
+            ranges=ranges,
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            written += cursor.rowcount
+        source_resolution = resolution
+    return written
+
+
+def _bucket_ranges(steps: set[int], resolution: int) -> list[tuple[int, int]]:
+    """The steps' buckets at ``resolution`` as few inclusive step ranges (adjacent ones merged)."""
+    ranges: list[tuple[int, int]] = []
+    for start in sorted({step // resolution * resolution for step in steps}):
+        if ranges and ranges[-1][1] + 1 == start:
+            ranges[-1] = (ranges[-1][0], start + resolution - 1)
+        else:
+            ranges.append((start, start + resolution - 1))
+    return ranges
+
+
+_BUCKET_TABLE = MetricBucket._meta.db_table
+_POINT_TABLE = MetricPoint._meta.db_table
+_BUCKET_FIELDS = (
+    "point_count", "value_sum", "value_min", "value_max", "first_step", "last_step"
+)
+
+
+def _floor_to_multiple(column: str, resolution: int) -> str:
+    # SQL's % truncates toward zero; this floors, so step -1 is in the bucket at -4, not 0.
+    # (%% is the driver's escape of %, on PostgreSQL and SQLite alike.)
+    return f"({column} - ((({column} %% {resolution}) + {resolution}) %% {resolution}))"
+
+
+def _bucket_upsert_sql(
+    *,
+    run_id: int,
+    resolution: int,
+    source_resolution: int | None,
+    names: Sequence[str] | None,
+    ranges: list[tuple[int, int]] | None,
+) -> tuple[str, list]:
+    """``INSERT ... SELECT ... GROUP BY ... ON CONFLICT DO UPDATE``, for PostgreSQL and SQLite.
+
+    Resolutions are our own integer constants, so they are written into the SQL:
+    the GROUP BY expression must be the very one the SELECT list uses.
+    """
+    resolution, params = int(resolution), [run_id]
+    if source_resolution is None:
+        key = "step"
+        start = _floor_to_multiple(key, resolution)
+        aggregates = "COUNT(*), SUM(value), MIN(value), MAX(value), MIN(step), MAX(step)"
+        where = f"FROM {_POINT_TABLE} WHERE run_id = %s"
+    else:
+        key = "bucket_start"
+        start = _floor_to_multiple(key, resolution)
+        aggregates = (
+            "SUM(point_count), SUM(value_sum), MIN(value_min), MAX(value_max), "
+            "MIN(first_step), MAX(last_step)"
+        )
+        where = (
+            f"FROM {_BUCKET_TABLE} WHERE run_id = %s AND resolution = {int(source_resolution)}"
+        )
+    if names is not None:
+        where += f" AND name IN ({', '.join(['%s'] * len(names))})"
+        params.extend(names)
+    if ranges is not None:
+        where += " AND (" + " OR ".join([f"{key} BETWEEN %s AND %s"] * len(ranges)) + ")"
+        params.extend(bound for step_range in ranges for bound in step_range)
+    # The WHERE also keeps SQLite from reading ON CONFLICT as a join's ON clause.
+    sql = (
+        f"INSERT INTO {_BUCKET_TABLE} (run_id, name, resolution, bucket_start, "
+        f"{', '.join(_BUCKET_FIELDS)}) "
+        f"SELECT run_id, name, {resolution}, {start}, {aggregates} {where} "
+        f"GROUP BY run_id, name, {start} "
+        "ON CONFLICT (run_id, resolution, name, bucket_start) DO UPDATE SET "
+        + ", ".join(f"{field} = EXCLUDED.{field}" for field in _BUCKET_FIELDS)
+    )
+    return sql, params
 
 
 def _finite_values(event: TrainerStepEvent) -> dict[str, float]:

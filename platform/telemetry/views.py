@@ -1,4 +1,4 @@
-"""API of telemetry: the charts' backfill, and the trainer's posts."""
+"""API of telemetry: the charts' backfill and range queries, and the trainer's posts."""
 
 import pydantic
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -15,7 +15,8 @@ from runs.selectors import run_get, run_get_for_user
 from tandem.contracts import TrainerStepEvent
 
 from .models import MetricPoint
-from .selectors import metric_points_after
+from .selectors import metric_chart, metric_points_after
+from .serializers import MetricChartQuerySerializer
 from .services import metric_events_record
 
 DEFAULT_POINTS_PER_PAGE = 1000
@@ -69,6 +70,41 @@ class RunMetricsView(APIView):
         page = metric_points_after(run=run, after_step=after_step, names=names, limit=limit)
         points = [{"step": step, "name": name, "value": value} for step, name, value in page.points]
         return Response({"run": run.pk, "points": points, "next_after_step": page.next_after_step})
+
+
+@extend_schema(tags=["runs"])
+class RunMetricChartView(APIView):
+    """``?names=a,b&points=1000&from_step=&to_step=``: series in min/max/mean buckets (README)."""
+
+    reads_query_parameters = True
+
+    @extend_schema(
+        parameters=[MetricChartQuerySerializer],
+        responses={200: inline_serializer("MetricChart", {
+            "run": serializers.IntegerField(),
+            "from_step": serializers.IntegerField(allow_null=True),
+            "to_step": serializers.IntegerField(allow_null=True),
+            "resolution": serializers.IntegerField(help_text="Steps per bucket; 1: raw points."),
+            "series": serializers.DictField(
+                child=serializers.DictField(),
+                help_text="Per name: its points or buckets (steps, min, max, mean, count); see the README.",
+            ),
+        })},
+    )
+    def get(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        query = MetricChartQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        chart = metric_chart(run=run, **query.validated_data)
+        return Response(
+            {
+                "run": run.pk,
+                "from_step": chart.from_step,
+                "to_step": chart.to_step,
+                "resolution": chart.resolution,
+                "series": {name: vars(series) for name, series in chart.series.items()},
+            }
+        )
 
 
 class NonFiniteJSONParser(JSONParser):
