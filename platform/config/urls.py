@@ -20,7 +20,13 @@ from runs.views import (
     TrainerClaimView,
     TrainerHeartbeatView,
 )
-from telemetry.views import RunMetricsView, TrainerTelemetryView
+from telemetry.views import (
+    RunMetricsView,
+    RunTraceDownloadView,
+    RunTraceListCreateView,
+    TrainerTelemetryView,
+    TrainerTraceUploadView,
+)
 
 pages = [
     path("", RedirectView.as_view(pattern_name="run-list-page", permanent=False)),
@@ -43,6 +49,12 @@ api = [
     path("api/runs/<int:run_id>/resume/", RunResumeView.as_view(), name="api-run-resume"),
     path("api/runs/<int:run_id>/clone/", RunCloneView.as_view(), name="api-run-clone"),
     path("api/runs/<int:run_id>/metrics/", RunMetricsView.as_view(), name="api-run-metrics"),
+    path("api/runs/<int:run_id>/traces/", RunTraceListCreateView.as_view(), name="api-run-traces"),
+    path(
+        "api/runs/<int:run_id>/traces/<int:trace_id>/download/",
+        RunTraceDownloadView.as_view(),
+        name="api-run-trace-download",
+    ),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
 ]
 
@@ -58,6 +70,11 @@ trainer_api = [
         "api/trainer/runs/<int:run_id>/telemetry/",
         TrainerTelemetryView.as_view(),
         name="api-trainer-telemetry",
+    ),
+    path(
+        "api/trainer/runs/<int:run_id>/traces/<int:trace_id>/",
+        TrainerTraceUploadView.as_view(),
+        name="api-trainer-trace-upload",
     ),
 ]
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from runs.models import Run
+from django.db.models import QuerySet
 
-from .models import MetricPoint
+from domain_errors import NotFound
+from runs.models import Run
+from tandem.contracts import TraceRequest
+
+from .models import MetricPoint, Trace
 
 
 @dataclass(frozen=True)
@@ -41,3 +45,21 @@ def metric_points_after(
                 .values_list("step", "name", "value")
             )
     return MetricPage(points=rows, next_after_step=rows[-1][0] if rows else None)
+
+
+def trace_list(*, run: Run) -> QuerySet[Trace]:
+    """The run's trace requests and traces, newest first."""
+    return Trace.objects.filter(run=run).order_by("-requested_at", "-id")
+
+
+def trace_get(*, run: Run, trace_id: int) -> Trace:
+    trace = Trace.objects.filter(run=run, pk=trace_id).first()
+    if trace is None:
+        raise NotFound(f"Trace {trace_id} of run {run.pk} not found.")
+    return trace
+
+
+def trace_requests_pending(*, run: Run) -> list[TraceRequest]:
+    """What the trainer of ``run`` should trace next, oldest request first."""
+    pending = Trace.objects.filter(run=run, status=Trace.Status.REQUESTED).order_by("requested_at", "id")
+    return [TraceRequest(id=trace.pk, steps=trace.steps) for trace in pending]

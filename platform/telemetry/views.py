@@ -1,19 +1,21 @@
-"""API of telemetry: the charts' backfill, and the trainer's posts."""
+"""API of telemetry: the charts' backfill, traces on demand, and the trainer's posts."""
 
 import pydantic
+from django.http import FileResponse
 from rest_framework import status
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.query_params import int_query_param
-from domain_errors import InvalidInput
+from domain_errors import InvalidInput, NotFound
 from runs.selectors import run_get, run_get_for_user
-from tandem.contracts import TrainerStepEvent
+from tandem.contracts import TelemetryReply, TrainerStepEvent
 
-from .selectors import metric_points_after
-from .services import metric_events_record
+from .selectors import metric_points_after, trace_get, trace_list, trace_requests_pending
+from .serializers import TraceRequestSerializer, TraceSerializer, TraceUploadSerializer
+from .services import metric_events_record, trace_request, trace_upload
 
 DEFAULT_POINTS_PER_PAGE = 1000
 MAX_POINTS_PER_PAGE = 5000
@@ -40,8 +42,56 @@ class NonFiniteJSONParser(JSONParser):
     strict = False
 
 
+class RunTraceListCreateView(APIView):
+    """``GET``: the run's traces, newest first. ``POST {"steps": n}``: trace the trainer's next n steps."""
+
+    def get(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        traces = trace_list(run=run)
+        return Response({"results": TraceSerializer(traces, many=True, context={"request": request}).data})
+
+    def post(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        serializer = TraceRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        trace = trace_request(user=request.user, run=run, steps=serializer.validated_data["steps"])
+        body = TraceSerializer(trace, context={"request": request}).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class RunTraceDownloadView(APIView):
+    """The zipped trace directory; open it in XProf (TensorBoard) or its trace.json.gz in Perfetto."""
+
+    def get(self, request, run_id: int, trace_id: int):
+        trace = trace_get(run=run_get_for_user(user=request.user, run_id=run_id), trace_id=trace_id)
+        if not trace.file:
+            raise NotFound(f"Trace {trace_id} of run {run_id} has no file (it is {trace.status}).")
+        return FileResponse(trace.file.open("rb"), as_attachment=True,
+                            filename=f"run-{run_id}-trace-{trace_id}.zip", content_type="application/zip")
+
+
+class TrainerTraceUploadView(APIView):
+    """Multipart ``first_step``, ``last_step`` and ``file`` (the zip), or ``error``, from the trainer."""
+
+    permission_classes = [IsAdminUser]
+    parser_classes = [MultiPartParser, FormParser]
+
+    def post(self, request, run_id: int, trace_id: int):
+        serializer = TraceUploadSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        trace = trace_upload(run=run_get(run_id=run_id), trace_id=trace_id, first_step=data["first_step"],
+                             last_step=data["last_step"], file=data.get("file"), error=data["error"])
+        return Response(TraceSerializer(trace, context={"request": request}).data)
+
+
 class TrainerTelemetryView(APIView):
-    """``{"events": [TrainerStepEvent, ...]}`` from the trainer; 202 ``{"stored": n}``."""
+    """``{"events": [TrainerStepEvent, ...]}`` from the trainer; 202 with a :class:`TelemetryReply`.
+
+    The reply carries the run's pending trace requests: the trainer posts
+    telemetry every fraction of a second while it trains, so a request
+    reaches it within a step or two with no channel of its own.
+    """
 
     permission_classes = [IsAdminUser]
     parser_classes = [NonFiniteJSONParser]
@@ -62,4 +112,5 @@ class TrainerTelemetryView(APIView):
             except pydantic.ValidationError as error:
                 raise InvalidInput.from_pydantic(error, prefix=f"events.{index}") from None
         stored = metric_events_record(run=run, events=events)
-        return Response({"stored": stored}, status=status.HTTP_202_ACCEPTED)
+        reply = TelemetryReply(stored=stored, trace_requests=trace_requests_pending(run=run))
+        return Response(reply.model_dump(mode="json"), status=status.HTTP_202_ACCEPTED)
