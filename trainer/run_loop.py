@@ -154,7 +154,7 @@ class RunTrainer:
         self.celery_app = celery_app
         self.tokenizer = load_tokenizer(self.config.model.tokenizer)
         self.environment_class = load_environment_class(claimed.environment)
-        self.traces = TraceCapture(self._upload_trace, work_dir=None)
+        self.traces = TraceCapture(self._upload_trace)
         self.telemetry = _Telemetry(platform, self.run_id, settings.telemetry_interval_s,
                                     on_trace_requests=self.traces.request)
         # Every second of the training loop goes to one stage of one step (see trainer/profiling.py).
@@ -233,7 +233,6 @@ class RunTrainer:
             self._publish()
             if self.config.algorithm.name != "sft":
                 self._rl_phase()
-            self.traces.close(self.step)
             self._checkpoint()
             self.telemetry.flush()
             self._report("finished")
@@ -254,6 +253,8 @@ class RunTrainer:
             self._taken_over = True
             raise
         finally:
+            # A trace still running (the run ended within it) stops: the profiler is one per process.
+            self.traces.close(self.step)
             if not self._taken_over:
                 # Producers stop starting episodes for a run this trainer lets go of.
                 self.redis.set(run_stop_key(self.run_id), "1")

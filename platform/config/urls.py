@@ -21,6 +21,7 @@ from runs.views import (
     TrainerHeartbeatView,
 )
 from telemetry.views import (
+    RunDevicesView,
     RunMetricsView,
     RunTraceDownloadView,
     RunTraceListCreateView,
@@ -49,6 +50,7 @@ api = [
     path("api/runs/<int:run_id>/resume/", RunResumeView.as_view(), name="api-run-resume"),
     path("api/runs/<int:run_id>/clone/", RunCloneView.as_view(), name="api-run-clone"),
     path("api/runs/<int:run_id>/metrics/", RunMetricsView.as_view(), name="api-run-metrics"),
+    path("api/runs/<int:run_id>/devices/", RunDevicesView.as_view(), name="api-run-devices"),
     path("api/runs/<int:run_id>/traces/", RunTraceListCreateView.as_view(), name="api-run-traces"),
     path(
         "api/runs/<int:run_id>/traces/<int:trace_id>/download/",

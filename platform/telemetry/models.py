@@ -66,3 +66,15 @@ class Trace(models.Model):
 
     def __str__(self) -> str:
         return f"trace {self.pk} of run {self.run_id} ({self.status})"
+
+
+class DeviceSnapshot(models.Model):
+    """The newest DeviceReport of a run's trainer: what metric points cannot hold (the device kind)."""
+
+    run = models.OneToOneField("runs.Run", on_delete=models.CASCADE, related_name="device_snapshot")
+    step = models.IntegerField()
+    report = models.JSONField()  # tandem.contracts.DeviceReport
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"devices of run {self.run_id} at step {self.step}"

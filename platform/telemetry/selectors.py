@@ -11,7 +11,7 @@ from domain_errors import NotFound
 from runs.models import Run
 from tandem.contracts import TraceRequest
 
-from .models import MetricPoint, Trace
+from .models import DeviceSnapshot, MetricPoint, Trace
 
 
 @dataclass(frozen=True)
@@ -63,3 +63,10 @@ def trace_requests_pending(*, run: Run) -> list[TraceRequest]:
     """What the trainer of ``run`` should trace next, oldest request first."""
     pending = Trace.objects.filter(run=run, status=Trace.Status.REQUESTED).order_by("requested_at", "id")
     return [TraceRequest(id=trace.pk, steps=trace.steps) for trace in pending]
+
+
+def device_snapshot_get(*, run: Run) -> DeviceSnapshot:
+    snapshot = DeviceSnapshot.objects.filter(run=run).first()
+    if snapshot is None:
+        raise NotFound(f"Run {run.pk} has no device report yet.")
+    return snapshot

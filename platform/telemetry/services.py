@@ -16,7 +16,7 @@ from runs.models import Run
 from runs.realtime import run_broadcast_on_commit
 from tandem.contracts import TrainerStepEvent
 
-from .models import MetricPoint, Trace
+from .models import DeviceSnapshot, MetricPoint, Trace
 
 # A trace of many steps is large (every kernel of every step) and slows those steps.
 MAX_TRACE_STEPS = 100
@@ -59,6 +59,12 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
         update_fields=["value", "recorded_at"], batch_size=1000,
     )
 
+    with_devices = [event for event in events if event.device is not None]
+    if with_devices:
+        # Newest by the trainer's clock, not by step: a resumed trainer trains earlier steps again.
+        newest = max(with_devices, key=lambda event: event.device.reported_at)
+        _device_snapshot_store(run=run, step=newest.step, report=newest.device.model_dump(mode="json"), now=now)
+
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status == Run.Status.RUNNING:
         run.trainer_step = max(run.trainer_step, max(event.step for event in events))
@@ -82,6 +88,15 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
         ],
     )
     return len(points)
+
+
+def _device_snapshot_store(*, run: Run, step: int, report: dict, now) -> None:
+    snapshot = DeviceSnapshot.objects.select_for_update().filter(run=run).first()
+    if snapshot is None:
+        DeviceSnapshot.objects.create(run=run, step=step, report=report, recorded_at=now)
+    elif snapshot.report.get("reported_at", 0.0) <= report["reported_at"]:
+        snapshot.step, snapshot.report, snapshot.recorded_at = step, report, now
+        snapshot.save(update_fields=["step", "report", "recorded_at"])
 
 
 def _finite_values(event: TrainerStepEvent) -> dict[str, float]:

@@ -13,7 +13,13 @@ from domain_errors import InvalidInput, NotFound
 from runs.selectors import run_get, run_get_for_user
 from tandem.contracts import TelemetryReply, TrainerStepEvent
 
-from .selectors import metric_points_after, trace_get, trace_list, trace_requests_pending
+from .selectors import (
+    device_snapshot_get,
+    metric_points_after,
+    trace_get,
+    trace_list,
+    trace_requests_pending,
+)
 from .serializers import TraceRequestSerializer, TraceSerializer, TraceUploadSerializer
 from .services import metric_events_record, trace_request, trace_upload
 
@@ -40,6 +46,15 @@ class NonFiniteJSONParser(JSONParser):
     """Accepts NaN and Infinity, which Python's json writes for a diverged loss."""
 
     strict = False
+
+
+class RunDevicesView(APIView):
+    """The newest device report of the run's trainer: kind, count, memory, duty cycle, MFU, host."""
+
+    def get(self, request, run_id: int):
+        snapshot = device_snapshot_get(run=run_get_for_user(user=request.user, run_id=run_id))
+        return Response({"run": run_id, "step": snapshot.step, "recorded_at": snapshot.recorded_at,
+                         "report": snapshot.report})
 
 
 class RunTraceListCreateView(APIView):

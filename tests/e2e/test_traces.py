@@ -97,5 +97,8 @@ def test_a_requested_trace_of_the_next_steps_is_captured_by_the_trainer_and_serv
     first = by_step[1]
     assert first["device/count"] >= 1 and first["trainer/rss_bytes"] > 0
     assert "device/mfu" not in first and "device/memory_in_use_bytes" not in first
+    devices = api.get(f"/api/runs/{run_id}/devices/").json()["report"]
+    assert (devices["platform"], devices["mfu"], devices["memory_in_use_bytes"]) == ("cpu", None, None)
+    assert devices["device_kind"] and devices["process_rss_bytes"] > 0
     # Tracing is charted where it cost time: the steps around the trace spent it in telemetry.
     assert max(values.get("stage/telemetry_s", 0.0) for values in by_step.values()) > 0
