@@ -8,8 +8,9 @@ monitor's bookkeeping, a :class:`DeviceReport` when its interval is due, and
 the larger event serialised as JSON. On and off steps alternate, so drift in
 a shared machine's speed falls on both alike.
 
-The ratio of median step times is what a user pays, but on a shared CPU it is
-noisy at the 1% level; ``bookkeeping_us_per_step`` times the host-side
+The ratio of step times is what a user pays, but on a shared CPU it is noisy
+well beyond the 1% level (the paired ratio, each on step against the off step
+beside it, is the least noisy of the three given); ``bookkeeping_us_per_step`` times the host-side
 profiling work alone (no device work), which is the cost that does not hide
 behind the device, and ``overhead_fraction`` is it over the median step.
 
@@ -158,6 +159,9 @@ def main() -> None:
         "step_s_on": round(on_s, 6),
         "on_vs_off_step_ratio": round(on_s / off_s, 4),
         "on_vs_off_fastest_step_ratio": round(min(times["on"]) / min(times["off"]), 4),
+        # Each on step against the off step run right beside it: the least disturbed by a busy machine.
+        "on_vs_off_paired_ratio_median": round(statistics.median(
+            on / off for on, off in zip(times["on"], times["off"], strict=True)), 4),
         "bookkeeping_us_per_step": round(bookkeeping_s * 1e6, 2),
         "device_sample_ms": round(device_sample_s * 1e3, 3),
         "device_report_interval_s": monitor.interval_s,
