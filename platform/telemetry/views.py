@@ -8,6 +8,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.pagination import PageNumberPagination
 from config.query_params import int_query_param
 from domain_errors import InvalidInput, NotFound
 from runs.selectors import run_get, run_get_for_user
@@ -62,8 +63,9 @@ class RunTraceListCreateView(APIView):
 
     def get(self, request, run_id: int):
         run = run_get_for_user(user=request.user, run_id=run_id)
-        traces = trace_list(run=run)
-        return Response({"results": TraceSerializer(traces, many=True, context={"request": request}).data})
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(trace_list(run=run), request, view=self)
+        return paginator.get_paginated_response(TraceSerializer(page, many=True, context={"request": request}).data)
 
     def post(self, request, run_id: int):
         run = run_get_for_user(user=request.user, run_id=run_id)
