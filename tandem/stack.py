@@ -64,6 +64,7 @@ class LocalStack:
         env["DJANGO_SETTINGS_MODULE"] = self.config.django_settings
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(PLATFORM_DIR), env.get("PYTHONPATH", "")])
         env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("TANDEM_MEDIA_ROOT", str(self.config.var_dir / "media"))
         if self.config.database_url:
             env["DATABASE_URL"] = self.config.database_url
         return env

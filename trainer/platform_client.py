@@ -5,10 +5,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
-from tandem.contracts import EnvironmentSpec, TrainerHeartbeat, TrainerStepEvent, TrajectorySample
+from tandem.contracts import (
+    EnvironmentSpec,
+    TelemetryReply,
+    TrainerHeartbeat,
+    TrainerStepEvent,
+    TrajectorySample,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +54,18 @@ class PlatformClient:
     def close(self) -> None:
         self._http.close()
 
-    def _post(self, path: str, payload: dict) -> httpx.Response:
-        """POST with retries on connection trouble, so a platform restart does not kill training."""
+    def _post(self, path: str, payload: dict, *, files: dict | None = None) -> httpx.Response:
+        """POST with retries on connection trouble, so a platform restart does not kill training.
+
+        With ``files``, a multipart form: ``payload`` its fields, ``files`` name -> (filename, bytes).
+        """
         delay = 0.5
         for attempt in range(self._retries + 1):
             try:
-                response = self._http.post(path, json=payload)
+                if files is None:
+                    response = self._http.post(path, json=payload)
+                else:
+                    response = self._http.post(path, data=payload, files=files)
             except httpx.TransportError as exc:
                 if attempt == self._retries:
                     raise PlatformUnavailableError(f"POST {path}: {exc}") from exc
@@ -91,12 +104,20 @@ class PlatformClient:
             raise
         return response.json()["status"]
 
-    def post_events(self, run_id: int, events: list[TrainerStepEvent]) -> None:
-        if events:
-            self._post(
-                f"/api/trainer/runs/{run_id}/telemetry/",
-                {"events": [event.model_dump(mode="json") for event in events]},
-            )
+    def post_events(self, run_id: int, events: list[TrainerStepEvent]) -> TelemetryReply:
+        """Post step events (none: only ask for the pending trace requests)."""
+        response = self._post(
+            f"/api/trainer/runs/{run_id}/telemetry/",
+            {"events": [event.model_dump(mode="json") for event in events]},
+        )
+        return TelemetryReply.model_validate(response.json())
+
+    def upload_trace(self, run_id: int, trace_id: int, *, first_step: int, last_step: int,
+                     archive: Path | None, error: str = "") -> None:
+        """Hand in a requested trace: the zipped trace directory, or why there is none."""
+        fields = {"first_step": str(first_step), "last_step": str(last_step), "error": error}
+        files = {"file": (archive.name, archive.read_bytes(), "application/zip")} if archive else {}
+        self._post(f"/api/trainer/runs/{run_id}/traces/{trace_id}/", fields, files=files)
 
     def post_trajectory_samples(self, run_id: int, samples: list[TrajectorySample], *,
                                 timeout_s: float = 5.0) -> None:

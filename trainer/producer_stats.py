@@ -1,4 +1,4 @@
-"""Producer utilisation and circuit breakers, per trainer step, from the producers' own reports."""
+"""Producer utilisation, timings and circuit breakers, per trainer step, from the producers' own reports."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ class ProducerStats:
         self._clock = clock
         # worker -> (busy_s, uptime_s) at the previous step.
         self._previous: dict[str, tuple[float, float]] = {}
+        # worker -> its report at the previous step, for the timings' differences.
+        self._previous_reports: dict[str, ProducerReport] = {}
         self._open_reasons: dict[tuple[str, str], str] = {}
 
     def _reports(self) -> list[ProducerReport]:
@@ -66,4 +68,45 @@ class ProducerStats:
             "producer_utilisation": sum(shares) / len(shares) if shares else None,
             "producers_reporting": len(reports),
             "circuit_breakers_open": circuit_open,
+            "producer_timings": self._timings(reports),
         }
+
+    def _timings(self, reports: list[ProducerReport]) -> dict[str, float]:
+        """Where producers' time went since the previous step, over processes seen at both ends.
+
+        A producer's work time for the run is its episodes' time plus appending
+        them to the stream; ``*_share`` are parts of that: generation, environment
+        (reset/step), tools and ``stream_put`` (blocked on XADD: back-pressure).
+        ``stream_put_s`` is those seconds, summed over processes; ``cpu_cores``
+        and ``rss_bytes`` the processes' CPU use (cores) and resident memory.
+        Reports are written at task boundaries, so a step without one has none of these.
+        """
+        deltas = {"episode_s": 0.0, "generation_s": 0.0, "environment_s": 0.0, "tool_s": 0.0, "stream_put_s": 0.0}
+        cpu_cores = None
+        rss_bytes = None
+        changed = False
+        for report in reports:
+            if report.rss_bytes is not None:
+                rss_bytes = (rss_bytes or 0) + report.rss_bytes
+            previous = self._previous_reports.get(report.worker)
+            self._previous_reports[report.worker] = report
+            if previous is None or report.reported_at <= previous.reported_at:
+                continue
+            changed = True
+            for name in deltas:
+                deltas[name] += max(getattr(report, name) - getattr(previous, name), 0.0)
+            if report.cpu_s is not None and previous.cpu_s is not None:
+                cpu_cores = (cpu_cores or 0.0) + max(report.cpu_s - previous.cpu_s, 0.0) / (
+                    report.reported_at - previous.reported_at)
+        timings: dict[str, float] = {}
+        work_s = deltas["episode_s"] + deltas["stream_put_s"]
+        if changed:
+            timings["stream_put_s"] = deltas["stream_put_s"]
+        if work_s > 0:
+            for name in ("generation", "environment", "tool", "stream_put"):
+                timings[f"{name}_share"] = deltas[f"{name}_s"] / work_s
+        if cpu_cores is not None:
+            timings["cpu_cores"] = cpu_cores
+        if rss_bytes is not None:
+            timings["rss_bytes"] = float(rss_bytes)
+        return timings

@@ -27,7 +27,8 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
         series = {
             "latency": [r.timings.finished_at - r.timings.started_at for r in episodes],
             "generation": [r.timings.generation_s for r in episodes],
-            "environment": [r.timings.environment_s for r in episodes],
+            # Tool calls are the environment's too (timed apart since EpisodeTimings.tool_s).
+            "environment": [r.timings.environment_s + r.timings.tool_s for r in episodes],
         }
         for name, values in series.items():
             for percentile, value in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from flax import nnx
 from tandem.contracts import (
     LineageEntry,
     RunSpec,
+    StepTimeline,
+    TraceRequest,
     TrainerHeartbeat,
     TrainerStepEvent,
     lineage_stream,
@@ -37,16 +40,19 @@ from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.backlog import RolloutBacklog, group_index_of
 from trainer.chat import Conversation
 from trainer.checkpoints import RunCheckpointer, RunProgress, step_rng
+from trainer.devices import DeviceMonitor, parameter_count
 from trainer.hf import create_model
 from trainer.lora import apply_lora
 from trainer.losses import sft_loss
 from trainer.platform_client import ClaimedRun, PlatformClient, RunTakenOverError
 from trainer.producer_stats import ProducerStats
+from trainer.profiling import StageRecorder, timeline_wall_s
 from trainer.rollout_stats import rollout_metrics
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings
 from trainer.staleness import StalenessRecorder, is_stale_group, split_stale_groups
 from trainer.stream import GroupAssembler, TrajectoryStreamReader
 from trainer.tokenizer import load_tokenizer
+from trainer.tracing import CapturedTrace, TraceCapture
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
 from trainer.trajectory_samples import TrajectorySampleBuffer
 from trainer.value_head import policy_params, with_value_head
@@ -84,6 +90,8 @@ class TrainerSettings:
     # Telemetry is batched so a fast SFT phase does not make one request per step.
     telemetry_interval_s: float = 0.5
     heartbeat_interval_s: float = 2.0
+    # Device and host samples (allocator stats, NVML, psutil) ride on the step telemetry this often.
+    device_report_interval_s: float = 10.0
 
 
 def length_buckets(max_seq_len: int) -> tuple[int, ...]:
@@ -118,6 +126,8 @@ class _Telemetry:
     platform: PlatformClient
     run_id: int
     interval_s: float
+    # Receives the pending trace requests the platform returns with each post.
+    on_trace_requests: Callable[[list[TraceRequest]], None] = lambda requests: None
     pending: list[TrainerStepEvent] = field(default_factory=list)
     last_flush: float = 0.0
     # Sampled trajectories go out with the events (the trajectory browser's data).
@@ -130,7 +140,8 @@ class _Telemetry:
 
     def flush(self) -> None:
         events, self.pending = self.pending, []
-        self.platform.post_events(self.run_id, events)
+        if events:
+            self.on_trace_requests(self.platform.post_events(self.run_id, events).trace_requests)
         if self.trajectories is not None:
             self.trajectories.flush()
         self.last_flush = time.monotonic()
@@ -148,11 +159,15 @@ class RunTrainer:
         self.celery_app = celery_app
         self.tokenizer = load_tokenizer(self.config.model.tokenizer)
         self.environment_class = load_environment_class(claimed.environment)
+        self.traces = TraceCapture(self._upload_trace)
         self.telemetry = _Telemetry(platform, self.run_id, settings.telemetry_interval_s,
+                                    on_trace_requests=self.traces.request,
                                     trajectories=TrajectorySampleBuffer(
                                         platform, self.run_id, self.tokenizer,
                                         per_step=self.config.trajectory_samples_per_step,
                                         tools=claimed.environment.tools))
+        # Every second of the training loop goes to one stage of one step (see trainer/profiling.py).
+        self.stages = StageRecorder()
         if self.config.weight_transport == "filesystem":
             weight_root = Path(self.config.weight_dir or settings.checkpoint_root / "weights")
             self.publisher = FilesystemWeightPublisher(redis_client, weight_root)
@@ -178,6 +193,8 @@ class RunTrainer:
         self.graphdef, state = create_train_state(model, self.optimizer)
         self.shardings = step_shardings(make_mesh(self.config.mesh), state)
         self.state = shard_train_state(state, self.shardings)
+        self.devices = DeviceMonitor(parameters=parameter_count(self.state.params),
+                                     interval_s=settings.device_report_interval_s)
         self._sft_step = make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss),
                                          shardings=self.shardings)
         self._rl_step = make_train_step(self.graphdef, self.optimizer, self.algorithm.loss_fn,
@@ -245,6 +262,8 @@ class RunTrainer:
             self._taken_over = True
             raise
         finally:
+            # A trace still running (the run ended within it) stops: the profiler is one per process.
+            self.traces.close(self.step)
             if not self._taken_over:
                 # Producers stop starting episodes for a run this trainer lets go of.
                 self.redis.set(run_stop_key(self.run_id), "1")
@@ -316,30 +335,69 @@ class RunTrainer:
     def _sft_phase(self) -> None:
         if self._rl_steps_done:
             return  # resumed after SFT: its learning-rate switch is in the restored optimizer state
+        stage = self.stages.stage
+        self.stages.start()
         while self.step < self.config.sft_steps:
-            started = time.perf_counter()
-            # Batches keyed by step, so a run resumed from a checkpoint sees the same data.
-            batch = self._demonstration_batch(step_rng(self.config.seed, self.step))
+            with stage("telemetry"):
+                self.traces.before_step(self.step + 1)
+            with stage("batch"):
+                # Batches keyed by step, so a run resumed from a checkpoint sees the same data.
+                batch = self._demonstration_batch(step_rng(self.config.seed, self.step))
             if batch is None:
                 logger.info("environment %s has no demonstrations; skipping SFT", self.claimed.environment.name)
                 break
-            compute_started = time.perf_counter()
-            self.state, metrics = self._sft_step(self.state, shard_batch(batch, self.shardings))
-            loss = float(jax.block_until_ready(metrics["loss"]))
-            compute_s = time.perf_counter() - compute_started
+            loss = self._train_on(self._sft_step, batch)["loss"]
             self.step += 1
-            if self.step % self.config.checkpoint_every == 0:
-                self._checkpoint()
-            wall_s = time.perf_counter() - started
-            self.telemetry.emit(TrainerStepEvent(
-                run_id=self.run_id, step=self.step, phase="sft", policy_version=max(self.policy_version, 0),
-                wall_s=wall_s, wait_s=0.0, compute_s=compute_s, publish_s=0.0,
-                other_s=max(wall_s - compute_s, 0.0), loss=loss, emitted_at=time.time(),
-            ))
-            self._heartbeat()
+            with stage("checkpoint"):
+                if self.step % self.config.checkpoint_every == 0:
+                    self._checkpoint()
+            timeline = self.stages.finish()
+            with stage("telemetry"):  # counted in the next step: this one's timeline is closed
+                self.telemetry.emit(TrainerStepEvent(
+                    run_id=self.run_id, step=self.step, phase="sft", policy_version=max(self.policy_version, 0),
+                    loss=loss, emitted_at=time.time(), **self._profile_fields(timeline, batch),
+                ))
+                self.traces.after_step(self.step)
+                self._heartbeat()
         self.state.opt_state.hyperparams["learning_rate"] = jnp.asarray(
             self.config.rl_learning_rate, dtype=self.state.opt_state.hyperparams["learning_rate"].dtype
         )
+
+    # -- profiling ---------------------------------------------------------
+
+    def _train_on(self, train_step, batch) -> dict[str, float]:
+        """One update on ``batch``, its transfer and its compute timed apart; the step's scalar metrics.
+
+        Both end in ``block_until_ready``: the transfer so that it is not billed
+        to compute, the compute on the new state too, not only on the loss, so
+        that the optimizer update (fused into the same program) is not billed
+        to whatever runs next.
+        """
+        stage = self.stages.stage
+        with stage("host_to_device"):
+            sharded = jax.block_until_ready(shard_batch(batch, self.shardings))
+        with stage("compute"):
+            self.state, metrics = train_step(self.state, sharded)
+            jax.block_until_ready(self.state)
+            return {name: float(value) for name, value in jax.device_get(metrics).items()}
+
+    def _profile_fields(self, timeline: StepTimeline, batch) -> dict:
+        """A step event's stage fields, from its timeline, and a device report when one is due."""
+        seconds = timeline.seconds_by_stage()
+        wall_s = timeline_wall_s(timeline)
+        wait_s, compute_s, publish_s = (seconds.get(name, 0.0) for name in ("data_wait", "compute", "publish"))
+        self.devices.observe(timeline, tokens=int(batch.attention_mask.sum()))
+        return {
+            "wall_s": wall_s, "wait_s": wait_s, "compute_s": compute_s, "publish_s": publish_s,
+            "other_s": max(wall_s - wait_s - compute_s - publish_s, 0.0), "timeline": timeline,
+            "device": self.devices.sample() if self.devices.due() else None,
+        }
+
+    def _upload_trace(self, captured: CapturedTrace) -> None:
+        self.platform.upload_trace(self.run_id, captured.request.id, first_step=captured.first_step,
+                                   last_step=captured.last_step, archive=captured.archive, error=captured.error)
+        logger.info("run %s: trace %s of steps %d-%d uploaded", self.run_id, captured.request.id,
+                    captured.first_step, captured.last_step)
 
     # -- RL ----------------------------------------------------------------
 
@@ -479,29 +537,31 @@ class RunTrainer:
                 groups_consumed += len(lost)
                 episodes_lost += len(lost) * config.group_size
 
+        stage = self.stages.stage
+        self.stages.start()
         while self._rl_steps_done < config.rl_steps:
-            step_started = time.perf_counter()
+            with stage("telemetry"):
+                self.traces.before_step(self.step + 1)
             backlog.top_up(groups_consumed=groups_consumed, steps_ahead=steps_ahead)
-            wait_started = time.perf_counter()
             groups = []
-            while len(groups) < config.groups_per_step:
-                while assembler.complete_groups() < config.groups_per_step - len(groups):
-                    for entry in reader.read(block_ms=self.settings.stream_block_ms):
-                        assembler.add(entry)
-                    reader.ack(assembler.take_duplicates())
-                    drop(assembler.take_partial(is_stale))
-                    give_up_on_lost_groups()
-                    backlog.top_up(groups_consumed=groups_consumed, steps_ahead=steps_ahead)
-                    self._heartbeat()
-                fresh, stale = split_stale_groups(
-                    assembler.take(config.groups_per_step - len(groups)),
-                    policy_version=self.policy_version, max_staleness=config.max_staleness,
-                )
-                drop(stale)
-                backlog.settle(group[0].record.group_id for group in fresh)
-                groups += fresh
-                groups_consumed += len(fresh)
-            wait_s = time.perf_counter() - wait_started
+            with stage("data_wait"):
+                while len(groups) < config.groups_per_step:
+                    while assembler.complete_groups() < config.groups_per_step - len(groups):
+                        for entry in reader.read(block_ms=self.settings.stream_block_ms):
+                            assembler.add(entry)
+                        reader.ack(assembler.take_duplicates())
+                        drop(assembler.take_partial(is_stale))
+                        give_up_on_lost_groups()
+                        backlog.top_up(groups_consumed=groups_consumed, steps_ahead=steps_ahead)
+                        self._heartbeat()
+                    fresh, stale = split_stale_groups(
+                        assembler.take(config.groups_per_step - len(groups)),
+                        policy_version=self.policy_version, max_staleness=config.max_staleness,
+                    )
+                    drop(stale)
+                    backlog.settle(group[0].record.group_id for group in fresh)
+                    groups += fresh
+                    groups_consumed += len(fresh)
             if config.pipeline == "async":
                 # The next step's episodes generate while this one trains.
                 backlog.top_up(groups_consumed=groups_consumed)
@@ -510,27 +570,28 @@ class RunTrainer:
             # Staleness: how many versions behind the policy being updated the data is.
             staleness = np.array([self.policy_version - r.policy_version for r in records], dtype=np.float32)
 
-            compute_started = time.perf_counter()
-            prepared = self.algorithm.prepare([[entry.record for entry in group] for group in groups])
+            with stage("batch"):
+                prepared = self.algorithm.prepare([[entry.record for entry in group] for group in groups])
             if not prepared.records:
                 # Dynamic sampling dropped every group (no reward variance): nothing to learn from.
+                # This step goes on: its stages so far count in the next update's timeline.
                 backlog.extend(groups=len(groups))
                 reader.ack_consumed(groups)
                 self._log("dropped", trajectory_ids=[record.trajectory_id for record in records],
                           group_ids=[group[0].record.group_id for group in groups])
                 continue
             recorder.trained(records, policy_version=self.policy_version)
-            batch = self.algorithm.batch(
-                prepared, batch_size=config.episodes_per_step, length_buckets=self._buckets,
-                pad_id=self.tokenizer.pad_id, reference=self.reference,
-            )
-            self.state, metrics = self._rl_step(self.state, shard_batch(batch, self.shardings))
-            metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
-            compute_s = time.perf_counter() - compute_started
+            with stage("batch"):
+                batch = self.algorithm.batch(
+                    prepared, batch_size=config.episodes_per_step, length_buckets=self._buckets,
+                    pad_id=self.tokenizer.pad_id, reference=self.reference,
+                )
+            metrics = self._train_on(self._rl_step, batch)
 
             self._last_acked_entry_id = max(entry_ids, key=_entry_order)
             self._trained_group_count += len(groups)
-            publish_s = self._publish()
+            with stage("publish"):
+                self._publish()
             self.step += 1
             self._rl_steps_done += 1
             self._log("trained", trajectory_ids=[record.trajectory_id for record in records],
@@ -538,35 +599,39 @@ class RunTrainer:
             self.telemetry.trajectories.add_step(step=self.step, records=records)
             # Acknowledged once a checkpoint with this update is on disk (see _ack_checkpointed).
             self._awaiting_checkpoint.append((self.step, groups))
-            if self.step % config.checkpoint_every == 0:
-                self._checkpoint()
-            wall_s = time.perf_counter() - step_started
-            stats = prepared.stats
-            staleness_fields = recorder.step_fields()
-            appended = self._entries_appended(reader.stream)
-            self.telemetry.emit(TrainerStepEvent(
-                run_id=self.run_id, step=self.step, phase="rl", policy_version=self.policy_version,
-                wall_s=wall_s, wait_s=wait_s, compute_s=compute_s, publish_s=publish_s,
-                other_s=max(wall_s - wait_s - compute_s - publish_s, 0.0), loss=metrics["loss"],
-                samples_per_s=len(records) / wall_s if wall_s > 0 else None,
-                samples_produced_per_s=(appended - appended_before) / wall_s if wall_s > 0 else None,
-                rollout_metrics=rollout_metrics(records),
-                reward_mean=float(stats["reward_mean"]),
-                success_rate=float(np.mean([r.status == "ok" and r.reward > 0 for r in records])),
-                staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
-                failed_episodes=int(stats.get("episodes_failed", 0)),
-                episodes_lost=episodes_lost,
-                **staleness_fields,
-                **producer_stats.step_fields(),
-                algorithm_metrics={
-                    **{name: value for name, value in metrics.items() if np.isfinite(value)},
-                    **{f"batch/{name}": float(value) for name, value in stats.items()},
-                },
-                emitted_at=time.time(),
-            ))
-            episodes_lost = 0
-            appended_before = appended
-            self._heartbeat()
+            with stage("checkpoint"):
+                if self.step % config.checkpoint_every == 0:
+                    self._checkpoint()
+            timeline = self.stages.finish()
+            with stage("telemetry"):  # counted in the next step: this one's timeline is closed
+                profile_fields = self._profile_fields(timeline, batch)
+                wall_s = profile_fields["wall_s"]
+                stats = prepared.stats
+                staleness_fields = recorder.step_fields()
+                appended = self._entries_appended(reader.stream)
+                self.telemetry.emit(TrainerStepEvent(
+                    run_id=self.run_id, step=self.step, phase="rl", policy_version=self.policy_version,
+                    loss=metrics["loss"], **profile_fields,
+                    samples_per_s=len(records) / wall_s if wall_s > 0 else None,
+                    samples_produced_per_s=(appended - appended_before) / wall_s if wall_s > 0 else None,
+                    rollout_metrics=rollout_metrics(records),
+                    reward_mean=float(stats["reward_mean"]),
+                    success_rate=float(np.mean([r.status == "ok" and r.reward > 0 for r in records])),
+                    staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
+                    failed_episodes=int(stats.get("episodes_failed", 0)),
+                    episodes_lost=episodes_lost,
+                    **staleness_fields,
+                    **producer_stats.step_fields(),
+                    algorithm_metrics={
+                        **{name: value for name, value in metrics.items() if np.isfinite(value)},
+                        **{f"batch/{name}": float(value) for name, value in stats.items()},
+                    },
+                    emitted_at=time.time(),
+                ))
+                episodes_lost = 0
+                appended_before = appended
+                self.traces.after_step(self.step)
+                self._heartbeat()
 
         # The run is over: episodes read but not trained never will be. Consuming
         # them leaves nothing pending, so the stream can be trimmed to empty.

@@ -1,4 +1,4 @@
-"""How busy this producer process is, reported per run so the trainer can chart producer utilisation."""
+"""How busy this producer process is and where its time goes, reported per run for the trainer's charts."""
 
 from __future__ import annotations
 
@@ -6,14 +6,27 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
+import psutil
 import redis
 
-from tandem.contracts import CircuitBreakerReport, ProducerReport, producers_key
+from tandem.contracts import CircuitBreakerReport, EpisodeTimings, ProducerReport, producers_key
 from workers.circuit_breaker import circuit_breaker_states
 
 # A report outlives its process by this much, so a dead producer drops out of the charts.
 _REPORT_TTL_S = 3600
+
+
+@dataclass
+class EpisodeTime:
+    """Cumulative seconds of one run's finished episodes in this process (see ProducerReport)."""
+
+    episode_s: float = 0.0
+    generation_s: float = 0.0
+    environment_s: float = 0.0
+    tool_s: float = 0.0
+    stream_put_s: float = 0.0
 
 
 class ProducerActivity:
@@ -31,6 +44,7 @@ class ProducerActivity:
         self._busy_since: float | None = None
         # run_id -> (episodes, failed)
         self._episodes: dict[int, tuple[int, int]] = {}
+        self._episode_time: dict[int, EpisodeTime] = {}
 
     def task_started(self) -> None:
         with self._lock:
@@ -49,6 +63,21 @@ class ProducerActivity:
                 self._busy_since = None
             done, done_failed = self._episodes.get(run_id, (0, 0))
             self._episodes[run_id] = (done + episodes, done_failed + failed)
+
+    def episode_finished(self, *, run_id: int, timings: EpisodeTimings, stream_put_s: float) -> None:
+        """Count one episode's time: its own timings and the XADD that handed it to the trainer."""
+        with self._lock:
+            time_spent = self._episode_time.setdefault(run_id, EpisodeTime())
+            time_spent.episode_s += max(timings.finished_at - timings.started_at, 0.0)
+            time_spent.generation_s += timings.generation_s
+            time_spent.environment_s += timings.environment_s
+            time_spent.tool_s += timings.tool_s
+            time_spent.stream_put_s += stream_put_s
+
+    def episode_time(self, run_id: int) -> EpisodeTime:
+        with self._lock:
+            spent = self._episode_time.get(run_id, EpisodeTime())
+            return EpisodeTime(**vars(spent))
 
     def snapshot(self, run_id: int) -> tuple[float, float, int, int, int]:
         """``(uptime_s, busy_s, running_tasks, episodes, episodes_failed)`` as of now."""
@@ -69,9 +98,12 @@ def report_activity(client: redis.Redis, run_id: int, activity: ProducerActivity
                     *, worker: str = WORKER_NAME) -> ProducerReport:
     """Write this process's :class:`ProducerReport` for ``run_id`` (with its circuit breakers)."""
     uptime, busy, running, episodes, failed = activity.snapshot(run_id)
+    process = psutil.Process()
+    cpu = process.cpu_times()
     report = ProducerReport(
         worker=worker, reported_at=time.time(), uptime_s=uptime, busy_s=busy, running_tasks=running,
-        episodes=episodes, episodes_failed=failed,
+        episodes=episodes, episodes_failed=failed, **vars(activity.episode_time(run_id)),
+        cpu_s=cpu.user + cpu.system, rss_bytes=process.memory_info().rss,
         circuit_breakers={
             name: CircuitBreakerReport(state=state["state"], consecutive_failures=state["consecutive_failures"],
                                        last_failure_reason=state["last_failure_reason"])

@@ -84,7 +84,7 @@ async def run_episode(
     breakers = process_breakers if circuit_breakers is None else circuit_breakers
     trajectory_id = uuid.uuid4().hex
     started_at = time.time()
-    generation_s = environment_s = 0.0
+    generation_s = environment_s = tool_s = 0.0
     conversation = Conversation(tokenizer)
     policy_versions: list[int] = []
     reward = 0.0
@@ -129,7 +129,7 @@ async def run_episode(
                         call.tool.run(call.arguments), what=f"tool {call.tool.name}",
                         timeout_s=limits.environment_timeout_s,
                     )))
-                environment_s += time.perf_counter() - began
+                tool_s += time.perf_counter() - began
                 conversation.add_environment("".join(observations))
                 continue
             result = await _call_environment(
@@ -181,5 +181,6 @@ async def run_episode(
             finished_at=time.time(),
             generation_s=generation_s,
             environment_s=environment_s,
+            tool_s=tool_s,
         ),
     )

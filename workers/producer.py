@@ -110,7 +110,10 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
         if record.status == "failed":
             failed += 1
             logger.warning("run %s episode failed: %s", spec.run_id, record.failure_reason)
+        began = time.perf_counter()
         await client.xadd(stream, record.to_stream_fields())
+        process_activity.episode_finished(run_id=spec.run_id, timings=record.timings,
+                                          stream_put_s=time.perf_counter() - began)
 
     try:
         episodes = []

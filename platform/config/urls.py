@@ -36,7 +36,15 @@ from runs.views import (
     TrainerClaimView,
     TrainerHeartbeatView,
 )
-from telemetry.views import RunMetricChartView, RunMetricsView, TrainerTelemetryView
+from telemetry.views import (
+    RunDevicesView,
+    RunMetricChartView,
+    RunMetricsView,
+    RunTraceDownloadView,
+    RunTraceListCreateView,
+    TrainerTelemetryView,
+    TrainerTraceUploadView,
+)
 from trajectories import pages as trajectory_pages
 from trajectories.views import (
     RunTrajectoryDetailView,
@@ -146,6 +154,13 @@ api = [
         RunMetricChartView.as_view(),
         name="api-run-metric-series",
     ),
+    path("api/runs/<int:run_id>/devices/", RunDevicesView.as_view(), name="api-run-devices"),
+    path("api/runs/<int:run_id>/traces/", RunTraceListCreateView.as_view(), name="api-run-traces"),
+    path(
+        "api/runs/<int:run_id>/traces/<int:trace_id>/download/",
+        RunTraceDownloadView.as_view(),
+        name="api-run-trace-download",
+    ),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
 ]
 
@@ -165,6 +180,11 @@ trainer_api = [
         "api/trainer/runs/<int:run_id>/trajectories/",
         TrainerTrajectoriesView.as_view(),
         name="api-trainer-trajectories",
+    ),
+    path(
+        "api/trainer/runs/<int:run_id>/traces/<int:trace_id>/",
+        TrainerTraceUploadView.as_view(),
+        name="api-trainer-trace-upload",
     ),
 ]
 

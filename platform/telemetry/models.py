@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 from django.db import models
 from django.utils import timezone
 
@@ -62,3 +64,52 @@ class MetricBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}[{self.bucket_start}+{self.resolution}]"
+
+
+def _trace_path(trace: Trace, filename: str) -> str:
+    return f"traces/run-{trace.run_id}/trace-{trace.pk}.zip"
+
+
+class Trace(models.Model):
+    """A user's request for a jax.profiler trace of a run's next steps, and the trace once uploaded."""
+
+    class Status(models.TextChoices):
+        REQUESTED = "requested", "Requested"  # the trainer will trace it at its next steps
+        CAPTURED = "captured", "Captured"
+        FAILED = "failed", "Failed"  # the trainer tried; ``error`` says why
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="traces")
+    steps = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.REQUESTED)
+    requested_by = models.ForeignKey(
+        "auth.User", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    requested_at = models.DateTimeField(default=timezone.now)
+    captured_at = models.DateTimeField(null=True, blank=True)
+    first_step = models.IntegerField(null=True, blank=True)
+    last_step = models.IntegerField(null=True, blank=True)
+    # The zipped trace directory: xplane.pb and trace.json.gz, as jax.profiler wrote them.
+    file = models.FileField(upload_to=_trace_path, blank=True)
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [
+            # The trainer asks for the pending requests of its run at every telemetry post.
+            models.Index(fields=["run", "status"], name="trace_run_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"trace {self.pk} of run {self.run_id} ({self.status})"
+
+
+class DeviceSnapshot(models.Model):
+    """The newest DeviceReport of a run's trainer: what metric points cannot hold (the device kind)."""
+
+    run = models.OneToOneField("runs.Run", on_delete=models.CASCADE, related_name="device_snapshot")
+    step = models.IntegerField()
+    report = models.JSONField()  # tandem.contracts.DeviceReport
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"devices of run {self.run_id} at step {self.step}"

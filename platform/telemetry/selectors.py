@@ -17,9 +17,11 @@ from django.db.models import (
 )
 from django.db.models.functions import Mod
 
+from domain_errors import NotFound
 from runs.models import Run
+from tandem.contracts import TraceRequest
 
-from .models import MetricBucket, MetricPoint
+from .models import DeviceSnapshot, MetricBucket, MetricPoint, Trace
 
 
 @dataclass(frozen=True)
@@ -210,3 +212,28 @@ def _append(series: MetricSeries, first, last, count, low, high, mean) -> None:
     series.min.append(low)
     series.max.append(high)
     series.mean.append(mean)
+
+
+def trace_list(*, run: Run) -> QuerySet[Trace]:
+    """The run's trace requests and traces, newest first."""
+    return Trace.objects.filter(run=run).order_by("-requested_at", "-id")
+
+
+def trace_get(*, run: Run, trace_id: int) -> Trace:
+    trace = Trace.objects.filter(run=run, pk=trace_id).first()
+    if trace is None:
+        raise NotFound(f"Trace {trace_id} of run {run.pk} not found.")
+    return trace
+
+
+def trace_requests_pending(*, run: Run) -> list[TraceRequest]:
+    """What the trainer of ``run`` should trace next, oldest request first."""
+    pending = Trace.objects.filter(run=run, status=Trace.Status.REQUESTED).order_by("requested_at", "id")
+    return [TraceRequest(id=trace.pk, steps=trace.steps) for trace in pending]
+
+
+def device_snapshot_get(*, run: Run) -> DeviceSnapshot:
+    snapshot = DeviceSnapshot.objects.filter(run=run).first()
+    if snapshot is None:
+        raise NotFound(f"Run {run.pk} has no device report yet.")
+    return snapshot

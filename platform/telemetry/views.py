@@ -1,23 +1,45 @@
-"""API of telemetry: the charts' backfill and range queries, and the trainer's posts."""
+"""API of telemetry: the charts' backfill and range queries, traces on demand, and the trainer's posts."""
 
 import pydantic
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers, status
-from rest_framework.parsers import JSONParser
+from rest_framework.generics import GenericAPIView
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.db_limits import require_db_int, require_no_nul
+from config.openapi import ErrorSerializer
+from config.pagination import PageNumberPagination
 from config.query_params import int_query_param
-from domain_errors import InvalidInput
+from domain_errors import InvalidInput, NotFound
 from runs.selectors import run_get, run_get_for_user
-from tandem.contracts import TrainerStepEvent
+from tandem.contracts import TelemetryReply, TrainerStepEvent
 
-from .models import MetricPoint
-from .selectors import metric_chart, metric_points_after
-from .serializers import MetricChartQuerySerializer
-from .services import metric_events_record
+from .models import MetricPoint, Trace
+from .selectors import (
+    device_snapshot_get,
+    metric_chart,
+    metric_points_after,
+    trace_get,
+    trace_list,
+    trace_requests_pending,
+)
+from .serializers import (
+    MetricChartQuerySerializer,
+    TraceRequestSerializer,
+    TraceSerializer,
+    TraceUploadSerializer,
+)
+from .services import metric_events_record, trace_request, trace_upload
 
 DEFAULT_POINTS_PER_PAGE = 1000
 MAX_POINTS_PER_PAGE = 5000
@@ -127,8 +149,91 @@ def _require_storable(event: TrainerStepEvent, *, prefix: str) -> None:
 
 
 @extend_schema(tags=["trainer"])
+@extend_schema(tags=["runs"])
+class RunDevicesView(APIView):
+    """The newest device report of the run's trainer: kind, count, memory, duty cycle, MFU, host."""
+
+    @extend_schema(responses={200: inline_serializer("RunDevices", {
+        "run": serializers.IntegerField(),
+        "step": serializers.IntegerField(),
+        "recorded_at": serializers.DateTimeField(),
+        "report": serializers.DictField(help_text="tandem.contracts.DeviceReport"),
+    })})
+    def get(self, request, run_id: int):
+        snapshot = device_snapshot_get(run=run_get_for_user(user=request.user, run_id=run_id))
+        return Response({"run": run_id, "step": snapshot.step, "recorded_at": snapshot.recorded_at,
+                         "report": snapshot.report})
+
+
+@extend_schema(tags=["runs"])
+class RunTraceListCreateView(GenericAPIView):
+    """``GET``: the run's traces, newest first. ``POST {"steps": n}``: trace the trainer's next n steps."""
+
+    queryset = Trace.objects.none()  # the model, for the schema
+    serializer_class = TraceSerializer
+    pagination_class = PageNumberPagination
+
+    @extend_schema(responses={200: TraceSerializer(many=True)})
+    def get(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(trace_list(run=run), request, view=self)
+        return paginator.get_paginated_response(TraceSerializer(page, many=True, context={"request": request}).data)
+
+    @extend_schema(request=TraceRequestSerializer, responses={
+        201: TraceSerializer,
+        409: OpenApiResponse(ErrorSerializer, description="The run finished or was cancelled."),
+    })
+    def post(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        serializer = TraceRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        trace = trace_request(user=request.user, run=run, steps=serializer.validated_data["steps"])
+        body = TraceSerializer(trace, context={"request": request}).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["runs"])
+class RunTraceDownloadView(APIView):
+    """The zipped trace directory; open it in XProf (TensorBoard) or its trace.json.gz in Perfetto."""
+
+    @extend_schema(responses={(200, "application/zip"): OpenApiTypes.BINARY})
+    def get(self, request, run_id: int, trace_id: int):
+        trace = trace_get(run=run_get_for_user(user=request.user, run_id=run_id), trace_id=trace_id)
+        if not trace.file:
+            raise NotFound(f"Trace {trace_id} of run {run_id} has no file (it is {trace.status}).")
+        return FileResponse(trace.file.open("rb"), as_attachment=True,
+                            filename=f"run-{run_id}-trace-{trace_id}.zip", content_type="application/zip")
+
+
+@extend_schema(tags=["trainer"])
+class TrainerTraceUploadView(GenericAPIView):
+    """Multipart ``first_step``, ``last_step`` and ``file`` (the zip), or ``error``, from the trainer."""
+
+    permission_classes = [IsAdminUser]
+    parser_classes = [MultiPartParser, FormParser]
+    serializer_class = TraceUploadSerializer
+
+    @extend_schema(request={"multipart/form-data": TraceUploadSerializer}, responses={
+        200: TraceSerializer,
+        409: OpenApiResponse(ErrorSerializer, description="The trace was already handed in."),
+    })
+    def post(self, request, run_id: int, trace_id: int):
+        serializer = TraceUploadSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        trace = trace_upload(run=run_get(run_id=run_id), trace_id=trace_id, first_step=data["first_step"],
+                             last_step=data["last_step"], file=data.get("file"), error=data["error"])
+        return Response(TraceSerializer(trace, context={"request": request}).data)
+
+
 class TrainerTelemetryView(APIView):
-    """``{"events": [TrainerStepEvent, ...]}`` from the trainer; 202 ``{"stored": n}``."""
+    """``{"events": [TrainerStepEvent, ...]}`` from the trainer; 202 with a :class:`TelemetryReply`.
+
+    The reply carries the run's pending trace requests: the trainer posts
+    telemetry every fraction of a second while it trains, so a request
+    reaches it within a step or two with no channel of its own.
+    """
 
     permission_classes = [IsAdminUser]
     parser_classes = [NonFiniteJSONParser]
@@ -143,7 +248,12 @@ class TrainerTelemetryView(APIView):
             },
         ),
         responses={
-            202: inline_serializer("TelemetryStored", {"stored": serializers.IntegerField()})
+            202: inline_serializer("TelemetryStored", {
+                "schema_version": serializers.IntegerField(),
+                "stored": serializers.IntegerField(),
+                "trace_requests": serializers.ListField(
+                    child=serializers.DictField(), help_text="TraceRequest objects: {id, steps}."),
+            })
         },
     )
     def post(self, request, run_id: int):
@@ -163,4 +273,5 @@ class TrainerTelemetryView(APIView):
                 raise InvalidInput.from_pydantic(error, prefix=f"events.{index}") from None
             _require_storable(events[-1], prefix=f"events.{index}")
         stored = metric_events_record(run=run, events=events)
-        return Response({"stored": stored}, status=status.HTTP_202_ACCEPTED)
+        reply = TelemetryReply(stored=stored, trace_requests=trace_requests_pending(run=run))
+        return Response(reply.model_dump(mode="json"), status=status.HTTP_202_ACCEPTED)

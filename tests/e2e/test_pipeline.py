@@ -7,6 +7,7 @@ import threading
 import time
 
 import httpx
+import pytest
 import redis
 from websockets.sync.client import connect
 
@@ -140,6 +141,21 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     assert {"staleness/stale_drop_rate", "staleness/queue_wait_s_mean"} <= names
     steps = sorted({p["step"] for p in points})
     assert steps == list(range(1, SMALL_RUN["sft_steps"] + SMALL_RUN["rl_steps"] + 1))
+    # Profiling: every RL step's stages add up to its wall time, waiting for data among them; and
+    # producers said where their time went (generation, environment, tools, stream appends).
+    rl_steps = [step for step in steps if step > SMALL_RUN["sft_steps"]]
+    for step in rl_steps:
+        values = {p["name"]: p["value"] for p in points if p["step"] == step}
+        stages = {name: value for name, value in values.items() if name.startswith("stage/")}
+        assert {"stage/data_wait_s", "stage/compute_s", "stage/publish_s"} <= stages.keys(), stages
+        assert sum(stages.values()) == pytest.approx(values["wall_s"], rel=1e-6, abs=1e-6)
+        assert values["trainer_idle_fraction"] == pytest.approx(values["stage/data_wait_s"] / values["wall_s"])
+    assert {"trainer_utilisation", "device/count", "producers/generation_share", "producers/environment_share",
+            "producers/tool_share", "producers/stream_put_share", "producers/stream_put_s",
+            "producers/cpu_cores", "producers/rss_bytes"} <= names
+    shares = [p["value"] for p in points if p["name"].endswith("_share") and p["name"].startswith("producers/")]
+    assert all(0.0 <= share <= 1.0 for share in shares)
+    assert max(p["value"] for p in points if p["name"] == "producers/generation_share") > 0
 
     # ... and over the WebSocket, live.
     live = [m for m in listener.messages if m.get("type") == "metrics"]

@@ -25,6 +25,7 @@ from config.asgi import application
 from environments.models import EnvironmentProbe, EnvironmentVersion
 from runs.models import Run
 from runs.routing import websocket_urlpatterns
+from telemetry.services import trace_request
 from trajectories.services import trajectory_samples_record
 
 from .route_walk import Route, walk
@@ -50,18 +51,21 @@ KWARG_BUILDERS = {
     "username": lambda world: world.member.username,
     "environment_id": lambda world: world.run.environment_id,
     "trajectory_id": lambda world: _sampled_trajectory(world.run),
+    "trace_id": lambda world: trace_request(user=world.owner, run=world.run, steps=2).pk,
     # With environment_id: the version of the world's environment its run is pinned to.
     "number": lambda world: world.run.environment_version.number,
 }
 # An id (or name) nothing has, to check the outsider's answer is that of a missing object.
 MISSING = {"run_id": 10**9, "project_id": 10**9, "token_id": 10**9, "username": "nobody-at-all",
-           "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory"}
+           "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory",
+           "trace_id": 10**9}
 
 # Routes of staff users who work on every project (the trainer): others get 403 on each.
 STAFF_ONLY = {
     "/api/trainer/runs/<int:run_id>/heartbeat/",
     "/api/trainer/runs/<int:run_id>/telemetry/",
     "/api/trainer/runs/<int:run_id>/trajectories/",
+    "/api/trainer/runs/<int:run_id>/traces/<int:trace_id>/",
 }
 # Django's admin is for staff, who see everything by design; it has its own login.
 SKIPPED_NAMESPACES = {"admin"}

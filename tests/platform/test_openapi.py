@@ -26,6 +26,7 @@ from schemathesis.specs.openapi.checks import (
 
 from accounts.services import api_token_create, membership_add
 from runs.services import run_claim_next
+from telemetry.services import trace_request
 from trajectories.services import trajectory_samples_record
 
 from .test_run_page_browser import CHROMIUM, CHROMIUM_ARGS
@@ -119,6 +120,7 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run):
     spare_token, _ = api_token_create(user=user, name="spare")
     sample = calculator_sample(claimed.pk)
     trajectory_samples_record(run=claimed, samples=[sample])
+    trace = trace_request(user=user, run=claimed, steps=2)
     return {
         "base": server,
         "headers": {"Authorization": f"Token {user.raw_token}"},
@@ -130,6 +132,7 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run):
             "username": st.sampled_from(["teammate", "fuzzer"]),
             "environment_id": st.just(environment.pk),
             "trajectory_id": st.just(sample.trajectory_id),
+            "trace_id": st.just(trace.pk),
             "number": st.sampled_from([1, 2]),
         },
     }

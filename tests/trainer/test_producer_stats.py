@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tandem.contracts import ProducerReport, producers_key
+from tandem.contracts import EpisodeTimings, ProducerReport, producers_key
 from trainer.producer_stats import ProducerStats
 from workers.activity import ProducerActivity, report_activity
 from workers.circuit_breaker import process_breakers
@@ -78,3 +78,39 @@ def test_an_open_circuit_breaker_reaches_the_step_telemetry(redis_client):
         process_breakers.record_success(environment)
     report_activity(redis_client, run_id, activity, worker="host:3")
     assert ProducerStats(redis_client, run_id).step_fields()["circuit_breakers_open"][environment] == 0
+
+
+def _timings(started_at, *, total, generation, environment, tool):
+    return EpisodeTimings(started_at=started_at, finished_at=started_at + total, generation_s=generation,
+                          environment_s=environment, tool_s=tool)
+
+
+def test_the_trainer_charts_where_producers_time_went_during_the_step(redis_client):
+    run_id = 43
+    first, second = ProducerActivity(), ProducerActivity()
+    report_activity(redis_client, run_id, first, worker="host:1")
+    report_activity(redis_client, run_id, second, worker="host:2")
+    stats = ProducerStats(redis_client, run_id)
+    assert stats.step_fields()["producer_timings"].keys() == {"rss_bytes"}  # nothing to difference yet
+
+    first.episode_finished(run_id=run_id, timings=_timings(0.0, total=4.0, generation=2.0, environment=1.0,
+                                                           tool=0.5), stream_put_s=0.5)
+    second.episode_finished(run_id=run_id, timings=_timings(0.0, total=3.0, generation=3.0, environment=0.0,
+                                                            tool=0.0), stream_put_s=1.0)
+    second.episode_finished(run_id=run_id + 1, timings=_timings(0.0, total=9.0, generation=9.0, environment=0.0,
+                                                                tool=0.0), stream_put_s=9.0)  # another run's
+    time.sleep(0.05)
+    for activity, worker in ((first, "host:1"), (second, "host:2")):
+        report_activity(redis_client, run_id, activity, worker=worker)
+
+    timings = stats.step_fields()["producer_timings"]
+
+    work_s = 4.0 + 0.5 + 3.0 + 1.0
+    assert timings["generation_share"] == pytest.approx(5.0 / work_s)
+    assert timings["environment_share"] == pytest.approx(1.0 / work_s)
+    assert timings["tool_share"] == pytest.approx(0.5 / work_s)
+    assert timings["stream_put_share"] == pytest.approx(1.5 / work_s)
+    assert timings["stream_put_s"] == pytest.approx(1.5)
+    assert timings["cpu_cores"] >= 0.0 and timings["rss_bytes"] > 0
+    # No new report since: no new work to share out, but the memory is still charted.
+    assert stats.step_fields()["producer_timings"].keys() == {"rss_bytes"}

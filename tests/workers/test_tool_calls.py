@@ -129,3 +129,24 @@ def test_a_guessing_game_episode_rewards_binary_search_through_the_agent():
     record, transcript = _agent_episode(GuessingGameEnvironment(), {"target": 37}, ["A:50", "A:25", "A:37"])
     assert record.status == "ok" and record.num_turns == 3 and abs(record.reward - 0.81) < 1e-9
     assert "A:50lower\nA:25higher\nA:37" in transcript
+
+
+def test_tool_calls_are_timed_apart_from_the_environments_reset_and_step():
+    import asyncio
+    import dataclasses
+
+    from workers.environments.calculator import CALCULATOR_TOOL, CalculatorEnvironment
+
+    async def slow_calculator(arguments):
+        await asyncio.sleep(0.2)
+        return await CALCULATOR_TOOL.run(arguments)
+
+    class SlowToolCalculator(CalculatorEnvironment):
+        tools = (dataclasses.replace(CALCULATOR_TOOL, run=slow_calculator),)
+
+    turns = ['<tool_call>{"name": "calc", "arguments": {"expression": "1+1"}}</tool_call>', "A:2"]
+    record, _ = _agent_episode(SlowToolCalculator(), {"expression": "1+1"}, turns)
+
+    assert record.status == "ok" and record.reward == 1.0
+    assert 0.2 <= record.timings.tool_s < 0.5
+    assert record.timings.environment_s < 0.1  # reset and the final step only

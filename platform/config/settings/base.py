@@ -3,6 +3,8 @@
 DRF, Channels and Celery settings live in their own modules, imported at the end.
 """
 
+from pathlib import Path
+
 import dj_database_url
 
 from .environment import REPO_ROOT, env_bool, env_list, env_str
@@ -94,6 +96,11 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [REPO_ROOT / "frontend" / "static"]
+# Uploaded files (profiler traces of runs) live with the platform's other state under var/.
+MEDIA_ROOT = Path(env_str("TANDEM_MEDIA_ROOT", str(REPO_ROOT / "var" / "media")))
+# Traces are served by the API's own download view (with permission checks), never as public media.
+MEDIA_URL = "/media/"
+
 # No STATIC_ROOT: WhiteNoise serves straight from the finders, so there is no collectstatic step.
 WHITENOISE_USE_FINDERS = True
 

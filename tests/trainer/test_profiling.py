@@ -1,0 +1,92 @@
+"""The trainer step's stage timeline and the metric series it becomes."""
+
+import time
+
+import pytest
+
+from tandem.contracts import StepTimeline, TrainerStepEvent
+from trainer.profiling import StageRecorder, timeline_wall_s
+
+
+class Clock:
+    def __init__(self, now: float = 50.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_stages_cover_the_step_and_the_gaps_between_them_are_other():
+    clock = Clock()
+    recorder = StageRecorder(clock=clock, wall_clock=lambda: 1_000_000.0 + clock.now)
+    recorder.start()
+    clock.now += 0.5  # before the first stage: other
+    with recorder.stage("data_wait"):
+        clock.now += 2.0
+    with recorder.stage("compute"):
+        clock.now += 1.0
+    clock.now += 0.25  # between stages: other
+    with recorder.stage("publish"):
+        clock.now += 0.125
+    clock.now += 0.125  # after the last stage: other
+
+    timeline = recorder.finish()
+
+    assert [span.name for span in timeline.spans] == ["other", "data_wait", "compute", "other", "publish", "other"]
+    assert all(a.ended_at == b.started_at for a, b in zip(timeline.spans, timeline.spans[1:], strict=False))
+    assert timeline.spans[0].started_at == 1_000_050.0
+    assert timeline.seconds_by_stage() == pytest.approx(
+        {"other": 0.875, "data_wait": 2.0, "compute": 1.0, "publish": 0.125})
+    assert timeline_wall_s(timeline) == pytest.approx(4.0)
+
+
+def test_each_step_begins_where_the_last_one_ended_so_no_second_is_lost():
+    clock = Clock()
+    recorder = StageRecorder(clock=clock, wall_clock=lambda: clock.now)
+    with recorder.stage("compute"):
+        clock.now += 1.0
+    first = recorder.finish()
+    with recorder.stage("telemetry"):  # the first step's flush, billed to the second
+        clock.now += 0.5
+    with recorder.stage("compute"):
+        clock.now += 1.0
+    second = recorder.finish()
+
+    assert second.spans[0].started_at == first.spans[-1].ended_at
+    assert [span.name for span in second.spans] == ["telemetry", "compute"]
+    assert timeline_wall_s(first) + timeline_wall_s(second) == pytest.approx(2.5)
+
+
+def test_a_stage_that_raises_is_still_recorded():
+    clock = Clock()
+    recorder = StageRecorder(clock=clock, wall_clock=lambda: clock.now)
+    with pytest.raises(RuntimeError), recorder.stage("checkpoint"):
+        clock.now += 3.0
+        raise RuntimeError("disk full")
+
+    assert recorder.finish().seconds_by_stage() == {"checkpoint": 3.0}
+
+
+def test_a_step_event_charts_each_stage_and_the_trainer_utilisation():
+    clock = Clock()
+    recorder = StageRecorder(clock=clock, wall_clock=lambda: clock.now)
+    for name, seconds in (("data_wait", 1.0), ("batch", 0.5), ("host_to_device", 0.25), ("compute", 2.0),
+                          ("publish", 0.25)):
+        with recorder.stage(name):
+            clock.now += seconds
+    timeline = recorder.finish()
+    event = TrainerStepEvent(run_id=1, step=3, phase="rl", policy_version=2, wall_s=4.0, wait_s=1.0,
+                             compute_s=2.0, publish_s=0.25, other_s=0.75, loss=0.1, timeline=timeline,
+                             emitted_at=time.time())
+
+    values = event.metric_values()
+
+    assert values["trainer_utilisation"] == 0.5 and values["trainer_idle_fraction"] == 0.25
+    stages = {name: value for name, value in values.items() if name.startswith("stage/")}
+    assert stages == pytest.approx({"stage/data_wait_s": 1.0, "stage/batch_s": 0.5,
+                                    "stage/host_to_device_s": 0.25, "stage/compute_s": 2.0,
+                                    "stage/publish_s": 0.25})
+    assert sum(stages.values()) == pytest.approx(values["wall_s"])
+    # The timeline survives the trip to the platform as JSON.
+    assert TrainerStepEvent.model_validate_json(event.model_dump_json()).timeline == timeline
+    assert StepTimeline.model_validate(timeline.model_dump()).version == 1
