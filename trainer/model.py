@@ -359,6 +359,17 @@ def _write_rows(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Arr
     return jax.vmap(write_row)(cache, new, offsets)
 
 
+def _per_token(layer: nnx.Module, x: jax.Array) -> jax.Array:
+    """``layer`` applied to every token of ``x`` [..., features], as one 2D matmul over tokens.
+
+    The same numbers as calling it on ``x`` directly, but faster to train on
+    CPU: XLA differentiates a matmul over [B, T, d] inputs into transposed
+    copies of the [B, T, hidden] activations that cost more than the matmuls
+    themselves, while over [B * T, d] the weight gradient is one plain matmul.
+    """
+    return layer(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+
+
 def _rms_norm(features: int, config: TransformerConfig, rngs: nnx.Rngs) -> nnx.RMSNorm:
     return nnx.RMSNorm(
         features,
@@ -416,9 +427,11 @@ class Attention(nnx.Module):
         cache_index: jax.Array | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
         batch_size, length, _ = x.shape
-        query = self.query(x).reshape(batch_size, length, self.num_heads, self.head_dim)
-        key = self.key(x).reshape(batch_size, length, self.num_kv_heads, self.head_dim)
-        value = self.value(x).reshape(batch_size, length, self.num_kv_heads, self.head_dim)
+        query = _per_token(self.query, x).reshape(batch_size, length, self.num_heads, self.head_dim)
+        key = _per_token(self.key, x).reshape(batch_size, length, self.num_kv_heads, self.head_dim)
+        value = _per_token(self.value, x).reshape(
+            batch_size, length, self.num_kv_heads, self.head_dim
+        )
         if self.query_norm is not None:
             query = self.query_norm(query)
             key = self.key_norm(key)
@@ -438,7 +451,7 @@ class Attention(nnx.Module):
             new_cache = {"key": key, "value": value}
 
         attended = _attend(query, key, value, query_slots, key_mask)
-        return self.output(attended.reshape(batch_size, length, -1)), new_cache
+        return _per_token(self.output, attended.reshape(batch_size, length, -1)), new_cache
 
 
 class MLP(nnx.Module):
@@ -450,7 +463,9 @@ class MLP(nnx.Module):
         self.down = _linear(config.mlp_dim, config.d_model, config, rngs, bias=False)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+        tokens = x.reshape(-1, x.shape[-1])  # see _per_token
+        hidden = jax.nn.silu(self.gate(tokens)) * self.up(tokens)
+        return self.down(hidden).reshape(x.shape)
 
 
 class Block(nnx.Module):
@@ -540,8 +555,8 @@ class Transformer(nnx.Module):
         """float32 [..., V] logits of final-normed hidden states [..., d_model]."""
         hidden = hidden.astype(self.config.dtype)
         if self.head is None:
-            return self.embedding.attend(hidden).astype(jnp.float32)
-        return self.head(hidden).astype(jnp.float32)
+            return _per_token(self.embedding.attend, hidden).astype(jnp.float32)
+        return _per_token(self.head, hidden).astype(jnp.float32)
 
     def init_cache(self, batch_size: int, cache_len: int, dtype: Any = jnp.float32) -> KVCache:
         """An empty cache: one key and one value array [B, cache_len, KV, Dh] per layer."""
