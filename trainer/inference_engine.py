@@ -200,7 +200,39 @@ def sample_tokens(
     Top-k is applied first, then top-p over the renormalised top-k
     distribution (as in vLLM and Hugging Face). Tokens tied with the
     truncation threshold are all kept. The returned log-prob is under the
-    untruncated tempered distribution (module docstring).
+    untruncated tempered distribution (module docstring). The draw is
+    ``jax.random.categorical(keys[b], truncated logits)``, done as
+    :func:`sample_with_noise` with :func:`gumbel_noise` of the keys.
+    """
+    return sample_with_noise(
+        logits, temperature, top_p, top_k, gumbel_noise(keys, logits.shape[-1])
+    )
+
+
+def gumbel_noise(keys: jax.Array, vocab_size: int) -> jax.Array:
+    """float32 [..., V]: the Gumbel noise ``jax.random.categorical`` adds for each key of ``keys``.
+
+    Computing it apart from the logits lets a decode chunk draw the noise of
+    all its steps at once, before its loop: on CPU, JAX runs the threefry
+    hash as a loop of its own, which is costly once per token but cheap once
+    per chunk.
+    """
+    flat = keys.reshape(-1)
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, (vocab_size,), jnp.float32))(flat)
+    return noise.reshape(*keys.shape, vocab_size)
+
+
+def sample_with_noise(
+    logits: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    top_k: jax.Array,
+    noise: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`sample_tokens` with the keys' Gumbel noise [B, V] (:func:`gumbel_noise`) given.
+
+    ``argmax(truncated logits + noise)`` is exactly the token
+    ``jax.random.categorical`` draws with the keys the noise came from.
     """
     scaled = logits / temperature[:, None]
     log_probs = jax.nn.log_softmax(scaled, axis=-1)
@@ -221,7 +253,7 @@ def sample_tokens(
     # The sort is the costly part; skip it when no row truncates.
     needs_truncation = jnp.any((top_k > 0) | (top_p < 1.0))
     truncated = jax.lax.cond(needs_truncation, truncate, lambda scaled: scaled, scaled)
-    tokens = jax.vmap(jax.random.categorical)(keys, truncated).astype(jnp.int32)
+    tokens = jnp.argmax(truncated + noise, axis=-1).astype(jnp.int32)
     token_log_probs = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
     return tokens, token_log_probs
 
@@ -942,12 +974,23 @@ class InferenceEngine:
             step, _, _, _, active, _, _, _ = carry
             return (step < chunk) & jnp.any(active)
 
+        # A row's n-th token is drawn with key fold_in(key(seed), n). Rows only
+        # ever stop within a chunk, so an active row's step s draws its token
+        # number counts + s, and the noise of every step can be drawn up front.
+        steps = jnp.arange(chunk, dtype=jnp.int32)
+        keys = jax.vmap(
+            lambda seed, count: jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+                jax.random.key(seed), count + steps
+            ),
+            out_axes=1,
+        )(seeds, counts)  # [chunk, rows]
+        noise = gumbel_noise(keys, self._config.vocab_size)
+
         def decode_step(carry):
             step, row_cache, row_logits, offsets, active, produced, tokens, logprobs = carry
-            keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.key(seed), n))(
-                seeds, counts + produced
+            token, token_logprob = sample_with_noise(
+                row_logits, temperatures, top_ps, top_ks, noise[step]
             )
-            token, token_logprob = sample_tokens(row_logits, temperatures, top_ps, top_ks, keys)
             token = jnp.where(active, token, self._pad_id)
             tokens = tokens.at[:, step].set(token)
             logprobs = logprobs.at[:, step].set(jnp.where(active, token_logprob, 0.0))

@@ -46,8 +46,10 @@ from flax import nnx
 from tandem.run_config import ModelConfig
 from trainer.tokenizer import VOCAB_SIZE as BYTE_VOCAB_SIZE
 
-# A per-layer list of {"key": [B, L, KV, Dh], "value": [B, L, KV, Dh]} arrays
+# A per-layer list of {"key": [B, KV, L, Dh], "value": [B, KV, L, Dh]} arrays
 # (KV = num_kv_heads: grouped-query attention caches only the shared heads).
+# Heads come before slots because that is the layout attention reads them in:
+# with slots first, every decoded token would copy the whole cache to transpose it.
 KVCache = list[dict[str, jax.Array]]
 
 # Added to the scores of keys a query must not see. Finite (see module doc).
@@ -323,7 +325,7 @@ def _attend(
 
     Args:
       query: [B, T, H, Dh] queries, already rotated.
-      key, value: [B, S, KV, Dh] with KV dividing H; query head ``h`` reads kv head
+      key, value: [B, KV, S, Dh] with KV dividing H; query head ``h`` reads kv head
         ``h // (H / KV)`` (the Hugging Face ``repeat_kv`` layout). Slot ``s`` of the
         key axis is slot ``s`` of the sequence.
       query_slots: [B, T] int32, the sequence slot of each query (causality: key slot <= query
@@ -333,30 +335,41 @@ def _attend(
       [B, T, H, Dh] attention output.
     """
     batch_size, length, num_heads, head_dim = query.shape
-    num_kv_heads = key.shape[2]
+    num_kv_heads = key.shape[1]
     grouped = query.reshape(batch_size, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scale = head_dim**-0.5
     scores = (
-        jnp.einsum("btkgd,bskd->bkgts", grouped.astype(jnp.float32), key.astype(jnp.float32))
+        jnp.einsum("btkgd,bksd->bkgts", grouped.astype(jnp.float32), key.astype(jnp.float32))
         * scale
     )
-    key_slots = jnp.arange(key.shape[1], dtype=jnp.int32)
+    key_slots = jnp.arange(key.shape[2], dtype=jnp.int32)
     causal = key_slots[None, None, :] <= query_slots[:, :, None]  # [B, T, S]
     allowed = causal[:, None, None, :, :] & key_mask[:, None, None, None, :]  # [B, 1, 1, T, S]
     scores = jnp.where(allowed, scores, _MASKED_SCORE)
     weights = jax.nn.softmax(scores, axis=-1)
-    output = jnp.einsum("bkgts,bskd->btkgd", weights, value.astype(jnp.float32))
+    output = jnp.einsum("bkgts,bksd->btkgd", weights, value.astype(jnp.float32))
     return output.reshape(batch_size, length, num_heads, head_dim).astype(query.dtype)
 
 
 def _write_rows(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
-    """Write ``new`` [B, T, ...] into ``cache`` [B, L, ...] at slot ``offsets[b]`` of each row b."""
+    """Write ``new`` [B, KV, T, Dh] into ``cache`` [B, KV, L, Dh] at slot ``offsets[b]`` of row b."""
 
     def write_row(row_cache: jax.Array, row_new: jax.Array, offset: jax.Array) -> jax.Array:
-        start = (offset,) + (0,) * (row_cache.ndim - 1)
+        start = (0, offset, 0)
         return jax.lax.dynamic_update_slice(row_cache, row_new.astype(row_cache.dtype), start)
 
     return jax.vmap(write_row)(cache, new, offsets)
+
+
+def _per_token(layer: nnx.Module, x: jax.Array) -> jax.Array:
+    """``layer`` applied to every token of ``x`` [..., features], as one 2D matmul over tokens.
+
+    The same numbers as calling it on ``x`` directly, but faster to train on
+    CPU: XLA differentiates a matmul over [B, T, d] inputs into transposed
+    copies of the [B, T, hidden] activations that cost more than the matmuls
+    themselves, while over [B * T, d] the weight gradient is one plain matmul.
+    """
+    return layer(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
 
 
 def _rms_norm(features: int, config: TransformerConfig, rngs: nnx.Rngs) -> nnx.RMSNorm:
@@ -416,9 +429,11 @@ class Attention(nnx.Module):
         cache_index: jax.Array | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
         batch_size, length, _ = x.shape
-        query = self.query(x).reshape(batch_size, length, self.num_heads, self.head_dim)
-        key = self.key(x).reshape(batch_size, length, self.num_kv_heads, self.head_dim)
-        value = self.value(x).reshape(batch_size, length, self.num_kv_heads, self.head_dim)
+        query = _per_token(self.query, x).reshape(batch_size, length, self.num_heads, self.head_dim)
+        key = _per_token(self.key, x).reshape(batch_size, length, self.num_kv_heads, self.head_dim)
+        value = _per_token(self.value, x).reshape(
+            batch_size, length, self.num_kv_heads, self.head_dim
+        )
         if self.query_norm is not None:
             query = self.query_norm(query)
             key = self.key_norm(key)
@@ -427,6 +442,7 @@ class Attention(nnx.Module):
         key = _apply_rotary(key, positions, inverse_frequency)
 
         steps = jnp.arange(length, dtype=jnp.int32)
+        key, value = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)  # see KVCache
         if layer_cache is None:
             query_slots = jnp.broadcast_to(steps, (batch_size, length))
             new_cache = None
@@ -438,7 +454,7 @@ class Attention(nnx.Module):
             new_cache = {"key": key, "value": value}
 
         attended = _attend(query, key, value, query_slots, key_mask)
-        return self.output(attended.reshape(batch_size, length, -1)), new_cache
+        return _per_token(self.output, attended.reshape(batch_size, length, -1)), new_cache
 
 
 class MLP(nnx.Module):
@@ -450,7 +466,9 @@ class MLP(nnx.Module):
         self.down = _linear(config.mlp_dim, config.d_model, config, rngs, bias=False)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+        tokens = x.reshape(-1, x.shape[-1])  # see _per_token
+        hidden = jax.nn.silu(self.gate(tokens)) * self.up(tokens)
+        return self.down(hidden).reshape(x.shape)
 
 
 class Block(nnx.Module):
@@ -540,12 +558,12 @@ class Transformer(nnx.Module):
         """float32 [..., V] logits of final-normed hidden states [..., d_model]."""
         hidden = hidden.astype(self.config.dtype)
         if self.head is None:
-            return self.embedding.attend(hidden).astype(jnp.float32)
-        return self.head(hidden).astype(jnp.float32)
+            return _per_token(self.embedding.attend, hidden).astype(jnp.float32)
+        return _per_token(self.head, hidden).astype(jnp.float32)
 
     def init_cache(self, batch_size: int, cache_len: int, dtype: Any = jnp.float32) -> KVCache:
-        """An empty cache: one key and one value array [B, cache_len, KV, Dh] per layer."""
-        shape = (batch_size, cache_len, self.config.num_kv_heads, self.config.head_dim)
+        """An empty cache: one key and one value array [B, KV, cache_len, Dh] per layer."""
+        shape = (batch_size, self.config.num_kv_heads, cache_len, self.config.head_dim)
         return [
             {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
             for _ in range(self.config.num_layers)

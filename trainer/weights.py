@@ -83,10 +83,13 @@ def _params_like(restored: dict, like: nnx.State) -> nnx.State:
             raise ValueError(
                 f"published weights at {path} have shape {array.shape}, expected {template_node.shape}"
             )
-        return jax.numpy.asarray(array, dtype=template_node.dtype)
+        return np.asarray(array, dtype=template_node.dtype)
 
+    # One batched transfer of every leaf: leaf by leaf, the transfers cost
+    # more than decoding the whole blob.
+    leaves, treedef = jax.tree.flatten(rebuild(template, restored, ""))
     state = jax.tree.map(lambda x: x, like)
-    nnx.replace_by_pure_dict(state, rebuild(template, restored, ""))
+    nnx.replace_by_pure_dict(state, jax.tree.unflatten(treedef, jax.device_put(leaves)))
     return state
 
 

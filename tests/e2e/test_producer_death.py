@@ -54,7 +54,9 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     run = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "producer death", "environment": "slow-remote",
         "config": {"sft_steps": 0, "rl_steps": 20, "groups_per_step": 2, "group_size": 2,
-                   "groups_per_task": 1, "max_turns": 1, "rollout_timeout_s": 8},
+                   # Long enough that a live but slow (loaded) producer's groups never count as
+                   # lost; only the killed worker's do.
+                   "groups_per_task": 1, "max_turns": 1, "rollout_timeout_s": 25},
     })
     assert run.status_code == 201, run.text
     run_id = run.json()["id"]

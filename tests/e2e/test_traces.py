@@ -28,7 +28,7 @@ def own_stack(tmp_path):
     redis.Redis.from_url(redis_url).flushdb()
     with fresh_database() as database_url:
         stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=free_local_port(),
-                                       workers=0, var_dir=tmp_path))
+                                       workers=1, var_dir=tmp_path))
         yield stack
         stack.stop()
         for log in sorted(stack.log_dir.glob("*.log")):
@@ -51,6 +51,9 @@ def test_a_requested_trace_of_the_next_steps_is_captured_by_the_trainer_and_serv
     stack = own_stack
     credentials = stack.prepare()
     stack.start_web()
+    # A run waits until its environment's probe passed: a worker runs it, the platform worker records it.
+    stack.start_platform_worker()
+    stack.start_workers()
     api = httpx.Client(base_url=stack.config.platform_url,
                        headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
     run_id = api.post("/api/runs/", json={

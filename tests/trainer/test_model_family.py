@@ -95,7 +95,7 @@ def test_rows_at_different_cache_offsets_match_each_row_decoded_alone():
         np.testing.assert_allclose(np.asarray(logits[row]), alone, atol=TOLERANCE)
         # The new keys landed at the row's own offset and nowhere else.
         before, after = np.asarray(cache[0]["key"][row]), np.asarray(updated[0]["key"][row])
-        changed = np.flatnonzero(np.any(before != after, axis=(1, 2)))
+        changed = np.flatnonzero(np.any(before != after, axis=(0, 2)))  # [KV, L, Dh]
         np.testing.assert_array_equal(changed, [length, length + 1])
 
 
@@ -125,7 +125,7 @@ def test_cached_decode_matches_the_full_forward(config):
     full = np.asarray(forward(model, tokens, positions, mask))
 
     cache = model.init_cache(2, width)
-    assert cache[0]["key"].shape == (2, width, config.num_kv_heads, config.head_dim)
+    assert cache[0]["key"].shape == (2, config.num_kv_heads, width, config.head_dim)
     logits, cache = decode(
         model, tokens[:, :prompt_len], positions[:, :prompt_len], cache, np.int32(0), mask
     )

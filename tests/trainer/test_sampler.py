@@ -127,6 +127,25 @@ def test_top_k_and_top_p_keep_exactly_the_tokens_a_hand_computation_keeps():
     np.testing.assert_allclose(np.asarray(logprobs), expected[np.asarray(tokens)], atol=1e-6)
 
 
+def test_each_token_is_drawn_with_its_own_key_across_chunk_boundaries(
+    engine, params, forward_logprobs
+):
+    # A chunk draws the Gumbel noise of all its steps before decoding; the
+    # tokens must still be those of categorical(fold_in(key(seed), n)) drawn
+    # one at a time from each tempered distribution, in every chunk of the turn.
+    prompt = _random_tokens(21, 9)
+    seed, temperature = 1234, 0.8
+    completion = _run(
+        engine, None, prompt, max_new_tokens=3 * CHUNK + 1, temperature=temperature, seed=seed
+    )
+    log_probs = forward_logprobs(params, prompt + completion.token_ids, temperature)
+    expected = [
+        int(jax.random.categorical(jax.random.fold_in(jax.random.key(seed), n), log_probs[row]))
+        for n, row in enumerate(range(len(prompt) - 1, len(prompt) - 1 + len(completion.token_ids)))
+    ]
+    assert completion.token_ids == expected
+
+
 # ---------------------------------------------------------------- engine vs the full forward
 
 
