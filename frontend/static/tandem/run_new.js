@@ -1,0 +1,70 @@
+// The generated new-run form: the picked environment's health, and checks on blur from the
+// schema's bounds (the server validates again with RunConfig and shows its errors inline).
+(function () {
+  "use strict";
+  const form = document.getElementById("new-run-form");
+  if (!form) return;
+
+  const picker = document.getElementById("id_environment");
+  function showHealth() {
+    const option = picker.selectedOptions[0];
+    const panel = document.getElementById("environment-health");
+    if (!option || !option.dataset.status) { panel.hidden = true; return; }
+    panel.hidden = false;
+    const badge = document.getElementById("environment-health-status");
+    badge.className = "badge badge-" + option.dataset.status;
+    badge.textContent = option.dataset.statusLabel;
+    document.getElementById("environment-health-reason").textContent = option.dataset.reason;
+    const probed = document.getElementById("environment-health-probed");
+    probed.textContent = option.dataset.probedAgo || "never";
+    probed.title = option.dataset.probedAt;
+  }
+  if (picker) picker.addEventListener("change", showHealth);
+
+  function problem(input) {
+    const text = input.value.trim();
+    if (input.dataset.json) {
+      if (!text) return "";
+      try { JSON.parse(text); } catch (error) { return "Not valid JSON."; }
+      return "";
+    }
+    if (input.type !== "number" || !text) return "";
+    const number = Number(text);
+    if (!Number.isFinite(number)) return "Enter a number.";
+    if (input.dataset.integer && !Number.isInteger(number)) return "Enter a whole number.";
+    const data = input.dataset;
+    if (data.min !== undefined && number < Number(data.min)) return "Must be at least " + data.min + ".";
+    if (data.max !== undefined && number > Number(data.max)) return "Must be at most " + data.max + ".";
+    if (data.exclusiveMin !== undefined && number <= Number(data.exclusiveMin)) return "Must be greater than " + data.exclusiveMin + ".";
+    if (data.exclusiveMax !== undefined && number >= Number(data.exclusiveMax)) return "Must be less than " + data.exclusiveMax + ".";
+    return "";
+  }
+
+  function check(input) {
+    const box = input.closest(".config-field");
+    box.querySelectorAll(".field-error").forEach((node) => node.remove());
+    const message = problem(input);
+    box.classList.toggle("has-error", Boolean(message));
+    if (message) {
+      const line = document.createElement("p");
+      line.className = "error field-error client-error";
+      line.textContent = message;
+      box.appendChild(line);
+    }
+  }
+
+  function markChanged(input) {
+    const box = input.closest(".config-field");
+    const value = input.type === "checkbox" ? String(input.checked) : input.value.trim();
+    let fallback = input.dataset.default;
+    if (fallback === "None") fallback = "";
+    box.classList.toggle("changed", value !== fallback && !(input.type === "number" && Number(value) === Number(fallback) && value !== ""));
+  }
+
+  form.querySelectorAll("[data-default]").forEach((input) => {
+    markChanged(input);
+    input.addEventListener("blur", () => check(input));
+    input.addEventListener("change", () => markChanged(input));
+    input.addEventListener("input", () => markChanged(input));
+  });
+})();
