@@ -196,7 +196,8 @@ def _field(root, prop, path, name) -> ConfigField:
     others = [_resolve(root, variant) for variant in variants if variant.get("type") != "null"]
     common = {
         "path": path,
-        "label": prop.get("title") or name,
+        # An optional section's property has no title in the schema (it is a $ref).
+        "label": prop.get("title") or (name.upper() if len(name) <= 2 else name.replace("_", " ").capitalize()),
         "help_text": prop.get("description", ""),
         "default": prop.get("default"),
         "nullable": nullable,

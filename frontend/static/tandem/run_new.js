@@ -49,7 +49,8 @@
       const line = document.createElement("p");
       line.className = "error field-error client-error";
       line.textContent = message;
-      box.appendChild(line);
+      // Under the input, above the help text, where the server puts its errors too.
+      box.insertBefore(line, box.querySelector(".help"));
     }
   }
 
