@@ -14,6 +14,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from tandem.algorithm_config import AlgorithmConfig
 from tandem.run_config import RunConfig
 
 # The form's inputs are named ``config.<dotted path>``, like the service's errors.
@@ -141,6 +144,7 @@ def config_from_form(data, fields: list[ConfigField]) -> ConfigFormData:
     raw: dict[str, str] = {}
     changes: dict[str, Any] = {}
     errors: dict[str, list[str]] = {}
+    values: dict[str, Any] = {}
     for config_field in fields:
         name = config_field.input_name
         if config_field.widget == "checkbox":
@@ -163,9 +167,36 @@ def config_from_form(data, fields: list[ConfigField]) -> ConfigFormData:
                 value = _parse_number(text, integer=config_field.integer)
             else:
                 value = text
+        values[config_field.path] = value
         if value != config_field.default:
             _set_path(changes, config_field.path, value)
+    # A value left at the schema's default may still differ from what the config resolves to
+    # (algorithm.name=dapo presets epsilon_high=0.28): the form's value is what was asked for.
+    resolved = _resolved(changes)
+    if resolved is not None:
+        for path, value in values.items():
+            if value != _get_path(resolved, path):
+                _set_path(changes, path, value)
     return ConfigFormData(raw=raw, changes=changes, errors=errors)
+
+
+def algorithm_presets() -> dict[str, dict[str, Any]]:
+    """Each algorithm's resolved section, by name, so the form can show what picking it sets."""
+    names = AlgorithmConfig.model_json_schema()["properties"]["name"]["enum"]
+    return {name: AlgorithmConfig(name=name).model_dump(mode="json") for name in names}
+
+
+def _resolved(changes: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return RunConfig.model_validate(changes).model_dump(mode="json")
+    except ValidationError:
+        return None  # the service reports it, field by field
+
+
+def _get_path(config: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
 
 
 def _add_section(root, node, *, path, title, description, sections, defaults):

@@ -16,7 +16,13 @@ from domain_errors import DomainError, Forbidden, NotFound
 from environments.models import EnvironmentVersion
 from environments.selectors import environment_list, environment_version_last_probe_times
 
-from .config_form import config_defaults, config_flatten, config_from_form, config_sections
+from .config_form import (
+    algorithm_presets,
+    config_defaults,
+    config_flatten,
+    config_from_form,
+    config_sections,
+)
 from .forms import RunCloneForm, RunCreateForm
 from .models import Run
 from .realtime import run_websocket_path
@@ -271,6 +277,7 @@ def run_new_page(request):
         "clone": clone,
         "error_count": sum(len(messages_) for messages_ in errors.values()) + len(form_errors),
         "schema_url": reverse("api-run-config-schema"),
+        "algorithm_presets": algorithm_presets(),
     }
     return render(request, "runs/new.html", context, status=400 if errors or form_errors else 200)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 from django.http import QueryDict
 
-from runs.config_form import config_fields, config_from_form, config_sections
+from runs.config_form import algorithm_presets, config_fields, config_from_form, config_sections
 from tandem.run_config import RunConfig
 
 
@@ -122,3 +124,28 @@ def test_bad_json_is_an_error_of_its_field_and_bad_numbers_go_on_to_the_schema()
     assert list(submitted.errors) == ["stop_strings"]
     assert submitted.changes == {"group_size": "many"}  # RunConfig names this one
     assert submitted.raw["group_size"] == "many"
+
+
+def test_a_value_left_at_the_schema_default_is_sent_when_the_preset_would_change_it():
+    # dapo presets epsilon_high=0.28; the form shows 0.2, so 0.2 is what was asked for.
+    submitted = config_from_form(_submitted(algorithm__name="dapo"), config_fields())
+
+    assert submitted.changes["algorithm"]["epsilon_high"] == 0.2
+    assert submitted.changes["algorithm"]["overlong"] is None
+    assert RunConfig.model_validate(submitted.changes).algorithm.epsilon_high == 0.2
+
+
+def test_a_preset_as_the_page_shows_it_is_sent_as_just_the_algorithms_name():
+    dapo = algorithm_presets()["dapo"]
+    assert dapo["epsilon_high"] == 0.28 and dapo["dynamic_sampling"] is True
+    shown = {
+        f"algorithm__{name}": json.dumps(value) if isinstance(value, dict) else
+        ("true" if value is True else None if value is False else "" if value is None else str(value))
+        for name, value in dapo.items()
+    }
+
+    submitted = config_from_form(_submitted(**shown), config_fields())
+
+    assert submitted.changes == {"algorithm": {"name": "dapo", "epsilon_high": 0.28, "overlong": dapo["overlong"],
+                                               "dynamic_sampling": True}}
+    assert RunConfig.model_validate(submitted.changes).algorithm.model_dump(mode="json") == dapo

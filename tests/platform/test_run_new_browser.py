@@ -46,13 +46,17 @@ def test_the_generated_form_shows_an_inline_error_then_creates_the_run(
 
     page.fill("#id_name", "from-the-form")
     page.fill("#id_config_rl_steps", "5")
+    # Picking dapo shows its preset, which the user then changes.
+    page.select_option("#id_config_algorithm__name", "dapo")
+    assert page.input_value("#id_config_algorithm__epsilon_high") == "0.28"
+    assert page.is_checked("#id_config_algorithm__dynamic_sampling")
+    assert json.loads(page.input_value("#id_config_algorithm__overlong"))["penalty_factor"] == 1.0
     page.fill("#id_config_algorithm__epsilon_high", "12")
     page.locator("#id_config_algorithm__epsilon_high").blur()
     # Checked on blur from the schema's bounds, before anything is sent.
     epsilon = page.locator(".config-field[data-path='algorithm.epsilon_high']")
     assert epsilon.locator(".client-error").inner_text() == "Must be at most 10."
     page.check("#id_config_model__qk_norm")
-    page.select_option("#id_config_algorithm__name", "dapo")
     page.click("#start-run")
     page.wait_for_load_state()
 
@@ -65,6 +69,7 @@ def test_the_generated_form_shows_an_inline_error_then_creates_the_run(
     assert page.input_value("#id_name") == "from-the-form"
     assert page.is_checked("#id_config_model__qk_norm")
     assert page.input_value("#id_config_algorithm__name") == "dapo"
+    assert page.is_checked("#id_config_algorithm__dynamic_sampling")
     page.locator(".config-field[data-path='algorithm.epsilon_high']").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "run_new_inline_error.png"), full_page=True)
 

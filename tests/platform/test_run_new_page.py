@@ -138,7 +138,8 @@ def test_clone_prefills_the_form_from_a_run(browser, make_run, project, environm
 
 def test_a_cloned_form_posted_as_is_creates_the_same_config(browser, make_run, project, environment):
     source = make_run(project, environment=environment,
-                      config={"rl_steps": 9, "algorithm": {"name": "dapo"}, "lora": {"enabled": True}})
+                      config={"rl_steps": 9, "algorithm": {"name": "dapo", "epsilon_high": 0.2},
+                              "lora": {"enabled": True}})
     values = {}
     for field in config_fields():
         node = source.config

@@ -62,6 +62,23 @@
     box.classList.toggle("changed", value !== fallback && !(input.type === "number" && Number(value) === Number(fallback) && value !== ""));
   }
 
+  // Picking an algorithm shows its preset (dapo: epsilon_high 0.28, overlong shaping, ...),
+  // the values the trainer would use, which the user may then change.
+  const presets = JSON.parse(document.getElementById("algorithm-presets").textContent);
+  const algorithm = document.getElementById("id_config_algorithm__name");
+  if (algorithm) algorithm.addEventListener("change", () => {
+    const preset = presets[algorithm.value] || {};
+    Object.entries(preset).forEach(([name, value]) => {
+      const input = form.elements["config.algorithm." + name];
+      if (!input || name === "name") return;
+      if (input.type === "checkbox") input.checked = Boolean(value);
+      else if (input.dataset.json) input.value = value === null ? "" : JSON.stringify(value);
+      else input.value = value === null ? "" : String(value);
+      markChanged(input);
+      check(input);
+    });
+  });
+
   form.querySelectorAll("[data-default]").forEach((input) => {
     markChanged(input);
     input.addEventListener("blur", () => check(input));
