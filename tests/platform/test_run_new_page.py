@@ -203,3 +203,9 @@ def test_the_picker_shows_each_versions_health_and_refuses_failed_ones(browser, 
     response = browser.post("/runs/new/", {**_form_data(environment), "environment": f"{project.pk}:flaky@1"})
     assert response.status_code == 400 and not Run.objects.exists()
     assert "failed its probe" in response.content.decode().split('id="id_environment"', 1)[1].split("</div>", 1)[0]
+
+
+def test_cloning_another_projects_run_is_404(browser, environment, make_run):
+    stranger_run = make_run()  # a project alice does not belong to
+
+    assert browser.get(f"/runs/new/?clone={stranger_run.pk}").status_code == 404
