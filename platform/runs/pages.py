@@ -5,7 +5,7 @@ import json
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -27,7 +27,15 @@ from .forms import RunCloneForm, RunCreateForm
 from .models import Run
 from .realtime import run_websocket_path
 from .selectors import run_get_for_user, run_list, run_search
-from .services import LEGAL_TRANSITIONS, run_cancel, run_clone, run_create, run_pause, run_resume
+from .services import (
+    LEGAL_TRANSITIONS,
+    run_cancel,
+    run_clone,
+    run_config_normalise,
+    run_create,
+    run_pause,
+    run_resume,
+)
 
 RUNS_SHOWN = 100
 
@@ -277,9 +285,30 @@ def run_new_page(request):
         "clone": clone,
         "error_count": sum(len(messages_) for messages_ in errors.values()) + len(form_errors),
         "schema_url": reverse("api-run-config-schema"),
+        "validate_url": reverse("run-new-validate-page"),
         "algorithm_presets": algorithm_presets(),
     }
     return render(request, "runs/new.html", context, status=400 if errors or form_errors else 200)
+
+
+@login_required
+@require_POST
+def run_new_validate_page(request):
+    """The new-run form's config checked as a submit would check it, creating nothing.
+
+    The page calls it when a field loses focus, so rules across fields (num_heads must
+    divide d_model) show before the submit. ``{"errors": {<field path or section>: [...]},
+    "form_errors": [...]}``; the submit validates again.
+    """
+    fields = [config_field for section in config_sections() for config_field in section.fields]
+    submitted = config_from_form(request.POST, fields)
+    errors, form_errors = submitted.errors, []
+    if not errors:
+        try:
+            run_config_normalise(submitted.changes)
+        except DomainError as error:
+            _errors_by_field(error, fields, errors, form_errors)
+    return JsonResponse({"errors": errors, "form_errors": form_errors})
 
 
 def _environment_options(environments) -> list[dict]:

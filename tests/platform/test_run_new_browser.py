@@ -57,6 +57,16 @@ def test_the_generated_form_shows_an_inline_error_then_creates_the_run(
     epsilon = page.locator(".config-field[data-path='algorithm.epsilon_high']")
     assert epsilon.locator(".client-error").inner_text() == "Must be at most 10."
     page.check("#id_config_model__qk_norm")
+    # A rule across fields, checked by the server on blur before the submit.
+    page.fill("#id_config_model__num_heads", "3")
+    page.locator("#id_config_model__num_heads").blur()
+    model_error = page.locator("#config-section-model > .section-error")
+    model_error.wait_for()
+    assert "num_heads must divide d_model" in model_error.inner_text()
+    page.locator("#config-section-model").screenshot(path=str(SCREENSHOTS / "run_new_section_error.png"))
+    page.fill("#id_config_model__num_heads", "4")
+    page.locator("#id_config_model__num_heads").blur()
+    model_error.wait_for(state="detached")
     page.click("#start-run")
     page.wait_for_load_state()
 

@@ -209,3 +209,24 @@ def test_cloning_another_projects_run_is_404(browser, environment, make_run):
     stranger_run = make_run()  # a project alice does not belong to
 
     assert browser.get(f"/runs/new/?clone={stranger_run.pk}").status_code == 404
+
+
+def test_the_validation_endpoint_names_fields_and_sections_and_creates_nothing(browser, environment):
+    bad_field = browser.post("/runs/new/validate/", _form_data(environment, algorithm__epsilon_high="11"))
+    bad_section = browser.post("/runs/new/validate/", _form_data(environment, model__num_heads="3"))
+    good = browser.post("/runs/new/validate/", _form_data(environment, rl_steps="3"))
+    bad_json = browser.post("/runs/new/validate/", _form_data(environment, stop_strings="[x"))
+
+    assert bad_field.status_code == 200
+    assert list(bad_field.json()["errors"]) == ["algorithm.epsilon_high"]
+    assert "less than or equal to 10" in bad_field.json()["errors"]["algorithm.epsilon_high"][0]
+    assert "num_heads must divide d_model" in bad_section.json()["errors"]["model"][0]
+    assert good.json() == {"errors": {}, "form_errors": []}
+    assert list(bad_json.json()["errors"]) == ["stop_strings"]
+    assert not Run.objects.exists()
+
+
+def test_the_validation_endpoint_needs_a_login(client, environment):
+    response = client.post("/runs/new/validate/", _form_data(environment))
+
+    assert response.status_code == 302 and response["Location"].startswith("/login/")

@@ -40,18 +40,49 @@
     return "";
   }
 
-  function check(input) {
-    const box = input.closest(".config-field");
+  function showErrors(box, messages, kind) {
     box.querySelectorAll(".field-error").forEach((node) => node.remove());
-    const message = problem(input);
-    box.classList.toggle("has-error", Boolean(message));
-    if (message) {
+    box.classList.toggle("has-error", messages.length > 0);
+    messages.forEach((message) => {
       const line = document.createElement("p");
-      line.className = "error field-error client-error";
+      line.className = "error field-error " + kind;
       line.textContent = message;
-      // Under the input, above the help text, where the server puts its errors too.
+      // Under the input, above the help text, where the submit puts its errors too.
       box.insertBefore(line, box.querySelector(".help"));
-    }
+    });
+  }
+
+  function check(input) {
+    const message = problem(input);
+    showErrors(input.closest(".config-field"), message ? [message] : [], "client-error");
+    return !message;
+  }
+
+  // The whole config as a submit would check it (rules across fields too), creating nothing.
+  let pending = null;
+  async function checkOnServer() {
+    const request = fetch(form.dataset.validateUrl, {
+      method: "POST", body: new FormData(form), credentials: "same-origin",
+      headers: {"X-CSRFToken": form.elements.csrfmiddlewaretoken.value},
+    });
+    pending = request;
+    const response = await request;
+    if (pending !== request || !response.ok) return;  // a newer check is under way, or none to show
+    const result = await response.json();
+    form.querySelectorAll(".config-field[data-path]").forEach((box) => {
+      const input = box.querySelector("[data-default]");
+      if (input && problem(input)) return;  // the browser's own message stays
+      showErrors(box, result.errors[box.dataset.path] || [], "server-check");
+    });
+    form.querySelectorAll(".config-section[data-path]").forEach((section) => {
+      section.querySelectorAll(":scope > .section-error").forEach((node) => node.remove());
+      (result.errors[section.dataset.path] || []).forEach((message) => {
+        const line = document.createElement("p");
+        line.className = "error section-error server-check";
+        line.textContent = message;
+        section.querySelector(".config-grid").before(line);
+      });
+    });
   }
 
   function markChanged(input) {
@@ -81,7 +112,7 @@
 
   form.querySelectorAll("[data-default]").forEach((input) => {
     markChanged(input);
-    input.addEventListener("blur", () => check(input));
+    input.addEventListener("blur", () => { if (check(input)) checkOnServer(); });
     input.addEventListener("change", () => markChanged(input));
     input.addEventListener("input", () => markChanged(input));
   });
