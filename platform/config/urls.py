@@ -57,6 +57,8 @@ pages = [
     path("login/", auth_views.LoginView.as_view(template_name="accounts/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("runs/", run_pages.run_list_page, name="run-list-page"),
+    path("runs/new/", run_pages.run_new_page, name="run-new-page"),
+    path("runs/new/validate/", run_pages.run_new_validate_page, name="run-new-validate-page"),
     path("runs/<int:run_id>/", run_pages.run_page, name="run-page"),
     path("runs/<int:run_id>/cancel/", run_pages.run_cancel_page, name="run-cancel-page"),
     path("runs/<int:run_id>/pause/", run_pages.run_pause_page, name="run-pause-page"),

@@ -108,3 +108,16 @@ def environment_version_pin(*, project: Project, reference: str) -> EnvironmentV
 def environment_probe_list(*, version: EnvironmentVersion) -> QuerySet[EnvironmentProbe]:
     """The version's probes, newest first: its registration probe and health history."""
     return EnvironmentProbe.objects.filter(version=version).order_by("-requested_at", "-id")
+
+
+def environment_version_last_probe_times(*, versions: list[EnvironmentVersion]) -> dict[int, object]:
+    """When each version was last probed (its newest probe's finish, else request), by version id."""
+    times: dict[int, object] = {}
+    probes = (
+        EnvironmentProbe.objects.filter(version__in=versions)
+        .order_by("version_id", "-requested_at", "-id")
+        .values_list("version_id", "finished_at", "requested_at")
+    )
+    for version_id, finished_at, requested_at in probes:
+        times.setdefault(version_id, finished_at or requested_at)
+    return times

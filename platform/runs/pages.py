@@ -5,7 +5,7 @@ import json
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -13,13 +13,29 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts.models import Membership
 from accounts.selectors import project_get_for_user, project_list, project_role
 from domain_errors import DomainError, Forbidden, NotFound
-from environments.selectors import environment_list
+from environments.models import EnvironmentVersion
+from environments.selectors import environment_list, environment_version_last_probe_times
 
+from .config_form import (
+    algorithm_presets,
+    config_defaults,
+    config_flatten,
+    config_from_form,
+    config_sections,
+)
 from .forms import RunCloneForm, RunCreateForm
 from .models import Run
 from .realtime import run_websocket_path
 from .selectors import run_get_for_user, run_list, run_search
-from .services import LEGAL_TRANSITIONS, run_cancel, run_clone, run_create, run_pause, run_resume
+from .services import (
+    LEGAL_TRANSITIONS,
+    run_cancel,
+    run_clone,
+    run_config_normalise,
+    run_create,
+    run_pause,
+    run_resume,
+)
 
 RUNS_SHOWN = 100
 
@@ -195,6 +211,152 @@ def run_compare_page(request):
         for run in runs
     ]
     return render(request, "runs/compare.html", {"runs": runs, "series": series})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def run_new_page(request):
+    """The new-run form generated from RunConfig's schema; ``?clone=<run id>`` prefills it from a run."""
+    sections = config_sections()
+    fields = [config_field for section in sections for config_field in section.fields]
+    writable = [project for project in project_list(user=request.user)
+                if project.role in Membership.WRITER_ROLES]
+    if not writable:
+        raise PermissionDenied("You may start runs only in a project where you are an owner or a member.")
+    environments = environment_list(user=request.user).filter(project__in=writable)
+    options = _environment_options(environments)
+    clone = None
+    if request.GET.get("clone", "").isdigit():
+        clone = _run_or_404(request, int(request.GET["clone"]))
+    values = config_defaults(fields)
+    raw: dict[str, str] = {}
+    errors: dict[str, list[str]] = {}
+    form_errors: list[str] = []
+    name = f"{clone.name} (clone)"[:200] if clone else ""
+    picked = f"{clone.project_id}:{clone.environment.name}@{clone.environment_version.number}" if clone else ""
+    if clone:
+        values.update(config_flatten(clone.config, fields))
+    if request.method == "POST":
+        name = request.POST.get("name", "").strip()[:200]
+        picked = request.POST.get("environment", "")
+        submitted = config_from_form(request.POST, fields)
+        raw, errors = submitted.raw, submitted.errors
+        project_id, _, environment_name = picked.partition(":")
+        if not project_id.isdigit() or not environment_name:
+            errors.setdefault("environment", []).append("Pick an environment.")
+        if not errors:
+            try:
+                project = project_get_for_user(user=request.user, project_id=int(project_id))
+                run = run_create(user=request.user, project=project, environment_name=environment_name,
+                                 config=submitted.changes, name=name)
+            except Forbidden as error:
+                raise PermissionDenied(error.message) from None
+            except DomainError as error:
+                _errors_by_field(error, fields, errors, form_errors)
+            else:
+                messages.success(request, f"Run {run.name} queued.")
+                return redirect("run-page", run_id=run.pk)
+    if not picked:
+        picked = next((option["value"] for option in options if not option["disabled"]), "")
+    context = {
+        "sections": [
+            {
+                "section": section,
+                "errors": errors.get(section.path, []),
+                "rows": [
+                    {
+                        "field": config_field,
+                        "value": raw[config_field.path] if config_field.path in raw
+                        else config_field.render_value(values.get(config_field.path)),
+                        "errors": errors.get(config_field.path, []),
+                    }
+                    for config_field in section.fields
+                ],
+            }
+            for section in sections
+        ],
+        "options": options,
+        "picked": next((option for option in options if option["value"] == picked), None),
+        "picked_value": picked,
+        "environment_errors": errors.get("environment", []),
+        "name_errors": errors.get("name", []),
+        "form_errors": form_errors + errors.get("", []),
+        "name": name,
+        "clone": clone,
+        "error_count": sum(len(messages_) for messages_ in errors.values()) + len(form_errors),
+        "schema_url": reverse("api-run-config-schema"),
+        "validate_url": reverse("run-new-validate-page"),
+        "algorithm_presets": algorithm_presets(),
+    }
+    return render(request, "runs/new.html", context, status=400 if errors or form_errors else 200)
+
+
+@login_required
+@require_POST
+def run_new_validate_page(request):
+    """The new-run form's config checked as a submit would check it, creating nothing.
+
+    The page calls it when a field loses focus, so rules across fields (num_heads must
+    divide d_model) show before the submit. ``{"errors": {<field path or section>: [...]},
+    "form_errors": [...]}``; the submit validates again.
+    """
+    fields = [config_field for section in config_sections() for config_field in section.fields]
+    submitted = config_from_form(request.POST, fields)
+    errors, form_errors = submitted.errors, []
+    if not errors:
+        try:
+            run_config_normalise(submitted.changes)
+        except DomainError as error:
+            _errors_by_field(error, fields, errors, form_errors)
+    return JsonResponse({"errors": errors, "form_errors": form_errors})
+
+
+def _environment_options(environments) -> list[dict]:
+    """One picker option per environment version, newest first, with its health; failed ones disabled."""
+    versions = [version for environment in environments for version in environment.versions.all()]
+    probed = environment_version_last_probe_times(versions=versions)
+    options = []
+    for environment in environments:
+        for version in environment.versions.all():
+            options.append({
+                "value": f"{environment.project_id}:{environment.name}@{version.number}",
+                "label": f"{environment.name} v{version.number}",
+                "project": environment.project.name,
+                "status": version.status,
+                "status_label": version.get_status_display(),
+                "reason": version.status_reason,
+                "probed_at": probed.get(version.pk),
+                "disabled": version.status == EnvironmentVersion.Status.FAILED,
+            })
+    return options
+
+
+def _errors_by_field(error: DomainError, fields, errors: dict[str, list[str]], form_errors: list[str]) -> None:
+    """Put a service error next to the input it names: ``config.algorithm.epsilon_high`` -> that field.
+
+    An error about a whole section (a model validator's, e.g. ``config.model``) shows on its fieldset;
+    one about the whole config, or a field not on the form, shows above the form.
+    """
+    paths = {config_field.path for config_field in fields}
+    sections = {path.rsplit(".", 1)[0] for path in paths if "." in path}
+    if not error.fields:
+        form_errors.append(error.message)
+    for name, field_messages in error.fields.items():
+        if name.startswith("config."):
+            path = name.removeprefix("config.")
+            # A list item's error (config.stop_strings.0) belongs to the list's input.
+            while path and path not in paths and path not in sections and "." in path:
+                path = path.rsplit(".", 1)[0]
+            key = path if path in paths or path in sections else None
+        elif name in ("environment", "name"):
+            key = name
+        else:
+            key = None
+        for message in field_messages:
+            if key is None:
+                form_errors.append(f"{name}: {message}")
+            else:
+                errors.setdefault(key, []).append(message)
 
 
 def _run_or_404(request, run_id: int):

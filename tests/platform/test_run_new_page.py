@@ -1,0 +1,232 @@
+"""The new-run page: a form generated from RunConfig's schema, errors inline, environment health."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+
+from environments.builtin import CALCULATOR
+from environments.models import EnvironmentVersion
+from environments.services import environment_probe_record, environment_register
+from runs.config_form import config_fields, config_sections
+from runs.models import Run
+from tandem.run_config import RunConfig
+
+from .conftest import probe_report
+
+
+def _logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def browser(user) -> Client:
+    return _logged_in(user)
+
+
+def _form_data(environment, name: str = "", **values) -> dict:
+    """The form as the page renders it (every input at its default), with ``values`` changed."""
+    data = {"environment": f"{environment.project_id}:{environment.name}@1", "name": name}
+    for field in config_fields():
+        if field.widget == "checkbox":
+            if field.default:
+                data[field.input_name] = "true"
+        else:
+            data[field.input_name] = field.render_value(field.default)
+    for path, value in values.items():
+        data["config." + path.replace("__", ".")] = value
+    return data
+
+
+def _field_block(html: str, path: str) -> str:
+    """The rendered block of one config field (label, input, help, errors)."""
+    match = re.search(rf'<div class="config-field[^"]*" data-path="{re.escape(path)}">(.*?)</div>', html, re.S)
+    assert match, f"no field {path} on the page"
+    return match.group(0)
+
+
+def test_the_page_renders_every_section_and_field(browser, environment):
+    response = browser.get("/runs/new/")
+    html = response.content.decode()
+
+    assert response.status_code == 200
+    for section in config_sections():
+        assert f'id="{section.html_id}"' in html
+    for field in config_fields():
+        assert f'name="{field.input_name}"' in html
+    epsilon = _field_block(html, "algorithm.epsilon_low")
+    assert 'data-exclusive-min="0"' in epsilon and 'data-exclusive-max="1"' in epsilon
+    assert "Epsilon Low" in epsilon and "Lower clip range" in epsilon and "default 0.2" in epsilon
+    name = _field_block(html, "algorithm.name")
+    assert '<option value="dapo"' in name and '<option value="grpo" selected>' in name
+    assert 'type="checkbox" name="config.lora.enabled"' in _field_block(html, "lora.enabled")
+    assert "<textarea" in _field_block(html, "stop_strings")
+
+
+def test_the_runs_list_links_to_the_new_run_page(browser, environment):
+    html = browser.get("/runs/").content.decode()
+
+    assert 'id="new-run-link" ' in html and 'href="/runs/new/"' in html
+
+
+def test_a_bad_value_comes_back_inline_at_its_field_with_the_input_kept(browser, environment):
+    response = browser.post(
+        "/runs/new/",
+        _form_data(environment, algorithm__epsilon_high="11", rl_steps="7", name="mine"),
+    )
+    html = response.content.decode()
+
+    assert response.status_code == 400
+    assert not Run.objects.exists()
+    block = _field_block(html, "algorithm.epsilon_high")
+    assert 'class="config-field has-error"' in block
+    assert "less than or equal to 10" in block
+    assert 'value="11"' in block
+    assert 'value="7"' in _field_block(html, "rl_steps")  # the rest of the input is kept too
+    assert 'value="mine"' in html
+    assert "has-error" not in _field_block(html, "rl_steps")
+
+
+def test_a_sections_own_rule_shows_on_its_fieldset(browser, environment):
+    response = browser.post("/runs/new/", _form_data(environment, model__num_heads="3"))
+    html = response.content.decode()
+
+    assert response.status_code == 400
+    section = html.split('id="config-section-model"', 1)[1].split("</legend>", 1)[1]
+    assert section.lstrip().split("<div", 1)[0].count("num_heads must divide d_model") == 1
+
+
+def test_a_good_form_creates_a_run_that_stores_only_the_changes_over_defaults(browser, environment):
+    response = browser.post(
+        "/runs/new/",
+        _form_data(environment, rl_steps="7", algorithm__epsilon_high="0.28", model__qk_norm="true",
+                   name="tuned"),
+    )
+
+    run = Run.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/runs/{run.pk}/"
+    assert run.name == "tuned" and run.environment == environment
+    expected = RunConfig.model_validate(
+        {"rl_steps": 7, "algorithm": {"epsilon_high": 0.28}, "model": {"qk_norm": True}}
+    ).model_dump(mode="json")
+    assert run.config == expected
+    defaults = RunConfig().model_dump(mode="json")
+    differing = {key for key in defaults if run.config[key] != defaults[key]}
+    assert differing == {"rl_steps", "algorithm", "model"}
+
+
+def test_clone_prefills_the_form_from_a_run(browser, make_run, project, environment):
+    source = make_run(project, environment=environment, name="base",
+                      config={"rl_steps": 9, "model": {"d_model": 128}, "stop_strings": ["END"]})
+
+    html = browser.get(f"/runs/new/?clone={source.pk}").content.decode()
+
+    assert 'value="base (clone)"' in html
+    assert 'value="9"' in _field_block(html, "rl_steps")
+    assert 'value="128"' in _field_block(html, "model.d_model")
+    assert "[&quot;END&quot;]" in _field_block(html, "stop_strings")
+    assert f'value="{project.pk}:{environment.name}@1" data-status="ready"' in html
+    assert re.search(rf'value="{project.pk}:{environment.name}@1"[^>]*selected', html)
+    # The JSON clone page leads to this form, and back.
+    assert f'href="/runs/{source.pk}/clone/"' in html
+    assert f'href="/runs/new/?clone={source.pk}"' in browser.get(f"/runs/{source.pk}/clone/").content.decode()
+
+
+def test_a_cloned_form_posted_as_is_creates_the_same_config(browser, make_run, project, environment):
+    source = make_run(project, environment=environment,
+                      config={"rl_steps": 9, "algorithm": {"name": "dapo", "epsilon_high": 0.2},
+                              "lora": {"enabled": True}})
+    values = {}
+    for field in config_fields():
+        node = source.config
+        for part in field.path.split("."):
+            node = node[part]
+        values[field.path.replace(".", "__")] = "true" if node is True else field.render_value(node)
+    data = _form_data(environment, **values)
+    for field in config_fields():
+        if field.widget == "checkbox" and data.get(field.input_name) != "true":
+            data.pop(field.input_name, None)
+
+    browser.post(f"/runs/new/?clone={source.pk}", data)
+
+    clone = Run.objects.exclude(pk=source.pk).get()
+    assert clone.config == source.config
+
+
+def test_a_viewer_gets_403(make_user, make_project, make_environment):
+    viewer = make_user("vera")
+    project = make_project(viewers=[viewer])
+    environment = make_environment(project)
+    client = _logged_in(viewer)
+
+    assert client.get("/runs/new/").status_code == 403
+    assert client.post("/runs/new/", _form_data(environment)).status_code == 403
+    assert not Run.objects.exists()
+
+
+def test_a_viewer_cannot_start_a_run_in_a_project_where_it_only_views(make_user, make_project, make_environment, user):
+    # alice writes in her own project but only views this one: the service refuses, as over the API.
+    project = make_project(viewers=[user])
+    make_project(owner=user)
+    environment = make_environment(project)
+
+    response = _logged_in(user).post("/runs/new/", _form_data(environment))
+
+    assert response.status_code == 403 and not Run.objects.exists()
+
+
+def test_the_picker_shows_each_versions_health_and_refuses_failed_ones(browser, project, environment):
+    failing = environment_register(user=project.owner, project=project, spec=CALCULATOR.model_copy(update={"name": "flaky"}))
+    environment_probe_record(report=probe_report(failing.probes.get(), failed_check="step"))
+    failing.refresh_from_db()
+    pending = environment_register(user=project.owner, project=project, spec=CALCULATOR.model_copy(update={"name": "fresh"}))
+    assert failing.status == EnvironmentVersion.Status.FAILED
+
+    html = browser.get("/runs/new/").content.decode()
+
+    flaky = re.search(rf'<option value="{project.pk}:flaky@1"[^>]*>', html).group(0)
+    assert 'data-status="failed"' in flaky and " disabled" in flaky
+    assert re.search(r'data-reason="[^"]*step[^"]*"', flaky)
+    assert 'data-probed-at="20' in flaky
+    fresh = re.search(rf'<option value="{project.pk}:fresh@1"[^>]*>', html).group(0)
+    assert 'data-status="pending"' in fresh and "disabled" not in fresh
+    # The first pickable version is picked, and its health is shown next to the picker.
+    health = html.split('id="environment-health"', 1)[1].split("</div>\n      </div>", 1)[0]
+    assert 'class="badge badge-ready"' in health and "Ready" in health
+    assert "ago" in health
+    assert pending.status == EnvironmentVersion.Status.PENDING
+
+    response = browser.post("/runs/new/", {**_form_data(environment), "environment": f"{project.pk}:flaky@1"})
+    assert response.status_code == 400 and not Run.objects.exists()
+    assert "failed its probe" in response.content.decode().split('id="id_environment"', 1)[1].split("</div>", 1)[0]
+
+
+def test_cloning_another_projects_run_is_404(browser, environment, make_run):
+    stranger_run = make_run()  # a project alice does not belong to
+
+    assert browser.get(f"/runs/new/?clone={stranger_run.pk}").status_code == 404
+
+
+def test_the_validation_endpoint_names_fields_and_sections_and_creates_nothing(browser, environment):
+    bad_field = browser.post("/runs/new/validate/", _form_data(environment, algorithm__epsilon_high="11"))
+    bad_section = browser.post("/runs/new/validate/", _form_data(environment, model__num_heads="3"))
+    good = browser.post("/runs/new/validate/", _form_data(environment, rl_steps="3"))
+    bad_json = browser.post("/runs/new/validate/", _form_data(environment, stop_strings="[x"))
+
+    assert bad_field.status_code == 200
+    assert list(bad_field.json()["errors"]) == ["algorithm.epsilon_high"]
+    assert "less than or equal to 10" in bad_field.json()["errors"]["algorithm.epsilon_high"][0]
+    assert "num_heads must divide d_model" in bad_section.json()["errors"]["model"][0]
+    assert good.json() == {"errors": {}, "form_errors": []}
+    assert list(bad_json.json()["errors"]) == ["stop_strings"]
+    assert not Run.objects.exists()
+
+
+def test_the_validation_endpoint_needs_a_login(client, environment):
+    response = client.post("/runs/new/validate/", _form_data(environment))
+
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
