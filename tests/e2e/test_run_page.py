@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -13,28 +14,34 @@ CHROMIUM_ARGS = [
 ]
 
 
-def test_run_page_charts_grow_live_without_reloading(stack, credentials, tmp_path):
+def test_a_run_created_from_the_form_grows_its_charts_live_without_reloading(stack, credentials, tmp_path):
     local, _ = stack
     base = local.config.platform_url
     api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
-    run = api.post("/api/runs/", json={
-        "project": credentials.project_id, "name": "browser", "environment": "calculator",
-        # The synchronous pipeline and the filesystem weight transport, so this run also proves
-        # both: every episode comes from the newest policy, loaded from an Orbax checkpoint.
-        "config": {"sft_steps": 80, "rl_steps": 3, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1,
-                   "pipeline": "sync", "weight_transport": "filesystem"},
-    })
-    assert run.status_code == 201, run.text
-    run_id = run.json()["id"]
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page()
-        page.goto(f"{base}/login/?next=/runs/{run_id}/")
+        page.goto(f"{base}/login/?next=/runs/new/")
         page.fill("#id_username", credentials.username)
         page.fill("#id_password", credentials.password)
         page.click("button[type=submit], input[type=submit]")
-        page.wait_for_url(f"**/runs/{run_id}/")
+        page.wait_for_url("**/runs/new/")
+        # The form generated from the run config schema. The synchronous pipeline and the
+        # filesystem weight transport, so this run also proves both: every episode comes
+        # from the newest policy, loaded from an Orbax checkpoint.
+        page.select_option("#id_environment", f"{credentials.project_id}:calculator@1")
+        page.fill("#id_name", "browser")
+        for field, value in {"sft_steps": "80", "rl_steps": "3", "groups_per_step": "2", "group_size": "4",
+                             "groups_per_task": "1"}.items():
+            page.fill(f"#id_config_{field}", value)
+        page.select_option("#id_config_pipeline", "sync")
+        page.select_option("#id_config_weight_transport", "filesystem")
+        page.click("#start-run")
+        page.wait_for_url(re.compile(r".*/runs/\d+/$"))
+        run_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+        config = api.get(f"/api/runs/{run_id}/").json()["config"]
+        assert (config["sft_steps"], config["pipeline"], config["weight_transport"]) == (80, "sync", "filesystem")
         navigations = []
         page.on("framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None)
 
