@@ -12,41 +12,23 @@ from flax import nnx
 
 from tandem.run_config import RunConfig
 from trainer.checkpoint_export import export_checkpoint
-from trainer.checkpoints import RunCheckpointer, RunProgress
+from trainer.checkpoints import RunCheckpointer
 from trainer.hf import load_hf_checkpoint
-from trainer.run_loop import initial_train_state, make_optimizer
-from trainer.tokenizer import load_tokenizer
+
+from .factories import save_checkpoints
 
 RUN_CONFIG = {"model": {"d_model": 32, "num_layers": 2, "num_heads": 2, "mlp_dim": 64, "max_seq_len": 32},
               "checkpoints_kept": 2}
-
-
-def _state(config: RunConfig, seed: int):
-    """A train state whose parameters are all drawn from ``seed``, so two steps differ everywhere."""
-    _, state = initial_train_state(config, vocab_size=load_tokenizer(config.model.tokenizer).vocab_size,
-                                   needs_value_head=False, optimizer=make_optimizer(config.learning_rate))
-    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(state.params))))
-    params = jax.tree.map(lambda leaf: jax.random.normal(next(keys), leaf.shape, leaf.dtype), state.params)
-    return state.replace(params=params)
-
-
-def _save_steps(checkpointer: RunCheckpointer, config: RunConfig, steps: range) -> dict[int, object]:
-    states = {}
-    for step in steps:
-        states[step] = _state(config, seed=step)
-        checkpointer.save(step, train_state=states[step], progress=RunProgress(step=step, policy_version=step * 10))
-        checkpointer.wait_until_finished()
-    return states
 
 
 def test_committed_checkpoints_follow_the_retention_policy(tmp_path: Path):
     config = RunConfig.model_validate(RUN_CONFIG)
     checkpointer = RunCheckpointer(tmp_path / "run-1", max_to_keep=config.checkpoints_kept)
     try:
-        _save_steps(checkpointer, config, range(1, 3))
+        save_checkpoints(checkpointer, config, range(1, 3))
         first = checkpointer.committed_checkpoints()
         assert [(c.step, c.policy_version) for c in first] == [(1, 10), (2, 20)]
-        _save_steps(checkpointer, config, range(3, 5))
+        save_checkpoints(checkpointer, config, range(3, 5))
         listed = checkpointer.committed_checkpoints()
     finally:
         checkpointer.close()
@@ -62,7 +44,7 @@ def test_a_step_deleted_from_disk_is_no_longer_listed(tmp_path: Path):
     config = RunConfig.model_validate(RUN_CONFIG)
     checkpointer = RunCheckpointer(tmp_path / "run-1", max_to_keep=3)
     try:
-        _save_steps(checkpointer, config, range(1, 3))
+        save_checkpoints(checkpointer, config, range(1, 3))
         shutil.rmtree(checkpointer.step_directory(1))
         assert [c.step for c in checkpointer.committed_checkpoints()] == [2]
     finally:
@@ -73,7 +55,7 @@ def test_export_writes_safetensors_that_load_back_with_equal_parameters(tmp_path
     config = RunConfig.model_validate(RUN_CONFIG)
     checkpointer = RunCheckpointer(tmp_path / "run-1", max_to_keep=3)
     try:
-        states = _save_steps(checkpointer, config, range(1, 3))
+        states = save_checkpoints(checkpointer, config, range(1, 3))
     finally:
         checkpointer.close()
     files = export_checkpoint(RUN_CONFIG, run_directory=tmp_path / "run-1", step=1, destination=tmp_path / "hf")
