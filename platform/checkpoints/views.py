@@ -14,7 +14,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.db_limits import require_db_int, require_no_nul
+from config.db_limits import DB_INT_MAX, require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
 from domain_errors import InvalidInput, NotFound
@@ -30,8 +30,10 @@ FORBIDDEN = OpenApiResponse(ErrorSerializer, description="Viewers cannot change 
 
 
 def _checkpoint(request, run_id: int, step: int) -> Checkpoint:
-    require_db_int(step, "step")
-    return checkpoint_get(run=run_get_for_user(user=request.user, run_id=run_id), step=step)
+    run = run_get_for_user(user=request.user, run_id=run_id)
+    if step > DB_INT_MAX:  # no checkpoint has such a step
+        raise NotFound(f"Run {run_id} has no checkpoint of step {step}.")
+    return checkpoint_get(run=run, step=step)
 
 
 @extend_schema(tags=["runs"])
