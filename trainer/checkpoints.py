@@ -25,6 +25,7 @@ committed step.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Mapping
@@ -159,9 +160,13 @@ class RunCheckpointer:
             # A step deleted through the platform is gone from disk though Orbax still lists it.
             if step > committed or not self.step_directory(step).is_dir():
                 continue
-            progress = self._manager.restore(step, args=ocp.args.Composite(progress=ocp.args.JsonRestore())).progress
             directory = self.step_directory(step)
-            size = sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+            try:
+                # The JSON item as Orbax wrote it: read directly, so a save in flight is never disturbed.
+                progress = json.loads((directory / "progress" / "metadata").read_text())
+                size = sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+            except FileNotFoundError:
+                continue  # deleted meanwhile (through the platform)
             checkpoints.append(CheckpointInfo(step=step, policy_version=progress["policy_version"],
                                               path=str(directory), size_bytes=size))
         return checkpoints

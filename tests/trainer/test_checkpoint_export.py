@@ -40,13 +40,16 @@ def test_committed_checkpoints_follow_the_retention_policy(tmp_path: Path):
         assert checkpoint.size_bytes == sum(path.stat().st_size for path in files) > 0
 
 
-def test_a_step_deleted_from_disk_is_no_longer_listed(tmp_path: Path):
+def test_a_step_deleted_from_disk_is_no_longer_listed_and_retention_skips_it(tmp_path: Path):
     config = RunConfig.model_validate(RUN_CONFIG)
-    checkpointer = RunCheckpointer(tmp_path / "run-1", max_to_keep=3)
+    checkpointer = RunCheckpointer(tmp_path / "run-1", max_to_keep=2)
     try:
         save_checkpoints(checkpointer, config, range(1, 3))
         shutil.rmtree(checkpointer.step_directory(1))
         assert [c.step for c in checkpointer.committed_checkpoints()] == [2]
+        # Retention now removes step 1, which is already gone: saving goes on.
+        save_checkpoints(checkpointer, config, range(3, 4))
+        assert [c.step for c in checkpointer.committed_checkpoints()] == [2, 3]
     finally:
         checkpointer.close()
 
