@@ -109,6 +109,10 @@ def length_buckets(max_seq_len: int) -> tuple[int, ...]:
     return (*buckets, max_seq_len)
 
 
+# A platform that fails a checkpoint report is asked again no sooner than this.
+CHECKPOINT_REPORT_RETRY_S = 10.0
+
+
 def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
     # The learning rate is a hyperparameter in the optimizer state, so the RL
     # phase can lower it without a second optimizer or a recompile.
@@ -224,6 +228,9 @@ class RunTrainer:
             # of an earlier database that had the same id. Keep them, out of the way.
             checkpoint_dir.rename(checkpoint_dir.with_name(f"{checkpoint_dir.name}.stale-{int(time.time())}"))
         self.checkpointer = RunCheckpointer(checkpoint_dir, max_to_keep=self.config.checkpoints_kept)
+        # The committed step last reported to the platform, and when a failed report may be retried.
+        self._reported_checkpoint_step: int | None = None
+        self._checkpoint_report_retry_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -434,16 +441,19 @@ class RunTrainer:
     def _report_checkpoints(self) -> None:
         """Tell the platform which checkpoints are on disk once a new one is committed.
 
-        A failed post is logged and retried at the next call: it never stops training.
+        A failed post is logged and retried some seconds later: it never stops training.
         """
         committed = self.checkpointer.committed_step()
-        if committed is None or committed == getattr(self, "_reported_checkpoint_step", None):
+        if (committed is None or committed == self._reported_checkpoint_step
+                or time.monotonic() < self._checkpoint_report_retry_at):
             return
         try:
             report = CheckpointReport(checkpoints=self.checkpointer.committed_checkpoints())
             self.platform.report_checkpoints(self.run_id, report)
         except Exception:
-            logger.exception("run %s: reporting checkpoints failed; retrying at the next heartbeat", self.run_id)
+            logger.exception("run %s: reporting checkpoints failed; retrying in %ss", self.run_id,
+                             CHECKPOINT_REPORT_RETRY_S)
+            self._checkpoint_report_retry_at = time.monotonic() + CHECKPOINT_REPORT_RETRY_S
             return
         self._reported_checkpoint_step = committed
 

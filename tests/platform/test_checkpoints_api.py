@@ -164,3 +164,14 @@ def test_the_list_takes_a_fixed_number_of_queries(api, trainer_api, run, count, 
     with django_assert_num_queries(4):
         response = api.get(f"/api/runs/{run.pk}/checkpoints/")
     assert len(response.json()["results"]) == count
+
+
+def test_the_checkpoints_section_points_its_script_at_the_runs_list(run):
+    from django.template.loader import render_to_string
+    from django.test import RequestFactory
+
+    request = RequestFactory().get(f"/runs/{run.pk}/")
+    html = render_to_string("runs/_checkpoints.html", {"run": run, "can_write": False}, request=request)
+    assert f'data-list-url="/api/runs/{run.pk}/checkpoints/"' in html
+    assert 'data-can-write="false"' in html and "tandem/run_checkpoints.js" in html
+    assert "The newest 2 stay on disk" in html
