@@ -224,6 +224,11 @@ class RunConfig(BaseModel):
     )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature of producers.")
     checkpoint_every: int = Field(20, ge=1, description="Trainer steps between Orbax checkpoints.")
+    checkpoints_kept: int = Field(
+        3, ge=1, le=1000,
+        description="Retention policy: the newest this many Orbax checkpoints of the run are kept on disk; "
+        "older ones are deleted as new ones are committed (the platform marks them deleted by retention).",
+    )
     trajectory_samples_per_step: int = Field(
         2, ge=0, le=64,
         description="Trajectories of each RL step the trainer sends to the platform's trajectory browser: "

@@ -25,6 +25,7 @@ committed step.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Mapping
@@ -34,6 +35,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tandem.contracts import CheckpointInfo
 
 
 class RunProgress(BaseModel):
@@ -89,7 +92,7 @@ def _abstract(tree: Any) -> Any:
 class RunCheckpointer:
     """Saves asynchronously, so the step loop does not wait for disk."""
 
-    def __init__(self, directory: Path, *, max_to_keep: int = 3):
+    def __init__(self, directory: Path, *, max_to_keep: int | None = 3):
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self._manager = ocp.CheckpointManager(
@@ -139,6 +142,34 @@ class RunCheckpointer:
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def step_directory(self, step: int) -> Path:
+        return self.directory.resolve() / str(step)
+
+    def committed_checkpoints(self) -> list[CheckpointInfo]:
+        """The committed checkpoints on disk, oldest first: what retention (``max_to_keep``) left.
+
+        A save still being written is left out, so the platform never offers
+        a checkpoint a crash could lose.
+        """
+        committed = self.committed_step()
+        if committed is None:
+            return []
+        checkpoints = []
+        for step in sorted(self._manager.all_steps()):
+            # A step deleted through the platform is gone from disk though Orbax still lists it.
+            if step > committed or not self.step_directory(step).is_dir():
+                continue
+            directory = self.step_directory(step)
+            try:
+                # The JSON item as Orbax wrote it: read directly, so a save in flight is never disturbed.
+                progress = json.loads((directory / "progress" / "metadata").read_text())
+                size = sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+            except FileNotFoundError:
+                continue  # deleted meanwhile (through the platform)
+            checkpoints.append(CheckpointInfo(step=step, policy_version=progress["policy_version"],
+                                              path=str(directory), size_bytes=size))
+        return checkpoints
 
     def restore(self, step: int, *, abstract_train_state) -> tuple[Any, RunProgress]:
         """Train state and progress of ``step``.

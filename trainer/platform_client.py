@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from tandem.contracts import (
+    CheckpointReport,
     EnvironmentSpec,
     TelemetryReply,
     TrainerHeartbeat,
@@ -129,3 +130,9 @@ class PlatformClient:
                 timeout=timeout_s,
             )
             response.raise_for_status()
+
+    def report_checkpoints(self, run_id: int, report: CheckpointReport, *, timeout_s: float = 5.0) -> None:
+        """Post the run's committed checkpoints once, without retrying: the next commit posts them again."""
+        response = self._http.post(f"/api/trainer/runs/{run_id}/checkpoints/",
+                                   json=report.model_dump(mode="json"), timeout=timeout_s)
+        response.raise_for_status()

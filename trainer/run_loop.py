@@ -23,6 +23,7 @@ from celery import Celery
 from flax import nnx
 
 from tandem.contracts import (
+    CheckpointReport,
     LineageEntry,
     RunSpec,
     StepTimeline,
@@ -108,12 +109,27 @@ def length_buckets(max_seq_len: int) -> tuple[int, ...]:
     return (*buckets, max_seq_len)
 
 
+# A platform that fails a checkpoint report is asked again no sooner than this.
+CHECKPOINT_REPORT_RETRY_S = 10.0
+
+
 def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
     # The learning rate is a hyperparameter in the optimizer state, so the RL
     # phase can lower it without a second optimizer or a recompile.
     return optax.inject_hyperparams(
         lambda learning_rate: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
     )(learning_rate=learning_rate)
+
+
+def initial_train_state(config: RunConfig, *, vocab_size: int, needs_value_head: bool,
+                        optimizer: optax.GradientTransformation):
+    """``(graphdef, train_state)`` a run starts from; also the structure its checkpoints restore into."""
+    model = create_model(config.model, vocab_size=vocab_size, rngs=nnx.Rngs(config.seed))
+    if config.lora.enabled:
+        apply_lora(model, config.lora, rngs=nnx.Rngs(config.seed + 1))
+    if needs_value_head:
+        model = with_value_head(model, d_model=model.config.d_model, rngs=nnx.Rngs(config.seed + 2))
+    return create_train_state(model, optimizer)
 
 
 def _entry_order(entry_id: str) -> tuple[int, int]:
@@ -183,14 +199,10 @@ class RunTrainer:
             temperature=self.config.temperature,
             max_policy_tokens=self.config.max_new_tokens * self.config.max_turns,
         )
-        model = create_model(self.config.model, vocab_size=self.tokenizer.vocab_size,
-                             rngs=nnx.Rngs(self.config.seed))
-        if self.config.lora.enabled:
-            apply_lora(model, self.config.lora, rngs=nnx.Rngs(self.config.seed + 1))
-        if self.algorithm.needs_value_head:
-            model = with_value_head(model, d_model=model.config.d_model, rngs=nnx.Rngs(self.config.seed + 2))
         self.optimizer = make_optimizer(self.config.learning_rate)
-        self.graphdef, state = create_train_state(model, self.optimizer)
+        self.graphdef, state = initial_train_state(self.config, vocab_size=self.tokenizer.vocab_size,
+                                                   needs_value_head=self.algorithm.needs_value_head,
+                                                   optimizer=self.optimizer)
         self.shardings = step_shardings(make_mesh(self.config.mesh), state)
         self.state = shard_train_state(state, self.shardings)
         self.devices = DeviceMonitor(parameters=parameter_count(self.state.params),
@@ -215,7 +227,10 @@ class RunTrainer:
             # A freshly claimed run has never trained here: these belong to a run
             # of an earlier database that had the same id. Keep them, out of the way.
             checkpoint_dir.rename(checkpoint_dir.with_name(f"{checkpoint_dir.name}.stale-{int(time.time())}"))
-        self.checkpointer = RunCheckpointer(checkpoint_dir)
+        self.checkpointer = RunCheckpointer(checkpoint_dir, max_to_keep=self.config.checkpoints_kept)
+        # The committed step last reported to the platform, and when a failed report may be retried.
+        self._reported_checkpoint_step: int | None = None
+        self._checkpoint_report_retry_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -423,8 +438,28 @@ class RunTrainer:
             reference_params=self.reference.params if self.reference is not None else None,
         )
 
+    def _report_checkpoints(self) -> None:
+        """Tell the platform which checkpoints are on disk once a new one is committed.
+
+        A failed post is logged and retried some seconds later: it never stops training.
+        """
+        committed = self.checkpointer.committed_step()
+        if (committed is None or committed == self._reported_checkpoint_step
+                or time.monotonic() < self._checkpoint_report_retry_at):
+            return
+        try:
+            report = CheckpointReport(checkpoints=self.checkpointer.committed_checkpoints())
+            self.platform.report_checkpoints(self.run_id, report)
+        except Exception:
+            logger.exception("run %s: reporting checkpoints failed; retrying in %ss", self.run_id,
+                             CHECKPOINT_REPORT_RETRY_S)
+            self._checkpoint_report_retry_at = time.monotonic() + CHECKPOINT_REPORT_RETRY_S
+            return
+        self._reported_checkpoint_step = committed
+
     def _ack_checkpointed(self) -> None:
         """Acknowledge the data of RL updates that a committed checkpoint now holds."""
+        self._report_checkpoints()
         if not self._awaiting_checkpoint or self._reader is None:
             return
         committed = self.checkpointer.committed_step()

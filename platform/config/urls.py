@@ -15,6 +15,13 @@ from accounts.views import (
     ProjectDetailView,
     ProjectListCreateView,
 )
+from checkpoints.views import (
+    RunCheckpointDetailView,
+    RunCheckpointDownloadView,
+    RunCheckpointExportView,
+    RunCheckpointListView,
+    TrainerCheckpointsView,
+)
 from config.api_root import ApiRootView
 from environments import pages as environment_pages
 from environments.views import (
@@ -163,6 +170,26 @@ api = [
         RunTraceDownloadView.as_view(),
         name="api-run-trace-download",
     ),
+    path(
+        "api/runs/<int:run_id>/checkpoints/",
+        RunCheckpointListView.as_view(),
+        name="api-run-checkpoints",
+    ),
+    path(
+        "api/runs/<int:run_id>/checkpoints/<int:step>/",
+        RunCheckpointDetailView.as_view(),
+        name="api-run-checkpoint-detail",
+    ),
+    path(
+        "api/runs/<int:run_id>/checkpoints/<int:step>/export/",
+        RunCheckpointExportView.as_view(),
+        name="api-run-checkpoint-export",
+    ),
+    path(
+        "api/runs/<int:run_id>/checkpoints/<int:step>/download/",
+        RunCheckpointDownloadView.as_view(),
+        name="api-run-checkpoint-download",
+    ),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
 ]
 
@@ -182,6 +209,11 @@ trainer_api = [
         "api/trainer/runs/<int:run_id>/trajectories/",
         TrainerTrajectoriesView.as_view(),
         name="api-trainer-trajectories",
+    ),
+    path(
+        "api/trainer/runs/<int:run_id>/checkpoints/",
+        TrainerCheckpointsView.as_view(),
+        name="api-trainer-checkpoints",
     ),
     path(
         "api/trainer/runs/<int:run_id>/traces/<int:trace_id>/",

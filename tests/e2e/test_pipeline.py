@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
+import zipfile
 
 import httpx
 import pytest
@@ -178,7 +180,25 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
 
     # Orbax wrote checkpoints for the run.
     checkpoint_dir = local.config.var_dir / "checkpoints" / f"run-{run_id}"
-    assert any(path.name.isdigit() for path in checkpoint_dir.iterdir())
+    on_disk = sorted(int(path.name) for path in checkpoint_dir.iterdir() if path.name.isdigit())
+    assert on_disk[-1] == steps[-1]
+    # The trainer reported them: what retention (checkpoints_kept, 3) left is listed available,
+    # the older ones it had reported are marked deleted by retention.
+    listed = client.get(f"/api/runs/{run_id}/checkpoints/?page_size=100").json()["results"]
+    assert sorted(c["step"] for c in listed if c["status"] == "available") == on_disk == on_disk[-3:]
+    assert {c["deleted_reason"] for c in listed if c["status"] == "deleted"} == {"retention"}
+    # The platform worker exports the newest to safetensors.
+    newest = on_disk[-1]
+    assert client.post(f"/api/runs/{run_id}/checkpoints/{newest}/export/").status_code == 202
+    deadline = time.monotonic() + 120
+    while (checkpoint := client.get(f"/api/runs/{run_id}/checkpoints/{newest}/").json())["export_status"] == "exporting":
+        assert time.monotonic() < deadline, checkpoint
+        time.sleep(0.5)
+    assert checkpoint["export_status"] == "exported", checkpoint
+    download = client.get(f"/api/runs/{run_id}/checkpoints/{newest}/download/")
+    assert download.status_code == 200, download.text
+    with zipfile.ZipFile(io.BytesIO(download.content)) as archive:
+        assert sorted(archive.namelist()) == ["config.json", "model.safetensors"]
 
 
 def test_bad_input_over_the_live_api_names_the_field(stack, credentials):

@@ -21,10 +21,13 @@ from django.urls import get_resolver
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, Project
+from checkpoints.models import Checkpoint
+from checkpoints.services import checkpoints_report
 from config.asgi import application
 from environments.models import EnvironmentProbe, EnvironmentVersion
 from runs.models import Run
 from runs.routing import websocket_urlpatterns
+from tandem.contracts import CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from trajectories.services import trajectory_samples_record
 
@@ -54,11 +57,12 @@ KWARG_BUILDERS = {
     "trace_id": lambda world: trace_request(user=world.owner, run=world.run, steps=2).pk,
     # With environment_id: the version of the world's environment its run is pinned to.
     "number": lambda world: world.run.environment_version.number,
+    "step": lambda world: _reported_checkpoint(world.run),
 }
 # An id (or name) nothing has, to check the outsider's answer is that of a missing object.
 MISSING = {"run_id": 10**9, "project_id": 10**9, "token_id": 10**9, "username": "nobody-at-all",
            "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory",
-           "trace_id": 10**9}
+           "trace_id": 10**9, "step": 10**6}
 
 # Routes of staff users who work on every project (the trainer): others get 403 on each.
 STAFF_ONLY = {
@@ -66,6 +70,7 @@ STAFF_ONLY = {
     "/api/trainer/runs/<int:run_id>/telemetry/",
     "/api/trainer/runs/<int:run_id>/trajectories/",
     "/api/trainer/runs/<int:run_id>/traces/<int:trace_id>/",
+    "/api/trainer/runs/<int:run_id>/checkpoints/",
 }
 # Django's admin is for staff, who see everything by design; it has its own login.
 SKIPPED_NAMESPACES = {"admin"}
@@ -80,6 +85,13 @@ def _sampled_trajectory(run: Run) -> str:
     sample = calculator_sample(run.pk)
     trajectory_samples_record(run=run, samples=[sample])
     return sample.trajectory_id
+
+
+def _reported_checkpoint(run: Run) -> int:
+    """The step of a checkpoint of ``run`` as its trainer reports it (its files are never read here)."""
+    info = CheckpointInfo(step=5, policy_version=1, path=f"/nonexistent/run-{run.pk}/5", size_bytes=10)
+    checkpoints_report(run=run, report=CheckpointReport(checkpoints=[info]))
+    return info.step
 
 
 def _object_routes() -> list[Route]:
@@ -142,6 +154,7 @@ def _snapshot(world: World) -> tuple:
                .values_list("pk", flat=True)),
         sorted(EnvironmentVersion.objects.filter(environment=world.run.environment_id)
                .values_list("number", flat=True)),
+        sorted(Checkpoint.objects.filter(run=world.run).values_list("step", "status", "export_status")),
     )
 
 

@@ -77,6 +77,7 @@ def test_each_list_takes_a_fixed_number_of_queries(
 # Lists under a run, pinned by the tests of their own app.
 PINNED_ELSEWHERE = {
     "/api/runs/<int:run_id>/trajectories/",  # test_trajectories_api.py
+    "/api/runs/<int:run_id>/checkpoints/",  # test_checkpoints_api.py
 }
 
 

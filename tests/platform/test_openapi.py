@@ -25,7 +25,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from accounts.services import api_token_create, membership_add
+from checkpoints.services import checkpoints_report
 from runs.services import run_claim_next
+from tandem.contracts import CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from trajectories.services import trajectory_samples_record
 
@@ -108,7 +110,7 @@ def test_the_docs_page_serves_swagger_ui_from_our_own_static_files(client, db):
 
 
 @pytest.fixture
-def fuzz_target(server, make_user, make_project, make_environment, make_run):
+def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp_path):
     """A staff user who owns a project with a member, an environment and runs, on uvicorn."""
     user = make_user("fuzzer", is_staff=True)
     project = make_project(owner=user, name="fuzzed")
@@ -121,6 +123,10 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run):
     sample = calculator_sample(claimed.pk)
     trajectory_samples_record(run=claimed, samples=[sample])
     trace = trace_request(user=user, run=claimed, steps=2)
+    # Checkpoint directories the fuzzer may delete (or export, queued to no worker).
+    checkpoints_report(run=claimed, report=CheckpointReport(checkpoints=[
+        CheckpointInfo(step=step, policy_version=step, path=str(tmp_path / f"run-{claimed.pk}" / str(step)),
+                       size_bytes=1) for step in (1, 2)]))
     return {
         "base": server,
         "headers": {"Authorization": f"Token {user.raw_token}"},
@@ -134,6 +140,7 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run):
             "trajectory_id": st.just(sample.trajectory_id),
             "trace_id": st.just(trace.pk),
             "number": st.sampled_from([1, 2]),
+            "step": st.sampled_from([1, 2]),
         },
     }
 

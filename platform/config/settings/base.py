@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "runs",
     "telemetry",
     "trajectories",
+    "checkpoints",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,177 @@
+"""Checkpoints: the trainer's reports under retention, safetensors export and download, deletion, roles."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from checkpoints.models import Checkpoint
+from checkpoints.tasks import export_checkpoint
+from runs.services import run_claim_next, run_heartbeat
+from tandem.contracts import CheckpointReport, TrainerHeartbeat
+from tandem.run_config import RunConfig
+from tests.trainer.factories import save_checkpoints
+from trainer.checkpoints import RunCheckpointer
+from trainer.hf import load_hf_checkpoint
+
+RUN_CONFIG = {"model": {"d_model": 32, "num_layers": 2, "num_heads": 2, "mlp_dim": 64, "max_seq_len": 32},
+              "checkpoints_kept": 2, "sft_steps": 2, "rl_steps": 2}
+
+
+@pytest.fixture
+def run(make_run, project, environment):
+    """A running run of alice's project with the tiny model."""
+    made = make_run(project, environment=environment, config=RUN_CONFIG)
+    assert run_claim_next(worker="trainer-host:1").pk == made.pk
+    return run_heartbeat(run=made, heartbeat=TrainerHeartbeat(worker="trainer-host:1"))
+
+
+@pytest.fixture
+def checkpointer(run, tmp_path):
+    config = RunConfig.model_validate(run.config)
+    made = RunCheckpointer(tmp_path / f"run-{run.pk}", max_to_keep=config.checkpoints_kept)
+    yield made
+    made.close()
+
+
+def _report(trainer_api, run, checkpointer) -> list[dict]:
+    """What the trainer posts after a commit."""
+    report = CheckpointReport(checkpoints=checkpointer.committed_checkpoints())
+    response = trainer_api.post(f"/api/trainer/runs/{run.pk}/checkpoints/", report.model_dump(mode="json"),
+                                format="json")
+    assert response.status_code == 200, response.json()
+    return response.json()
+
+
+def _listed(api, run) -> list[tuple]:
+    response = api.get(f"/api/runs/{run.pk}/checkpoints/")
+    assert response.status_code == 200, response.json()
+    return [(c["step"], c["policy_version"], c["status"], c["deleted_reason"]) for c in response.json()["results"]]
+
+
+def test_reports_follow_retention(api, trainer_api, run, checkpointer):
+    config = RunConfig.model_validate(run.config)
+    save_checkpoints(checkpointer, config, range(1, 3))
+    assert [c["step"] for c in _report(trainer_api, run, checkpointer)] == [2, 1]
+    assert _listed(api, run) == [(2, 20, "available", ""), (1, 10, "available", "")]
+
+    save_checkpoints(checkpointer, config, range(3, 4))
+    _report(trainer_api, run, checkpointer)
+    assert _listed(api, run) == [(3, 30, "available", ""), (2, 20, "available", ""), (1, 10, "deleted", "retention")]
+    step_3 = Checkpoint.objects.get(run=run, step=3)
+    assert Path(step_3.path) == checkpointer.step_directory(3) and step_3.size_bytes > 0
+
+
+def test_a_report_with_a_foreign_path_is_400_naming_the_field(trainer_api, run):
+    body = {"checkpoints": [{"step": 4, "policy_version": 1, "path": "/etc", "size_bytes": 1}]}
+    response = trainer_api.post(f"/api/trainer/runs/{run.pk}/checkpoints/", body, format="json")
+    assert response.status_code == 400
+    assert "checkpoints.0.path" in response.json()["error"]["fields"]
+    assert not Checkpoint.objects.filter(run=run).exists()
+
+
+def test_export_then_download_gives_the_checkpoints_parameters(api, trainer_api, run, checkpointer, tmp_path):
+    states = save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 3))
+    _report(trainer_api, run, checkpointer)
+    download = f"/api/runs/{run.pk}/checkpoints/1/download/"
+    assert api.get(download).status_code == 404
+
+    started = api.post(f"/api/runs/{run.pk}/checkpoints/1/export/")
+    assert started.status_code == 202, started.json()
+    assert started.json()["export_status"] == "exporting"
+    assert api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").status_code == 409
+    # What the platform worker runs on receiving the task.
+    assert export_checkpoint(started.json()["id"]) == "exported"
+    detail = api.get(f"/api/runs/{run.pk}/checkpoints/1/").json()
+    assert detail["export_status"] == "exported" and detail["download_url"].endswith(download)
+
+    response = api.get(download)
+    assert response.status_code == 200 and response["Content-Type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(b"".join(response.streaming_content))) as archive:
+        assert sorted(archive.namelist()) == ["config.json", "model.safetensors"]
+        archive.extractall(tmp_path / "downloaded")
+    loaded = load_hf_checkpoint(tmp_path / "downloaded", param_dtype="float32", max_seq_len=32)
+    loaded_leaves = dict(jax.tree.leaves_with_path(nnx.to_pure_dict(nnx.state(loaded, nnx.Param))))
+    saved_leaves = jax.tree.leaves_with_path(nnx.to_pure_dict(states[1].params))
+    assert len(saved_leaves) == len(loaded_leaves)
+    for path, value in saved_leaves:
+        np.testing.assert_array_equal(np.asarray(loaded_leaves[path]), np.asarray(value), err_msg=str(path))
+
+
+def test_delete_removes_the_files_but_never_the_newest_of_an_active_run(api, trainer_api, run, checkpointer):
+    save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 3))
+    _report(trainer_api, run, checkpointer)
+
+    refused = api.delete(f"/api/runs/{run.pk}/checkpoints/2/")
+    assert refused.status_code == 409 and "resum" in refused.json()["error"]["message"]
+    assert checkpointer.step_directory(2).is_dir()
+
+    deleted = api.delete(f"/api/runs/{run.pk}/checkpoints/1/")
+    assert deleted.status_code == 200, deleted.json()
+    assert (deleted.json()["status"], deleted.json()["deleted_reason"]) == ("deleted", "deleted by alice")
+    assert not checkpointer.step_directory(1).exists()
+    assert api.delete(f"/api/runs/{run.pk}/checkpoints/1/").status_code == 409
+    assert api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").status_code == 409
+    # The trainer no longer lists it, and a later report keeps the user's reason.
+    assert [c["step"] for c in _report(trainer_api, run, checkpointer)] == [2]
+    assert Checkpoint.objects.get(run=run, step=1).deleted_reason == "deleted by alice"
+
+
+def test_the_newest_checkpoint_of_a_finished_run_can_be_deleted(api, trainer_api, run, checkpointer):
+    save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 2))
+    _report(trainer_api, run, checkpointer)
+    run_heartbeat(run=run, heartbeat=TrainerHeartbeat(status="finished", worker="trainer-host:1"))
+    assert api.delete(f"/api/runs/{run.pk}/checkpoints/1/").status_code == 200
+
+
+def test_viewers_read_but_cannot_export_or_delete(client_for, make_user, project, trainer_api, run, checkpointer):
+    from accounts.services import membership_add
+
+    viewer = make_user()
+    membership_add(project=project, user=viewer, role="viewer")
+    save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 3))
+    _report(trainer_api, run, checkpointer)
+    client = client_for(viewer)
+    assert [c["step"] for c in client.get(f"/api/runs/{run.pk}/checkpoints/").json()["results"]] == [2, 1]
+    assert client.post(f"/api/runs/{run.pk}/checkpoints/1/export/").status_code == 403
+    assert client.delete(f"/api/runs/{run.pk}/checkpoints/1/").status_code == 403
+    assert checkpointer.step_directory(1).is_dir()
+    assert Checkpoint.objects.get(run=run, step=1).export_status == "none"
+
+
+def test_another_projects_user_gets_404(client_for, make_user, trainer_api, run, checkpointer):
+    save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 2))
+    _report(trainer_api, run, checkpointer)
+    outsider = client_for(make_user())
+    for method, path in [("get", ""), ("get", "1/"), ("post", "1/export/"), ("get", "1/download/"), ("delete", "1/")]:
+        assert getattr(outsider, method)(f"/api/runs/{run.pk}/checkpoints/{path}").status_code == 404, path
+    assert checkpointer.step_directory(1).is_dir()
+
+
+@pytest.mark.parametrize("count", [1, 12])
+def test_the_list_takes_a_fixed_number_of_queries(api, trainer_api, run, count, django_assert_num_queries):
+    body = {"checkpoints": [{"step": step, "policy_version": step, "path": f"/shared/run-{run.pk}/{step}",
+                             "size_bytes": 100} for step in range(1, count + 1)]}
+    assert trainer_api.post(f"/api/trainer/runs/{run.pk}/checkpoints/", body, format="json").status_code == 200
+    api.get("/api/projects/")  # records the token's last use, a write that happens once a minute
+    # Authentication, the run with its project check, then the page's count and rows.
+    with django_assert_num_queries(4):
+        response = api.get(f"/api/runs/{run.pk}/checkpoints/")
+    assert len(response.json()["results"]) == count
+
+
+def test_the_checkpoints_section_points_its_script_at_the_runs_list(run):
+    from django.template.loader import render_to_string
+    from django.test import RequestFactory
+
+    request = RequestFactory().get(f"/runs/{run.pk}/")
+    html = render_to_string("runs/_checkpoints.html", {"run": run, "can_write": False}, request=request)
+    assert f'data-list-url="/api/runs/{run.pk}/checkpoints/"' in html
+    assert 'data-can-write="false"' in html and "tandem/run_checkpoints.js" in html
+    assert "The newest 2 stay on disk" in html

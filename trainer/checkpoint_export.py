@@ -1,0 +1,70 @@
+"""A run's Orbax checkpoint as a Hugging Face safetensors checkpoint (config.json + model.safetensors).
+
+The platform worker runs this for a user's export request: it rebuilds the
+run's train state from the run config exactly as the trainer does (only its
+structure matters, the values come from the checkpoint), restores one step
+into it and writes the policy with :func:`trainer.hf.export_hf_checkpoint`.
+A critic (PPO) is left out and LoRA adapters are folded into their kernels,
+so the result loads as a plain model anywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flax import nnx
+
+from tandem.run_config import RunConfig
+from trainer.algorithms import build_algorithm
+from trainer.checkpoints import RunCheckpointer
+from trainer.hf import create_model, export_hf_checkpoint
+from trainer.lora import fold_adapters, split_adapters
+from trainer.model import Transformer, TransformerConfig
+from trainer.run_loop import initial_train_state, make_optimizer
+from trainer.tokenizer import load_tokenizer
+
+
+def hf_architecture(config: TransformerConfig) -> str:
+    """The Hugging Face architecture that expresses ``config`` (QK-norm: Qwen3, QKV bias: Qwen2)."""
+    if config.qk_norm and config.qkv_bias:
+        raise ValueError("no supported Hugging Face architecture has both qk_norm and qkv_bias")
+    if config.qk_norm:
+        return "Qwen3ForCausalLM"
+    if config.qkv_bias:
+        return "Qwen2ForCausalLM"
+    return "LlamaForCausalLM"
+
+
+def restore_policy(run_config: dict, *, run_directory: Path, step: int) -> Transformer:
+    """The plain policy of checkpoint ``step`` of the run whose checkpoints are in ``run_directory``."""
+    config = RunConfig.model_validate(run_config)
+    vocab_size = load_tokenizer(config.model.tokenizer).vocab_size
+    algorithm = build_algorithm(config.algorithm, temperature=config.temperature,
+                                max_policy_tokens=config.max_new_tokens * config.max_turns)
+    graphdef, state = initial_train_state(config, vocab_size=vocab_size,
+                                          needs_value_head=algorithm.needs_value_head,
+                                          optimizer=make_optimizer(config.learning_rate))
+    # Never saves, so retention never deletes anything here.
+    checkpointer = RunCheckpointer(run_directory, max_to_keep=None)
+    try:
+        restored, _ = checkpointer.restore(step, abstract_train_state=state)
+    finally:
+        checkpointer.close()
+    params = restored.params["policy"] if algorithm.needs_value_head else restored.params
+    if not config.lora.enabled:
+        if algorithm.needs_value_head:
+            return nnx.merge(graphdef, restored.params).policy
+        return nnx.merge(graphdef, params)
+    adapters, base = split_adapters(params)
+    folded = fold_adapters(nnx.to_pure_dict(base), nnx.to_pure_dict(adapters), config.lora.scale)
+    plain = create_model(config.model, vocab_size=vocab_size, rngs=nnx.Rngs(config.seed))
+    plain_params = nnx.state(plain, nnx.Param)
+    nnx.replace_by_pure_dict(plain_params, folded)
+    nnx.update(plain, plain_params)
+    return plain
+
+
+def export_checkpoint(run_config: dict, *, run_directory: Path, step: int, destination: Path) -> list[Path]:
+    """Write checkpoint ``step`` as a Hugging Face checkpoint into ``destination``; returns the files."""
+    model = restore_policy(run_config, run_directory=run_directory, step=step)
+    return export_hf_checkpoint(model, destination, architecture=hf_architecture(model.config))
