@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.algorithm_config import AlgorithmConfig
+from tandem.optimizer_config import OptimizerConfig, ScheduleConfig
 from tandem.parallelism_config import LoRAConfig, MeshConfig
 
 
@@ -126,9 +127,15 @@ class RunConfig(BaseModel):
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy architecture.")
     seed: int = Field(0, description="Seeds parameter init, tasks and sampling.")
-    learning_rate: float = Field(3e-3, gt=0, le=1.0, description="Adam learning rate of the SFT phase.")
+    optimizer: OptimizerConfig = Field(
+        default_factory=OptimizerConfig, description="Adam or AdamW after gradient clipping, for both phases."
+    )
+    schedule: ScheduleConfig = Field(
+        default_factory=ScheduleConfig, description="Warm-up and decay of the learning rate within each phase."
+    )
+    learning_rate: float = Field(3e-3, gt=0, le=1.0, description="Peak learning rate of the SFT phase.")
     rl_learning_rate: float = Field(
-        5e-4, gt=0, le=1.0, description="Adam learning rate of the RL phase; lower, as RL gradients are noisy."
+        5e-4, gt=0, le=1.0, description="Peak learning rate of the RL phase; lower, as RL gradients are noisy."
     )
     sft_steps: int = Field(
         300, ge=0, le=100_000, description="Supervised steps on the environment's demonstrations before RL."

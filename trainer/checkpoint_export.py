@@ -43,7 +43,7 @@ def restore_policy(run_config: dict, *, run_directory: Path, step: int) -> Trans
                                 max_policy_tokens=config.max_new_tokens * config.max_turns)
     graphdef, state = initial_train_state(config, vocab_size=vocab_size,
                                           needs_value_head=algorithm.needs_value_head,
-                                          optimizer=make_optimizer(config.learning_rate))
+                                          optimizer=make_optimizer(config.learning_rate, config.optimizer))
     # Never saves, so retention never deletes anything here.
     checkpointer = RunCheckpointer(run_directory, max_to_keep=None)
     try:

@@ -36,6 +36,7 @@ from tandem.contracts import (
     run_spec_key,
     run_stop_key,
 )
+from tandem.optimizer_config import OptimizerConfig
 from tandem.run_config import RunConfig
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.backlog import RolloutBacklog, group_index_of
@@ -113,12 +114,21 @@ def length_buckets(max_seq_len: int) -> tuple[int, ...]:
 CHECKPOINT_REPORT_RETRY_S = 10.0
 
 
-def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
-    # The learning rate is a hyperparameter in the optimizer state, so the RL
-    # phase can lower it without a second optimizer or a recompile.
-    return optax.inject_hyperparams(
-        lambda learning_rate: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
-    )(learning_rate=learning_rate)
+def make_optimizer(learning_rate: float, optimizer: OptimizerConfig | None = None) -> optax.GradientTransformation:
+    """Gradient clipping, then Adam or AdamW, as ``optimizer`` (default: OptimizerConfig()) says."""
+    optimizer = optimizer or OptimizerConfig()
+
+    def build(learning_rate):
+        if optimizer.name == "adamw":
+            update = optax.adamw(learning_rate, b1=optimizer.b1, b2=optimizer.b2, eps=optimizer.eps,
+                                 weight_decay=optimizer.weight_decay)
+        else:
+            update = optax.adam(learning_rate, b1=optimizer.b1, b2=optimizer.b2, eps=optimizer.eps)
+        return optax.chain(optax.clip_by_global_norm(optimizer.max_grad_norm), update)
+
+    # The learning rate is a hyperparameter in the optimizer state, so the schedule
+    # and the switch to the RL phase change it without a second optimizer or a recompile.
+    return optax.inject_hyperparams(build)(learning_rate=learning_rate)
 
 
 def initial_train_state(config: RunConfig, *, vocab_size: int, needs_value_head: bool,
@@ -199,7 +209,7 @@ class RunTrainer:
             temperature=self.config.temperature,
             max_policy_tokens=self.config.max_new_tokens * self.config.max_turns,
         )
-        self.optimizer = make_optimizer(self.config.learning_rate)
+        self.optimizer = make_optimizer(self.config.learning_rate, self.config.optimizer)
         self.graphdef, state = initial_train_state(self.config, vocab_size=self.tokenizer.vocab_size,
                                                    needs_value_head=self.algorithm.needs_value_head,
                                                    optimizer=self.optimizer)
@@ -349,7 +359,7 @@ class RunTrainer:
 
     def _sft_phase(self) -> None:
         if self._rl_steps_done:
-            return  # resumed after SFT: its learning-rate switch is in the restored optimizer state
+            return  # resumed after SFT
         stage = self.stages.stage
         self.stages.start()
         while self.step < self.config.sft_steps:
@@ -361,6 +371,8 @@ class RunTrainer:
             if batch is None:
                 logger.info("environment %s has no demonstrations; skipping SFT", self.claimed.environment.name)
                 break
+            self._set_learning_rate(self.config.schedule.learning_rate_at(
+                base=self.config.learning_rate, step=self.step, total_steps=self.config.sft_steps))
             loss = self._train_on(self._sft_step, batch)["loss"]
             self.step += 1
             with stage("checkpoint"):
@@ -374,9 +386,15 @@ class RunTrainer:
                 ))
                 self.traces.after_step(self.step)
                 self._heartbeat()
-        self.state.opt_state.hyperparams["learning_rate"] = jnp.asarray(
-            self.config.rl_learning_rate, dtype=self.state.opt_state.hyperparams["learning_rate"].dtype
-        )
+
+    def _set_learning_rate(self, rate: float) -> None:
+        """Put ``rate`` in the optimizer state (a hyperparameter: no recompile), if it changed."""
+        current = self.state.opt_state.hyperparams["learning_rate"]
+        if np.isclose(float(current), rate, rtol=1e-6, atol=0.0):
+            return
+        # Placed like the array it replaces, so the jitted step sees the same input sharding.
+        self.state.opt_state.hyperparams["learning_rate"] = jax.device_put(
+            jnp.asarray(rate, dtype=current.dtype), current.sharding)
 
     # -- profiling ---------------------------------------------------------
 
@@ -514,8 +532,6 @@ class RunTrainer:
 
     def _rl_phase(self) -> None:
         config = self.config
-        if self.config.sft_steps == 0:
-            self.state.opt_state.hyperparams["learning_rate"] = jnp.asarray(config.rl_learning_rate)
         reader = TrajectoryStreamReader(
             self.redis, run_id=self.run_id, consumer=self.settings.consumer_name,
             reclaim_idle_ms=config.reclaim_idle_ms, max_deliveries=config.max_deliveries,
@@ -621,7 +637,11 @@ class RunTrainer:
                     prepared, batch_size=config.episodes_per_step, length_buckets=self._buckets,
                     pad_id=self.tokenizer.pad_id, reference=self.reference,
                 )
+            learning_rate = config.schedule.learning_rate_at(
+                base=config.rl_learning_rate, step=self._rl_steps_done, total_steps=config.rl_steps)
+            self._set_learning_rate(learning_rate)
             metrics = self._train_on(self._rl_step, batch)
+            metrics["learning_rate"] = learning_rate
 
             self._last_acked_entry_id = max(entry_ids, key=_entry_order)
             self._trained_group_count += len(groups)

@@ -40,7 +40,7 @@ def test_every_run_config_field_appears_once_with_its_dotted_name():
 def test_nested_models_are_sections_titled_and_described():
     sections = {section.path: section for section in config_sections()}
 
-    assert list(sections) == ["", "lora", "mesh", "algorithm", "model"]
+    assert list(sections) == ["", "lora", "mesh", "algorithm", "model", "optimizer", "schedule"]
     assert sections["algorithm"].title == "Algorithm"
     assert sections["lora"].title == "LoRA"
     assert sections["model"].description == "Policy architecture."

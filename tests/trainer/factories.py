@@ -47,7 +47,7 @@ def drawn_train_state(run_config, seed: int):
     from trainer.tokenizer import load_tokenizer
 
     _, state = initial_train_state(run_config, vocab_size=load_tokenizer(run_config.model.tokenizer).vocab_size,
-                                   needs_value_head=False, optimizer=make_optimizer(run_config.learning_rate))
+                                   needs_value_head=False, optimizer=make_optimizer(run_config.learning_rate, run_config.optimizer))
     keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(state.params))))
     params = jax.tree.map(lambda leaf: jax.random.normal(next(keys), leaf.shape, leaf.dtype), state.params)
     return state.replace(params=params)
