@@ -329,6 +329,18 @@ class RunsAPI:
         return MetricsPage.model_validate(
             self._transport.request("GET", f"/api/runs/{run_id}/metrics/", params=params))
 
+    def trajectories(self, run_id: int, *, status: str | None = None, environment: str | None = None,
+                     min_reward: float | None = None, max_reward: float | None = None,
+                     page_size: int | None = None) -> Iterator[dict[str, Any]]:
+        """The run's sampled trajectories, newest step first, without their turns (one page at a time)."""
+        params = {"status": status, "environment": environment, "min_reward": min_reward,
+                  "max_reward": max_reward, "page_size": page_size}
+        yield from self._transport.paginate(f"/api/runs/{run_id}/trajectories/", params)
+
+    def trajectory(self, run_id: int, trajectory_id: str) -> dict[str, Any]:
+        """One sampled trajectory: reward, status, policy versions and its turns with trained/masked spans."""
+        return self._transport.request("GET", f"/api/runs/{run_id}/trajectories/{trajectory_id}/")
+
     def metrics(self, run_id: int, names: list[str] | None = None, after_step: int = -1) -> Iterator[StepMetrics]:
         """Every recorded step after ``after_step``, in step order, drained page by page."""
         for step, _cursor in self._drain(run_id, names=names, after_step=after_step):
@@ -497,11 +509,8 @@ def saved_login() -> tuple[str, str]:
 
 
 class TandemClient:
-    """The platform's API for users: ``runs``, ``environments`` and ``projects``.
-
-    The platform has no endpoint that serves trajectories (they live in Redis
-    streams between producers and the trainer, and only their statistics reach
-    the platform, as metrics), so neither has the client.
+    """The platform's API for users: ``runs`` (with their metrics and sampled trajectories),
+    ``environments`` and ``projects``.
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0):

@@ -18,6 +18,8 @@ from tandem.client import (
 from tandem.services import free_local_port
 from tandem.stack import LocalStack
 from tests.platform.builders import step_event
+from tests.platform.trajectory_builders import calculator_sample
+from trainer.platform_client import PlatformClient
 
 from .conftest import Platform, Trainer, wait_until
 
@@ -129,6 +131,32 @@ def test_probing_an_unknown_environment_names_it(client):
         client.environments.probe("no-such-environment")
 
     assert error.value.status_code == 404 and "no-such-environment" in error.value.message
+
+
+def test_trajectories_are_listed_filtered_and_read_with_their_turns(client, trainer):
+    run = client.runs.create(environment="calculator")
+    samples = [calculator_sample(run.id, step=1, reward=1.0),
+               calculator_sample(run.id, step=2, reward=0.0, why="worst"),
+               calculator_sample(run.id, step=2, reward=0.0, status="failed", why="failed")]
+    # As the trainer posts them (trainer.platform_client).
+    poster = PlatformClient(str(trainer.http.base_url), trainer.http.headers["Authorization"].split()[1])
+    poster.post_trajectory_samples(run.id, samples)
+    poster.close()
+
+    listed = list(client.runs.trajectories(run.id, page_size=2))
+    failed = list(client.runs.trajectories(run.id, status="failed"))
+    rewarded = list(client.runs.trajectories(run.id, min_reward=0.5))
+    detail = client.runs.trajectory(run.id, samples[0].trajectory_id)
+
+    assert sorted(item["id"] for item in listed) == sorted(sample.trajectory_id for sample in samples)
+    assert [item["id"] for item in failed] == [samples[2].trajectory_id]
+    assert [item["id"] for item in rewarded] == [samples[0].trajectory_id]
+    assert detail["reward"] == 1.0 and [turn["role"] for turn in detail["turns"]][0] == "prompt"
+    assert any(span["trained"] for turn in detail["turns"] for span in turn["spans"])
+    with pytest.raises(TandemAPIError) as missing:
+        client.runs.trajectory(run.id, "no-such-trajectory")
+    assert missing.value.status_code == 404
+    client.runs.cancel(run.id)
 
 
 def test_metrics_are_read_by_step_after_a_cursor(client, trainer):
