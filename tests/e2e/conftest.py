@@ -65,10 +65,30 @@ def stack(tmp_path_factory, e2e_database_url, e2e_redis_url):
     local.start(credentials)
     yield local, credentials
     local.stop()
-    for log in sorted(local.log_dir.glob("*.log")):
-        # Shown on failure by pytest's captured output: the first place to look.
+    print_log_tails(local, lines=40)
+
+
+def print_log_tails(stack: LocalStack, *, lines: int) -> None:
+    """The last ``lines`` of each process's log: shown on failure by pytest's captured output."""
+    for log in sorted(stack.log_dir.glob("*.log")):
         print(f"==== {log.name} (tail) ====")
-        print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+        print("\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+
+
+@contextlib.contextmanager
+def private_stack(tmp_path, *, redis_db: int, workers: int = 2, extra_env: dict[str, str] | None = None,
+                  log_lines: int = 0):
+    """A stack of its own (a fresh database, Redis db ``redis_db`` flushed), for a test that kills,
+    freezes or reconfigures processes without disturbing the session's stack."""
+    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + f"/{redis_db}"
+    redis.Redis.from_url(redis_url).flushdb()
+    with fresh_database() as database_url:
+        stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=free_local_port(),
+                                       workers=workers, var_dir=tmp_path, extra_env=extra_env or {}))
+        yield stack
+        stack.stop()
+        if log_lines:
+            print_log_tails(stack, lines=log_lines)
 
 
 @pytest.fixture(scope="session")

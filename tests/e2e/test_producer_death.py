@@ -8,11 +8,8 @@ import time
 
 import httpx
 import pytest
-import redis
 
-from tandem.services import free_local_port
-from tandem.stack import LocalStack, StackConfig
-from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
+from tests.e2e.conftest import private_stack
 from workers.environments import http_example_server
 
 
@@ -30,14 +27,9 @@ def slow_environment_url():
 
 @pytest.fixture
 def own_stack(tmp_path):
-    """A stack of its own (database, Redis db 12): killing its worker disturbs no other test."""
-    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + "/12"
-    redis.Redis.from_url(redis_url).flushdb()
-    with fresh_database() as database_url:
-        stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=free_local_port(),
-                                       workers=2, var_dir=tmp_path))
+    """A stack of its own (Redis db 12): killing its worker disturbs no other test."""
+    with private_stack(tmp_path, redis_db=12) as stack:
         yield stack
-        stack.stop()
 
 
 def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_environment_url):

@@ -18,9 +18,7 @@ import pytest
 import redis
 
 from tandem.contracts import LineageEntry, lineage_stream, run_group_counter_key
-from tandem.services import free_local_port
-from tandem.stack import LocalStack, StackConfig
-from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
+from tests.e2e.conftest import private_stack
 
 MAX_STALENESS, GROUPS_PER_STEP, GROUP_SIZE, RL_STEPS = 1, 2, 4, 12
 BOUND = (MAX_STALENESS + 1) * GROUPS_PER_STEP
@@ -28,13 +26,8 @@ BOUND = (MAX_STALENESS + 1) * GROUPS_PER_STEP
 
 @pytest.fixture
 def own_stack(tmp_path):
-    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + "/9"
-    redis.Redis.from_url(redis_url).flushdb()
-    with fresh_database() as database_url:
-        stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=free_local_port(),
-                                       workers=2, var_dir=tmp_path))
+    with private_stack(tmp_path, redis_db=9) as stack:
         yield stack
-        stack.stop()
 
 
 def _consumed_groups(client: redis.Redis, run_id: int) -> int:

@@ -13,27 +13,17 @@ from collections import defaultdict
 
 import httpx
 import pytest
-import redis
 
-from tandem.services import free_local_port
-from tandem.stack import LocalStack, StackConfig
-from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
+from tandem.stack import LocalStack
+from tests.e2e.conftest import private_stack
 
 SFT_STEPS, TRACED_STEPS = 8, 2
 
 
 @pytest.fixture
 def own_stack(tmp_path):
-    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + "/8"
-    redis.Redis.from_url(redis_url).flushdb()
-    with fresh_database() as database_url:
-        stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=free_local_port(),
-                                       workers=1, var_dir=tmp_path))
+    with private_stack(tmp_path, redis_db=8, workers=1, log_lines=40) as stack:
         yield stack
-        stack.stop()
-        for log in sorted(stack.log_dir.glob("*.log")):
-            print(f"==== {log.name} (tail) ====")
-            print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
 
 
 def _wait_for(predicate, *, timeout_s: float, what: str, stack: LocalStack):

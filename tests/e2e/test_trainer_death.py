@@ -16,9 +16,8 @@ import pytest
 import redis
 
 from tandem.contracts import LineageEntry, lineage_stream
-from tandem.services import free_local_port
-from tandem.stack import LocalStack, StackConfig
-from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
+from tandem.stack import LocalStack
+from tests.e2e.conftest import private_stack
 from trainer.weights import RedisWeightSubscriber
 
 SFT_STEPS, RL_STEPS, CHECKPOINT_EVERY, GROUP_SIZE, GROUPS_PER_STEP = 4, 10, 3, 4, 2
@@ -26,19 +25,10 @@ SFT_STEPS, RL_STEPS, CHECKPOINT_EVERY, GROUP_SIZE, GROUPS_PER_STEP = 4, 10, 3, 4
 
 @pytest.fixture
 def own_stack(tmp_path):
-    """A stack of its own (database, Redis db 10), with a reaper that gives up on a trainer after 10 s."""
-    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + "/10"
-    redis.Redis.from_url(redis_url).flushdb()
-    with fresh_database() as database_url:
-        stack = LocalStack(StackConfig(
-            redis_url=redis_url, database_url=database_url, port=free_local_port(), workers=2, var_dir=tmp_path,
-            extra_env={"TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S": "10", "TANDEM_REAPER_INTERVAL_S": "1"},
-        ))
+    """A stack of its own (Redis db 10), with a reaper that gives up on a trainer after 10 s."""
+    with private_stack(tmp_path, redis_db=10, log_lines=30,
+                       extra_env={"TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S": "10", "TANDEM_REAPER_INTERVAL_S": "1"}) as stack:
         yield stack
-        stack.stop()
-        for log in sorted(stack.log_dir.glob("*.log")):
-            print(f"==== {log.name} (tail) ====")
-            print("\n".join(log.read_text(errors="replace").splitlines()[-30:]))
 
 
 class VersionWatcher(threading.Thread):
