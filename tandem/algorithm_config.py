@@ -220,6 +220,16 @@ class AlgorithmConfig(BaseModel):
             "budget the trainer was built with (Dr. GRPO divides by the maximum generation length)."
         ),
     )
+    updates_per_batch: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "Optimizer updates on each RL step's batch before the next policy version is published "
+            "(GRPO's mu, PPO's epochs). From the second update on, the clipped ratio to the behaviour "
+            "log-probs keeps the policy near the one that sampled the batch."
+        ),
+    )
     advantage_eps: float = Field(
         1e-6, gt=0, le=1, description="Added to the group std of grpo/dapo advantages."
     )

@@ -55,7 +55,13 @@ from trainer.staleness import StalenessRecorder, is_stale_group, split_stale_gro
 from trainer.stream import GroupAssembler, TrajectoryStreamReader
 from trainer.tokenizer import load_tokenizer
 from trainer.tracing import CapturedTrace, TraceCapture
-from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.train_step import (
+    create_train_state,
+    make_train_step,
+    on_logits,
+    pad_batch,
+    train_updates,
+)
 from trainer.trajectory_samples import TrajectorySampleBuffer
 from trainer.value_head import policy_params, with_value_head
 from trainer.weights import FilesystemWeightPublisher, RedisWeightPublisher, RedisWeightSubscriber
@@ -398,28 +404,31 @@ class RunTrainer:
 
     # -- profiling ---------------------------------------------------------
 
-    def _train_on(self, train_step, batch) -> dict[str, float]:
-        """One update on ``batch``, its transfer and its compute timed apart; the step's scalar metrics.
+    def _train_on(self, train_step, batch, *, updates: int = 1) -> dict[str, float]:
+        """``updates`` updates on ``batch``, its transfer and its compute timed apart; their mean scalar metrics.
 
         Both end in ``block_until_ready``: the transfer so that it is not billed
         to compute, the compute on the new state too, not only on the loss, so
         that the optimizer update (fused into the same program) is not billed
-        to whatever runs next.
+        to whatever runs next. The batch crosses to the device once for all updates.
         """
         stage = self.stages.stage
         with stage("host_to_device"):
             sharded = jax.block_until_ready(shard_batch(batch, self.shardings))
         with stage("compute"):
-            self.state, metrics = train_step(self.state, sharded)
+            self.state, per_update = train_updates(train_step, self.state, sharded, updates=updates)
             jax.block_until_ready(self.state)
-            return {name: float(value) for name, value in jax.device_get(metrics).items()}
+            return {name: float(np.mean([metrics[name] for metrics in per_update])) for name in per_update[0]}
 
-    def _profile_fields(self, timeline: StepTimeline, batch) -> dict:
-        """A step event's stage fields, from its timeline, and a device report when one is due."""
+    def _profile_fields(self, timeline: StepTimeline, batch, *, updates: int = 1) -> dict:
+        """A step event's stage fields, from its timeline, and a device report when one is due.
+
+        ``updates``: optimizer updates run on ``batch``; each costs the model FLOPs of its tokens.
+        """
         seconds = timeline.seconds_by_stage()
         wall_s = timeline_wall_s(timeline)
         wait_s, compute_s, publish_s = (seconds.get(name, 0.0) for name in ("data_wait", "compute", "publish"))
-        self.devices.observe(timeline, tokens=int(batch.attention_mask.sum()))
+        self.devices.observe(timeline, tokens=int(batch.attention_mask.sum()) * updates)
         return {
             "wall_s": wall_s, "wait_s": wait_s, "compute_s": compute_s, "publish_s": publish_s,
             "other_s": max(wall_s - wait_s - compute_s - publish_s, 0.0), "timeline": timeline,
@@ -640,7 +649,7 @@ class RunTrainer:
             learning_rate = config.schedule.learning_rate_at(
                 base=config.rl_learning_rate, step=self._rl_steps_done, total_steps=config.rl_steps)
             self._set_learning_rate(learning_rate)
-            metrics = self._train_on(self._rl_step, batch)
+            metrics = self._train_on(self._rl_step, batch, updates=config.algorithm.updates_per_batch)
             metrics["learning_rate"] = learning_rate
 
             self._last_acked_entry_id = max(entry_ids, key=_entry_order)
@@ -659,7 +668,7 @@ class RunTrainer:
                     self._checkpoint()
             timeline = self.stages.finish()
             with stage("telemetry"):  # counted in the next step: this one's timeline is closed
-                profile_fields = self._profile_fields(timeline, batch)
+                profile_fields = self._profile_fields(timeline, batch, updates=config.algorithm.updates_per_batch)
                 wall_s = profile_fields["wall_s"]
                 stats = prepared.stats
                 staleness_fields = recorder.step_fields()

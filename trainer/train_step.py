@@ -257,3 +257,20 @@ def make_train_step(
     its inputs are (one device).
     """
     return TrainStep(graphdef, optimizer, loss_fn, shardings)
+
+
+def train_updates(train_step: TrainStep, state: TrainState, batch: TrainBatch, *, updates: int
+                  ) -> tuple[TrainState, list[dict[str, float]]]:
+    """``updates`` successive updates on one batch (GRPO's mu, PPO's epochs): the new state, each one's metrics.
+
+    The updates are dispatched back to back and fetched once at the end, so the
+    device never waits on the host between them.
+    """
+    if updates < 1:
+        raise ValueError(f"updates must be at least 1, got {updates}")
+    per_update = []
+    for _ in range(updates):
+        state, metrics = train_step(state, batch)
+        per_update.append(metrics)
+    fetched = jax.device_get(per_update)
+    return state, [{name: float(value) for name, value in metrics.items()} for metrics in fetched]

@@ -21,6 +21,7 @@ from trainer.train_step import (
     make_train_step,
     on_logits,
     pad_batch,
+    train_updates,
     trainable_params,
 )
 
@@ -224,3 +225,38 @@ def test_a_lora_step_trains_only_adapters_and_keeps_base_buffers_in_place():
     for after, before in zip(jax.tree.leaves(adapters), jax.tree.leaves(adapters_before), strict=True):
         assert not np.array_equal(np.asarray(after), before)
     assert train_step.trace_count == 1
+
+
+def test_several_updates_on_one_batch_move_the_ratio_off_one_and_match_single_steps():
+    """GRPO's mu > 1: the first update is on-policy (ratio 1), later ones see the moved policy."""
+    model = Transformer(CONFIG, rngs=nnx.Rngs(5))
+    optimizer = _optimizer(3e-2)
+    graphdef, state = create_train_state(model, optimizer)
+    train_step = make_train_step(
+        graphdef, optimizer, on_logits(functools.partial(grpo_loss, clip_epsilon=0.2))
+    )
+    sequence, mask = [BOS_ID, 1, 2, 3, 4, 5], [0, 0, 1, 1, 1, 1]
+    probe = _sft_batch([sequence], [mask])
+    logits = nnx.merge(graphdef, state.params)(probe.tokens, probe.positions, probe.attention_mask)
+    behaviour = np.zeros(probe.tokens.shape, np.float32)
+    behaviour[:, 1:] = token_logprobs(logits[:, :-1], probe.tokens[:, 1:])
+    batch = pad_batch([sequence], loss_masks=[mask], behaviour_logprobs=[behaviour[0, : len(sequence)].tolist()],
+                      advantages=[1.0], batch_size=4, length_buckets=BUCKETS, pad_id=PAD_ID)
+
+    stepped = jax.tree.map(jnp.copy, state)  # the step donates its input state
+    single = []
+    for _ in range(3):
+        stepped, metrics = train_step(stepped, batch)
+        single.append(float(metrics["ratio_mean"]))
+    updated, per_update = train_updates(train_step, state, batch, updates=3)
+
+    assert [round(m["ratio_mean"], 6) for m in per_update] == [round(r, 6) for r in single]
+    np.testing.assert_allclose(per_update[0]["ratio_mean"], 1.0, atol=1e-4)
+    assert per_update[2]["ratio_mean"] > per_update[1]["ratio_mean"] > 1.0  # the advantage is positive
+    assert int(updated.step) == 3
+    for got, want in zip(jax.tree_util.tree_leaves(updated.params), jax.tree_util.tree_leaves(stepped.params),
+                         strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert train_step.trace_count == 1
+    with pytest.raises(ValueError, match="updates must be at least 1"):
+        train_updates(train_step, state, batch, updates=0)
