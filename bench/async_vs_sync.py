@@ -3,13 +3,24 @@
 Starts a whole local Tandem (web, two rollout workers, trainer, Redis db 13
 which it flushes) and one example HTTP environment server per latency
 (``workers.environments.http_example_server``), then trains the same run
-config with ``pipeline: async`` and ``pipeline: sync`` for each latency.
-Throughput is trained samples per second of the RL steps after the first
-(which pays for compilation); the trainer idle fraction is the share of
-those steps spent waiting for trajectories. Prints one JSON line keyed by
-latency in milliseconds.
+config with ``pipeline: async`` and ``pipeline: sync`` for each latency,
+``--repeats`` times, async and sync runs interleaved so that drift in a shared
+machine's speed falls on both. Throughput is trained samples per second of
+the RL steps after the first (which pays for compilation); the trainer idle
+fraction is the share of those steps spent waiting for trajectories. Each
+latency reports the median over repeats, and every repeat's figures.
 
-Usage: ``python bench/async_vs_sync.py [--latencies 0,50,200,1000] [--rl-steps 6]``
+``--capacity-updates K`` adds a row keyed ``"capacity"``: the 200 ms run with
+K optimizer updates per batch (``algorithm.updates_per_batch``), so that the
+trainer, not generation, is the bottleneck and producers have capacity to
+spare (their utilisation, the share of time they had a rollout task, stays
+below 1). That is the condition under which an asynchronous trainer should
+almost never wait.
+
+Prints one JSON line keyed by latency in milliseconds.
+
+Usage: ``python bench/async_vs_sync.py [--latencies 0,50,200,1000] [--rl-steps 6] [--repeats 3]
+[--capacity-updates 16]``
 """
 
 from __future__ import annotations
@@ -47,13 +58,26 @@ def summarise(points: list[dict], episodes_per_step: int) -> dict:
         by_step.setdefault(point["step"], {})[point["name"]] = point["value"]
     steps = [values for _, values in sorted(by_step.items()) if "samples_per_s" in values][1:]
     wall = sum(values["wall_s"] for values in steps)
+
+    def mean_of(name: str) -> float | None:
+        values = [v[name] for v in steps if name in v]
+        return round(statistics.fmean(values), 3) if values else None
+
     return {
         "samples_per_s": round(episodes_per_step * len(steps) / wall, 2) if wall else None,
-        "trainer_idle_fraction": round(statistics.fmean(v["trainer_idle_fraction"] for v in steps), 3)
-        if steps else None,
+        # Time-weighted: the share of the measured wall time spent waiting.
+        "trainer_idle_fraction": round(sum(v["wait_s"] for v in steps) / wall, 3) if wall else None,
+        "producer_utilisation": mean_of("producers/utilisation"),
+        "samples_produced_per_s": mean_of("samples_produced_per_s"),
+        "idle_fraction_by_step": [round(v["trainer_idle_fraction"], 3) for v in steps],
         "steps_measured": len(steps),
         "staleness_max": max((v.get("staleness_max", 0.0) for v in steps), default=None),
     }
+
+
+def median_of(summaries: list[dict], name: str) -> float | None:
+    values = [summary[name] for summary in summaries if summary.get(name) is not None]
+    return round(statistics.median(values), 3) if values else None
 
 
 def main() -> None:
@@ -63,6 +87,9 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--workers", type=int, default=2, help="rollout worker processes")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each mode per latency")
+    parser.add_argument("--capacity-updates", type=int, default=0,
+                        help="updates per batch of the trainer-bound 200 ms row; 0: no such row")
     args = parser.parse_args()
     latencies = [int(value) for value in args.latencies.split(",")]
 
@@ -89,25 +116,34 @@ def main() -> None:
         stack.start(credentials)
         client = httpx.Client(base_url=stack.config.platform_url,
                               headers={"Authorization": f"Token {credentials.user_token}"}, timeout=30)
+        scenarios = [(str(latency), latency, {}) for latency in latencies]
+        if args.capacity_updates:
+            scenarios.append(("capacity", 200, {"algorithm": {"updates_per_batch": args.capacity_updates}}))
+        environments: dict[int, str] = {}
         runs = []
-        for latency in latencies:
-            process, url = http_example_server.spawn(latency_ms=latency)
-            servers.append(process)
-            name = f"remote-calculator-{latency}ms"
-            client.post("/api/environments/", json={
-                "project": credentials.project_id, "name": name, "kind": "http",
-                "settings": {"url": url, "timeout_s": 30},
-                # The probe checks the declared tools against what the server exposes.
-                "tools": httpx.get(f"{url}/schema").json()["tools"],
-            }).raise_for_status()
-            for pipeline in ("async", "sync"):
-                response = client.post("/api/runs/", json={
-                    "project": credentials.project_id, "name": f"{pipeline} {latency}ms",
-                    "environment": name, "config": {**config, "pipeline": pipeline},
-                })
-                response.raise_for_status()
-                runs.append((latency, pipeline, response.json()["id"]))
-        for latency, pipeline, run_id in runs:
+        for repeat in range(args.repeats):
+            for key, latency, overrides in scenarios:
+                if latency not in environments:
+                    process, url = http_example_server.spawn(latency_ms=latency)
+                    servers.append(process)
+                    environments[latency] = f"remote-calculator-{latency}ms"
+                    client.post("/api/environments/", json={
+                        "project": credentials.project_id, "name": environments[latency], "kind": "http",
+                        "settings": {"url": url, "timeout_s": 30},
+                        # The probe checks the declared tools against what the server exposes.
+                        "tools": httpx.get(f"{url}/schema").json()["tools"],
+                    }).raise_for_status()
+                # Alternate which mode goes first, so neither always runs on a warmer machine.
+                modes = ("async", "sync") if repeat % 2 == 0 else ("sync", "async")
+                for pipeline in modes:
+                    response = client.post("/api/runs/", json={
+                        "project": credentials.project_id, "name": f"{pipeline} {key} #{repeat}",
+                        "environment": environments[latency],
+                        "config": {**config, **overrides, "pipeline": pipeline},
+                    })
+                    response.raise_for_status()
+                    runs.append((key, pipeline, response.json()["id"]))
+        for key, pipeline, run_id in runs:
             while True:
                 stack.check_alive()
                 status = client.get(f"/api/runs/{run_id}/").json()["status"]
@@ -116,28 +152,35 @@ def main() -> None:
                 time.sleep(1)
             summary = summarise(run_metrics(client, run_id), episodes_per_step)
             summary["status"] = status
-            results.setdefault(str(latency), {})[pipeline] = summary
+            results.setdefault(key, {}).setdefault(pipeline, []).append(summary)
     finally:
         stack.stop()
         for process in servers:
             process.terminate()
 
     output = {}
-    for latency, modes in results.items():
-        async_, sync = modes.get("async", {}), modes.get("sync", {})
-        speedup = (round(async_["samples_per_s"] / sync["samples_per_s"], 2)
-                   if async_.get("samples_per_s") and sync.get("samples_per_s") else None)
-        output[latency] = {
-            "async_samples_per_s": async_.get("samples_per_s"),
-            "sync_samples_per_s": sync.get("samples_per_s"),
-            "speedup": speedup,
-            "async_trainer_idle_fraction": async_.get("trainer_idle_fraction"),
-            "sync_trainer_idle_fraction": sync.get("trainer_idle_fraction"),
-            "async_staleness_max": async_.get("staleness_max"),
-            "sync_staleness_max": sync.get("staleness_max"),
-            "statuses": [async_.get("status"), sync.get("status")],
+    for key, modes in results.items():
+        async_runs, sync_runs = modes.get("async", []), modes.get("sync", [])
+        # Each repeat's async run against the sync run of the same repeat.
+        ratios = [round(a["samples_per_s"] / s["samples_per_s"], 2)
+                  for a, s in zip(async_runs, sync_runs, strict=False)
+                  if a.get("samples_per_s") and s.get("samples_per_s")]
+        output[key] = {
+            "async_samples_per_s": median_of(async_runs, "samples_per_s"),
+            "sync_samples_per_s": median_of(sync_runs, "samples_per_s"),
+            "speedup": round(statistics.median(ratios), 2) if ratios else None,
+            "speedups": ratios,
+            "async_trainer_idle_fraction": median_of(async_runs, "trainer_idle_fraction"),
+            "sync_trainer_idle_fraction": median_of(sync_runs, "trainer_idle_fraction"),
+            "async_producer_utilisation": median_of(async_runs, "producer_utilisation"),
+            "sync_producer_utilisation": median_of(sync_runs, "producer_utilisation"),
+            "async_staleness_max": max((r["staleness_max"] for r in async_runs if r.get("staleness_max") is not None),
+                                       default=None),
+            "statuses": sorted({r["status"] for r in async_runs + sync_runs}),
+            "repeats": {"async": async_runs, "sync": sync_runs},
         }
-    output["config"] = {**config, "workers": stack.config.workers,
+    output["config"] = {**config, "workers": stack.config.workers, "repeats": args.repeats,
+                        "capacity_updates_per_batch": args.capacity_updates,
                         "worker_concurrency": stack.config.worker_concurrency,
                         "episodes_per_step": episodes_per_step}
     output["wall_s"] = round(time.time() - started, 1)

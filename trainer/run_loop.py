@@ -52,7 +52,7 @@ from trainer.profiling import StageRecorder, timeline_wall_s
 from trainer.rollout_stats import rollout_metrics
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings
 from trainer.staleness import StalenessRecorder, is_stale_group, split_stale_groups
-from trainer.stream import GroupAssembler, TrajectoryStreamReader
+from trainer.stream import GroupAssembler, TrajectoryStreamReader, entry_order
 from trainer.tokenizer import load_tokenizer
 from trainer.tracing import CapturedTrace, TraceCapture
 from trainer.train_step import (
@@ -146,11 +146,6 @@ def initial_train_state(config: RunConfig, *, vocab_size: int, needs_value_head:
     if needs_value_head:
         model = with_value_head(model, d_model=model.config.d_model, rngs=nnx.Rngs(config.seed + 2))
     return create_train_state(model, optimizer)
-
-
-def _entry_order(entry_id: str) -> tuple[int, int]:
-    milliseconds, _, sequence = entry_id.partition("-")
-    return int(milliseconds), int(sequence or 0)
 
 
 @dataclass
@@ -465,12 +460,11 @@ class RunTrainer:
             reference_params=self.reference.params if self.reference is not None else None,
         )
 
-    def _report_checkpoints(self) -> None:
-        """Tell the platform which checkpoints are on disk once a new one is committed.
+    def _report_checkpoints(self, committed: int | None) -> None:
+        """Tell the platform which checkpoints are on disk once a new one (``committed``) is committed.
 
         A failed post is logged and retried some seconds later: it never stops training.
         """
-        committed = self.checkpointer.committed_step()
         if (committed is None or committed == self._reported_checkpoint_step
                 or time.monotonic() < self._checkpoint_report_retry_at):
             return
@@ -486,11 +480,10 @@ class RunTrainer:
 
     def _ack_checkpointed(self) -> None:
         """Acknowledge the data of RL updates that a committed checkpoint now holds."""
-        self._report_checkpoints()
-        if not self._awaiting_checkpoint or self._reader is None:
-            return
+        # Asked once: the same answer serves the report and the acknowledgements.
         committed = self.checkpointer.committed_step()
-        if committed is None:
+        self._report_checkpoints(committed)
+        if not self._awaiting_checkpoint or self._reader is None or committed is None:
             return
         ready = [groups for step, groups in self._awaiting_checkpoint if step <= committed]
         if not ready:
@@ -652,7 +645,7 @@ class RunTrainer:
             metrics = self._train_on(self._rl_step, batch, updates=config.algorithm.updates_per_batch)
             metrics["learning_rate"] = learning_rate
 
-            self._last_acked_entry_id = max(entry_ids, key=_entry_order)
+            self._last_acked_entry_id = max(entry_ids, key=entry_order)
             self._trained_group_count += len(groups)
             with stage("publish"):
                 self._publish()

@@ -66,7 +66,8 @@ class ReaderCounters:
     trimmed: int = 0
 
 
-def _entry_order(entry_id: str) -> tuple[int, int]:
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """Sort key of a Redis stream entry id ("<ms>-<seq>"): the order the stream holds them in."""
     milliseconds, _, sequence = entry_id.partition("-")
     return int(milliseconds), int(sequence or 0)
 
@@ -224,7 +225,7 @@ class TrajectoryStreamReader:
         if not self._held or now - self._last_refresh < self.reclaim_idle_ms / 4000:
             return
         self._last_refresh = now
-        held = sorted(self._held, key=_entry_order)
+        held = sorted(self._held, key=entry_order)
         for start in range(0, len(held), 1000):
             self._redis.xclaim(self.stream, TRAINER_CONSUMER_GROUP, self._consumer, min_idle_time=0,
                                message_ids=held[start:start + 1000], justid=True)
@@ -346,11 +347,11 @@ class TrajectoryStreamReader:
             last = _decode(group["last-delivered-id"])
             if last == "0-0":
                 return None
-            milliseconds, sequence = _entry_order(last)
+            milliseconds, sequence = entry_order(last)
             group_floor = (milliseconds, sequence + 1)
             summary = self._redis.xpending(self.stream, _decode(group["name"]))
             if summary["pending"]:
-                group_floor = min(group_floor, _entry_order(_decode(summary["min"])))
+                group_floor = min(group_floor, entry_order(_decode(summary["min"])))
             floor = group_floor if floor is None else min(floor, group_floor)
         return None if floor is None else f"{floor[0]}-{floor[1]}"
 
