@@ -54,9 +54,7 @@
       cell.append(el("span", { class: "muted not-reported" }, NOT_REPORTED));
       return cell;
     }
-    const fill = el("span", { class: "meter-fill" });
-    fill.style.width = `${Math.min(Math.max(share, 0), 1) * 100}%`;
-    cell.append(el("span", { class: "meter" }, fill), el("span", { class: "meter-value" }, percent(share)));
+    cell.append(meter(share), el("span", { class: "meter-value" }, percent(share)));
     return cell;
   }
 
@@ -66,36 +64,45 @@
     return el("div", {}, el("dt", {}, label), dd);
   }
 
+  function meter(share) {
+    const fill = el("span", { class: "meter-fill" });
+    fill.style.width = `${Math.min(Math.max(share, 0), 1) * 100}%`;
+    return el("span", { class: "meter" }, fill);
+  }
+
+  // In use, with a bar against the limit; peak and limit beneath.
   function memoryCell(device) {
     const cell = el("td", { class: "device-memory" });
-    if (missing(device.memory_in_use_bytes) && missing(device.memory_peak_bytes) && missing(device.memory_limit_bytes)) {
+    const inUse = device.memory_in_use_bytes, peak = device.memory_peak_bytes, limit = device.memory_limit_bytes;
+    if (missing(inUse) && missing(peak) && missing(limit)) {
       cell.append(el("span", { class: "muted not-reported" }, NOT_REPORTED));
       return cell;
     }
-    if (!missing(device.memory_in_use_bytes) && device.memory_limit_bytes) {
-      const fill = el("span", { class: "meter-fill" });
-      fill.style.width = `${Math.min(device.memory_in_use_bytes / device.memory_limit_bytes, 1) * 100}%`;
-      cell.append(el("span", { class: "meter" }, fill));
-    }
-    cell.append(el("span", { class: "memory-figures" },
-      `${bytes(device.memory_in_use_bytes)} / peak ${bytes(device.memory_peak_bytes)} / limit ${bytes(device.memory_limit_bytes)}`));
+    cell.append(el("div", { class: "memory-in-use" }, !missing(inUse) && limit ? meter(inUse / limit) : null,
+      `${bytes(inUse)} in use`));
+    cell.append(el("div", { class: "muted small memory-peak-limit" }, `peak ${bytes(peak)} · limit ${bytes(limit)}`));
     return cell;
   }
 
   // The driver's own view: NVML on NVIDIA GPUs, libtpu on TPUs; nothing elsewhere.
   function driverCell(device) {
     const cell = el("td", { class: "device-driver" });
-    const lines = [];
-    if (!missing(device.nvml_utilisation) || !missing(device.nvml_memory_used_bytes)) {
-      lines.push(`NVML #${device.nvml_index}: ${percent(device.nvml_utilisation)} busy, ` +
-        `${bytes(device.nvml_memory_used_bytes)} of ${bytes(device.nvml_memory_total_bytes)}`);
+    const reported = (...values) => values.some((value) => !missing(value));
+    if (reported(device.nvml_utilisation, device.nvml_memory_used_bytes)) {
+      cell.append(
+        el("div", { class: "nvml-utilisation" }, missing(device.nvml_utilisation) ? null : meter(device.nvml_utilisation),
+          `${percent(device.nvml_utilisation)} busy`),
+        el("div", { class: "muted small nvml-memory" },
+          `NVML #${device.nvml_index} · ${bytes(device.nvml_memory_used_bytes)} of ${bytes(device.nvml_memory_total_bytes)}`));
     }
-    if (!missing(device.tpu_duty_cycle) || !missing(device.tpu_hbm_used_bytes)) {
-      lines.push(`libtpu: ${percent(device.tpu_duty_cycle)} duty, ` +
-        `HBM ${bytes(device.tpu_hbm_used_bytes)} of ${bytes(device.tpu_hbm_total_bytes)}`);
+    if (reported(device.tpu_duty_cycle, device.tpu_hbm_used_bytes)) {
+      cell.append(
+        el("div", { class: "tpu-duty-cycle" }, missing(device.tpu_duty_cycle) ? null : meter(device.tpu_duty_cycle),
+          `${percent(device.tpu_duty_cycle)} duty cycle`),
+        el("div", { class: "muted small tpu-hbm" },
+          `libtpu · HBM ${bytes(device.tpu_hbm_used_bytes)} of ${bytes(device.tpu_hbm_total_bytes)}`));
     }
-    if (!lines.length) cell.append(el("span", { class: "muted not-reported" }, NOT_REPORTED));
-    for (const line of lines) cell.append(el("div", {}, line));
+    if (!cell.childElementCount) cell.append(el("span", { class: "muted not-reported" }, NOT_REPORTED));
     return cell;
   }
 
