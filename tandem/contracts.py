@@ -343,6 +343,61 @@ class StepTimeline(BaseModel):
         return totals
 
 
+class DeviceSample(BaseModel):
+    """One local accelerator of the trainer, as sampled with its host's :class:`DeviceReport`.
+
+    Each figure is None where nothing reports it for this device: absent, never
+    guessed (no allocator figures on CPU, no NVML figures off NVIDIA GPUs or where
+    the GPU cannot be matched to its NVML entry, no libtpu figures off TPU).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: int = Field(description="`jax.Device.id`: unique among the job's devices, all hosts together.")
+    process_index: int = Field(description="`jax.Device.process_index`: the JAX process (host) it belongs to.")
+    local_hardware_id: int | None = Field(
+        None, description="The backend's local ordinal (the CUDA ordinal on GPU); None where the backend has none."
+    )
+    platform: str = Field(description="JAX backend of the device: cpu, gpu or tpu.")
+    device_kind: str = Field(description="`jax.Device.device_kind`, e.g. 'NVIDIA H100 80GB HBM3', 'TPU v5 lite'.")
+    memory_in_use_bytes: int | None = Field(
+        None, description="XLA allocator: bytes in use on the device (`memory_stats()['bytes_in_use']`)."
+    )
+    memory_peak_bytes: int | None = Field(
+        None, description="XLA allocator: the most bytes ever in use on the device (`peak_bytes_in_use`)."
+    )
+    memory_limit_bytes: int | None = Field(
+        None, description="XLA allocator: the bytes it may use on the device (`bytes_limit`)."
+    )
+    duty_cycle: float | None = Field(
+        None, description="Share of the trainer's wall time in the compute stage since the last report, 0-1. "
+        "Measured from the host's stage timeline, not by a hardware counter: the same SPMD step runs on "
+        "every device of the mesh, so every device has the trainer's duty cycle."
+    )
+    mfu: float | None = Field(
+        None, description="The job's model FLOPs utilisation since the last report (see DeviceReport.mfu): "
+        "the step's FLOPs are split evenly over the mesh, so every device has the job's MFU. None on a "
+        "device kind of unknown peak."
+    )
+    nvml_index: int | None = Field(
+        None, description="NVML's index of this GPU, when it was matched by PCI bus id or by CUDA ordinal "
+        "(see trainer/devices.py); None when NVML is absent or the match is not certain."
+    )
+    nvml_utilisation: float | None = Field(
+        None, description="NVML: share of the last sample period (1/6 s to 1 s, by GPU) in which a kernel ran "
+        "on this GPU, 0-1. Kernels of every process count."
+    )
+    nvml_memory_used_bytes: int | None = Field(
+        None, description="NVML: memory used on this GPU by every process (what nvidia-smi shows)."
+    )
+    nvml_memory_total_bytes: int | None = Field(None, description="NVML: this GPU's memory.")
+    tpu_duty_cycle: float | None = Field(
+        None, description="libtpu monitoring: the TensorCore duty cycle of this device's chip, 0-1."
+    )
+    tpu_hbm_used_bytes: int | None = Field(None, description="libtpu monitoring: HBM in use by this device.")
+    tpu_hbm_total_bytes: int | None = Field(None, description="libtpu monitoring: this device's HBM.")
+
+
 class DeviceReport(BaseModel):
     """The trainer's accelerators and host, sampled now and then (not every step, to stay cheap).
 
@@ -371,12 +426,23 @@ class DeviceReport(BaseModel):
     gpu_memory_used_bytes: int | None = Field(None, description="NVML: memory used on local GPUs (all processes).")
     tpu_duty_cycle: float | None = Field(None, description="libtpu monitoring: mean TensorCore duty cycle, 0-1.")
     host_cpu_percent: float | None = Field(None, description="Host CPU use since the last report, 0-100.")
-    host_memory_used_bytes: int | None = None
-    host_memory_total_bytes: int | None = None
+    host_memory_used_bytes: int | None = Field(None, description="Host memory in use (total less available).")
+    host_memory_total_bytes: int | None = Field(None, description="Host memory installed.")
     process_cpu_cores: float | None = Field(
         None, description="CPU seconds of the trainer process per wall second since the last report."
     )
     process_rss_bytes: int | None = Field(None, description="Resident memory of the trainer process.")
+    hostname: str | None = Field(None, description="The trainer host's name (`socket.gethostname()`).")
+    process_id: int | None = Field(None, description="The trainer process's operating-system id.")
+    process_index: int | None = Field(
+        None, description="`jax.process_index()` of the reporting trainer process (0: the one that posts)."
+    )
+    devices: list[DeviceSample] = Field(
+        default_factory=list,
+        description="Each device of this host, in `jax.local_devices()` order. Only the process that posts "
+        "telemetry reports, so on a multi-host job the other hosts' devices are not listed "
+        "(`device_count - local_device_count` of them). Empty in reports of older trainers.",
+    )
     reported_at: float
 
     def metric_values(self) -> dict[str, float]:

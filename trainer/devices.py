@@ -1,5 +1,9 @@
 """The trainer's accelerators and host, as a :class:`DeviceReport` every few seconds.
 
+A report has a row (:class:`DeviceSample`) for each local device beside the
+host's sums: allocator memory, NVML or libtpu figures of that device, and the
+trainer's duty cycle and MFU, which are the same on every device of the mesh.
+
 Everything here is read where the platform reports it and left None where it
 does not: no memory figures on CPU, no MFU on a device kind whose peak is not
 in :data:`PEAK_BF16_FLOPS`, no NVML figures without ``pynvml`` (the
@@ -9,12 +13,16 @@ in :data:`PEAK_BF16_FLOPS`, no NVML figures without ``pynvml`` (the
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import jax
 import psutil
 
-from tandem.contracts import DeviceReport, StepTimeline
+from tandem.contracts import DeviceReport, DeviceSample, StepTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -65,22 +73,110 @@ def training_flops(*, parameters: int, tokens: int) -> float:
     return 6.0 * parameters * tokens
 
 
-def _memory_stats() -> tuple[int | None, int | None, int | None]:
-    in_use = peak = limit = None
-    for device in jax.local_devices():
-        try:
-            stats = device.memory_stats()
-        except Exception:  # noqa: BLE001 - backends without it raise (or return None)
-            stats = None
-        if not stats:
-            continue
-        if "bytes_in_use" in stats:
-            in_use = (in_use or 0) + int(stats["bytes_in_use"])
-        if "peak_bytes_in_use" in stats:
-            peak = (peak or 0) + int(stats["peak_bytes_in_use"])
-        if "bytes_limit" in stats:
-            limit = (limit or 0) + int(stats["bytes_limit"])
-    return in_use, peak, limit
+@dataclass(frozen=True)
+class AllocatorStats:
+    """One device's XLA allocator figures; each None where the backend does not report it."""
+
+    in_use: int | None = None
+    peak: int | None = None
+    limit: int | None = None
+
+
+def allocator_stats(device) -> AllocatorStats:
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - backends without it raise (or return None)
+        stats = None
+    if not stats:
+        return AllocatorStats()
+    figure = lambda key: int(stats[key]) if key in stats else None  # noqa: E731
+    return AllocatorStats(in_use=figure("bytes_in_use"), peak=figure("peak_bytes_in_use"),
+                          limit=figure("bytes_limit"))
+
+
+def _sum_reported(values: list[int | None]) -> int | None:
+    """The sum of the values some device reported; None when none did."""
+    reported = [value for value in values if value is not None]
+    return sum(reported) if reported else None
+
+
+# -- NVML ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NvmlGpu:
+    """A GPU as NVML lists it (NVML numbers GPUs in PCI bus order, whatever CUDA_VISIBLE_DEVICES says)."""
+
+    index: int
+    pci_bus_id: str
+    uuid: str
+    name: str
+
+
+def normalise_pci_bus_id(bus_id: str) -> str:
+    """'00000000:3B:00.0' (NVML) and '0000:3b:00.0' (CUDA) alike -> '0000:3b:00.0'."""
+    bus_id = bus_id.strip().lower()
+    domain, sep, rest = bus_id.partition(":")
+    if not sep or not rest:
+        return bus_id
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return bus_id
+
+
+def nvml_index_for_device(
+    *, local_hardware_id: int | None, pci_bus_id: str | None, gpus: Sequence[NvmlGpu],
+    visible_devices: str | None, device_order: str | None,
+) -> int | None:
+    """NVML's index of a JAX GPU device, or None when the match is not certain.
+
+    By PCI bus id when the device exposes one: certain. Otherwise by its CUDA
+    ordinal (``local_hardware_id``), which counts the GPUs CUDA_VISIBLE_DEVICES
+    lets the process see, in the order it lists them. An entry given as a UUID
+    names its GPU outright; an entry given as a number, and the whole list when
+    the variable is unset, counts in CUDA's enumeration order, which is NVML's
+    (PCI bus) order only with CUDA_DEVICE_ORDER=PCI_BUS_ID or on a host of
+    identical GPUs (CUDA's default puts the fastest first and equal GPUs in
+    PCI bus order). On a host of mixed GPUs without PCI_BUS_ID, on a MIG
+    instance, or with an entry CUDA would not accept either, the answer is None:
+    a wrong GPU's figures would be worse than none.
+    """
+    if pci_bus_id:
+        wanted = normalise_pci_bus_id(pci_bus_id)
+        return next((gpu.index for gpu in gpus if normalise_pci_bus_id(gpu.pci_bus_id) == wanted), None)
+    if local_hardware_id is None or local_hardware_id < 0:
+        return None
+    in_pci_order = sorted(gpus, key=lambda gpu: normalise_pci_bus_id(gpu.pci_bus_id))
+    cuda_order_is_pci_order = device_order == "PCI_BUS_ID" or len({gpu.name for gpu in gpus}) == 1
+    if visible_devices is None:
+        visible = in_pci_order if cuda_order_is_pci_order else None
+    else:
+        visible = []
+        for entry in (part.strip() for part in visible_devices.split(",")):
+            if entry.isdigit() and cuda_order_is_pci_order and int(entry) < len(in_pci_order):
+                visible.append(in_pci_order[int(entry)])
+            elif entry.lower().startswith("gpu-"):
+                matches = [gpu for gpu in gpus if gpu.uuid.lower().startswith(entry.lower())]
+                if len(matches) != 1:
+                    return None
+                visible.append(matches[0])
+            else:  # MIG-..., a number in an unknown order, or something CUDA stops at
+                return None
+    if visible is None or local_hardware_id >= len(visible):
+        return None
+    return visible[local_hardware_id].index
+
+
+@dataclass(frozen=True)
+class NvmlFigures:
+    utilisation: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class _Nvml:
@@ -88,34 +184,100 @@ class _Nvml:
 
     def __init__(self):
         self._pynvml = None
+        self._handles: list = []
+        self.gpus: list[NvmlGpu] = []
         try:
             import pynvml  # optional: nvidia-ml-py
             pynvml.nvmlInit()
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self.gpus = [
+                NvmlGpu(index=i, pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)), name=_text(pynvml.nvmlDeviceGetName(handle)))
+                for i, handle in enumerate(self._handles)
+            ]
             self._pynvml = pynvml
         except Exception:  # noqa: BLE001 - not installed, no driver, no GPU: absent
-            self._handles = []
+            self._handles, self.gpus = [], []
 
-    def sample(self) -> tuple[float | None, int | None]:
+    def index_of(self, device) -> int | None:
+        if self._pynvml is None:
+            return None
+        return nvml_index_for_device(
+            local_hardware_id=getattr(device, "local_hardware_id", None),
+            # Not every jaxlib exposes it; where it does, it settles the match.
+            pci_bus_id=getattr(device, "pci_bus_id", None),
+            gpus=self.gpus, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            device_order=os.environ.get("CUDA_DEVICE_ORDER"),
+        )
+
+    def sample(self) -> dict[int, NvmlFigures]:
+        """Figures by NVML index; empty when NVML is absent or a read failed."""
         if self._pynvml is None or not self._handles:
-            return None, None
+            return {}
         try:
-            utilisation = [self._pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0 for h in self._handles]
-            memory = sum(int(self._pynvml.nvmlDeviceGetMemoryInfo(h).used) for h in self._handles)
+            figures = {}
+            for index, handle in enumerate(self._handles):
+                memory = self._pynvml.nvmlDeviceGetMemoryInfo(handle)
+                figures[index] = NvmlFigures(
+                    utilisation=self._pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
+                    memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total),
+                )
         except Exception as exc:  # noqa: BLE001 - a driver hiccup must not stop training
             logger.debug("NVML sample failed: %s", exc)
-            return None, None
-        return sum(utilisation) / len(utilisation), memory
+            return {}
+        return figures
 
 
-def _tpu_duty_cycle() -> float | None:
-    """libtpu's own TensorCore duty cycle, where its monitoring SDK is there."""
+# -- libtpu ---------------------------------------------------------------------------
+
+
+def per_device(values: Sequence[float] | None, device_count: int, *, per_chip: bool) -> list[float | None]:
+    """libtpu's list of figures laid over the host's devices, in order; Nones where they do not line up.
+
+    One figure per device maps one to one. A figure of a chip (the duty cycle)
+    is shared by the devices on that chip when the chips hold equal numbers of
+    devices (TPU v2/v3: two). Any other count is not guessed at.
+    """
+    if not values:
+        return [None] * device_count
+    if len(values) == device_count:
+        return list(values)
+    if per_chip and device_count % len(values) == 0:
+        devices_per_chip = device_count // len(values)
+        return [values[i // devices_per_chip] for i in range(device_count)]
+    return [None] * device_count
+
+
+def _tpu_metric(name: str) -> list[float] | None:
+    """One of libtpu's monitoring metrics, a value per chip or core, where its SDK is there."""
     try:
         from libtpu.sdk import tpumonitoring  # optional: only on TPU hosts
-        values = [float(value) for value in tpumonitoring.get_metric("duty_cycle_pct").data()]
+        return [float(value) for value in tpumonitoring.get_metric(name).data()]
     except Exception:  # noqa: BLE001 - not a TPU host, or an older libtpu
         return None
-    return sum(values) / len(values) / 100.0 if values else None
+
+
+@dataclass(frozen=True)
+class TpuFigures:
+    duty_cycle: list[float | None]  # per local device, 0-1
+    hbm_used_bytes: list[float | None]
+    hbm_total_bytes: list[float | None]
+    mean_duty_cycle: float | None
+
+
+def _tpu_figures(device_count: int) -> TpuFigures:
+    duty = _tpu_metric("duty_cycle_pct")
+    return TpuFigures(
+        duty_cycle=[None if value is None else value / 100.0
+                    for value in per_device(duty, device_count, per_chip=True)],
+        hbm_used_bytes=per_device(_tpu_metric("hbm_capacity_usage"), device_count, per_chip=False),
+        hbm_total_bytes=per_device(_tpu_metric("hbm_capacity_total"), device_count, per_chip=False),
+        mean_duty_cycle=sum(duty) / len(duty) / 100.0 if duty else None,
+    )
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 class DeviceMonitor:
@@ -133,9 +295,15 @@ class DeviceMonitor:
         self.platform = jax.default_backend()
         self.device_kind = devices[0].device_kind
         self.device_count = len(devices)
-        self.local_device_count = jax.local_device_count()
+        self.local_devices = jax.local_devices()
+        self.local_device_count = len(self.local_devices)
+        self.process_index = jax.process_index()
         self.peak_flops = peak_flops_per_device(self.device_kind) if self.platform != "cpu" else None
         self._nvml = _Nvml() if self.platform == "gpu" else None
+        # Which NVML entry each local device is; fixed for the life of the process.
+        self._nvml_indices = [self._nvml.index_of(device) if self._nvml is not None else None
+                              for device in self.local_devices]
+        self._hostname = socket.gethostname()
         self._process = psutil.Process()
         self._process_cpu_s = self._cpu_seconds()
         psutil.cpu_percent(interval=None)  # the baseline of the first report's host CPU figure
@@ -159,8 +327,9 @@ class DeviceMonitor:
     def sample(self) -> DeviceReport:
         """A report over the steps observed since the last one; starts the next window."""
         self._last_sample = self._clock()
-        in_use, peak, limit = _memory_stats()
-        gpu_utilisation, gpu_memory = self._nvml.sample() if self._nvml is not None else (None, None)
+        allocator = [allocator_stats(device) for device in self.local_devices]
+        nvml = self._nvml.sample() if self._nvml is not None else {}
+        tpu = _tpu_figures(self.local_device_count) if self.platform == "tpu" else None
         now = time.monotonic()
         elapsed = now - self._last_sample_wall
         cpu_s = self._cpu_seconds()
@@ -168,22 +337,46 @@ class DeviceMonitor:
         self._process_cpu_s, self._last_sample_wall = cpu_s, now
         memory = psutil.virtual_memory()
         wall = self._wall_s
+        duty_cycle = self._compute_s / wall if wall > 0 else None
         mfu = None
         if self.peak_flops is not None and wall > 0:
             mfu = self._flops / wall / (self.peak_flops * self.device_count)
+        devices = []
+        for position, (device, stats) in enumerate(zip(self.local_devices, allocator, strict=True)):
+            nvml_index = self._nvml_indices[position]
+            gpu = nvml.get(nvml_index) if nvml_index is not None else None
+            devices.append(DeviceSample(
+                id=device.id, process_index=device.process_index,
+                local_hardware_id=getattr(device, "local_hardware_id", None),
+                platform=device.platform, device_kind=device.device_kind,
+                memory_in_use_bytes=stats.in_use, memory_peak_bytes=stats.peak, memory_limit_bytes=stats.limit,
+                duty_cycle=duty_cycle, mfu=mfu,
+                nvml_index=nvml_index if gpu is not None else None,
+                nvml_utilisation=gpu.utilisation if gpu else None,
+                nvml_memory_used_bytes=gpu.memory_used_bytes if gpu else None,
+                nvml_memory_total_bytes=gpu.memory_total_bytes if gpu else None,
+                tpu_duty_cycle=tpu.duty_cycle[position] if tpu else None,
+                tpu_hbm_used_bytes=_int_or_none(tpu.hbm_used_bytes[position]) if tpu else None,
+                tpu_hbm_total_bytes=_int_or_none(tpu.hbm_total_bytes[position]) if tpu else None,
+            ))
         report = DeviceReport(
             platform=self.platform, device_kind=self.device_kind, device_count=self.device_count,
             local_device_count=self.local_device_count,
-            memory_in_use_bytes=in_use, memory_peak_bytes=peak, memory_limit_bytes=limit,
-            duty_cycle=self._compute_s / wall if wall > 0 else None,
-            mfu=mfu, peak_flops_per_device=self.peak_flops,
-            gpu_utilisation=gpu_utilisation, gpu_memory_used_bytes=gpu_memory,
-            tpu_duty_cycle=_tpu_duty_cycle() if self.platform == "tpu" else None,
+            memory_in_use_bytes=_sum_reported([stats.in_use for stats in allocator]),
+            memory_peak_bytes=_sum_reported([stats.peak for stats in allocator]),
+            memory_limit_bytes=_sum_reported([stats.limit for stats in allocator]),
+            duty_cycle=duty_cycle, mfu=mfu, peak_flops_per_device=self.peak_flops,
+            # Every GPU of the host, as before: NVML sees them whether or not this process uses them.
+            gpu_utilisation=(sum(gpu.utilisation for gpu in nvml.values()) / len(nvml)) if nvml else None,
+            gpu_memory_used_bytes=sum(gpu.memory_used_bytes for gpu in nvml.values()) if nvml else None,
+            tpu_duty_cycle=tpu.mean_duty_cycle if tpu else None,
             host_cpu_percent=psutil.cpu_percent(interval=None),
             host_memory_used_bytes=int(memory.total - memory.available),
             host_memory_total_bytes=int(memory.total),
             process_cpu_cores=process_cpu_cores,
             process_rss_bytes=int(self._process.memory_info().rss),
+            hostname=self._hostname, process_id=self._process.pid, process_index=self.process_index,
+            devices=devices,
             reported_at=time.time(),
         )
         self._wall_s = self._compute_s = self._flops = 0.0

@@ -43,7 +43,9 @@ from runs.views import (
     TrainerClaimView,
     TrainerHeartbeatView,
 )
+from telemetry import pages as telemetry_pages
 from telemetry.views import (
+    ActiveRunDevicesView,
     RunDevicesView,
     RunMetricChartView,
     RunMetricsView,
@@ -82,6 +84,7 @@ pages = [
         trajectory_pages.trajectory_page,
         name="trajectory-page",
     ),
+    path("devices/", telemetry_pages.devices_page, name="devices-page"),
     path("environments/", environment_pages.environment_list_page, name="environment-list-page"),
     path(
         "environments/<int:environment_id>/",
@@ -190,6 +193,7 @@ api = [
         RunCheckpointDownloadView.as_view(),
         name="api-run-checkpoint-download",
     ),
+    path("api/devices/", ActiveRunDevicesView.as_view(), name="api-devices"),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
 ]
 

@@ -1,10 +1,15 @@
-"""Reads of metric points: the backfill cursor, and charts at a requested resolution."""
+"""Reads of telemetry: the backfill cursor, charts at a requested resolution, traces, and device reports."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pydantic
+import redis
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import (
     Count,
     ExpressionWrapper,
@@ -19,9 +24,12 @@ from django.db.models.functions import Mod
 
 from domain_errors import NotFound
 from runs.models import Run
-from tandem.contracts import TraceRequest
+from runs.selectors import run_list
+from tandem.contracts import ProducerReport, SchemaVersionError, TraceRequest, producers_key
 
 from .models import DeviceSnapshot, MetricBucket, MetricPoint, Trace
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -237,3 +245,50 @@ def device_snapshot_get(*, run: Run) -> DeviceSnapshot:
     if snapshot is None:
         raise NotFound(f"Run {run.pk} has no device report yet.")
     return snapshot
+
+
+def device_snapshot_list_active(*, user: AbstractBaseUser) -> QuerySet[Run]:
+    """The runs of the user's projects that a trainer holds now, each with its newest device report.
+
+    ``run.device_snapshot`` is there once the trainer has sent a report; reading
+    it costs no query (it comes in the same rows). Oldest run first, so rows keep
+    their places on a page that refreshes.
+    """
+    return (
+        run_list(user=user)
+        .filter(status__in=Run.TRAINER_HELD_STATUSES)
+        .select_related("device_snapshot")
+        .order_by("created_at", "id")
+    )
+
+
+def producer_reports_by_run(*, run_ids: Sequence[int]) -> dict[int, list[ProducerReport]] | None:
+    """Each run's producer processes as they last reported themselves in Redis; None if Redis is unreachable.
+
+    A process writes its report at the start and end of every rollout task, so
+    one that died stays listed with its last report: ``reported_at`` tells.
+    """
+    if not run_ids:
+        return {}
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
+        try:
+            pipeline = client.pipeline(transaction=False)
+            for run_id in run_ids:
+                pipeline.hgetall(producers_key(run_id))
+            hashes = pipeline.execute()
+        finally:
+            client.close()
+    except redis.RedisError as exc:
+        logger.warning("producer reports not read: %s", exc)
+        return None
+    reports: dict[int, list[ProducerReport]] = {}
+    for run_id, raw_reports in zip(run_ids, hashes, strict=True):
+        readable = []
+        for raw in raw_reports.values():
+            try:
+                readable.append(ProducerReport.model_validate_json(raw))
+            except (pydantic.ValidationError, SchemaVersionError):
+                continue  # a newer writer's shape: the trainer logs these; the page leaves them out
+        reports[run_id] = sorted(readable, key=lambda report: report.worker)
+    return reports

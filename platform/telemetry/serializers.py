@@ -1,6 +1,8 @@
-"""Shapes of telemetry's API: chart queries, trace requests in, traces out, and the trainer's uploads."""
+"""Shapes of telemetry's API: chart queries, trace requests in, traces out, the trainer's uploads, devices."""
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from .models import Trace
@@ -58,3 +60,64 @@ class TraceUploadSerializer(serializers.Serializer):
     last_step = serializers.IntegerField(min_value=0)
     file = serializers.FileField(required=False)
     error = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class ProducerProcessSerializer(serializers.Serializer):
+    """A producer process as it last reported itself (tandem.contracts.ProducerReport)."""
+
+    worker = serializers.CharField(help_text="hostname:pid of the process.")
+    reported_at = serializers.FloatField(help_text="Unix time of its last report.")
+    running_tasks = serializers.IntegerField()
+    uptime_s = serializers.FloatField()
+    cpu_s = serializers.FloatField(allow_null=True, help_text="CPU seconds since the process started.")
+    rss_bytes = serializers.IntegerField(allow_null=True, help_text="Resident memory.")
+
+
+def _snapshot(run):
+    # A reverse one-to-one that select_related found empty raises rather than returning None.
+    try:
+        return run.device_snapshot
+    except ObjectDoesNotExist:
+        return None
+
+
+class ActiveRunDevicesSerializer(serializers.Serializer):
+    """An active run with its trainer's newest device report (None before the first) and its producers."""
+
+    run = serializers.IntegerField(source="pk")
+    name = serializers.CharField()
+    project = serializers.CharField(source="project.name")
+    status = serializers.CharField()
+    url = serializers.SerializerMethodField()
+    step = serializers.SerializerMethodField(help_text="The step whose event carried the report.")
+    recorded_at = serializers.SerializerMethodField()
+    report = serializers.SerializerMethodField(help_text="tandem.contracts.DeviceReport, with a row per device.")
+    producers = serializers.SerializerMethodField(
+        help_text="Producer processes of the run; null when Redis could not be read."
+    )
+
+    def get_url(self, run) -> str:
+        return reverse("run-page", kwargs={"run_id": run.pk})
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_step(self, run) -> int | None:
+        snapshot = _snapshot(run)
+        return snapshot.step if snapshot else None
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_recorded_at(self, run):
+        snapshot = _snapshot(run)
+        return snapshot.recorded_at if snapshot else None
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_report(self, run) -> dict | None:
+        snapshot = _snapshot(run)
+        return snapshot.report if snapshot else None
+
+    @extend_schema_field(ProducerProcessSerializer(many=True, allow_null=True))
+    def get_producers(self, run) -> list | None:
+        producers = self.context["producers"]
+        if producers is None:
+            return None
+        return [report.model_dump(include=set(ProducerProcessSerializer().fields))
+                for report in producers.get(run.pk, [])]

@@ -27,13 +27,16 @@ from tandem.contracts import TelemetryReply, TrainerStepEvent
 from .models import MetricPoint, Trace
 from .selectors import (
     device_snapshot_get,
+    device_snapshot_list_active,
     metric_chart,
     metric_points_after,
+    producer_reports_by_run,
     trace_get,
     trace_list,
     trace_requests_pending,
 )
 from .serializers import (
+    ActiveRunDevicesSerializer,
     MetricChartQuerySerializer,
     TraceRequestSerializer,
     TraceSerializer,
@@ -163,6 +166,25 @@ class RunDevicesView(APIView):
         snapshot = device_snapshot_get(run=run_get_for_user(user=request.user, run_id=run_id))
         return Response({"run": run_id, "step": snapshot.step, "recorded_at": snapshot.recorded_at,
                          "report": snapshot.report})
+
+
+def active_run_devices(*, user) -> list[dict]:
+    """What the devices page shows, for the page's first paint and its API alike."""
+    runs = list(device_snapshot_list_active(user=user))
+    producers = producer_reports_by_run(run_ids=[run.pk for run in runs])
+    return ActiveRunDevicesSerializer(runs, many=True, context={"producers": producers}).data
+
+
+@extend_schema(tags=["runs"])
+class ActiveRunDevicesView(APIView):
+    """Every run of your projects that a trainer holds now, with a row per device of its newest report.
+
+    Not paginated: only runs a trainer holds are listed, one per trainer at most.
+    """
+
+    @extend_schema(responses={200: ActiveRunDevicesSerializer(many=True)})
+    def get(self, request):
+        return Response(active_run_devices(user=request.user))
 
 
 @extend_schema(tags=["runs"])

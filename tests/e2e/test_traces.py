@@ -93,5 +93,8 @@ def test_a_requested_trace_of_the_next_steps_is_captured_by_the_trainer_and_serv
     devices = api.get(f"/api/runs/{run_id}/devices/").json()["report"]
     assert (devices["platform"], devices["mfu"], devices["memory_in_use_bytes"]) == ("cpu", None, None)
     assert devices["device_kind"] and devices["process_rss_bytes"] > 0
+    # A row per local device, each with the trainer's duty cycle and, on CPU, no allocator memory.
+    assert [row["id"] for row in devices["devices"]] == list(range(devices["local_device_count"]))
+    assert all(row["memory_in_use_bytes"] is None and row["mfu"] is None for row in devices["devices"])
     # Tracing is charted where it cost time: the steps around the trace spent it in telemetry.
     assert max(values.get("stage/telemetry_s", 0.0) for values in by_step.values()) > 0

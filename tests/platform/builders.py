@@ -29,3 +29,23 @@ def step_event(run_id: int, step: int, **overrides) -> dict:
 
 
 POINTS_PER_STEP_EVENT = len(TrainerStepEvent.model_validate(step_event(1, 1)).metric_values())
+
+
+def device_report(*, gpus: int = 4, **overrides) -> dict:
+    """A DeviceReport as a trainer on a host of ``gpus`` H100s sends it, with a row per device."""
+    rows = [
+        {"id": index, "process_index": 0, "local_hardware_id": index, "platform": "gpu",
+         "device_kind": "NVIDIA H100 80GB HBM3", "memory_in_use_bytes": (10 + index) * 2**30,
+         "memory_peak_bytes": (20 + index) * 2**30, "memory_limit_bytes": 76 * 2**30, "duty_cycle": 0.62,
+         "mfu": 0.41, "nvml_index": index, "nvml_utilisation": 0.9 - index / 10,
+         "nvml_memory_used_bytes": (12 + index) * 2**30, "nvml_memory_total_bytes": 80 * 2**30}
+        for index in range(gpus)
+    ]
+    report = {"platform": "gpu", "device_kind": "NVIDIA H100 80GB HBM3", "device_count": gpus,
+              "local_device_count": gpus, "memory_in_use_bytes": sum(r["memory_in_use_bytes"] for r in rows),
+              "duty_cycle": 0.62, "mfu": 0.41, "peak_flops_per_device": 989e12, "host_cpu_percent": 37.0,
+              "host_memory_used_bytes": 100 * 2**30, "host_memory_total_bytes": 2000 * 2**30,
+              "process_cpu_cores": 1.5, "process_rss_bytes": 6 * 2**30, "hostname": "gpu-host-1",
+              "process_id": 4242, "process_index": 0, "devices": rows, "reported_at": time.time()}
+    report.update(overrides)
+    return report

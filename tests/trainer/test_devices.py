@@ -1,12 +1,28 @@
-"""Device reports: kind, memory, duty cycle and MFU, only where they can be known."""
+"""Device reports: kind, memory, duty cycle and MFU, per device and per host, only where they can be known."""
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import jax
 import pytest
 
-from tandem.contracts import StageSpan, StepTimeline, TrainerStepEvent
-from trainer.devices import DeviceMonitor, parameter_count, peak_flops_per_device, training_flops
+from tandem.contracts import DeviceReport, StageSpan, StepTimeline, TrainerStepEvent
+from trainer.devices import (
+    DeviceMonitor,
+    NvmlGpu,
+    normalise_pci_bus_id,
+    nvml_index_for_device,
+    parameter_count,
+    peak_flops_per_device,
+    per_device,
+    training_flops,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("kind", "peak"), [
@@ -91,3 +107,109 @@ def test_a_report_travels_with_the_step_event():
     values = TrainerStepEvent.model_validate_json(event.model_dump_json()).metric_values()
     assert values["device/count"] == float(len(jax.devices()))
     assert values["device/duty_cycle"] == 1.0
+
+
+def _four_device_report() -> dict:
+    """Run in a child whose XLA gives it 4 CPU devices: a report after two observed steps."""
+    monitor = DeviceMonitor(parameters=1000, interval_s=10.0)
+    monitor.observe(_timeline(0.0, data_wait=1.0, compute=1.0), tokens=64)
+    monitor.observe(_timeline(2.0, compute=2.0), tokens=64)
+    return monitor.sample().model_dump(mode="json")
+
+
+@pytest.fixture(scope="module")
+def four_device_report() -> DeviceReport:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    completed = subprocess.run([sys.executable, "-m", "tests.trainer.test_devices"], cwd=REPO_ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return DeviceReport.model_validate(json.loads(completed.stdout.strip().splitlines()[-1]))
+
+
+def test_each_local_device_has_its_own_row(four_device_report):
+    report = four_device_report
+
+    assert (report.device_count, report.local_device_count, report.process_index) == (4, 4, 0)
+    assert [device.id for device in report.devices] == [0, 1, 2, 3]
+    assert {(device.platform, device.device_kind, device.process_index) for device in report.devices} == {
+        ("cpu", "cpu", 0)}
+    assert report.hostname and report.process_id > 0
+
+
+def test_on_cpu_devices_report_no_allocator_memory_and_no_mfu(four_device_report):
+    for device in four_device_report.devices:
+        assert (device.memory_in_use_bytes, device.memory_peak_bytes, device.memory_limit_bytes) == (
+            None, None, None)
+        assert device.mfu is None
+    assert four_device_report.memory_in_use_bytes is None and four_device_report.mfu is None
+
+
+def test_every_device_has_the_trainers_duty_cycle(four_device_report):
+    # One SPMD program on the whole mesh: compute 3 s of 4 s wall, on every device.
+    assert [device.duty_cycle for device in four_device_report.devices] == [pytest.approx(0.75)] * 4
+    assert four_device_report.duty_cycle == pytest.approx(0.75)
+
+
+def test_without_nvml_or_libtpu_their_figures_are_absent_not_made_up(four_device_report):
+    # This host has neither an NVIDIA driver nor libtpu: every figure of theirs is None.
+    for device in four_device_report.devices:
+        assert device.model_dump(include={
+            "nvml_index", "nvml_utilisation", "nvml_memory_used_bytes", "nvml_memory_total_bytes",
+            "tpu_duty_cycle", "tpu_hbm_used_bytes", "tpu_hbm_total_bytes"}) == dict.fromkeys([
+                "nvml_index", "nvml_utilisation", "nvml_memory_used_bytes", "nvml_memory_total_bytes",
+                "tpu_duty_cycle", "tpu_hbm_used_bytes", "tpu_hbm_total_bytes"])
+    assert four_device_report.gpu_utilisation is None and four_device_report.tpu_duty_cycle is None
+
+
+def test_a_report_without_device_rows_from_an_older_trainer_still_reads():
+    report = DeviceReport.model_validate({"platform": "gpu", "device_kind": "NVIDIA H100 80GB HBM3",
+                                          "device_count": 8, "local_device_count": 8, "reported_at": 1.0})
+    assert report.devices == [] and report.hostname is None
+
+
+# NVML's view of a host with four identical GPUs, listed in PCI bus order as NVML lists them.
+H100S = [NvmlGpu(index=i, pci_bus_id=f"00000000:{bus}:00.0", uuid=f"GPU-{i}aaa-{i}", name="NVIDIA H100 80GB HBM3")
+         for i, bus in enumerate(["18", "2A", "3A", "5D"])]
+MIXED = [NvmlGpu(index=0, pci_bus_id="00000000:18:00.0", uuid="GPU-0aaa", name="NVIDIA L4"),
+         NvmlGpu(index=1, pci_bus_id="00000000:2A:00.0", uuid="GPU-1aaa", name="NVIDIA A100-SXM4-80GB")]
+
+
+def _index(local_hardware_id, *, gpus=H100S, pci_bus_id=None, visible=None, order=None):
+    return nvml_index_for_device(local_hardware_id=local_hardware_id, pci_bus_id=pci_bus_id, gpus=gpus,
+                                 visible_devices=visible, device_order=order)
+
+
+def test_pci_bus_ids_match_whatever_their_spelling():
+    assert normalise_pci_bus_id("00000000:3A:00.0") == normalise_pci_bus_id("0000:3a:00.0") == "0000:3a:00.0"
+    assert _index(0, pci_bus_id="0000:5d:00.0", visible="3") == 3
+    assert _index(0, pci_bus_id="0000:99:00.0") is None  # a bus NVML does not list: no figures
+
+
+def test_cuda_ordinals_map_through_cuda_visible_devices():
+    assert [_index(i) for i in range(4)] == [0, 1, 2, 3]
+    assert [_index(i, visible="2,0") for i in range(2)] == [2, 0]
+    assert _index(0, visible="GPU-3aaa") == 3  # a UUID prefix names its GPU
+    assert _index(2, visible="2,0") is None  # no third visible GPU
+
+
+def test_an_uncertain_match_gives_no_figures_rather_than_another_gpus():
+    # Mixed GPUs: CUDA's default order (fastest first) need not be NVML's.
+    assert _index(0, gpus=MIXED) is None
+    assert _index(0, gpus=MIXED, visible="1") is None
+    assert _index(0, gpus=MIXED, order="PCI_BUS_ID") == 0
+    assert _index(0, gpus=MIXED, visible="GPU-1aaa") == 1
+    assert _index(0, visible="MIG-6f1e5c3a-aaaa") is None  # a MIG slice: NVML's GPU figures are the parent's
+    assert _index(0, visible="GPU-") is None  # ambiguous prefix
+    assert _index(0, visible="") is None and _index(None) is None and _index(0, gpus=[]) is None
+
+
+def test_libtpu_figures_are_laid_over_devices_only_where_the_counts_line_up():
+    assert per_device([10.0, 20.0], 2, per_chip=True) == [10.0, 20.0]
+    assert per_device([10.0, 20.0], 4, per_chip=True) == [10.0, 10.0, 20.0, 20.0]  # two cores a chip
+    assert per_device([1.0, 2.0], 4, per_chip=False) == [None] * 4  # memory is not shared out
+    assert per_device([1.0, 2.0, 3.0], 2, per_chip=True) == [None, None]
+    assert per_device(None, 3, per_chip=True) == [None] * 3
+
+
+if __name__ == "__main__":
+    print(json.dumps(_four_device_report()))
