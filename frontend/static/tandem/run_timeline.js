@@ -32,7 +32,7 @@
   const STEP_LABEL_H = 14;
   const TRAINER_H = 26;
   const DENSITY_H = 26;
-  const LANE_GAP = 14;
+  const LANE_GAP = 16;
   const MAX_PRODUCER_H = 560;
 
   const canvas = document.getElementById("timeline-canvas");
@@ -294,9 +294,22 @@
       const h = (running[x] / peak) * DENSITY_H;
       c.fillRect(PAD_LEFT + x, densityTop + DENSITY_H - h, 1, h);
     }
-    c.textAlign = "left";
-    c.fillStyle = "#6b7280";
-    c.fillText(`peak ${peak}`, PAD_LEFT + 4, densityTop + 7);
+    c.textAlign = "right";
+    c.fillStyle = "#9ca3af";
+    c.fillText(`(peak ${peak})`, PAD_LEFT - 8, densityTop + DENSITY_H / 2 + 18);
+
+    // Step boundaries through the producer lanes: which episodes ran while which step trained.
+    c.strokeStyle = "#d1d5db";
+    c.setLineDash([2, 3]);
+    c.lineWidth = 1;
+    for (const step of list) {
+      const x = Math.round(toX(step.started_at)) + 0.5;
+      c.beginPath();
+      c.moveTo(x, densityTop);
+      c.lineTo(x, height);
+      c.stroke();
+    }
+    c.setLineDash([]);
 
     // Producer area: one bar per episode.
     for (const { episode, step, row } of placed) {
