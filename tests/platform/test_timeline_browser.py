@@ -112,6 +112,21 @@ def test_the_timeline_draws_every_step_and_episode_and_follows_the_run(
     page.mouse.move(0, 0)
     page.screenshot(path=str(REPO_ROOT / "test-artifacts" / "timeline.png"), full_page=True)
 
+    # Dragging across the stalled step zooms into it; double-clicking shows the whole window again.
+    y = box["y"] + 22 + 14 + 13
+    page.mouse.move(box["x"] + x - 60, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + x + 60, y, steps=4)
+    page.mouse.up()
+    page.wait_for_function("() => window.tandemTimeline.zoomed")
+    zoomed = page.evaluate("() => ({...window.tandemTimeline})")
+    assert zoomed["stepsInView"] < 5 and zoomed["episodeBars"] < drawn["episodeBars"]
+    assert page.is_visible("#timeline-zoom-reset")
+    page.screenshot(path=str(REPO_ROOT / "test-artifacts" / "timeline_zoomed.png"), full_page=True)
+    page.dblclick("#timeline-canvas", position={"x": x, "y": 22 + 14 + 13})
+    page.wait_for_function("() => !window.tandemTimeline.zoomed")
+    assert page.evaluate("window.tandemTimeline.episodeBars") == drawn["episodeBars"]
+
     # While the run trains the page follows it: two more steps appear without a reload.
     polls = drawn["polls"]
     more = simulated_run(running_run.pk, range(21, 23), t0=history[-1].timeline.spans[-1].ended_at, rng=rng)

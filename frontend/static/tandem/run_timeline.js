@@ -45,6 +45,7 @@
   const errorNote = document.getElementById("timeline-error");
   const updated = document.getElementById("timeline-updated");
   const statusBadge = document.getElementById("timeline-status");
+  const zoomReset = document.getElementById("timeline-zoom-reset");
 
   const state = (window.tandemTimeline = {
     polls: 0,
@@ -65,6 +66,8 @@
   let hits = []; // what the pointer can hover: {x0, x1, y0, y1, kind, item, step}
   let layout = null;
   let hoveredStep = null;
+  let zoom = null; // [start, end] in unix seconds while zoomed in
+  let selection = null; // [x where the drag began, x now] while dragging
   let pollsSinceFull = 0;
   let timer = null;
 
@@ -181,8 +184,8 @@
     const list = ordered();
     const width = chart.clientWidth || 1000;
     const counts = {
-      steps: list.length, stageSegments: 0, idleSegments: 0, episodeBars: 0, failedBars: 0,
-      droppedBars: 0, episodesBeforeWindow: 0, producerRows: 0,
+      steps: list.length, stepsInView: 0, stageSegments: 0, idleSegments: 0, episodeBars: 0, failedBars: 0,
+      droppedBars: 0, episodesBeforeWindow: 0, producerRows: 0, zoomed: zoom !== null,
     };
     hits = [];
     emptyNote.hidden = list.length > 0;
@@ -194,17 +197,22 @@
       state.draws += 1;
       return;
     }
-    const start = Math.min(...list.map((step) => step.started_at));
-    const end = Math.max(...list.map((step) => step.ended_at));
+    const windowStart = Math.min(...list.map((step) => step.started_at));
+    // What is drawn: the whole window, or the stretch of it the user zoomed into.
+    const start = zoom ? zoom[0] : windowStart;
+    const end = zoom ? zoom[1] : Math.max(...list.map((step) => step.ended_at));
     const span = Math.max(end - start, 1e-3);
     const plotW = width - PAD_LEFT - PAD_RIGHT;
+    const plotEnd = PAD_LEFT + plotW;
     const toX = (t) => PAD_LEFT + ((t - start) / span) * plotW;
+    const visible = list.filter((step) => step.ended_at >= start && step.started_at <= end);
+    counts.stepsInView = visible.length;
 
     const episodes = [];
     for (const step of list) {
       for (const episode of step.episodes) {
-        if (episode.finished_at < start) counts.episodesBeforeWindow += 1;
-        else episodes.push({ episode, step: step.step });
+        if (episode.finished_at < windowStart) counts.episodesBeforeWindow += 1;
+        else if (episode.finished_at >= start && episode.started_at <= end) episodes.push({ episode, step: step.step });
       }
     }
     const { placed, rows } = pack(episodes, toX);
@@ -215,7 +223,7 @@
     const densityTop = trainerTop + TRAINER_H + LANE_GAP;
     const producerTop = densityTop + DENSITY_H + LANE_GAP;
     const height = producerTop + Math.max(rows, 1) * (rowH + rowGap) + 8;
-    layout = { start, end, toX, plotW };
+    layout = { start, end, plotW, height };
 
     const ratio = window.devicePixelRatio || 1;
     canvas.width = Math.round(width * ratio);
@@ -238,8 +246,10 @@
       c.moveTo(x, AXIS_H - 4);
       c.lineTo(x, height);
       c.stroke();
+      const label = clock(t, tick < 1);
+      const half = c.measureText(label).width / 2;
       c.textAlign = "center";
-      c.fillText(clock(t, tick < 1), x, AXIS_H / 2);
+      c.fillText(label, Math.min(Math.max(x, PAD_LEFT + half), width - half - 2), AXIS_H / 2);
     }
     c.textAlign = "right";
     c.fillStyle = "#374151";
@@ -252,9 +262,15 @@
     c.fillStyle = "#9ca3af";
     c.fillText(`${episodes.length} episodes`, PAD_LEFT - 8, producerTop + 20);
 
+    // Everything from here on stays inside the plot, however far a zoomed-out bar reaches.
+    c.save();
+    c.beginPath();
+    c.rect(PAD_LEFT, 0, plotW, height);
+    c.clip();
+
     // Trainer lane: each step's stages, idle (data_wait) hatched.
     const idle = hatch(c);
-    for (const step of list) {
+    for (const step of visible) {
       for (const stage of step.stages) {
         const x0 = toX(stage.started_at);
         const x1 = Math.max(toX(stage.ended_at), x0 + 0.5);
@@ -262,7 +278,8 @@
         c.fillRect(x0, trainerTop, x1 - x0, TRAINER_H);
         counts.stageSegments += 1;
         if (stage.name === "data_wait") counts.idleSegments += 1;
-        hits.push({ x0, x1, y0: trainerTop, y1: trainerTop + TRAINER_H, kind: "stage", item: stage, step });
+        hits.push({ x0: Math.max(x0, PAD_LEFT), x1: Math.min(x1, plotEnd), y0: trainerTop, y1: trainerTop + TRAINER_H,
+                    kind: "stage", item: stage, step });
       }
       const sx0 = toX(step.started_at);
       const sx1 = toX(step.ended_at);
@@ -294,15 +311,12 @@
       const h = (running[x] / peak) * DENSITY_H;
       c.fillRect(PAD_LEFT + x, densityTop + DENSITY_H - h, 1, h);
     }
-    c.textAlign = "right";
-    c.fillStyle = "#9ca3af";
-    c.fillText(`(peak ${peak})`, PAD_LEFT - 8, densityTop + DENSITY_H / 2 + 18);
 
     // Step boundaries through the producer lanes: which episodes ran while which step trained.
     c.strokeStyle = "#d1d5db";
     c.setLineDash([2, 3]);
     c.lineWidth = 1;
-    for (const step of list) {
+    for (const step of visible) {
       const x = Math.round(toX(step.started_at)) + 0.5;
       c.beginPath();
       c.moveTo(x, densityTop);
@@ -315,7 +329,7 @@
     for (const { episode, step, row } of placed) {
       const y = producerTop + row * (rowH + rowGap);
       const x0 = Math.max(toX(episode.started_at), PAD_LEFT);
-      const x1 = Math.max(toX(episode.finished_at), x0 + 1);
+      const x1 = Math.min(Math.max(toX(episode.finished_at), x0 + 1), plotEnd);
       const wall = Math.max(episode.finished_at - episode.started_at, 1e-9);
       const dropped = episode.outcome.startsWith("dropped");
       const dimmed = hoveredStep !== null && hoveredStep !== step;
@@ -364,12 +378,28 @@
       counts.episodeBars += 1;
       hits.push({ x0, x1, y0: y, y1: y + rowH + rowGap, kind: "episode", item: episode, step });
     }
+    if (selection) {
+      const [a, b] = [Math.min(...selection), Math.max(...selection)];
+      c.fillStyle = "rgba(37, 99, 235, 0.12)";
+      c.fillRect(a, 0, b - a, height);
+      c.strokeStyle = "#2563eb";
+      c.strokeRect(a + 0.5, 0.5, b - a - 1, height - 1);
+    }
+    c.restore();
+    c.textAlign = "right";
+    c.fillStyle = "#9ca3af";
+    c.fillText(`(peak ${peak})`, PAD_LEFT - 8, densityTop + DENSITY_H / 2 + 18);
+    zoomReset.hidden = zoom === null;
     Object.assign(state, counts);
     state.draws += 1;
-    summarise(list, episodes.length, counts);
+    summarise(visible, episodes, counts);
   }
 
-  function summarise(list, shown, counts) {
+  function summarise(list, episodes, counts) {
+    if (!list.length) {
+      summary.textContent = "No step in this stretch: double-click to see the whole window.";
+      return;
+    }
     let wall = 0;
     let idle = 0;
     for (const step of list) {
@@ -377,11 +407,11 @@
       for (const stage of step.stages) if (stage.name === "data_wait") idle += stage.ended_at - stage.started_at;
     }
     const outcomes = {};
-    for (const step of list) for (const e of step.episodes) outcomes[e.outcome] = (outcomes[e.outcome] || 0) + 1;
+    for (const { episode } of episodes) outcomes[episode.outcome] = (outcomes[episode.outcome] || 0) + 1;
     const parts = [
       `<strong>${list.length}</strong> steps (${list[0].step}–${list[list.length - 1].step}) over ${wall.toFixed(1)} s`,
       `trainer idle <strong>${wall > 0 ? ((100 * idle) / wall).toFixed(0) : 0}%</strong> waiting for data`,
-      `<strong>${shown}</strong> episodes` +
+      `<strong>${episodes.length}</strong> episodes` +
         (counts.episodesBeforeWindow ? ` (and ${counts.episodesBeforeWindow} that ended before the window)` : ""),
     ];
     const named = Object.entries(outcomes).map(([name, count]) => `${count} ${name.replace("_", " ")}`);
@@ -418,10 +448,44 @@
     ].join("\n");
   }
 
-  canvas.addEventListener("mousemove", (event) => {
+  function pointer(event) {
     const box = canvas.getBoundingClientRect();
-    const x = event.clientX - box.left;
-    const y = event.clientY - box.top;
+    return [event.clientX - box.left, event.clientY - box.top, box];
+  }
+
+  function timeAt(x) {
+    return layout.start + ((x - PAD_LEFT) / layout.plotW) * (layout.end - layout.start);
+  }
+
+  // Drag across the chart to zoom into that stretch; double-click (or the button) to see it all.
+  canvas.addEventListener("mousedown", (event) => {
+    const [x] = pointer(event);
+    if (!layout || x < PAD_LEFT) return;
+    selection = [x, x];
+    hoveredStep = null;
+  });
+  window.addEventListener("mouseup", () => {
+    if (!selection) return;
+    const [a, b] = [Math.min(...selection), Math.max(...selection)];
+    selection = null;
+    if (b - a >= 6) zoom = [timeAt(a), timeAt(b)];
+    draw();
+  });
+  function unzoom() {
+    zoom = null;
+    draw();
+  }
+  canvas.addEventListener("dblclick", unzoom);
+  zoomReset.addEventListener("click", unzoom);
+
+  canvas.addEventListener("mousemove", (event) => {
+    const [x, y, box] = pointer(event);
+    if (selection) {
+      selection[1] = Math.min(Math.max(x, PAD_LEFT), PAD_LEFT + layout.plotW);
+      tooltip.hidden = true;
+      draw();
+      return;
+    }
     const hit = hits.find((h) => x >= h.x0 && x <= h.x1 && y >= h.y0 && y <= h.y1);
     const step = hit && hit.kind === "stage" ? hit.step.step : null;
     if (step !== hoveredStep) {
