@@ -398,6 +398,59 @@ class DeviceSample(BaseModel):
     tpu_hbm_total_bytes: int | None = Field(None, description="libtpu monitoring: this device's HBM.")
 
 
+EpisodeOutcome = Literal["trained", "failed", "dropped_stale", "dropped_filtered", "dropped_incomplete"]
+
+#: Longest failure reason an :class:`EpisodeSpan` carries: enough to say what broke, no stack traces.
+EPISODE_SPAN_REASON_CHARS = 160
+
+
+class EpisodeSpan(BaseModel):
+    """One episode a trainer step consumed, as the timeline draws it: when it ran and what became of it.
+
+    Compact on purpose (no tokens): a step event carries one for EVERY trajectory
+    the step consumed. ``generation_s``, ``environment_s`` and ``tool_s`` are
+    totals over the episode's turns, which interleave; the rest of its wall time
+    is the producer's own (scheduling, queueing for a slot).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trajectory_id: str
+    group_id: str
+    environment: str
+    status: Literal["ok", "failed"]
+    failure_reason: str = Field("", description=f"Truncated to {EPISODE_SPAN_REASON_CHARS} characters.")
+    started_at: float = Field(description="Unix time the episode started (producer's clock).")
+    finished_at: float = Field(description="Unix time the episode ended (producer's clock).")
+    generation_s: float
+    environment_s: float
+    tool_s: float = 0.0
+    policy_version: int = Field(description="Oldest policy version that generated any of its tokens.")
+    newest_policy_version: int = Field(description="Newest such version; differs when weights changed mid-episode.")
+    reward: float
+    outcome: EpisodeOutcome = Field(
+        description="trained: in the step's update; failed: consumed with its group but fully masked "
+        "(status failed); dropped_stale: its group exceeded max_staleness and was consumed untrained; "
+        "dropped_filtered: the algorithm's dynamic sampling dropped its group (no reward variance); "
+        "dropped_incomplete: its group was given up on (a sibling never arrived: a dead producer)."
+    )
+
+    @classmethod
+    def from_record(cls, record: TrajectoryRecord, *, outcome: EpisodeOutcome) -> EpisodeSpan:
+        timings = record.timings
+        return cls(
+            trajectory_id=record.trajectory_id, group_id=record.group_id, environment=record.environment,
+            status=record.status,
+            # PostgreSQL's jsonb holds no NUL; a reason is for people to read, so it is simply cut out.
+            failure_reason=record.failure_reason[:EPISODE_SPAN_REASON_CHARS].replace("\x00", ""),
+            started_at=timings.started_at, finished_at=timings.finished_at,
+            generation_s=timings.generation_s, environment_s=timings.environment_s, tool_s=timings.tool_s,
+            policy_version=record.policy_version,
+            newest_policy_version=max(record.policy_versions, default=record.policy_version),
+            reward=record.reward, outcome=outcome,
+        )
+
+
 class DeviceReport(BaseModel):
     """The trainer's accelerators and host, sampled now and then (not every step, to stay cheap).
 
@@ -540,6 +593,13 @@ class TrainerStepEvent(_Record):
         "episode time, and stream_put_s (seconds blocked appending trajectories: back-pressure).",
     )
     device: DeviceReport | None = Field(None, description="Present on the steps that carry a device sample.")
+    episodes: list[EpisodeSpan] = Field(
+        default_factory=list,
+        description="Every trajectory the step consumed (trained, failed, dropped as stale or filtered), "
+        "including those consumed while an earlier update was skipped; empty in SFT steps and from "
+        "trainers older than this field. Not turned into metric values: the platform keeps them for "
+        "its timeline.",
+    )
     emitted_at: float
 
     @property

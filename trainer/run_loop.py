@@ -52,6 +52,7 @@ from trainer.profiling import StageRecorder, timeline_wall_s
 from trainer.rollout_stats import rollout_metrics
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings
 from trainer.staleness import StalenessRecorder, is_stale_group, split_stale_groups
+from trainer.step_episodes import StepEpisodes
 from trainer.stream import GroupAssembler, TrajectoryStreamReader, entry_order
 from trainer.tokenizer import load_tokenizer
 from trainer.tracing import CapturedTrace, TraceCapture
@@ -551,6 +552,7 @@ class RunTrainer:
                                  max_staleness=config.max_staleness, groups_already_consumed=groups_consumed)
         backlog.adopt(adopted)
         recorder = StalenessRecorder()
+        episodes = StepEpisodes()  # every episode consumed since the last step event, for the timeline
         producer_stats = ProducerStats(self.redis, self.run_id)
         producer_stats.step_fields()  # the baseline the first step's utilisation is measured from
         # Sync: a step's episodes are requested only after the previous update is
@@ -566,6 +568,7 @@ class RunTrainer:
             if groups:
                 reader.ack_consumed(groups)
                 recorder.dropped(groups)
+                episodes.dropped((entry.record for group in groups for entry in group), outcome="dropped_stale")
                 self._log("dropped", trajectory_ids=[entry.record.trajectory_id for group in groups
                                                      for entry in group],
                           group_ids=[group[0].record.group_id for group in groups])
@@ -585,6 +588,8 @@ class RunTrainer:
                 held = assembler.refuse_groups(lost)
                 if held:
                     reader.ack_consumed(held)
+                    episodes.dropped((entry.record for group in held for entry in group),
+                                     outcome="dropped_incomplete")
                 reader.record_consumed_groups(lost)
                 self._log("lost", group_ids=lost)
                 groups_consumed += len(lost)
@@ -625,6 +630,7 @@ class RunTrainer:
 
             with stage("batch"):
                 prepared = self.algorithm.prepare([[entry.record for entry in group] for group in groups])
+                episodes.consumed(records, trained=prepared.records)
             if not prepared.records:
                 # Dynamic sampling dropped every group (no reward variance): nothing to learn from.
                 # This step goes on: its stages so far count in the next update's timeline.
@@ -683,6 +689,7 @@ class RunTrainer:
                         **{name: value for name, value in metrics.items() if np.isfinite(value)},
                         **{f"batch/{name}": float(value) for name, value in stats.items()},
                     },
+                    episodes=episodes.take(),
                     emitted_at=time.time(),
                 ))
                 episodes_lost = 0

@@ -49,6 +49,7 @@ from telemetry.views import (
     RunDevicesView,
     RunMetricChartView,
     RunMetricsView,
+    RunTimelineView,
     RunTraceDownloadView,
     RunTraceListCreateView,
     TrainerTelemetryView,
@@ -74,6 +75,7 @@ pages = [
     path("runs/<int:run_id>/resume/", run_pages.run_resume_page, name="run-resume-page"),
     path("runs/<int:run_id>/clone/", run_pages.run_clone_page, name="run-clone-page"),
     path("runs/compare/", run_pages.run_compare_page, name="run-compare-page"),
+    path("runs/<int:run_id>/timeline/", telemetry_pages.run_timeline_page, name="run-timeline-page"),
     path(
         "runs/<int:run_id>/trajectories/",
         trajectory_pages.trajectory_list_page,
@@ -167,6 +169,7 @@ api = [
         name="api-run-metric-series",
     ),
     path("api/runs/<int:run_id>/devices/", RunDevicesView.as_view(), name="api-run-devices"),
+    path("api/runs/<int:run_id>/timeline/", RunTimelineView.as_view(), name="api-run-timeline"),
     path("api/runs/<int:run_id>/traces/", RunTraceListCreateView.as_view(), name="api-run-traces"),
     path(
         "api/runs/<int:run_id>/traces/<int:trace_id>/download/",

@@ -113,3 +113,37 @@ class DeviceSnapshot(models.Model):
 
     def __str__(self) -> str:
         return f"devices of run {self.run_id} at step {self.step}"
+
+
+class StepTimelineRecord(models.Model):
+    """One trainer step for the run's timeline: its stages and every episode it consumed.
+
+    Kept for the newest ``TANDEM_TIMELINE_STEPS_KEPT`` steps of a run only
+    (``telemetry.services``): the series in MetricPoint are the long record,
+    these the detail of the recent past. Times are unix seconds as the trainer
+    (stages) and the producers (episodes) read their clocks.
+    """
+
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, related_name="step_timelines", db_index=False
+    )
+    step = models.IntegerField()
+    phase = models.CharField(max_length=8)
+    policy_version = models.IntegerField()
+    started_at = models.FloatField(help_text="Unix seconds: the step's first stage began.")
+    ended_at = models.FloatField(help_text="Unix seconds: its last stage ended.")
+    # [{name, started_at, ended_at}]: tandem.contracts.StageSpan, contiguous and in order.
+    stages = models.JSONField()
+    # [tandem.contracts.EpisodeSpan]: every trajectory the step consumed.
+    episodes = models.JSONField(default=list)
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # A retried post, or a resumed trainer's step trained again, replaces the row;
+            # and the (run, step) index that the window and the trim read.
+            models.UniqueConstraint(fields=["run", "step"], name="step_timeline_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"timeline of run {self.run_id} step {self.step}"

@@ -1,4 +1,5 @@
-"""Reads of telemetry: the backfill cursor, charts at a requested resolution, traces, and device reports."""
+"""Reads of telemetry: the backfill cursor, charts at a requested resolution, the timeline, traces, and
+device reports."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from runs.models import Run
 from runs.selectors import run_list
 from tandem.contracts import ProducerReport, SchemaVersionError, TraceRequest, producers_key
 
-from .models import DeviceSnapshot, MetricBucket, MetricPoint, Trace
+from .models import DeviceSnapshot, MetricBucket, MetricPoint, StepTimelineRecord, Trace
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +221,20 @@ def _append(series: MetricSeries, first, last, count, low, high, mean) -> None:
     series.min.append(low)
     series.max.append(high)
     series.mean.append(mean)
+
+
+def step_timeline_recent(
+    *, run: Run, last: int, after_step: int | None = None
+) -> list[StepTimelineRecord]:
+    """The run's newest ``last`` stored steps (after ``after_step``, if given), oldest first.
+
+    Each carries its stages and the episodes it consumed: everything a Gantt of
+    those steps draws, in one query.
+    """
+    rows = StepTimelineRecord.objects.filter(run=run)
+    if after_step is not None:
+        rows = rows.filter(step__gt=after_step)
+    return list(reversed(rows.order_by("-step")[:last]))
 
 
 def trace_list(*, run: Run) -> QuerySet[Trace]:

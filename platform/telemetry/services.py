@@ -1,10 +1,13 @@
-"""Writes of telemetry: the trainer's step events, the chart buckets that summarise them, and traces."""
+"""Writes of telemetry: the trainer's step events, the chart buckets that summarise them, the
+timeline's recent steps, and traces."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.uploadedfile import UploadedFile
 from django.db import connection, transaction
@@ -16,7 +19,7 @@ from runs.models import Run
 from runs.realtime import run_broadcast_on_commit
 from tandem.contracts import TrainerStepEvent
 
-from .models import DeviceSnapshot, MetricBucket, MetricPoint, Trace
+from .models import DeviceSnapshot, MetricBucket, MetricPoint, StepTimelineRecord, Trace
 
 # A trace of many steps is large (every kernel of every step) and slows those steps.
 MAX_TRACE_STEPS = 100
@@ -74,6 +77,8 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
         newest = max(with_devices, key=lambda event: event.device.reported_at)
         _device_snapshot_store(run=run, step=newest.step, report=newest.device.model_dump(mode="json"), now=now)
 
+    step_timelines_store(run=run, events=events, now=now)
+
     if run.status == Run.Status.RUNNING:
         run.trainer_step = max(run.trainer_step, max(event.step for event in events))
         run.policy_version = max(run.policy_version, max(event.policy_version for event in events))
@@ -96,6 +101,56 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
         ],
     )
     return len(points)
+
+
+@transaction.atomic
+def step_timelines_store(*, run: Run, events: Sequence[TrainerStepEvent], now=None) -> int:
+    """Keep the events' stage timelines and episodes for the timeline page; returns the steps stored.
+
+    A step stored again (a retried post, a resumed trainer training it anew)
+    replaces its row. Then only the run's newest ``TANDEM_TIMELINE_STEPS_KEPT``
+    steps are kept, so that a long run's detail does not grow without bound.
+    Events without a timeline (older trainers) leave nothing to draw.
+    """
+    now = now or timezone.now()
+    newest_by_step = {}
+    for event in events:
+        spans = event.timeline.spans if event.timeline is not None else []
+        if spans and math.isfinite(spans[0].started_at) and math.isfinite(spans[-1].ended_at):
+            newest_by_step[event.step] = event  # a post's later copy of a step wins, as for points
+    rows = []
+    for event in newest_by_step.values():
+        # Through pydantic's JSON, which writes a non-finite float (a NaN reward) as null:
+        # jsonb has no NaN.
+        detail = json.loads(event.model_dump_json(include={"timeline", "episodes"}))
+        rows.append(StepTimelineRecord(
+            run=run,
+            step=event.step,
+            phase=event.phase,
+            policy_version=event.policy_version,
+            started_at=event.timeline.spans[0].started_at,
+            ended_at=event.timeline.spans[-1].ended_at,
+            stages=detail["timeline"]["spans"],
+            episodes=detail["episodes"],
+            recorded_at=now,
+        ))
+    if not rows:
+        return 0
+    StepTimelineRecord.objects.bulk_create(
+        rows, update_conflicts=True, unique_fields=["run", "step"],
+        update_fields=["phase", "policy_version", "started_at", "ended_at", "stages", "episodes",
+                       "recorded_at"],
+        batch_size=200,
+    )
+    kept = max(settings.TANDEM_TIMELINE_STEPS_KEPT, 1)
+    # Two indexed statements per post, whatever the run's length: the kept boundary, the delete.
+    oldest_kept = list(
+        StepTimelineRecord.objects.filter(run=run).order_by("-step")
+        .values_list("step", flat=True)[kept - 1:kept]
+    )
+    if oldest_kept:
+        StepTimelineRecord.objects.filter(run=run, step__lt=oldest_kept[0]).delete()
+    return len(rows)
 
 
 @transaction.atomic

@@ -1,6 +1,7 @@
 """API of telemetry: the charts' backfill and range queries, traces on demand, and the trainer's posts."""
 
 import pydantic
+from django.conf import settings
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -31,6 +32,7 @@ from .selectors import (
     metric_chart,
     metric_points_after,
     producer_reports_by_run,
+    step_timeline_recent,
     trace_get,
     trace_list,
     trace_requests_pending,
@@ -38,6 +40,8 @@ from .selectors import (
 from .serializers import (
     ActiveRunDevicesSerializer,
     MetricChartQuerySerializer,
+    TimelineQuerySerializer,
+    TimelineSerializer,
     TraceRequestSerializer,
     TraceSerializer,
     TraceUploadSerializer,
@@ -132,6 +136,35 @@ class RunMetricChartView(APIView):
         )
 
 
+@extend_schema(tags=["runs"])
+class RunTimelineView(APIView):
+    """``?last=60&after_step=``: the newest steps' stages and every episode they consumed (the Gantt's data)."""
+
+    reads_query_parameters = True
+
+    @extend_schema(parameters=[TimelineQuerySerializer], responses={200: TimelineSerializer})
+    def get(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        query = TimelineQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        steps = step_timeline_recent(run=run, **query.validated_data)
+        # Rows are built here, not by the serializers (the schema's): a window holds
+        # thousands of episodes, already stored in the shape they are answered in.
+        return Response({
+            "run": run.pk,
+            "status": run.status,
+            "steps_kept": settings.TANDEM_TIMELINE_STEPS_KEPT,
+            "started_at": min(step.started_at for step in steps) if steps else None,
+            "ended_at": max(step.ended_at for step in steps) if steps else None,
+            "steps": [
+                {"step": step.step, "phase": step.phase, "policy_version": step.policy_version,
+                 "started_at": step.started_at, "ended_at": step.ended_at, "stages": step.stages,
+                 "episodes": step.episodes}
+                for step in steps
+            ],
+        })
+
+
 class NonFiniteJSONParser(JSONParser):
     """Accepts NaN and Infinity, which Python's json writes for a diverged loss."""
 
@@ -149,6 +182,9 @@ def _require_storable(event: TrainerStepEvent, *, prefix: str) -> None:
                 f"{prefix}.rollout_metrics",
                 f"Metric name '{name[:80]}' is longer than {max_length} characters.",
             )
+    for index, episode in enumerate(event.episodes):
+        for field in ("trajectory_id", "group_id", "environment", "failure_reason"):
+            require_no_nul(getattr(episode, field), f"{prefix}.episodes.{index}.{field}")
 
 
 @extend_schema(tags=["trainer"])

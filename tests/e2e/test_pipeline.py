@@ -165,6 +165,30 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     assert max(m["step"] for m in live) == steps[-1]
     assert any("reward_mean" in m["values"] for m in live)
 
+    # The timeline has every step's stages, and every episode each RL step consumed: each came
+    # through the stream, and ended before the trainer stopped waiting for it.
+    timeline = client.get(f"/api/runs/{run_id}/timeline/", params={"last": 200}).json()
+    assert [step["step"] for step in timeline["steps"]] == steps
+    streamed = {record.trajectory_id: record for record in records}
+    for step in timeline["steps"]:
+        assert step["stages"][0]["started_at"] == step["started_at"]
+        assert step["stages"][-1]["ended_at"] == step["ended_at"]
+        if step["phase"] == "sft":
+            assert step["episodes"] == []
+            continue
+        used = [e for e in step["episodes"] if e["outcome"] in {"trained", "failed", "dropped_filtered"}]
+        assert len(used) >= SMALL_RUN["groups_per_step"] * SMALL_RUN["group_size"], step["episodes"]
+        waited_until = max(stage["ended_at"] for stage in step["stages"] if stage["name"] == "data_wait")
+        for episode in step["episodes"]:
+            record = streamed[episode["trajectory_id"]]
+            assert (episode["group_id"], episode["status"], episode["started_at"]) == (
+                record.group_id, record.status, record.timings.started_at)
+            assert episode["outcome"] != "failed" or episode["status"] == "failed"
+            assert episode["finished_at"] <= waited_until + 0.01
+    consumed = [e["trajectory_id"] for step in timeline["steps"] for e in step["episodes"]]
+    assert len(consumed) == len(set(consumed))  # each in the step that consumed it, once
+    assert sum(e["outcome"] == "trained" for step in timeline["steps"] for e in step["episodes"]) > 0
+
     # The trainer sent a few trajectories of every RL step to the trajectory browser.
     samples = client.get(f"/api/runs/{run_id}/trajectories/", params={"page_size": 200}).json()
     rl_steps = range(SMALL_RUN["sft_steps"] + 1, SMALL_RUN["sft_steps"] + SMALL_RUN["rl_steps"] + 1)

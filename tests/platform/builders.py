@@ -49,3 +49,39 @@ def device_report(*, gpus: int = 4, **overrides) -> dict:
               "process_id": 4242, "process_index": 0, "devices": rows, "reported_at": time.time()}
     report.update(overrides)
     return report
+
+
+STAGES = (("data_wait", 0.3), ("batch", 0.05), ("host_to_device", 0.02), ("compute", 0.5),
+          ("publish", 0.08), ("telemetry", 0.05))
+
+
+def episode_span(group: str, index: int, *, started_at: float, seconds: float = 1.0, outcome="trained",
+                 status="ok", policy_version: int = 0, **overrides) -> dict:
+    """An EpisodeSpan as the trainer posts it: 60% generation, 20% environment, 10% tool calls."""
+    span = {
+        "trajectory_id": f"{group}-{index}", "group_id": group, "environment": "calculator",
+        "status": status, "failure_reason": "tool calc timed out" if status == "failed" else "",
+        "started_at": started_at, "finished_at": started_at + seconds,
+        "generation_s": 0.6 * seconds, "environment_s": 0.2 * seconds, "tool_s": 0.1 * seconds,
+        "policy_version": policy_version, "newest_policy_version": policy_version,
+        "reward": 1.0 if index % 2 else 0.0, "outcome": "failed" if status == "failed" else outcome,
+    }
+    span.update(overrides)
+    return span
+
+
+def timeline_event(run_id: int, step: int, *, started_at: float, stages=STAGES, episodes=(),
+                   **overrides) -> dict:
+    """A step event with a contiguous stage timeline from ``started_at`` and the episodes it consumed."""
+    spans, cursor = [], started_at
+    for name, seconds in stages:
+        spans.append({"name": name, "started_at": cursor, "ended_at": cursor + seconds})
+        cursor += seconds
+    seconds_by = {name: seconds for name, seconds in stages}
+    wall = cursor - started_at
+    wait, compute, publish = (seconds_by.get(name, 0.0) for name in ("data_wait", "compute", "publish"))
+    return step_event(
+        run_id, step, wall_s=wall, wait_s=wait, compute_s=compute, publish_s=publish,
+        other_s=wall - wait - compute - publish, timeline={"spans": spans}, episodes=list(episodes),
+        **overrides,
+    )

@@ -109,3 +109,4 @@ from .api import *  # noqa: E402,F403
 from .celery import *  # noqa: E402,F403
 from .environments import *  # noqa: E402,F403
 from .realtime import *  # noqa: E402,F403
+from .telemetry import *  # noqa: E402,F403

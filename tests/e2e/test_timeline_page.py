@@ -1,0 +1,64 @@
+"""The timeline page of a real run in a real Chromium: it follows the run while it trains and ends up
+drawing every step's stages and every episode the trainer consumed.
+
+The screenshot goes to test-artifacts/timeline_e2e.png (gitignored), for people to look at.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+from playwright.sync_api import sync_playwright
+
+from .test_run_page import CHROMIUM_ARGS
+
+RUN = {"sft_steps": 10, "rl_steps": 6, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1}
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+def test_the_timeline_of_a_real_run_draws_every_step_and_episode(stack, credentials):
+    local, _ = stack
+    base = local.config.platform_url
+    api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+    created = api.post("/api/runs/", json={"project": credentials.project_id, "name": "timeline",
+                                           "environment": "calculator", "config": RUN})
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    steps = RUN["sft_steps"] + RUN["rl_steps"]
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{base}/login/?next=/runs/{run_id}/timeline/")
+        page.fill("#id_username", credentials.username)
+        page.fill("#id_password", credentials.password)
+        page.click("button[type=submit], input[type=submit]")
+        page.wait_for_url(f"**/runs/{run_id}/timeline/")
+        # Opened before the trainer's first step: everything it shows came by polling.
+        seen = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            drawn = page.evaluate("() => ({...window.tandemTimeline})")
+            seen.append(drawn["steps"])
+            if drawn["status"] not in {"queued", "starting", "running"} and drawn["steps"] == steps:
+                break
+            time.sleep(0.5)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "timeline_e2e.png"), full_page=True)
+        browser.close()
+
+    assert errors == [], errors
+    assert drawn["status"] == "finished", drawn
+    assert len({count for count in seen if 0 < count < steps}) >= 2, seen  # it grew while we watched
+    timeline = api.get(f"/api/runs/{run_id}/timeline/").json()
+    episodes = [e for step in timeline["steps"] for e in step["episodes"]]
+    assert len(episodes) >= RUN["rl_steps"] * RUN["groups_per_step"] * RUN["group_size"]
+    assert drawn["stageSegments"] == sum(len(step["stages"]) for step in timeline["steps"])
+    assert drawn["idleSegments"] >= RUN["rl_steps"]
+    assert drawn["episodeBars"] + drawn["episodesBeforeWindow"] == len(episodes)
+    assert drawn["failedBars"] == sum(e["status"] == "failed" for e in episodes
+                                      if e["finished_at"] >= timeline["started_at"])
