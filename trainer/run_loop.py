@@ -415,14 +415,16 @@ class RunTrainer:
             return {name: float(value) for name, value in jax.device_get(metrics).items()}
 
     def _profile_fields(self, timeline: StepTimeline, batch) -> dict:
-        """A step event's stage fields, from its timeline, and a device report when one is due."""
+        """A step event's stage fields and tokens/s, from its timeline, and a device report when one is due."""
         seconds = timeline.seconds_by_stage()
         wall_s = timeline_wall_s(timeline)
         wait_s, compute_s, publish_s = (seconds.get(name, 0.0) for name in ("data_wait", "compute", "publish"))
-        self.devices.observe(timeline, tokens=int(batch.attention_mask.sum()))
+        tokens = int(batch.attention_mask.sum())
+        self.devices.observe(timeline, tokens=tokens)
         return {
             "wall_s": wall_s, "wait_s": wait_s, "compute_s": compute_s, "publish_s": publish_s,
             "other_s": max(wall_s - wait_s - compute_s - publish_s, 0.0), "timeline": timeline,
+            "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
             "device": self.devices.sample() if self.devices.due() else None,
         }
 
