@@ -92,9 +92,13 @@ def test_the_run_page_has_the_live_elements(browser, running_run):
     for element in (
         'id="chart-reward"',
         'id="chart-loss"',
-        'id="chart-idle"',
+        'id="chart-stages"',
+        'id="chart-latency"',
         'id="run-status"',
         'id="run-step"',
+        'id="trace-form"',
+        f'href="/runs/{running_run.pk}/timeline/"',
+        'href="/devices/"',
     ):
         assert element in html
     assert f'data-metrics-url="/api/runs/{running_run.pk}/metrics/"' in html

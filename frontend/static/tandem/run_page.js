@@ -118,14 +118,14 @@
       ),
     },
     {
-      id: "chart-errors", kind: "lines", smooth: true, rangeMin: 0,
+      id: "chart-errors", kind: "lines", smooth: true, rangeMin: 0, minSpan: 0.1,
       match: (name) => ERROR_RATE.test(name),
       layout: (names) => perEnvironment(names, ERROR_RATE, () => true).map(({ environment, color, matches }) => ({
         name: matches[0][0], label: environment, color,
       })),
     },
     {
-      id: "chart-policy", kind: "lines", smooth: false,
+      id: "chart-policy", kind: "lines", smooth: false, rangeMin: 0, minSpan: 1,
       match: (name) => name === "policy_version",
       layout: () => [{ name: "policy_version", label: "policy version", color: PALETTE[0] }],
     },
@@ -314,33 +314,41 @@
 
   // [steps, ...one array per uPlot series]; for stacked charts, also what the legend shows.
   function seriesData(spec, layout, stepColumn, columnOf, weight) {
-    if (spec.kind === "stacked") {
-      const empty = new Array(stepColumn.length).fill(null);
-      const totals = spec.shareOf ? columnOf(spec.shareOf) || empty : null;
-      const shown = layout.map((desc) => {
-        const column = columnOf(desc.name) || empty;
-        if (!totals) return column;
-        return column.map((value, index) => (value === null || !totals[index] ? null : value / totals[index]));
-      });
-      const cumulative = [];
-      const running = new Array(stepColumn.length).fill(0);
-      const present = stepColumn.map((_, index) => shown.some((column) => column[index] !== null));
-      for (const column of shown) {
-        cumulative.push(column.map((value, index) => {
-          if (!present[index]) return null;
-          running[index] += value || 0;
-          return running[index];
-        }));
-      }
-      return { data: [stepColumn, ...cumulative], shown };
+    let raw = layout.map((desc) => columnOf(desc.name) || null);
+    let totals = spec.shareOf ? columnOf(spec.shareOf) || null : null;
+    // Only the steps that have one of the chart's series, so that an RL-only series
+    // is not squeezed into the end of a long SFT phase.
+    const keep = [];
+    for (let i = 0; i < stepColumn.length; i++) {
+      if (raw.some((column) => column !== null && column[i] !== null)) keep.push(i);
     }
-    const data = [stepColumn];
-    for (const desc of layout) {
-      const column = columnOf(desc.name) || new Array(stepColumn.length).fill(null);
+    let xs = stepColumn;
+    const pick = (column) => (column === null ? new Array(keep.length).fill(null) : keep.map((i) => column[i]));
+    if (keep.length < stepColumn.length) {
+      xs = keep.map((i) => stepColumn[i]);
+      raw = raw.map(pick);
+      if (totals !== null) totals = pick(totals);
+    } else {
+      raw = raw.map((column) => column || new Array(xs.length).fill(null));
+    }
+    if (spec.kind === "stacked") {
+      const shown = totals === null ? raw
+        : raw.map((column) => column.map((value, i) => (value === null || !totals[i] ? null : value / totals[i])));
+      const running = new Array(xs.length).fill(0);
+      const cumulative = shown.map((column) => column.map((value, i) => (running[i] += value || 0)));
+      return { data: [xs, ...cumulative], shown };
+    }
+    const data = [xs];
+    for (const column of raw) {
       if (spec.smooth) data.push(column, smoothed(column, weight));
       else data.push(column);
     }
     return { data, shown: null };
+  }
+
+  const compact = new Intl.NumberFormat("en", { notation: "compact", maximumFractionDigits: 1 });
+  function tickValues(u, ticks) {
+    return ticks.map((tick) => (Math.abs(tick) >= 1000 ? compact.format(tick) : String(Number(tick.toPrecision(6)))));
   }
 
   function plotOptions(spec, layout, width, hooks) {
@@ -349,13 +357,16 @@
     const floor = spec.kind === "stacked" ? 0 : spec.rangeMin;
     const yScale = spec.range ? { range: spec.range }
       : floor !== undefined ? { range: (u, min, max) => (min === null ? [floor, 1]
-        : [Math.min(floor, min), Math.max(max * 1.05, floor + 1e-3)]) }
+        : [Math.min(floor, min), Math.max(max * 1.05, floor + (spec.minSpan || 1e-3))]) }
         : {};
     const scales = { x: { time: false }, y: yScale };
-    const axes = [{ label: "step" }, { scale: "y", values: spec.percent ? (u, ticks) => ticks.map((t) => `${Math.round(t * 100)}%`) : undefined }];
+    const axes = [
+      { label: "step" },
+      { scale: "y", values: spec.percent ? (u, ticks) => ticks.map((t) => `${Math.round(t * 100)}%`) : tickValues },
+    ];
     if (spec.scales && layout.some((desc) => desc.scale === "entropy")) {
       scales.entropy = {};
-      axes.push({ scale: "entropy", side: 1, grid: { show: false } });
+      axes.push({ scale: "entropy", side: 1, grid: { show: false }, values: tickValues });
     }
     const bands = [];
     if (spec.kind === "stacked") {
@@ -529,6 +540,9 @@
       el.status.textContent = update.status;
       el.status.className = `badge badge-${update.status}`;
       if (TERMINAL.has(update.status) && el.cancelForm) el.cancelForm.remove();
+      // A claimed run's environment passed its probe: the wait is over.
+      const waiting = document.getElementById("run-environment-reason");
+      if (waiting && update.status !== "queued") waiting.remove();
       // Only the actions the new status admits stay on offer (the server decided per status).
       const offered = actionsByStatus[update.status] || [];
       for (const form of document.querySelectorAll("#run-actions form[data-action]")) {
