@@ -33,6 +33,8 @@
     ["telemetry", "#db2777"],
     ["other", "#d1d5db"],
   ];
+  // Steps are whole: tick spacings 1, 2, 5, 10, 20, 50 ... never 0.25.
+  const STEP_INCREMENTS = [0, 1, 2, 3, 4, 5, 6].flatMap((exponent) => [1, 2, 5].map((m) => m * 10 ** exponent));
   const PERCENTILE_DASH = { 50: undefined, 90: [6, 4], 99: [2, 3] };
 
   const LATENCY = /^rollout\/(.+)\/(latency|generation|environment)_p(50|90|99)_s$/;
@@ -361,7 +363,7 @@
         : {};
     const scales = { x: { time: false }, y: yScale };
     const axes = [
-      { label: "step" },
+      { label: "step", incrs: STEP_INCREMENTS },
       { scale: "y", values: spec.percent ? (u, ticks) => ticks.map((t) => `${Math.round(t * 100)}%`) : tickValues },
     ];
     if (spec.scales && layout.some((desc) => desc.scale === "entropy")) {
