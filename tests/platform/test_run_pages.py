@@ -121,6 +121,7 @@ def test_the_cancel_button_cancels_and_a_second_cancel_says_why_not(browser, run
     assert running_run.status == "cancelled"
     assert "cancelled" in response.content.decode()
     assert 'id="cancel-form"' not in response.content.decode()
+    assert 'id="trace-form"' not in response.content.decode()  # no next steps to trace
 
     again = browser.post(f"/runs/{running_run.pk}/cancel/", follow=True)
     assert "it cannot become cancelled" in again.content.decode()
