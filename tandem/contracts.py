@@ -550,6 +550,10 @@ class TrainerStepEvent(_Record):
     samples_produced_per_s: float | None = Field(
         None, description="Trajectories producers appended to the stream per second during the step."
     )
+    tokens_per_s: float | None = Field(
+        None, description="Tokens the update trained on (the batch's non-padding tokens: prompt, environment "
+        "and model turns alike, as the forward and backward passes see them) per wall second of the step.",
+    )
     rollout_metrics: dict[str, float] = Field(
         default_factory=dict,
         description="Per environment: rollout latency p50/p90/p99 (total, generation, environment) and error rate.",
@@ -633,7 +637,7 @@ class TrainerStepEvent(_Record):
         for environment, count in self.circuit_breakers_open.items():
             values[f"producers/circuit_open/{environment}"] = float(count)
         for name in ("reward_mean", "success_rate", "samples_per_s", "samples_produced_per_s",
-                     "staleness_mean", "staleness_max"):
+                     "tokens_per_s", "staleness_mean", "staleness_max"):
             value = getattr(self, name)
             if value is not None:
                 values[name] = value

@@ -417,17 +417,20 @@ class RunTrainer:
             return {name: float(np.mean([metrics[name] for metrics in per_update])) for name in per_update[0]}
 
     def _profile_fields(self, timeline: StepTimeline, batch, *, updates: int = 1) -> dict:
-        """A step event's stage fields, from its timeline, and a device report when one is due.
+        """A step event's stage fields and tokens/s, from its timeline, and a device report when one is due.
 
-        ``updates``: optimizer updates run on ``batch``; each costs the model FLOPs of its tokens.
+        ``updates``: optimizer updates run on ``batch``; each costs the model FLOPs of its tokens, but
+        tokens/s counts the batch's tokens once, as samples/s counts its samples.
         """
         seconds = timeline.seconds_by_stage()
         wall_s = timeline_wall_s(timeline)
         wait_s, compute_s, publish_s = (seconds.get(name, 0.0) for name in ("data_wait", "compute", "publish"))
-        self.devices.observe(timeline, tokens=int(batch.attention_mask.sum()) * updates)
+        tokens = int(batch.attention_mask.sum())
+        self.devices.observe(timeline, tokens=tokens * updates)
         return {
             "wall_s": wall_s, "wait_s": wait_s, "compute_s": compute_s, "publish_s": publish_s,
             "other_s": max(wall_s - wait_s - compute_s - publish_s, 0.0), "timeline": timeline,
+            "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
             "device": self.devices.sample() if self.devices.due() else None,
         }
 

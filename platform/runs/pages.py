@@ -15,6 +15,7 @@ from accounts.selectors import project_get_for_user, project_list, project_role
 from domain_errors import DomainError, Forbidden, NotFound
 from environments.models import EnvironmentVersion
 from environments.selectors import environment_list, environment_version_last_probe_times
+from telemetry.services import MAX_TRACE_STEPS, TRACE_REFUSED_STATUSES
 
 from .config_form import (
     algorithm_presets,
@@ -38,6 +39,30 @@ from .services import (
 )
 
 RUNS_SHOWN = 100
+
+# The run page's charts, in page order; run_page.js knows which series each one draws.
+RUN_CHARTS = [
+    {"id": "chart-reward", "title": "Reward", "caption": "reward_mean, success_rate",
+     "empty": "No RL step yet."},
+    {"id": "chart-loss", "title": "Loss", "caption": "the objective the update minimised", "empty": "No step yet."},
+    {"id": "chart-kl-entropy", "title": "KL and entropy", "caption": "algorithm/kl (with a KL term), algorithm/entropy",
+     "empty": "No RL step yet."},
+    {"id": "chart-stages", "title": "Trainer time by stage", "caption": "share of each step's wall time; compute is the utilisation",
+     "empty": "No step yet."},
+    {"id": "chart-samples", "title": "Samples per second", "caption": "produced by rollouts against consumed by the trainer",
+     "empty": "No RL step yet."},
+    {"id": "chart-tokens", "title": "Tokens per second", "caption": "trained, per wall second of the step",
+     "empty": "No step yet."},
+    {"id": "chart-staleness", "title": "Staleness", "caption": "trained trajectories by policy versions behind",
+     "empty": "No RL step yet.",
+     "variants": [("total", "total"), ("in_queue", "in queue"), ("in_flight", "in flight")]},
+    {"id": "chart-latency", "title": "Rollout latency", "caption": "seconds per episode, p50 / p90 (dashed) / p99 (dotted)",
+     "empty": "No rollout yet.",
+     "variants": [("latency", "episode"), ("generation", "generation"), ("environment", "environment")]},
+    {"id": "chart-errors", "title": "Environment error rate", "caption": "failed episodes per environment",
+     "empty": "No rollout yet."},
+    {"id": "chart-policy", "title": "Policy version", "caption": "newest published", "empty": "No step yet."},
+]
 
 
 @login_required
@@ -113,6 +138,12 @@ def run_page(request, run_id: int):
         "metrics_url": reverse("api-run-metrics", args=[run.pk]),
         "run_url": reverse("api-run-detail", args=[run.pk]),
         "websocket_path": run_websocket_path(run.pk),
+        "traces_url": reverse("api-run-traces", args=[run.pk]),
+        "max_trace_steps": MAX_TRACE_STEPS,
+        # Pages of their own, served by other parts of the dashboard.
+        "timeline_url": reverse("run-timeline-page", args=[run.pk]),
+        "devices_url": reverse("devices-page"),
+        "charts": RUN_CHARTS,
         # Viewers see no cancel button; the cancel view refuses them anyway.
         "can_write": project_role(user=request.user, project=run.project)
         in Membership.WRITER_ROLES,
@@ -129,6 +160,8 @@ def run_actions_by_status(*, user, run: Run) -> dict[str, list[str]]:
         allowed = LEGAL_TRANSITIONS[status]
         offered[status] = [action for action, to_status in _ACTION_TRANSITIONS if to_status in allowed]
         offered[status].append("clone")
+        if status not in TRACE_REFUSED_STATUSES:
+            offered[status].append("trace")
     return offered
 
 

@@ -23,6 +23,8 @@ from .models import DeviceSnapshot, MetricBucket, MetricPoint, StepTimelineRecor
 
 # A trace of many steps is large (every kernel of every step) and slows those steps.
 MAX_TRACE_STEPS = 100
+# A run in these will never train again: it has no next steps to trace.
+TRACE_REFUSED_STATUSES = frozenset({Run.Status.FINISHED, Run.Status.CANCELLED})
 
 
 @transaction.atomic
@@ -287,7 +289,7 @@ def trace_request(*, user: AbstractBaseUser, run: Run, steps: int) -> Trace:
     project_require_writer(user=user, project=run.project)
     if not 1 <= steps <= MAX_TRACE_STEPS:
         raise InvalidInput.for_field("steps", f"Must be between 1 and {MAX_TRACE_STEPS}.")
-    if run.status in {Run.Status.FINISHED, Run.Status.CANCELLED}:
+    if run.status in TRACE_REFUSED_STATUSES:
         raise Conflict(f"Run {run.pk} is {run.status}: it has no next steps to trace.")
     return Trace.objects.create(run=run, steps=steps, requested_by=user)
 

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import io
 import re
 import time
+import zipfile
+from pathlib import Path
 
 import httpx
 from playwright.sync_api import sync_playwright
 
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run",
 ]
 
 
-def test_a_run_created_from_the_form_grows_its_charts_live_without_reloading(stack, credentials, tmp_path):
+def test_a_run_created_from_the_form_grows_its_charts_live_without_reloading(stack, credentials):
     local, _ = stack
     base = local.config.platform_url
     api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
@@ -54,9 +58,14 @@ def test_a_run_created_from_the_form_grows_its_charts_live_without_reloading(sta
             time.sleep(0.5)
         final_status = page.inner_text("#run-status").strip()
         final_step = int(page.inner_text("#run-step").strip())
-        for chart in ("#chart-reward", "#chart-loss", "#chart-idle"):
-            assert page.locator(f"{chart} canvas").count() >= 1, f"{chart} has no chart"
-        page.screenshot(path=str(tmp_path / "run_page.png"), full_page=True)
+        # A real SFT + RL run feeds every chart of the page.
+        chart_points = page.evaluate("window.tandemRunPage.chartPoints")
+        for chart in ("chart-reward", "chart-loss", "chart-kl-entropy", "chart-stages", "chart-samples",
+                      "chart-tokens", "chart-staleness", "chart-latency", "chart-errors", "chart-policy"):
+            assert page.locator(f"#{chart} canvas").count() == 1, f"{chart} has no chart"
+            assert chart_points[chart] > 0, (chart, chart_points)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "run_page_real_run.png"), full_page=True)
         browser.close()
 
     assert final_status == "finished"
@@ -67,5 +76,56 @@ def test_a_run_created_from_the_form_grows_its_charts_live_without_reloading(sta
     assert final_step == 80 + 3
     points = api.get(f"/api/runs/{run_id}/metrics/", params={"after_step": 80, "names": "staleness_max"}).json()
     assert [p["value"] for p in points["points"]] == [0.0, 0.0, 0.0]
+    # The trainer reports tokens/s at every step, SFT and RL alike.
+    tokens = api.get(f"/api/runs/{run_id}/metrics/", params={"names": "tokens_per_s", "limit": 5000}).json()
+    assert [p["step"] for p in tokens["points"]] == list(range(1, 80 + 3 + 1))
+    assert all(p["value"] > 0 for p in tokens["points"])
     weights = local.config.var_dir / "checkpoints" / "weights" / f"run-{run_id}"
     assert sorted(path.name for path in weights.iterdir()) == ["v1", "v2", "v3"]
+
+
+def test_a_trace_captured_from_the_run_page_is_listed_and_downloads_as_a_zip_with_an_xplane(
+    stack, credentials
+):
+    local, _ = stack
+    base = local.config.platform_url
+    api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+    # Long enough to still be training when the trace is requested; cancelled once it is captured.
+    run_id = api.post("/api/runs/", json={
+        "project": credentials.project_id, "name": "traced from the page", "environment": "calculator",
+        "config": {"algorithm": {"name": "sft"}, "sft_steps": 5000, "rl_steps": 0},
+    }).json()["id"]
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+        page.goto(f"{base}/login/?next=/runs/{run_id}/")
+        page.fill("#id_username", credentials.username)
+        page.fill("#id_password", credentials.password)
+        page.click("button[type=submit], input[type=submit]")
+        page.wait_for_url(f"**/runs/{run_id}/")
+        # Training: steps arrive live (the trainer has claimed it and compiled its step).
+        page.wait_for_function("() => window.tandemRunPage && window.tandemRunPage.lastStep >= 1", timeout=300_000)
+
+        page.fill("#trace-steps", "2")
+        page.click("#trace-form button[type=submit]")
+        page.wait_for_selector("#traces-table tr[data-status=requested]")
+        # The trainer takes it at its next steps and uploads it; the list polls until it is in.
+        row = page.wait_for_selector("#traces-table tr[data-status=captured]", timeout=180_000)
+        assert page.locator("#traces-table tr[data-status=failed]").count() == 0
+        with page.expect_download() as download_info:
+            row.query_selector("a.trace-download").click()
+        archive = Path(download_info.value.path()).read_bytes()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "run_page_trace.png"), full_page=True)
+
+        page.click("#cancel-form button")
+        page.wait_for_function("() => document.querySelector('#run-status').textContent === 'cancelled'")
+        assert page.is_hidden("#trace-form")  # a cancelled run has no next steps to trace
+        browser.close()
+
+    names = zipfile.ZipFile(io.BytesIO(archive)).namelist()
+    assert any(name.startswith("plugins/profile/") and name.endswith(".xplane.pb") for name in names), names
+    trace = api.get(f"/api/runs/{run_id}/traces/").json()["results"][0]
+    assert trace["status"] == "captured" and trace["size_bytes"] == len(archive)
+    assert trace["last_step"] - trace["first_step"] + 1 == 2

@@ -18,13 +18,15 @@ from telemetry.services import metric_events_record
 from trainer.platform_client import PlatformClient
 from trainer.trajectory_samples import TrajectorySampleBuffer
 
-from .builders import step_event
+from .builders import full_rl_step_event, step_event
 from .test_run_page_browser import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT
 from .trajectory_builders import CALC, TOKENIZER, calculator_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
+RUN_CHARTS = ("chart-reward", "chart-loss", "chart-kl-entropy", "chart-stages", "chart-samples", "chart-tokens",
+              "chart-staleness", "chart-latency", "chart-errors", "chart-policy")
 
 
 @pytest.fixture
@@ -228,3 +230,72 @@ def test_the_run_list_filters_sorts_updates_live_and_compares(
         legend = page.locator(f"#compare-{metric} .u-legend").inner_text()
         assert "alpha" in legend and "beta" in legend
     page.screenshot(path=str(SCREENSHOTS / "run_compare.png"), full_page=True)
+
+
+def test_every_run_chart_receives_live_points_and_a_trace_can_be_requested(
+    server, chromium_page, running_run, trainer
+):
+    # Posted as the trainer posts them: its platform client, over HTTP, events built by its own code.
+    client = PlatformClient(server, trainer.raw_token)
+    client.post_events(running_run.pk, [full_rl_step_event(running_run.pk, 1)])
+
+    page = chromium_page(server, f"/runs/{running_run.pk}/")
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    page.wait_for_function("() => window.tandemRunPage && window.tandemRunPage.lastStep === 1")
+    assert page.get_attribute("#timeline-link", "href") == f"/runs/{running_run.pk}/timeline/"
+    assert page.get_attribute("#devices-link", "href") == "/devices/"
+
+    def chart_points() -> dict[str, int]:
+        return page.evaluate("({...window.tandemRunPage.chartPoints})")
+
+    backfilled = chart_points()
+    assert all(backfilled[chart] > 0 for chart in RUN_CHARTS), backfilled
+    for step in range(2, 6):
+        client.post_events(running_run.pk, [full_rl_step_event(running_run.pk, step)])
+        page.wait_for_function(f"() => window.tandemRunPage.lastStep === {step}", timeout=10_000)
+    page.wait_for_function("(n) => window.tandemRunPage.drawnAt[n] !== undefined", arg=5)
+    live = chart_points()
+    # Every chart got points of every live step (each step carries the same series).
+    assert {chart: live[chart] for chart in RUN_CHARTS} == {
+        chart: 5 * backfilled[chart] for chart in RUN_CHARTS}, (backfilled, live)
+    for chart in RUN_CHARTS:
+        assert page.locator(f"#{chart} canvas").count() == 1, chart
+        assert page.is_hidden(f"[data-empty-for={chart}]"), chart
+
+    series = page.evaluate("window.tandemRunPage.chartSeries")
+    # Series discovered from the names: per environment, per percentile, per staleness bucket, per stage.
+    assert series["chart-latency"] == [f"{env} p{p}" for env in ("calculator", "echo-http") for p in (50, 90, 99)]
+    assert series["chart-errors"] == ["calculator", "echo-http"]
+    assert series["chart-staleness"] == ["1 versions", "2 versions", "3 versions", "4 versions"]
+    assert series["chart-stages"] == ["data wait", "batch", "host to device", "compute", "publish", "checkpoint",
+                                      "telemetry"]
+    assert series["chart-kl-entropy"] == ["KL", "entropy (right axis)"]
+    page.select_option("select[data-chart-variant=chart-latency]", "generation")
+    page.select_option("select[data-chart-variant=chart-staleness]", "in_flight")
+    page.wait_for_function("() => window.tandemRunPage.chartSeries['chart-staleness'][0] === '1 versions' && "
+                           "window.tandemRunPage.chartSeries['chart-staleness'].length === 2")
+    # The raw series is drawn faint behind the smoothed one; the legend lists the smoothed one only.
+    rows = page.locator("#chart-reward .u-legend .u-series:visible")
+    assert rows.locator(".u-label").all_inner_texts() == ["step", "reward mean", "success rate"]
+    # Away from the cursor, the legend shows the newest step: smoothed value (raw value).
+    assert rows.locator(".u-value").all_inner_texts()[0] == "5"
+    assert rows.locator(".u-value").all_inner_texts()[1].endswith("(0.5)")
+
+    # Redraws are coalesced: twenty steps in one post (twenty socket messages) are a redraw or three.
+    redraws = page.evaluate("window.tandemRunPage.redraws")
+    client.post_events(running_run.pk, [full_rl_step_event(running_run.pk, step) for step in range(6, 26)])
+    page.wait_for_function("() => window.tandemRunPage.drawnAt[25] !== undefined")
+    assert page.evaluate("window.tandemRunPage.redraws") - redraws <= 3
+    assert chart_points()["chart-latency"] == 25 * backfilled["chart-latency"]
+
+    # Capture trace: the request is listed at once, and the trainer is told of it in its next reply.
+    page.fill("#trace-steps", "2")
+    page.click("#trace-form button[type=submit]")
+    page.wait_for_selector("#traces-table tr[data-status=requested]")
+    reply = client.post_events(running_run.pk, [])
+    assert [request.steps for request in reply.trace_requests] == [2]
+    client.close()
+
+    page.screenshot(path=str(REPO_ROOT / "test-artifacts" / "run_page.png"), full_page=True)
+    assert navigations == []

@@ -71,9 +71,11 @@ def test_a_viewer_cannot_write_through_the_pages_either(team):
     assert Run.objects.get().status == "queued"
     page = browser.get(f"/runs/{run.pk}/")
     assert page.status_code == 200 and 'id="cancel-form"' not in page.content.decode()
+    assert 'id="trace-form"' not in page.content.decode()  # tracing is a write as well
     owner = Client()
     owner.force_login(team["owner"])
-    assert 'id="cancel-form"' in owner.get(f"/runs/{run.pk}/").content.decode()
+    owner_page = owner.get(f"/runs/{run.pk}/").content.decode()
+    assert 'id="cancel-form"' in owner_page and 'id="trace-form"' in owner_page
 
 
 def test_a_member_starts_and_cancels_runs_but_does_not_manage_members(team, client_for):

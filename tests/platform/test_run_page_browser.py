@@ -98,8 +98,10 @@ def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
             "() => document.querySelector('#run-status').textContent === 'cancelled'"
         )
         assert page.locator("#cancel-form").count() == 0
+        assert page.is_hidden("#trace-form")  # a cancelled run has no next steps to trace
 
-        for chart in ("#chart-reward", "#chart-loss", "#chart-idle"):
+        # These plain step events carry reward, loss and the policy version (tests/platform/builders.py).
+        for chart in ("#chart-reward", "#chart-loss", "#chart-policy"):
             assert page.locator(f"{chart} canvas").count() == 1, chart
         page.screenshot(path=str(tmp_path / "run_page.png"), full_page=True)
         final_count = page.evaluate("window.tandemRunPage.pointCount")

@@ -92,9 +92,13 @@ def test_the_run_page_has_the_live_elements(browser, running_run):
     for element in (
         'id="chart-reward"',
         'id="chart-loss"',
-        'id="chart-idle"',
+        'id="chart-stages"',
+        'id="chart-latency"',
         'id="run-status"',
         'id="run-step"',
+        'id="trace-form"',
+        f'href="/runs/{running_run.pk}/timeline/"',
+        'href="/devices/"',
     ):
         assert element in html
     assert f'data-metrics-url="/api/runs/{running_run.pk}/metrics/"' in html
@@ -117,6 +121,7 @@ def test_the_cancel_button_cancels_and_a_second_cancel_says_why_not(browser, run
     assert running_run.status == "cancelled"
     assert "cancelled" in response.content.decode()
     assert 'id="cancel-form"' not in response.content.decode()
+    assert 'id="trace-form"' not in response.content.decode()  # no next steps to trace
 
     again = browser.post(f"/runs/{running_run.pk}/cancel/", follow=True)
     assert "it cannot become cancelled" in again.content.decode()

@@ -90,3 +90,14 @@ def test_a_step_event_charts_each_stage_and_the_trainer_utilisation():
     # The timeline survives the trip to the platform as JSON.
     assert TrainerStepEvent.model_validate_json(event.model_dump_json()).timeline == timeline
     assert StepTimeline.model_validate(timeline.model_dump()).version == 1
+
+
+def test_tokens_per_s_is_charted_when_the_trainer_sets_it_and_absent_otherwise():
+    fields = dict(run_id=1, step=3, phase="sft", policy_version=0, wall_s=2.0, wait_s=0.0, compute_s=1.5,
+                  publish_s=0.0, other_s=0.5, loss=0.1, emitted_at=time.time())
+
+    with_tokens = TrainerStepEvent(**fields, tokens_per_s=512.0)
+
+    assert with_tokens.metric_values()["tokens_per_s"] == 512.0
+    assert TrainerStepEvent.model_validate_json(with_tokens.model_dump_json()).tokens_per_s == 512.0
+    assert "tokens_per_s" not in TrainerStepEvent(**fields).metric_values()

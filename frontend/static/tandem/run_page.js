@@ -4,6 +4,9 @@
 // tells us about new steps and may drop messages. So: backfill, open the
 // socket, and on every (re)connect backfill again from the REST cursor. Steps
 // already drawn are skipped, so overlap between the two is harmless.
+//
+// Points are stored as they arrive; charts are redrawn at most every
+// REDRAW_INTERVAL_MS, however many messages came in between.
 (function () {
   "use strict";
 
@@ -14,23 +17,143 @@
   const PAGE_LIMIT = 5000;
   const RETRY_MIN_MS = 1000;
   const RETRY_MAX_MS = 15000;
+  const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second
+  const CHART_HEIGHT = 220;
+  const DRAWN_AT_KEPT = 5000; // steps whose draw time is kept for window.tandemRunPage.drawnAt
 
+  const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+  // Trainer stages in the order the step runs them (trainer/profiling.py), stacked bottom up.
+  const STAGES = [
+    ["data_wait", "#9ca3af"],
+    ["batch", "#fbbf24"],
+    ["host_to_device", "#f97316"],
+    ["compute", "#2563eb"],
+    ["publish", "#16a34a"],
+    ["checkpoint", "#9333ea"],
+    ["telemetry", "#db2777"],
+    ["other", "#d1d5db"],
+  ];
+  // Steps are whole: tick spacings 1, 2, 5, 10, 20, 50 ... never 0.25.
+  const STEP_INCREMENTS = [0, 1, 2, 3, 4, 5, 6].flatMap((exponent) => [1, 2, 5].map((m) => m * 10 ** exponent));
+  const PERCENTILE_DASH = { 50: undefined, 90: [6, 4], 99: [2, 3] };
+
+  const LATENCY = /^rollout\/(.+)\/(latency|generation|environment)_p(50|90|99)_s$/;
+  const ERROR_RATE = /^rollout\/(.+)\/error_rate$/;
+  const STALENESS = /^staleness\/(total|in_queue|in_flight)\/(\d+)(\+?)$/;
+  const STAGE = /^stage\/(.+)_s$/;
+
+  // What each chart draws. `match` picks the series it stores and counts; `layout`
+  // turns the names seen so far into its series, so environments and buckets
+  // that appear later get series of their own. kind: "lines" (optionally
+  // smoothed) or "stacked" (areas, each on top of the previous one).
   const CHARTS = [
     {
-      id: "chart-reward",
-      series: [
-        { name: "reward_mean", label: "reward mean", stroke: "#2563eb" },
-        { name: "success_rate", label: "success rate", stroke: "#16a34a" },
+      id: "chart-reward", kind: "lines", smooth: true,
+      match: (name) => name === "reward_mean" || name === "success_rate",
+      layout: () => [
+        { name: "reward_mean", label: "reward mean", color: PALETTE[0] },
+        { name: "success_rate", label: "success rate", color: PALETTE[2] },
       ],
     },
-    { id: "chart-loss", series: [{ name: "loss", label: "loss", stroke: "#dc2626" }] },
     {
-      id: "chart-idle",
-      range: [0, 1],
-      series: [{ name: "trainer_idle_fraction", label: "idle fraction", stroke: "#9333ea" }],
+      id: "chart-loss", kind: "lines", smooth: true,
+      match: (name) => name === "loss",
+      layout: () => [{ name: "loss", label: "loss", color: PALETTE[1] }],
+    },
+    {
+      id: "chart-kl-entropy", kind: "lines", smooth: true, scales: ["y", "entropy"],
+      match: (name) => name === "algorithm/kl" || name === "algorithm/entropy",
+      layout: (names) => [
+        ...(names.has("algorithm/kl") ? [{ name: "algorithm/kl", label: "KL", color: PALETTE[3] }] : []),
+        { name: "algorithm/entropy", label: "entropy (right axis)", color: PALETTE[5], scale: "entropy" },
+      ],
+    },
+    {
+      id: "chart-stages", kind: "stacked", range: [0, 1], percent: true,
+      match: (name) => STAGE.test(name),
+      aux: ["wall_s"],
+      layout: (names) => STAGES.filter(([stage]) => names.has(`stage/${stage}_s`)).map(([stage, color]) => ({
+        name: `stage/${stage}_s`, label: stage.replace(/_/g, " "), color,
+      })),
+      shareOf: "wall_s", // shares of the step's wall time (the stages sum to it)
+    },
+    {
+      id: "chart-samples", kind: "lines", smooth: true, rangeMin: 0,
+      match: (name) => name === "samples_produced_per_s" || name === "samples_per_s",
+      layout: () => [
+        { name: "samples_produced_per_s", label: "produced/s", color: PALETTE[4] },
+        { name: "samples_per_s", label: "consumed/s", color: PALETTE[0] },
+      ],
+    },
+    {
+      id: "chart-tokens", kind: "lines", smooth: true, rangeMin: 0,
+      match: (name) => name === "tokens_per_s",
+      layout: () => [{ name: "tokens_per_s", label: "tokens/s", color: PALETTE[5] }],
+    },
+    {
+      id: "chart-staleness", kind: "stacked", variant: "total",
+      match: (name) => STALENESS.test(name),
+      layout: (names, variant) => {
+        const buckets = [];
+        for (const name of names) {
+          const match = STALENESS.exec(name);
+          if (match && match[1] === variant) buckets.push({ name, bucket: Number(match[2]) + (match[3] ? 0.5 : 0) });
+        }
+        buckets.sort((a, b) => a.bucket - b.bucket);
+        // Fresh data green, staler data towards red.
+        return buckets.map(({ name, bucket }, index) => ({
+          name,
+          label: `${name.split("/")[2]} versions`,
+          color: `hsl(${Math.round(140 - (140 * index) / Math.max(buckets.length - 1, 1))}, 65%, 50%)`,
+        }));
+      },
+    },
+    {
+      id: "chart-latency", kind: "lines", smooth: true, variant: "latency", rangeMin: 0,
+      match: (name) => LATENCY.test(name),
+      layout: (names, variant) => perEnvironment(names, LATENCY, (match) => match[2] === variant).flatMap(
+        ({ environment, color, matches }) => matches
+          .sort((a, b) => Number(a[3]) - Number(b[3]))
+          .map((match) => ({
+            name: match[0], label: `${environment} p${match[3]}`, color, dash: PERCENTILE_DASH[match[3]],
+          })),
+      ),
+    },
+    {
+      id: "chart-errors", kind: "lines", smooth: true, rangeMin: 0, minSpan: 0.1,
+      match: (name) => ERROR_RATE.test(name),
+      layout: (names) => perEnvironment(names, ERROR_RATE, () => true).map(({ environment, color, matches }) => ({
+        name: matches[0][0], label: environment, color,
+      })),
+    },
+    {
+      id: "chart-policy", kind: "lines", smooth: false, rangeMin: 0, minSpan: 1,
+      match: (name) => name === "policy_version",
+      layout: () => [{ name: "policy_version", label: "policy version", color: PALETTE[0] }],
     },
   ];
-  const CHARTED = CHARTS.flatMap((chart) => chart.series.map((series) => series.name));
+
+  // Environments in name order, each with a colour that stays the same across charts.
+  function perEnvironment(names, pattern, keep) {
+    const byEnvironment = new Map();
+    for (const name of names) {
+      const match = pattern.exec(name);
+      if (!match || !keep(match)) continue;
+      if (!byEnvironment.has(match[1])) byEnvironment.set(match[1], []);
+      byEnvironment.get(match[1]).push(match);
+    }
+    return [...byEnvironment.keys()].sort().map((environment) => ({
+      environment, color: environmentColor(environment), matches: byEnvironment.get(environment),
+    }));
+  }
+
+  const environmentColors = new Map();
+  function environmentColor(environment) {
+    if (!environmentColors.has(environment)) {
+      environmentColors.set(environment, PALETTE[environmentColors.size % PALETTE.length]);
+    }
+    return environmentColors.get(environment);
+  }
 
   const metricsUrl = root.dataset.metricsUrl;
   const runUrl = root.dataset.runUrl;
@@ -43,9 +166,11 @@
     policyVersion: document.getElementById("run-policy-version"),
     connection: document.getElementById("run-connection"),
     cancelForm: document.getElementById("cancel-form"),
+    smoothing: document.getElementById("chart-smoothing"),
+    smoothingValue: document.getElementById("chart-smoothing-value"),
   };
 
-  // What browser tests (and curious people in the console) can read.
+  // What browser tests, the dashboard bench and curious people in the console can read.
   const page = (window.tandemRunPage = {
     pointCount: 0, // metric points received, over REST and WebSocket, each counted once
     lastStep: -1, // highest step received
@@ -53,25 +178,60 @@
     status: root.dataset.status,
     reconnects: 0,
     socket: null,
+    chartPoints: Object.fromEntries(CHARTS.map((spec) => [spec.id, 0])), // values each chart received
+    chartSeries: {}, // chart id -> labels of the series it draws now
+    redraws: 0, // coalesced: far fewer than messages when steps arrive quickly
+    drawnAt: {}, // step -> Date.now() when the charts first drew it (the newest DRAWN_AT_KEPT steps)
+    smoothing: el.smoothing ? Number(el.smoothing.value) : 0,
+    timeRender, // (points, repeats) -> how long a chart takes to draw that many points
   });
 
-  // Column-oriented data, as uPlot wants it: steps ascending, one array per series.
+  // Column-oriented data, as uPlot wants it: steps ascending, one array per stored series.
   const steps = [];
   const seenSteps = new Set();
-  const columns = Object.fromEntries(CHARTED.map((name) => [name, []]));
+  const columns = new Map();
+  const names = new Set(); // every stored series name
+  const undrawnSteps = [];
+  const drawnOrder = [];
   let restCursor = -1; // last step the REST API returned: everything up to it is drawn
+
+  // Per series name, the charts that draw it (memoised: names repeat at every step).
+  const chartsOf = new Map();
+  function chartsFor(name) {
+    let found = chartsOf.get(name);
+    if (found === undefined) {
+      found = charts.filter((chart) => chart.spec.match(name));
+      chartsOf.set(name, found);
+    }
+    return found;
+  }
+  const stored = (name) => chartsFor(name).length > 0 || CHARTS.some((spec) => spec.aux && spec.aux.includes(name));
+  const valueCounts = new Map(); // per stored series, its points that have a value
 
   function ingestStep(step, values) {
     if (seenSteps.has(step)) return;
     seenSteps.add(step);
     let index = steps.length;
     if (index > 0 && steps[index - 1] > step) index = lowerBound(steps, step);
+    for (const name of Object.keys(values)) {
+      if (!names.has(name) && stored(name)) {
+        names.add(name);
+        columns.set(name, new Array(steps.length).fill(null));
+        valueCounts.set(name, 0);
+        for (const chart of chartsFor(name)) chart.stale = true;
+      }
+    }
     steps.splice(index, 0, step);
-    for (const name of CHARTED) {
+    for (const [name, column] of columns) {
       const value = values[name];
-      columns[name].splice(index, 0, value === undefined ? null : value);
+      column.splice(index, 0, value === undefined ? null : value);
+      if (value !== undefined && value !== null) valueCounts.set(name, valueCounts.get(name) + 1);
+    }
+    for (const name in values) {
+      for (const chart of chartsFor(name)) page.chartPoints[chart.spec.id] += 1;
     }
     page.pointCount += Object.keys(values).length;
+    undrawnSteps.push(step);
     if (step > page.lastStep) {
       page.lastStep = step;
       el.step.textContent = String(step);
@@ -92,55 +252,285 @@
     return low;
   }
 
-  // --- charts -------------------------------------------------------------
+  // --- series ----------------------------------------------------------------
 
-  const charts = CHARTS.map((spec) => {
-    const container = document.getElementById(spec.id);
-    const plot = new uPlot(
-      {
-        width: chartWidth(container),
-        height: 220,
-        scales: { x: { time: false }, y: spec.range ? { range: spec.range } : {} },
-        series: [
-          { label: "step" },
-          ...spec.series.map((series) => ({
-            label: series.label,
-            stroke: series.stroke,
-            width: 2,
-            spanGaps: true,
-            points: { show: false },
-          })),
-        ],
-        axes: [{ label: "step" }, {}],
-        legend: { live: true },
+  // Exponential moving average, debiased as TensorBoard does so that the first
+  // points are not pulled towards 0. Gaps stay gaps.
+  function smoothed(values, weight) {
+    const out = new Array(values.length);
+    let last = 0;
+    let weightPower = 1;
+    for (let i = 0; i < values.length; i++) {
+      const value = values[i];
+      if (value === null || value === undefined) {
+        out[i] = null;
+        continue;
+      }
+      last = last * weight + (1 - weight) * value;
+      weightPower *= weight;
+      out[i] = last / (1 - weightPower);
+    }
+    return out;
+  }
+
+  function faint(hex) {
+    const rgb = [1, 3, 5].map((at) => parseInt(hex.slice(at, at + 2), 16));
+    return `rgba(${rgb.join(", ")}, 0.28)`;
+  }
+
+  function format(value, percent) {
+    if (percent && value !== null && value !== undefined) return `${(value * 100).toFixed(1)}%`;
+    if (value === null || value === undefined) return "—";
+    const magnitude = Math.abs(value);
+    if (magnitude !== 0 && (magnitude >= 1e5 || magnitude < 1e-3)) return value.toExponential(2);
+    return String(Number(value.toPrecision(4)));
+  }
+
+  // uPlot series and the data arrays that go with them, for one chart's layout.
+  function uplotSeries(spec, layout) {
+    const series = [{ label: "step" }];
+    const raw = []; // indices of faint raw series, hidden from the legend
+    for (const desc of layout) {
+      const common = { scale: desc.scale || "y", spanGaps: true, points: { show: false } };
+      if (spec.kind === "stacked") {
+        series.push({
+          ...common, label: desc.label, stroke: desc.color, fill: desc.color, width: 1,
+          value: (u, v, seriesIndex, index) => format(
+            index === null || !u.tandemShown ? null : u.tandemShown[seriesIndex - 1][index], spec.percent),
+        });
+      } else if (spec.smooth) {
+        raw.push(series.length);
+        series.push({ ...common, label: `${desc.label} (raw)`, stroke: faint(desc.color), width: 1 });
+        series.push({
+          ...common, label: desc.label, stroke: desc.color, width: 2, dash: desc.dash,
+          // The legend shows the smoothed value and the raw one under the cursor.
+          value: (u, v, seriesIndex, index) => index === null || v === null ? "—"
+            : `${format(v)} (${format(u.data[seriesIndex - 1][index])})`,
+        });
+      } else {
+        series.push({ ...common, label: desc.label, stroke: desc.color, width: 2, dash: desc.dash });
+      }
+    }
+    return { series, raw };
+  }
+
+  // [steps, ...one array per uPlot series]; for stacked charts, also what the legend shows.
+  function seriesData(spec, layout, stepColumn, columnOf, weight) {
+    let raw = layout.map((desc) => columnOf(desc.name) || null);
+    let totals = spec.shareOf ? columnOf(spec.shareOf) || null : null;
+    // Only the steps that have one of the chart's series, so that an RL-only series
+    // is not squeezed into the end of a long SFT phase.
+    const keep = [];
+    for (let i = 0; i < stepColumn.length; i++) {
+      if (raw.some((column) => column !== null && column[i] !== null)) keep.push(i);
+    }
+    let xs = stepColumn;
+    const pick = (column) => (column === null ? new Array(keep.length).fill(null) : keep.map((i) => column[i]));
+    if (keep.length < stepColumn.length) {
+      xs = keep.map((i) => stepColumn[i]);
+      raw = raw.map(pick);
+      if (totals !== null) totals = pick(totals);
+    } else {
+      raw = raw.map((column) => column || new Array(xs.length).fill(null));
+    }
+    if (spec.kind === "stacked") {
+      const shown = totals === null ? raw
+        : raw.map((column) => column.map((value, i) => (value === null || !totals[i] ? null : value / totals[i])));
+      const running = new Array(xs.length).fill(0);
+      const cumulative = shown.map((column) => column.map((value, i) => (running[i] += value || 0)));
+      return { data: [xs, ...cumulative], shown };
+    }
+    const data = [xs];
+    for (const column of raw) {
+      if (spec.smooth) data.push(column, smoothed(column, weight));
+      else data.push(column);
+    }
+    return { data, shown: null };
+  }
+
+  const compact = new Intl.NumberFormat("en", { notation: "compact", maximumFractionDigits: 1 });
+  function tickValues(u, ticks) {
+    return ticks.map((tick) => (Math.abs(tick) >= 1000 ? compact.format(tick) : String(Number(tick.toPrecision(6)))));
+  }
+
+  function plotOptions(spec, layout, width, hooks) {
+    const { series, raw } = uplotSeries(spec, layout);
+    // Areas and rates start at 0, so their sizes read true.
+    const floor = spec.kind === "stacked" ? 0 : spec.rangeMin;
+    const yScale = spec.range ? { range: spec.range }
+      : floor !== undefined ? { range: (u, min, max) => (min === null ? [floor, 1]
+        : [Math.min(floor, min), Math.max(max * 1.05, floor + (spec.minSpan || 1e-3))]) }
+        : {};
+    const scales = { x: { time: false }, y: yScale };
+    const axes = [
+      { label: "step", incrs: STEP_INCREMENTS },
+      { scale: "y", values: spec.percent ? (u, ticks) => ticks.map((t) => `${Math.round(t * 100)}%`) : tickValues },
+    ];
+    if (spec.scales && layout.some((desc) => desc.scale === "entropy")) {
+      scales.entropy = {};
+      axes.push({ scale: "entropy", side: 1, grid: { show: false }, values: tickValues });
+    }
+    const bands = [];
+    if (spec.kind === "stacked") {
+      // Each area fills from the series below it up to its own top.
+      for (let i = 2; i <= layout.length; i++) bands.push({ series: [i, i - 1] });
+    }
+    return {
+      width, height: CHART_HEIGHT, scales, axes, series, bands,
+      legend: { live: true },
+      cursor: { sync: { key: "tandem-run" } },
+      hooks: {
+        init: [(u) => {
+          // A raw series is drawn faint behind its smoothed one; the legend lists only the latter.
+          const rows = u.root.querySelectorAll(".u-legend .u-series");
+          for (const index of raw) if (rows[index]) rows[index].style.display = "none";
+        }],
+        // Hiding a smoothed series from the legend hides its raw companion too.
+        setSeries: [(u, index) => {
+          if (index !== null && raw.includes(index - 1) && u.series[index - 1].show !== u.series[index].show) {
+            u.setSeries(index - 1, { show: u.series[index].show });
+          }
+        }],
+        ...(hooks || {}),
       },
-      [steps, ...spec.series.map((series) => columns[series.name])],
-      container,
-    );
-    return { spec, container, plot };
-  });
+    };
+  }
+
+  // --- charts ------------------------------------------------------------------
+
+  const charts = CHARTS.map((spec) => ({
+    spec,
+    container: document.getElementById(spec.id),
+    empty: document.querySelector(`[data-empty-for="${spec.id}"]`),
+    variant: spec.variant,
+    layoutKey: null,
+    layout: [],
+    plot: null,
+    stale: true,
+  })).filter((chart) => chart.container);
+
+  for (const select of document.querySelectorAll("select[data-chart-variant]")) {
+    select.addEventListener("change", () => {
+      const chart = charts.find((c) => c.spec.id === select.dataset.chartVariant);
+      chart.variant = select.value;
+      chart.stale = true;
+      scheduleRedraw();
+    });
+  }
+
+  if (el.smoothing) {
+    el.smoothing.addEventListener("input", () => {
+      page.smoothing = Number(el.smoothing.value);
+      el.smoothingValue.textContent = page.smoothing.toFixed(2);
+      scheduleRedraw();
+    });
+  }
 
   function chartWidth(container) {
     return Math.max(container.clientWidth, 300);
   }
 
-  let redrawPending = false;
-  function scheduleRedraw() {
-    if (redrawPending) return;
-    redrawPending = true;
-    requestAnimationFrame(() => {
-      redrawPending = false;
-      for (const { spec, plot } of charts) {
-        plot.setData([steps, ...spec.series.map((series) => columns[series.name])]);
+  function drawChart(chart) {
+    if (chart.stale) {
+      chart.stale = false;
+      const layout = chart.spec.layout(names, chart.variant);
+      const key = layout.map((desc) => desc.name).join("|");
+      if (key !== chart.layoutKey) {
+        // A new environment or bucket: a new plot with a series for it.
+        if (chart.plot) chart.plot.destroy();
+        chart.plot = null;
+        chart.layout = layout;
+        chart.layoutKey = key;
+        page.chartSeries[chart.spec.id] = layout.map((desc) => desc.label);
       }
-    });
+    }
+    const hasData = chart.layout.some((desc) => valueCounts.get(desc.name) > 0);
+    if (chart.empty) chart.empty.hidden = hasData;
+    if (!hasData) return;
+    const { data, shown } = seriesData(chart.spec, chart.layout, steps, (name) => columns.get(name), page.smoothing);
+    if (!chart.plot) {
+      chart.plot = new uPlot(plotOptions(chart.spec, chart.layout, chartWidth(chart.container)), data, chart.container);
+      chart.plot.tandemShown = shown;
+      chart.plot.over.addEventListener("mouseleave", () => showNewest(chart.plot));
+      showNewest(chart.plot);
+      return;
+    }
+    chart.plot.tandemShown = shown;
+    // batch(): draw now, not in a microtask, so that drawnAt is stamped after the drawing.
+    chart.plot.batch((u) => u.setData(data));
+    showNewest(chart.plot);
+  }
+
+  // With the cursor away from a chart, its legend shows the newest values.
+  function showNewest(u) {
+    if (u.cursor.left === undefined || u.cursor.left < 0) u.setLegend({ idx: u.data[0].length - 1 });
+  }
+
+  let redrawTimer = null;
+  let lastRedraw = -Infinity;
+  function scheduleRedraw() {
+    if (redrawTimer !== null) return;
+    const wait = Math.max(0, lastRedraw + REDRAW_INTERVAL_MS - performance.now());
+    redrawTimer = setTimeout(() => requestAnimationFrame(redraw), wait);
+  }
+
+  function redraw() {
+    redrawTimer = null;
+    lastRedraw = performance.now();
+    const drawing = undrawnSteps.splice(0);
+    for (const chart of charts) drawChart(chart);
+    page.redraws += 1;
+    const now = Date.now();
+    for (const step of drawing) {
+      if (page.drawnAt[step] !== undefined) continue;
+      page.drawnAt[step] = now;
+      drawnOrder.push(step);
+    }
+    while (drawnOrder.length > DRAWN_AT_KEPT) delete page.drawnAt[drawnOrder.shift()];
   }
 
   window.addEventListener("resize", () => {
     for (const { container, plot } of charts) {
-      plot.setSize({ width: chartWidth(container), height: 220 });
+      if (plot) plot.setSize({ width: chartWidth(container), height: CHART_HEIGHT });
     }
   });
+
+  // For bench/dashboard.py: draw a chart of `points` steps (the reward chart's
+  // series: two metrics, each raw and smoothed) and time setData through the
+  // end of uPlot's drawing, `repeats` times on fresh data.
+  async function timeRender(points, repeats = 5) {
+    const spec = CHARTS[0];
+    const layout = spec.layout(new Set());
+    const host = document.createElement("figure");
+    host.className = "card chart-card";
+    const container = document.createElement("div");
+    container.className = "chart";
+    host.appendChild(container);
+    document.querySelector(".charts").appendChild(host);
+    const stepColumn = Array.from({ length: points }, (_, i) => i + 1);
+    const synthetic = (phase) => new Map(layout.map((desc, k) => [desc.name, stepColumn.map(
+      (step) => Math.sin(step / 500 + phase + k) * 0.4 + 0.5 + Math.random() * 0.1)]));
+    const createStart = performance.now();
+    const first = synthetic(0);
+    const plot = new uPlot(
+      plotOptions(spec, layout, chartWidth(container)),
+      seriesData(spec, layout, stepColumn, (name) => first.get(name), page.smoothing).data,
+      container,
+    );
+    const createMs = performance.now() - createStart;
+    const ms = [];
+    for (let r = 1; r <= repeats; r++) {
+      const fresh = synthetic(r);
+      await new Promise((resolve) => requestAnimationFrame(resolve));
+      const start = performance.now();
+      const { data } = seriesData(spec, layout, stepColumn, (name) => fresh.get(name), page.smoothing);
+      plot.batch((u) => u.setData(data));
+      ms.push(performance.now() - start);
+    }
+    plot.destroy();
+    host.remove();
+    return { points, series: layout.length * 2, create_ms: createMs, ms };
+  }
 
   // --- status -------------------------------------------------------------
 
@@ -152,6 +542,9 @@
       el.status.textContent = update.status;
       el.status.className = `badge badge-${update.status}`;
       if (TERMINAL.has(update.status) && el.cancelForm) el.cancelForm.remove();
+      // A claimed run's environment passed its probe: the wait is over.
+      const waiting = document.getElementById("run-environment-reason");
+      if (waiting && update.status !== "queued") waiting.remove();
       // Only the actions the new status admits stay on offer (the server decided per status).
       const offered = actionsByStatus[update.status] || [];
       for (const form of document.querySelectorAll("#run-actions form[data-action]")) {
@@ -267,6 +660,7 @@
     });
   }
 
+  scheduleRedraw(); // the empty charts' placeholders, before any point arrives
   backfill()
     .catch(console.error)
     .finally(connect);

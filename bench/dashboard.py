@@ -1,0 +1,184 @@
+"""How fast the run page shows a metric, and how fast it draws a long chart.
+
+Starts the platform as it runs for real (uvicorn with Channels on Redis, the
+platform worker and one rollout worker, which probes the environment so the
+run can be claimed), claims a run and heartbeats it through the trainer's own
+``PlatformClient``, opens the run page in Debian's Chromium (headless), and
+posts step events as the trainer posts them, one per post, stamping each
+``emitted_at = time.time()`` just before its post. The page stamps
+``window.tandemRunPage.drawnAt[step] = Date.now()`` once its charts have drawn
+the step (after uPlot's setData, drawing included); both clocks are this
+machine's. Then it times the run page's chart code drawing 100,000 points
+(``tandemRunPage.timeRender``: two series, each raw and smoothed, setData plus
+drawing, the median of several fresh data sets).
+
+Prints one JSON line with ``metric_to_browser_p50_ms``, ``metric_to_browser_p95_ms``
+and ``render_100k_points_ms``. The trainer's own telemetry buffer
+(``telemetry_interval_s``) comes on top of the first figure when steps are
+faster than that interval.
+
+Usage: ``python bench/dashboard.py [--events N] [--rate STEPS_PER_S] [--redis-url URL]``
+(Redis db 13 by default, flushed; an SQLite database in a temporary directory
+unless ``--database-url`` is given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "platform"))
+
+from tandem.contracts import TrainerHeartbeat  # noqa: E402
+from tandem.services import free_local_port  # noqa: E402
+from tandem.stack import LocalStack, StackConfig  # noqa: E402
+from tests.platform.builders import full_rl_step_event  # noqa: E402
+from trainer.platform_client import PlatformClient  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run",
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def claim_when_ready(trainer: PlatformClient, run_id: int, *, stack: LocalStack, timeout_s: float) -> None:
+    """Claim the run as a trainer does, once its environment passed the probe, and make it running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        claimed = trainer.claim("bench-dashboard:1")
+        if claimed is not None:
+            assert claimed.run_id == run_id, claimed
+            trainer.heartbeat(run_id, TrainerHeartbeat(worker="bench-dashboard:1"))
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"run {run_id} was not claimable within {timeout_s}s (environment probe?)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=150, help="step events measured")
+    parser.add_argument("--rate", type=float, default=5.0, help="steps posted per second")
+    parser.add_argument("--warmup", type=int, default=5, help="events posted first and not measured")
+    parser.add_argument("--render-points", type=int, default=100_000)
+    parser.add_argument("--render-repeats", type=int, default=7)
+    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
+    parser.add_argument("--database-url", default=None, help="default: SQLite in a temporary directory")
+    parser.add_argument("--port", type=int, default=0, help="0: a free port")
+    args = parser.parse_args()
+
+    import redis
+    from playwright.sync_api import sync_playwright
+
+    redis.Redis.from_url(args.redis_url).flushdb()
+    var_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-dashboard-"))
+    stack = LocalStack(StackConfig(
+        redis_url=args.redis_url, port=args.port or free_local_port(), var_dir=var_dir, workers=1,
+        database_url=args.database_url or f"sqlite:///{var_dir / 'bench.sqlite3'}",
+    ))
+    credentials = stack.prepare()
+    load_before = os.getloadavg()
+    try:
+        stack.start_web()
+        stack.start_platform_worker()
+        stack.start_workers()
+        base = stack.config.platform_url
+        api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+        created = api.post("/api/runs/", json={
+            "project": credentials.project_id, "name": "dashboard bench", "environment": "calculator",
+            "config": {"rl_steps": 100_000},
+        })
+        created.raise_for_status()
+        run_id = created.json()["id"]
+        trainer = PlatformClient(base, credentials.trainer_token)
+        claim_when_ready(trainer, run_id, stack=stack, timeout_s=180)
+
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(f"{base}/login/?next=/runs/{run_id}/")
+            page.fill("#id_username", credentials.username)
+            page.fill("#id_password", credentials.password)
+            page.click("button[type=submit]")
+            page.wait_for_url(f"**/runs/{run_id}/")
+            page.wait_for_function("() => document.querySelector('#run-connection').textContent === 'live'")
+
+            emitted_ms: dict[int, float] = {}
+            interval = 1.0 / args.rate
+            total = args.warmup + args.events
+            started = time.monotonic()
+            for step in range(1, total + 1):
+                event = full_rl_step_event(run_id, step)
+                event = event.model_copy(update={"emitted_at": time.time()})
+                trainer.post_events(run_id, [event])
+                if step > args.warmup:
+                    emitted_ms[step] = event.emitted_at * 1000
+                # Paced like a trainer finishing a step every `interval` seconds.
+                time.sleep(max(0.0, started + step * interval - time.monotonic()))
+            page.wait_for_function(f"() => window.tandemRunPage.drawnAt[{total}] !== undefined", timeout=30_000)
+            drawn = page.evaluate("({...window.tandemRunPage.drawnAt})")
+            redraws = page.evaluate("window.tandemRunPage.redraws")
+            missing = [step for step in emitted_ms if str(step) not in drawn]
+            latencies = [drawn[str(step)] - emitted_ms[step] for step in emitted_ms if str(step) in drawn]
+
+            render = page.evaluate(
+                "([points, repeats]) => window.tandemRunPage.timeRender(points, repeats)",
+                [args.render_points, args.render_repeats],
+            )
+            chromium_version = browser.version
+            browser.close()
+        trainer.close()
+    finally:
+        stack.stop()
+    load_after = os.getloadavg()
+
+    print(json.dumps({
+        "metric_to_browser_p50_ms": round(statistics.median(latencies), 1),
+        "metric_to_browser_p95_ms": round(percentile(latencies, 95), 1),
+        "metric_to_browser_max_ms": round(max(latencies), 1),
+        "metric_to_browser_under_500ms_p95": percentile(latencies, 95) < 500,
+        "render_100k_points_ms": round(statistics.median(render["ms"]), 1),
+        "render_under_1s": statistics.median(render["ms"]) < 1000,
+        "details": {
+            "events_measured": len(latencies),
+            "events_missing": missing,
+            "steps_per_s_posted": args.rate,
+            "series_per_event": len(full_rl_step_event(run_id, 1).metric_values()),
+            "page_redraws": redraws,
+            "render_points": render["points"],
+            "render_series": render["series"],
+            "render_ms": [round(ms, 1) for ms in render["ms"]],
+            "render_create_ms": round(render["create_ms"], 1),
+            "page_errors": errors,
+            "chromium": chromium_version,
+            "cpus": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in load_after],
+            "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                                         capture_output=True, text=True).stdout.strip(),
+        },
+    }))
+
+
+if __name__ == "__main__":
+    main()
