@@ -226,8 +226,10 @@ class AlgorithmConfig(BaseModel):
         le=64,
         description=(
             "Optimizer updates on each RL step's batch before the next policy version is published "
-            "(GRPO's mu, PPO's epochs). From the second update on, the clipped ratio to the behaviour "
-            "log-probs keeps the policy near the one that sampled the batch."
+            "(GRPO's mu). From the second update on, the clipped ratio to the behaviour log-probs "
+            "keeps the policy near the one that sampled the batch. Only 1 with importance_sampling "
+            "(whose ratio is to the current policy) and with ppo (whose critic would move under its "
+            "own advantages): neither would be clipped across updates."
         ),
     )
     advantage_eps: float = Field(
@@ -282,6 +284,12 @@ class AlgorithmConfig(BaseModel):
             raise ValueError("ppo needs a value section")
         if self.name != "ppo" and self.value is not None:
             raise ValueError(f"value is only used by ppo, not {self.name}")
+        if self.updates_per_batch > 1 and self.importance_sampling is not None:
+            raise ValueError("updates_per_batch above 1 needs importance_sampling off: its ratio is to the "
+                             "current policy, so nothing would clip the later updates")
+        if self.updates_per_batch > 1 and self.name == "ppo":
+            raise ValueError("updates_per_batch above 1 is not offered for ppo: its old values and "
+                             "advantages are taken inside each update, so value_clip would never act")
         if self.token_sum_length is not None and self.loss_aggregation != "token_sum":
             raise ValueError("token_sum_length is only used with loss_aggregation='token_sum'")
         if (

@@ -4,6 +4,12 @@ Producers (Celery workers), the trainer and the platform all import these
 types; none of them builds a stream name or parses a payload by hand. Each
 record carries ``schema_version`` so that a reader can refuse a record written
 by a newer, incompatible writer instead of misreading it.
+
+A new optional field keeps the version: old records still read. Records refuse
+fields they do not know (``extra="forbid"``, so that a typo is an error, not a
+silent default), so an upgrade goes readers first: the platform before its
+trainers and producers, producers before the trainer that reads their stream.
+A change that old readers must not take in silently bumps the record's version.
 """
 
 from __future__ import annotations
@@ -415,19 +421,19 @@ class EpisodeSpan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    trajectory_id: str
-    group_id: str
-    environment: str
-    status: Literal["ok", "failed"]
+    trajectory_id: str = Field(description="The trajectory's id (TrajectoryRecord.trajectory_id).")
+    group_id: str = Field(description="Its episode group: GRPO's baseline, consumed whole.")
+    environment: str = Field(description="The environment's name, as rollout metrics key it.")
+    status: Literal["ok", "failed"] = Field(description="The producer's verdict on the episode.")
     failure_reason: str = Field("", description=f"Truncated to {EPISODE_SPAN_REASON_CHARS} characters.")
     started_at: float = Field(description="Unix time the episode started (producer's clock).")
     finished_at: float = Field(description="Unix time the episode ended (producer's clock).")
-    generation_s: float
-    environment_s: float
-    tool_s: float = 0.0
+    generation_s: float = Field(description="Seconds its turns waited for the policy to generate.")
+    environment_s: float = Field(description="Seconds it waited on environment reset/step.")
+    tool_s: float = Field(0.0, description="Seconds it waited on tool calls.")
     policy_version: int = Field(description="Oldest policy version that generated any of its tokens.")
     newest_policy_version: int = Field(description="Newest such version; differs when weights changed mid-episode.")
-    reward: float
+    reward: float = Field(description="The episode's reward (null in the stored JSON when not finite).")
     outcome: EpisodeOutcome = Field(
         description="trained: in the step's update; failed: consumed with its group but fully masked "
         "(status failed); dropped_stale: its group exceeded max_staleness and was consumed untrained; "
@@ -442,7 +448,7 @@ class EpisodeSpan(BaseModel):
             trajectory_id=record.trajectory_id, group_id=record.group_id, environment=record.environment,
             status=record.status,
             # PostgreSQL's jsonb holds no NUL; a reason is for people to read, so it is simply cut out.
-            failure_reason=record.failure_reason[:EPISODE_SPAN_REASON_CHARS].replace("\x00", ""),
+            failure_reason=record.failure_reason.replace("\x00", "")[:EPISODE_SPAN_REASON_CHARS],
             started_at=timings.started_at, finished_at=timings.finished_at,
             generation_s=timings.generation_s, environment_s=timings.environment_s, tool_s=timings.tool_s,
             policy_version=record.policy_version,

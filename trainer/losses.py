@@ -236,7 +236,8 @@ def policy_gradient_loss(
     original GRPO loss). With ``importance_sampling`` ("decoupled PPO",
     as in AReaL and verl's TIS), ``ratio = pi_theta / pi_old`` with ``pi_old``
     the parameters at the start of the step (``stop_gradient`` of the current
-    log-probs: Tandem makes one update per batch), so the ratio is 1 in value
+    log-probs: with importance sampling a batch gets one update, see
+    ``AlgorithmConfig.updates_per_batch``), so the ratio is 1 in value
     and the gradient is ``w * A * grad log pi``; and ``w = min(pi_old /
     pi_behaviour, importance_sampling_cap)`` per token or per sequence.
 

@@ -132,6 +132,8 @@ class StepTimelineRecord(models.Model):
     policy_version = models.IntegerField()
     started_at = models.FloatField(help_text="Unix seconds: the step's first stage began.")
     ended_at = models.FloatField(help_text="Unix seconds: its last stage ended.")
+    # Kept beside the JSON so that a window can be sized by episodes without reading them.
+    episode_count = models.IntegerField(default=0)
     # [{name, started_at, ended_at}]: tandem.contracts.StageSpan, contiguous and in order.
     stages = models.JSONField()
     # [tandem.contracts.EpisodeSpan]: every trajectory the step consumed.

@@ -223,18 +223,44 @@ def _append(series: MetricSeries, first, last, count, low, high, mean) -> None:
     series.mean.append(mean)
 
 
+#: Episodes one timeline answer carries at most: older steps are left out past it, so that a run of
+#: thousands of episodes per step still answers in a few megabytes the browser can draw.
+MAX_TIMELINE_EPISODES = 20_000
+
+
+@dataclass(frozen=True)
+class TimelineWindow:
+    steps: list[StepTimelineRecord]
+    newest_step: int | None  # the run's newest stored step, whatever ``after_step`` was
+    truncated: bool  # fewer steps than asked for, to stay within MAX_TIMELINE_EPISODES
+
+
 def step_timeline_recent(
-    *, run: Run, last: int, after_step: int | None = None
-) -> list[StepTimelineRecord]:
+    *, run: Run, last: int, after_step: int | None = None, max_episodes: int = MAX_TIMELINE_EPISODES
+) -> TimelineWindow:
     """The run's newest ``last`` stored steps (after ``after_step``, if given), oldest first.
 
     Each carries its stages and the episodes it consumed: everything a Gantt of
-    those steps draws, in one query.
+    those steps draws. The newest step always comes; older ones only while the
+    window's episodes stay within ``max_episodes``. Two queries: the episode
+    counts, then the chosen rows.
     """
     rows = StepTimelineRecord.objects.filter(run=run)
-    if after_step is not None:
-        rows = rows.filter(step__gt=after_step)
-    return list(reversed(rows.order_by("-step")[:last]))
+    counts = list(rows.order_by("-step").values_list("step", "episode_count")[:last])
+    newest_step = counts[0][0] if counts else None
+    chosen, episodes = [], 0
+    for step, count in counts:
+        if after_step is not None and step <= after_step:
+            break
+        if chosen and episodes + count > max_episodes:
+            break
+        chosen.append(step)
+        episodes += count
+    truncated = len(chosen) < len(counts) and (after_step is None or counts[len(chosen)][0] > after_step)
+    if not chosen:
+        return TimelineWindow(steps=[], newest_step=newest_step, truncated=truncated)
+    window = list(rows.filter(step__gte=chosen[-1], step__lte=chosen[0]).order_by("step"))
+    return TimelineWindow(steps=window, newest_step=newest_step, truncated=truncated)
 
 
 def trace_list(*, run: Run) -> QuerySet[Trace]:

@@ -190,6 +190,15 @@ class TimelineSerializer(serializers.Serializer):
     run = serializers.IntegerField()
     status = serializers.CharField(help_text="The run's status: a page polls while it can still train.")
     steps_kept = serializers.IntegerField(help_text="Steps per run whose timeline the platform keeps.")
+    newest_step = serializers.IntegerField(
+        allow_null=True,
+        help_text="The run's newest stored step, whatever after_step was: below a poll's cursor after a "
+        "resume from an earlier checkpoint, when the poller should fetch the window anew.",
+    )
+    truncated = serializers.BooleanField(
+        help_text="Fewer steps than `last`: older ones were left out to keep the answer within "
+        "MAX_TIMELINE_EPISODES episodes.",
+    )
     started_at = serializers.FloatField(allow_null=True, help_text="The window: its first step's start.")
     ended_at = serializers.FloatField(allow_null=True, help_text="Its last step's end.")
     steps = TimelineStepSerializer(many=True, help_text="Oldest first.")

@@ -77,7 +77,9 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
     if with_devices:
         # Newest by the trainer's clock, not by step: a resumed trainer trains earlier steps again.
         newest = max(with_devices, key=lambda event: event.device.reported_at)
-        _device_snapshot_store(run=run, step=newest.step, report=newest.device.model_dump(mode="json"), now=now)
+        # Through pydantic's JSON, as the timeline below: it writes a non-finite float as null, jsonb has no NaN.
+        _device_snapshot_store(run=run, step=newest.step, report=json.loads(newest.device.model_dump_json()),
+                               now=now)
 
     step_timelines_store(run=run, events=events, now=now)
 
@@ -134,16 +136,23 @@ def step_timelines_store(*, run: Run, events: Sequence[TrainerStepEvent], now=No
             ended_at=event.timeline.spans[-1].ended_at,
             stages=detail["timeline"]["spans"],
             episodes=detail["episodes"],
+            episode_count=len(detail["episodes"]),
             recorded_at=now,
         ))
     if not rows:
         return 0
     StepTimelineRecord.objects.bulk_create(
         rows, update_conflicts=True, unique_fields=["run", "step"],
-        update_fields=["phase", "policy_version", "started_at", "ended_at", "stages", "episodes",
-                       "recorded_at"],
+        update_fields=["phase", "policy_version", "started_at", "ended_at", "episode_count", "stages",
+                       "episodes", "recorded_at"],
         batch_size=200,
     )
+    # A resumed trainer trains again from its checkpoint's step: the steps a dead attempt had
+    # trained beyond it are numbered after these posts but began before them. They are history
+    # that no longer exists; left in place they would hold the page's "newest steps" window.
+    StepTimelineRecord.objects.filter(
+        run=run, step__gt=max(row.step for row in rows), started_at__lt=min(row.started_at for row in rows),
+    ).delete()
     kept = max(settings.TANDEM_TIMELINE_STEPS_KEPT, 1)
     # Two indexed statements per post, whatever the run's length: the kept boundary, the delete.
     oldest_kept = list(

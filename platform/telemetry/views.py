@@ -147,13 +147,16 @@ class RunTimelineView(APIView):
         run = run_get_for_user(user=request.user, run_id=run_id)
         query = TimelineQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        steps = step_timeline_recent(run=run, **query.validated_data)
+        window = step_timeline_recent(run=run, **query.validated_data)
+        steps = window.steps
         # Rows are built here, not by the serializers (the schema's): a window holds
         # thousands of episodes, already stored in the shape they are answered in.
         return Response({
             "run": run.pk,
             "status": run.status,
             "steps_kept": settings.TANDEM_TIMELINE_STEPS_KEPT,
+            "newest_step": window.newest_step,
+            "truncated": window.truncated,
             "started_at": min(step.started_at for step in steps) if steps else None,
             "ended_at": max(step.ended_at for step in steps) if steps else None,
             "steps": [

@@ -1,5 +1,7 @@
 """The newest device report of a run, kept beside its metric points (which cannot hold the kind)."""
 
+import json
+
 from .builders import step_event
 
 
@@ -55,3 +57,16 @@ def test_others_may_not_see_a_runs_devices(client_for, make_user, trainer_api, r
                      {"events": [step_event(running_run.pk, 1, device=_device())]}, format="json")
 
     assert client_for(make_user()).get(f"/api/runs/{running_run.pk}/devices/").status_code == 404
+
+
+def test_a_non_finite_figure_in_a_device_report_is_stored_as_null(api, trainer_api, running_run):
+    """jsonb holds no NaN: a diverged or unmeasurable figure must not fail the whole telemetry post."""
+    body = json.dumps({"events": [step_event(running_run.pk, 1, device=_device(mfu=float("nan")))]})
+    assert "NaN" in body
+
+    posted = trainer_api.generic("POST", f"/api/trainer/runs/{running_run.pk}/telemetry/", body,
+                                 content_type="application/json")
+
+    assert posted.status_code == 202, posted.content
+    report = api.get(f"/api/runs/{running_run.pk}/devices/").json()["report"]
+    assert report["mfu"] is None and report["duty_cycle"] == 0.5

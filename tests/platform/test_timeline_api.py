@@ -129,7 +129,7 @@ def test_last_and_after_step_choose_the_window(trainer_api, api, running_run):
     assert steps("last=3") == [8, 9, 10]
     assert steps("last=3&after_step=8") == [9, 10]
     assert steps("after_step=10") == []
-    assert [r.step for r in step_timeline_recent(run=running_run, last=2, after_step=3)] == [9, 10]
+    assert [r.step for r in step_timeline_recent(run=running_run, last=2, after_step=3).steps] == [9, 10]
 
 
 @pytest.mark.parametrize(
@@ -153,8 +153,8 @@ def test_a_window_takes_a_fixed_number_of_queries(api, running_run, django_asser
     metric_events_record(run=running_run, events=events)
     api.get("/api/projects/")  # records the token's last use first
 
-    # The token with its user, the run (its project and environment joined), the steps.
-    with django_assert_num_queries(3):
+    # The token with its user, the run (its project and environment joined), the episode counts, the steps.
+    with django_assert_num_queries(4):
         response = api.get(f"/api/runs/{running_run.pk}/timeline/?last=30")
     assert sum(len(step["episodes"]) for step in response.json()["steps"]) == 120
 
@@ -191,3 +191,30 @@ def test_the_timeline_page_is_served_with_its_script(client, user, running_run, 
     assert "tandem/run_timeline.js" in html
     client.force_login(make_user())
     assert client.get(f"/runs/{running_run.pk}/timeline/").status_code == 404
+
+
+def test_a_window_stops_adding_older_steps_past_the_episode_budget(trainer_api, api, running_run):
+    _post(trainer_api, running_run, _events(running_run.pk, range(1, 11), episodes_per_step=4))
+
+    window = step_timeline_recent(run=running_run, last=10, max_episodes=10)
+    assert [row.step for row in window.steps] == [9, 10] and window.truncated
+    # The newest step always comes, even alone over the budget.
+    assert [row.step for row in step_timeline_recent(run=running_run, last=10, max_episodes=1).steps] == [10]
+    whole = step_timeline_recent(run=running_run, last=10)
+    assert len(whole.steps) == 10 and not whole.truncated and whole.newest_step == 10
+    body = api.get(f"/api/runs/{running_run.pk}/timeline/?last=5").json()
+    assert body["newest_step"] == 10 and body["truncated"] is False
+
+
+def test_a_resumed_trainer_replaces_the_steps_its_dead_predecessor_trained_past_the_checkpoint(
+        trainer_api, api, running_run):
+    _post(trainer_api, running_run, _events(running_run.pk, range(1, 9), episodes_per_step=1))
+    # Resumed from the checkpoint of step 5, an hour later: step 6 is trained anew.
+    later = [timeline_event(running_run.pk, 6, started_at=T0 + 3600)]
+    _post(trainer_api, running_run, later)
+
+    body = api.get(f"/api/runs/{running_run.pk}/timeline/?last=3").json()
+
+    assert [step["step"] for step in body["steps"]] == [4, 5, 6]
+    assert body["steps"][-1]["started_at"] == T0 + 3600
+    assert body["newest_step"] == 6  # below a poller's cursor of 8: it fetches the window anew

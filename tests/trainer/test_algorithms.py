@@ -95,6 +95,9 @@ def test_presets_resolve_into_explicit_values_that_round_trip():
         ({"name": "grpo", "epsilon_low": 1.0}, "epsilon_low"),
         ({"name": "grpo", "overlong": {"max_length": 4, "cache_length": 5}}, "cache_length"),
         ({"name": "reinforce"}, "name"),
+        ({"name": "grpo", "updates_per_batch": 0}, "updates_per_batch"),
+        ({"name": "grpo", "updates_per_batch": 2, "importance_sampling": {}}, "updates_per_batch above 1 needs"),
+        ({"name": "ppo", "value": {}, "updates_per_batch": 2}, "not offered for ppo"),
     ],
 )
 def test_inconsistent_configs_are_refused_naming_the_field(fields, message):

@@ -88,6 +88,10 @@
       throw new Error((body.error && body.error.message) || `HTTP ${response.status}`);
     }
     const body = await response.json();
+    if (!full && newest !== null && body.newest_step !== null && body.newest_step < newest) {
+      // The run was resumed from an earlier checkpoint: the steps we hold past its newest are gone.
+      return load(true);
+    }
     if (full) steps = new Map();
     for (const step of body.steps) steps.set(step.step, step);
     // Only the newest `last` steps stay.
@@ -408,15 +412,21 @@
     }
     const outcomes = {};
     for (const { episode } of episodes) outcomes[episode.outcome] = (outcomes[episode.outcome] || 0) + 1;
+    // Built as nodes, never as HTML: nothing the API sends is markup.
+    const strong = (text) => {
+      const node = document.createElement("strong");
+      node.textContent = text;
+      return node;
+    };
     const parts = [
-      `<strong>${list.length}</strong> steps (${list[0].step}–${list[list.length - 1].step}) over ${wall.toFixed(1)} s`,
-      `trainer idle <strong>${wall > 0 ? ((100 * idle) / wall).toFixed(0) : 0}%</strong> waiting for data`,
-      `<strong>${episodes.length}</strong> episodes` +
-        (counts.episodesBeforeWindow ? ` (and ${counts.episodesBeforeWindow} that ended before the window)` : ""),
+      [strong(String(list.length)), ` steps (${list[0].step}–${list[list.length - 1].step}) over ${wall.toFixed(1)} s`],
+      ["trainer idle ", strong(`${wall > 0 ? ((100 * idle) / wall).toFixed(0) : 0}%`), " waiting for data"],
+      [strong(String(episodes.length)), " episodes" +
+        (counts.episodesBeforeWindow ? ` (and ${counts.episodesBeforeWindow} that ended before the window)` : "")],
     ];
     const named = Object.entries(outcomes).map(([name, count]) => `${count} ${name.replace("_", " ")}`);
-    if (named.length) parts.push(named.join(", "));
-    summary.innerHTML = parts.join(" · ");
+    if (named.length) parts.push([named.join(", ")]);
+    summary.replaceChildren(...parts.flatMap((part, index) => (index ? [" · ", ...part] : part)));
   }
 
   // --- hover --------------------------------------------------------------------------------

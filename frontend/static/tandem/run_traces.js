@@ -65,16 +65,22 @@
 
   async function load() {
     clearTimeout(timer);
-    const response = await fetch(`${listUrl}?page_size=50`, {
-      credentials: "same-origin", headers: { Accept: "application/json" },
-    });
-    if (response.ok) {
-      state.traces = (await response.json()).results;
-      state.loads += 1;
-      render(state.traces);
+    try {
+      const response = await fetch(`${listUrl}?page_size=50`, {
+        credentials: "same-origin", headers: { Accept: "application/json" },
+      });
+      if (response.ok) {
+        state.traces = (await response.json()).results;
+        state.loads += 1;
+        render(state.traces);
+      }
+    } finally {
+      // Whatever happened (a network error included) one poll stays scheduled, and only one:
+      // a load started by a submit may have overlapped a timer's.
+      clearTimeout(timer);
+      const pending = state.traces.some((trace) => trace.status === "requested");
+      timer = setTimeout(() => load().catch(console.error), pending ? PENDING_POLL_MS : IDLE_POLL_MS);
     }
-    const pending = state.traces.some((trace) => trace.status === "requested");
-    timer = setTimeout(() => load().catch(console.error), pending ? PENDING_POLL_MS : IDLE_POLL_MS);
   }
 
   if (form) {

@@ -22,6 +22,7 @@ class Migration(migrations.Migration):
                 ('policy_version', models.IntegerField()),
                 ('started_at', models.FloatField(help_text="Unix seconds: the step's first stage began.")),
                 ('ended_at', models.FloatField(help_text='Unix seconds: its last stage ended.')),
+                ('episode_count', models.IntegerField(default=0)),
                 ('stages', models.JSONField()),
                 ('episodes', models.JSONField(default=list)),
                 ('recorded_at', models.DateTimeField(default=django.utils.timezone.now)),
