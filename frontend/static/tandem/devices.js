@@ -199,7 +199,10 @@
     const cores = process.cpu_cores;
     const runs = el("td", { class: "process-runs" });
     for (const run of process.runs) runs.append(el("a", { href: run.url }, `run ${run.run}`), " ");
-    if (process.other_runs) runs.append(el("span", { class: "muted small" }, `${process.other_runs} of other projects`));
+    if (process.other_runs) {
+      runs.append(el("div", { class: "muted small process-other-runs" },
+        `${process.other_runs} run${process.other_runs === 1 ? "" : "s"} of other projects`));
+    }
     if (!runs.childNodes.length) runs.append(el("span", { class: "muted" }, "idle"));
     return el("tr", { class: "process-row", dataset: { role: process.role, pid: String(process.pid) } },
       el("td", { class: "process-role" }, el("strong", {}, ROLE_NAMES[process.role] || process.role),
