@@ -120,6 +120,11 @@ def test_the_devices_page_lists_every_tandem_process_and_follows_new_ones(
     fields = [worker.field, trainer.field]
     redis_client.hdel(process_reports_key(), *fields)
     redis_client.hset(process_reports_key(), worker.field, worker.model_dump_json())
+    # The same worker's report on the run it produces for, as workers/activity.py names it: hostname:pid.
+    redis_client.delete(producers_key(running_run.pk))
+    producer = ProducerReport(worker="gpu-host-2:311", reported_at=now, uptime_s=7000.0, busy_s=6000.0,
+                              running_tasks=2, cpu_s=9000.0, rss_bytes=1536 * 2**20)
+    redis_client.hset(producers_key(running_run.pk), producer.worker, producer.model_dump_json())
     web_pid = _uvicorn_pid(server)
 
     try:
@@ -150,6 +155,11 @@ def test_the_devices_page_lists_every_tandem_process_and_follows_new_ones(
         assert runs.locator("a").get_attribute("href") == f"/runs/{running_run.pk}/"
         assert runs.locator("a").inner_text() == f"run {running_run.pk}"
         assert runs.locator(".process-other-runs").inner_text() == "1 run of other projects"
+        # The run's producer table shows the same process's CPU now, not only its CPU seconds since it started.
+        producer_row = page.locator(f".device-run[data-run-id='{running_run.pk}'] .producer-row")
+        assert producer_row.locator("td").all_inner_texts() == [
+            "gpu-host-2:311", "2", "9000.0 s", "1.5 GiB", producer_row.locator("td").nth(4).inner_text(),
+            "3.50 cores"]
         # Rows by role: web, platform worker, rollout workers, trainers.
         roles = table.locator(".process-row").evaluate_all("rows => rows.map(row => row.dataset.role)")
         assert roles.index("web") < roles.index("rollout_worker")
@@ -162,3 +172,4 @@ def test_the_devices_page_lists_every_tandem_process_and_follows_new_ones(
         page.screenshot(path=str(SCREENSHOT.with_name("devices_processes.png")), full_page=True)
     finally:
         redis_client.hdel(process_reports_key(), *fields)
+        redis_client.delete(producers_key(running_run.pk))

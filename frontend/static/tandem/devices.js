@@ -125,6 +125,14 @@
     );
   }
 
+  // The newest report of each live process by "hostname:pid", as a ProducerReport names its process.
+  let processByWorker = new Map();
+
+  function producerCpuNow(producer) {
+    const process = processByWorker.get(producer.worker);
+    return process ? `${process.cpu_cores.toFixed(2)} cores` : NOT_REPORTED;
+  }
+
   function producersTable(producers) {
     if (producers === null) return el("p", { class: "muted small" }, "Producer processes: Redis could not be read.");
     if (!producers.length) return el("p", { class: "muted small" }, "No producer process has reported on this run yet.");
@@ -135,11 +143,12 @@
         el("td", {}, String(producer.running_tasks)),
         el("td", {}, missing(producer.cpu_s) ? NOT_REPORTED : `${producer.cpu_s.toFixed(1)} s`),
         el("td", {}, bytes(producer.rss_bytes)),
-        el("td", {}, ago(producer.reported_at))));
+        el("td", {}, ago(producer.reported_at)),
+        el("td", { class: "producer-cpu-now" }, producerCpuNow(producer))));
     }
     return el("table", { class: "runs producers" },
       el("thead", {}, el("tr", {}, ...["Producer process", "Tasks running", "CPU time", "Resident memory",
-        "Last report"].map((name) => el("th", {}, name)))),
+        "Last report", "CPU now"].map((name) => el("th", {}, name)))),
       body);
   }
 
@@ -225,8 +234,9 @@
   }
 
   function drawProcesses(listing) {
-    if (!processesContainer) return;
     const processes = listing.processes;
+    processByWorker = new Map((processes || []).map((process) => [`${process.hostname}:${process.pid}`, process]));
+    if (!processesContainer) return;
     if (processes === null) {
       processesContainer.replaceChildren(el("p", { class: "muted" }, "Tandem processes: Redis could not be read."));
     } else if (!processes.length) {
@@ -257,8 +267,9 @@
         processesRoot ? getJson(processesRoot.dataset.apiUrl) : null,
       ]);
       if (devices.ok && (!processes || processes.ok)) {
-        draw(await devices.json());
+        // Processes first: the producers' tables take their current CPU from them.
         if (processes) drawProcesses(await processes.json());
+        draw(await devices.json());
         updated.textContent = `updated ${new Date().toLocaleTimeString()}`;
       } else {
         updated.textContent = `refresh failed (${devices.ok ? processes.status : devices.status})`;
@@ -270,8 +281,8 @@
     setTimeout(poll, REFRESH_MS);
   }
 
-  draw(JSON.parse(document.getElementById("devices-initial").textContent));
   const initialProcesses = document.getElementById("processes-initial");
   if (initialProcesses) drawProcesses(JSON.parse(initialProcesses.textContent));
+  draw(JSON.parse(document.getElementById("devices-initial").textContent));
   setTimeout(poll, REFRESH_MS);
 })();
