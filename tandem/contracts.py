@@ -103,6 +103,21 @@ def lineage_stream(run_id: int) -> str:
     return _run_key(run_id, "lineage")
 
 
+def process_reports_key() -> str:
+    """Redis hash: every Tandem process (:func:`process_report_field`) -> its latest :class:`ProcessReport` JSON.
+
+    One hash for the whole deployment, not per run: idle processes report too.
+    Readers prune fields whose report is stale (``tandem/process_reports.py``),
+    so dead processes do not accumulate.
+    """
+    return f"{KEY_PREFIX}:processes"
+
+
+def process_report_field(role: str, hostname: str, pid: int) -> str:
+    """A process's field in :func:`process_reports_key`: ``role:hostname:pid``."""
+    return f"{role}:{hostname}:{pid}"
+
+
 def probe_request_key(probe_id: int) -> str:
     """Redis string holding the :class:`ProbeRequest` JSON a probe task reads by its id."""
     return f"{KEY_PREFIX}:probe:{probe_id}:request"
@@ -844,6 +859,47 @@ class ProducerReport(_Record):
         """``(busy_s, uptime_s)`` extrapolated to ``now``: tasks still running keep the process busy."""
         elapsed = max(now - self.reported_at, 0.0)
         return self.busy_s + (elapsed if self.running_tasks else 0.0), self.uptime_s + elapsed
+
+
+ProcessRole = Literal["web", "platform_worker", "rollout_worker", "trainer"]
+
+
+class ProcessReport(_Record):
+    """What a Tandem process says of its own CPU and memory and its host's; see ``tandem/process_reports.py``.
+
+    Every process (web server, platform worker and its beat, rollout workers, trainers) writes one to
+    :func:`process_reports_key` every ``interval_s`` seconds, busy or idle.
+    """
+
+    role: ProcessRole
+    name: str = Field("", description="What the process calls itself where that tells processes of one role "
+                      "apart: the Celery node name (`rollouts-1@host`), `celery beat`, `uvicorn`.")
+    hostname: str = Field(description="`socket.gethostname()` of the process's host.")
+    pid: int = Field(description="The process's operating-system id.")
+    started_at: float = Field(description="Unix time the process started (psutil `create_time`).")
+    reported_at: float = Field(description="Unix time of this report.")
+    interval_s: float = Field(description="Seconds between this process's reports; a reader counts a report "
+                              "older than 3 intervals as the report of a dead process.")
+    cpu_cores: float = Field(description="CPU seconds (user + system, all threads) of this process per wall "
+                             "second since its previous report; on its first report, since it started.")
+    rss_bytes: int = Field(description="Resident memory of this process.")
+    host_cpu_count: int = Field(description="Logical CPUs of the host (`psutil.cpu_count()`).")
+    host_cpu_percent: float | None = Field(
+        None, description="Host CPU use since this process's previous report, 0-100 (all CPUs); None on its "
+        "first report, which has no previous sample."
+    )
+    host_memory_used_bytes: int = Field(description="Host memory in use (total less available).")
+    host_memory_total_bytes: int = Field(description="Host memory installed.")
+    run_ids: list[int] = Field(default_factory=list, description="Runs the process is working on now: "
+                               "a rollout worker's running tasks' runs, a trainer's claimed run.")
+
+    @property
+    def field(self) -> str:
+        return process_report_field(self.role, self.hostname, self.pid)
+
+    def is_live(self, now: float) -> bool:
+        """Reported within 3 of its intervals: a live process never misses that many."""
+        return now - self.reported_at <= 3 * self.interval_s
 
 
 TurnRole = Literal["prompt", "policy", "environment", "tool"]

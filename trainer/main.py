@@ -14,6 +14,7 @@ import redis
 from celery import Celery
 
 from tandem.contracts import TrainerHeartbeat
+from tandem.process_reports import start_process_reporter, stop_process_reporter
 from trainer.platform_client import PlatformClient, RunTakenOverError
 from trainer.run_loop import RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed
@@ -34,6 +35,9 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     celery_app.conf.update(task_serializer="json", accept_content=["json"])
     settings = TrainerSettings(redis_url=redis_url, checkpoint_root=checkpoint_root, consumer_name=consumer)
     trained = 0
+    # The run this trainer holds, for its process report (read from the reporter's thread).
+    working_on: list[int] = []
+    start_process_reporter(redis_url=redis_url, role="trainer", run_ids=lambda: list(working_on))
     logger.info("trainer %s waiting for runs at %s", consumer, platform_url)
     try:
         while max_runs is None or trained < max_runs:
@@ -41,6 +45,7 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
             if claimed is None:
                 time.sleep(poll_s)
                 continue
+            working_on[:] = [claimed.run_id]
             logger.info("claimed run %s (%s)%s", claimed.run_id, claimed.name,
                         f", attempt {claimed.attempt}: resuming" if claimed.is_resume else "")
             liveness = LivenessBeat(platform_url=platform_url, token=token, run_id=claimed.run_id,
@@ -61,8 +66,10 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                 _report_failure(platform, claimed.run_id, consumer, f"trainer error: {type(exc).__name__}: {exc}")
             finally:
                 liveness.stop()
+                working_on.clear()
             trained += 1
     finally:
+        stop_process_reporter()
         platform.close()
         redis_client.close()
     return trained

@@ -40,13 +40,15 @@ class ProducerActivity:
         self._lock = threading.Lock()
         self._started_at: float | None = None
         self._running = 0
+        # run_id -> rollout tasks of that run running now (for this process's ProcessReport)
+        self._running_by_run: dict[int, int] = {}
         self._busy_s = 0.0
         self._busy_since: float | None = None
         # run_id -> (episodes, failed)
         self._episodes: dict[int, tuple[int, int]] = {}
         self._episode_time: dict[int, EpisodeTime] = {}
 
-    def task_started(self) -> None:
+    def task_started(self, *, run_id: int | None = None) -> None:
         with self._lock:
             now = self._clock()
             if self._started_at is None:
@@ -54,10 +56,16 @@ class ProducerActivity:
             if self._running == 0:
                 self._busy_since = now
             self._running += 1
+            if run_id is not None:
+                self._running_by_run[run_id] = self._running_by_run.get(run_id, 0) + 1
 
     def task_finished(self, *, run_id: int, episodes: int, failed: int) -> None:
         with self._lock:
             self._running -= 1
+            if run_id in self._running_by_run:
+                self._running_by_run[run_id] -= 1
+                if self._running_by_run[run_id] <= 0:
+                    del self._running_by_run[run_id]
             if self._running == 0 and self._busy_since is not None:
                 self._busy_s += self._clock() - self._busy_since
                 self._busy_since = None
@@ -78,6 +86,11 @@ class ProducerActivity:
         with self._lock:
             spent = self._episode_time.get(run_id, EpisodeTime())
             return EpisodeTime(**vars(spent))
+
+    def running_run_ids(self) -> list[int]:
+        """Runs with a rollout task running in this process now."""
+        with self._lock:
+            return sorted(self._running_by_run)
 
     def snapshot(self, run_id: int) -> tuple[float, float, int, int, int]:
         """``(uptime_s, busy_s, running_tasks, episodes, episodes_failed)`` as of now."""

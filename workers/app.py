@@ -11,6 +11,7 @@ XLA's thread pools), and scaling out is more worker processes or hosts.
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
 
 from tandem.contracts import (
     PLATFORM_QUEUE,
@@ -20,6 +21,8 @@ from tandem.contracts import (
     ROLLOUT_QUEUE,
     ROLLOUT_TASK_NAME,
 )
+from tandem.process_reports import start_process_reporter, stop_process_reporter
+from workers.activity import process_activity
 from workers.settings import redis_url
 
 app = Celery("tandem_workers", broker=redis_url(), include=["workers.tasks"])
@@ -54,3 +57,20 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
+
+
+# Every rollout worker reports its CPU and memory (and the runs of its running tasks)
+# for the devices page, idle or busy. Started once the worker is ready, in the
+# process that runs the tasks (the threads pool forks nothing); signals are
+# process-wide, so the handlers check that the worker is this app's.
+@worker_ready.connect
+def _start_process_report(sender, **_):
+    if sender.app is app:
+        start_process_reporter(redis_url=redis_url(), role="rollout_worker", name=sender.hostname,
+                               run_ids=process_activity.running_run_ids)
+
+
+@worker_shutdown.connect
+def _stop_process_report(sender, **_):
+    if sender.app is app:
+        stop_process_reporter()

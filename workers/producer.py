@@ -151,7 +151,7 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
                     f"run {run_id}: environment {spec.environment.label} is unhealthy: {reason.decode()}"
                 )
         summary = None
-        process_activity.task_started()
+        process_activity.task_started(run_id=run_id)
         try:
             report_activity(client, run_id)
             runtime = runtime_for(redis_url, spec)

@@ -46,6 +46,7 @@ from runs.views import (
 from telemetry import pages as telemetry_pages
 from telemetry.views import (
     ActiveRunDevicesView,
+    ProcessListView,
     RunDevicesView,
     RunMetricChartView,
     RunMetricsView,
@@ -197,6 +198,7 @@ api = [
         name="api-run-checkpoint-download",
     ),
     path("api/devices/", ActiveRunDevicesView.as_view(), name="api-devices"),
+    path("api/processes/", ProcessListView.as_view(), name="api-processes"),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
 ]
 

@@ -10,7 +10,7 @@ from domain_errors import NotFound
 from runs.selectors import run_get_for_user
 
 from .serializers import DEFAULT_TIMELINE_STEPS, MAX_TIMELINE_STEPS
-from .views import active_run_devices
+from .views import active_run_devices, tandem_processes
 
 # How often the devices page asks again; the trainer reports every device_report_interval_s (10 s by default).
 DEVICES_REFRESH_S = 5
@@ -36,8 +36,10 @@ def run_timeline_page(request, run_id: int):
 @login_required
 @require_GET
 def devices_page(request):
-    """Every active run's devices, refreshed from ``/api/devices/`` by devices.js."""
+    """Every active run's devices and every Tandem process, refreshed from ``/api/devices/`` and
+    ``/api/processes/`` by devices.js."""
     return render(request, "devices/list.html", {
         "active_runs": active_run_devices(user=request.user),
+        "processes": tandem_processes(user=request.user),
         "refresh_ms": DEVICES_REFRESH_S * 1000,
     })

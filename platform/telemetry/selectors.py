@@ -26,7 +26,14 @@ from django.db.models.functions import Mod
 from domain_errors import NotFound
 from runs.models import Run
 from runs.selectors import run_list
-from tandem.contracts import ProducerReport, SchemaVersionError, TraceRequest, producers_key
+from tandem.contracts import (
+    ProcessReport,
+    ProducerReport,
+    SchemaVersionError,
+    TraceRequest,
+    producers_key,
+)
+from tandem.process_reports import live_process_reports
 
 from .models import DeviceSnapshot, MetricBucket, MetricPoint, StepTimelineRecord, Trace
 
@@ -333,3 +340,32 @@ def producer_reports_by_run(*, run_ids: Sequence[int]) -> dict[int, list[Produce
                 continue  # a newer writer's shape: the trainer logs these; the page leaves them out
         reports[run_id] = sorted(readable, key=lambda report: report.worker)
     return reports
+
+
+@dataclass(frozen=True)
+class ProcessListing:
+    """Every live Tandem process, and which of the runs they work on the user may see."""
+
+    reports: list[ProcessReport]
+    visible_run_ids: frozenset[int]
+
+
+def process_listing(*, user: AbstractBaseUser) -> ProcessListing | None:
+    """Every live Tandem process (web, platform worker, rollout workers, trainers); None if Redis is unreachable.
+
+    Processes are shared infrastructure, so every user sees all of them; of the
+    runs they work on, only those of the user's projects are named. Reading
+    prunes the reports of dead processes (``tandem.process_reports``).
+    """
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
+        try:
+            reports = live_process_reports(client)
+        finally:
+            client.close()
+    except redis.RedisError as exc:
+        logger.warning("process reports not read: %s", exc)
+        return None
+    run_ids = {run_id for report in reports for run_id in report.run_ids}
+    visible = run_list(user=user).filter(pk__in=run_ids).values_list("pk", flat=True) if run_ids else []
+    return ProcessListing(reports=reports, visible_run_ids=frozenset(visible))

@@ -8,7 +8,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tandem.contracts import EpisodeOutcome, EpisodeSpan, StageSpan
+from tandem.contracts import EpisodeOutcome, EpisodeSpan, ProcessRole, StageSpan
 
 from .models import Trace
 from .services import MAX_TRACE_STEPS
@@ -130,6 +130,57 @@ class ActiveRunDevicesSerializer(serializers.Serializer):
             return None
         return [report.model_dump(include=set(ProducerProcessSerializer().fields))
                 for report in producers.get(run.pk, [])]
+
+
+#: The roles of a Tandem process (tandem.contracts.ProcessRole), named in the schema as ProcessRoleEnum.
+PROCESS_ROLES = get_args(ProcessRole)
+
+
+class ProcessRunSerializer(serializers.Serializer):
+    run = serializers.IntegerField()
+    url = serializers.CharField(help_text="The run's page.")
+
+
+class ProcessSerializer(serializers.Serializer):
+    """A Tandem process as it last reported itself (tandem.contracts.ProcessReport)."""
+
+    role = serializers.ChoiceField(choices=PROCESS_ROLES)
+    name = serializers.CharField(help_text="Celery node name, 'celery beat', or empty.")
+    hostname = serializers.CharField()
+    pid = serializers.IntegerField()
+    started_at = serializers.FloatField(help_text="Unix time the process started.")
+    reported_at = serializers.FloatField(help_text="Unix time of its last report.")
+    interval_s = serializers.FloatField(help_text="Seconds between its reports.")
+    uptime_s = serializers.SerializerMethodField(help_text="Seconds from its start to its last report.")
+    cpu_cores = serializers.FloatField(help_text="CPU seconds per wall second since its previous report.")
+    rss_bytes = serializers.IntegerField(help_text="Resident memory.")
+    host_cpu_count = serializers.IntegerField(help_text="Logical CPUs of its host.")
+    host_cpu_percent = serializers.FloatField(allow_null=True, help_text="Host CPU use, 0-100; null on a "
+                                              "process's first report.")
+    host_memory_used_bytes = serializers.IntegerField()
+    host_memory_total_bytes = serializers.IntegerField()
+    runs = serializers.SerializerMethodField(help_text="The runs of your projects it works on now.")
+    other_runs = serializers.SerializerMethodField(
+        help_text="How many runs of other projects it works on now (not named)."
+    )
+
+    def get_uptime_s(self, report) -> float:
+        return max(report.reported_at - report.started_at, 0.0)
+
+    @extend_schema_field(ProcessRunSerializer(many=True))
+    def get_runs(self, report) -> list[dict]:
+        visible = self.context["visible_run_ids"]
+        return [{"run": run_id, "url": reverse("run-page", kwargs={"run_id": run_id})}
+                for run_id in report.run_ids if run_id in visible]
+
+    def get_other_runs(self, report) -> int:
+        visible = self.context["visible_run_ids"]
+        return sum(1 for run_id in report.run_ids if run_id not in visible)
+
+
+class ProcessListSerializer(serializers.Serializer):
+    processes = ProcessSerializer(many=True, allow_null=True,
+                                  help_text="Every live Tandem process; null when Redis could not be read.")
 
 
 class TimelineQuerySerializer(serializers.Serializer):

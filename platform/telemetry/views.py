@@ -31,6 +31,7 @@ from .selectors import (
     device_snapshot_list_active,
     metric_chart,
     metric_points_after,
+    process_listing,
     producer_reports_by_run,
     step_timeline_recent,
     trace_get,
@@ -40,6 +41,7 @@ from .selectors import (
 from .serializers import (
     ActiveRunDevicesSerializer,
     MetricChartQuerySerializer,
+    ProcessListSerializer,
     TimelineQuerySerializer,
     TimelineSerializer,
     TraceRequestSerializer,
@@ -224,6 +226,32 @@ class ActiveRunDevicesView(APIView):
     @extend_schema(responses={200: ActiveRunDevicesSerializer(many=True)})
     def get(self, request):
         return Response(active_run_devices(user=request.user))
+
+
+def tandem_processes(*, user) -> dict:
+    """Every live Tandem process, for the devices page's first paint and its API alike."""
+    listing = process_listing(user=user)
+    if listing is None:
+        return {"processes": None}
+    return ProcessListSerializer(
+        {"processes": listing.reports}, context={"visible_run_ids": listing.visible_run_ids}
+    ).data
+
+
+@extend_schema(tags=["runs"])
+class ProcessListView(APIView):
+    """Every live Tandem process: web servers, the platform worker, rollout workers (idle ones too), trainers.
+
+    Each with its CPU (cores used since its previous report), resident memory and
+    its host's CPU and memory, reported every few seconds. Any signed-in user
+    sees every process (they are shared infrastructure), but only the runs of
+    their own projects among those a process works on. Not paginated: one row
+    per process.
+    """
+
+    @extend_schema(responses={200: ProcessListSerializer})
+    def get(self, request):
+        return Response(tandem_processes(user=request.user))
 
 
 @extend_schema(tags=["runs"])

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import re
 import time
+from urllib.parse import urlsplit
 
+import psutil
 import pytest
 from playwright.sync_api import expect
 
 from runs.services import run_claim_next
-from tandem.contracts import ProducerReport, TrainerStepEvent, producers_key
+from tandem.contracts import (
+    ProcessReport,
+    ProducerReport,
+    TrainerStepEvent,
+    process_reports_key,
+    producers_key,
+)
 from trainer.platform_client import PlatformClient
 
 from .builders import device_report, step_event
@@ -83,3 +91,85 @@ def test_the_devices_page_shows_a_row_per_device_and_follows_new_reports(
         assert first.locator(cell).inner_text().strip() == "not reported", cell
     assert page.evaluate("window.tandemDevices.polls") >= 1
     page.screenshot(path=str(SCREENSHOT.with_name("devices-cpu.png")), full_page=True)
+
+
+def _uvicorn_pid(server: str) -> int:
+    """The pid of the `server` fixture's uvicorn: the child of this test process that serves its port."""
+    port = str(urlsplit(server).port)
+    (process,) = [child for child in psutil.Process().children()
+                  if "uvicorn" in child.cmdline() and port in child.cmdline()]
+    return process.pid
+
+
+def test_the_devices_page_lists_every_tandem_process_and_follows_new_ones(
+    server, chromium_page, running_run, make_run, make_project, make_environment, make_user, redis_client,  # noqa: F811
+):
+    stranger_project = make_project(owner=make_user())
+    their_run = make_run(stranger_project, environment=make_environment(stranger_project), name="not-alices")
+    now = time.time()
+    # A rollout worker on another host, as its reporter writes it; a long interval keeps it
+    # live however slowly the browser starts on a busy machine.
+    worker = ProcessReport(
+        role="rollout_worker", name="rollouts-1@gpu-host-2", hostname="gpu-host-2", pid=311, started_at=now - 7200,
+        reported_at=now, interval_s=300.0, cpu_cores=3.5, rss_bytes=1536 * 2**20, host_cpu_count=16,
+        host_cpu_percent=42.0, host_memory_used_bytes=24 * 2**30, host_memory_total_bytes=64 * 2**30,
+        run_ids=[running_run.pk, their_run.pk],
+    )
+    trainer = worker.model_copy(update={"role": "trainer", "name": "", "pid": 312, "cpu_cores": 1.0,
+                                        "run_ids": [running_run.pk]})
+    fields = [worker.field, trainer.field]
+    redis_client.hdel(process_reports_key(), *fields)
+    redis_client.hset(process_reports_key(), worker.field, worker.model_dump_json())
+    # The same worker's report on the run it produces for, as workers/activity.py names it: hostname:pid.
+    redis_client.delete(producers_key(running_run.pk))
+    producer = ProducerReport(worker="gpu-host-2:311", reported_at=now, uptime_s=7000.0, busy_s=6000.0,
+                              running_tasks=2, cpu_s=9000.0, rss_bytes=1536 * 2**20)
+    redis_client.hset(producers_key(running_run.pk), producer.worker, producer.model_dump_json())
+    web_pid = _uvicorn_pid(server)
+
+    try:
+        # No ORM calls from here on: Playwright's sync API keeps an event loop running in this thread.
+        page = chromium_page(server, "/devices/")
+        table = page.locator("#processes table.processes")
+        # The web server that serves this page reported itself (ASGI lifespan) as it started.
+        web_row = table.locator(f".process-row[data-role='web'][data-pid='{web_pid}']")
+        expect(web_row).to_have_count(1)
+        assert "web server" in web_row.locator(".process-role").inner_text()
+        assert re.fullmatch(r"\d+\.\d\d of \d+ cores", web_row.locator(".process-cpu .meter-value").inner_text())
+        assert re.search(r"MiB|GiB", web_row.locator(".process-rss").inner_text())
+
+        row = table.locator(".process-row[data-role='rollout_worker'][data-pid='311']")
+        expect(row).to_have_count(1)
+        role = row.locator(".process-role").inner_text()
+        assert "rollout worker" in role and "rollouts-1@gpu-host-2" in role
+        assert row.locator(".process-host").inner_text().split("\n") == ["gpu-host-2", "pid 311"]
+        assert row.locator(".process-uptime").inner_text() == "2.0 h"
+        assert row.locator(".process-cpu").inner_text().strip() == "3.50 of 16 cores"
+        # The CPU bar is the process's share of its host's cores.
+        assert row.locator(".process-cpu .meter-fill").evaluate("fill => fill.style.width") == "21.875%"
+        assert row.locator(".process-rss").inner_text() == "1.5 GiB"
+        assert row.locator(".process-host-cpu").inner_text().strip() == "42%"
+        assert row.locator(".process-host-memory").inner_text().strip() == "24.0 GiB of 64.0 GiB"
+        # Alice's run is named and linked; the stranger's is only counted.
+        runs = row.locator(".process-runs")
+        assert runs.locator("a").get_attribute("href") == f"/runs/{running_run.pk}/"
+        assert runs.locator("a").inner_text() == f"run {running_run.pk}"
+        assert runs.locator(".process-other-runs").inner_text() == "1 run of other projects"
+        # The run's producer table shows the same process's CPU now, not only its CPU seconds since it started.
+        producer_row = page.locator(f".device-run[data-run-id='{running_run.pk}'] .producer-row")
+        assert producer_row.locator("td").all_inner_texts() == [
+            "gpu-host-2:311", "2", "9000.0 s", "1.5 GiB", producer_row.locator("td").nth(4).inner_text(),
+            "3.50 cores"]
+        # Rows by role: web, platform worker, rollout workers, trainers.
+        roles = table.locator(".process-row").evaluate_all("rows => rows.map(row => row.dataset.role)")
+        assert roles.index("web") < roles.index("rollout_worker")
+
+        # A trainer starts: it shows up at the next refresh, without a reload.
+        redis_client.hset(process_reports_key(), trainer.field, trainer.model_dump_json())
+        trainer_row = table.locator(".process-row[data-role='trainer'][data-pid='312']")
+        expect(trainer_row).to_have_count(1, timeout=15_000)
+        assert trainer_row.locator(".process-runs").inner_text().strip() == f"run {running_run.pk}"
+        page.screenshot(path=str(SCREENSHOT.with_name("devices_processes.png")), full_page=True)
+    finally:
+        redis_client.hdel(process_reports_key(), *fields)
+        redis_client.delete(producers_key(running_run.pk))

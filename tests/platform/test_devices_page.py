@@ -5,7 +5,13 @@ import time
 import pytest
 
 from runs.services import run_claim_next, run_heartbeat, run_transition
-from tandem.contracts import ProducerReport, TrainerHeartbeat, producers_key
+from tandem.contracts import (
+    ProcessReport,
+    ProducerReport,
+    TrainerHeartbeat,
+    process_reports_key,
+    producers_key,
+)
 from telemetry.selectors import device_snapshot_list_active
 
 from .builders import device_report, step_event
@@ -128,3 +134,85 @@ def test_the_page_shows_the_users_active_runs(client, user, make_user, trainer_a
 def test_the_page_needs_a_login(client):
     response = client.get("/devices/")
     assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+PROCESS_HOST = "process-host-devices-page"
+
+
+@pytest.fixture
+def process_reports(redis_client):
+    """``write(pid, ...)`` puts a process's report in Redis, as its reporter does; removed afterwards."""
+    written: list[str] = []
+
+    def write(pid: int, *, role: str = "rollout_worker", reported_at: float | None = None, **fields):
+        reported_at = time.time() if reported_at is None else reported_at
+        report = ProcessReport(role=role, hostname=PROCESS_HOST, pid=pid, started_at=reported_at - 3600,
+                               reported_at=reported_at, interval_s=5.0, cpu_cores=1.25, rss_bytes=700 * 2**20,
+                               host_cpu_count=16, host_cpu_percent=40.0, host_memory_used_bytes=8 * 2**30,
+                               host_memory_total_bytes=64 * 2**30, **fields)
+        written.append(report.field)
+        redis_client.hset(process_reports_key(), report.field, report.model_dump_json())
+        return report
+
+    yield write
+    if written:
+        redis_client.hdel(process_reports_key(), *written)
+
+
+def _our_processes(body: dict) -> list[dict]:
+    return [process for process in body["processes"] if process["hostname"] == PROCESS_HOST]
+
+
+def test_the_processes_api_lists_every_live_process_naming_only_the_users_runs(
+    api, client_for, make_user, make_run, make_project, make_environment, running_run, process_reports,
+    redis_client,
+):
+    stranger_project = make_project(owner=make_user())
+    their_run = make_run(stranger_project, environment=make_environment(stranger_project))
+    worker = process_reports(311, run_ids=[running_run.pk, their_run.pk], name="rollouts-1@host")
+    process_reports(312, role="web")
+    dead = process_reports(313, reported_at=time.time() - 60)
+
+    body = api.get("/api/processes/").json()
+
+    processes = _our_processes(body)
+    assert [(process["role"], process["pid"]) for process in processes] == [("web", 312), ("rollout_worker", 311)]
+    rollout = processes[1]
+    assert rollout["runs"] == [{"run": running_run.pk, "url": f"/runs/{running_run.pk}/"}]
+    assert rollout["other_runs"] == 1  # the stranger's run is counted, not named
+    assert rollout["name"] == "rollouts-1@host"
+    assert rollout["uptime_s"] == pytest.approx(3600.0)
+    assert (rollout["cpu_cores"], rollout["rss_bytes"], rollout["host_cpu_count"]) == (1.25, 700 * 2**20, 16)
+    assert rollout["reported_at"] == worker.reported_at
+    # The dead process's report is gone from Redis, not only from the answer.
+    assert redis_client.hget(process_reports_key(), dead.field) is None
+    # Another user sees the same processes (shared infrastructure) but none of alice's runs by name.
+    stranger = next(p for p in _our_processes(client_for(make_user()).get("/api/processes/").json())
+                    if p["pid"] == 311)
+    assert (stranger["runs"], stranger["other_runs"]) == ([], 2)
+
+
+def test_the_processes_api_takes_two_queries(api, running_run, process_reports, django_assert_num_queries):
+    for pid in range(400, 420):
+        process_reports(pid, run_ids=[running_run.pk])
+    api.get("/api/processes/")  # records the token's last use, a write that happens once a minute
+
+    # The token with its user, then which of the named runs the user may see, in one query.
+    with django_assert_num_queries(2):
+        body = api.get("/api/processes/").json()
+    assert len(_our_processes(body)) == 20
+
+
+def test_the_processes_api_says_when_redis_cannot_be_read(api, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    assert api.get("/api/processes/").json() == {"processes": None}
+
+
+def test_the_page_shows_the_processes(client, user, process_reports):
+    process_reports(321, role="trainer")
+    client.force_login(user)
+
+    page = client.get("/devices/")
+
+    assert 321 in [process["pid"] for process in _our_processes(page.context["processes"])]
+    assert b'id="processes-initial"' in page.content and b'id="processes-root"' in page.content

@@ -33,6 +33,19 @@ def test_a_process_is_busy_while_any_of_its_task_threads_runs():
     uptime, busy, running, episodes, failed = activity.snapshot(7)
 
     assert (uptime, busy, running, episodes, failed) == (10.0, 6.0, 0, 8, 1)
+
+
+def test_the_runs_of_running_tasks_are_known_until_their_last_task_ends():
+    activity = ProducerActivity(clock=Clock())
+    activity.task_started(run_id=7)
+    activity.task_started(run_id=7)
+    activity.task_started(run_id=3)
+    assert activity.running_run_ids() == [3, 7]
+    activity.task_finished(run_id=7, episodes=2, failed=0)
+    assert activity.running_run_ids() == [3, 7]  # one task of run 7 still runs
+    activity.task_finished(run_id=7, episodes=2, failed=0)
+    activity.task_finished(run_id=3, episodes=2, failed=0)
+    assert activity.running_run_ids() == []
     assert activity.snapshot(8)[3:] == (0, 0)
 
 

@@ -1,7 +1,9 @@
-// The devices page: a table of devices per active run, drawn from /api/devices/ and redrawn every few seconds.
+// The devices page: a table of devices per active run, drawn from /api/devices/, and a table of every
+// Tandem process, drawn from /api/processes/; both redrawn every few seconds.
 //
 // Polling one endpoint for every run (not a WebSocket per run): the trainer
-// reports devices every device_report_interval_s, so a few seconds is fresh enough.
+// reports devices every device_report_interval_s, and processes report every
+// few seconds, so a few seconds is fresh enough.
 (function () {
   "use strict";
 
@@ -10,6 +12,8 @@
   const container = document.getElementById("device-runs");
   const empty = document.getElementById("devices-empty");
   const updated = document.getElementById("devices-updated");
+  const processesRoot = document.getElementById("processes-root");
+  const processesContainer = document.getElementById("processes");
   const REFRESH_MS = Number(root.dataset.refreshMs) || 5000;
   const NOT_REPORTED = "not reported";
   const state = (window.tandemDevices = { polls: 0, draws: 0 });
@@ -121,6 +125,14 @@
     );
   }
 
+  // The newest report of each live process by "hostname:pid", as a ProducerReport names its process.
+  let processByWorker = new Map();
+
+  function producerCpuNow(producer) {
+    const process = processByWorker.get(producer.worker);
+    return process ? `${process.cpu_cores.toFixed(2)} cores` : NOT_REPORTED;
+  }
+
   function producersTable(producers) {
     if (producers === null) return el("p", { class: "muted small" }, "Producer processes: Redis could not be read.");
     if (!producers.length) return el("p", { class: "muted small" }, "No producer process has reported on this run yet.");
@@ -131,11 +143,12 @@
         el("td", {}, String(producer.running_tasks)),
         el("td", {}, missing(producer.cpu_s) ? NOT_REPORTED : `${producer.cpu_s.toFixed(1)} s`),
         el("td", {}, bytes(producer.rss_bytes)),
-        el("td", {}, ago(producer.reported_at))));
+        el("td", {}, ago(producer.reported_at)),
+        el("td", { class: "producer-cpu-now" }, producerCpuNow(producer))));
     }
     return el("table", { class: "runs producers" },
       el("thead", {}, el("tr", {}, ...["Producer process", "Tasks running", "CPU time", "Resident memory",
-        "Last report"].map((name) => el("th", {}, name)))),
+        "Last report", "CPU now"].map((name) => el("th", {}, name)))),
       body);
   }
 
@@ -180,23 +193,86 @@
     return card;
   }
 
+  function duration(seconds) {
+    if (seconds < 90) return `${Math.round(seconds)} s`;
+    if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+    if (seconds < 172800) return `${(seconds / 3600).toFixed(1)} h`;
+    return `${(seconds / 86400).toFixed(1)} d`;
+  }
+
+  const ROLE_NAMES = {
+    web: "web server", platform_worker: "platform worker", rollout_worker: "rollout worker", trainer: "trainer",
+  };
+
+  function processRow(process) {
+    const cores = process.cpu_cores;
+    const runs = el("td", { class: "process-runs" });
+    for (const run of process.runs) runs.append(el("a", { href: run.url }, `run ${run.run}`), " ");
+    if (process.other_runs) {
+      runs.append(el("div", { class: "muted small process-other-runs" },
+        `${process.other_runs} run${process.other_runs === 1 ? "" : "s"} of other projects`));
+    }
+    if (!runs.childNodes.length) runs.append(el("span", { class: "muted" }, "idle"));
+    return el("tr", { class: "process-row", dataset: { role: process.role, pid: String(process.pid) } },
+      el("td", { class: "process-role" }, el("strong", {}, ROLE_NAMES[process.role] || process.role),
+        process.name ? el("div", { class: "muted small" }, process.name) : null),
+      el("td", { class: "process-host" }, process.hostname, el("div", { class: "muted small" }, `pid ${process.pid}`)),
+      el("td", { class: "process-uptime" }, duration(process.uptime_s)),
+      el("td", { class: "process-cpu" }, meter(cores / process.host_cpu_count),
+        el("span", { class: "meter-value" }, `${cores.toFixed(2)} of ${process.host_cpu_count} cores`)),
+      el("td", { class: "process-rss" }, bytes(process.rss_bytes)),
+      // Absent only on a process's first report (no earlier sample of the host to compare with).
+      missing(process.host_cpu_percent) ? el("td", { class: "process-host-cpu muted not-reported" }, NOT_REPORTED)
+        : el("td", { class: "process-host-cpu" }, meter(process.host_cpu_percent / 100),
+          el("span", { class: "meter-value" }, `${process.host_cpu_percent.toFixed(0)}%`)),
+      el("td", { class: "process-host-memory" },
+        meter(process.host_memory_used_bytes / process.host_memory_total_bytes),
+        el("span", { class: "meter-value" },
+          `${bytes(process.host_memory_used_bytes)} of ${bytes(process.host_memory_total_bytes)}`)),
+      runs,
+      el("td", { class: "process-age" }, ago(process.reported_at)));
+  }
+
+  function drawProcesses(listing) {
+    const processes = listing.processes;
+    processByWorker = new Map((processes || []).map((process) => [`${process.hostname}:${process.pid}`, process]));
+    if (!processesContainer) return;
+    if (processes === null) {
+      processesContainer.replaceChildren(el("p", { class: "muted" }, "Tandem processes: Redis could not be read."));
+    } else if (!processes.length) {
+      processesContainer.replaceChildren(el("p", { class: "muted" }, "No Tandem process has reported in the last few seconds."));
+    } else {
+      const body = el("tbody");
+      for (const process of processes) body.append(processRow(process));
+      processesContainer.replaceChildren(el("table", { class: "runs processes" },
+        el("thead", {}, el("tr", {}, ...["Process", "Host", "Uptime", "CPU", "Memory (RSS)", "Host CPU",
+          "Host memory", "Working on", "Last report"].map((name) => el("th", {}, name)))),
+        body));
+    }
+    state.processDraws = (state.processDraws || 0) + 1;
+  }
+
   function draw(runs) {
     container.replaceChildren(...runs.map(runCard));
     empty.hidden = runs.length > 0;
     state.draws += 1;
   }
 
+  const getJson = (url) => fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+
   async function poll() {
     try {
-      const response = await fetch(root.dataset.apiUrl, {
-        credentials: "same-origin",
-        headers: { Accept: "application/json" },
-      });
-      if (response.ok) {
-        draw(await response.json());
+      const [devices, processes] = await Promise.all([
+        getJson(root.dataset.apiUrl),
+        processesRoot ? getJson(processesRoot.dataset.apiUrl) : null,
+      ]);
+      if (devices.ok && (!processes || processes.ok)) {
+        // Processes first: the producers' tables take their current CPU from them.
+        if (processes) drawProcesses(await processes.json());
+        draw(await devices.json());
         updated.textContent = `updated ${new Date().toLocaleTimeString()}`;
       } else {
-        updated.textContent = `refresh failed (${response.status})`;
+        updated.textContent = `refresh failed (${devices.ok ? processes.status : devices.status})`;
       }
     } catch (error) {
       updated.textContent = "refresh failed (network)";
@@ -205,6 +281,8 @@
     setTimeout(poll, REFRESH_MS);
   }
 
+  const initialProcesses = document.getElementById("processes-initial");
+  if (initialProcesses) drawProcesses(JSON.parse(initialProcesses.textContent));
   draw(JSON.parse(document.getElementById("devices-initial").textContent));
   setTimeout(poll, REFRESH_MS);
 })();

@@ -49,5 +49,8 @@ SPECTACULAR_SETTINGS = {
         "EnvironmentVersionStatusEnum": "environments.models.EnvironmentVersion.Status",
         "EnvironmentProbeStatusEnum": "environments.models.EnvironmentProbe.Status",
         "TrajectoryStatusEnum": "trajectories.models.TrajectorySample.Status",
+        # Two fields named "role": a project member's and a Tandem process's.
+        "RoleEnum": "accounts.models.Membership.Role",
+        "ProcessRoleEnum": "telemetry.serializers.PROCESS_ROLES",
     },
 }

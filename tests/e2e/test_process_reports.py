@@ -1,0 +1,101 @@
+"""Every process of a real Tandem reports itself: web, platform worker and its beat, rollout workers, trainer.
+
+A stack of its own (Redis db 7) with a 1 s report interval, and a run on a slow
+environment, so that the trainer and a rollout worker are seen working on it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import redis
+
+from tandem.contracts import process_reports_key
+from tandem.process_reports import live_process_reports
+from tests.e2e.conftest import private_stack
+from workers.environments import http_example_server
+
+INTERVAL_S = 1.0
+
+
+@pytest.fixture
+def slow_environment_url():
+    """The example HTTP environment with 1 s per step, so rollout tasks are running while the test looks."""
+    try:
+        process, url = http_example_server.spawn(latency_ms=1000)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def own_stack(tmp_path):
+    with private_stack(tmp_path, redis_db=7, log_lines=30,
+                       extra_env={"TANDEM_PROCESS_REPORT_INTERVAL_S": str(INTERVAL_S)}) as stack:
+        yield stack
+
+
+def test_every_tandem_process_reports_itself_and_the_run_it_works_on(own_stack, slow_environment_url):
+    stack = own_stack
+    credentials = stack.prepare()
+    stack.start(credentials)
+    api = httpx.Client(base_url=stack.config.platform_url,
+                       headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+    api.post("/api/environments/", json={
+        "project": credentials.project_id, "name": "slow-remote", "kind": "http",
+        "settings": {"url": slow_environment_url, "timeout_s": 30},
+        "tools": httpx.get(f"{slow_environment_url}/schema").json()["tools"],
+    }).raise_for_status()
+    run = api.post("/api/runs/", json={
+        "project": credentials.project_id, "name": "watched", "environment": "slow-remote",
+        "config": {"sft_steps": 0, "rl_steps": 50, "groups_per_step": 2, "group_size": 2,
+                   "groups_per_task": 1, "max_turns": 2},
+    })
+    assert run.status_code == 201, run.text
+    run_id = run.json()["id"]
+    pids = {name: process.pid for name, process in stack.processes.items()}
+    expected = {(pids["web"], "web"), (pids["platform-worker"], "platform_worker"),
+                (pids["worker-0"], "rollout_worker"), (pids["worker-1"], "rollout_worker"),
+                (pids["trainer"], "trainer")}
+
+    seen_working: dict[str, bool] = {"trainer": False, "rollout_worker": False}
+    deadline = time.monotonic() + 240
+    while True:
+        stack.check_alive()
+        processes = api.get("/api/processes/").json()["processes"]
+        reported = {(process["pid"], process["role"]) for process in processes}
+        for process in processes:
+            if run_id in [entry["run"] for entry in process["runs"]] and process["role"] in seen_working:
+                seen_working[process["role"]] = True
+        beat = [process for process in processes if process["name"] == "celery beat"]
+        if expected <= reported and beat and all(seen_working.values()):
+            break
+        assert time.monotonic() < deadline, (reported, expected, seen_working)
+        time.sleep(0.5)
+
+    by_pid = {process["pid"]: process for process in processes}
+    assert by_pid[pids["worker-0"]]["name"].startswith("rollouts-0@")
+    assert by_pid[pids["platform-worker"]]["name"].startswith("platform@")
+    (beat,) = beat
+    assert beat["role"] == "platform_worker" and beat["pid"] not in pids.values()  # a child of the platform worker
+    for process in processes:
+        assert process["interval_s"] == INTERVAL_S
+        assert process["rss_bytes"] > 20 * 2**20 and 0 <= process["cpu_cores"] <= process["host_cpu_count"]
+    api.post(f"/api/runs/{run_id}/cancel/").raise_for_status()
+    api.close()
+
+    stack.stop()
+    # Stopped cleanly, each process deleted its own report; beat, stopped with its parent, is pruned once stale.
+    client = redis.Redis.from_url(stack.config.redis_url)
+    try:
+        left = {int(field.decode().rsplit(":", 1)[1]) for field in client.hkeys(process_reports_key())}
+        assert left <= {beat["pid"]}, left
+        time.sleep(3 * INTERVAL_S + 0.5)
+        assert live_process_reports(client) == []
+        assert client.hlen(process_reports_key()) == 0
+    finally:
+        client.close()
