@@ -49,7 +49,7 @@ from trainer.profiling import StageRecorder, timeline_wall_s  # noqa: E402
 from trainer.run_loop import TrainerSettings, make_optimizer  # noqa: E402
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings  # noqa: E402
 from trainer.tokenizer import ByteTokenizer  # noqa: E402
-from trainer.train_step import create_train_state, make_train_step, on_logits  # noqa: E402
+from trainer.train_step import batch_tokens, create_train_state, make_train_step, on_logits  # noqa: E402
 
 
 def _event(step: int, loss: float, **fields) -> str:
@@ -60,7 +60,8 @@ def _event(step: int, loss: float, **fields) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400, help="timed steps of each kind, after the compile")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=RunConfig().episodes_per_step,
+                        help="rows per update; default: a default run's episodes per RL step")
     parser.add_argument("--model", default="nano", choices=sorted(MODEL_SIZES))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -110,7 +111,7 @@ def main() -> None:
         with stage("telemetry"):
             seconds = timeline.seconds_by_stage()
             wall_s = timeline_wall_s(timeline)
-            monitor.observe(timeline, tokens=int(batch.attention_mask.sum()))
+            monitor.observe(timeline, tokens=batch_tokens(batch))
             device = monitor.sample() if monitor.due() else None
             _event(index, metrics["loss"], wall_s=wall_s, wait_s=0.0, compute_s=seconds["compute"],
                    publish_s=seconds["publish"], other_s=0.0, timeline=timeline, device=device)
@@ -138,7 +139,7 @@ def main() -> None:
                 pass
         timeline = recorder.finish()
         with recorder.stage("telemetry"):
-            monitor.observe(timeline, tokens=int(batches[0].attention_mask.sum()))
+            monitor.observe(timeline, tokens=batch_tokens(batches[0]))
             _event(index, 0.0, wall_s=1.0, wait_s=0.0, compute_s=1.0, publish_s=0.0, other_s=0.0,
                    timeline=timeline)
     bookkeeping_s = (time.perf_counter() - bookkeeping_started) / repetitions

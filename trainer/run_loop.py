@@ -57,6 +57,7 @@ from trainer.stream import GroupAssembler, TrajectoryStreamReader, entry_order
 from trainer.tokenizer import load_tokenizer
 from trainer.tracing import CapturedTrace, TraceCapture
 from trainer.train_step import (
+    batch_tokens,
     create_train_state,
     make_train_step,
     on_logits,
@@ -425,7 +426,7 @@ class RunTrainer:
         seconds = timeline.seconds_by_stage()
         wall_s = timeline_wall_s(timeline)
         wait_s, compute_s, publish_s = (seconds.get(name, 0.0) for name in ("data_wait", "compute", "publish"))
-        tokens = int(batch.attention_mask.sum())
+        tokens = batch_tokens(batch)
         self.devices.observe(timeline, tokens=tokens * updates)
         return {
             "wall_s": wall_s, "wait_s": wait_s, "compute_s": compute_s, "publish_s": publish_s,

@@ -274,3 +274,13 @@ def train_updates(train_step: TrainStep, state: TrainState, batch: TrainBatch, *
         per_update.append(metrics)
     fetched = jax.device_get(per_update)
     return state, [{name: float(value) for name, value in metrics.items()} for metrics in fetched]
+
+
+def batch_tokens(batch: TrainBatch) -> int:
+    """Tokens the batch trains on (its attention mask), counted on the host.
+
+    ``batch.attention_mask.sum()`` would dispatch a device reduction and wait
+    for it: about 0.4 ms a step on CPU, most of the profiling's whole cost.
+    The mask already sits where the host can read it (or is a few kB away).
+    """
+    return int(np.count_nonzero(np.asarray(batch.attention_mask)))

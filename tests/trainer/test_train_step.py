@@ -17,6 +17,7 @@ from trainer.losses import grpo_loss, sft_loss, token_logprobs
 from trainer.model import Transformer, TransformerConfig
 from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from trainer.train_step import (
+    batch_tokens,
     create_train_state,
     make_train_step,
     on_logits,
@@ -260,3 +261,10 @@ def test_several_updates_on_one_batch_move_the_ratio_off_one_and_match_single_st
     assert train_step.trace_count == 1
     with pytest.raises(ValueError, match="updates must be at least 1"):
         train_updates(train_step, state, batch, updates=0)
+
+
+def test_batch_tokens_counts_the_attended_tokens_of_real_rows_only():
+    sequences, masks = _demonstrations()
+    batch = _sft_batch(sequences, masks, batch_size=4)  # three real rows, one padding row
+
+    assert batch_tokens(batch) == sum(len(sequence) for sequence in sequences)
