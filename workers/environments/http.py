@@ -26,8 +26,10 @@ the episode with that message as its reason.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
+import ssl
 import uuid
 from typing import Any
 
@@ -59,6 +61,18 @@ def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
     return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context per process, shared by every episode's client (SSLContext is thread-safe).
+
+    httpx builds a new one for each client otherwise, loading the CA bundle
+    every time, even for plain http://: about 15 ms of CPU per episode, which
+    was 80% of a producer's CPU against the example server (py-spy, 200 ms
+    latency, 96 episodes in flight).
+    """
+    return httpx.create_ssl_context()
+
+
 class RemoteHTTPEnvironment(Environment):
     """Registration: entrypoint ``workers.environments.http:RemoteHTTPEnvironment``,
     params ``{"url": "http://host:port", "timeout_s": 10, "max_observation_chars": 8192,
@@ -88,7 +102,7 @@ class RemoteHTTPEnvironment(Environment):
         # Created on first use: producers build an instance just to sample a task, never resetting it.
         if self._client is None:
             self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s,
-                                             transport=self._transport)
+                                             transport=self._transport, verify=_tls_context())
         return self._client
 
     async def close(self) -> None:
