@@ -77,6 +77,16 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     _DEFAULT_SQLITE.parent.mkdir(parents=True, exist_ok=True)
+    DATABASES["default"].setdefault("OPTIONS", {}).update({
+        # Web, platform worker and beat all write to the one file. A deferred transaction that
+        # reads and then writes fails at once with "database is locked" when another writer got
+        # there first (SQLite cannot wait there without deadlocking); IMMEDIATE takes the write
+        # lock at BEGIN, where the busy timeout does wait.
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        # Readers no longer wait for a writer, nor block it.
+        "init_command": "PRAGMA journal_mode=WAL;",
+    })
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
