@@ -88,6 +88,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each mode per latency")
+    parser.add_argument("--max-staleness", type=int, default=2,
+                        help="the run's max_staleness: async keeps this many steps + 1 of episodes in flight, "
+                             "so with latency-bound episodes its gain over sync is at most about this + 1")
     parser.add_argument("--capacity-updates", type=int, default=0,
                         help="updates per batch of the trainer-bound 200 ms row; 0: no such row")
     args = parser.parse_args()
@@ -95,8 +98,12 @@ def main() -> None:
 
     config = {
         "sft_steps": 0, "rl_steps": args.rl_steps, "groups_per_step": 4, "group_size": 8,
-        "groups_per_task": 1, "rollout_backlog_steps": 2, "max_staleness": 2, "max_turns": 2,
+        "groups_per_task": 1, "rollout_backlog_steps": args.max_staleness, "max_staleness": args.max_staleness,
+        "max_turns": 2,
         "max_new_tokens": 16,
+        # The policy barely moves, so both modes run the same workload: a learning policy changes how
+        # many turns and tool calls its episodes take, and a run that learned faster would look faster.
+        "rl_learning_rate": 1e-9,
     }
     episodes_per_step = config["groups_per_step"] * config["group_size"]
 
