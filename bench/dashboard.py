@@ -43,14 +43,9 @@ sys.path.insert(0, str(REPO_ROOT / "platform"))
 from tandem.contracts import TrainerHeartbeat  # noqa: E402
 from tandem.services import free_local_port  # noqa: E402
 from tandem.stack import LocalStack, StackConfig  # noqa: E402
+from tests.browser import launch_chromium, log_in  # noqa: E402
 from tests.platform.builders import full_rl_step_event  # noqa: E402
 from trainer.platform_client import PlatformClient  # noqa: E402
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run",
-]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -112,15 +107,11 @@ def main() -> None:
         claim_when_ready(trainer, run_id, stack=stack, timeout_s=180)
 
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            browser = launch_chromium(playwright)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(f"{base}/login/?next=/runs/{run_id}/")
-            page.fill("#id_username", credentials.username)
-            page.fill("#id_password", credentials.password)
-            page.click("button[type=submit]")
-            page.wait_for_url(f"**/runs/{run_id}/")
+            log_in(page, base, f"/runs/{run_id}/", username=credentials.username, password=credentials.password)
             page.wait_for_function("() => document.querySelector('#run-connection').textContent === 'live'")
 
             emitted_ms: dict[int, float] = {}

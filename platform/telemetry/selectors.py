@@ -295,7 +295,7 @@ def device_snapshot_get(*, run: Run) -> DeviceSnapshot:
     return snapshot
 
 
-def device_snapshot_list_active(*, user: AbstractBaseUser) -> QuerySet[Run]:
+def run_list_trainer_held(*, user: AbstractBaseUser) -> QuerySet[Run]:
     """The runs of the user's projects that a trainer holds now, each with its newest device report.
 
     ``run.device_snapshot`` is there once the trainer has sent a report; reading

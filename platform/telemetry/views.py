@@ -28,11 +28,11 @@ from tandem.contracts import TelemetryReply, TrainerStepEvent
 from .models import MetricPoint, Trace
 from .selectors import (
     device_snapshot_get,
-    device_snapshot_list_active,
     metric_chart,
     metric_points_after,
     process_listing,
     producer_reports_by_run,
+    run_list_trainer_held,
     step_timeline_recent,
     trace_get,
     trace_list,
@@ -211,7 +211,7 @@ class RunDevicesView(APIView):
 
 def active_run_devices(*, user) -> list[dict]:
     """What the devices page shows, for the page's first paint and its API alike."""
-    runs = list(device_snapshot_list_active(user=user))
+    runs = list(run_list_trainer_held(user=user))
     producers = producer_reports_by_run(run_ids=[run.pk for run in runs])
     return ActiveRunDevicesSerializer(runs, many=True, context={"producers": producers}).data
 

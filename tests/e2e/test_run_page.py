@@ -11,11 +11,9 @@ from pathlib import Path
 import httpx
 from playwright.sync_api import sync_playwright
 
+from tests.browser import launch_chromium, log_in
+
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run",
-]
 
 
 def test_a_run_created_from_the_form_grows_its_charts_live_without_reloading(stack, credentials):
@@ -24,13 +22,9 @@ def test_a_run_created_from_the_form_grows_its_charts_live_without_reloading(sta
     api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        browser = launch_chromium(playwright)
         page = browser.new_page()
-        page.goto(f"{base}/login/?next=/runs/new/")
-        page.fill("#id_username", credentials.username)
-        page.fill("#id_password", credentials.password)
-        page.click("button[type=submit], input[type=submit]")
-        page.wait_for_url("**/runs/new/")
+        log_in(page, base, "/runs/new/", username=credentials.username, password=credentials.password)
         # The form generated from the run config schema. The synchronous pipeline and the
         # filesystem weight transport, so this run also proves both: every episode comes
         # from the newest policy, loaded from an Orbax checkpoint.
@@ -97,13 +91,9 @@ def test_a_trace_captured_from_the_run_page_is_listed_and_downloads_as_a_zip_wit
     }).json()["id"]
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        browser = launch_chromium(playwright)
         page = browser.new_page(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-        page.goto(f"{base}/login/?next=/runs/{run_id}/")
-        page.fill("#id_username", credentials.username)
-        page.fill("#id_password", credentials.password)
-        page.click("button[type=submit], input[type=submit]")
-        page.wait_for_url(f"**/runs/{run_id}/")
+        log_in(page, base, f"/runs/{run_id}/", username=credentials.username, password=credentials.password)
         # Training: steps arrive live (the trainer has claimed it and compiled its step).
         page.wait_for_function("() => window.tandemRunPage && window.tandemRunPage.lastStep >= 1", timeout=300_000)
 

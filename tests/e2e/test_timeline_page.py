@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 from playwright.sync_api import sync_playwright
 
-from .test_run_page import CHROMIUM_ARGS
+from tests.browser import launch_chromium, log_in
 
 RUN = {"sft_steps": 10, "rl_steps": 6, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1}
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -29,15 +29,12 @@ def test_the_timeline_of_a_real_run_draws_every_step_and_episode(stack, credenti
     steps = RUN["sft_steps"] + RUN["rl_steps"]
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        browser = launch_chromium(playwright)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         errors = []
         page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(f"{base}/login/?next=/runs/{run_id}/timeline/")
-        page.fill("#id_username", credentials.username)
-        page.fill("#id_password", credentials.password)
-        page.click("button[type=submit], input[type=submit]")
-        page.wait_for_url(f"**/runs/{run_id}/timeline/")
+        log_in(page, base, f"/runs/{run_id}/timeline/", username=credentials.username,
+               password=credentials.password)
         # Opened before the trainer's first step: everything it shows came by polling.
         seen = []
         deadline = time.monotonic() + 300

@@ -6,7 +6,6 @@ Screenshots of every page go to test-artifacts/screenshots/ (gitignored), for pe
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
@@ -15,11 +14,12 @@ from playwright.sync_api import sync_playwright
 from runs.services import run_transition
 from tandem.contracts import TrainerStepEvent
 from telemetry.services import metric_events_record
+from tests.browser import launch_chromium, log_in
 from trainer.platform_client import PlatformClient
 from trainer.trajectory_samples import TrajectorySampleBuffer
 
 from .builders import full_rl_step_event, step_event
-from .test_run_page_browser import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT
+from .test_run_page_browser import REPO_ROOT
 from .trajectory_builders import CALC, TOKENIZER, calculator_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,8 +36,6 @@ def chromium_page():
     Chromium starts at the first page, after the test's own database set-up: Playwright's
     sync API keeps an event loop running in this thread, and Django refuses ORM calls then.
     """
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"browser tests need Chromium at {CHROMIUM} (Debian package `chromium`)")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     errors: list[str] = []
     started: dict = {}
@@ -45,16 +43,10 @@ def chromium_page():
     def open_page(base: str, next_path: str, *, username: str = "alice"):
         if not started:
             started["playwright"] = sync_playwright().start()
-            started["browser"] = started["playwright"].chromium.launch(
-                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-            )
+            started["browser"] = launch_chromium(started["playwright"])
         page = started["browser"].new_page(viewport={"width": 1280, "height": 900})
         page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(f"{base}/login/?next={next_path}")
-        page.fill("#id_username", username)
-        page.fill("#id_password", "pw")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"**{next_path}")
+        log_in(page, base, next_path, username=username, password="pw")
         return page
 
     yield open_page

@@ -12,7 +12,7 @@ from tandem.contracts import (
     process_reports_key,
     producers_key,
 )
-from telemetry.selectors import device_snapshot_list_active
+from telemetry.selectors import run_list_trainer_held
 
 from .builders import device_report, step_event
 
@@ -56,7 +56,7 @@ def test_only_active_runs_of_the_users_projects_are_listed(
     queued = make_run(project, environment=environment, name="queued")  # no trainer holds it yet
     run_transition(run=second_running_run, to_status="finished")
 
-    listed = [run.pk for run in device_snapshot_list_active(user=user)]
+    listed = [run.pk for run in run_list_trainer_held(user=user)]
 
     assert listed == [running_run.pk]
     assert {their_run.pk, queued.pk, second_running_run.pk}.isdisjoint(listed)

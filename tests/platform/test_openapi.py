@@ -29,9 +29,9 @@ from checkpoints.services import checkpoints_report
 from runs.services import run_claim_next
 from tandem.contracts import CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
+from tests.browser import launch_chromium
 from trajectories.services import trajectory_samples_record
 
-from .test_run_page_browser import CHROMIUM, CHROMIUM_ARGS
 from .trajectory_builders import calculator_sample
 
 # Examples per operation, per generation mode and per choice of path ids; the
@@ -221,9 +221,7 @@ def test_the_docs_page_works_in_chromium_with_no_outside_request(server, user):
     """Swagger UI renders every operation from /api/schema/ with nothing fetched elsewhere."""
     outside: list[str] = []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
+        browser = launch_chromium(playwright)
         page = browser.new_page()
         page.on(
             "request",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import httpx
@@ -11,29 +10,18 @@ from playwright.sync_api import sync_playwright
 
 from tandem.contracts import TrainerStepEvent
 from telemetry.services import metric_events_record
+from tests.browser import launch_chromium, log_in
 
 from .builders import POINTS_PER_STEP_EVENT, step_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
     server, running_run, user, trainer, tmp_path
 ):
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"browser tests need Chromium at {CHROMIUM} (Debian package `chromium`)")
     history = [
         TrainerStepEvent.model_validate(step_event(running_run.pk, step)) for step in (1, 2, 3)
     ]
@@ -58,17 +46,11 @@ def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
 
     # No ORM calls from here on: Playwright's sync API keeps an event loop running in this thread.
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
+        browser = launch_chromium(playwright)
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(f"{server}/login/?next=/runs/{running_run.pk}/")
-        page.fill("#id_username", "alice")
-        page.fill("#id_password", "pw")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"**/runs/{running_run.pk}/")
+        log_in(page, server, f"/runs/{running_run.pk}/", username="alice", password="pw")
         navigations: list[str] = []
         page.on("framenavigated", lambda frame: navigations.append(frame.url))
 
