@@ -6,12 +6,14 @@ import contextlib
 import os
 import uuid
 
+import httpx
 import psycopg
 import pytest
 import redis
 
 from tandem.services import free_local_port
 from tandem.stack import Credentials, LocalStack, StackConfig
+from workers.environments import http_example_server
 
 ADMIN_DATABASE_URL = os.environ.get("TANDEM_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 E2E_REDIS_URL = os.environ.get("TANDEM_E2E_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -89,6 +91,34 @@ def private_stack(tmp_path, *, redis_db: int, workers: int = 2, extra_env: dict[
         stack.stop()
         if log_lines:
             print_log_tails(stack, lines=log_lines)
+
+
+def user_api(stack: LocalStack, credentials: Credentials) -> httpx.Client:
+    """The stack's REST API as its user."""
+    return httpx.Client(base_url=stack.config.platform_url,
+                        headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+
+
+@contextlib.contextmanager
+def example_http_environment(*, latency_ms: float):
+    """The example HTTP environment server with ``latency_ms`` per step and tool call; yields its URL."""
+    try:
+        process, url = http_example_server.spawn(latency_ms=latency_ms)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def register_http_environment(api: httpx.Client, *, project_id: int, name: str, url: str) -> None:
+    """Register the server at ``url`` as ``name``, declaring the tools it serves (the probe checks them)."""
+    api.post("/api/environments/", json={
+        "project": project_id, "name": name, "kind": "http", "settings": {"url": url, "timeout_s": 30},
+        "tools": httpx.get(f"{url}/schema").json()["tools"],
+    }).raise_for_status()
 
 
 @pytest.fixture(scope="session")

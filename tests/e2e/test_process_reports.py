@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
 import redis
 
 from tandem.contracts import process_reports_key
 from tandem.process_reports import live_process_reports
-from tests.e2e.conftest import private_stack
-from workers.environments import http_example_server
+from tests.e2e.conftest import (
+    example_http_environment,
+    private_stack,
+    register_http_environment,
+    user_api,
+)
 
 INTERVAL_S = 1.0
 
@@ -23,13 +26,8 @@ INTERVAL_S = 1.0
 @pytest.fixture
 def slow_environment_url():
     """The example HTTP environment with 1 s per step, so rollout tasks are running while the test looks."""
-    try:
-        process, url = http_example_server.spawn(latency_ms=1000)
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    with example_http_environment(latency_ms=1000) as url:
+        yield url
 
 
 @pytest.fixture
@@ -43,13 +41,8 @@ def test_every_tandem_process_reports_itself_and_the_run_it_works_on(own_stack, 
     stack = own_stack
     credentials = stack.prepare()
     stack.start(credentials)
-    api = httpx.Client(base_url=stack.config.platform_url,
-                       headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
-    api.post("/api/environments/", json={
-        "project": credentials.project_id, "name": "slow-remote", "kind": "http",
-        "settings": {"url": slow_environment_url, "timeout_s": 30},
-        "tools": httpx.get(f"{slow_environment_url}/schema").json()["tools"],
-    }).raise_for_status()
+    api = user_api(stack, credentials)
+    register_http_environment(api, project_id=credentials.project_id, name="slow-remote", url=slow_environment_url)
     run = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "watched", "environment": "slow-remote",
         "config": {"sft_steps": 0, "rl_steps": 50, "groups_per_step": 2, "group_size": 2,

@@ -6,23 +6,21 @@ import os
 import signal
 import time
 
-import httpx
 import pytest
 
-from tests.e2e.conftest import private_stack
-from workers.environments import http_example_server
+from tests.e2e.conftest import (
+    example_http_environment,
+    private_stack,
+    register_http_environment,
+    user_api,
+)
 
 
 @pytest.fixture
 def slow_environment_url():
     """The example HTTP environment with 2 s per step, so episodes are in flight when a worker dies."""
-    try:
-        process, url = http_example_server.spawn(latency_ms=2000)
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    with example_http_environment(latency_ms=2000) as url:
+        yield url
 
 
 @pytest.fixture
@@ -36,13 +34,8 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     stack = own_stack
     credentials = stack.prepare()
     stack.start(credentials)
-    api = httpx.Client(base_url=stack.config.platform_url,
-                       headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
-    api.post("/api/environments/", json={
-        "project": credentials.project_id, "name": "slow-remote", "kind": "http",
-        "settings": {"url": slow_environment_url, "timeout_s": 30},
-        "tools": httpx.get(f"{slow_environment_url}/schema").json()["tools"],
-    }).raise_for_status()
+    api = user_api(stack, credentials)
+    register_http_environment(api, project_id=credentials.project_id, name="slow-remote", url=slow_environment_url)
     run = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "producer death", "environment": "slow-remote",
         "config": {"sft_steps": 0, "rl_steps": 20, "groups_per_step": 2, "group_size": 2,

@@ -13,12 +13,11 @@ import signal
 import threading
 import time
 
-import httpx
 import pytest
 import redis
 
 from tandem.contracts import LineageEntry, lineage_stream, run_group_counter_key
-from tests.e2e.conftest import private_stack
+from tests.e2e.conftest import private_stack, user_api
 
 MAX_STALENESS, GROUPS_PER_STEP, GROUP_SIZE, RL_STEPS = 1, 2, 4, 12
 BOUND = (MAX_STALENESS + 1) * GROUPS_PER_STEP
@@ -60,8 +59,7 @@ def test_the_staleness_bound_holds_when_the_trainer_is_much_slower_than_its_prod
     credentials = stack.prepare()
     stack.start(credentials)
     client = redis.Redis.from_url(stack.config.redis_url)
-    api = httpx.Client(base_url=stack.config.platform_url,
-                       headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+    api = user_api(stack, credentials)
     run_id = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "slow trainer", "environment": "calculator",
         "config": {"sft_steps": 2, "rl_steps": RL_STEPS, "max_staleness": MAX_STALENESS,

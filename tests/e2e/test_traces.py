@@ -11,11 +11,10 @@ import time
 import zipfile
 from collections import defaultdict
 
-import httpx
 import pytest
 
 from tandem.stack import LocalStack
-from tests.e2e.conftest import private_stack
+from tests.e2e.conftest import private_stack, user_api
 
 SFT_STEPS, TRACED_STEPS = 8, 2
 
@@ -44,8 +43,7 @@ def test_a_requested_trace_of_the_next_steps_is_captured_by_the_trainer_and_serv
     # A run waits until its environment's probe passed: a worker runs it, the platform worker records it.
     stack.start_platform_worker()
     stack.start_workers()
-    api = httpx.Client(base_url=stack.config.platform_url,
-                       headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+    api = user_api(stack, credentials)
     run_id = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "traced", "environment": "calculator",
         "config": {"algorithm": {"name": "sft"}, "sft_steps": SFT_STEPS, "rl_steps": 0},

@@ -11,13 +11,12 @@ import signal
 import threading
 import time
 
-import httpx
 import pytest
 import redis
 
 from tandem.contracts import LineageEntry, lineage_stream
 from tandem.stack import LocalStack
-from tests.e2e.conftest import private_stack
+from tests.e2e.conftest import private_stack, user_api
 from trainer.weights import RedisWeightSubscriber
 
 SFT_STEPS, RL_STEPS, CHECKPOINT_EVERY, GROUP_SIZE, GROUPS_PER_STEP = 4, 10, 3, 4, 2
@@ -68,8 +67,7 @@ def test_a_killed_trainer_is_reaped_and_its_run_resumes_exactly(own_stack):
     credentials = stack.prepare()
     stack.start(credentials)
     client = redis.Redis.from_url(stack.config.redis_url)
-    api = httpx.Client(base_url=stack.config.platform_url,
-                       headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+    api = user_api(stack, credentials)
     created = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "trainer death", "environment": "calculator",
         "config": {"sft_steps": SFT_STEPS, "rl_steps": RL_STEPS, "checkpoint_every": CHECKPOINT_EVERY,
