@@ -254,3 +254,18 @@ class RunConfig(BaseModel):
     @property
     def episodes_per_step(self) -> int:
         return self.groups_per_step * self.group_size
+
+
+def resolve_schema_ref(root: dict, node: dict) -> dict:
+    """``node`` of RunConfig's JSON schema ``root``, or the definition its ``$ref`` points to.
+
+    For the schema's readers: the new-run form (platform/runs/config_form.py) and
+    the reference it is documented by (tandem/run_config_docs.py).
+    """
+    ref = node.get("$ref")
+    if not ref:
+        return node
+    target = root
+    for part in ref.removeprefix("#/").split("/"):
+        target = target[part]
+    return target

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from tandem.run_config import RunConfig
+from tandem.run_config import RunConfig, resolve_schema_ref
 
 HEADER = """\
 # Run config reference
@@ -50,7 +50,7 @@ def _walk(root, node, prefix, rows, defaults):
     for name, prop in node.get("properties", {}).items():
         path = f"{prefix}{name}"
         variants = prop.get("anyOf", [prop])
-        section = next((_resolve(root, v) for v in variants if "$ref" in v), None)
+        section = next((resolve_schema_ref(root, v) for v in variants if "$ref" in v), None)
         if section is not None and "properties" in section:
             optional = any(v.get("type") == "null" for v in variants)
             kind = "section, optional" if optional else "section"
@@ -68,7 +68,7 @@ def _type(root, prop) -> str:
     variants = prop.get("anyOf", [prop])
     names = []
     for variant in variants:
-        variant = _resolve(root, variant)
+        variant = resolve_schema_ref(root, variant)
         if "enum" in variant:
             names.append(" | ".join(f"`{json.dumps(value)}`" for value in variant["enum"]))
             continue
@@ -91,16 +91,6 @@ def _default(prop) -> str:
     if "default" not in prop:
         return "required"
     return f"`{json.dumps(prop['default'])}`"
-
-
-def _resolve(root, node):
-    ref = node.get("$ref")
-    if not ref:
-        return node
-    target = root
-    for part in ref.removeprefix("#/").split("/"):
-        target = target[part]
-    return target
 
 
 def _cell(text: str) -> str:

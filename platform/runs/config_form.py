@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tandem.algorithm_config import AlgorithmConfig
-from tandem.run_config import RunConfig
+from tandem.run_config import RunConfig, resolve_schema_ref
 
 # The form's inputs are named ``config.<dotted path>``, like the service's errors.
 INPUT_PREFIX = "config."
@@ -205,7 +205,7 @@ def _add_section(root, node, *, path, title, description, sections, defaults):
     nested = []
     for name, prop in node.get("properties", {}).items():
         child_path = f"{path}.{name}" if path else name
-        target = _resolve(root, prop)
+        target = resolve_schema_ref(root, prop)
         if target.get("type") == "object" and "properties" in target:
             # A required nested model (model, algorithm, ...): a fieldset of its own.
             title = target.get("title", name).removesuffix("Config") or name
@@ -224,7 +224,7 @@ def _add_section(root, node, *, path, title, description, sections, defaults):
 def _field(root, prop, path, name) -> ConfigField:
     variants = prop.get("anyOf", [prop])
     nullable = any(variant.get("type") == "null" for variant in variants)
-    others = [_resolve(root, variant) for variant in variants if variant.get("type") != "null"]
+    others = [resolve_schema_ref(root, variant) for variant in variants if variant.get("type") != "null"]
     common = {
         "path": path,
         # An optional section's property has no title in the schema (it is a $ref).
@@ -252,16 +252,6 @@ def _field(root, prop, path, name) -> ConfigField:
         if kind.get("type") == "string":
             return ConfigField(widget="text", **common)
     return ConfigField(widget="json", **common)
-
-
-def _resolve(root, node):
-    ref = node.get("$ref")
-    if not ref:
-        return node
-    target = root
-    for part in ref.removeprefix("#/").split("/"):
-        target = target[part]
-    return target
 
 
 def _parse_number(text: str, *, integer: bool) -> Any:
