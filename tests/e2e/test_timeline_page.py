@@ -14,7 +14,11 @@ from playwright.sync_api import sync_playwright
 
 from tests.browser import launch_chromium, log_in
 
-RUN = {"sft_steps": 10, "rl_steps": 6, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1}
+# Synchronous, so every RL step waits for a whole round of episodes: the run lasts several of the
+# page's 3 s polls, and the test sees it grow. Asynchronous, on a quiet machine, the steps after the
+# first could all land between two polls.
+RUN = {"sft_steps": 10, "rl_steps": 12, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1,
+       "pipeline": "sync"}
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
