@@ -15,6 +15,7 @@ from celery import Celery
 
 from tandem.contracts import TrainerHeartbeat
 from tandem.process_reports import start_process_reporter, stop_process_reporter
+from trainer.compilation_cache import enable_compilation_cache
 from trainer.platform_client import PlatformClient, RunTakenOverError
 from trainer.run_loop import RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed
@@ -27,6 +28,7 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     """Claim and train runs until interrupted (or ``max_runs`` were trained); returns runs trained."""
     # Joins a multi-host JAX job when TANDEM_COORDINATOR_ADDRESS etc. are set; a no-op on one host.
     initialize_distributed()
+    enable_compilation_cache()
     consumer = f"{socket.gethostname()}:{os.getpid()}"
     platform = PlatformClient(platform_url, token)
     redis_client = redis.Redis.from_url(redis_url)

@@ -22,6 +22,7 @@ import redis
 from flax import nnx
 
 from tandem.run_config import RunConfig
+from trainer.compilation_cache import enable_compilation_cache
 from trainer.hf import policy_config
 from trainer.inference_engine import Completion, InferenceEngine
 from trainer.model import Transformer, split_model
@@ -57,6 +58,7 @@ class PolicyRuntime:
                  weight_poll_s: float = 0.25):
         self.run_id = run_id
         self.config = config
+        enable_compilation_cache()
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         # The trainer builds its policy from the same function: structures must match.
         model_config = policy_config(config.model, vocab_size=self.tokenizer.vocab_size)
@@ -79,6 +81,8 @@ class PolicyRuntime:
         self.params = None
         self.policy_version = -1
         self._last_poll = 0.0
+        self._warm_lock = threading.Lock()
+        self._warm = False
 
     def refresh_weights(self, *, force: bool = False) -> int:
         """Load the newest published weights into the engine if there are newer ones.
@@ -101,6 +105,21 @@ class PolicyRuntime:
             if self.params is None:
                 raise PolicyNotPublishedError(f"run {self.run_id} has no published policy yet")
             return self.policy_version
+
+    def warm_up(self) -> None:
+        """Compile every prefill and decode bucket of the engine, once, before its first episode.
+
+        A bucket compiled on first use stalls every episode of the process
+        for the compile (about half a second each on two CPU cores, far more
+        for large models), and the first steps of a run would pay for all
+        of them. Engines of the same model share their compiled functions, so
+        the runtime of a later run on the same model only runs each bucket
+        once. Needs the first weights (:meth:`refresh_weights`).
+        """
+        with self._warm_lock:
+            if not self._warm:
+                self.engine.warmup()
+                self._warm = True
 
     def close(self) -> None:
         """Stop the engine's thread and cancel what it still holds."""

@@ -460,6 +460,31 @@ def test_nothing_recompiles_after_warm_up(engine, params):
     assert engine.trace_counts == engine.warm_traces
 
 
+def test_an_engine_of_the_same_shape_compiles_nothing_again(engine, params):
+    """A worker's runtime for the next run of the same model reuses every compiled bucket."""
+    same_model = Transformer(CONFIG, rngs=nnx.Rngs(3))  # another run: same shapes, other weights
+
+    def build(num_slots: int) -> InferenceEngine:
+        built = InferenceEngine(split_model(same_model)[0], config=CONFIG, eos_id=-1, pad_id=PAD_ID,
+                                num_slots=num_slots, chunk_size=CHUNK, background=False)
+        built.set_params(params, version=1)
+        return built
+
+    twin = build(NUM_SLOTS)
+    traces_before = twin.trace_counts
+    twin.warmup()
+    completion = _run(twin, None, _random_tokens(7, 10), max_new_tokens=6)
+    twin.close()
+    assert len(completion.token_ids) == 6
+    assert twin.trace_counts == traces_before
+    assert sum(traces_before.values()) > 0
+
+    wider = build(NUM_SLOTS + 1)  # another shape compiles its own buckets
+    wider.warmup()
+    wider.close()
+    assert wider.trace_counts["decode"] == len(wider._row_buckets)
+
+
 def test_requests_that_do_not_fit_are_refused(engine):
     with pytest.raises(ValueError, match="max_seq_len=64"):
         engine.submit(None, _random_tokens(16, 60), max_new_tokens=5)

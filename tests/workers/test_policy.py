@@ -49,6 +49,8 @@ def test_a_weight_update_lands_mid_turn_without_draining_it(redis_client, run_id
         run_id=run_id, config=CONFIG, redis_client=redis_client, weight_poll_s=0.0
     )
     runtime.refresh_weights(force=True)
+    runtime.warm_up()
+    traces_after_warm_up = runtime.engine.trace_counts
     policy = BatchingPolicy(runtime, seed=0)
 
     async def two_turns():
@@ -65,7 +67,8 @@ def test_a_weight_update_lands_mid_turn_without_draining_it(redis_client, run_id
     assert (first.policy_version, first.last_policy_version) == (1, 2)
     assert second.policy_version == 2 and runtime.policy_version == 2
     # Weights fetched from Redis have the shapes and dtypes compiled for: nothing retraced.
-    assert runtime.engine.trace_counts == {"init_cache": 1, "prefill": 1, "decode": 1}
+    assert set(traces_after_warm_up) == {"init_cache", "prefill", "decode"}
+    assert runtime.engine.trace_counts == traces_after_warm_up
     assert runtime.engine.session_count == 0  # close() ended the session
 
 
