@@ -23,6 +23,7 @@ from tandem.run_config import RunConfig
 from workers.activity import process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
 from workers.environments import load_environment_class
+from workers.episode_loop import process_episode_loop
 from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
 
 logger = logging.getLogger(__name__)
@@ -77,8 +78,13 @@ def group_task_seed(run_seed: int, group_index: int) -> int:
 
 
 async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntime,
-                         first_group_index: int, num_groups: int) -> ProductionSummary:
-    """Run ``num_groups`` GRPO groups concurrently; XADD every trajectory as soon as it ends."""
+                         first_group_index: int, num_groups: int,
+                         redis_client: aioredis.Redis | None = None) -> ProductionSummary:
+    """Run ``num_groups`` GRPO groups concurrently; XADD every trajectory as soon as it ends.
+
+    ``redis_client``: a client of the running loop to stream with (the episode
+    loop's); by default one of this call's own, closed at the end.
+    """
     config = runtime.config
     environment_class = load_environment_class(spec.environment)
     limits = EpisodeLimits(
@@ -89,7 +95,7 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
     )
     policy = BatchingPolicy(runtime, seed=group_task_seed(config.seed, first_group_index))
     stream = trajectory_stream(spec.run_id)
-    client = aioredis.from_url(redis_url)
+    client = redis_client if redis_client is not None else aioredis.from_url(redis_url)
     started = time.perf_counter()
     failed = 0
 
@@ -124,7 +130,8 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
         await asyncio.gather(*episodes)
     finally:
         await policy.close()
-        await client.aclose()
+        if redis_client is None:
+            await client.aclose()
     return ProductionSummary(
         run_id=spec.run_id,
         episodes=num_groups * config.group_size,
@@ -159,9 +166,11 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
                 runtime.refresh_weights(force=True)
             except PolicyNotPublishedError as exc:
                 raise RunNotReadyError(str(exc)) from exc
-            summary = asyncio.run(produce_groups(
+            runtime.warm_up()
+            summary = process_episode_loop.run(produce_groups(
                 redis_url=redis_url, spec=spec, runtime=runtime,
                 first_group_index=first_group_index, num_groups=num_groups,
+                redis_client=process_episode_loop.redis(redis_url),
             ))
             return summary
         finally:

@@ -25,7 +25,12 @@ from trainer.model import Transformer, TransformerConfig, split_model
 from trainer.tokenizer import VOCAB_SIZE, ByteTokenizer
 from trainer.weights import RedisWeightPublisher
 from workers.environments import http_example_server
-from workers.environments.http import RemoteEnvironmentError, RemoteHTTPEnvironment
+from workers.environments.http import (
+    RemoteEnvironmentError,
+    RemoteHTTPEnvironment,
+    SharedHTTPClients,
+    shared_http_clients,
+)
 from workers.policy import PolicyRuntime
 from workers.producer import produce_groups
 
@@ -412,3 +417,102 @@ def test_openenv_episodes_stream_through_the_producer(openenv_url, producer):
     records = producer(spec)
     assert len(records) == 3 and all(r.status == "ok" for r in records), [r.failure_reason for r in records]
     assert '"prompt": "say ' in ByteTokenizer().decode(records[0].token_ids)
+
+
+# -- shared HTTP clients (a producer's episode loop) ---------------------------
+
+
+async def _remote_episode(url: str) -> float:
+    environment = RemoteHTTPEnvironment(url=url)
+    try:
+        prompt = await environment.reset(environment.sample_task(random.Random(5)))
+        result = await environment.tools[0].run({"expression": prompt.removesuffix("=?\n")})
+        step = await environment.step(f"A:{result.strip().removeprefix('=')}")
+        return step.reward
+    finally:
+        await environment.close()
+
+
+def _episodes_against_a_fresh_server(*, rounds: int, per_round: int, shared: SharedHTTPClients | None) -> tuple:
+    process, url = http_example_server.spawn(ready_timeout_s=20)
+    try:
+        async def play():
+            if shared is not None:
+                shared_http_clients.set(shared)
+            rewards = []
+            for _ in range(rounds):
+                rewards += await asyncio.gather(*(_remote_episode(url) for _ in range(per_round)))
+            if shared is not None:
+                await shared.aclose()
+            return rewards
+
+        before = httpx.get(f"{url}/stats").json()
+        rewards = asyncio.run(play())
+        after = httpx.get(f"{url}/stats").json()
+        # Each /stats request comes on a connection of its own: the second one is not the episodes'.
+        return rewards, after["requests"], after["connections"] - before["connections"] - 1
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_episodes_of_one_loop_share_connections_and_fetch_the_schema_once():
+    rewards, requests, connections = _episodes_against_a_fresh_server(rounds=3, per_round=8,
+                                                                      shared=SharedHTTPClients())
+    assert rewards == [1.0] * 24
+    assert requests["POST /reset"] == 24
+    assert requests["GET /schema"] == 1
+    # 8 episodes at a time need at most 8 connections; later rounds reuse them.
+    assert 1 <= connections <= 8
+
+
+def test_without_shared_clients_each_episode_connects_and_fetches_the_schema():
+    rewards, requests, connections = _episodes_against_a_fresh_server(rounds=2, per_round=4, shared=None)
+    assert rewards == [1.0] * 8
+    assert requests["GET /schema"] == 8
+    assert connections == 8
+
+
+def test_a_schema_is_refetched_after_its_ttl_and_a_failed_fetch_is_not_kept():
+    now = [0.0]
+    shared = SharedHTTPClients(schema_ttl_s=60, clock=lambda: now[0])
+    fetches = []
+
+    async def fetch():
+        fetches.append(now[0])
+        if len(fetches) == 2:
+            raise RemoteEnvironmentError("GET /schema: HTTP 503")
+        return {"fetch": len(fetches)}
+
+    async def scenario():
+        first = await asyncio.gather(*(shared.schema("http://a", fetch) for _ in range(5)))
+        now[0] = 59.0
+        cached = await shared.schema("http://a", fetch)
+        now[0] = 61.0
+        with pytest.raises(RemoteEnvironmentError):
+            await shared.schema("http://a", fetch)
+        after_failure = await shared.schema("http://a", fetch)
+        other_url = await shared.schema("http://b", fetch)
+        return first, cached, after_failure, other_url
+
+    first, cached, after_failure, other_url = asyncio.run(scenario())
+    assert first == [{"fetch": 1}] * 5 and cached == {"fetch": 1}
+    assert after_failure == {"fetch": 3} and other_url == {"fetch": 4}
+    assert fetches == [0.0, 61.0, 61.0, 61.0]
+
+
+def test_an_episode_timing_out_does_not_cancel_the_schema_fetch_others_wait_for():
+    shared = SharedHTTPClients()
+
+    async def slow_fetch():
+        await asyncio.sleep(0.2)
+        return {"name": "slow"}
+
+    async def scenario():
+        impatient = asyncio.ensure_future(asyncio.wait_for(shared.schema("http://a", slow_fetch), 0.05))
+        patient = asyncio.ensure_future(shared.schema("http://a", slow_fetch))
+        with pytest.raises(TimeoutError):
+            await impatient
+        return await patient
+
+    assert asyncio.run(scenario()) == {"name": "slow"}

@@ -9,6 +9,10 @@ The protocol (version 1, JSON bodies; docs/environments.md has the details):
 - ``POST /step`` ``{"episode_id": str, "action": str}`` -> ``{"observation": str, "reward": float, "done": bool, "info": {}}``
 - ``POST /tool`` ``{"episode_id": str, "name": str, "arguments": {...}}`` -> ``{"result": str}``
 
+``reset`` reads the schema first (the name and tools). In a producer, the
+episodes of a process share kept-alive connections and one schema per URL a
+minute (:class:`SharedHTTPClients`).
+
 ``sample_task`` must be synchronous and local (producers call it while
 planning a group), so it only draws ``{"remote_seed": n}``; ``reset`` asks the server for the
 task of that seed, and every episode of a GRPO group gets the same one.
@@ -26,11 +30,14 @@ the episode with that message as its reason.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import random
 import ssl
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -73,6 +80,76 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+# A shared client serves every episode in flight at once, each request on a connection of its
+# own, so connections are not capped; idle ones close after 2 s, before common servers' own idle
+# timeout (uvicorn's is 5 s), so a request never goes out on a connection the server is closing.
+_SHARED_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
+
+
+def _new_client(url: str, timeout_s: float, *, transport: httpx.AsyncBaseTransport | None = None,
+                limits: httpx.Limits | None = None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, timeout=timeout_s, transport=transport, verify=_tls_context(),
+                             **({"limits": limits} if limits is not None else {}))
+
+
+class SharedHTTPClients:
+    """HTTP clients the episodes of one event loop share: one per (URL, timeout), and the schema per URL.
+
+    With a client of its own, each episode opened a new connection and asked
+    for ``/schema`` on every reset: a TCP handshake and two of its four
+    requests before the first observation, on the producer's CPU and on the
+    environment server's. Shared clients keep connections alive between
+    episodes, and a URL's schema is fetched once per ``schema_ttl_s``
+    (concurrent resets wait for the same fetch; a failed fetch is not kept),
+    so a server redeployed with other tools is seen within that time.
+
+    The producer's episode loop (:mod:`workers.episode_loop`) sets
+    :data:`shared_http_clients` for its episodes; anywhere else an environment
+    uses a client of its own. Use an instance from one event loop only.
+    """
+
+    def __init__(self, *, schema_ttl_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.schema_ttl_s = schema_ttl_s
+        self._clock = clock
+        self._clients: dict[tuple[str, float], httpx.AsyncClient] = {}
+        self._schemas: dict[str, tuple[float, asyncio.Future]] = {}
+
+    def client(self, url: str, timeout_s: float) -> httpx.AsyncClient:
+        key = (url, timeout_s)
+        client = self._clients.get(key)
+        if client is None or client.is_closed:
+            client = self._clients[key] = _new_client(url, timeout_s, limits=_SHARED_LIMITS)
+        return client
+
+    async def schema(self, url: str, fetch: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """``url``'s schema payload, fetched with ``fetch`` unless a recent one is cached."""
+        cached = self._schemas.get(url)
+        now = self._clock()
+        if cached is None or now - cached[0] > self.schema_ttl_s:
+            cached = self._schemas[url] = (now, asyncio.ensure_future(fetch()))
+        fetching = cached[1]
+        try:
+            # Shielded: one episode timing out must not cancel the fetch others wait for.
+            return await asyncio.shield(fetching)
+        except BaseException:
+            failed = fetching.done() and (fetching.cancelled() or fetching.exception() is not None)
+            if failed and self._schemas.get(url) is cached:
+                del self._schemas[url]
+            raise
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        self._schemas.clear()
+        for client in clients:
+            await client.aclose()
+
+
+#: The shared clients of the running episode, if its loop has any.
+shared_http_clients: contextvars.ContextVar[SharedHTTPClients | None] = contextvars.ContextVar(
+    "shared_http_clients", default=None
+)
+
+
 class RemoteHTTPEnvironment(Environment):
     """Registration: entrypoint ``workers.environments.http:RemoteHTTPEnvironment``,
     params ``{"url": "http://host:port", "timeout_s": 10, "max_observation_chars": 8192,
@@ -94,6 +171,8 @@ class RemoteHTTPEnvironment(Environment):
         self.name: str | None = None
         self._episode_id: str | None = None
         self._client: httpx.AsyncClient | None = None
+        self._owns_client = False
+        self._shared: SharedHTTPClients | None = None
         self._transport = transport
 
     # -- transport ---------------------------------------------------------
@@ -101,14 +180,18 @@ class RemoteHTTPEnvironment(Environment):
     def _http(self) -> httpx.AsyncClient:
         # Created on first use: producers build an instance just to sample a task, never resetting it.
         if self._client is None:
-            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s,
-                                             transport=self._transport, verify=_tls_context())
+            self._shared = shared_http_clients.get() if self._transport is None else None
+            if self._shared is not None:
+                self._client, self._owns_client = self._shared.client(self.url, self.timeout_s), False
+            else:
+                self._client = _new_client(self.url, self.timeout_s, transport=self._transport)
+                self._owns_client = True
         return self._client
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        client, self._client = self._client, None
+        if client is not None and self._owns_client:
+            await client.aclose()
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
                        idempotent: bool) -> dict[str, Any]:
@@ -171,7 +254,12 @@ class RemoteHTTPEnvironment(Environment):
     async def fetch_schema(self) -> None:
         """Reads the environment's name and tools; ``reset`` calls it before the first observation."""
         where = "GET /schema"
-        payload = await self._request("GET", "/schema", idempotent=True)
+        self._http()  # decides whether this episode's loop shares clients and schemas
+        if self._shared is not None:
+            payload = await self._shared.schema(
+                self.url, lambda: self._request("GET", "/schema", idempotent=True))
+        else:
+            payload = await self._request("GET", "/schema", idempotent=True)
         version = _require(payload, "protocol_version", int, where=where)
         if version != PROTOCOL_VERSION:
             raise RemoteEnvironmentError(f"{where}: protocol_version {version}, this client speaks {PROTOCOL_VERSION}")

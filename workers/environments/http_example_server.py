@@ -2,6 +2,9 @@
 
     python -m workers.environments.http_example_server --port 8765 --latency-ms 200
 
+``GET /stats`` (not part of the protocol) tells what clients did: requests
+per route and the connections they came on, for tests and benchmarks.
+
 ``--latency-ms`` delays every step and tool call, like an environment that
 runs code or drives a browser: the case where asynchronous rollouts pay off,
 since the policy keeps generating for other episodes while this one waits.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import random
 import subprocess
@@ -41,6 +45,8 @@ class CalculatorServer:
         self.max_episodes = max_episodes
         self.episodes: dict[str, CalculatorEnvironment] = {}
         self.reset_attempts: dict[str, int] = {}
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.client_addresses: set[tuple[str, int]] = set()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -59,6 +65,9 @@ class CalculatorServer:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
+        self.requests[f"{scope['method']} {scope['path']}"] += 1
+        if scope.get("client"):
+            self.client_addresses.add(tuple(scope["client"]))
         fault, path = None, scope["path"]
         if path.startswith("/faults/"):
             parts = path.split("/", 3)  # "", "faults", mode, and the route without its slash
@@ -79,6 +88,8 @@ class CalculatorServer:
         route = (method, path)
         if route == ("GET", "/health"):
             return 200, {"status": "ok"}
+        if route == ("GET", "/stats"):
+            return 200, {"requests": dict(self.requests), "connections": len(self.client_addresses)}
         if route == ("GET", "/schema"):
             tool = CALCULATOR_TOOL
             return 200, {"name": "calculator", "protocol_version": 1,
