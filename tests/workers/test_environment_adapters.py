@@ -516,3 +516,30 @@ def test_an_episode_timing_out_does_not_cancel_the_schema_fetch_others_wait_for(
         return await patient
 
     assert asyncio.run(scenario()) == {"name": "slow"}
+
+
+def test_any_python_environment_can_be_served_and_played_remotely_turn_by_turn():
+    process, url = http_example_server.spawn(
+        environment="workers.environments.guessing_game:GuessingGameEnvironment", params={"high": 16})
+    try:
+        async def bisect():
+            environment = RemoteHTTPEnvironment(url=url)
+            task = environment.sample_task(random.Random(2))
+            prompt = await environment.reset(task)
+            low, high, hints = 1, 16, []
+            while True:
+                guess = (low + high) // 2
+                step = await environment.step(f"A:{guess}")
+                if step.done:
+                    await environment.close()
+                    return prompt, environment.name, hints, step
+                hints.append(step.observation)
+                low, high = (guess + 1, high) if step.observation == "higher\n" else (low, guess - 1)
+
+        prompt, name, hints, last = asyncio.run(bisect())
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert prompt == "Guess 1-16.\n" and name == "GuessingGameEnvironment"
+    assert last.info["outcome"] == "found" and last.reward == pytest.approx(0.9 ** len(hints))
+    assert set(hints) <= {"higher\n", "lower\n"}

@@ -1,6 +1,12 @@
-"""The calculator task served over Tandem's HTTP environment protocol.
+"""An in-process environment served over Tandem's HTTP environment protocol: the calculator by default.
 
     python -m workers.environments.http_example_server --port 8765 --latency-ms 200
+    python -m workers.environments.http_example_server --latency-ms 200 \
+        --environment workers.environments.guessing_game:GuessingGameEnvironment --params '{"high": 100}'
+
+Any :class:`~workers.environments.base.Environment` subclass can be served
+(one instance per episode; its tools answer ``/tool``), so an existing Python
+environment can run on another machine unchanged.
 
 ``GET /stats`` (not part of the protocol) tells what clients did: requests
 per route and the connections they came on, for tests and benchmarks.
@@ -30,20 +36,30 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-from workers.environments.calculator import CALCULATOR_TOOL, CalculatorEnvironment
+from workers.environments.base import Environment
+from workers.environments.calculator import CalculatorEnvironment
 
 FAULTS = ("garbage-json", "missing-field", "wrong-type", "huge-observation", "hang", "flaky")
 
 
-class CalculatorServer:
-    """An ASGI app; episodes live in memory, keyed by the client's episode id."""
+class EnvironmentServer:
+    """An ASGI app; episodes live in memory, keyed by the client's episode id.
 
-    def __init__(self, *, latency_ms: float = 0.0, max_episodes: int = 10_000):
+    ``environment_factory`` builds one environment per episode (and one to
+    draw tasks and declare tools); ``name`` is what ``/schema`` reports.
+    """
+
+    def __init__(self, environment_factory: Callable[[], Environment] = CalculatorEnvironment, *,
+                 name: str = "calculator", latency_ms: float = 0.0, max_episodes: int = 10_000):
+        self.environment_factory = environment_factory
+        self.name = name
+        self._task_source = environment_factory()
         self.latency_s = latency_ms / 1000
         self.max_episodes = max_episodes
-        self.episodes: dict[str, CalculatorEnvironment] = {}
+        self.episodes: dict[str, Environment] = {}
         self.reset_attempts: dict[str, int] = {}
         self.requests: collections.Counter[str] = collections.Counter()
         self.client_addresses: set[tuple[str, int]] = set()
@@ -91,12 +107,11 @@ class CalculatorServer:
         if route == ("GET", "/stats"):
             return 200, {"requests": dict(self.requests), "connections": len(self.client_addresses)}
         if route == ("GET", "/schema"):
-            tool = CALCULATOR_TOOL
-            return 200, {"name": "calculator", "protocol_version": 1,
+            return 200, {"name": self.name, "protocol_version": 1,
                          "tools": [{"name": tool.name, "description": tool.description,
-                                    "parameters": tool.parameters}]}
+                                    "parameters": tool.parameters} for tool in self._task_source.tools]}
         if route == ("POST", "/task"):
-            return 200, {"task": CalculatorEnvironment().sample_task(random.Random(int(request["seed"])))}
+            return 200, {"task": self._task_source.sample_task(random.Random(int(request["seed"])))}
         if route == ("POST", "/reset"):
             episode_id = str(request["episode_id"])
             if fault == "hang":
@@ -107,7 +122,7 @@ class CalculatorServer:
                     return 503, {"error": "warming up"}
             if len(self.episodes) >= self.max_episodes:
                 self.episodes.pop(next(iter(self.episodes)))  # oldest first: abandoned episodes do not leak
-            environment = CalculatorEnvironment()
+            environment = self.environment_factory()
             observation = await environment.reset(request["task"])
             self.episodes[episode_id] = environment
             if fault == "huge-observation":
@@ -131,17 +146,23 @@ class CalculatorServer:
                 payload["done"] = "yes"
             return 200, payload
         if route == ("POST", "/tool"):
-            if str(request["episode_id"]) not in self.episodes:
+            environment = self.episodes.get(str(request["episode_id"]))
+            if environment is None:
                 return 404, {"error": "unknown episode_id"}
-            if request["name"] != CALCULATOR_TOOL.name:
+            tool = next((tool for tool in environment.tools if tool.name == request["name"]), None)
+            if tool is None:
                 return 404, {"error": f"unknown tool {request['name']!r}"}
             await asyncio.sleep(self.latency_s)
-            return 200, {"result": await CALCULATOR_TOOL.run(dict(request["arguments"]))}
+            return 200, {"result": await tool.run(dict(request["arguments"]))}
         return 404, {"error": f"no route {method} {path}"}
 
 
-def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
-    """Run this server in a subprocess on a free local port; returns it and its URL once healthy."""
+def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0, environment: str | None = None,
+          params: dict[str, Any] | None = None) -> tuple[subprocess.Popen, str]:
+    """Run this server in a subprocess on a free local port; returns it and its URL once healthy.
+
+    ``environment``: ``module:Class`` to serve instead of the calculator, built with ``params``.
+    """
     import httpx
 
     from tandem.services import free_local_port
@@ -149,7 +170,8 @@ def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0) -> tuple[su
     port = free_local_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "workers.environments.http_example_server", "--port", str(port),
-         "--latency-ms", str(latency_ms)],
+         "--latency-ms", str(latency_ms),
+         *(["--environment", environment, "--params", json.dumps(params or {})] if environment else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
@@ -168,12 +190,26 @@ def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0) -> tuple[su
 def main() -> None:
     import uvicorn
 
+    from tandem.contracts import EnvironmentSpec
+    from workers.environments import load_environment_class
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="delay of every step and tool call")
+    parser.add_argument("--environment", help="module:Class of the environment to serve (default: the calculator)")
+    parser.add_argument("--params", default="{}", help="JSON object of the environment's constructor arguments")
+    parser.add_argument("--name", help="the name /schema reports (default: the class's name)")
     args = parser.parse_args()
-    uvicorn.run(CalculatorServer(latency_ms=args.latency_ms), host=args.host, port=args.port,
+    if args.environment:
+        environment_class = load_environment_class(EnvironmentSpec(
+            name=args.environment, kind="python", entrypoint=args.environment, params=json.loads(args.params)))
+        params = json.loads(args.params)
+        server = EnvironmentServer(lambda: environment_class(**params), name=args.name or environment_class.__name__,
+                                   latency_ms=args.latency_ms)
+    else:
+        server = EnvironmentServer(latency_ms=args.latency_ms)
+    uvicorn.run(server, host=args.host, port=args.port,
                 # Hung requests (the "hang" fault) must not hold a shutdown forever.
                 log_level="warning", timeout_graceful_shutdown=1)
 
