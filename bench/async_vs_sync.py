@@ -17,10 +17,21 @@ spare (their utilisation, the share of time they had a rollout task, stays
 below 1). That is the condition under which an asynchronous trainer should
 almost never wait.
 
+``--workload`` picks what an episode is (the policy is a fresh, untrained
+nano model and barely learns, so both modes run the same workload):
+
+- ``multi-turn`` (default): the guessing game served over HTTP, where a
+  malformed guess costs a guess and gets a format hint
+  (``retry_malformed``), so every episode takes its 6 turns: 6 environment
+  steps that each wait the latency, as a tool-using agent's would.
+- ``single-turn``: the calculator served over HTTP; the untrained policy
+  never calls its tool, so an episode is one reset and one step that waits
+  the latency.
+
 Prints one JSON line keyed by latency in milliseconds.
 
 Usage: ``python bench/async_vs_sync.py [--latencies 0,50,200,1000] [--rl-steps 6] [--repeats 3]
-[--capacity-updates 16]``
+[--capacity-updates 16] [--workload multi-turn|single-turn]``
 """
 
 from __future__ import annotations
@@ -80,6 +91,21 @@ def median_of(summaries: list[dict], name: str) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+# What each workload's environment server serves, and the run settings it needs.
+WORKLOADS = {
+    "multi-turn": {
+        "server": {"environment": "workers.environments.guessing_game:GuessingGameEnvironment",
+                   "params": {"max_guesses": 6, "retry_malformed": True}},
+        # 6 turns of up to 8 tokens and their hints fit in 256 tokens.
+        "config": {"max_turns": 6, "max_new_tokens": 8, "model": {"max_seq_len": 256}},
+    },
+    "single-turn": {
+        "server": {},
+        "config": {"max_turns": 2, "max_new_tokens": 16},
+    },
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--latencies", default="0,50,200,1000", help="environment step latencies, ms")
@@ -93,14 +119,15 @@ def main() -> None:
                              "so with latency-bound episodes its gain over sync is at most about this + 1")
     parser.add_argument("--capacity-updates", type=int, default=0,
                         help="updates per batch of the trainer-bound 200 ms row; 0: no such row")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="multi-turn")
     args = parser.parse_args()
     latencies = [int(value) for value in args.latencies.split(",")]
+    workload = WORKLOADS[args.workload]
 
     config = {
         "sft_steps": 0, "rl_steps": args.rl_steps, "groups_per_step": 4, "group_size": 8,
         "groups_per_task": 1, "rollout_backlog_steps": args.max_staleness, "max_staleness": args.max_staleness,
-        "max_turns": 2,
-        "max_new_tokens": 16,
+        **workload["config"],
         # The policy barely moves, so both modes run the same workload: a learning policy changes how
         # many turns and tool calls its episodes take, and a run that learned faster would look faster.
         "rl_learning_rate": 1e-9,
@@ -131,9 +158,9 @@ def main() -> None:
         for repeat in range(args.repeats):
             for key, latency, overrides in scenarios:
                 if latency not in environments:
-                    process, url = http_example_server.spawn(latency_ms=latency)
+                    process, url = http_example_server.spawn(latency_ms=latency, **workload["server"])
                     servers.append(process)
-                    environments[latency] = f"remote-calculator-{latency}ms"
+                    environments[latency] = f"remote-{args.workload}-{latency}ms"
                     client.post("/api/environments/", json={
                         "project": credentials.project_id, "name": environments[latency], "kind": "http",
                         "settings": {"url": url, "timeout_s": 30},
@@ -186,7 +213,7 @@ def main() -> None:
             "statuses": sorted({r["status"] for r in async_runs + sync_runs}),
             "repeats": {"async": async_runs, "sync": sync_runs},
         }
-    output["config"] = {**config, "workers": stack.config.workers, "repeats": args.repeats,
+    output["config"] = {**config, "workload": args.workload, "workers": stack.config.workers, "repeats": args.repeats,
                         "capacity_updates_per_batch": args.capacity_updates,
                         "worker_concurrency": stack.config.worker_concurrency,
                         "episodes_per_step": episodes_per_step}

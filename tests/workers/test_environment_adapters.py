@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 import subprocess
 import time
@@ -26,6 +27,7 @@ from trainer.tokenizer import VOCAB_SIZE, ByteTokenizer
 from trainer.weights import RedisWeightPublisher
 from workers.environments import http_example_server
 from workers.environments.http import (
+    EPISODES_PER_CLIENT,
     RemoteEnvironmentError,
     RemoteHTTPEnvironment,
     SharedHTTPClients,
@@ -543,3 +545,24 @@ def test_any_python_environment_can_be_served_and_played_remotely_turn_by_turn()
     assert prompt == "Guess 1-16.\n" and name == "GuessingGameEnvironment"
     assert last.info["outcome"] == "found" and last.reward == pytest.approx(0.9 ** len(hints))
     assert set(hints) <= {"higher\n", "lower\n"}
+
+
+def test_each_shared_client_serves_at_most_a_few_episodes_at_once():
+    shared = SharedHTTPClients()
+
+    async def scenario():
+        first_nine = [shared.lease("http://a", 10.0) for _ in range(9)]
+        other_timeout = shared.lease("http://a", 30.0)
+        for client in first_nine[:4]:
+            shared.release(client)
+        reused = shared.lease("http://a", 10.0)
+        count = shared.client_count()
+        await shared.aclose()
+        return first_nine, other_timeout, reused, count
+
+    first_nine, other_timeout, reused, count = asyncio.run(scenario())
+    uses = collections.Counter(id(client) for client in first_nine)
+    assert sorted(uses.values()) == [1, EPISODES_PER_CLIENT, EPISODES_PER_CLIENT]
+    assert id(other_timeout) not in uses
+    assert reused is first_nine[0]  # the least used one, freed by the releases
+    assert count == 4 and all(client.is_closed for client in first_nine)

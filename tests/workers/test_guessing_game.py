@@ -38,6 +38,16 @@ def test_a_malformed_guess_ends_the_episode_without_reward():
     assert result.done and result.reward == 0.0 and result.info["outcome"] == "malformed guess"
 
 
+def test_with_retry_malformed_a_malformed_guess_costs_a_guess_and_says_the_format():
+    results = _play(GuessingGameEnvironment(max_guesses=3, retry_malformed=True), 37, ["fifty", "A:37"])
+    assert [r.observation for r in results] == ["answer as A:<number>\n", ""]
+    assert results[0].info == {"outcome": "malformed guess", "guesses": 1} and not results[0].done
+    assert results[1].done and results[1].reward == pytest.approx(0.9)
+
+    out_of_guesses = _play(GuessingGameEnvironment(max_guesses=2, retry_malformed=True), 37, ["?", "??"])
+    assert [r.done for r in out_of_guesses] == [False, True] and out_of_guesses[-1].reward == 0.0
+
+
 def test_tasks_stay_in_range_and_follow_the_seed():
     environment = GuessingGameEnvironment(low=5, high=9)
     targets = [environment.sample_task(random.Random(seed))["target"] for seed in range(50)]

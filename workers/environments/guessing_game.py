@@ -20,9 +20,13 @@ _GUESS = re.compile(r"^\s*A:\s*(-?\d+)\s*$")
 
 class GuessingGameEnvironment(Environment):
     def __init__(self, *, low: int = 1, high: int = 100, max_guesses: int = 10, turn_discount: float = 0.9,
-                 binary_search_fraction: float = 0.7):
+                 binary_search_fraction: float = 0.7, retry_malformed: bool = False):
         """``binary_search_fraction``: share of demonstrations that bisect exactly; the rest
-        guess anywhere consistent with the hints, so SFT leaves room for RL."""
+        guess anywhere consistent with the hints, so SFT leaves room for RL.
+
+        ``retry_malformed``: an answer that is not ``A:<number>`` costs a guess and is
+        answered with the expected format, instead of ending the episode, as
+        environments that tell the agent what they expected do."""
         if low >= high:
             raise ValueError("low must be below high")
         if max_guesses < 1:
@@ -33,6 +37,7 @@ class GuessingGameEnvironment(Environment):
         self.max_guesses = max_guesses
         self.turn_discount = turn_discount
         self.binary_search_fraction = binary_search_fraction
+        self.retry_malformed = retry_malformed
         self._target: int | None = None
         self._guesses = 0
 
@@ -54,7 +59,12 @@ class GuessingGameEnvironment(Environment):
             raise RuntimeError("step() called before reset()")
         match = _GUESS.match(action)
         if match is None:
-            return StepResult("", 0.0, True, {"outcome": "malformed guess", "guesses": self._guesses})
+            if not self.retry_malformed:
+                return StepResult("", 0.0, True, {"outcome": "malformed guess", "guesses": self._guesses})
+            self._guesses += 1
+            done = self._guesses >= self.max_guesses
+            return StepResult("" if done else "answer as A:<number>\n", 0.0, done,
+                              {"outcome": "malformed guess", "guesses": self._guesses})
         self._guesses += 1
         guess = int(match.group(1))
         if guess == self._target:
