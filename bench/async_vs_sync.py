@@ -114,9 +114,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each mode per latency")
-    parser.add_argument("--max-staleness", type=int, default=2,
-                        help="the run's max_staleness: async keeps this many steps + 1 of episodes in flight, "
-                             "so with latency-bound episodes its gain over sync is at most about this + 1")
+    parser.add_argument("--max-staleness", type=int, default=4,
+                        help="the run's max_staleness: async keeps this many steps + 1 of episodes requested, "
+                             "in flight or finished and waiting for their step, so with latency-bound episodes "
+                             "its gain over sync is at most about this + 1")
     parser.add_argument("--capacity-updates", type=int, default=0,
                         help="updates per batch of the trainer-bound 200 ms row; 0: no such row")
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="multi-turn")

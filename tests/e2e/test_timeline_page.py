@@ -10,24 +10,36 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.browser import launch_chromium, log_in
+from tests.e2e.conftest import example_http_environment, register_http_environment
 
-# Synchronous, so every RL step waits for a whole round of episodes: the run lasts several of the
-# page's 3 s polls, and the test sees it grow. Asynchronous, on a quiet machine, the steps after the
-# first could all land between two polls.
-RUN = {"sft_steps": 10, "rl_steps": 12, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1,
+# Synchronous against an environment whose every step takes 1 s, so each of the 12 RL steps waits
+# at least that long for its episodes: the run lasts several of the page's 3 s polls whatever the
+# machine's speed, and the test sees it grow. (On the in-process calculator, once nothing compiled
+# mid-run, the steps after the first all landed between two polls.)
+RUN = {"sft_steps": 0, "rl_steps": 12, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1,
        "pipeline": "sync"}
+STEP_LATENCY_MS = 1000
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
-def test_the_timeline_of_a_real_run_draws_every_step_and_episode(stack, credentials):
+@pytest.fixture
+def one_second_environment_url():
+    with example_http_environment(latency_ms=STEP_LATENCY_MS) as url:
+        yield url
+
+
+def test_the_timeline_of_a_real_run_draws_every_step_and_episode(stack, credentials, one_second_environment_url):
     local, _ = stack
     base = local.config.platform_url
     api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
+    register_http_environment(api, project_id=credentials.project_id, name="timeline-remote",
+                              url=one_second_environment_url)
     created = api.post("/api/runs/", json={"project": credentials.project_id, "name": "timeline",
-                                           "environment": "calculator", "config": RUN})
+                                           "environment": "timeline-remote", "config": RUN})
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]
     steps = RUN["sft_steps"] + RUN["rl_steps"]
