@@ -14,6 +14,7 @@ completion reports the version of its first token.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Hashable
@@ -29,6 +30,8 @@ from trainer.model import Transformer, split_model
 from trainer.tokenizer import load_tokenizer
 from trainer.weights import RedisWeightSubscriber
 from workers.settings import task_concurrency
+
+logger = logging.getLogger(__name__)
 
 
 class PolicyNotPublishedError(RuntimeError):
@@ -114,12 +117,18 @@ class PolicyRuntime:
         for large models), and the first steps of a run would pay for all
         of them. Engines of the same model share their compiled functions, so
         the runtime of a later run on the same model only runs each bucket
-        once. Needs the first weights (:meth:`refresh_weights`).
+        once. Needs the first weights (:meth:`refresh_weights`). A failure is
+        logged and leaves compiling to first use.
         """
         with self._warm_lock:
-            if not self._warm:
+            if self._warm:
+                return
+            self._warm = True  # tried once: a failure falls back to compiling on first use
+            try:
                 self.engine.warmup()
-                self._warm = True
+            except Exception:  # noqa: BLE001 - e.g. the largest bucket does not fit the device
+                logger.exception("run %s: warming up the inference engine failed; buckets compile on first use",
+                                 self.run_id)
 
     def close(self) -> None:
         """Stop the engine's thread and cancel what it still holds."""

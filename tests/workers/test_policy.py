@@ -114,3 +114,25 @@ def test_the_engine_has_a_row_for_every_episode_of_every_task_thread_by_default(
     assert inference_slots(config, task_concurrency=4) == 64
     assert inference_slots(config, task_concurrency=100) == 256
     assert inference_slots(RunConfig.model_validate({"inference_slots": 12}), task_concurrency=4) == 12
+
+
+def test_a_failed_warm_up_is_logged_and_buckets_compile_on_first_use(redis_client, run_id, caplog):
+    runtime = PolicyRuntime(run_id=run_id, config=CONFIG, redis_client=redis_client, weight_poll_s=0.0)
+    try:
+        runtime.warm_up()  # before the first weights: the engine refuses to warm up
+        assert "warming up the inference engine failed" in caplog.text
+        RedisWeightPublisher(redis_client).publish(run_id=run_id, version=1, params=_params(0))
+        runtime.refresh_weights(force=True)
+        runtime.warm_up()  # tried once already: nothing happens
+
+        async def one_turn():
+            policy = BatchingPolicy(runtime, seed=0)
+            completion = await policy.generate([BOS_ID, 65, 66], session_id="episode")
+            await policy.close()
+            return completion
+
+        completion = asyncio.run(one_turn())
+    finally:
+        runtime.close()
+    assert caplog.text.count("warming up the inference engine failed") == 1
+    assert completion.token_ids and completion.policy_version == 1
