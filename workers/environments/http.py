@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import json
 import random
@@ -80,14 +81,21 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-# A shared client's connections are not capped: each episode in flight has at most one request
-# out. Idle ones close after 2 s, before common servers' own idle timeout (uvicorn's is 5 s),
-# so a request never goes out on a connection the server is closing.
-_SHARED_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
-
 # httpx's pool walks all of a client's connections, with a syscall for each, on every request:
 # one client for 96 episodes cost 2.9 ms of CPU per request, a client per 4 episodes 0.6 ms.
 EPISODES_PER_CLIENT = 4
+
+# An episode has at most one request out, so a shared client needs no more connections than the
+# episodes it serves. Idle ones close after 2 s, before common servers' own idle timeout
+# (uvicorn's is 5 s), so a request never goes out on a connection the server is closing.
+_SHARED_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=EPISODES_PER_CLIENT,
+                              keepalive_expiry=2.0)
+
+
+@dataclasses.dataclass
+class _Lease:
+    client: httpx.AsyncClient
+    episodes: int = 0
 
 
 def _new_client(url: str, timeout_s: float, *, transport: httpx.AsyncBaseTransport | None = None,
@@ -103,9 +111,10 @@ class SharedHTTPClients:
     for ``/schema`` on every reset: a TCP handshake and two of its four
     requests before the first observation, on the producer's CPU and on the
     environment server's. Shared clients keep connections alive between
-    episodes (each client serves up to ``EPISODES_PER_CLIENT`` at once), and a URL's schema is fetched once per ``schema_ttl_s``
-    (concurrent resets wait for the same fetch; a failed fetch is not kept),
-    so a server redeployed with other tools is seen within that time.
+    episodes (a client serves up to ``EPISODES_PER_CLIENT`` at once), and a
+    URL's schema is fetched once per ``schema_ttl_s`` (concurrent resets wait
+    for the same fetch; a failed fetch is not kept), so a server redeployed
+    with other tools is seen within that time.
 
     The producer's episode loop (:mod:`workers.episode_loop`) sets
     :data:`shared_http_clients` for its episodes; anywhere else an environment
@@ -115,30 +124,29 @@ class SharedHTTPClients:
     def __init__(self, *, schema_ttl_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
         self.schema_ttl_s = schema_ttl_s
         self._clock = clock
-        # (url, timeout) -> [client, episodes using it]
-        self._clients: dict[tuple[str, float], list[list]] = {}
+        self._leases: dict[tuple[str, float], list[_Lease]] = {}
         self._schemas: dict[str, tuple[float, asyncio.Future]] = {}
 
     def lease(self, url: str, timeout_s: float) -> httpx.AsyncClient:
         """A client for one episode, shared with at most ``EPISODES_PER_CLIENT - 1`` others; :meth:`release` it."""
-        leases = self._clients.setdefault((url, timeout_s), [])
-        leases[:] = [lease for lease in leases if not lease[0].is_closed]
-        least_used = min(leases, key=lambda lease: lease[1], default=None)
-        if least_used is None or least_used[1] >= EPISODES_PER_CLIENT:
-            least_used = [_new_client(url, timeout_s, limits=_SHARED_LIMITS), 0]
+        leases = self._leases.setdefault((url, timeout_s), [])
+        leases[:] = [lease for lease in leases if not lease.client.is_closed]
+        least_used = min(leases, key=lambda lease: lease.episodes, default=None)
+        if least_used is None or least_used.episodes >= EPISODES_PER_CLIENT:
+            least_used = _Lease(_new_client(url, timeout_s, limits=_SHARED_LIMITS))
             leases.append(least_used)
-        least_used[1] += 1
-        return least_used[0]
+        least_used.episodes += 1
+        return least_used.client
 
     def release(self, client: httpx.AsyncClient) -> None:
-        for leases in self._clients.values():
+        for leases in self._leases.values():
             for lease in leases:
-                if lease[0] is client:
-                    lease[1] -= 1
+                if lease.client is client:
+                    lease.episodes -= 1
                     return
 
     def client_count(self) -> int:
-        return sum(len(leases) for leases in self._clients.values())
+        return sum(len(leases) for leases in self._leases.values())
 
     async def schema(self, url: str, fetch: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """``url``'s schema payload, fetched with ``fetch`` unless a recent one is cached."""
@@ -157,10 +165,10 @@ class SharedHTTPClients:
             raise
 
     async def aclose(self) -> None:
-        leases, self._clients = [lease for leases in self._clients.values() for lease in leases], {}
+        leases, self._leases = [lease for leases in self._leases.values() for lease in leases], {}
         self._schemas.clear()
-        for client, _ in leases:
-            await client.aclose()
+        for lease in leases:
+            await lease.client.aclose()
 
 
 #: The shared clients of the running episode, if its loop has any.
