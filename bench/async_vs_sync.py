@@ -5,7 +5,8 @@ which it flushes) and one example HTTP environment server per latency
 (``workers.environments.http_example_server``), then trains the same run
 config with ``pipeline: async`` and ``pipeline: sync`` for each latency,
 ``--repeats`` times, async and sync runs interleaved so that drift in a shared
-machine's speed falls on both. Throughput is trained samples per second of
+machine's speed falls on both. Runs go one at a time, each once the previous
+run's producers are idle (an async run leaves episodes in flight when it ends). Throughput is trained samples per second of
 the RL steps after the first (which pays for compilation); the trainer idle
 fraction is the share of those steps spent waiting for trajectories. Each
 latency reports the median over repeats, and every repeat's figures.
@@ -49,6 +50,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tandem.contracts import ProducerReport, producers_key  # noqa: E402
 from tandem.stack import LocalStack, StackConfig  # noqa: E402
 from workers.environments import http_example_server  # noqa: E402
 
@@ -84,6 +86,22 @@ def summarise(points: list[dict], episodes_per_step: int) -> dict:
         "steps_measured": len(steps),
         "staleness_max": max((v.get("staleness_max", 0.0) for v in steps), default=None),
     }
+
+
+def wait_for_idle_producers(client: redis.Redis, run_id: int, timeout_s: float = 120.0) -> float:
+    """Seconds until no producer runs a task of the finished ``run_id`` any more.
+
+    A run's last steps leave episodes in flight (async asks ahead); the next run
+    must not share the cores with them, or its first steps would be measured slower.
+    """
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        reports = [ProducerReport.model_validate_json(raw)
+                   for raw in client.hgetall(producers_key(run_id)).values()]
+        if all(report.running_tasks == 0 for report in reports):
+            break
+        time.sleep(0.5)
+    return round(time.monotonic() - started, 1)
 
 
 def median_of(summaries: list[dict], name: str) -> float | None:
@@ -155,7 +173,7 @@ def main() -> None:
         if args.capacity_updates:
             scenarios.append(("capacity", 200, {"algorithm": {"updates_per_batch": args.capacity_updates}}))
         environments: dict[int, str] = {}
-        runs = []
+        redis_client = redis.Redis.from_url(args.redis_url)
         for repeat in range(args.repeats):
             for key, latency, overrides in scenarios:
                 if latency not in environments:
@@ -177,17 +195,17 @@ def main() -> None:
                         "config": {**config, **overrides, "pipeline": pipeline},
                     })
                     response.raise_for_status()
-                    runs.append((key, pipeline, response.json()["id"]))
-        for key, pipeline, run_id in runs:
-            while True:
-                stack.check_alive()
-                status = client.get(f"/api/runs/{run_id}/").json()["status"]
-                if status in {"finished", "failed", "cancelled"}:
-                    break
-                time.sleep(1)
-            summary = summarise(run_metrics(client, run_id), episodes_per_step)
-            summary["status"] = status
-            results.setdefault(key, {}).setdefault(pipeline, []).append(summary)
+                    run_id = response.json()["id"]
+                    while True:
+                        stack.check_alive()
+                        status = client.get(f"/api/runs/{run_id}/").json()["status"]
+                        if status in {"finished", "failed", "cancelled"}:
+                            break
+                        time.sleep(1)
+                    summary = summarise(run_metrics(client, run_id), episodes_per_step)
+                    summary["status"] = status
+                    summary["producers_idle_after_s"] = wait_for_idle_producers(redis_client, run_id)
+                    results.setdefault(key, {}).setdefault(pipeline, []).append(summary)
     finally:
         stack.stop()
         for process in servers:
