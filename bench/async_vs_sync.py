@@ -84,6 +84,8 @@ def summarise(points: list[dict], episodes_per_step: int) -> dict:
         "samples_produced_per_s": mean_of("samples_produced_per_s"),
         "idle_fraction_by_step": [round(v["trainer_idle_fraction"], 3) for v in steps],
         "steps_measured": len(steps),
+        # Where a measured step's wall time goes (seconds, means): waiting, the update, publishing.
+        "step_s": {name: mean_of(name) for name in ("wall_s", "wait_s", "compute_s", "publish_s", "other_s")},
         "staleness_max": max((v.get("staleness_max", 0.0) for v in steps), default=None),
     }
 
