@@ -107,9 +107,20 @@ process_activity = ProducerActivity()
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
 
+# Task threads report as their tasks start and end. Taking the snapshot and writing it under one
+# lock keeps the writes in snapshot order: otherwise a thread's older snapshot could land last and
+# show a task running after the process went idle.
+_report_lock = threading.Lock()
+
+
 def report_activity(client: redis.Redis, run_id: int, activity: ProducerActivity = process_activity,
                     *, worker: str = WORKER_NAME) -> ProducerReport:
     """Write this process's :class:`ProducerReport` for ``run_id`` (with its circuit breakers)."""
+    with _report_lock:
+        return _write_report(client, run_id, activity, worker=worker)
+
+
+def _write_report(client: redis.Redis, run_id: int, activity: ProducerActivity, *, worker: str) -> ProducerReport:
     uptime, busy, running, episodes, failed = activity.snapshot(run_id)
     process = psutil.Process()
     cpu = process.cpu_times()
