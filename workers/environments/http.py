@@ -82,7 +82,8 @@ def _tls_context() -> ssl.SSLContext:
 
 
 # httpx's pool walks all of a client's connections, with a syscall for each, on every request:
-# one client for 96 episodes cost 2.9 ms of CPU per request, a client per 4 episodes 0.6 ms.
+# one client for 96 episodes cost 3.0 ms of CPU per request, a client per 4 episodes 0.7 ms
+# (bench/http_clients.py).
 EPISODES_PER_CLIENT = 4
 
 # An episode has at most one request out, so a shared client needs no more connections than the
