@@ -54,18 +54,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    process, url = http_example_server.spawn(latency_ms=50)
     shared, leased = [], []
-    try:
+    with http_example_server.running(latency_ms=50) as url:
         per_client = -(-args.episodes // EPISODES_PER_CLIENT)
         for _ in range(args.repeats):
             shared.append(asyncio.run(cpu_ms_per_request(url, clients=1, episodes=args.episodes,
                                                          requests=args.requests)))
             leased.append(asyncio.run(cpu_ms_per_request(url, clients=per_client, episodes=args.episodes,
                                                          requests=args.requests)))
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
     one, many = statistics.median(shared), statistics.median(leased)
     print(json.dumps({
         "one_client_cpu_ms_per_request": round(one, 3),

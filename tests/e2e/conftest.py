@@ -103,14 +103,10 @@ def user_api(stack: LocalStack, credentials: Credentials) -> httpx.Client:
 def example_http_environment(*, latency_ms: float):
     """The example HTTP environment server with ``latency_ms`` per step and tool call; yields its URL."""
     try:
-        process, url = http_example_server.spawn(latency_ms=latency_ms)
-    except RuntimeError as exc:
+        with http_example_server.running(latency_ms=latency_ms) as url:
+            yield url
+    except http_example_server.ServerNotHealthyError as exc:
         pytest.fail(str(exc))
-    try:
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def register_http_environment(api: httpx.Client, *, project_id: int, name: str, url: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
-import subprocess
 import time
 from pathlib import Path
 
@@ -47,18 +46,10 @@ CONFIG = RunConfig(
 @pytest.fixture(scope="module")
 def server_url():
     try:
-        process, url = http_example_server.spawn(ready_timeout_s=20)
-    except RuntimeError as exc:
+        with http_example_server.running(ready_timeout_s=20) as url:
+            yield url
+    except http_example_server.ServerNotHealthyError as exc:
         pytest.fail(str(exc))
-    try:
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -436,8 +427,7 @@ async def _remote_episode(url: str) -> float:
 
 
 def _episodes_against_a_fresh_server(*, rounds: int, per_round: int, shared: SharedHTTPClients | None) -> tuple:
-    process, url = http_example_server.spawn(ready_timeout_s=20)
-    try:
+    with http_example_server.running(ready_timeout_s=20) as url:
         async def play():
             if shared is not None:
                 shared_http_clients.set(shared)
@@ -451,11 +441,8 @@ def _episodes_against_a_fresh_server(*, rounds: int, per_round: int, shared: Sha
         before = httpx.get(f"{url}/stats").json()
         rewards = asyncio.run(play())
         after = httpx.get(f"{url}/stats").json()
-        # Each /stats request comes on a connection of its own: the second one is not the episodes'.
-        return rewards, after["requests"], after["connections"] - before["connections"] - 1
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    # Each /stats request comes on a connection of its own: the second one is not the episodes'.
+    return rewards, after["requests"], after["connections"] - before["connections"] - 1
 
 
 def test_episodes_of_one_loop_share_connections_and_fetch_the_schema_once():
@@ -521,9 +508,8 @@ def test_an_episode_timing_out_does_not_cancel_the_schema_fetch_others_wait_for(
 
 
 def test_any_python_environment_can_be_served_and_played_remotely_turn_by_turn():
-    process, url = http_example_server.spawn(
-        environment="workers.environments.guessing_game:GuessingGameEnvironment", params={"high": 16})
-    try:
+    with http_example_server.running(
+            environment="workers.environments.guessing_game:GuessingGameEnvironment", params={"high": 16}) as url:
         async def bisect():
             environment = RemoteHTTPEnvironment(url=url)
             task = environment.sample_task(random.Random(2))
@@ -539,9 +525,6 @@ def test_any_python_environment_can_be_served_and_played_remotely_turn_by_turn()
                 low, high = (guess + 1, high) if step.observation == "higher\n" else (low, guess - 1)
 
         prompt, name, hints, last = asyncio.run(bisect())
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
     assert prompt == "Guess 1-16.\n" and name == "GuessingGameEnvironment"
     assert last.info["outcome"] == "found" and last.reward == pytest.approx(0.9 ** len(hints))
     assert set(hints) <= {"higher\n", "lower\n"}

@@ -34,10 +34,8 @@ def _python(entrypoint: str, **params) -> EnvironmentSpec:
 
 @pytest.fixture(scope="module")
 def example_server():
-    process, url = http_example_server.spawn()
-    yield url
-    process.kill()
-    process.wait()
+    with http_example_server.running() as url:
+        yield url
 
 
 def test_the_builtin_calculator_passes_every_check_quickly():

@@ -31,12 +31,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from workers.environments.base import Environment
@@ -157,6 +158,10 @@ class EnvironmentServer:
         return 404, {"error": f"no route {method} {path}"}
 
 
+class ServerNotHealthyError(RuntimeError):
+    """A spawned example server did not answer ``/health`` in time."""
+
+
 def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0, environment: str | None = None,
           params: dict[str, Any] | None = None) -> tuple[subprocess.Popen, str]:
     """Run this server in a subprocess on a free local port; returns it and its URL once healthy.
@@ -184,7 +189,22 @@ def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0, environment
             time.sleep(0.1)
     process.kill()
     process.wait()
-    raise RuntimeError(f"the example environment server on {url} did not become healthy")
+    raise ServerNotHealthyError(f"the example environment server on {url} did not become healthy")
+
+
+@contextlib.contextmanager
+def running(**spawn_arguments: Any) -> Iterator[str]:
+    """:func:`spawn` a server for the ``with`` block; yields its URL and stops it afterwards."""
+    process, url = spawn(**spawn_arguments)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def main() -> None:
@@ -202,9 +222,9 @@ def main() -> None:
     parser.add_argument("--name", help="the name /schema reports (default: the class's name)")
     args = parser.parse_args()
     if args.environment:
-        environment_class = load_environment_class(EnvironmentSpec(
-            name=args.environment, kind="python", entrypoint=args.environment, params=json.loads(args.params)))
         params = json.loads(args.params)
+        environment_class = load_environment_class(EnvironmentSpec(
+            name=args.environment, kind="python", entrypoint=args.environment, params=params))
         server = EnvironmentServer(lambda: environment_class(**params), name=args.name or environment_class.__name__,
                                    latency_ms=args.latency_ms)
     else:
