@@ -308,12 +308,10 @@ class InferenceEngine:
     ):
         if num_slots < 1 or chunk_size < 1:
             raise ValueError("num_slots and chunk_size must be at least 1")
-        self._graphdef = graphdef
         self._config = config
         self._eos_id = eos_id
         self._pad_id = pad_id
         self._num_slots = num_slots
-        self._chunk_size = chunk_size
         max_seq_len = config.max_seq_len
         # One scratch slot past max_seq_len: rows that are not decoding write there.
         self._cache_len = max_seq_len + 1
