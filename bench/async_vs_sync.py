@@ -6,8 +6,9 @@ which it flushes) and one example HTTP environment server per latency
 config with ``pipeline: async`` and ``pipeline: sync`` for each latency,
 ``--repeats`` times, async and sync runs interleaved so that drift in a shared
 machine's speed falls on both. Runs go one at a time, each once the previous
-run's producers are idle (an async run leaves episodes in flight when it ends). Throughput is trained samples per second of
-the RL steps after the first (which pays for compilation); the trainer idle
+run's producers are idle (an async run leaves episodes in flight when it
+ends). Throughput is trained samples per second of the RL steps after the
+first (which pays for compilation and warm-up); the trainer idle
 fraction is the share of those steps spent waiting for trajectories. Each
 latency reports the median over repeats, and every repeat's figures.
 
