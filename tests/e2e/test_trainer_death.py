@@ -19,7 +19,10 @@ from tandem.stack import LocalStack
 from tests.e2e.conftest import private_stack, user_api
 from trainer.weights import RedisWeightSubscriber
 
-SFT_STEPS, RL_STEPS, CHECKPOINT_EVERY, GROUP_SIZE, GROUPS_PER_STEP = 4, 10, 3, 4, 2
+# The kill waits for the moment the newest update is one past a checkpoint, which lasts one step;
+# 30 RL steps give it eight such moments, so a fast pipeline (a step in about 0.1 s once nothing
+# compiles mid-run) cannot finish the run before the 50 ms poll catches one.
+SFT_STEPS, RL_STEPS, CHECKPOINT_EVERY, GROUP_SIZE, GROUPS_PER_STEP = 4, 30, 3, 4, 2
 
 
 @pytest.fixture
