@@ -1,10 +1,18 @@
-"""CPU per HTTP request of episodes sharing one client against a client per few episodes.
+"""CPU per HTTP request of remote environments: the producers' aiohttp session against httpx.
 
-Starts the example environment server (50 ms per step), then runs 96 concurrent
-"episodes" that each send 10 requests, once with every episode on one shared
-httpx client and once with a client per ``EPISODES_PER_CLIENT`` episodes (what
-``SharedHTTPClients`` hands out), alternating ``--repeats`` times. Reports this
-process's CPU milliseconds per request for each, and their ratio.
+Starts the example environment server (50 ms per step), then runs 96
+concurrent "episodes" that each send 10 requests, alternating ``--repeats``
+times between:
+
+- ``aiohttp_shared``: every episode on one aiohttp session, as a producer's
+  episodes share :class:`~workers.environments.http.SharedHTTPSession`'s;
+- ``httpx_per_4``: an httpx client per 4 episodes, the producers' transport
+  before (httpx's pool walks every connection on each request, so sharing
+  one client among more episodes cost more per request);
+- ``httpx_shared``: every episode on one httpx client.
+
+Reports this process's CPU milliseconds per request for each (median over
+repeats) and the ratios of the httpx ones to aiohttp's.
 
 Usage: ``python bench/http_clients.py [--episodes 96] [--requests 10] [--repeats 3]``
 """
@@ -17,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -24,28 +33,51 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workers.environments import http_example_server  # noqa: E402
-from workers.environments.http import _SHARED_LIMITS, EPISODES_PER_CLIENT, _new_client  # noqa: E402
+from workers.environments.http import SharedHTTPSession  # noqa: E402
+
+EPISODE_TURN_S = 0.05  # the policy's turn between two requests of an episode
+HTTPX_EPISODES_PER_CLIENT = 4
 
 
-async def cpu_ms_per_request(url: str, *, clients: int, episodes: int, requests: int) -> float:
-    # Each client keeps alive a connection for every episode it serves, as SharedHTTPClients' do.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=-(-episodes // clients),
-                          keepalive_expiry=_SHARED_LIMITS.keepalive_expiry)
-    pool = [_new_client(url, 30.0, limits=limits) for _ in range(clients)]
-
+async def cpu_ms_per_request(post: Callable[[int], Awaitable[None]], *, episodes: int, requests: int) -> float:
     async def episode(index: int) -> None:
-        client = pool[index % clients]
         for _ in range(requests):
-            response = await client.post("/task", json={"seed": index})
-            response.json()
-            await asyncio.sleep(0.05)  # the episode's policy turn
+            await post(index)
+            await asyncio.sleep(EPISODE_TURN_S)
 
     started = time.process_time()
     await asyncio.gather(*(episode(index) for index in range(episodes)))
-    cpu_s = time.process_time() - started
-    for client in pool:
-        await client.aclose()
-    return cpu_s * 1000 / (episodes * requests)
+    return (time.process_time() - started) * 1000 / (episodes * requests)
+
+
+async def aiohttp_shared(url: str, *, episodes: int, requests: int) -> float:
+    shared = SharedHTTPSession()
+
+    async def post(index: int) -> None:
+        async with shared.session().post(f"{url}/task", json={"seed": index}) as response:
+            json.loads(await response.read())
+
+    try:
+        return await cpu_ms_per_request(post, episodes=episodes, requests=requests)
+    finally:
+        await shared.aclose()
+
+
+async def httpx_clients(url: str, *, episodes: int, requests: int, episodes_per_client: int) -> float:
+    # Each client keeps alive a connection for every episode it serves.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=episodes_per_client, keepalive_expiry=2.0)
+    clients = [httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits)
+               for _ in range(-(-episodes // episodes_per_client))]
+
+    async def post(index: int) -> None:
+        response = await clients[index // episodes_per_client].post("/task", json={"seed": index})
+        response.json()
+
+    try:
+        return await cpu_ms_per_request(post, episodes=episodes, requests=requests)
+    finally:
+        for client in clients:
+            await client.aclose()
 
 
 def main() -> None:
@@ -54,19 +86,24 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    shared, leased = [], []
+    sizes = {"episodes": args.episodes, "requests": args.requests}
+    variants = {
+        "aiohttp_shared": lambda url: aiohttp_shared(url, **sizes),
+        f"httpx_per_{HTTPX_EPISODES_PER_CLIENT}": lambda url: httpx_clients(
+            url, **sizes, episodes_per_client=HTTPX_EPISODES_PER_CLIENT),
+        "httpx_shared": lambda url: httpx_clients(url, **sizes, episodes_per_client=args.episodes),
+    }
+    measured: dict[str, list[float]] = {name: [] for name in variants}
     with http_example_server.running(latency_ms=50) as url:
-        per_client = -(-args.episodes // EPISODES_PER_CLIENT)
         for _ in range(args.repeats):
-            shared.append(asyncio.run(cpu_ms_per_request(url, clients=1, episodes=args.episodes,
-                                                         requests=args.requests)))
-            leased.append(asyncio.run(cpu_ms_per_request(url, clients=per_client, episodes=args.episodes,
-                                                         requests=args.requests)))
-    one, many = statistics.median(shared), statistics.median(leased)
+            for name, variant in variants.items():
+                measured[name].append(asyncio.run(variant(url)))
+    medians = {name: statistics.median(values) for name, values in measured.items()}
+    ours = medians["aiohttp_shared"]
     print(json.dumps({
-        "one_client_cpu_ms_per_request": round(one, 3),
-        f"client_per_{EPISODES_PER_CLIENT}_episodes_cpu_ms_per_request": round(many, 3),
-        "one_client_over_leased": round(one / many, 2),
+        **{f"{name}_cpu_ms_per_request": round(value, 3) for name, value in medians.items()},
+        **{f"{name}_over_aiohttp_shared": round(value / ours, 2) for name, value in medians.items()
+           if name != "aiohttp_shared"},
         "episodes": args.episodes, "requests_per_episode": args.requests, "repeats": args.repeats,
     }))
 

@@ -3,8 +3,8 @@
 Celery's threads pool runs each rollout task in a thread of its own. Each task
 hands its episodes to this process's loop and waits for them, so every episode
 of the process shares one loop, one Redis connection pool and the HTTP
-environments' kept-alive connections and schemas
-(:class:`~workers.environments.http.SharedHTTPClients`). With a loop per task,
+environments' session, with its kept-alive connections, and their schemas
+(:class:`~workers.environments.http.SharedHTTPSession`). With a loop per task,
 each task opened its own Redis connection and each episode its own HTTP
 connection, and the task threads' loops competed for the GIL with the
 inference engine's thread.
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
-from workers.environments.http import SharedHTTPClients, shared_http_clients
+from workers.environments.http import SharedHTTPSession, shared_http_session
 
 T = TypeVar("T")
 
@@ -36,15 +36,15 @@ class EpisodeLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._redis: dict[str, aioredis.Redis] = {}
-        self.http_clients = SharedHTTPClients()
+        self.http_session = SharedHTTPSession()
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run ``coroutine`` on the loop, with the shared HTTP clients, and wait for its result."""
+        """Run ``coroutine`` on the loop, with the shared HTTP session, and wait for its result."""
         loop = self._started()
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise RuntimeError("EpisodeLoop.run() called from the loop's own thread would wait forever")
-        return asyncio.run_coroutine_threadsafe(self._with_shared_clients(coroutine), loop).result()
+        return asyncio.run_coroutine_threadsafe(self._with_shared_session(coroutine), loop).result()
 
     def redis(self, url: str) -> aioredis.Redis:
         """The loop's Redis client of ``url``; use it only in coroutines running on the loop."""
@@ -54,8 +54,8 @@ class EpisodeLoop:
                 client = self._redis[url] = aioredis.from_url(url)
             return client
 
-    async def _with_shared_clients(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        shared_http_clients.set(self.http_clients)  # this task's context, and its episodes' copies
+    async def _with_shared_session(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        shared_http_session.set(self.http_session)  # this task's context, and its episodes' copies
         return await coroutine
 
     def _started(self) -> asyncio.AbstractEventLoop:

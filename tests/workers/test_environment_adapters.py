@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
+import json
 import random
 import time
 from pathlib import Path
@@ -26,11 +27,10 @@ from trainer.tokenizer import VOCAB_SIZE, ByteTokenizer
 from trainer.weights import RedisWeightPublisher
 from workers.environments import http_example_server
 from workers.environments.http import (
-    EPISODES_PER_CLIENT,
     RemoteEnvironmentError,
     RemoteHTTPEnvironment,
-    SharedHTTPClients,
-    shared_http_clients,
+    SharedHTTPSession,
+    shared_http_session,
 )
 from workers.policy import PolicyRuntime
 from workers.producer import produce_groups
@@ -144,58 +144,141 @@ def test_transient_5xx_beyond_the_retry_budget_fails_the_episode(server_url):
 def test_a_server_that_is_down_fails_the_episode_after_retries(producer):
     records = producer(_remote("remote-down", f"http://127.0.0.1:{free_local_port()}", retries=1))
     assert all(r.status == "failed" and r.failure_reason.startswith(
-        "reset raised RemoteEnvironmentError: GET /schema failed after 2 attempts: ConnectError") for r in records)
+        "reset raised RemoteEnvironmentError: GET /schema failed after 2 attempts: ClientConnectorError")
+        for r in records)
 
 
-def _mock_environment(handler) -> RemoteHTTPEnvironment:
-    environment = RemoteHTTPEnvironment(url="http://environment.test", backoff_s=0.0, retries=2,
-                                        transport=httpx.MockTransport(handler))
-    environment._episode_id = "episode"
+@contextlib.asynccontextmanager
+async def _scripted_server(answer, *, port: int = 0):
+    """A real HTTP/1.1 server on a local port that answers each request with ``answer(path)``.
+
+    ``answer`` returns ``(status, json_body)``, or None to hang up without
+    answering, as a server that crashed mid-request would. Yields the URL and
+    the paths of every request that reached it. The example server cannot
+    misbehave at the transport level like this.
+    """
+    paths: list[str] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                length = next((int(line.split(":", 1)[1]) for line in head[1:]
+                               if line.lower().startswith("content-length:")), 0)
+                await reader.readexactly(length)
+                paths.append(head[0].split(" ")[1])
+                reply = answer(paths[-1])
+                if reply is None:
+                    break
+                status, payload = reply
+                body = json.dumps(payload).encode() if not isinstance(payload, bytes) else payload
+                writer.write(b"HTTP/1.1 %d Scripted\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                             % (status, len(body)) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", port)
+    async with server:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", paths
+
+
+def _stepping_environment(url: str, **params) -> RemoteHTTPEnvironment:
+    environment = RemoteHTTPEnvironment(url=url, **{"backoff_s": 0.0, "retries": 2, **params})
+    environment._episode_id = "episode"  # as after a reset
     return environment
 
 
+async def _against(answer, act):
+    """``act(environment)`` against a scripted server; its result and the paths the server saw."""
+    async with _scripted_server(answer) as (url, paths):
+        environment = _stepping_environment(url)
+        try:
+            return await act(environment), paths
+        finally:
+            await environment.close()
+
+
 def test_a_step_is_resent_only_when_the_connection_was_never_made():
-    attempts = []
+    port = free_local_port()
 
-    def refused_once(request):
-        attempts.append(request.url.path)
-        if len(attempts) == 1:
-            raise httpx.ConnectError("connection refused", request=request)
-        return httpx.Response(200, json={"observation": "", "reward": 1, "done": True, "info": {}})
+    async def scenario():
+        environment = _stepping_environment(f"http://127.0.0.1:{port}", backoff_s=0.5)
+        started = time.monotonic()
+        # The first attempt is refused at once: nothing listens on the port yet.
+        stepping = asyncio.ensure_future(environment.step("A:1"))
+        await asyncio.sleep(0.2)
+        done = {"observation": "", "reward": 1, "done": True, "info": {}}
+        async with _scripted_server(lambda path: (200, done), port=port) as (_, paths):
+            result = await stepping
+        await environment.close()
+        return result, paths, time.monotonic() - started
 
-    result = asyncio.run(_mock_environment(refused_once).step("A:1"))
-    assert result.reward == 1.0 and attempts == ["/step", "/step"]
+    result, paths, elapsed_s = asyncio.run(scenario())
+    assert result.reward == 1.0 and paths == ["/step"]
+    assert elapsed_s >= 0.5  # the answer came from the retry, after the backoff
 
 
-@pytest.mark.parametrize("failure", ["read-error", "503"])
+@pytest.mark.parametrize("failure", ["hang-up", "503"])
 def test_a_step_that_may_have_been_applied_is_never_resent(failure):
-    attempts = []
+    def failing(path):
+        return None if failure == "hang-up" else (503, {"error": "overloaded"})
 
-    def failing(request):
-        attempts.append(request.url.path)
-        if failure == "read-error":
-            raise httpx.ReadError("connection reset", request=request)
-        return httpx.Response(503, text="overloaded")
+    async def step(environment):
+        with pytest.raises(RemoteEnvironmentError) as raised:
+            await environment.step("A:1")
+        return str(raised.value)
 
-    with pytest.raises(RemoteEnvironmentError):
-        asyncio.run(_mock_environment(failing).step("A:1"))
-    assert attempts == ["/step"]
+    message, paths = asyncio.run(_against(failing, step))
+    assert paths == ["/step"]
+    assert ("may have been applied" in message) if failure == "hang-up" else ("HTTP 503" in message)
 
 
 def test_a_reward_of_the_wrong_type_is_a_protocol_error_not_a_number():
-    def boolean_reward(request):
-        return httpx.Response(200, json={"observation": "", "reward": True, "done": True, "info": {}})
+    def boolean_reward(path):
+        return 200, {"observation": "", "reward": True, "done": True, "info": {}}
 
-    with pytest.raises(RemoteEnvironmentError, match="'reward' is bool, expected int or float"):
-        asyncio.run(_mock_environment(boolean_reward).step("A:1"))
+    async def step(environment):
+        with pytest.raises(RemoteEnvironmentError, match="'reward' is bool, expected int or float"):
+            await environment.step("A:1")
+
+    asyncio.run(_against(boolean_reward, step))
 
 
 def test_a_schema_of_another_protocol_version_is_refused():
-    def future_schema(request):
-        return httpx.Response(200, json={"name": "x", "tools": [], "protocol_version": 2})
+    def future_schema(path):
+        return 200, {"name": "x", "tools": [], "protocol_version": 2}
 
-    with pytest.raises(RemoteEnvironmentError, match="protocol_version 2"):
-        asyncio.run(_mock_environment(future_schema).reset({"expression": "1+1"}))
+    async def reset(environment):
+        with pytest.raises(RemoteEnvironmentError, match="protocol_version 2"):
+            await environment.reset({"expression": "1+1"})
+
+    _, paths = asyncio.run(_against(future_schema, reset))
+    assert paths == ["/schema"]
+
+
+def test_a_silent_server_times_out_as_the_servers_failure_not_the_agents():
+    """aiohttp's read timeout is a TimeoutError; it must not read as the agent's own environment timeout."""
+    async def silent(reader, writer):
+        await asyncio.sleep(5)
+        writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        async with server:
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            environment = RemoteHTTPEnvironment(url=url, timeout_s=0.2, retries=1, backoff_s=0.0)
+            try:
+                with pytest.raises(RemoteEnvironmentError) as raised:
+                    await environment.health()
+            finally:
+                await environment.close()
+        return str(raised.value)
+
+    message = asyncio.run(scenario())
+    assert message.startswith("GET /health failed after 2 attempts: SocketTimeoutError"), message
 
 
 # -- Gymnasium-style text environments ----------------------------------------
@@ -412,7 +495,7 @@ def test_openenv_episodes_stream_through_the_producer(openenv_url, producer):
     assert '"prompt": "say ' in ByteTokenizer().decode(records[0].token_ids)
 
 
-# -- shared HTTP clients (a producer's episode loop) ---------------------------
+# -- the shared HTTP session (a producer's episode loop) ---------------------------
 
 
 async def _remote_episode(url: str) -> float:
@@ -426,11 +509,11 @@ async def _remote_episode(url: str) -> float:
         await environment.close()
 
 
-def _episodes_against_a_fresh_server(*, rounds: int, per_round: int, shared: SharedHTTPClients | None) -> tuple:
+def _episodes_against_a_fresh_server(*, rounds: int, per_round: int, shared: SharedHTTPSession | None) -> tuple:
     with http_example_server.running(ready_timeout_s=20) as url:
         async def play():
             if shared is not None:
-                shared_http_clients.set(shared)
+                shared_http_session.set(shared)
             rewards = []
             for _ in range(rounds):
                 rewards += await asyncio.gather(*(_remote_episode(url) for _ in range(per_round)))
@@ -447,7 +530,7 @@ def _episodes_against_a_fresh_server(*, rounds: int, per_round: int, shared: Sha
 
 def test_episodes_of_one_loop_share_connections_and_fetch_the_schema_once():
     rewards, requests, connections = _episodes_against_a_fresh_server(rounds=3, per_round=8,
-                                                                      shared=SharedHTTPClients())
+                                                                      shared=SharedHTTPSession())
     assert rewards == [1.0] * 24
     assert requests["POST /reset"] == 24
     assert requests["GET /schema"] == 1
@@ -455,7 +538,7 @@ def test_episodes_of_one_loop_share_connections_and_fetch_the_schema_once():
     assert 1 <= connections <= 8
 
 
-def test_without_shared_clients_each_episode_connects_and_fetches_the_schema():
+def test_without_a_shared_session_each_episode_connects_and_fetches_the_schema():
     rewards, requests, connections = _episodes_against_a_fresh_server(rounds=2, per_round=4, shared=None)
     assert rewards == [1.0] * 8
     assert requests["GET /schema"] == 8
@@ -464,7 +547,7 @@ def test_without_shared_clients_each_episode_connects_and_fetches_the_schema():
 
 def test_a_schema_is_refetched_after_its_ttl_and_a_failed_fetch_is_not_kept():
     now = [0.0]
-    shared = SharedHTTPClients(schema_ttl_s=60, clock=lambda: now[0])
+    shared = SharedHTTPSession(schema_ttl_s=60, clock=lambda: now[0])
     fetches = []
 
     async def fetch():
@@ -491,7 +574,7 @@ def test_a_schema_is_refetched_after_its_ttl_and_a_failed_fetch_is_not_kept():
 
 
 def test_an_episode_timing_out_does_not_cancel_the_schema_fetch_others_wait_for():
-    shared = SharedHTTPClients()
+    shared = SharedHTTPSession()
 
     async def slow_fetch():
         await asyncio.sleep(0.2)
@@ -528,24 +611,3 @@ def test_any_python_environment_can_be_served_and_played_remotely_turn_by_turn()
     assert prompt == "Guess 1-16.\n" and name == "GuessingGameEnvironment"
     assert last.info["outcome"] == "found" and last.reward == pytest.approx(0.9 ** len(hints))
     assert set(hints) <= {"higher\n", "lower\n"}
-
-
-def test_each_shared_client_serves_at_most_a_few_episodes_at_once():
-    shared = SharedHTTPClients()
-
-    async def scenario():
-        first_nine = [shared.lease("http://a", 10.0) for _ in range(9)]
-        other_timeout = shared.lease("http://a", 30.0)
-        for client in first_nine[:4]:
-            shared.release(client)
-        reused = shared.lease("http://a", 10.0)
-        count = shared.client_count()
-        await shared.aclose()
-        return first_nine, other_timeout, reused, count
-
-    first_nine, other_timeout, reused, count = asyncio.run(scenario())
-    uses = collections.Counter(id(client) for client in first_nine)
-    assert sorted(uses.values()) == [1, EPISODES_PER_CLIENT, EPISODES_PER_CLIENT]
-    assert id(other_timeout) not in uses
-    assert reused is first_nine[0]  # the least used one, freed by the releases
-    assert count == 4 and all(client.is_closed for client in first_nine)

@@ -1,4 +1,4 @@
-"""A producer process's episode loop: every task thread's episodes run on one loop and share its clients."""
+"""A producer process's episode loop: every task thread's episodes run on one loop and share its clients and HTTP session."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from workers.environments.http import shared_http_clients
+from workers.environments.http import shared_http_session
 from workers.episode_loop import EpisodeLoop
 
 
-def test_tasks_of_several_threads_run_on_one_loop_with_the_shared_clients(redis_url):
+def test_tasks_of_several_threads_run_on_one_loop_with_the_shared_session(redis_url):
     loop = EpisodeLoop()
     seen = []
 
@@ -21,7 +21,7 @@ def test_tasks_of_several_threads_run_on_one_loop_with_the_shared_clients(redis_
         await client.set(f"tandem:test:episode-loop:{number}", number)
         value = int(await client.get(f"tandem:test:episode-loop:{number}"))
         await client.delete(f"tandem:test:episode-loop:{number}")
-        return asyncio.get_running_loop(), shared_http_clients.get(), threading.current_thread().name, value
+        return asyncio.get_running_loop(), shared_http_session.get(), threading.current_thread().name, value
 
     threads = [threading.Thread(target=lambda n=n: seen.append(loop.run(task(n)))) for n in range(4)]
     for thread in threads:
@@ -31,10 +31,10 @@ def test_tasks_of_several_threads_run_on_one_loop_with_the_shared_clients(redis_
 
     assert len(seen) == 4
     assert len({id(event_loop) for event_loop, *_ in seen}) == 1
-    assert all(shared is loop.http_clients for _, shared, _, _ in seen)
+    assert all(shared is loop.http_session for _, shared, _, _ in seen)
     assert {name for _, _, name, _ in seen} == {"episode-loop"}
     assert sorted(value for *_, value in seen) == [0, 1, 2, 3]
-    assert shared_http_clients.get() is None  # the callers' own context is untouched
+    assert shared_http_session.get() is None  # the callers' own context is untouched
 
 
 def test_an_exception_reaches_the_task_that_ran_the_coroutine():

@@ -10,8 +10,8 @@ The protocol (version 1, JSON bodies; docs/environments.md has the details):
 - ``POST /tool`` ``{"episode_id": str, "name": str, "arguments": {...}}`` -> ``{"result": str}``
 
 ``reset`` reads the schema first (the name and tools). In a producer, the
-episodes of a process share kept-alive connections and one schema per URL a
-minute (:class:`SharedHTTPClients`).
+episodes of a process share one session's kept-alive connections and one
+schema per URL a minute (:class:`SharedHTTPSession`).
 
 ``sample_task`` must be synchronous and local (producers call it while
 planning a group), so it only draws ``{"remote_seed": n}``; ``reset`` asks the server for the
@@ -31,22 +31,23 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import dataclasses
-import functools
 import json
 import random
-import ssl
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 
 from workers.environments.base import Environment, StepResult, Tool
 
 PROTOCOL_VERSION = 1
 _ERROR_BODY_CHARS = 200
+
+# Idle kept-alive connections close after 2 s, before common servers' own idle timeout (uvicorn's is
+# 5 s), so a request never goes out on a connection the server is closing.
+_KEEPALIVE_S = 2.0
 
 
 class RemoteEnvironmentError(RuntimeError):
@@ -69,85 +70,52 @@ def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
     return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One TLS context per process, shared by every episode's client (SSLContext is thread-safe).
+def _body_excerpt(raw: bytes) -> str:
+    return raw[:_ERROR_BODY_CHARS].decode("utf-8", errors="replace")
 
-    httpx builds a new one for each client otherwise, loading the CA bundle
-    every time, even for plain http://: about 15 ms of CPU per episode, which
-    was 80% of a producer's CPU against the example server (py-spy, 200 ms
-    latency, 96 episodes in flight).
+
+def _new_session() -> aiohttp.ClientSession:
+    """A session on the running loop; timeouts are per request (:attr:`RemoteHTTPEnvironment.timeout`).
+
+    aiohttp, not httpx: against the example server, a request cost 0.20 ms
+    of CPU with one aiohttp session for 96 episodes, 0.66 ms with an httpx
+    client per 4 episodes and 3.3 ms with one httpx client for all (httpx's
+    pool walks every connection on each request; ``bench/http_clients.py``).
+    Remote environment calls had been 43% of a producer's CPU (py-spy, 200
+    ms latency): CPU the trainer shares when both run on one host.
     """
-    return httpx.create_ssl_context()
+    # limit=0: no cap of the session's own; an episode has one request out at most, and the
+    # producer's concurrency bounds the episodes.
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S))
 
 
-# httpx's pool walks all of a client's connections, with a syscall for each, on every request:
-# one client for 96 episodes cost 3.0 ms of CPU per request, a client per 4 episodes 0.7 ms
-# (bench/http_clients.py).
-EPISODES_PER_CLIENT = 4
+class SharedHTTPSession:
+    """One HTTP session for the episodes of one event loop, and the schema per URL.
 
-# An episode has at most one request out, so a shared client needs no more connections than the
-# episodes it serves. Idle ones close after 2 s, before common servers' own idle timeout
-# (uvicorn's is 5 s), so a request never goes out on a connection the server is closing.
-_SHARED_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=EPISODES_PER_CLIENT,
-                              keepalive_expiry=2.0)
-
-
-@dataclasses.dataclass
-class _Lease:
-    client: httpx.AsyncClient
-    episodes: int = 0
-
-
-def _new_client(url: str, timeout_s: float, *, transport: httpx.AsyncBaseTransport | None = None,
-                limits: httpx.Limits | None = None) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=url, timeout=timeout_s, transport=transport, verify=_tls_context(),
-                             **({"limits": limits} if limits is not None else {}))
-
-
-class SharedHTTPClients:
-    """HTTP clients the episodes of one event loop share, per (URL, timeout), and the schema per URL.
-
-    With a client of its own, each episode opened a new connection and asked
-    for ``/schema`` on every reset: a TCP handshake and two of its four
+    With a session of its own, each episode opened a new connection and
+    asked for ``/schema`` on every reset: a TCP handshake and two of its four
     requests before the first observation, on the producer's CPU and on the
-    environment server's. Shared clients keep connections alive between
-    episodes (a client serves up to ``EPISODES_PER_CLIENT`` at once), and a
-    URL's schema is fetched once per ``schema_ttl_s`` (concurrent resets wait
-    for the same fetch; a failed fetch is not kept), so a server redeployed
-    with other tools is seen within that time.
+    environment server's. The shared session keeps connections alive between
+    episodes, and a URL's schema is fetched once per ``schema_ttl_s``
+    (concurrent resets wait for the same fetch; a failed fetch is not kept),
+    so a server redeployed with other tools is seen within that time.
 
     The producer's episode loop (:mod:`workers.episode_loop`) sets
-    :data:`shared_http_clients` for its episodes; anywhere else an environment
-    uses a client of its own. Use an instance from one event loop only.
+    :data:`shared_http_session` for its episodes; anywhere else an
+    environment uses a session of its own. Use an instance from one event
+    loop only: the session is made on that loop at first use.
     """
 
     def __init__(self, *, schema_ttl_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
         self.schema_ttl_s = schema_ttl_s
         self._clock = clock
-        self._leases: dict[tuple[str, float], list[_Lease]] = {}
+        self._session: aiohttp.ClientSession | None = None
         self._schemas: dict[str, tuple[float, asyncio.Future]] = {}
 
-    def lease(self, url: str, timeout_s: float) -> httpx.AsyncClient:
-        """A client for one episode, shared with at most ``EPISODES_PER_CLIENT - 1`` others; :meth:`release` it."""
-        leases = self._leases.setdefault((url, timeout_s), [])
-        leases[:] = [lease for lease in leases if not lease.client.is_closed]
-        least_used = min(leases, key=lambda lease: lease.episodes, default=None)
-        if least_used is None or least_used.episodes >= EPISODES_PER_CLIENT:
-            least_used = _Lease(_new_client(url, timeout_s, limits=_SHARED_LIMITS))
-            leases.append(least_used)
-        least_used.episodes += 1
-        return least_used.client
-
-    def release(self, client: httpx.AsyncClient) -> None:
-        for leases in self._leases.values():
-            for lease in leases:
-                if lease.client is client:
-                    lease.episodes -= 1
-                    return
-
-    def client_count(self) -> int:
-        return sum(len(leases) for leases in self._leases.values())
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = _new_session()
+        return self._session
 
     async def schema(self, url: str, fetch: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """``url``'s schema payload, fetched with ``fetch`` unless a recent one is cached."""
@@ -166,64 +134,61 @@ class SharedHTTPClients:
             raise
 
     async def aclose(self) -> None:
-        leases, self._leases = [lease for leases in self._leases.values() for lease in leases], {}
+        session, self._session = self._session, None
         self._schemas.clear()
-        for lease in leases:
-            await lease.client.aclose()
+        if session is not None:
+            await session.close()
 
 
-#: The shared clients of the running episode, if its loop has any.
-shared_http_clients: contextvars.ContextVar[SharedHTTPClients | None] = contextvars.ContextVar(
-    "shared_http_clients", default=None
+#: The shared session of the running episode, if its loop has one.
+shared_http_session: contextvars.ContextVar[SharedHTTPSession | None] = contextvars.ContextVar(
+    "shared_http_session", default=None
 )
 
 
 class RemoteHTTPEnvironment(Environment):
     """Registration: entrypoint ``workers.environments.http:RemoteHTTPEnvironment``,
     params ``{"url": "http://host:port", "timeout_s": 10, "max_observation_chars": 8192,
-    "retries": 2, "backoff_s": 0.1}``."""
+    "retries": 2, "backoff_s": 0.1}``.
+
+    ``timeout_s`` bounds connecting and each wait for the server's bytes, not
+    the whole request (the agent's ``environment_timeout_s`` does that).
+    """
 
     def __init__(self, *, url: str, timeout_s: float = 10.0, max_observation_chars: int = 8192,
-                 retries: int = 2, backoff_s: float = 0.1, transport: httpx.AsyncBaseTransport | None = None):
-        """``transport`` replaces the network, for tests (``httpx.MockTransport``)."""
+                 retries: int = 2, backoff_s: float = 0.1):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url {url!r} must start with http:// or https://")
         if timeout_s <= 0 or max_observation_chars < 1 or retries < 0 or backoff_s < 0:
             raise ValueError("timeout_s and max_observation_chars must be positive, retries and backoff_s >= 0")
         self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
+        self.timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
         self.max_observation_chars = max_observation_chars
         self.retries = retries
         self.backoff_s = backoff_s
         self.tools: tuple[Tool, ...] = ()
         self.name: str | None = None
         self._episode_id: str | None = None
-        self._client: httpx.AsyncClient | None = None
-        self._owns_client = False
-        self._shared: SharedHTTPClients | None = None
-        self._transport = transport
+        self._own_session: aiohttp.ClientSession | None = None
+        self._shared: SharedHTTPSession | None = None
 
     # -- transport ---------------------------------------------------------
 
-    def _http(self) -> httpx.AsyncClient:
-        # Created on first use: producers build an instance just to sample a task, never resetting it.
-        if self._client is None:
-            self._shared = shared_http_clients.get() if self._transport is None else None
-            if self._shared is not None:
-                self._client, self._owns_client = self._shared.lease(self.url, self.timeout_s), False
-            else:
-                self._client = _new_client(self.url, self.timeout_s, transport=self._transport)
-                self._owns_client = True
-        return self._client
+    def _http(self) -> aiohttp.ClientSession:
+        # Made on first use, on the running loop: producers build an instance just to sample a
+        # task, never resetting it.
+        if self._shared is None and self._own_session is None:
+            self._shared = shared_http_session.get()
+        if self._shared is not None:
+            return self._shared.session()
+        if self._own_session is None:
+            self._own_session = _new_session()
+        return self._own_session
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is None:
-            return
-        if self._owns_client:
-            await client.aclose()
-        elif self._shared is not None:
-            self._shared.release(client)
+        session, self._own_session = self._own_session, None
+        if session is not None:
+            await session.close()
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
                        idempotent: bool) -> dict[str, Any]:
@@ -231,21 +196,23 @@ class RemoteHTTPEnvironment(Environment):
         attempt = 0
         while True:
             try:
-                response = await self._http().request(method, path, json=body)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                async with self._http().request(method, self.url + path, json=body,
+                                                timeout=self.timeout) as response:
+                    status, raw = response.status, await response.read()
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # Never connected: nothing was sent, so even a step is safe to resend.
                 error: Exception = exc
-            except httpx.TransportError as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # Reported as the server's failure, not as the agent's own environment timeout.
                 if not idempotent:
                     raise RemoteEnvironmentError(
                         f"{where}: {type(exc).__name__}: {exc} (not retried: it may have been applied)"
                     ) from exc
                 error = exc
             else:
-                if response.status_code < 500 or not idempotent:
-                    return self._decode(response, where)
-                error = RemoteEnvironmentError(f"{where}: HTTP {response.status_code}: "
-                                               f"{response.text[:_ERROR_BODY_CHARS]}")
+                if status < 500 or not idempotent:
+                    return self._decode(status, raw, where)
+                error = RemoteEnvironmentError(f"{where}: HTTP {status}: {_body_excerpt(raw)}")
             if attempt >= self.retries:
                 raise RemoteEnvironmentError(
                     f"{where} failed after {attempt + 1} attempts: {type(error).__name__}: {error}"
@@ -253,16 +220,14 @@ class RemoteHTTPEnvironment(Environment):
             await asyncio.sleep(self.backoff_s * 2**attempt)
             attempt += 1
 
-    def _decode(self, response: httpx.Response, where: str) -> dict[str, Any]:
-        if response.status_code != 200:
-            raise RemoteEnvironmentError(
-                f"{where}: HTTP {response.status_code}: {response.text[:_ERROR_BODY_CHARS]}"
-            )
+    def _decode(self, status: int, raw: bytes, where: str) -> dict[str, Any]:
+        if status != 200:
+            raise RemoteEnvironmentError(f"{where}: HTTP {status}: {_body_excerpt(raw)}")
         try:
-            payload = response.json()
+            payload = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RemoteEnvironmentError(
-                f"{where}: response is not JSON ({exc}): {response.text[:_ERROR_BODY_CHARS]!r}"
+                f"{where}: response is not JSON ({exc}): {_body_excerpt(raw)!r}"
             ) from exc
         if not isinstance(payload, dict):
             raise RemoteEnvironmentError(f"{where}: response is {type(payload).__name__}, expected an object")
@@ -286,7 +251,7 @@ class RemoteHTTPEnvironment(Environment):
     async def fetch_schema(self) -> None:
         """Reads the environment's name and tools; ``reset`` calls it before the first observation."""
         where = "GET /schema"
-        self._http()  # decides whether this episode's loop shares clients and schemas
+        self._http()  # decides whether this episode's loop shares a session and schemas
         if self._shared is not None:
             payload = await self._shared.schema(
                 self.url, lambda: self._request("GET", "/schema", idempotent=True))
