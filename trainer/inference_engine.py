@@ -19,8 +19,10 @@ row, ``max_seq_len`` tokens long, plus one scratch slot at the end):
   when there are more sessions than slots) is prefilled in full. Sessions end
   with :meth:`InferenceEngine.end_session`.
 - **Fixed shapes.** Prefill pads the new tokens to a length bucket and groups
-  newcomers into row buckets; a decode chunk runs on the smallest row bucket
-  that covers the highest busy slot. Everything else (offsets, temperatures,
+  newcomers into row buckets; a decode chunk gathers the busy slots' rows
+  into the smallest row bucket that holds them and scatters them back, so
+  its cost follows the turns being generated, not the sessions holding
+  slots while they wait on their environments. Everything else (offsets, temperatures,
   top-p, top-k, seeds, budgets) is traced data, so nothing recompiles after
   :meth:`InferenceEngine.warmup`. ``trace_counts`` counts traces.
 - **Weights between chunks.** :meth:`InferenceEngine.set_params` stages new
@@ -114,6 +116,9 @@ class EngineStats:
     generated_tokens: int
     prefill_calls: int
     decode_chunks: int
+    # Rows the decode chunks computed, padding rows included: the busy slots of each chunk,
+    # rounded up to a row bucket.
+    decode_rows: int
     # Idle sessions whose slot was taken by another session.
     evictions: int
     # Seconds spent inside steps that had work (prefill, decode, bookkeeping).
@@ -402,6 +407,7 @@ class InferenceEngine:
                 generated_tokens=self._counters["generated_tokens"],
                 prefill_calls=self._counters["prefill_calls"],
                 decode_chunks=self._counters["decode_chunks"],
+                decode_rows=self._counters["decode_rows"],
                 evictions=self._counters["evictions"],
                 busy_s=self._busy_s,
             )
@@ -713,7 +719,7 @@ class InferenceEngine:
             return slot if slot.request is None else None
         free = [s for s in self._slots if s.request is None and s.session_id is None]
         if free:
-            return free[0]  # lowest index keeps busy rows packed into small row buckets
+            return free[0]
         idle = [s for s in self._slots if s.request is None]
         if not idle:
             return None
@@ -798,6 +804,8 @@ class InferenceEngine:
     # ------------------------------------------------------------------ decode
 
     def _chunk_inputs(self, running: list[_Slot], rows: int) -> tuple[np.ndarray, ...]:
+        """Row ``i`` of a chunk decodes ``running[i]``; rows past them are idle dummies."""
+        indices = np.full(rows, self._num_slots, np.int32)  # dummies: their writes are dropped
         offsets = np.full(rows, self._config.max_seq_len, np.int32)  # idle rows: scratch slot
         active = np.zeros(rows, np.bool_)
         budgets = np.zeros(rows, np.int32)
@@ -806,22 +814,23 @@ class InferenceEngine:
         temperatures = np.ones(rows, np.float32)
         top_ps = np.ones(rows, np.float32)
         top_ks = np.zeros(rows, np.int32)
-        for slot in running:
-            request, index = slot.request, slot.index
-            offsets[index] = len(slot.tokens)
-            active[index] = True
-            budgets[index] = request.max_new_tokens - len(request.token_ids)
-            counts[index] = len(request.token_ids)
-            seeds[index] = request.seed
-            temperatures[index] = request.temperature
-            top_ps[index] = request.top_p
-            top_ks[index] = request.top_k
-        return offsets, active, budgets, counts, seeds, temperatures, top_ps, top_ks
+        for row, slot in enumerate(running):
+            request = slot.request
+            indices[row] = slot.index
+            offsets[row] = len(slot.tokens)
+            active[row] = True
+            budgets[row] = request.max_new_tokens - len(request.token_ids)
+            counts[row] = len(request.token_ids)
+            seeds[row] = request.seed
+            temperatures[row] = request.temperature
+            top_ps[row] = request.top_p
+            top_ks[row] = request.top_k
+        return indices, offsets, active, budgets, counts, seeds, temperatures, top_ps, top_ks
 
     def _decode_chunk(
         self, running: list[_Slot]
     ) -> list[tuple[_Request, Completion | BaseException]]:
-        rows = _bucket(max(slot.index for slot in running) + 1, self._row_buckets)
+        rows = _bucket(len(running), self._row_buckets)
         inputs = self._chunk_inputs(running, rows)
         self._cache, self._logits, tokens, logprobs, produced = self._kernels.decode(
             self._params, self._cache, self._logits, *inputs, rows=rows
@@ -831,17 +840,18 @@ class InferenceEngine:
         finished = []
         with self._lock:
             self._counters["decode_chunks"] += 1
-            for slot in running:
-                request, index = slot.request, slot.index
-                count = int(produced[index])
+            self._counters["decode_rows"] += rows
+            for row, slot in enumerate(running):
+                request = slot.request
+                count = int(produced[row])
                 if count == 0:
                     continue
                 if request.first_version is None:
                     request.first_version = self._version
                 request.last_version = self._version
-                new_tokens = tokens[index, :count].tolist()
+                new_tokens = tokens[row, :count].tolist()
                 request.token_ids.extend(new_tokens)
-                request.logprobs.extend(logprobs[index, :count].tolist())
+                request.logprobs.extend(logprobs[row, :count].tolist())
                 slot.tokens.extend(new_tokens)
                 if request.abandoned:
                     self._release(slot)
@@ -980,6 +990,7 @@ class _Kernels:
         params: nnx.State,
         cache: KVCache,
         logits: jax.Array,
+        indices: jax.Array,
         offsets: jax.Array,
         active: jax.Array,
         budgets: jax.Array,
@@ -991,9 +1002,11 @@ class _Kernels:
         *,
         rows: int,
     ) -> tuple[KVCache, jax.Array, jax.Array, jax.Array, jax.Array]:
-        """Decode up to ``chunk_size`` tokens for rows ``0 .. rows - 1``.
+        """Decode up to ``chunk_size`` tokens for the cache rows ``indices`` [rows].
 
-        Each step samples every active row from its stored logits, writes the
+        The rows are gathered from the cache, decoded, and scattered back;
+        dummy rows (index ``num_slots``) read a clipped row and their writes
+        are dropped. Each step samples every active row from its stored logits, writes the
         token's keys at the row's offset (idle rows write the scratch slot)
         and stores the logits for the next step. A row stops at EOS or when
         its budget is spent; the loop exits early once no row is active.
@@ -1003,7 +1016,8 @@ class _Kernels:
         self.trace_counts["decode"] += 1
         model = nnx.merge(self._graphdef, params)
         chunk, scratch = self._chunk_size, self._config.max_seq_len
-        row_cache = [{name: array[:rows] for name, array in layer.items()} for layer in cache]
+        row_cache = [{name: array.at[indices].get(mode="clip") for name, array in layer.items()}
+                     for layer in cache]
         key_mask = jnp.ones((rows, self._cache_len), jnp.bool_)
 
         def keep_going(carry):
@@ -1051,7 +1065,7 @@ class _Kernels:
         initial = (
             jnp.int32(0),
             row_cache,
-            logits[:rows],
+            logits.at[indices].get(mode="clip"),
             offsets,
             active & (budgets > 0),
             jnp.zeros(rows, jnp.int32),
@@ -1061,17 +1075,11 @@ class _Kernels:
         _, row_cache, row_logits, _, _, produced, tokens, logprobs = jax.lax.while_loop(
             keep_going, decode_step, initial
         )
-        if rows < self._num_slots:
-            cache = [
-                {
-                    name: jax.lax.dynamic_update_slice(array, row_layer[name], (0,) * array.ndim)
-                    for name, array in layer.items()
-                }
-                for layer, row_layer in zip(cache, row_cache, strict=True)
-            ]
-            logits = jax.lax.dynamic_update_slice(logits, row_logits, (0, 0))
-        else:
-            cache, logits = row_cache, row_logits
+        cache = [
+            {name: array.at[indices].set(row_layer[name], mode="drop") for name, array in layer.items()}
+            for layer, row_layer in zip(cache, row_cache, strict=True)
+        ]
+        logits = logits.at[indices].set(row_logits, mode="drop")
         return cache, logits, tokens, logprobs, produced
 
 

@@ -265,6 +265,38 @@ def test_a_short_request_returns_while_a_long_one_keeps_decoding(engine, params)
         engine.end_session(session)
 
 
+def test_a_chunk_decodes_only_the_busy_slots_and_matches_a_full_forward_pass(engine, params, forward_logprobs):
+    """Sessions waiting on their environments keep their slots, and cost a decode chunk nothing."""
+    sessions = [f"holder-{index}" for index in range(NUM_SLOTS)]
+    prompts = [_random_tokens(20 + index, 6) for index in range(NUM_SLOTS)]
+    firsts = [engine.submit(session, prompt, max_new_tokens=2, seed=0)
+              for session, prompt in zip(sessions, prompts, strict=True)]
+    engine.run_until(firsts)
+    assert engine.session_count == NUM_SLOTS  # every slot holds a session
+
+    # Only the session in the highest slot takes its next turn.
+    last = sessions[-1]
+    conversation = prompts[-1] + firsts[-1].result().token_ids + _random_tokens(30, 4)[1:]
+    before = engine.stats
+    completion = _run(engine, last, conversation, max_new_tokens=2 * CHUNK, temperature=0.8, seed=5)
+    after = engine.stats
+    chunks = after.decode_chunks - before.decode_chunks
+    assert chunks == 2 and after.decode_rows - before.decode_rows == chunks  # one row each, not NUM_SLOTS
+    assert after.evictions == before.evictions
+
+    full = conversation + completion.token_ids
+    reference = _token_logprobs(forward_logprobs(params, full, 0.8), full)
+    np.testing.assert_allclose(completion.logprobs, reference[len(conversation) - 1 :], atol=TOLERANCE)
+    # The other sessions' cached prefixes survived the chunks that skipped them.
+    for session, prompt, first in zip(sessions[:-1], prompts[:-1], firsts[:-1], strict=True):
+        extended = prompt + first.result().token_ids + [65]
+        reused_before = engine.stats.reused_tokens
+        _run(engine, session, extended, max_new_tokens=1, seed=0)
+        assert engine.stats.reused_tokens - reused_before == len(extended) - 1
+    for session in sessions:
+        engine.end_session(session)
+
+
 @pytest.fixture(scope="module")
 def threaded_engine(model, params):
     """An engine served by its background thread; ``hook[0]`` runs before every step."""
