@@ -803,9 +803,18 @@ class InferenceEngine:
 
     # ------------------------------------------------------------------ decode
 
+    def _chunk_rows(self, running: list[_Slot], rows: int) -> list[int]:
+        """The chunk row of each running slot: packed from 0, or the slot's own row in a chunk of every row."""
+        if rows == self._num_slots:
+            return [slot.index for slot in running]
+        return list(range(len(running)))
+
     def _chunk_inputs(self, running: list[_Slot], rows: int) -> tuple[np.ndarray, ...]:
-        """Row ``i`` of a chunk decodes ``running[i]``; rows past them are idle dummies."""
-        indices = np.full(rows, self._num_slots, np.int32)  # dummies: their writes are dropped
+        """Row ``_chunk_rows(running, rows)[i]`` decodes ``running[i]``; the other rows are idle."""
+        if rows == self._num_slots:
+            indices = np.arange(rows, dtype=np.int32)  # the whole cache, in place (see _decode_traced)
+        else:
+            indices = np.full(rows, self._num_slots, np.int32)  # dummies: their writes are dropped
         offsets = np.full(rows, self._config.max_seq_len, np.int32)  # idle rows: scratch slot
         active = np.zeros(rows, np.bool_)
         budgets = np.zeros(rows, np.int32)
@@ -814,7 +823,7 @@ class InferenceEngine:
         temperatures = np.ones(rows, np.float32)
         top_ps = np.ones(rows, np.float32)
         top_ks = np.zeros(rows, np.int32)
-        for row, slot in enumerate(running):
+        for row, slot in zip(self._chunk_rows(running, rows), running, strict=True):
             request = slot.request
             indices[row] = slot.index
             offsets[row] = len(slot.tokens)
@@ -841,7 +850,7 @@ class InferenceEngine:
         with self._lock:
             self._counters["decode_chunks"] += 1
             self._counters["decode_rows"] += rows
-            for row, slot in enumerate(running):
+            for row, slot in zip(self._chunk_rows(running, rows), running, strict=True):
                 request = slot.request
                 count = int(produced[row])
                 if count == 0:
@@ -1006,7 +1015,11 @@ class _Kernels:
 
         The rows are gathered from the cache, decoded, and scattered back;
         dummy rows (index ``num_slots``) read a clipped row and their writes
-        are dropped. Each step samples every active row from its stored logits, writes the
+        are dropped. A chunk of every row (``rows == num_slots``, ``indices``
+        the identity) decodes the cache in place: no copy of it per chunk,
+        which for a large model would cost more than the decode.
+
+        Each step samples every active row from its stored logits, writes the
         token's keys at the row's offset (idle rows write the scratch slot)
         and stores the logits for the next step. A row stops at EOS or when
         its budget is spent; the loop exits early once no row is active.
@@ -1016,8 +1029,13 @@ class _Kernels:
         self.trace_counts["decode"] += 1
         model = nnx.merge(self._graphdef, params)
         chunk, scratch = self._chunk_size, self._config.max_seq_len
-        row_cache = [{name: array.at[indices].get(mode="clip") for name, array in layer.items()}
-                     for layer in cache]
+        whole_cache = rows == self._num_slots
+        if whole_cache:
+            row_cache, row_logits = cache, logits
+        else:
+            row_cache = [{name: array.at[indices].get(mode="clip") for name, array in layer.items()}
+                         for layer in cache]
+            row_logits = logits.at[indices].get(mode="clip")
         key_mask = jnp.ones((rows, self._cache_len), jnp.bool_)
 
         def keep_going(carry):
@@ -1065,7 +1083,7 @@ class _Kernels:
         initial = (
             jnp.int32(0),
             row_cache,
-            logits.at[indices].get(mode="clip"),
+            row_logits,
             offsets,
             active & (budgets > 0),
             jnp.zeros(rows, jnp.int32),
@@ -1075,6 +1093,8 @@ class _Kernels:
         _, row_cache, row_logits, _, _, produced, tokens, logprobs = jax.lax.while_loop(
             keep_going, decode_step, initial
         )
+        if whole_cache:
+            return row_cache, row_logits, tokens, logprobs, produced
         cache = [
             {name: array.at[indices].set(row_layer[name], mode="drop") for name, array in layer.items()}
             for layer, row_layer in zip(cache, row_cache, strict=True)

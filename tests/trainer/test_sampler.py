@@ -273,6 +273,10 @@ def test_a_chunk_decodes_only_the_busy_slots_and_matches_a_full_forward_pass(eng
               for session, prompt in zip(sessions, prompts, strict=True)]
     engine.run_until(firsts)
     assert engine.session_count == NUM_SLOTS  # every slot holds a session
+    for prompt, first in zip(prompts, firsts, strict=True):  # decoded in place, every row busy
+        full = prompt + first.result().token_ids
+        reference = _token_logprobs(forward_logprobs(params, full, 1.0), full)
+        np.testing.assert_allclose(first.result().logprobs, reference[len(prompt) - 1 :], atol=TOLERANCE)
 
     # Only the session in the highest slot takes its next turn.
     last = sessions[-1]
