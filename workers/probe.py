@@ -84,13 +84,31 @@ class _EnvironmentLoop:
         return self.run(call_on_loop(), timeout_s)
 
     def stop(self, join_timeout_s: float = 2.0) -> bool:
-        """Stop the loop; False if its thread is still stuck in an environment call."""
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        """Stop the loop; False if its thread is still stuck in an environment call.
+
+        Calls that timed out were cancelled from outside; they finish
+        cancelling (closing their connections) before the loop stops, as
+        under ``asyncio.run``, not later against a closed loop. A loop stuck
+        in a blocking call winds down whenever the call returns.
+        """
+        def wind_down() -> None:
+            task = self.loop.create_task(_cancel_other_tasks())
+            task.add_done_callback(lambda _: self.loop.stop())
+
+        self.loop.call_soon_threadsafe(wind_down)
         self.thread.join(join_timeout_s)
         if self.thread.is_alive():
             return False
         self.loop.close()
         return True
+
+
+async def _cancel_other_tasks() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 def _check_observation(value: Any, where: str) -> str:
