@@ -201,6 +201,10 @@ class RunConfig(BaseModel):
     environment_timeout_s: float = Field(
         30.0, gt=0, le=3600, description="Timeout of each environment reset, step or tool call."
     )
+    max_observation_chars: int = Field(
+        8192, ge=1, le=10_000_000,
+        description="Longest observation a reset, step or tool call may return; a longer one fails the episode.",
+    )
     top_p: float = Field(
         1.0,
         gt=0,

@@ -18,7 +18,12 @@ from tandem.contracts import EpisodeTimings, TrajectoryRecord
 from trainer.chat import Conversation
 from trainer.tokenizer import ByteTokenizer, Tokenizer
 from workers.circuit_breaker import CircuitBreakers, process_breakers
-from workers.environments.base import Environment
+from workers.environments.base import (
+    Environment,
+    MalformedOutputError,
+    checked_observation,
+    checked_step_result,
+)
 from workers.policy import BatchingPolicy
 from workers.tool_calls import parse_tool_calls
 
@@ -31,6 +36,8 @@ class EpisodeLimits:
     max_seq_len: int
     max_new_tokens: int
     environment_timeout_s: float
+    # Longest observation (reset, step or tool result) an environment may return.
+    max_observation_chars: int = 8192
 
 
 class EpisodeFailure(Exception):
@@ -41,13 +48,17 @@ class EnvironmentFault(EpisodeFailure):
     """An episode failure the environment caused; these count towards its circuit breaker."""
 
 
-async def _call_environment(awaitable, *, what: str, timeout_s: float):
+async def _call_environment(awaitable, *, what: str, timeout_s: float, check=None):
+    """The call's result, passed through ``check`` (which raises MalformedOutputError on garbage)."""
     try:
-        return await asyncio.wait_for(awaitable, timeout_s)
+        result = await asyncio.wait_for(awaitable, timeout_s)
+        return check(result) if check is not None else result
     except TimeoutError as exc:
         raise EnvironmentFault(f"{what} timed out after {timeout_s:g}s") from exc
     except EpisodeFailure:
         raise
+    except MalformedOutputError as exc:
+        raise EnvironmentFault(str(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - any environment bug fails only this episode
         raise EnvironmentFault(f"{what} raised {type(exc).__name__}: {exc}") from exc
 
@@ -96,11 +107,12 @@ async def run_episode(
             raise EpisodeFailure(circuit_open_reason)
         began = time.perf_counter()
         prompt = await _call_environment(
-            environment.reset(task), what="reset", timeout_s=limits.environment_timeout_s
+            environment.reset(task), what="reset", timeout_s=limits.environment_timeout_s,
+            check=lambda value: checked_observation(value, "reset", max_chars=limits.max_observation_chars),
         )
         environment_s += time.perf_counter() - began
         conversation = Conversation.start(
-            tokenizer, tool_names=[tool.name for tool in environment.tools], prompt=str(prompt)
+            tokenizer, tool_names=[tool.name for tool in environment.tools], prompt=prompt
         )
         for _ in range(limits.max_turns):
             if len(conversation) + limits.max_new_tokens > limits.max_seq_len:
@@ -125,21 +137,25 @@ async def run_episode(
                 # Several calls in one turn (Hermes style) run in order; their results form one observation.
                 observations = []
                 for call in calls:
-                    observations.append(str(await _call_environment(
+                    observations.append(await _call_environment(
                         call.tool.run(call.arguments), what=f"tool {call.tool.name}",
                         timeout_s=limits.environment_timeout_s,
-                    )))
+                        # Tools may answer with any value; its text is the observation.
+                        check=lambda value, name=call.tool.name: checked_observation(
+                            str(value), f"tool {name}", max_chars=limits.max_observation_chars),
+                    ))
                 tool_s += time.perf_counter() - began
                 conversation.add_environment("".join(observations))
                 continue
             result = await _call_environment(
-                environment.step(text), what="step", timeout_s=limits.environment_timeout_s
+                environment.step(text), what="step", timeout_s=limits.environment_timeout_s,
+                check=lambda value: checked_step_result(value, max_observation_chars=limits.max_observation_chars),
             )
             environment_s += time.perf_counter() - began
             reward += float(result.reward)
             if result.done:
                 break
-            conversation.add_environment(str(result.observation))
+            conversation.add_environment(result.observation)
         environment_verdict = True
     except EnvironmentFault as exc:
         status, failure_reason, reward = "failed", str(exc), 0.0

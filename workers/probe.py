@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import json
-import math
 import os
 import random
 import socket
@@ -39,12 +39,19 @@ from tandem.contracts import (
     probe_request_key,
 )
 from tandem.environment_urls import EnvironmentURLRefused, check_environment_url, resolve_host
-from workers.environments.base import Environment, StepResult
+from workers.environments.base import (
+    Environment,
+    MalformedOutputError,
+    checked_observation,
+    checked_step_result,
+)
 from workers.environments.loading import load_environment_class
 
 # Enough of a message to act on, not a whole HTML error page.
 _MESSAGE_CHARS = 500
 _PROBE_SEED = 0
+# Closing an environment whose reset failed, while the probe winds down: bounded, never reported.
+_RELEASE_TIMEOUT_S = 5.0
 
 
 class CheckFailed(Exception):
@@ -83,16 +90,19 @@ class _EnvironmentLoop:
 
         return self.run(call_on_loop(), timeout_s)
 
-    def stop(self, join_timeout_s: float = 2.0) -> bool:
+    def stop(self, join_timeout_s: float = 2.0, *,
+             release: Callable[[], Coroutine] | None = None) -> bool:
         """Stop the loop; False if its thread is still stuck in an environment call.
 
         Calls that timed out were cancelled from outside; they finish
         cancelling (closing their connections) before the loop stops, as
         under ``asyncio.run``, not later against a closed loop. A loop stuck
-        in a blocking call winds down whenever the call returns.
+        in a blocking call winds down whenever the call returns. ``release``
+        (an environment's ``close``) runs last, untimed by any check, its
+        failure ignored.
         """
         def wind_down() -> None:
-            task = self.loop.create_task(_cancel_other_tasks())
+            task = self.loop.create_task(_cancel_other_tasks(release))
             task.add_done_callback(lambda _: self.loop.stop())
 
         self.loop.call_soon_threadsafe(wind_down)
@@ -103,18 +113,22 @@ class _EnvironmentLoop:
         return True
 
 
-async def _cancel_other_tasks() -> None:
+async def _cancel_other_tasks(release: Callable[[], Coroutine] | None) -> None:
     tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if release is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(release(), _RELEASE_TIMEOUT_S)
     await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 def _check_observation(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise CheckFailed(f"{where} returned a {type(value).__name__} observation, expected str")
-    return value
+    try:
+        return checked_observation(value, where)
+    except MalformedOutputError as exc:
+        raise CheckFailed(str(exc)) from None
 
 
 def _check_json(value: Any, where: str) -> None:
@@ -125,18 +139,11 @@ def _check_json(value: Any, where: str) -> None:
 
 
 def check_step_result(result: Any) -> str:
-    if not isinstance(result, StepResult):
-        raise CheckFailed(f"step returned a {type(result).__name__}, expected StepResult")
-    _check_observation(result.observation, "step")
-    reward = result.reward
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise CheckFailed(f"step reward is {reward!r}, expected a finite number")
-    if not isinstance(result.done, bool):
-        raise CheckFailed(f"step done is {type(result.done).__name__}, expected bool")
-    if not isinstance(result.info, dict):
-        raise CheckFailed(f"step info is {type(result.info).__name__}, expected dict")
-    _check_json(result.info, "step info")
-    return f"reward {float(reward):g}, done {result.done}"
+    try:
+        checked_step_result(result)
+    except MalformedOutputError as exc:
+        raise CheckFailed(str(exc)) from None
+    return f"reward {float(result.reward):g}, done {result.done}"
 
 
 def check_tools(environment: Environment, declared: tuple[ToolSchema, ...]) -> str:
@@ -205,6 +212,7 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
         return _short(json.dumps(task, sort_keys=True))
 
     async def reset() -> str:
+        state["reset_attempted"] = True
         observation = _check_observation(await state["environment"].reset(state["task"]), "reset")
         state["reset"] = True
         return f"observation of {len(observation)} chars"
@@ -238,7 +246,9 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
     else:
         checks.append(ProbeCheck(name="close", status="skipped", message="nothing to close",
                                  timeout_s=timeouts.close))
-    if not loop.stop():
+    # A reset that failed (a hang that timed out, say) may hold connections all the same.
+    reset_failed = "environment" in state and state.get("reset_attempted") and not state.get("reset")
+    if not loop.stop(release=state["environment"].close if reset_failed else None):
         last = checks[-1]
         checks[-1] = last.model_copy(update={
             "message": f"{last.message}; the environment's thread is still blocked and was abandoned"})

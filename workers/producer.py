@@ -92,6 +92,7 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
         max_seq_len=config.model.max_seq_len,
         max_new_tokens=config.max_new_tokens,
         environment_timeout_s=config.environment_timeout_s,
+        max_observation_chars=config.max_observation_chars,
     )
     policy = BatchingPolicy(runtime, seed=group_task_seed(config.seed, first_group_index))
     stream = trajectory_stream(spec.run_id)

@@ -35,6 +35,21 @@ class HangingEnvironment(CalculatorEnvironment):
         return "never"
 
 
+class NothingFromStepEnvironment(CalculatorEnvironment):
+    async def step(self, action):
+        return None
+
+
+class NanRewardEnvironment(CalculatorEnvironment):
+    async def step(self, action):
+        return StepResult(observation="", reward=float("nan"), done=True)
+
+
+class OversizedResetEnvironment(CalculatorEnvironment):
+    async def reset(self, task):
+        return "x" * 10_000
+
+
 class TalkativeEnvironment(Environment):
     """Answers every action with an observation; never done, so max_turns ends the episode."""
 
@@ -100,6 +115,9 @@ def test_environment_observations_are_masked_out_of_the_loss(redis_client, redis
 @pytest.mark.parametrize(("environment", "reason"), [
     ("ExplodingEnvironment", "step raised RuntimeError: environment bug"),
     ("HangingEnvironment", "reset timed out after 0.5s"),
+    ("NothingFromStepEnvironment", "step returned a NoneType, expected StepResult"),
+    ("NanRewardEnvironment", "step reward is nan, expected a finite number"),
+    ("OversizedResetEnvironment", "reset returned an observation of 10000 chars, more than max_observation_chars=8192"),
 ])
 def test_a_broken_environment_fails_its_episodes_with_a_reason(redis_client, redis_url, run_id, environment,
                                                               reason):

@@ -10,6 +10,8 @@ to ``step``. Anything the policy says that is not a tool call is an action for
 from __future__ import annotations
 
 import abc
+import json
+import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +24,40 @@ class StepResult:
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
+
+
+class MalformedOutputError(ValueError):
+    """An environment returned something outside this interface; the message says what and where."""
+
+
+def checked_observation(value: Any, where: str, *, max_chars: int | None = None) -> str:
+    """``value`` if it is an observation: a string of at most ``max_chars``."""
+    if not isinstance(value, str):
+        raise MalformedOutputError(f"{where} returned a {type(value).__name__} observation, expected str")
+    if max_chars is not None and len(value) > max_chars:
+        raise MalformedOutputError(f"{where} returned an observation of {len(value)} chars, "
+                                   f"more than max_observation_chars={max_chars}")
+    return value
+
+
+def checked_step_result(result: Any, *, max_observation_chars: int | None = None) -> StepResult:
+    """``result`` if it is a well-formed :class:`StepResult`: a finite reward, a bool done, JSON info."""
+    if not isinstance(result, StepResult):
+        raise MalformedOutputError(f"step returned a {type(result).__name__}, expected StepResult")
+    checked_observation(result.observation, "step", max_chars=max_observation_chars)
+    reward = result.reward
+    # bool is an int in Python; a reward of True is a bug, not 1.0.
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise MalformedOutputError(f"step reward is {reward!r}, expected a finite number")
+    if not isinstance(result.done, bool):
+        raise MalformedOutputError(f"step done is {type(result.done).__name__}, expected bool")
+    if not isinstance(result.info, dict):
+        raise MalformedOutputError(f"step info is {type(result.info).__name__}, expected dict")
+    try:
+        json.dumps(result.info)
+    except (TypeError, ValueError) as exc:
+        raise MalformedOutputError(f"step info is not JSON-serialisable: {exc}") from None
+    return result
 
 
 @dataclass(frozen=True)
