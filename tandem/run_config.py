@@ -185,7 +185,8 @@ class RunConfig(BaseModel):
         900.0, gt=0, le=86_400,
         description=(
             "A requested episode group not consumed this long after its request is counted lost "
-            "(a dead producer) and requested again; at least the rollout task's time limit."
+            "(a dead producer) and requested again; a rollout task still running this long (15 minutes "
+            "at most) cancels its unfinished episodes."
         ),
     )
     reclaim_idle_ms: int = Field(

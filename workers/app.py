@@ -23,7 +23,7 @@ from tandem.contracts import (
 )
 from tandem.process_reports import start_process_reporter, stop_process_reporter
 from workers.activity import process_activity
-from workers.settings import redis_url
+from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S, redis_url
 
 app = Celery("tandem_workers", broker=redis_url(), include=["workers.tasks"])
 
@@ -49,11 +49,13 @@ app.conf.update(
     # that an idle worker could be running.
     worker_prefetch_multiplier=1,
     # Redis redelivers an unacknowledged task after this long. It must exceed
-    # the longest task (bounded by task_time_limit) or a slow task would run twice.
-    broker_transport_options={"visibility_timeout": 1800},
-    # A task runs a few groups; minutes mean an environment or generation is stuck.
-    task_soft_time_limit=600,
-    task_time_limit=900,
+    # the longest task or a slow task would run twice; twice the time limit.
+    broker_transport_options={"visibility_timeout": 2 * ROLLOUT_TASK_TIME_LIMIT_S},
+    # No task_time_limit: Celery's threads pool ignores time limits. A rollout
+    # task cancels its own episodes after ROLLOUT_TASK_TIME_LIMIT_S (15 minutes:
+    # a task runs a few groups, so minutes mean an environment or generation is
+    # stuck) or its run's rollout_timeout_s, whichever is shorter, since by then
+    # the trainer has counted its groups lost and asked for them again.
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )

@@ -17,6 +17,7 @@ the process, not only its own. Blocking code belongs in
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -38,13 +39,21 @@ class EpisodeLoop:
         self._redis: dict[str, aioredis.Redis] = {}
         self.http_session = SharedHTTPSession()
 
-    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run ``coroutine`` on the loop, with the shared HTTP session, and wait for its result."""
+    def run(self, coroutine: Coroutine[Any, Any, T], *, timeout_s: float | None = None) -> T:
+        """Run ``coroutine`` on the loop, with the shared HTTP session, and wait for its result.
+
+        After ``timeout_s`` the coroutine is cancelled and TimeoutError raised.
+        """
         loop = self._started()
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise RuntimeError("EpisodeLoop.run() called from the loop's own thread would wait forever")
-        return asyncio.run_coroutine_threadsafe(self._with_shared_session(coroutine), loop).result()
+        future = asyncio.run_coroutine_threadsafe(self._with_shared_session(coroutine), loop)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"cancelled after {timeout_s:g}s") from None
 
     def redis(self, url: str) -> aioredis.Redis:
         """The loop's Redis client of ``url``; use it only in coroutines running on the loop."""

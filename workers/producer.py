@@ -25,6 +25,7 @@ from workers.agent import EpisodeLimits, run_episode
 from workers.environments import load_environment_class
 from workers.episode_loop import process_episode_loop
 from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
+from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,10 @@ class RunNotReadyError(RuntimeError):
 
 class EnvironmentPausedError(RunNotReadyError):
     """The run's environment version failed a health check; no episode starts until it passes one."""
+
+
+class RolloutTaskTimeLimitError(RuntimeError):
+    """A rollout task ran past its time limit; its unfinished episodes were cancelled."""
 
 
 @dataclass(frozen=True)
@@ -168,11 +173,18 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
             except PolicyNotPublishedError as exc:
                 raise RunNotReadyError(str(exc)) from exc
             runtime.warm_up()
-            summary = process_episode_loop.run(produce_groups(
-                redis_url=redis_url, spec=spec, runtime=runtime,
-                first_group_index=first_group_index, num_groups=num_groups,
-                redis_client=process_episode_loop.redis(redis_url),
-            ))
+            time_limit_s = min(runtime.config.rollout_timeout_s, ROLLOUT_TASK_TIME_LIMIT_S)
+            try:
+                summary = process_episode_loop.run(produce_groups(
+                    redis_url=redis_url, spec=spec, runtime=runtime,
+                    first_group_index=first_group_index, num_groups=num_groups,
+                    redis_client=process_episode_loop.redis(redis_url),
+                ), timeout_s=time_limit_s)
+            except TimeoutError as exc:
+                # Not retried: the trainer counts the groups lost after rollout_timeout_s and asks again.
+                raise RolloutTaskTimeLimitError(
+                    f"run {run_id}: groups {first_group_index}..{first_group_index + num_groups - 1} did not "
+                    f"finish within {time_limit_s:g}s; their episodes were cancelled") from exc
             return summary
         finally:
             process_activity.task_finished(run_id=run_id, episodes=summary.episodes if summary else 0,

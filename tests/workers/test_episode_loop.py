@@ -56,3 +56,19 @@ def test_waiting_on_the_loop_from_the_loop_itself_is_refused():
 
     with pytest.raises(RuntimeError, match="own thread"):
         loop.run(nested())
+
+
+def test_a_coroutine_past_its_timeout_is_cancelled():
+    loop = EpisodeLoop()
+    cancelled = threading.Event()
+
+    async def stuck():
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(TimeoutError, match="cancelled after 0.2s"):
+        loop.run(stuck(), timeout_s=0.2)
+    assert cancelled.wait(5)

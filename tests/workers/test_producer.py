@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from flax import nnx
@@ -20,8 +21,9 @@ from trainer.tokenizer import VOCAB_SIZE
 from trainer.weights import RedisWeightPublisher
 from workers.environments import Environment, StepResult
 from workers.environments.calculator import CalculatorEnvironment
+from workers.episode_loop import process_episode_loop
 from workers.policy import PolicyRuntime
-from workers.producer import produce, produce_groups
+from workers.producer import RolloutTaskTimeLimitError, produce, produce_groups
 
 
 class ExplodingEnvironment(CalculatorEnvironment):
@@ -48,6 +50,12 @@ class NanRewardEnvironment(CalculatorEnvironment):
 class OversizedResetEnvironment(CalculatorEnvironment):
     async def reset(self, task):
         return "x" * 10_000
+
+
+class SlowStepEnvironment(CalculatorEnvironment):
+    async def step(self, action):
+        await asyncio.sleep(0.4)
+        return StepResult(observation="go on\n", reward=0.0, done=False)
 
 
 class TalkativeEnvironment(Environment):
@@ -128,3 +136,18 @@ def test_a_broken_environment_fails_its_episodes_with_a_reason(redis_client, red
     # An untrained policy never writes a valid tool call, so every episode reaches step().
     assert summary.failed == 3
     assert all(r.status == "failed" and r.failure_reason == reason and sum(r.loss_mask) == 0 for r in records)
+
+
+def test_a_rollout_task_past_its_time_limit_cancels_its_episodes(redis_client, redis_url, run_id):
+    """Celery's threads pool enforces no time limit, so the task bounds itself by the run's rollout_timeout_s."""
+    config = CONFIG.model_copy(update={"rollout_timeout_s": 1.0, "max_turns": 20, "environment_timeout_s": 5.0})
+    spec = _publish_policy(redis_client, run_id, "slow", f"{__name__}:SlowStepEnvironment")
+    redis_client.set(run_spec_key(run_id), spec.model_copy(update={"config": config.model_dump(mode="json")})
+                     .model_dump_json())
+    started = time.monotonic()
+    with pytest.raises(RolloutTaskTimeLimitError, match=rf"run {run_id}: groups 0\.\.0 did not finish within 1s"):
+        produce(redis_url=redis_url, run_id=run_id, first_group_index=0, num_groups=1)
+    # 20 turns of 0.4 s would take 8 s; the warm-up before the episodes is not counted.
+    assert time.monotonic() - started < 6.0
+    assert _stream_records(redis_client, run_id) == []  # cancelled episodes append nothing
+    assert process_episode_loop.run(asyncio.sleep(0, result="the loop goes on")) == "the loop goes on"
