@@ -284,7 +284,13 @@ class TrajectoryRecord(_Record):
     )
     policy_versions: list[int] = Field(
         default_factory=list,
-        description="Policy version of each policy turn, in order; weights may change between turns.",
+        description="Policy version of each policy turn's first token, in order; weights may change between turns.",
+    )
+    newest_policy_version: int | None = Field(
+        None,
+        description="Version of the newest weights that generated any of its tokens: newer than "
+        "max(policy_versions) when weights changed within a turn (between decode chunks). "
+        "None in records from before this field: read as max(policy_versions).",
     )
     token_ids: list[int]
     behaviour_logprobs: list[float]
@@ -304,6 +310,12 @@ class TrajectoryRecord(_Record):
                 f"(got {n}, {len(self.behaviour_logprobs)}, {len(self.loss_mask)})"
             )
         return self
+
+    def newest_version(self) -> int:
+        """The newest policy version that generated any of its tokens."""
+        if self.newest_policy_version is not None:
+            return self.newest_policy_version
+        return max(self.policy_versions, default=self.policy_version)
 
     def to_stream_fields(self) -> dict[str, str]:
         return {"schema_version": str(self.schema_version), "payload": self.model_dump_json()}
@@ -467,7 +479,7 @@ class EpisodeSpan(BaseModel):
             started_at=timings.started_at, finished_at=timings.finished_at,
             generation_s=timings.generation_s, environment_s=timings.environment_s, tool_s=timings.tool_s,
             policy_version=record.policy_version,
-            newest_policy_version=max(record.policy_versions, default=record.policy_version),
+            newest_policy_version=record.newest_version(),
             reward=record.reward, outcome=outcome,
         )
 

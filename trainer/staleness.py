@@ -6,10 +6,10 @@ version the update starts from. It splits into two parts that have different
 fixes:
 
 - in flight: versions published while the episode was being generated
-  (``max(policy_versions) - min(policy_versions)``); long multi-turn episodes
-  and slow environments raise it.
-- in queue: versions published after its last policy turn, while it waited in
-  the stream and the assembler (``trainer version - max(policy_versions)``);
+  (``newest - oldest`` version that generated its tokens); long multi-turn
+  episodes and slow environments raise it.
+- in queue: versions published after its last generated token, while it waited in
+  the stream and the assembler (``trainer version - newest``);
   a deep backlog raises it. The seconds from the episode's end to its
   consumption are recorded too.
 
@@ -39,14 +39,12 @@ def staleness(record: TrajectoryRecord, *, policy_version: int) -> int:
 
 def in_flight_versions(record: TrajectoryRecord) -> int:
     """Versions published while the episode was generated."""
-    versions = record.policy_versions or [record.policy_version]
-    return max(versions) - min(versions)
+    return record.newest_version() - record.policy_version
 
 
 def in_queue_versions(record: TrajectoryRecord, *, policy_version: int) -> int:
-    """Versions published after the episode's last policy turn."""
-    versions = record.policy_versions or [record.policy_version]
-    return policy_version - max(versions)
+    """Versions published after the episode's last generated token."""
+    return policy_version - record.newest_version()
 
 
 def is_stale_group(entries: Sequence[StreamEntry], *, policy_version: int, max_staleness: int | None) -> bool:

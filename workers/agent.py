@@ -98,6 +98,7 @@ async def run_episode(
     generation_s = environment_s = tool_s = 0.0
     conversation = Conversation(tokenizer)
     policy_versions: list[int] = []
+    newest_version: int | None = None
     reward = 0.0
     status, failure_reason = "ok", ""
     environment_verdict: bool | None = None  # True: worked, False: faulted, None: unknown
@@ -127,6 +128,8 @@ async def run_episode(
             generation_s += time.perf_counter() - began
             # The version of the turn's first token: the oldest one if weights changed mid-turn.
             policy_versions.append(completion.policy_version)
+            # Weights may also change between the turn's decode chunks.
+            newest_version = max(completion.last_policy_version, newest_version or 0)
             conversation.add_policy_tokens(completion.token_ids, completion.logprobs)
             # A turn cut off at max_new_tokens still acts: the environment judges
             # whatever was said, so a policy that never stops gets no free pass.
@@ -185,6 +188,7 @@ async def run_episode(
         environment=environment_name,
         policy_version=min(policy_versions) if policy_versions else 0,
         policy_versions=policy_versions,
+        newest_policy_version=newest_version,
         token_ids=token_ids,
         behaviour_logprobs=conversation.behaviour_logprobs[: limits.max_seq_len],
         loss_mask=loss_mask,

@@ -9,12 +9,14 @@ from flax import nnx
 from tandem.contracts import TrajectoryRecord, trajectory_stream
 from tandem.run_config import ModelConfig, RunConfig
 from trainer.model import Transformer, TransformerConfig, split_model
+from trainer.staleness import in_flight_versions, in_queue_versions
 from trainer.tokenizer import BOS_ID, VOCAB_SIZE
 from trainer.weights import RedisWeightPublisher
+from workers.agent import EpisodeLimits, run_episode
 from workers.policy import BatchingPolicy, PolicyRuntime
 from workers.producer import produce_groups
 
-from .test_producer import _publish_policy
+from .test_producer import TalkativeEnvironment, _publish_policy
 
 CONFIG = RunConfig(
     model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
@@ -136,3 +138,40 @@ def test_a_failed_warm_up_is_logged_and_buckets_compile_on_first_use(redis_clien
         runtime.close()
     assert caplog.text.count("warming up the inference engine failed") == 1
     assert completion.token_ids and completion.policy_version == 1
+
+
+def test_an_episode_records_weights_that_changed_within_a_turn(redis_client, run_id):
+    """Staleness splits into in flight and in queue by the newest version of any token, not of any turn's first."""
+    publisher = RedisWeightPublisher(redis_client)
+    publisher.publish(run_id=run_id, version=1, params=_params(0))
+
+    class PublishesAfterTheFirstChunk(PolicyRuntime):
+        polls = 0
+
+        def refresh_weights(self, *, force=False):
+            self.polls += 1
+            if self.polls == 3:  # 1: the forced poll below, 2: before chunk 1, 3: before chunk 2
+                publisher.publish(run_id=run_id, version=2, params=_params(1))
+            return super().refresh_weights(force=force)
+
+    runtime = PublishesAfterTheFirstChunk(run_id=run_id, config=CONFIG, redis_client=redis_client, weight_poll_s=0.0)
+    runtime.refresh_weights(force=True)
+    policy = BatchingPolicy(runtime, seed=0)
+    limits = EpisodeLimits(max_turns=1, max_seq_len=CONFIG.model.max_seq_len, max_new_tokens=CONFIG.max_new_tokens,
+                           environment_timeout_s=5.0)
+
+    async def one_turn():
+        try:
+            return await run_episode(run_id=run_id, group_id=f"{run_id}-0", group_size=1, environment_name="talkative",
+                                     environment=TalkativeEnvironment(), task={}, policy=policy, limits=limits)
+        finally:
+            await policy.close()
+
+    try:
+        record = asyncio.run(one_turn())
+    finally:
+        runtime.close()
+    assert record.status == "ok", record.failure_reason
+    assert sum(record.loss_mask) > 8  # the turn outlived its first chunk (8 tokens)
+    assert record.policy_versions == [1] and record.newest_policy_version == 2
+    assert in_flight_versions(record) == 1 and in_queue_versions(record, policy_version=2) == 0
