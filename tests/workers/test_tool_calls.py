@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainer.inference_engine import Completion
 from workers.environments.calculator import CALCULATOR_TOOL
 from workers.tool_calls import parse_tool_call, parse_tool_calls
 
@@ -82,10 +83,9 @@ class ScriptedPolicy:
         self.turns = list(turns)
 
     async def generate(self, token_ids, *, session_id):
-        from types import SimpleNamespace
-
         text = self.turns.pop(0).encode()
-        return SimpleNamespace(token_ids=list(text), logprobs=[0.0] * len(text), policy_version=1)
+        return Completion(token_ids=list(text), logprobs=[0.0] * len(text), finished=True, stop_reason="eos",
+                          policy_version=1, last_policy_version=1)
 
     def end_session(self, session_id):
         pass
