@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import uuid
 
 import httpx
@@ -11,6 +12,7 @@ import psycopg
 import pytest
 import redis
 
+from tandem.contracts import TrajectoryRecord
 from tandem.services import free_local_port
 from tandem.stack import Credentials, LocalStack, StackConfig
 from workers.environments import http_example_server
@@ -120,3 +122,22 @@ def register_http_environment(api: httpx.Client, *, project_id: int, name: str, 
 @pytest.fixture(scope="session")
 def credentials(stack) -> Credentials:
     return stack[1]
+
+
+class StreamObserver(threading.Thread):
+    """Reads the run's stream as entries arrive (no consumer group), before the trainer trims them."""
+
+    def __init__(self, redis_url, stream):
+        super().__init__(daemon=True)
+        self.redis_url, self.stream = redis_url, stream
+        self.records: list[TrajectoryRecord] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        client = redis.Redis.from_url(self.redis_url)
+        last_id = "0-0"
+        while not self.stop.is_set():
+            for _, entries in client.xread({self.stream: last_id}, block=200) or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    self.records.append(TrajectoryRecord.from_stream_fields(fields))

@@ -13,7 +13,8 @@ import pytest
 import redis
 from websockets.sync.client import connect
 
-from tandem.contracts import TRAINER_CONSUMER_GROUP, TrajectoryRecord, trajectory_stream
+from tandem.contracts import TRAINER_CONSUMER_GROUP, trajectory_stream
+from tests.e2e.conftest import StreamObserver
 
 SMALL_RUN = {
     "sft_steps": 120,
@@ -44,25 +45,6 @@ def _wait_for_status(client, run_id, statuses, timeout_s):
     raise AssertionError(f"run {run_id} did not reach {statuses} in {timeout_s}s; last seen {run}")
 
 
-class _StreamObserver(threading.Thread):
-    """Reads the run's stream as entries arrive (no consumer group), before the trainer trims them."""
-
-    def __init__(self, redis_url, stream):
-        super().__init__(daemon=True)
-        self.redis_url, self.stream = redis_url, stream
-        self.records: list[TrajectoryRecord] = []
-        self.stop = threading.Event()
-
-    def run(self):
-        client = redis.Redis.from_url(self.redis_url)
-        last_id = "0-0"
-        while not self.stop.is_set():
-            for _, entries in client.xread({self.stream: last_id}, block=200) or []:
-                for entry_id, fields in entries:
-                    last_id = entry_id
-                    self.records.append(TrajectoryRecord.from_stream_fields(fields))
-
-
 class _WebSocketListener(threading.Thread):
     def __init__(self, url, token):
         super().__init__(daemon=True)
@@ -90,7 +72,7 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     assert response.status_code == 201, response.text
     run_id = response.json()["id"]
 
-    observer = _StreamObserver(local.config.redis_url, trajectory_stream(run_id))
+    observer = StreamObserver(local.config.redis_url, trajectory_stream(run_id))
     observer.start()
     ws_url = local.config.platform_url.replace("http", "ws") + f"/ws/runs/{run_id}/"
     listener = _WebSocketListener(ws_url, credentials.user_token)
