@@ -34,22 +34,24 @@ def _params(seed: int):
     return split_model(model)[1]
 
 
+class PublishesAfterTheFirstChunk(PolicyRuntime):
+    """Publishes version 2 (version 1 is published first) right after a turn's first decode chunk."""
+
+    def __init__(self, *, run_id, redis_client):
+        self.publisher = RedisWeightPublisher(redis_client)
+        self.publisher.publish(run_id=run_id, version=1, params=_params(0))
+        self.polls = 0
+        super().__init__(run_id=run_id, config=CONFIG, redis_client=redis_client, weight_poll_s=0.0)
+
+    def refresh_weights(self, *, force=False):
+        self.polls += 1
+        if self.polls == 3:  # 1: the caller's forced poll, 2: before chunk 1, 3: before chunk 2
+            self.publisher.publish(run_id=self.run_id, version=2, params=_params(1))
+        return super().refresh_weights(force=force)
+
+
 def test_a_weight_update_lands_mid_turn_without_draining_it(redis_client, run_id):
-    publisher = RedisWeightPublisher(redis_client)
-    publisher.publish(run_id=run_id, version=1, params=_params(0))
-
-    class PublishesAfterTheFirstChunk(PolicyRuntime):
-        polls = 0
-
-        def refresh_weights(self, *, force=False):
-            self.polls += 1
-            if self.polls == 3:  # 1: the task's forced poll, 2: before chunk 1, 3: before chunk 2
-                publisher.publish(run_id=run_id, version=2, params=_params(1))
-            return super().refresh_weights(force=force)
-
-    runtime = PublishesAfterTheFirstChunk(
-        run_id=run_id, config=CONFIG, redis_client=redis_client, weight_poll_s=0.0
-    )
+    runtime = PublishesAfterTheFirstChunk(run_id=run_id, redis_client=redis_client)
     runtime.refresh_weights(force=True)
     runtime.warm_up()
     traces_after_warm_up = runtime.engine.trace_counts
@@ -142,19 +144,7 @@ def test_a_failed_warm_up_is_logged_and_buckets_compile_on_first_use(redis_clien
 
 def test_an_episode_records_weights_that_changed_within_a_turn(redis_client, run_id):
     """Staleness splits into in flight and in queue by the newest version of any token, not of any turn's first."""
-    publisher = RedisWeightPublisher(redis_client)
-    publisher.publish(run_id=run_id, version=1, params=_params(0))
-
-    class PublishesAfterTheFirstChunk(PolicyRuntime):
-        polls = 0
-
-        def refresh_weights(self, *, force=False):
-            self.polls += 1
-            if self.polls == 3:  # 1: the forced poll below, 2: before chunk 1, 3: before chunk 2
-                publisher.publish(run_id=run_id, version=2, params=_params(1))
-            return super().refresh_weights(force=force)
-
-    runtime = PublishesAfterTheFirstChunk(run_id=run_id, config=CONFIG, redis_client=redis_client, weight_poll_s=0.0)
+    runtime = PublishesAfterTheFirstChunk(run_id=run_id, redis_client=redis_client)
     runtime.refresh_weights(force=True)
     policy = BatchingPolicy(runtime, seed=0)
     limits = EpisodeLimits(max_turns=1, max_seq_len=CONFIG.model.max_seq_len, max_new_tokens=CONFIG.max_new_tokens,
