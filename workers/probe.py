@@ -42,6 +42,7 @@ from tandem.environment_urls import EnvironmentURLRefused, check_environment_url
 from workers.environments.base import (
     Environment,
     MalformedOutputError,
+    checked_json,
     checked_observation,
     checked_step_result,
 )
@@ -63,7 +64,8 @@ def _short(text: str) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, CheckFailed):
+    # An environment's output outside the interface is a verdict that already says where.
+    if isinstance(exc, CheckFailed | MalformedOutputError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
@@ -124,25 +126,8 @@ async def _cancel_other_tasks(release: Callable[[], Coroutine] | None) -> None:
     await asyncio.get_running_loop().shutdown_asyncgens()
 
 
-def _check_observation(value: Any, where: str) -> str:
-    try:
-        return checked_observation(value, where)
-    except MalformedOutputError as exc:
-        raise CheckFailed(str(exc)) from None
-
-
-def _check_json(value: Any, where: str) -> None:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise CheckFailed(f"{where} is not JSON-serialisable: {exc}") from None
-
-
 def check_step_result(result: Any) -> str:
-    try:
-        checked_step_result(result)
-    except MalformedOutputError as exc:
-        raise CheckFailed(str(exc)) from None
+    checked_step_result(result)
     return f"reward {float(result.reward):g}, done {result.done}"
 
 
@@ -207,13 +192,13 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
         task = state["environment"].sample_task(random.Random(_PROBE_SEED))
         if not isinstance(task, dict):
             raise CheckFailed(f"sample_task returned a {type(task).__name__}, expected dict")
-        _check_json(task, "the task")
+        checked_json(task, "the task")
         state["task"] = task
         return _short(json.dumps(task, sort_keys=True))
 
     async def reset() -> str:
         state["reset_attempted"] = True
-        observation = _check_observation(await state["environment"].reset(state["task"]), "reset")
+        observation = checked_observation(await state["environment"].reset(state["task"]), "reset")
         state["reset"] = True
         return f"observation of {len(observation)} chars"
 

@@ -40,6 +40,14 @@ def checked_observation(value: Any, where: str, *, max_chars: int | None = None)
     return value
 
 
+def checked_json(value: Any, where: str) -> None:
+    """Raise MalformedOutputError unless ``value`` serialises as JSON (tasks and infos cross processes)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise MalformedOutputError(f"{where} is not JSON-serialisable: {exc}") from None
+
+
 def checked_step_result(result: Any, *, max_observation_chars: int | None = None) -> StepResult:
     """``result`` if it is a well-formed :class:`StepResult`: a finite reward, a bool done, JSON info."""
     if not isinstance(result, StepResult):
@@ -53,10 +61,7 @@ def checked_step_result(result: Any, *, max_observation_chars: int | None = None
         raise MalformedOutputError(f"step done is {type(result.done).__name__}, expected bool")
     if not isinstance(result.info, dict):
         raise MalformedOutputError(f"step info is {type(result.info).__name__}, expected dict")
-    try:
-        json.dumps(result.info)
-    except (TypeError, ValueError) as exc:
-        raise MalformedOutputError(f"step info is not JSON-serialisable: {exc}") from None
+    checked_json(result.info, "step info")
     return result
 
 
