@@ -598,7 +598,7 @@ class InferenceEngine:
                         np.zeros(rows, np.int32),
                     )
             for rows in self._row_buckets:
-                idle = self._chunk_inputs([], rows)
+                _, idle = self._chunk_inputs([], rows)
                 outputs = self._kernels.decode(
                     self._params, self._cache, self._logits, *idle, rows=rows
                 )
@@ -803,17 +803,18 @@ class InferenceEngine:
 
     # ------------------------------------------------------------------ decode
 
-    def _chunk_rows(self, running: list[_Slot], rows: int) -> list[int]:
-        """The chunk row of each running slot: packed from 0, or the slot's own row in a chunk of every row."""
-        if rows == self._num_slots:
-            return [slot.index for slot in running]
-        return list(range(len(running)))
+    def _chunk_inputs(self, running: list[_Slot], rows: int) -> tuple[list[int], tuple[np.ndarray, ...]]:
+        """The chunk row of each running slot, and the decode kernel's inputs; the other rows are idle.
 
-    def _chunk_inputs(self, running: list[_Slot], rows: int) -> tuple[np.ndarray, ...]:
-        """Row ``_chunk_rows(running, rows)[i]`` decodes ``running[i]``; the other rows are idle."""
+        Running slots are packed from row 0, except in a chunk of every row,
+        where each slot decodes in its own row (the whole cache, in place; see
+        ``_decode_traced``).
+        """
         if rows == self._num_slots:
-            indices = np.arange(rows, dtype=np.int32)  # the whole cache, in place (see _decode_traced)
+            layout = [slot.index for slot in running]
+            indices = np.arange(rows, dtype=np.int32)
         else:
+            layout = list(range(len(running)))
             indices = np.full(rows, self._num_slots, np.int32)  # dummies: their writes are dropped
         offsets = np.full(rows, self._config.max_seq_len, np.int32)  # idle rows: scratch slot
         active = np.zeros(rows, np.bool_)
@@ -823,7 +824,7 @@ class InferenceEngine:
         temperatures = np.ones(rows, np.float32)
         top_ps = np.ones(rows, np.float32)
         top_ks = np.zeros(rows, np.int32)
-        for row, slot in zip(self._chunk_rows(running, rows), running, strict=True):
+        for row, slot in zip(layout, running, strict=True):
             request = slot.request
             indices[row] = slot.index
             offsets[row] = len(slot.tokens)
@@ -834,13 +835,13 @@ class InferenceEngine:
             temperatures[row] = request.temperature
             top_ps[row] = request.top_p
             top_ks[row] = request.top_k
-        return indices, offsets, active, budgets, counts, seeds, temperatures, top_ps, top_ks
+        return layout, (indices, offsets, active, budgets, counts, seeds, temperatures, top_ps, top_ks)
 
     def _decode_chunk(
         self, running: list[_Slot]
     ) -> list[tuple[_Request, Completion | BaseException]]:
         rows = _bucket(len(running), self._row_buckets)
-        inputs = self._chunk_inputs(running, rows)
+        layout, inputs = self._chunk_inputs(running, rows)
         self._cache, self._logits, tokens, logprobs, produced = self._kernels.decode(
             self._params, self._cache, self._logits, *inputs, rows=rows
         )
@@ -850,7 +851,7 @@ class InferenceEngine:
         with self._lock:
             self._counters["decode_chunks"] += 1
             self._counters["decode_rows"] += rows
-            for row, slot in zip(self._chunk_rows(running, rows), running, strict=True):
+            for row, slot in zip(layout, running, strict=True):
                 request = slot.request
                 count = int(produced[row])
                 if count == 0:
