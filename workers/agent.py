@@ -128,8 +128,9 @@ async def run_episode(
             generation_s += time.perf_counter() - began
             # The version of the turn's first token: the oldest one if weights changed mid-turn.
             policy_versions.append(completion.policy_version)
-            # Weights may also change between the turn's decode chunks.
-            newest_version = max(completion.last_policy_version, newest_version or 0)
+            # Weights may also change between the turn's decode chunks; versions only grow, so the
+            # last token's is the newest.
+            newest_version = completion.last_policy_version
             conversation.add_policy_tokens(completion.token_ids, completion.logprobs)
             # A turn cut off at max_new_tokens still acts: the environment judges
             # whatever was said, so a policy that never stops gets no free pass.
