@@ -2,7 +2,7 @@
 
 Starts a whole local Tandem (web, two rollout workers, trainer, Redis db 13
 which it flushes) and one example HTTP environment server per latency
-(``workers.environments.http_example_server``), then trains the same run
+(``environments.http_example_server``), then trains the same run
 config with ``pipeline: async`` and ``pipeline: sync`` for each latency,
 ``--repeats`` times, async and sync runs interleaved so that drift in a shared
 machine's speed falls on both. Runs go one at a time, each once the previous
@@ -51,9 +51,9 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from environments import http_example_server  # noqa: E402
 from tandem.contracts import ProducerReport, producers_key  # noqa: E402
 from tandem.stack import LocalStack, StackConfig  # noqa: E402
-from workers.environments import http_example_server  # noqa: E402
 
 
 def run_metrics(client: httpx.Client, run_id: int) -> list[dict]:
@@ -115,7 +115,7 @@ def median_of(summaries: list[dict], name: str) -> float | None:
 # What each workload's environment server serves, and the run settings it needs.
 WORKLOADS = {
     "multi-turn": {
-        "server": {"environment": "workers.environments.guessing_game:GuessingGameEnvironment",
+        "server": {"environment": "environments.builtin.guessing_game:GuessingGameEnvironment",
                    "params": {"max_guesses": 6, "retry_malformed": True}},
         # 6 turns of up to 8 tokens and their hints fit in 256 tokens.
         "config": {"max_turns": 6, "max_new_tokens": 8, "model": {"max_seq_len": 256}},

@@ -5,7 +5,7 @@ concurrent "episodes" that each send 10 requests, alternating ``--repeats``
 times between:
 
 - ``aiohttp_shared``: every episode on one aiohttp session, as a producer's
-  episodes share :class:`~workers.environments.http.SharedHTTPSession`'s;
+  episodes share :class:`~environments.adapters.http.SharedHTTPSession`'s;
 - ``httpx_per_4``: an httpx client per 4 episodes, the producers' transport
   before (httpx's pool walks every connection on each request, so sharing
   one client among more episodes cost more per request);
@@ -32,8 +32,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workers.environments import http_example_server  # noqa: E402
-from workers.environments.http import SharedHTTPSession  # noqa: E402
+from environments import http_example_server  # noqa: E402
+from environments.adapters.http import SharedHTTPSession  # noqa: E402
 
 EPISODE_TURN_S = 0.05  # the policy's turn between two requests of an episode
 HTTPX_EPISODES_PER_CLIENT = 4

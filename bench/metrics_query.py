@@ -130,8 +130,8 @@ def _bench(args) -> dict:
     from rest_framework.test import APIClient
 
     from accounts.services import project_create, user_create_with_token
-    from environments.builtin import CALCULATOR
-    from environments.services import environment_register
+    from environment_registry.builtin import CALCULATOR
+    from environment_registry.services import environment_register
     from runs.services import run_create
     from tandem.contracts import TrainerStepEvent
     from telemetry.models import MetricBucket, MetricPoint

@@ -1,7 +1,7 @@
 """Throughput of the inference engine: generated tokens/s with 1, 8 and 64 concurrent episodes.
 
 Runs the nano policy (``tandem.run_config.ModelConfig`` defaults, random
-weights) in one :class:`trainer.inference_engine.InferenceEngine` with 64
+weights) in one :class:`policy.inference_engine.InferenceEngine` with 64
 slots, served by its background thread to asyncio episodes, as producers do.
 An episode has three turns of up to 24 tokens with an 8-token observation
 between them. A second workload (six short turns after a long prompt)
@@ -23,10 +23,10 @@ from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from policy.inference_engine import InferenceEngine  # noqa: E402
+from policy.model import Transformer, TransformerConfig, split_model  # noqa: E402
+from policy.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE  # noqa: E402
 from tandem.run_config import ModelConfig  # noqa: E402
-from trainer.inference_engine import InferenceEngine  # noqa: E402
-from trainer.model import Transformer, TransformerConfig, split_model  # noqa: E402
-from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE  # noqa: E402
 
 
 def _tokens(rng: np.random.Generator, length: int) -> list[int]:

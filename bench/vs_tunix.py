@@ -12,7 +12,7 @@ new tokens per model call, temperature 1, no KL term, one update per step.
   ``workers.agent.run_episode`` episodes of the same two-turn environment
   share one ``workers.policy.BatchingPolicy`` on the run's ``PolicyRuntime``,
   which samples with the weights the trainer published to Redis
-  (``trainer.weights``); then, as ``trainer.run_loop`` does, the GRPO
+  (``policy.weights``); then, as ``trainer.run_loop`` does, the GRPO
   algorithm's ``prepare`` (advantages) and ``batch`` (padding) and the jitted
   ``make_train_step`` update, and the new weights are published for the next
   step. A step is all of that, timed after warm-up and after every shape
@@ -51,16 +51,16 @@ import numpy as np  # noqa: E402
 import redis  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from environments import Environment, StepResult  # noqa: E402
+from policy.model import Transformer, TransformerConfig  # noqa: E402
+from policy.tokenizer import ByteTokenizer  # noqa: E402
+from policy.weights import RedisWeightPublisher  # noqa: E402
 from tandem.contracts import weights_key  # noqa: E402
 from tandem.run_config import RunConfig  # noqa: E402
 from trainer.algorithms import build_algorithm  # noqa: E402
-from trainer.model import Transformer, TransformerConfig  # noqa: E402
 from trainer.run_loop import length_buckets, make_optimizer  # noqa: E402
-from trainer.tokenizer import ByteTokenizer  # noqa: E402
 from trainer.train_step import create_train_state, make_train_step, pad_batch  # noqa: E402
-from trainer.weights import RedisWeightPublisher  # noqa: E402
 from workers.agent import EpisodeLimits, run_episode  # noqa: E402
-from workers.environments import Environment, StepResult  # noqa: E402
 from workers.policy import BatchingPolicy, PolicyRuntime  # noqa: E402
 
 DEFAULT_TUNIX_PYTHON = REPO_ROOT / ".bench-venv-tunix" / "bin" / "python"

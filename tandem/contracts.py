@@ -173,10 +173,10 @@ EnvironmentKind = Literal["python", "http", "openenv", "gymnasium", "reasoning_g
 # The class producers load for each kind that is an adapter; a 'python'
 # registration names its own class.
 ADAPTER_ENTRYPOINTS: dict[str, str] = {
-    "http": "workers.environments.http:RemoteHTTPEnvironment",
-    "openenv": "workers.environments.openenv:OpenEnvEnvironment",
-    "gymnasium": "workers.environments.gymnasium_text:GymnasiumTextEnvironment",
-    "reasoning_gym": "workers.environments.reasoning_gym:ReasoningGymEnvironment",
+    "http": "environments.adapters.http:RemoteHTTPEnvironment",
+    "openenv": "environments.adapters.openenv:OpenEnvEnvironment",
+    "gymnasium": "environments.adapters.gymnasium_text:GymnasiumTextEnvironment",
+    "reasoning_gym": "environments.adapters.reasoning_gym:ReasoningGymEnvironment",
 }
 
 
@@ -212,7 +212,7 @@ class EnvironmentSpec(_Record):
         "kinds are adapters (ADAPTER_ENTRYPOINTS) configured by `params`."
     )
     entrypoint: str = Field(
-        "", description="`module:Class` implementing workers.environments.Environment; "
+        "", description="`module:Class` implementing environments.Environment; "
         "filled in from the kind for adapters."
     )
     params: dict = Field(

@@ -1,1 +1,1 @@
-"""The JAX trainer: models, sampler, losses, train step and the trainer process."""
+"""The JAX trainer process: rollout feed, losses, advantages, train step, sharding, checkpoints."""

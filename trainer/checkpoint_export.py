@@ -3,7 +3,7 @@
 The platform worker runs this for a user's export request: it rebuilds the
 run's train state from the run config exactly as the trainer does (only its
 structure matters, the values come from the checkpoint), restores one step
-into it and writes the policy with :func:`trainer.hf.export_hf_checkpoint`.
+into it and writes the policy with :func:`policy.hf.export_hf_checkpoint`.
 A critic (PPO) is left out and LoRA adapters are folded into their kernels,
 so the result loads as a plain model anywhere.
 """
@@ -14,14 +14,14 @@ from pathlib import Path
 
 from flax import nnx
 
+from policy.hf import create_model, export_hf_checkpoint
+from policy.lora import fold_adapters, split_adapters
+from policy.model import Transformer, TransformerConfig
+from policy.tokenizer import load_tokenizer
 from tandem.run_config import RunConfig
 from trainer.algorithms import build_algorithm
 from trainer.checkpoints import RunCheckpointer
-from trainer.hf import create_model, export_hf_checkpoint
-from trainer.lora import fold_adapters, split_adapters
-from trainer.model import Transformer, TransformerConfig
 from trainer.run_loop import initial_train_state, make_optimizer
-from trainer.tokenizer import load_tokenizer
 
 
 def hf_architecture(config: TransformerConfig) -> str:

@@ -13,9 +13,9 @@ from pathlib import Path
 import redis
 from celery import Celery
 
+from policy.compilation_cache import enable_compilation_cache
 from tandem.contracts import TrainerHeartbeat
 from tandem.process_reports import start_process_reporter, stop_process_reporter
-from trainer.compilation_cache import enable_compilation_cache
 from trainer.platform_client import PlatformClient, RunTakenOverError
 from trainer.run_loop import RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed

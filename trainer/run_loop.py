@@ -22,6 +22,12 @@ import redis
 from celery import Celery
 from flax import nnx
 
+from environments import load_environment_class
+from policy.byte_layout import Conversation
+from policy.hf import create_model
+from policy.lora import apply_lora
+from policy.tokenizer import load_tokenizer
+from policy.weights import FilesystemWeightPublisher, RedisWeightPublisher, RedisWeightSubscriber
 from tandem.contracts import (
     CheckpointReport,
     LineageEntry,
@@ -40,11 +46,8 @@ from tandem.optimizer_config import OptimizerConfig
 from tandem.run_config import RunConfig
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.backlog import RolloutBacklog, group_index_of
-from trainer.chat import Conversation
 from trainer.checkpoints import RunCheckpointer, RunProgress, step_rng
 from trainer.devices import DeviceMonitor, parameter_count
-from trainer.hf import create_model
-from trainer.lora import apply_lora
 from trainer.losses import sft_loss
 from trainer.platform_client import ClaimedRun, PlatformClient, RunTakenOverError
 from trainer.producer_stats import ProducerStats
@@ -54,7 +57,6 @@ from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_sha
 from trainer.staleness import StalenessRecorder, is_stale_group, split_stale_groups
 from trainer.step_episodes import StepEpisodes
 from trainer.stream import GroupAssembler, TrajectoryStreamReader, entry_order
-from trainer.tokenizer import load_tokenizer
 from trainer.tracing import CapturedTrace, TraceCapture
 from trainer.train_step import (
     batch_tokens,
@@ -66,8 +68,6 @@ from trainer.train_step import (
 )
 from trainer.trajectory_samples import TrajectorySampleBuffer
 from trainer.value_head import policy_params, with_value_head
-from trainer.weights import FilesystemWeightPublisher, RedisWeightPublisher, RedisWeightSubscriber
-from workers.environments import load_environment_class
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Batches are right-padded to a few length buckets and a fixed row count by
 recompiles; :attr:`TrainStep.trace_count` lets a test prove it. The state is
 donated, so XLA updates parameters and optimizer moments in place.
 
-What is trained follows from the parameters: ``trainer.lora.apply_lora``
+What is trained follows from the parameters: ``policy.lora.apply_lora``
 retypes the policy's own weights as ``FrozenParam``, and the step trains
 every other parameter (the LoRA adapters, plus a value head if one was added
 afterwards); a model without LoRA trains every ``nnx.Param``. Frozen
@@ -31,8 +31,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from trainer.lora import FrozenParam
-from trainer.model import Transformer, split_model
+from policy.lora import FrozenParam
+from policy.model import Transformer, split_model
 
 if TYPE_CHECKING:
     from trainer.losses import LossFn
@@ -155,7 +155,7 @@ class TrainState:
     """Everything the update changes; a pytree, so it can be donated and checkpointed."""
 
     # All model parameters, trained and frozen: the second half of
-    # trainer.model.split_model, so nnx.merge(graphdef, params) is the model.
+    # policy.model.split_model, so nnx.merge(graphdef, params) is the model.
     params: nnx.State
     # Optimizer state of the transformation the step was built with, over the
     # trained parameters only (see trainable_params).

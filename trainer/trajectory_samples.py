@@ -14,6 +14,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from environments.base import Tool
+from environments.tool_calls import parse_tool_calls
+from policy.tokenizer import Tokenizer
 from tandem.contracts import (
     TokenSpan,
     ToolCallSample,
@@ -22,9 +25,6 @@ from tandem.contracts import (
     TrajectorySample,
     TrajectoryTurn,
 )
-from trainer.tokenizer import Tokenizer
-from workers.environments.base import Tool
-from workers.tool_calls import parse_tool_calls
 
 logger = logging.getLogger(__name__)
 

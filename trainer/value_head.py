@@ -10,7 +10,7 @@ the policy: publish :func:`policy_params` of the state, never all of it.
 The policy must offer ``hidden_states(tokens, positions, attention_mask)``
 (float32 [B, T, D], after the final norm) and ``logits(hidden)`` (its
 output projection, tied or not), with ``policy(...) ==
-logits(hidden_states(...))``; :class:`trainer.model.Transformer` does.
+logits(hidden_states(...))``; :class:`policy.model.Transformer` does.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Rollout producers: Celery app, agent loop, environments and the stream writer."""
+"""Rollout producers: Celery app and tasks, the episode loop, the agent and the probe."""

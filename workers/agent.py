@@ -14,18 +14,18 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.contracts import EpisodeTimings, TrajectoryRecord
-from trainer.chat import Conversation
-from trainer.tokenizer import ByteTokenizer, Tokenizer
-from workers.circuit_breaker import CircuitBreakers, process_breakers
-from workers.environments.base import (
+from environments.base import (
     Environment,
     MalformedOutputError,
     checked_observation,
     checked_step_result,
 )
+from environments.tool_calls import parse_tool_calls
+from policy.byte_layout import Conversation
+from policy.tokenizer import ByteTokenizer, Tokenizer
+from tandem.contracts import EpisodeTimings, TrajectoryRecord
+from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy
-from workers.tool_calls import parse_tool_calls
 
 logger = logging.getLogger(__name__)
 

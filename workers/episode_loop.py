@@ -4,7 +4,7 @@ Celery's threads pool runs each rollout task in a thread of its own. Each task
 hands its episodes to this process's loop and waits for them, so every episode
 of the process shares one loop, one Redis connection pool and the HTTP
 environments' session, with its kept-alive connections, and their schemas
-(:class:`~workers.environments.http.SharedHTTPSession`). With a loop per task,
+(:class:`~environments.adapters.http.SharedHTTPSession`). With a loop per task,
 each task opened its own Redis connection and each episode its own HTTP
 connection, and the task threads' loops competed for the GIL with the
 inference engine's thread.
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
-from workers.environments.http import SharedHTTPSession, shared_http_session
+from environments.adapters.http import SharedHTTPSession, shared_http_session
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The policy as producers see it: one inference engine per run, shared by all episodes.
 
-:class:`PolicyRuntime` owns the run's :class:`~trainer.inference_engine.InferenceEngine`
+:class:`PolicyRuntime` owns the run's :class:`~policy.inference_engine.InferenceEngine`
 and keeps it (compiled functions, KV cache, background thread) warm across
 Celery tasks of the worker process. The engine batches every concurrent
 episode continuously: a turn joins the running batch at the next decode chunk
@@ -22,13 +22,13 @@ from collections.abc import Hashable
 import redis
 from flax import nnx
 
+from policy.compilation_cache import enable_compilation_cache
+from policy.hf import policy_config
+from policy.inference_engine import Completion, InferenceEngine
+from policy.model import Transformer, split_model
+from policy.tokenizer import load_tokenizer
+from policy.weights import RedisWeightSubscriber
 from tandem.run_config import RunConfig
-from trainer.compilation_cache import enable_compilation_cache
-from trainer.hf import policy_config
-from trainer.inference_engine import Completion, InferenceEngine
-from trainer.model import Transformer, split_model
-from trainer.tokenizer import load_tokenizer
-from trainer.weights import RedisWeightSubscriber
 from workers.settings import task_concurrency
 
 logger = logging.getLogger(__name__)

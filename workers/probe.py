@@ -30,6 +30,14 @@ from typing import Any
 
 import redis
 
+from environments.base import (
+    Environment,
+    MalformedOutputError,
+    checked_json,
+    checked_observation,
+    checked_step_result,
+)
+from environments.loading import load_environment_class
 from tandem.contracts import (
     PROBE_ACTION,
     ProbeCheck,
@@ -39,14 +47,6 @@ from tandem.contracts import (
     probe_request_key,
 )
 from tandem.environment_urls import EnvironmentURLRefused, check_environment_url, resolve_host
-from workers.environments.base import (
-    Environment,
-    MalformedOutputError,
-    checked_json,
-    checked_observation,
-    checked_step_result,
-)
-from workers.environments.loading import load_environment_class
 
 # Enough of a message to act on, not a whole HTML error page.
 _MESSAGE_CHARS = 500

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aioredis
 
+from environments import load_environment_class
 from tandem.contracts import (
     RunSpec,
     environment_paused_key,
@@ -22,7 +23,6 @@ from tandem.contracts import (
 from tandem.run_config import RunConfig
 from workers.activity import process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
-from workers.environments import load_environment_class
 from workers.episode_loop import process_episode_loop
 from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
 from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S

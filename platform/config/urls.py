@@ -23,8 +23,8 @@ from checkpoints.views import (
     TrainerCheckpointsView,
 )
 from config.api_root import ApiRootView
-from environments import pages as environment_pages
-from environments.views import (
+from environment_registry import pages as environment_pages
+from environment_registry.views import (
     EnvironmentDetailView,
     EnvironmentListCreateView,
     EnvironmentVersionCreateView,

@@ -13,8 +13,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts.models import Membership
 from accounts.selectors import project_get_for_user, project_list, project_role
 from domain_errors import DomainError, Forbidden, NotFound
-from environments.models import EnvironmentVersion
-from environments.selectors import environment_list, environment_version_last_probe_times
+from environment_registry.models import EnvironmentVersion
+from environment_registry.selectors import environment_list, environment_version_last_probe_times
 from telemetry.services import MAX_TRACE_STEPS, TRACE_REFUSED_STATUSES
 
 from .config_form import (

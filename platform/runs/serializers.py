@@ -2,7 +2,7 @@ from django.urls import reverse
 from rest_framework import serializers
 
 from config.db_limits import require_no_nul
-from environments.serializers import EnvironmentVersionStatusSerializer
+from environment_registry.serializers import EnvironmentVersionStatusSerializer
 
 from .models import Run
 from .realtime import run_websocket_path

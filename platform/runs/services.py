@@ -15,8 +15,8 @@ from django.utils import timezone
 from accounts.models import Project
 from accounts.permissions import project_require_writer
 from domain_errors import Conflict, InvalidInput
-from environments.models import EnvironmentVersion
-from environments.selectors import environment_version_pin
+from environment_registry.models import EnvironmentVersion
+from environment_registry.selectors import environment_version_pin
 from tandem.contracts import TrainerHeartbeat, run_stop_key
 from tandem.run_config import RunConfig
 

@@ -12,10 +12,10 @@ import psycopg
 import pytest
 import redis
 
+from environments import http_example_server
 from tandem.contracts import TrajectoryRecord
 from tandem.services import free_local_port
 from tandem.stack import Credentials, LocalStack, StackConfig
-from workers.environments import http_example_server
 
 ADMIN_DATABASE_URL = os.environ.get("TANDEM_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 E2E_REDIS_URL = os.environ.get("TANDEM_E2E_REDIS_URL", "redis://127.0.0.1:6379/14")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from workers.environments import Environment, StepResult
+from environments import Environment, StepResult
 
 FAULTS = ("raise", "hang", "garbage", "oversized")
 # Two in three groups are healthy, so the circuit breaker (five failed episodes in a row) rarely

@@ -14,10 +14,10 @@ import time
 import pytest
 import redis
 
+from policy.weights import RedisWeightSubscriber
 from tandem.contracts import LineageEntry, lineage_stream
 from tandem.stack import LocalStack
 from tests.e2e.conftest import private_stack, user_api
-from trainer.weights import RedisWeightSubscriber
 
 # The kill waits for the moment the newest update is one past a checkpoint, which lasts one step;
 # 30 RL steps give it eight such moments, so a fast pipeline (a step in about 0.1 s once nothing

@@ -16,8 +16,8 @@ from rest_framework.test import APIClient
 
 from accounts.models import Membership
 from accounts.services import membership_add, project_create, user_create_with_token
-from environments.builtin import CALCULATOR
-from environments.services import environment_probe_record, environment_register
+from environment_registry.builtin import CALCULATOR
+from environment_registry.services import environment_probe_record, environment_register
 from runs.services import run_claim_next, run_create, run_heartbeat
 from tandem.contracts import ProbeCheck, ProbeReport, TrainerHeartbeat
 from tandem.services import free_local_port

@@ -6,7 +6,7 @@ from django.core.management import call_command
 
 from accounts.models import Membership
 from accounts.selectors import api_token_authenticate
-from environments.models import Environment, EnvironmentVersion
+from environment_registry.models import Environment, EnvironmentVersion
 
 ARGS = [
     "--username",
@@ -43,7 +43,7 @@ def test_bootstrap_prints_one_json_line_of_working_credentials(db, capsys, clien
     assert membership.role == "owner" and membership.project.name == "demo"
     calculator = Environment.objects.get(project_id=result["project_id"], name="calculator")
     version = calculator.versions.get()
-    assert version.entrypoint == "workers.environments.calculator:CalculatorEnvironment"
+    assert version.entrypoint == "environments.builtin.calculator:CalculatorEnvironment"
     assert version.kind == "python" and version.settings == {}
     assert [tool["name"] for tool in version.tools] == ["calc"]
     assert version.status == "pending" and version.probes.get().purpose == "registration"

@@ -13,12 +13,12 @@ from flax import nnx
 
 from checkpoints.models import Checkpoint
 from checkpoints.tasks import export_checkpoint
+from policy.hf import load_hf_checkpoint
 from runs.services import run_claim_next, run_heartbeat
 from tandem.contracts import CheckpointReport, TrainerHeartbeat
 from tandem.run_config import RunConfig
 from tests.trainer.factories import save_checkpoints
 from trainer.checkpoints import RunCheckpointer
-from trainer.hf import load_hf_checkpoint
 
 RUN_CONFIG = {"model": {"d_model": 32, "num_layers": 2, "num_heads": 2, "mlp_dim": 64, "max_seq_len": 32},
               "checkpoints_kept": 2, "sft_steps": 2, "rl_steps": 2}

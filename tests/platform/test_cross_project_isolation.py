@@ -24,7 +24,7 @@ from accounts.models import ApiToken, Project
 from checkpoints.models import Checkpoint
 from checkpoints.services import checkpoints_report
 from config.asgi import application
-from environments.models import EnvironmentProbe, EnvironmentVersion
+from environment_registry.models import EnvironmentProbe, EnvironmentVersion
 from runs.models import Run
 from runs.routing import websocket_urlpatterns
 from tandem.contracts import CheckpointInfo, CheckpointReport

@@ -1,7 +1,7 @@
 import pytest
 
-from environments.models import Environment, EnvironmentProbe, EnvironmentVersion
-from environments.services import environment_probe_record
+from environment_registry.models import Environment, EnvironmentProbe, EnvironmentVersion
+from environment_registry.services import environment_probe_record
 from tandem.contracts import PROBE_QUEUE, ProbeRequest, probe_request_key
 
 from .conftest import probe_report
@@ -17,7 +17,7 @@ def _register(api, **overrides):
     payload = {
         "name": "maze",
         "kind": "python",
-        "entrypoint": "workers.environments.maze:MazeEnvironment",
+        "entrypoint": "environments.maze:MazeEnvironment",
         "settings": {"size": 5},
         "tools": [CALC_TOOL],
     }
@@ -65,7 +65,7 @@ def test_registration_sends_the_probe_request_once_committed(
 @pytest.mark.parametrize(
     "entrypoint",
     [
-        "workers.environments.maze",
+        "environments.maze",
         "workers/maze:Maze",
         "maze:",
         ":Maze",
@@ -113,7 +113,7 @@ def test_an_adapter_kind_loads_its_adapter_and_refuses_another_entrypoint(api, p
     assert http.status_code == 201, http.json()
     version = http.json()["versions"][0]
     assert version["kind"] == "http"
-    assert version["entrypoint"] == "workers.environments.http:RemoteHTTPEnvironment"
+    assert version["entrypoint"] == "environments.adapters.http:RemoteHTTPEnvironment"
     assert foreign.status_code == 400 and _fields(foreign) == ["entrypoint"]
 
 
@@ -197,7 +197,7 @@ def test_a_new_version_leaves_the_earlier_one_as_it_was(api, project):
     first = _register(api, project=project.pk).json()
 
     second = api.post(f"/api/environments/{first['id']}/versions/",
-                      {"entrypoint": "workers.environments.maze:MazeV2", "settings": {"size": 9}},
+                      {"entrypoint": "environments.maze:MazeV2", "settings": {"size": 9}},
                       format="json")
 
     assert second.status_code == 201, second.json()
@@ -279,7 +279,7 @@ def test_listing_shows_the_environments_of_the_users_projects(
 def test_listing_costs_the_same_queries_for_many_environments(
     api, project, make_environment, django_assert_num_queries
 ):
-    from environments.builtin import CALCULATOR
+    from environment_registry.builtin import CALCULATOR
 
     for index in range(5):
         make_environment(project, CALCULATOR.model_copy(update={"name": f"calc-{index}"}))

@@ -4,9 +4,9 @@ from datetime import timedelta
 
 import pytest
 
-from environments.builtin import CALCULATOR
-from environments.models import EnvironmentProbe, EnvironmentVersion
-from environments.services import (
+from environment_registry.builtin import CALCULATOR
+from environment_registry.models import EnvironmentProbe, EnvironmentVersion
+from environment_registry.services import (
     environment_ensure,
     environment_health_sweep,
     environment_probe_record,

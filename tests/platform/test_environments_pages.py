@@ -5,8 +5,8 @@ import re
 import pytest
 from django.test import Client
 
-from environments.models import EnvironmentVersion
-from environments.services import environment_probe_record
+from environment_registry.models import EnvironmentVersion
+from environment_registry.services import environment_probe_record
 
 from .conftest import probe_report
 
@@ -23,7 +23,7 @@ def _form(project, **overrides):
         "project": project.pk,
         "name": "maze",
         "kind": "python",
-        "entrypoint": "workers.environments.maze:MazeEnvironment",
+        "entrypoint": "environments.maze:MazeEnvironment",
         "settings": '{"size": 5}',
         "tools": "",
     }

@@ -3,13 +3,13 @@
 import pydantic
 import pytest
 
-from environments.builtin import CALCULATOR
+from environment_registry.builtin import CALCULATOR
 from tandem.contracts import ADAPTER_ENTRYPOINTS, EnvironmentSpec, RunSpec
 
 
 def test_a_schema_1_spec_reads_as_version_0_of_kind_python():
     old = {"schema_version": 1, "name": "calculator", "kind": "python",
-           "entrypoint": "workers.environments.calculator:CalculatorEnvironment", "params": {"a": 1}}
+           "entrypoint": "environments.builtin.calculator:CalculatorEnvironment", "params": {"a": 1}}
 
     spec = EnvironmentSpec.model_validate(old)
 

@@ -6,7 +6,7 @@ import pytest
 from django.urls import get_resolver
 
 from accounts.services import api_token_create, membership_add
-from environments.builtin import CALCULATOR
+from environment_registry.builtin import CALCULATOR
 from runs.models import Run
 from tandem.contracts import TrainerStepEvent
 from telemetry.services import metric_events_record

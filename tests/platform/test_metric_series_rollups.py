@@ -173,8 +173,8 @@ django.setup()
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
 from accounts.services import project_create, user_create_with_token
-from environments.builtin import CALCULATOR
-from environments.services import environment_register
+from environment_registry.builtin import CALCULATOR
+from environment_registry.services import environment_register
 from runs.services import run_create
 from tandem.contracts import TrainerStepEvent
 from telemetry.models import MetricBucket

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from environments.builtin import CALCULATOR
-from environments.services import environment_register
+from environment_registry.builtin import CALCULATOR
+from environment_registry.services import environment_register
 from tandem.run_config import RunConfig
 from tests.workers.test_probe_worker import processes  # noqa: F401 - the real worker processes
 
@@ -104,7 +104,7 @@ def _register_in_the_ui(page, project, name: str, tools: str) -> None:
     page.select_option("#id_project", str(project.pk))
     page.fill("#id_name", name)
     page.select_option("#id_kind", "python")
-    page.fill("#id_entrypoint", "workers.environments.calculator:CalculatorEnvironment")
+    page.fill("#id_entrypoint", "environments.builtin.calculator:CalculatorEnvironment")
     page.fill("#id_tools", tools)
     page.click("#register-environment-form button[type=submit]")
     page.wait_for_url(re.compile(r".*/environments/\d+/$"))

@@ -7,9 +7,9 @@ import re
 import pytest
 from django.test import Client
 
-from environments.builtin import CALCULATOR
-from environments.models import EnvironmentVersion
-from environments.services import environment_probe_record, environment_register
+from environment_registry.builtin import CALCULATOR
+from environment_registry.models import EnvironmentVersion
+from environment_registry.services import environment_probe_record, environment_register
 from runs.config_form import config_fields, config_sections
 from runs.models import Run
 from tandem.run_config import RunConfig

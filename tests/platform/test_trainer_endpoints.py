@@ -41,7 +41,7 @@ def test_a_claim_starts_the_oldest_queued_run(trainer_api, project, environment,
         "version": 1,
         "version_id": version.pk,
         "kind": "python",
-        "entrypoint": "workers.environments.calculator:CalculatorEnvironment",
+        "entrypoint": "environments.builtin.calculator:CalculatorEnvironment",
         "params": {},
         "tools": version.tools,
     }

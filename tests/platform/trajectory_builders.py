@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uuid
 
+from policy.byte_layout import Conversation
+from policy.tokenizer import EOS_ID, ByteTokenizer
 from tandem.contracts import EpisodeTimings, ToolSchema, TrajectoryRecord, TrajectorySample
-from trainer.chat import Conversation
-from trainer.tokenizer import EOS_ID, ByteTokenizer
 from trainer.trajectory_samples import trajectory_sample
 
 TOKENIZER = ByteTokenizer()

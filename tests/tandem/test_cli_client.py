@@ -171,7 +171,7 @@ def test_runs_watch_on_a_terminal_draws_one_bar(tandem, client, trainer):
 
 def test_envs_register_list_and_probe(tandem):
     registered = tandem("envs", "register", "cli-calculator",
-                        "--entrypoint", "workers.environments.calculator:CalculatorEnvironment",
+                        "--entrypoint", "environments.builtin.calculator:CalculatorEnvironment",
                         "--setting", "max_operand=9")
     assert registered.returncode == 0, registered.stderr
     assert registered.stdout.startswith("environment cli-calculator registered")

@@ -103,7 +103,7 @@ def test_projects_and_environments(platform, client):
     assert [(project.id, project.name) for project in projects] == [(platform.credentials.project_id, "demo")]
 
     registered = client.environments.register(
-        "sdk-calculator", entrypoint="workers.environments.calculator:CalculatorEnvironment",
+        "sdk-calculator", entrypoint="environments.builtin.calculator:CalculatorEnvironment",
         settings={"max_operand": 9},
     )
 
@@ -114,7 +114,7 @@ def test_projects_and_environments(platform, client):
     assert "sdk-calculator" in names and "calculator" in names
     with pytest.raises(TandemAPIError) as duplicate:
         client.environments.register(
-            "sdk-calculator", entrypoint="workers.environments.calculator:CalculatorEnvironment")
+            "sdk-calculator", entrypoint="environments.builtin.calculator:CalculatorEnvironment")
     assert duplicate.value.status_code == 409
 
 

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 from pydantic import ValidationError
 
+from policy.model import Transformer, TransformerConfig, split_model
 from tandem.algorithm_config import AlgorithmConfig
 from tandem.contracts import EpisodeTimings, TrajectoryRecord
 from trainer.advantages import (
@@ -24,7 +25,6 @@ from trainer.advantages import (
 )
 from trainer.algorithms import ReferencePolicy, build_algorithm, reference_logprobs
 from trainer.losses import token_logprobs
-from trainer.model import Transformer, TransformerConfig, split_model
 from trainer.train_step import create_train_state, make_train_step, pad_batch
 from trainer.value_head import PolicyWithValue, policy_params, with_value_head
 

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from policy.hf import load_hf_checkpoint
 from tandem.run_config import RunConfig
 from trainer.checkpoint_export import export_checkpoint
 from trainer.checkpoints import RunCheckpointer
-from trainer.hf import load_hf_checkpoint
 
 from .factories import save_checkpoints
 

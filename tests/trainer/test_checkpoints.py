@@ -17,9 +17,9 @@ import optax
 import pytest
 from flax import nnx
 
+from policy.model import Transformer, TransformerConfig
 from trainer.checkpoints import RunCheckpointer, RunProgress, step_rng
 from trainer.losses import sft_loss
-from trainer.model import Transformer, TransformerConfig
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,16 +11,16 @@ import optax
 import pytest
 from flax import nnx
 
+from policy.lora import FrozenParam, LoRALinear, apply_lora, fold_adapters, split_adapters
+from policy.model import Transformer, TransformerConfig, split_model
+from policy.tokenizer import PAD_ID, VOCAB_SIZE
+from policy.weights import RedisWeightPublisher, RedisWeightSubscriber
 from tandem.contracts import weights_key
 from tandem.parallelism_config import LoRAConfig
 from tandem.run_config import RunConfig
-from trainer.lora import FrozenParam, LoRALinear, apply_lora, fold_adapters, split_adapters
 from trainer.losses import sft_loss
-from trainer.model import Transformer, TransformerConfig, split_model
-from trainer.tokenizer import PAD_ID, VOCAB_SIZE
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
 from trainer.value_head import with_value_head
-from trainer.weights import RedisWeightPublisher, RedisWeightSubscriber
 from workers.policy import PolicyRuntime
 
 # The run config's default policy, so the bytes below are the demo's.

@@ -27,12 +27,13 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
+from policy.lora import apply_lora
+from policy.model import Transformer, TransformerConfig
+from policy.weights import RedisWeightPublisher
 from tandem.contracts import weights_key
 from tandem.parallelism_config import LoRAConfig, MeshConfig
 from trainer.checkpoints import RunCheckpointer, RunProgress
-from trainer.lora import apply_lora
 from trainer.losses import sft_loss
-from trainer.model import Transformer, TransformerConfig
 from trainer.sharding import (
     MESH_AXES,
     initialize_distributed,
@@ -44,7 +45,6 @@ from trainer.sharding import (
     step_shardings,
 )
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
-from trainer.weights import RedisWeightPublisher
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Children compile a handful of small SPMD programs; unoptimized CPU code

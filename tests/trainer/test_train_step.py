@@ -11,11 +11,11 @@ import optax
 import pytest
 from flax import nnx
 
+from policy.lora import apply_lora
+from policy.model import Transformer, TransformerConfig
+from policy.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from tandem.parallelism_config import LoRAConfig
-from trainer.lora import apply_lora
 from trainer.losses import grpo_loss, sft_loss, token_logprobs
-from trainer.model import Transformer, TransformerConfig
-from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from trainer.train_step import (
     batch_tokens,
     create_train_state,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from policy.byte_layout import Conversation
+from policy.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 from tandem.contracts import EpisodeTimings, ToolSchema, TrajectoryRecord, TrajectorySample
 from tandem.services import free_local_port
-from trainer.chat import Conversation
 from trainer.platform_client import PlatformClient
-from trainer.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 from trainer.trajectory_samples import TrajectorySampleBuffer, select_samples, trajectory_sample
 
 TOKENIZER = ByteTokenizer()

@@ -9,7 +9,7 @@ import random
 import time
 from typing import Any
 
-from workers.environments.base import Environment, StepResult
+from environments.base import Environment, StepResult
 
 
 class BrokenStepEnvironment(Environment):

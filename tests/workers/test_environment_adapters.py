@@ -13,6 +13,16 @@ import httpx
 import pytest
 from flax import nnx
 
+from environments import http_example_server
+from environments.adapters.http import (
+    RemoteEnvironmentError,
+    RemoteHTTPEnvironment,
+    SharedHTTPSession,
+    shared_http_session,
+)
+from policy.model import Transformer, TransformerConfig, split_model
+from policy.tokenizer import VOCAB_SIZE, ByteTokenizer
+from policy.weights import RedisWeightPublisher
 from tandem.contracts import (
     EnvironmentSpec,
     RunSpec,
@@ -22,16 +32,6 @@ from tandem.contracts import (
 )
 from tandem.run_config import ModelConfig, RunConfig
 from tandem.services import free_local_port
-from trainer.model import Transformer, TransformerConfig, split_model
-from trainer.tokenizer import VOCAB_SIZE, ByteTokenizer
-from trainer.weights import RedisWeightPublisher
-from workers.environments import http_example_server
-from workers.environments.http import (
-    RemoteEnvironmentError,
-    RemoteHTTPEnvironment,
-    SharedHTTPSession,
-    shared_http_session,
-)
 from workers.policy import PolicyRuntime
 from workers.producer import produce_groups
 
@@ -78,7 +78,7 @@ def producer(redis_url):
 
 
 def _remote(name: str, url: str, **params) -> EnvironmentSpec:
-    return EnvironmentSpec(name=name, kind="python", entrypoint="workers.environments.http:RemoteHTTPEnvironment",
+    return EnvironmentSpec(name=name, kind="python", entrypoint="environments.adapters.http:RemoteHTTPEnvironment",
                            params={"url": url, "backoff_s": 0.01, **params})
 
 
@@ -308,7 +308,7 @@ class WordEcho:
 
 
 def _gym(**params):
-    from workers.environments.gymnasium_text import GymnasiumTextEnvironment
+    from environments.adapters.gymnasium_text import GymnasiumTextEnvironment
 
     return GymnasiumTextEnvironment(factory=f"{__name__}:WordEcho", **params)
 
@@ -345,7 +345,7 @@ def test_gymnasium_truncation_ends_the_episode_and_a_group_shares_the_seed():
 
 def test_gymnasium_episodes_stream_through_the_producer(producer):
     spec = EnvironmentSpec(name="word-echo", kind="python",
-                           entrypoint="workers.environments.gymnasium_text:GymnasiumTextEnvironment",
+                           entrypoint="environments.adapters.gymnasium_text:GymnasiumTextEnvironment",
                            params={"factory": f"{__name__}:WordEcho"})
     records = producer(spec)
     assert len(records) == 3 and all(r.status == "ok" for r in records)
@@ -353,7 +353,7 @@ def test_gymnasium_episodes_stream_through_the_producer(producer):
 
 
 def test_gymnasium_factory_must_name_a_callable():
-    from workers.environments.gymnasium_text import GymnasiumTextEnvironment
+    from environments.adapters.gymnasium_text import GymnasiumTextEnvironment
 
     with pytest.raises(ValueError, match="module:callable"):
         GymnasiumTextEnvironment(factory="WordEcho")
@@ -363,7 +363,7 @@ def test_gymnasium_factory_must_name_a_callable():
 
 
 def _reasoning(**params):
-    from workers.environments.reasoning_gym import ReasoningGymEnvironment
+    from environments.adapters.reasoning_gym import ReasoningGymEnvironment
 
     return ReasoningGymEnvironment(dataset="leg_counting", size=20, seed=1, **params)
 
@@ -455,7 +455,7 @@ def openenv_url():
 
 
 def test_openenv_episode_maps_text_to_actions_and_observations(openenv_url):
-    from workers.environments.openenv import OpenEnvEnvironment
+    from environments.adapters.openenv import OpenEnvEnvironment
 
     async def episode():
         environment = OpenEnvEnvironment(url=openenv_url, action_field="message", observation_field="prompt")
@@ -473,7 +473,7 @@ def test_openenv_episode_maps_text_to_actions_and_observations(openenv_url):
 
 
 def test_openenv_observation_without_the_field_fails_with_the_reason(openenv_url):
-    from workers.environments.openenv import OpenEnvEnvironment, OpenEnvError
+    from environments.adapters.openenv import OpenEnvEnvironment, OpenEnvError
 
     async def episode():
         environment = OpenEnvEnvironment(url=openenv_url, observation_field="text")
@@ -488,7 +488,7 @@ def test_openenv_observation_without_the_field_fails_with_the_reason(openenv_url
 
 def test_openenv_episodes_stream_through_the_producer(openenv_url, producer):
     spec = EnvironmentSpec(name="openenv-echo", kind="python",
-                           entrypoint="workers.environments.openenv:OpenEnvEnvironment",
+                           entrypoint="environments.adapters.openenv:OpenEnvEnvironment",
                            params={"url": openenv_url})
     records = producer(spec)
     assert len(records) == 3 and all(r.status == "ok" for r in records), [r.failure_reason for r in records]
@@ -592,7 +592,7 @@ def test_an_episode_timing_out_does_not_cancel_the_schema_fetch_others_wait_for(
 
 def test_any_python_environment_can_be_served_and_played_remotely_turn_by_turn():
     with http_example_server.running(
-            environment="workers.environments.guessing_game:GuessingGameEnvironment", params={"high": 16}) as url:
+            environment="environments.builtin.guessing_game:GuessingGameEnvironment", params={"high": 16}) as url:
         async def bisect():
             environment = RemoteHTTPEnvironment(url=url)
             task = environment.sample_task(random.Random(2))

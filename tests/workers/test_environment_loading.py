@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from environments import Environment, EnvironmentLoadError, load_environment_class
+from environments.builtin.calculator import CalculatorEnvironment
 from tandem.contracts import EnvironmentSpec
 from tests.workers import plain_environments
 from tests.workers.test_producer import _publish_policy, _stream_records
-from workers.environments import Environment, EnvironmentLoadError, load_environment_class
-from workers.environments.calculator import CalculatorEnvironment
 from workers.producer import produce
 
 
@@ -17,7 +17,7 @@ def _spec(entrypoint: str) -> EnvironmentSpec:
 
 
 def test_a_subclass_is_used_as_it_is():
-    loaded = load_environment_class(_spec("workers.environments.calculator:CalculatorEnvironment"))
+    loaded = load_environment_class(_spec("environments.builtin.calculator:CalculatorEnvironment"))
     assert loaded is CalculatorEnvironment
 
 

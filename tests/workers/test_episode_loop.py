@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from workers.environments.http import shared_http_session
+from environments.adapters.http import shared_http_session
 from workers.episode_loop import EpisodeLoop
 
 

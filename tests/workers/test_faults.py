@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from environments.builtin.calculator import CalculatorEnvironment
 from workers.agent import EpisodeLimits, run_episode
 from workers.circuit_breaker import CircuitBreakers, breakers_from_environ, circuit_breaker_states
-from workers.environments.calculator import CalculatorEnvironment
 
 LIMITS = EpisodeLimits(max_turns=2, max_seq_len=128, max_new_tokens=8, environment_timeout_s=0.5)
 

@@ -6,12 +6,12 @@ import asyncio
 
 from flax import nnx
 
+from policy.model import Transformer, TransformerConfig, split_model
+from policy.tokenizer import BOS_ID, VOCAB_SIZE
+from policy.weights import RedisWeightPublisher
 from tandem.contracts import TrajectoryRecord, trajectory_stream
 from tandem.run_config import ModelConfig, RunConfig
-from trainer.model import Transformer, TransformerConfig, split_model
 from trainer.staleness import in_flight_versions, in_queue_versions
-from trainer.tokenizer import BOS_ID, VOCAB_SIZE
-from trainer.weights import RedisWeightPublisher
 from workers.agent import EpisodeLimits, run_episode
 from workers.policy import BatchingPolicy, PolicyRuntime
 from workers.producer import produce_groups

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from environments.builtin import CALCULATOR
+from environment_registry.builtin import CALCULATOR
+from environments import http_example_server
 from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts
-from workers.environments import http_example_server
 from workers.probe import run_probe
 
 FAST = ProbeTimeouts(url=5, load=10, reset=1.5, tools=1.5, step=1.5, close=1.5)
@@ -122,10 +122,10 @@ def test_a_declared_schema_that_differs_fails_the_tools_check():
 
 
 def test_a_class_that_cannot_be_imported_fails_the_load():
-    report = _probe(_python("workers.environments.nowhere:Nothing"))
+    report = _probe(_python("environments.nowhere:Nothing"))
 
     assert _check(report, "load").status == "failed"
-    assert "cannot import 'workers.environments.nowhere'" in _check(report, "load").message
+    assert "cannot import 'environments.nowhere'" in _check(report, "load").message
     assert _statuses(report)["close"] == "skipped"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from environments.builtin import CALCULATOR
+from environment_registry.builtin import CALCULATOR
 from tandem.contracts import RunSpec, environment_paused_key, run_spec_key
 from workers.producer import EnvironmentPausedError, RunNotReadyError, produce
 

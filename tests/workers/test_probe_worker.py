@@ -14,11 +14,11 @@ import redis
 from django.db import connection
 
 from accounts.services import project_create, user_create_with_token
-from environments.builtin import CALCULATOR
-from environments.models import EnvironmentVersion
-from environments.services import environment_register
+from environment_registry.builtin import CALCULATOR
+from environment_registry.models import EnvironmentVersion
+from environment_registry.services import environment_register
+from environments import http_example_server
 from tandem.contracts import PLATFORM_QUEUE, PROBE_QUEUE, EnvironmentSpec, environment_paused_key
-from workers.environments import http_example_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBE_TIMEOUTS = {"reset": 2.0, "step": 2.0, "close": 2.0}

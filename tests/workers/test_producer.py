@@ -8,6 +8,11 @@ import time
 import pytest
 from flax import nnx
 
+from environments import Environment, StepResult
+from environments.builtin.calculator import CalculatorEnvironment
+from policy.model import Transformer, TransformerConfig, split_model
+from policy.tokenizer import VOCAB_SIZE
+from policy.weights import RedisWeightPublisher
 from tandem.contracts import (
     EnvironmentSpec,
     RunSpec,
@@ -16,11 +21,6 @@ from tandem.contracts import (
     trajectory_stream,
 )
 from tandem.run_config import ModelConfig, RunConfig
-from trainer.model import Transformer, TransformerConfig, split_model
-from trainer.tokenizer import VOCAB_SIZE
-from trainer.weights import RedisWeightPublisher
-from workers.environments import Environment, StepResult
-from workers.environments.calculator import CalculatorEnvironment
 from workers.episode_loop import process_episode_loop
 from workers.policy import PolicyRuntime
 from workers.producer import RolloutTaskTimeLimitError, produce, produce_groups
@@ -91,7 +91,7 @@ def _stream_records(redis_client, run_id):
 
 
 def test_each_finished_episode_is_streamed_with_its_policy_version_and_mask(redis_client, redis_url, run_id):
-    _publish_policy(redis_client, run_id, "calculator", "workers.environments.calculator:CalculatorEnvironment")
+    _publish_policy(redis_client, run_id, "calculator", "environments.builtin.calculator:CalculatorEnvironment")
     summary = produce(redis_url=redis_url, run_id=run_id, first_group_index=10, num_groups=2)
     assert (summary.episodes, summary.failed) == (6, 0)
     records = _stream_records(redis_client, run_id)

@@ -46,8 +46,8 @@ SPECTACULAR_SETTINGS = {
     # Three models have a `status`; each choice set gets a name of its own.
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "runs.models.Run.Status",
-        "EnvironmentVersionStatusEnum": "environments.models.EnvironmentVersion.Status",
-        "EnvironmentProbeStatusEnum": "environments.models.EnvironmentProbe.Status",
+        "EnvironmentVersionStatusEnum": "environment_registry.models.EnvironmentVersion.Status",
+        "EnvironmentProbeStatusEnum": "environment_registry.models.EnvironmentProbe.Status",
         "TrajectoryStatusEnum": "trajectories.models.TrajectorySample.Status",
         # Two fields named "role": a project member's and a Tandem process's.
         "RoleEnum": "accounts.models.Membership.Role",

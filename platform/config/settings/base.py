@@ -27,7 +27,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "accounts",
-    "environments",
+    "environment_registry",
     "runs",
     "telemetry",
     "trajectories",

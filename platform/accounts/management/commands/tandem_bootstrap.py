@@ -14,8 +14,8 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from accounts.services import project_ensure, user_ensure_with_token
-from environments.builtin import BUILTIN_ENVIRONMENTS
-from environments.services import environment_ensure
+from environment_registry.builtin import BUILTIN_ENVIRONMENTS
+from environment_registry.services import environment_ensure
 
 
 class Command(BaseCommand):

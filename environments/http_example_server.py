@@ -1,0 +1,238 @@
+"""An in-process environment served over Tandem's HTTP environment protocol: the calculator by default.
+
+    python -m environments.http_example_server --port 8765 --latency-ms 200
+    python -m environments.http_example_server --latency-ms 200 \
+        --environment environments.builtin.guessing_game:GuessingGameEnvironment --params '{"high": 100}'
+
+Any :class:`~environments.base.Environment` subclass can be served
+(one instance per episode; its tools answer ``/tool``), so an existing Python
+environment can run on another machine unchanged.
+
+``GET /stats`` (not part of the protocol) tells what clients did: requests
+per route and the connections they came on, for tests and benchmarks.
+
+``--latency-ms`` delays every step and tool call, like an environment that
+runs code or drives a browser: the case where asynchronous rollouts pay off,
+since the policy keeps generating for other episodes while this one waits.
+
+For testing clients, a path prefix ``/faults/<mode>`` selects a misbehaviour
+on the same server, e.g. ``http://127.0.0.1:8765/faults/garbage-json``:
+
+- ``garbage-json``: /step answers with a body that is not JSON
+- ``missing-field``: /step answers without ``reward``
+- ``wrong-type``: /step answers ``"done": "yes"``
+- ``huge-observation``: /reset answers a 1 MB observation
+- ``hang``: /reset never answers
+- ``flaky``: the first two /reset requests of each episode answer 503
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from environments.base import Environment
+from environments.builtin.calculator import CalculatorEnvironment
+
+FAULTS = ("garbage-json", "missing-field", "wrong-type", "huge-observation", "hang", "flaky")
+
+
+class EnvironmentServer:
+    """An ASGI app; episodes live in memory, keyed by the client's episode id.
+
+    ``environment_factory`` builds one environment per episode (and one to
+    draw tasks and declare tools); ``name`` is what ``/schema`` reports.
+    """
+
+    def __init__(self, environment_factory: Callable[[], Environment] = CalculatorEnvironment, *,
+                 name: str = "calculator", latency_ms: float = 0.0, max_episodes: int = 10_000):
+        self.environment_factory = environment_factory
+        self.name = name
+        self._task_source = environment_factory()
+        self.latency_s = latency_ms / 1000
+        self.max_episodes = max_episodes
+        self.episodes: dict[str, Environment] = {}
+        self.reset_attempts: dict[str, int] = {}
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.client_addresses: set[tuple[str, int]] = set()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.requests[f"{scope['method']} {scope['path']}"] += 1
+        if scope.get("client"):
+            self.client_addresses.add(tuple(scope["client"]))
+        fault, path = None, scope["path"]
+        if path.startswith("/faults/"):
+            parts = path.split("/", 3)  # "", "faults", mode, and the route without its slash
+            fault, path = parts[2], "/" + (parts[3] if len(parts) > 3 else "")
+        try:
+            request = json.loads(body) if body else {}
+            status, payload = await self.handle(scope["method"], path, request, fault)
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
+            status, payload = 400, {"error": f"{type(exc).__name__}: {exc}"}
+        raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": raw})
+
+    async def handle(self, method: str, path: str, request: dict[str, Any], fault: str | None):
+        if fault is not None and fault not in FAULTS:
+            return 404, {"error": f"unknown fault {fault!r}"}
+        route = (method, path)
+        if route == ("GET", "/health"):
+            return 200, {"status": "ok"}
+        if route == ("GET", "/stats"):
+            return 200, {"requests": dict(self.requests), "connections": len(self.client_addresses)}
+        if route == ("GET", "/schema"):
+            return 200, {"name": self.name, "protocol_version": 1,
+                         "tools": [{"name": tool.name, "description": tool.description,
+                                    "parameters": tool.parameters} for tool in self._task_source.tools]}
+        if route == ("POST", "/task"):
+            return 200, {"task": self._task_source.sample_task(random.Random(int(request["seed"])))}
+        if route == ("POST", "/reset"):
+            episode_id = str(request["episode_id"])
+            if fault == "hang":
+                await asyncio.sleep(3600)
+            if fault == "flaky":
+                self.reset_attempts[episode_id] = self.reset_attempts.get(episode_id, 0) + 1
+                if self.reset_attempts[episode_id] <= 2:
+                    return 503, {"error": "warming up"}
+            if len(self.episodes) >= self.max_episodes:
+                self.episodes.pop(next(iter(self.episodes)))  # oldest first: abandoned episodes do not leak
+            environment = self.environment_factory()
+            observation = await environment.reset(request["task"])
+            self.episodes[episode_id] = environment
+            if fault == "huge-observation":
+                observation = "x" * 1_000_000
+            return 200, {"observation": observation, "info": {}}
+        if route == ("POST", "/step"):
+            environment = self.episodes.get(str(request["episode_id"]))
+            if environment is None:
+                return 404, {"error": "unknown episode_id"}
+            await asyncio.sleep(self.latency_s)
+            result = await environment.step(str(request["action"]))
+            if result.done:
+                self.episodes.pop(str(request["episode_id"]), None)
+            payload = {"observation": result.observation, "reward": result.reward, "done": result.done,
+                       "info": result.info}
+            if fault == "garbage-json":
+                return 200, b"<html>502 Bad Gateway</html>"
+            if fault == "missing-field":
+                del payload["reward"]
+            if fault == "wrong-type":
+                payload["done"] = "yes"
+            return 200, payload
+        if route == ("POST", "/tool"):
+            environment = self.episodes.get(str(request["episode_id"]))
+            if environment is None:
+                return 404, {"error": "unknown episode_id"}
+            tool = next((tool for tool in environment.tools if tool.name == request["name"]), None)
+            if tool is None:
+                return 404, {"error": f"unknown tool {request['name']!r}"}
+            await asyncio.sleep(self.latency_s)
+            return 200, {"result": await tool.run(dict(request["arguments"]))}
+        return 404, {"error": f"no route {method} {path}"}
+
+
+class ServerNotHealthyError(RuntimeError):
+    """A spawned example server did not answer ``/health`` in time."""
+
+
+def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0, environment: str | None = None,
+          params: dict[str, Any] | None = None) -> tuple[subprocess.Popen, str]:
+    """Run this server in a subprocess on a free local port; returns it and its URL once healthy.
+
+    ``environment``: ``module:Class`` to serve instead of the calculator, built with ``params``.
+    """
+    import httpx
+
+    from tandem.services import free_local_port
+
+    port = free_local_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "environments.http_example_server", "--port", str(port),
+         "--latency-ms", str(latency_ms),
+         *(["--environment", environment, "--params", json.dumps(params or {})] if environment else [])],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_timeout_s
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).json() == {"status": "ok"}:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    process.wait()
+    raise ServerNotHealthyError(f"the example environment server on {url} did not become healthy")
+
+
+@contextlib.contextmanager
+def running(**spawn_arguments: Any) -> Iterator[str]:
+    """:func:`spawn` a server for the ``with`` block; yields its URL and stops it afterwards."""
+    process, url = spawn(**spawn_arguments)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def main() -> None:
+    import uvicorn
+
+    from environments import load_environment_class
+    from tandem.contracts import EnvironmentSpec
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay of every step and tool call")
+    parser.add_argument("--environment", help="module:Class of the environment to serve (default: the calculator)")
+    parser.add_argument("--params", default="{}", help="JSON object of the environment's constructor arguments")
+    parser.add_argument("--name", help="the name /schema reports (default: the class's name)")
+    args = parser.parse_args()
+    if args.environment:
+        params = json.loads(args.params)
+        environment_class = load_environment_class(EnvironmentSpec(
+            name=args.environment, kind="python", entrypoint=args.environment, params=params))
+        server = EnvironmentServer(lambda: environment_class(**params), name=args.name or environment_class.__name__,
+                                   latency_ms=args.latency_ms)
+    else:
+        server = EnvironmentServer(latency_ms=args.latency_ms)
+    uvicorn.run(server, host=args.host, port=args.port,
+                # Hung requests (the "hang" fault) must not hold a shutdown forever.
+                log_level="warning", timeout_graceful_shutdown=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The policy, as both processes run it: model, tokenizers, prompt formats, weights, inference."""

@@ -1,0 +1,108 @@
+"""The transformer's cached decode against full forward passes (the sampler: test_sampler.py).
+
+Logit comparisons use an absolute tolerance of 1e-4 (float32, different
+summation orders between the cached and the full path).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from policy.model import Transformer, TransformerConfig, count_parameters, split_model
+from policy.tokenizer import BOS_ID, PAD_ID, VOCAB_SIZE
+from tandem.run_config import ModelConfig
+
+TOLERANCE = 1e-4
+
+CONFIG = TransformerConfig(
+    vocab_size=VOCAB_SIZE, d_model=32, num_layers=2, num_heads=2, mlp_dim=64, max_seq_len=64
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    return Transformer(CONFIG, rngs=nnx.Rngs(0))
+
+
+def _random_tokens(seed: int, length: int) -> list[int]:
+    return [BOS_ID, *np.random.default_rng(seed).integers(0, 256, length - 1).tolist()]
+
+
+def _left_padded(sequences: list[list[int]], width: int) -> tuple[jax.Array, ...]:
+    tokens = np.full((len(sequences), width), PAD_ID, np.int32)
+    mask = np.zeros((len(sequences), width), np.bool_)
+    for row, sequence in enumerate(sequences):
+        tokens[row, width - len(sequence) :] = sequence
+        mask[row, width - len(sequence) :] = True
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    return jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask)
+
+
+def test_config_comes_from_the_run_config():
+    config = TransformerConfig.from_model_config(ModelConfig(), vocab_size=VOCAB_SIZE)
+    assert (config.d_model, config.num_heads, config.vocab_size) == (64, 4, VOCAB_SIZE)
+    with pytest.raises(ValueError, match="num_heads"):
+        TransformerConfig(
+            VOCAB_SIZE, d_model=30, num_layers=1, num_heads=4, mlp_dim=8, max_seq_len=16
+        )
+
+
+def test_parameter_count_matches_the_architecture(model):
+    d, v, m, layers = CONFIG.d_model, CONFIG.vocab_size, CONFIG.mlp_dim, CONFIG.num_layers
+    # Embedding and untied head; per block 4 attention projections, 3 MLP matrices, 2 norms.
+    per_block = 4 * d * d + 3 * d * m + 2 * d
+    assert count_parameters(model) == 2 * v * d + layers * per_block + d
+
+
+def test_left_and_right_padding_give_the_same_logits_for_real_tokens(model):
+    sequences = [_random_tokens(1, 10), _random_tokens(2, 6)]
+    left_tokens, left_positions, left_mask = _left_padded(sequences, 12)
+    left = model(left_tokens, left_positions, left_mask)
+
+    right_tokens = np.full((2, 12), PAD_ID, np.int32)
+    for row, sequence in enumerate(sequences):
+        right_tokens[row, : len(sequence)] = sequence
+    right_mask = right_tokens != PAD_ID
+    right = model(
+        jnp.asarray(right_tokens),
+        jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (2, 12)),
+        jnp.asarray(right_mask),
+    )
+
+    for row, sequence in enumerate(sequences):
+        np.testing.assert_allclose(
+            left[row, 12 - len(sequence) :], right[row, : len(sequence)], atol=TOLERANCE
+        )
+    assert bool(jnp.all(jnp.isfinite(left)))
+
+
+def test_cached_decode_matches_the_full_forward_pass_with_left_padding(model):
+    sequences = [_random_tokens(3, 11), _random_tokens(4, 5)]
+    width, prefill = 12, 7
+    tokens, positions, mask = _left_padded(sequences, width)
+    full = model(tokens, positions, mask)
+
+    cache_len = 16
+    key_mask = jnp.concatenate([mask, jnp.ones((2, cache_len - width), jnp.bool_)], axis=1)
+    graphdef, params = split_model(model)
+
+    @jax.jit
+    def decode(params, tokens, positions, cache, cache_index):
+        return nnx.merge(graphdef, params).decode(tokens, positions, cache, cache_index, key_mask)
+
+    cache = model.init_cache(2, cache_len, jnp.float32)
+    logits, cache = decode(params, tokens[:, :prefill], positions[:, :prefill], cache, 0)
+    decoded = [logits]
+    for slot in range(prefill, width):
+        logits, cache = decode(
+            params, tokens[:, slot : slot + 1], positions[:, slot : slot + 1], cache, slot
+        )
+        decoded.append(logits)
+    decoded = jnp.concatenate(decoded, axis=1)
+
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(decoded)[real], np.asarray(full)[real], atol=TOLERANCE)
