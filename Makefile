@@ -29,8 +29,10 @@ browser:
 demo: setup
 	$(VENV)/bin/tandem up --demo
 
+# ruff, then the dependency rules between packages ([tool.importlinter] in pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check .
+	PYTHONPATH=platform $(VENV)/bin/lint-imports
 
 test: setup browser lint
 	$(VENV)/bin/pytest

@@ -3,7 +3,7 @@
 Starts a whole local Tandem (web, two rollout workers, trainer, Redis db 13
 which it flushes) and one example HTTP environment server per latency
 (``environments.http_example_server``), then trains the same run
-config with ``pipeline: async`` and ``pipeline: sync`` for each latency,
+config with ``rollout.pipeline: async`` and ``sync`` for each latency,
 ``--repeats`` times, async and sync runs interleaved so that drift in a shared
 machine's speed falls on both. Runs go one at a time, each once the previous
 run's producers are idle (an async run leaves episodes in flight when it
@@ -52,6 +52,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from environments import http_example_server  # noqa: E402
+from tandem.config_changes import merge_changes  # noqa: E402
 from tandem.contracts import ProducerReport, producers_key  # noqa: E402
 from tandem.stack import LocalStack, StackConfig  # noqa: E402
 
@@ -118,11 +119,11 @@ WORKLOADS = {
         "server": {"environment": "environments.builtin.guessing_game:GuessingGameEnvironment",
                    "params": {"max_guesses": 6, "retry_malformed": True}},
         # 6 turns of up to 8 tokens and their hints fit in 256 tokens.
-        "config": {"max_turns": 6, "max_new_tokens": 8, "model": {"max_seq_len": 256}},
+        "config": {"rollout": {"max_turns": 6}, "sampling": {"max_new_tokens": 8}, "model": {"max_seq_len": 256}},
     },
     "single-turn": {
         "server": {},
-        "config": {"max_turns": 2, "max_new_tokens": 16},
+        "config": {"rollout": {"max_turns": 2}, "sampling": {"max_new_tokens": 16}},
     },
 }
 
@@ -136,7 +137,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each mode per latency")
     parser.add_argument("--max-staleness", type=int, default=4,
-                        help="the run's max_staleness: async keeps this many steps + 1 of episodes requested, "
+                        help="the run's rollout.max_staleness: async keeps this many steps + 1 of episodes requested, "
                              "in flight or finished and waiting for their step, so with latency-bound episodes "
                              "its gain over sync is at most about this + 1")
     parser.add_argument("--capacity-updates", type=int, default=0,
@@ -146,21 +147,21 @@ def main() -> None:
     latencies = [int(value) for value in args.latencies.split(",")]
     workload = WORKLOADS[args.workload]
 
-    config = {
-        "sft_steps": 0, "rl_steps": args.rl_steps, "groups_per_step": 4, "group_size": 8,
-        "groups_per_task": 1, "rollout_backlog_steps": args.max_staleness, "max_staleness": args.max_staleness,
-        **workload["config"],
+    rollout = {"groups_per_step": 4, "group_size": 8, "groups_per_task": 1,
+               "backlog_steps": args.max_staleness, "max_staleness": args.max_staleness}
+    config = merge_changes({
+        "sft_steps": 0, "rl_steps": args.rl_steps, "rollout": rollout,
         # The policy barely moves, so both modes run the same workload: a learning policy changes how
         # many turns and tool calls its episodes take, and a run that learned faster would look faster.
         "rl_learning_rate": 1e-9,
-    }
-    episodes_per_step = config["groups_per_step"] * config["group_size"]
+    }, workload["config"])
+    episodes_per_step = rollout["groups_per_step"] * rollout["group_size"]
 
     redis.Redis.from_url(args.redis_url).flushdb()
     var_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
     # Enough task threads for async's whole staleness budget of episodes in flight:
     # (max_staleness + 1) steps of groups, one group per task.
-    task_threads = -(-(config["max_staleness"] + 1) * config["groups_per_step"] // args.workers)
+    task_threads = -(-(rollout["max_staleness"] + 1) * rollout["groups_per_step"] // args.workers)
     stack = LocalStack(StackConfig(redis_url=args.redis_url, port=args.port, var_dir=var_dir,
                                    workers=args.workers, worker_concurrency=task_threads,
                                    database_url=f"sqlite:///{var_dir / 'bench.sqlite3'}"))
@@ -195,7 +196,7 @@ def main() -> None:
                     response = client.post("/api/runs/", json={
                         "project": credentials.project_id, "name": f"{pipeline} {key} #{repeat}",
                         "environment": environments[latency],
-                        "config": {**config, **overrides, "pipeline": pipeline},
+                        "config": merge_changes(config, {**overrides, "rollout": {"pipeline": pipeline}}),
                     })
                     response.raise_for_status()
                     run_id = response.json()["id"]

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "platform"))
 
 from tandem.contracts import TrainerHeartbeat  # noqa: E402
-from tandem.services import free_local_port  # noqa: E402
+from tandem.local_ports import free_local_port  # noqa: E402
 from tandem.stack import LocalStack, StackConfig  # noqa: E402
 from tests.browser import launch_chromium, log_in  # noqa: E402
 from tests.platform.builders import full_rl_step_event  # noqa: E402

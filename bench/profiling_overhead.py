@@ -40,15 +40,15 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from train_step import MODEL_SIZES, random_rl_batch  # noqa: E402
 
-from policy.model import Transformer, TransformerConfig  # noqa: E402
-from policy.tokenizer import ByteTokenizer  # noqa: E402
+from policy import ByteTokenizer, Transformer, TransformerConfig  # noqa: E402
 from tandem.contracts import TrainerStepEvent  # noqa: E402
 from tandem.run_config import RunConfig  # noqa: E402
 from trainer.devices import DeviceMonitor, parameter_count  # noqa: E402
 from trainer.losses import grpo_loss  # noqa: E402
 from trainer.profiling import StageRecorder, timeline_wall_s  # noqa: E402
-from trainer.run_loop import TrainerSettings, make_optimizer  # noqa: E402
+from trainer.run_loop import TrainerSettings  # noqa: E402
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings  # noqa: E402
+from trainer.train_state import make_optimizer  # noqa: E402
 from trainer.train_step import batch_tokens, create_train_state, make_train_step, on_logits  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def _event(step: int, loss: float, **fields) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400, help="timed steps of each kind, after the compile")
-    parser.add_argument("--batch-size", type=int, default=RunConfig().episodes_per_step,
+    parser.add_argument("--batch-size", type=int, default=RunConfig().rollout.episodes_per_step,
                         help="rows per update; default: a default run's episodes per RL step")
     parser.add_argument("--model", default="nano", choices=sorted(MODEL_SIZES))
     parser.add_argument("--seed", type=int, default=0)

@@ -1,7 +1,7 @@
 """Throughput of the inference engine: generated tokens/s with 1, 8 and 64 concurrent episodes.
 
-Runs the nano policy (``tandem.run_config.ModelConfig`` defaults, random
-weights) in one :class:`policy.inference_engine.InferenceEngine` with 64
+Runs the nano policy (``tandem.model_config.ModelConfig`` defaults, random
+weights) in one :class:`policy.InferenceEngine` with 64
 slots, served by its background thread to asyncio episodes, as producers do.
 An episode has three turns of up to 24 tokens with an 8-token observation
 between them. A second workload (six short turns after a long prompt)
@@ -23,10 +23,10 @@ from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policy.inference_engine import InferenceEngine  # noqa: E402
-from policy.model import Transformer, TransformerConfig, split_model  # noqa: E402
-from policy.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE  # noqa: E402
-from tandem.run_config import ModelConfig  # noqa: E402
+from policy import ByteTokenizer, InferenceEngine, Transformer, TransformerConfig, split_model  # noqa: E402
+from tandem.model_config import ModelConfig  # noqa: E402
+
+BYTES = ByteTokenizer()
 
 
 def _tokens(rng: np.random.Generator, length: int) -> list[int]:
@@ -52,7 +52,7 @@ async def _episodes(
     async def episode(index: int) -> None:
         nonlocal generated
         rng = np.random.default_rng(index)
-        conversation = [BOS_ID, *_tokens(rng, prompt_len - 1)]
+        conversation = [BYTES.bos_id, *_tokens(rng, prompt_len - 1)]
         async with gate:
             for turn in range(turns):
                 session = f"{index}" if reuse else f"{index}/{turn}"
@@ -79,13 +79,13 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=64)
     args = parser.parse_args()
 
-    config = TransformerConfig.from_model_config(ModelConfig(), VOCAB_SIZE)
+    config = TransformerConfig.from_model_config(ModelConfig(), BYTES.vocab_size)
     graphdef, params = split_model(Transformer(config, rngs=nnx.Rngs(0)))
     engine = InferenceEngine(
         graphdef,
         config=config,
-        eos_id=EOS_ID,
-        pad_id=PAD_ID,
+        eos_id=BYTES.eos_id,
+        pad_id=BYTES.pad_id,
         num_slots=args.slots,
         chunk_size=args.chunk_size,
     )

@@ -31,11 +31,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from policy.model import Transformer, TransformerConfig, count_parameters  # noqa: E402
-from policy.tokenizer import ByteTokenizer  # noqa: E402
-from tandem.run_config import ModelConfig  # noqa: E402
+from policy import ByteTokenizer, Transformer, TransformerConfig, count_parameters  # noqa: E402
+from tandem.model_config import ModelConfig  # noqa: E402
 from trainer.losses import grpo_loss  # noqa: E402
-from trainer.run_loop import make_optimizer  # noqa: E402
+from trainer.train_state import make_optimizer  # noqa: E402
 from trainer.train_step import (  # noqa: E402
     TrainBatch,
     create_train_state,

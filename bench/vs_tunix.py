@@ -52,13 +52,13 @@ import redis  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from environments import Environment, StepResult  # noqa: E402
-from policy.model import Transformer, TransformerConfig  # noqa: E402
-from policy.tokenizer import ByteTokenizer  # noqa: E402
-from policy.weights import RedisWeightPublisher  # noqa: E402
+from policy import ByteTokenizer, RedisWeightPublisher, Transformer, TransformerConfig  # noqa: E402
 from tandem.contracts import weights_key  # noqa: E402
+from tandem.rollout_config import RolloutConfig, SamplingConfig  # noqa: E402
 from tandem.run_config import RunConfig  # noqa: E402
 from trainer.algorithms import build_algorithm  # noqa: E402
-from trainer.run_loop import length_buckets, make_optimizer  # noqa: E402
+from trainer.run_loop import length_buckets  # noqa: E402
+from trainer.train_state import make_optimizer  # noqa: E402
 from trainer.train_step import create_train_state, make_train_step, pad_batch  # noqa: E402
 from workers.agent import EpisodeLimits, run_episode  # noqa: E402
 from workers.policy import BatchingPolicy, PolicyRuntime  # noqa: E402
@@ -133,7 +133,7 @@ def compile_every_bucket(runtime: PolicyRuntime, rl_step, state, buckets, pad_id
         warmup()
     for length in buckets:
         batch = pad_batch([[pad_id] * length], loss_masks=[[0] * length], behaviour_logprobs=None,
-                          advantages=None, batch_size=runtime.config.episodes_per_step,
+                          advantages=None, batch_size=runtime.config.rollout.episodes_per_step,
                           length_buckets=buckets, pad_id=pad_id)
         _, metrics = rl_step(jax.tree.map(jnp.copy, state), batch)
         jax.block_until_ready(metrics)
@@ -142,8 +142,9 @@ def compile_every_bucket(runtime: PolicyRuntime, rl_step, state, buckets, pad_id
 async def tandem_agentic(args, counter: CompileCounter) -> dict[str, Any]:
     # groups_per_task: one rollout task runs all of a step's groups, 16 concurrent episodes.
     config = RunConfig(
-        groups_per_step=args.prompts, group_size=args.generations, groups_per_task=args.prompts,
-        max_new_tokens=args.new_tokens, max_turns=2, temperature=1.0, seed=args.seed,
+        rollout=RolloutConfig(groups_per_step=args.prompts, group_size=args.generations,
+                              groups_per_task=args.prompts, max_turns=2),
+        sampling=SamplingConfig(max_new_tokens=args.new_tokens, temperature=1.0), seed=args.seed,
     )
     tokenizer = ByteTokenizer()
     client = redis.Redis.from_url(args.redis_url)
@@ -152,8 +153,8 @@ async def tandem_agentic(args, counter: CompileCounter) -> dict[str, Any]:
         # Trainer side, as trainer.run_loop.RunTrainer builds it (GRPO: no
         # reference policy, no value head).
         model_config = TransformerConfig.from_model_config(config.model, tokenizer.vocab_size)
-        algorithm = build_algorithm(config.algorithm, temperature=config.temperature,
-                                    max_policy_tokens=config.max_new_tokens * config.max_turns)
+        algorithm = build_algorithm(config.algorithm, temperature=config.sampling.temperature,
+                                    max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns)
         if algorithm.needs_reference or algorithm.needs_value_head:
             raise RuntimeError("the benchmark expects plain GRPO: no KL penalty, no value head")
         optimizer = make_optimizer(config.rl_learning_rate)
@@ -173,9 +174,9 @@ async def tandem_agentic(args, counter: CompileCounter) -> dict[str, Any]:
         warmup_started = time.perf_counter()
         compile_every_bucket(runtime, rl_step, state, buckets, tokenizer.pad_id)
         setup_compile_s = time.perf_counter() - warmup_started
-        limits = EpisodeLimits(max_turns=config.max_turns, max_seq_len=config.model.max_seq_len,
-                               max_new_tokens=config.max_new_tokens,
-                               environment_timeout_s=config.environment_timeout_s)
+        limits = EpisodeLimits(max_turns=config.rollout.max_turns, max_seq_len=config.model.max_seq_len,
+                               max_new_tokens=config.sampling.max_new_tokens,
+                               environment_timeout_s=config.rollout.environment_timeout_s)
         task_rng = random.Random(config.seed)
         steps = []
 
@@ -186,13 +187,13 @@ async def tandem_agentic(args, counter: CompileCounter) -> dict[str, Any]:
             weights_version = runtime.refresh_weights(force=True)
             fetched = time.perf_counter()
             policy = BatchingPolicy(runtime, seed=config.seed * 1_000_003 + step)
-            tasks = [TwoTurnEnvironment().sample_task(task_rng) for _ in range(config.groups_per_step)]
+            tasks = [TwoTurnEnvironment().sample_task(task_rng) for _ in range(config.rollout.groups_per_step)]
             records = await asyncio.gather(*(
                 run_episode(run_id=run_id, group_id=f"bench-{step}-{group}",
-                            group_size=config.group_size, environment_name="two_turn",
+                            group_size=config.rollout.group_size, environment_name="two_turn",
                             environment=TwoTurnEnvironment(), task=task, policy=policy,
                             limits=limits, tokenizer=tokenizer)
-                for group, task in enumerate(tasks) for _ in range(config.group_size)
+                for group, task in enumerate(tasks) for _ in range(config.rollout.group_size)
             ))
             await policy.close()
             return {"records": records, "weight_fetch_s": fetched - started,
@@ -200,14 +201,14 @@ async def tandem_agentic(args, counter: CompileCounter) -> dict[str, Any]:
                     "weights_version": weights_version}
 
         def train(records) -> dict[str, Any]:
-            """As RunTrainer._rl_phase does it: advantages, padding, update, publish."""
+            """As the trainer's RL phase does it: advantages, padding, update, publish."""
             nonlocal state, version
             started = time.perf_counter()
-            groups = [records[start:start + config.group_size]
-                      for start in range(0, len(records), config.group_size)]
+            groups = [records[start:start + config.rollout.group_size]
+                      for start in range(0, len(records), config.rollout.group_size)]
             prepared = algorithm.prepare(groups)
             batched = time.perf_counter()
-            batch = algorithm.batch(prepared, batch_size=config.episodes_per_step,
+            batch = algorithm.batch(prepared, batch_size=config.rollout.episodes_per_step,
                                     length_buckets=buckets, pad_id=tokenizer.pad_id)
             state, metrics = rl_step(state, batch)
             metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}

@@ -170,7 +170,7 @@ def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0, environment
     """
     import httpx
 
-    from tandem.services import free_local_port
+    from tandem.local_ports import free_local_port
 
     port = free_local_port()
     process = subprocess.Popen(
@@ -224,7 +224,7 @@ def main() -> None:
     if args.environment:
         params = json.loads(args.params)
         environment_class = load_environment_class(EnvironmentSpec(
-            name=args.environment, kind="python", entrypoint=args.environment, params=params))
+            name=args.environment, kind="python", entrypoint=args.environment, settings=params))
         server = EnvironmentServer(lambda: environment_class(**params), name=args.name or environment_class.__name__,
                                    latency_ms=args.latency_ms)
     else:

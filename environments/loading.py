@@ -75,8 +75,8 @@ def _conforming(cls: type) -> type[Environment]:
     """An Environment subclass that runs an instance of ``cls`` (built with the registration's settings)."""
 
     class Conforming(Environment):
-        def __init__(self, **params: Any):
-            self.wrapped = cls(**params)
+        def __init__(self, **settings: Any):
+            self.wrapped = cls(**settings)
             self.tools = tuple(getattr(self.wrapped, "tools", ()))
 
         def sample_task(self, rng: random.Random) -> dict[str, Any]:

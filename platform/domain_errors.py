@@ -11,22 +11,32 @@ from collections.abc import Mapping
 
 import pydantic
 
+from tandem.contracts import ErrorCode
+
 
 class DomainError(Exception):
-    """Base of the platform's own errors; ``code`` is stable, ``message`` is for people."""
+    """Base of the platform's own errors; ``code`` is stable, ``message`` is for people.
 
-    code = "error"
+    Each class has its code (tandem.contracts.ErrorCode); an error another process
+    must tell apart from its class's others carries a code of its own, from a
+    vocabulary in the contracts (a TrainerConflictCode, say).
+    """
 
-    def __init__(self, message: str, *, fields: Mapping[str, list[str]] | None = None):
+    code: str = "error"
+
+    def __init__(self, message: str, *, fields: Mapping[str, list[str]] | None = None,
+                 code: str | None = None):
         super().__init__(message)
         self.message = message
         self.fields = dict(fields or {})
+        if code is not None:
+            self.code = code
 
 
 class InvalidInput(DomainError):
     """The request names something that does not fit; ``fields`` says which and why."""
 
-    code = "invalid"
+    code = ErrorCode.INVALID
 
     @classmethod
     def for_field(cls, field: str, message: str) -> InvalidInput:
@@ -46,16 +56,16 @@ class InvalidInput(DomainError):
 class NotFound(DomainError):
     """The object does not exist, or the caller may not know that it does."""
 
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
 
 
 class Conflict(DomainError):
     """The request is valid but clashes with the object's current state."""
 
-    code = "conflict"
+    code = ErrorCode.CONFLICT
 
 
 class Forbidden(DomainError):
     """The caller may see the object but not change it."""
 
-    code = "permission_denied"
+    code = ErrorCode.PERMISSION_DENIED

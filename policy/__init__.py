@@ -1,1 +1,72 @@
-"""The policy, as both processes run it: model, tokenizers, prompt formats, weights, inference."""
+"""The policy, as both processes run it: model, tokenizers, prompt formats, weights, inference.
+
+This is the package's public face: the trainer, the rollout workers and the
+benchmarks import what they need from here (``from policy import
+InferenceEngine``), never from its modules, which are private and may move.
+
+- The model family and the run's policy: :class:`Transformer` and its
+  :class:`TransformerConfig` (whose rules it shares with the run config's
+  ``ModelConfig``), :func:`create_model`, :func:`policy_config`.
+- Hugging Face checkpoints in and out: :func:`load_hf_checkpoint`,
+  :func:`export_hf_checkpoint`, :class:`CheckpointError`.
+- Tokenizers and the byte layout of a conversation: :func:`load_tokenizer`,
+  :class:`Conversation`.
+- LoRA: :func:`apply_lora`, and the base/adapter split the transports and
+  exports use.
+- Weight transports behind :class:`WeightPublisher` and :class:`WeightSubscriber`.
+- The inference engine (:mod:`policy.engine`): :class:`InferenceEngine`.
+"""
+
+from policy.byte_layout import Conversation
+from policy.compilation_cache import enable_compilation_cache
+from policy.engine import Completion, EngineStats, InferenceEngine
+from policy.factory import create_model, policy_config
+from policy.hf import CheckpointError, export_hf_checkpoint, load_hf_checkpoint
+from policy.lora import FrozenParam, apply_lora, fold_adapters, split_adapters
+from policy.model import RopeScaling, Transformer, TransformerConfig, count_parameters, split_model
+from policy.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from policy.weights import (
+    FilesystemWeightPublisher,
+    RedisWeightPublisher,
+    RedisWeightSubscriber,
+    WeightPublisher,
+    WeightSubscriber,
+    weight_publisher,
+)
+
+__all__ = [
+    # model family and the run's policy
+    "RopeScaling",
+    "Transformer",
+    "TransformerConfig",
+    "count_parameters",
+    "create_model",
+    "policy_config",
+    "split_model",
+    # Hugging Face checkpoints
+    "CheckpointError",
+    "export_hf_checkpoint",
+    "load_hf_checkpoint",
+    # tokenizers and prompt formats
+    "ByteTokenizer",
+    "Conversation",
+    "Tokenizer",
+    "load_tokenizer",
+    # LoRA
+    "FrozenParam",
+    "apply_lora",
+    "fold_adapters",
+    "split_adapters",
+    # weight transports
+    "FilesystemWeightPublisher",
+    "RedisWeightPublisher",
+    "RedisWeightSubscriber",
+    "WeightPublisher",
+    "WeightSubscriber",
+    "weight_publisher",
+    # inference
+    "Completion",
+    "EngineStats",
+    "InferenceEngine",
+    "enable_compilation_cache",
+]

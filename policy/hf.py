@@ -28,8 +28,8 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from policy.model import RopeScaling, Transformer, TransformerConfig
-from tandem.run_config import ModelConfig
+from policy.model import Transformer, TransformerConfig
+from tandem.model_config import RopeScaling
 
 # Architectures we load and write, with the features each one fixes.
 _ARCHITECTURES: dict[str, dict[str, Any]] = {
@@ -420,36 +420,3 @@ def export_hf_checkpoint(
     (directory / _INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return [*written, directory / _INDEX_FILE]
 
-
-def policy_config(model_config: ModelConfig, *, vocab_size: int) -> TransformerConfig:
-    """The architecture a run's policy has; trainer and producers must agree on it."""
-    if model_config.hf_checkpoint is None:
-        return TransformerConfig.from_model_config(model_config, vocab_size)
-    return load_hf_config(
-        model_config.hf_checkpoint,
-        max_seq_len=model_config.max_seq_len,
-        param_dtype=model_config.param_dtype,
-    )
-
-
-def create_model(model_config: ModelConfig, *, vocab_size: int, rngs: nnx.Rngs) -> Transformer:
-    """The policy a run starts from: its ``hf_checkpoint`` if set, else a fresh model.
-
-    With a checkpoint, ``vocab_size`` (the tokenizer's) must not exceed the
-    checkpoint's embedding rows, and ``max_seq_len`` and ``param_dtype`` come
-    from the run config.
-    """
-    if model_config.hf_checkpoint is None:
-        config = TransformerConfig.from_model_config(model_config, vocab_size)
-        return Transformer(config, rngs=rngs)
-    model = load_hf_checkpoint(
-        model_config.hf_checkpoint,
-        param_dtype=model_config.param_dtype,
-        max_seq_len=model_config.max_seq_len,
-    )
-    if vocab_size > model.config.vocab_size:
-        raise CheckpointError(
-            f"the tokenizer has {vocab_size} tokens but {model_config.hf_checkpoint} embeds "
-            f"only {model.config.vocab_size}"
-        )
-    return model

@@ -44,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from policy.tokenizer import VOCAB_SIZE as BYTE_VOCAB_SIZE
-from tandem.run_config import ModelConfig
+from tandem.model_config import PARAM_DTYPES, ModelConfig, RopeScaling, attention_heads
 
 # A per-layer list of {"key": [B, KV, L, Dh], "value": [B, KV, L, Dh]} arrays
 # (KV = num_kv_heads: grouped-query attention caches only the shared heads).
@@ -55,61 +55,8 @@ KVCache = list[dict[str, jax.Array]]
 # Added to the scores of keys a query must not see. Finite (see module doc).
 _MASKED_SCORE = -1e9
 
-_PARAM_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeScaling:
-    """Llama 3's rotary frequency scaling (the ``"llama3"`` rope type of Hugging Face).
-
-    Wavelengths longer than ``original_max_position_embeddings /
-    low_freq_factor`` are stretched by ``factor``, those shorter than
-    ``original_max_position_embeddings / high_freq_factor`` are kept, and the
-    band between is interpolated smoothly.
-    """
-
-    # How much the long wavelengths are stretched (8 for Llama 3.1, 32 for Llama 3.2).
-    factor: float
-    # Wavelengths above original_max_position_embeddings / low_freq_factor are fully scaled.
-    low_freq_factor: float
-    # Wavelengths below original_max_position_embeddings / high_freq_factor are untouched.
-    high_freq_factor: float
-    # Context length of pre-training, before the context was extended.
-    original_max_position_embeddings: int
-    # Only "llama3" is implemented; kept so the Hugging Face dict round-trips.
-    rope_type: str = "llama3"
-
-    def __post_init__(self) -> None:
-        if self.rope_type != "llama3":
-            raise ValueError(
-                f"rope_scaling.rope_type={self.rope_type!r} is not supported; only 'llama3' is"
-            )
-        if not self.high_freq_factor > self.low_freq_factor:
-            raise ValueError(
-                f"rope_scaling.high_freq_factor={self.high_freq_factor} must exceed "
-                f"low_freq_factor={self.low_freq_factor}"
-            )
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> RopeScaling:
-        """From the Hugging Face dict form; refuses unknown keys by name."""
-        fields = {field.name for field in dataclasses.fields(cls)}
-        unknown = set(values) - fields
-        if unknown:
-            raise ValueError(f"rope_scaling has unsupported keys {sorted(unknown)}")
-        missing = fields - {"rope_type"} - set(values)
-        if missing:
-            raise ValueError(f"rope_scaling lacks keys {sorted(missing)}")
-        return cls(
-            factor=float(values["factor"]),
-            low_freq_factor=float(values["low_freq_factor"]),
-            high_freq_factor=float(values["high_freq_factor"]),
-            original_max_position_embeddings=int(values["original_max_position_embeddings"]),
-            rope_type=str(values.get("rope_type", "llama3")),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+# The jnp dtype of each name in tandem.model_config.PARAM_DTYPES.
+_JNP_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,35 +101,32 @@ class TransformerConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.head_dim is None:
-            if self.d_model % self.num_heads:
-                raise ValueError(f"num_heads={self.num_heads} must divide d_model={self.d_model}")
-            object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
-        if self.num_kv_heads is None:
-            object.__setattr__(self, "num_kv_heads", self.num_heads)
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        # The run config checks the same rules (tandem.model_config).
+        num_kv_heads, head_dim = attention_heads(
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+        )
+        object.__setattr__(self, "num_kv_heads", num_kv_heads)
+        object.__setattr__(self, "head_dim", head_dim)
         if isinstance(self.rope_scaling, Mapping):
             object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
-        if self.param_dtype not in _PARAM_DTYPES:
+        if self.param_dtype not in PARAM_DTYPES:
             raise ValueError(
-                f"param_dtype={self.param_dtype!r} is not one of {sorted(_PARAM_DTYPES)}"
+                f"param_dtype={self.param_dtype!r} is not one of {sorted(PARAM_DTYPES)}"
             )
 
     @property
     def dtype(self) -> Any:
         """The jnp dtype of parameters and matmuls."""
-        return _PARAM_DTYPES[self.param_dtype]
+        return _JNP_DTYPES[self.param_dtype]
 
     @classmethod
     def from_model_config(cls, model_config: ModelConfig, vocab_size: int) -> TransformerConfig:
         """The run config leaves the vocabulary to the tokenizer, so it is passed separately.
 
-        ``model_config.hf_checkpoint`` is not read here; :func:`policy.hf.create_model`
+        ``model_config.hf_checkpoint`` is not read here; :func:`policy.factory.create_model`
         takes the architecture from the checkpoint when it is set.
         """
         return cls(

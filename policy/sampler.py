@@ -1,6 +1,6 @@
 """Batch sampling: a list of prompts in, one completion per prompt out.
 
-This is the simple, synchronous front of :class:`policy.inference_engine.InferenceEngine`
+This is the simple, synchronous front of :class:`policy.engine.InferenceEngine`
 for callers that have all their prompts at hand (tests, evaluation,
 benchmarks). The prompts are one-off requests of a private engine that this
 call drives in the calling thread (no background thread), so they get
@@ -21,10 +21,10 @@ from collections.abc import Sequence
 import numpy as np
 from flax import nnx
 
-from policy.inference_engine import Completion, InferenceEngine
+from policy.engine import Completion, InferenceEngine
 from policy.model import Transformer, TransformerConfig
 
-__all__ = ["Completion", "Sampler"]
+__all__ = ["Sampler"]
 
 
 class Sampler:

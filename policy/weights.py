@@ -23,23 +23,30 @@ Producers always get plain-model parameters: the subscriber caches the base
 and folds the newest adapters into its kernels (``W + scale · A @ B``), so a
 producer builds the ordinary :class:`policy.model.Transformer`, LoRA or
 not, and its ``like`` is that model's parameter State.
+
+Callers depend on the two sides' protocols, :class:`WeightPublisher` and
+:class:`WeightSubscriber`; :func:`weight_publisher` picks the run's transport.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import redis
 from flax import nnx, serialization
 from jax.experimental import multihost_utils
 
 from policy.lora import fold_adapters, split_adapters
 from tandem.contracts import weights_key
 from tandem.parallelism_config import LoRAConfig
+
+if TYPE_CHECKING:
+    # Only annotations need it: exporting a checkpoint imports this package without Redis.
+    import redis
 
 # Hash fields of weights_key(run_id); see the module docstring.
 VERSION_FIELD = "version"
@@ -50,6 +57,30 @@ ADAPTERS_FIELD = "adapters"
 LORA_SCALE_FIELD = "lora_scale"
 PATH_FIELD = "path"
 _LORA_FIELDS = (BASE_FIELD, BASE_VERSION_FIELD, ADAPTERS_FIELD, LORA_SCALE_FIELD)
+
+
+class WeightPublisher(Protocol):
+    """The trainer's side of a weight transport: hands each new policy version to the producers."""
+
+    def publish(self, *, run_id: int, version: int, params: nnx.State) -> int:
+        """Publish ``params`` (all of the trainer's, adapters included) as ``version``.
+
+        Producers see the version only once it is complete. Returns the bytes
+        written. On several hosts every process calls it.
+        """
+        ...
+
+
+class WeightSubscriber(Protocol):
+    """The producers' side: the newest published policy, as plain-model parameters."""
+
+    def latest_version(self, run_id: int) -> int | None:
+        """The newest published version, or None before the first; cheap enough to poll."""
+        ...
+
+    def fetch(self, run_id: int, like: nnx.State) -> tuple[int, nnx.State] | None:
+        """``(version, params)`` of the newest version shaped like ``like``, or None if nothing is published."""
+        ...
 
 
 def _plain(tree):
@@ -287,3 +318,26 @@ class FilesystemWeightPublisher:
         for old in run_dir.glob("v*"):
             if old.name[1:].isdigit() and int(old.name[1:]) <= newest - self._keep:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def weight_publisher(
+    client: redis.Redis,
+    *,
+    transport: Literal["redis", "filesystem"],
+    directory: Path | None = None,
+    lora: LoRAConfig | None = None,
+) -> WeightPublisher:
+    """The publisher of a run's ``transport``.
+
+    ``"redis"``: :class:`RedisWeightPublisher` (with ``lora`` enabled, adapters
+    travel alone after the first version). ``"filesystem"``:
+    :class:`FilesystemWeightPublisher` under ``directory``, which every
+    producer mounts (always full parameters).
+    """
+    if transport == "redis":
+        return RedisWeightPublisher(client, lora=lora)
+    if transport == "filesystem":
+        if directory is None:
+            raise ValueError("the filesystem weight transport needs a directory")
+        return FilesystemWeightPublisher(client, directory)
+    raise ValueError(f"unknown weight transport {transport!r}; expected 'redis' or 'filesystem'")

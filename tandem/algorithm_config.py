@@ -86,7 +86,7 @@ class OverlongShapingConfig(BaseModel):
         ge=1,
         description=(
             "L_max, in policy tokens. None: the episode's policy-token budget the trainer "
-            "was built with (max_new_tokens x max_turns)."
+            "was built with (sampling.max_new_tokens x rollout.max_turns)."
         ),
     )
     cache_length: int | None = Field(

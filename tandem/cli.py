@@ -108,7 +108,8 @@ def _progress_line(client, run_id: int) -> tuple[str, str]:
 def cmd_up(args) -> int:
     import httpx
 
-    from tandem.services import ServiceUnavailableError, ensure_redis
+    from tandem.contracts import TERMINAL_RUN_STATUSES, RunStatus
+    from tandem.local_redis import ServiceUnavailableError, ensure_redis
     from tandem.stack import LocalStack, StackConfig, StackError
 
     _stop_on_sigterm()
@@ -148,15 +149,15 @@ def cmd_up(args) -> int:
             return 1
         run_id = response.json()["id"]
         print(f"demo run {run_id}: {config.platform_url}/runs/{run_id}/")
-        status = "queued"
+        status = RunStatus.QUEUED
         while True:
             stack.check_alive()
             line, status = _progress_line(client, run_id)
             print("\r" + line.ljust(110), end="", flush=True)
-            if status in {"finished", "failed", "cancelled"}:
+            if status in TERMINAL_RUN_STATUSES:
                 print()
                 if args.exit_when_done:
-                    return 0 if status == "finished" else 1
+                    return 0 if status == RunStatus.FINISHED else 1
                 print(f"run {status}. The dashboard stays up; Ctrl-C stops everything.")
                 while True:
                     stack.check_alive()

@@ -22,6 +22,8 @@ from tandem.client import (
     TandemClient,
     save_login,
 )
+from tandem.config_changes import merge_changes
+from tandem.contracts import RunStatus
 
 BAR_WIDTH = 24
 
@@ -60,16 +62,6 @@ def parse_assignments(assignments: list[str], *, option: str) -> dict[str, Any]:
     return result
 
 
-def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def _config_from_args(args) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if getattr(args, "config", None):
@@ -79,7 +71,7 @@ def _config_from_args(args) -> dict[str, Any]:
             raise CommandError(f"--config {args.config}: {exc}") from None
         if not isinstance(config, dict):
             raise CommandError(f"--config {args.config}: expected a JSON object")
-    return _merge(config, parse_assignments(args.set or [], option="--set"))
+    return merge_changes(config, parse_assignments(args.set or [], option="--set"))
 
 
 # --- output -----------------------------------------------------------------
@@ -239,7 +231,7 @@ def cmd_runs_watch(args) -> int:
         print(final)
     if run.status_reason:
         print(f"run {run.id} {run.status}: {run.status_reason}")
-    return 0 if run.status == "finished" else 1
+    return 0 if run.status == RunStatus.FINISHED else 1
 
 
 def _status_of(line: str) -> str:
@@ -251,7 +243,7 @@ def cmd_envs_register(args) -> int:
     settings = parse_assignments(args.setting or [], option="--setting")
     if args.settings:
         try:
-            settings = _merge(json.loads(args.settings), settings)
+            settings = merge_changes(json.loads(args.settings), settings)
         except ValueError as exc:
             raise CommandError(f"--settings: {exc}") from None
     tools = None
@@ -350,8 +342,7 @@ def register_subcommands(commands: argparse._SubParsersAction) -> None:
     create.set_defaults(func=_handled(cmd_runs_create))
 
     list_ = run_commands.add_parser("list", help="your runs, newest first")
-    list_.add_argument("--status", choices=["queued", "starting", "running", "paused", "finished",
-                                            "failed", "cancelled"])
+    list_.add_argument("--status", choices=[status.value for status in RunStatus])
     list_.add_argument("--limit", type=int, help="at most this many runs")
     list_.add_argument("--json", action="store_true")
     list_.set_defaults(func=_handled(cmd_runs_list))

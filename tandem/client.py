@@ -32,14 +32,15 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict
 
-TERMINAL_STATUSES = frozenset({"finished", "failed", "cancelled"})
+from tandem.contracts import TERMINAL_RUN_STATUSES, ErrorCode
+
 METRICS_PAGE_LIMIT = 5000  # the platform's maximum points per page
 
 
 class TandemAPIError(Exception):
     """An error answer of the platform: ``{"error": {"code", "message", "fields"}}``.
 
-    ``fields`` maps a dotted field path (``config.group_size``) to its messages.
+    ``fields`` maps a dotted field path (``config.rollout.group_size``) to its messages.
     Answers that are not in that shape (a proxy's 502, a missing route) get the
     code ``http_<status>`` and the start of the body as the message.
     """
@@ -115,6 +116,7 @@ class Run(_Record):
     project: int
     name: str
     environment: str
+    # A RunStatus; kept a str, so that a newer platform's status does not break an older client.
     status: str
     status_reason: str = ""
     config: dict[str, Any]
@@ -129,7 +131,7 @@ class Run(_Record):
 
     @property
     def ended(self) -> bool:
-        return self.status in TERMINAL_STATUSES
+        return self.status in TERMINAL_RUN_STATUSES
 
     @property
     def total_steps(self) -> int:
@@ -240,7 +242,7 @@ class EnvironmentsAPI:
         for environment in self.list(project=project):
             if environment.name == name:
                 return environment
-        raise TandemAPIError(status_code=404, code="not_found",
+        raise TandemAPIError(status_code=404, code=ErrorCode.NOT_FOUND,
                              message=f"No environment named {name!r} in your projects.",
                              fields={"name": [f"No environment named {name!r}."]})
 
@@ -263,7 +265,7 @@ class EnvironmentsAPI:
         """
         environment = self.get(name, project=project)
         if not environment.latest_version:
-            raise TandemAPIError(status_code=409, code="conflict", message=f"{name!r} has no version to probe.",
+            raise TandemAPIError(status_code=409, code=ErrorCode.CONFLICT, message=f"{name!r} has no version to probe.",
                                  fields={})
         version_path = f"/api/environments/{environment.id}/versions/{environment.latest_version['number']}/"
         probe = self._transport.request("POST", f"{version_path}probe/", missing_route_is_unavailable=True)

@@ -5,7 +5,7 @@ rollout workers, trainers) runs one :class:`ProcessReporter`: a daemon thread
 that writes a :class:`~tandem.contracts.ProcessReport` to the hash
 :func:`~tandem.contracts.process_reports_key` every ``interval_s`` seconds
 (``TANDEM_PROCESS_REPORT_INTERVAL_S``, default 5), busy or idle. A report
-costs one psutil sample and one ``HSET``: well under a millisecond of CPU.
+costs one sample of :class:`~tandem.resource_usage.ResourceSampler` and one ``HSET``: well under a millisecond of CPU.
 
 :func:`live_process_reports` reads them back: a report older than 3 of its
 process's intervals belongs to a dead process (a live one never misses that
@@ -19,17 +19,16 @@ import json
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import psutil
 import pydantic
 import redis
 
 from tandem.contracts import ProcessReport, ProcessRole, process_report_field, process_reports_key
+from tandem.resource_usage import ResourceSampler
 
 logger = logging.getLogger("tandem.process_reports")
 
@@ -69,30 +68,6 @@ def report_interval_s() -> float:
     return value
 
 
-@dataclass(frozen=True)
-class _CpuSample:
-    at: float  # unix time
-    process_cpu_s: float
-    host_busy_s: float
-    host_total_s: float
-
-
-def _host_cpu_times() -> tuple[float, float]:
-    """``(busy, total)`` CPU seconds of the host since boot, counted as ``psutil.cpu_percent`` counts them.
-
-    Computed here rather than by ``psutil.cpu_percent(interval=None)``, whose
-    baseline is shared by every caller in the process (the trainer's device
-    monitor calls it too): two callers would cut each other's intervals short.
-    """
-    times = psutil.cpu_times()
-    total = sum(times)
-    if sys.platform.startswith("linux"):
-        # Linux counts guest time inside user and nice as well.
-        total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
-    idle = times.idle + getattr(times, "iowait", 0.0)
-    return total - idle, total
-
-
 class ProcessSampler:
     """Builds this process's reports; each report's rates cover the time since the previous one.
 
@@ -108,44 +83,20 @@ class ProcessSampler:
         self.interval_s = interval_s
         self.hostname = socket.gethostname()
         self._run_ids = run_ids
-        self._process = process or psutil.Process()
-        self._clock = clock
-        self._started_at = self._process.create_time()
-        self._previous: _CpuSample | None = None
+        self._usage = ResourceSampler(process=process, clock=clock)
 
     @property
     def field(self) -> str:
-        return process_report_field(self.role, self.hostname, self._process.pid)
+        return process_report_field(self.role, self.hostname, self._usage.process.pid)
 
     def sample(self) -> ProcessReport:
-        now = self._clock()
-        with self._process.oneshot():
-            cpu = self._process.cpu_times()
-            rss = self._process.memory_info().rss
-        process_cpu_s = cpu.user + cpu.system
-        host_busy_s, host_total_s = _host_cpu_times()
-        current = _CpuSample(at=now, process_cpu_s=process_cpu_s, host_busy_s=host_busy_s,
-                             host_total_s=host_total_s)
-        previous = self._previous
-        self._previous = current
-        if previous is None:
-            # No previous report: the process's average since it started; the host's is unknown.
-            cpu_cores = process_cpu_s / max(now - self._started_at, 1e-3)
-            host_cpu_percent = None
-        else:
-            cpu_cores = max(process_cpu_s - previous.process_cpu_s, 0.0) / max(now - previous.at, 1e-3)
-            host_total = host_total_s - previous.host_total_s
-            host_cpu_percent = (
-                min(max(100.0 * (host_busy_s - previous.host_busy_s) / host_total, 0.0), 100.0)
-                if host_total > 0 else None
-            )
-        memory = psutil.virtual_memory()
+        usage = self._usage.sample()
         return ProcessReport(
-            role=self.role, name=self.name, hostname=self.hostname, pid=self._process.pid,
-            started_at=self._started_at, reported_at=now, interval_s=self.interval_s,
-            cpu_cores=cpu_cores, rss_bytes=rss, host_cpu_count=psutil.cpu_count() or 1,
-            host_cpu_percent=host_cpu_percent, host_memory_used_bytes=memory.total - memory.available,
-            host_memory_total_bytes=memory.total,
+            role=self.role, name=self.name, hostname=self.hostname, pid=self._usage.process.pid,
+            started_at=self._usage.started_at, reported_at=usage.at, interval_s=self.interval_s,
+            cpu_cores=usage.cpu_cores, rss_bytes=usage.rss_bytes, host_cpu_count=usage.host_cpu_count,
+            host_cpu_percent=usage.host_cpu_percent, host_memory_used_bytes=usage.host_memory_used_bytes,
+            host_memory_total_bytes=usage.host_memory_total_bytes,
             run_ids=sorted(set(self._run_ids())) if self._run_ids is not None else [],
         )
 

@@ -72,6 +72,9 @@ def _type(root, prop) -> str:
         if "enum" in variant:
             names.append(" | ".join(f"`{json.dumps(value)}`" for value in variant["enum"]))
             continue
+        if "const" in variant:
+            names.append(f"`{json.dumps(variant['const'])}`")
+            continue
         kind = variant.get("type", "any")
         if kind == "array":
             kind = f"list of {_type(root, variant.get('items', {}))}"

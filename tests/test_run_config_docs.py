@@ -35,9 +35,11 @@ def test_every_field_is_a_row_with_type_default_and_description():
     for name, field in RunConfig.model_fields.items():
         assert name in rows
         assert rows[name][2] == field.description
-    assert rows["group_size"][:2] == ("integer (≥ 2, ≤ 256)", "`8`")
+    assert rows["schema_version"][:2] == ("`2`", "`2`")
+    assert rows["rollout"][:2] == ("section", "see fields")
+    assert rows["rollout.group_size"][:2] == ("integer (≥ 2, ≤ 256)", "`8`")
     assert rows["algorithm.epsilon_high"][1] == "`0.2`"
     assert rows["algorithm.kl"][:2] == ("section, optional", "`null`")
     assert rows["algorithm.kl.coef"][1] == "`0.001`"
     assert rows["model.param_dtype"][0] == '`"float32"` | `"bfloat16"`'
-    assert rows["stop_strings"][1] == "`[]`"
+    assert rows["sampling.stop_strings"][1] == "`[]`"

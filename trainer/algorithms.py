@@ -26,8 +26,8 @@ policy and pass it to :meth:`Algorithm.batch`) and
 
 Example (the RL phase of the run loop)::
 
-    algorithm = build_algorithm(config.algorithm_config, temperature=config.temperature,
-                                max_policy_tokens=config.max_new_tokens * config.max_turns)
+    algorithm = build_algorithm(config.algorithm, temperature=config.sampling.temperature,
+                                max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns)
     model = Transformer(model_config, rngs=nnx.Rngs(seed))
     if algorithm.needs_value_head:
         model = with_value_head(model, d_model=model_config.d_model, rngs=nnx.Rngs(seed + 1))
@@ -350,7 +350,7 @@ def build_algorithm(
         logits by it, since behaviour log-probs are of the tempered
         distribution (SFT ignores it).
       max_policy_tokens: the most tokens the policy can generate in one
-        episode (``max_new_tokens * max_turns``). The default of
+        episode (``sampling.max_new_tokens * rollout.max_turns``). The default of
         ``overlong.max_length`` and of ``token_sum_length``; required when
         one of them is used and not set.
     Raises:

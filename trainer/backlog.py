@@ -15,40 +15,32 @@ import redis
 from celery import Celery
 
 from tandem.contracts import ROLLOUT_QUEUE, ROLLOUT_TASK_NAME, run_group_counter_key
-from tandem.run_config import RunConfig
+from tandem.rollout_config import RolloutConfig
 
 
 class RolloutBacklog:
     """Requests rollout tasks by name; a group's index comes from a per-run Redis counter.
 
-    ``max_staleness`` (policy versions; None: read ``config.max_staleness``
-    if the config has it, else no bound) caps the outstanding groups.
+    ``config.max_staleness`` (policy versions; None: no bound) caps the
+    outstanding groups; the config has checked that one task fits within it.
+    ``clock`` (monotonic seconds) times the requests :meth:`expire` gives up on; injectable for tests.
     """
 
-    def __init__(self, *, celery_app: Celery, redis_client: redis.Redis, run_id: int, config: RunConfig,
-                 groups_needed: int, max_staleness: int | None = None, groups_already_consumed: int = 0):
+    def __init__(self, *, celery_app: Celery, redis_client: redis.Redis, run_id: int, config: RolloutConfig,
+                 groups_needed: int, clock=time.monotonic):
         self._celery = celery_app
+        self._clock = clock
         self._redis = redis_client
         self._run_id = run_id
         self._config = config
         # Headroom for groups lost to failures or dead producers. The cap is on the
-        # run's group counter, which a resumed trainer finds past zero.
-        self._groups_cap = groups_already_consumed + groups_needed + config.groups_per_step * config.rollout_backlog_steps
+        # run's group counter, which a resumed trainer finds past zero (see adopt).
+        self._groups_cap = groups_needed + config.groups_per_step * config.backlog_steps
         self.tasks_sent = 0
         # Group index -> when it was requested, until it is settled (consumed) or expires as lost.
         self._unsettled: OrderedDict[int, float] = OrderedDict()
         self.groups_lost = 0
-        if max_staleness is None:
-            max_staleness = getattr(config, "max_staleness", None)
-        self.max_staleness = max_staleness
-        if max_staleness is not None:
-            if max_staleness < 0:
-                raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-            if config.groups_per_task > self.outstanding_groups_bound:
-                raise ValueError(
-                    f"groups_per_task ({config.groups_per_task}) exceeds the {self.outstanding_groups_bound} "
-                    f"groups max_staleness {max_staleness} allows outstanding; no task could ever be sent"
-                )
+        self.max_staleness = config.max_staleness
 
     @property
     def outstanding_groups_bound(self) -> int | None:
@@ -58,7 +50,7 @@ class RolloutBacklog:
         return (self.max_staleness + 1) * self._config.groups_per_step
 
     def extend(self, *, groups: int) -> None:
-        """Allow ``groups`` more groups in total, replacing groups that were dropped unused."""
+        """Allow ``groups`` more groups in total: replacements of groups consumed untrained, or lost."""
         self._groups_cap += groups
 
     @property
@@ -70,12 +62,12 @@ class RolloutBacklog:
 
         ``groups_consumed``: groups taken off the stream so far, trained on or
         dropped. ``steps_ahead``: steps requested beyond the current one
-        (default ``rollout_backlog_steps``; 0 is the synchronous pipeline). Under ``max_staleness`` a task is sent only if all of its
+        (default ``backlog_steps``; 0 is the synchronous pipeline). Under ``max_staleness`` a task is sent only if all of its
         groups fit within the bound, so the bound holds exactly.
         """
         config = self._config
         if steps_ahead is None:
-            steps_ahead = config.rollout_backlog_steps
+            steps_ahead = config.backlog_steps
         target = groups_consumed + (steps_ahead + 1) * config.groups_per_step
         target = min(target, self._groups_cap)
         bound = self.outstanding_groups_bound
@@ -92,19 +84,22 @@ class RolloutBacklog:
             )
             requested = end
             sent += 1
-            now = time.monotonic()
+            now = self._clock()
             for group_index in range(first, end):
                 self._unsettled[group_index] = now
         self.tasks_sent += sent
         return sent
 
-    def adopt(self, group_indices) -> None:
-        """Track groups an earlier trainer of the run requested, as if requested now.
+    def adopt(self, group_indices, *, groups_consumed: int) -> None:
+        """Take over from an earlier trainer of the run: track the groups it requested, as if requested now.
 
-        A resumed trainer waits for them like for its own, and counts them lost
-        if they never complete within ``rollout_timeout_s``.
+        ``groups_consumed``: of the groups the run requested, those settled
+        before (trained on, dropped or lost); the cap moves past them.
+        ``group_indices``: the open ones; a resumed trainer waits for them like
+        for its own, and counts them lost if they never complete within ``timeout_s``.
         """
-        now = time.monotonic()
+        self.extend(groups=groups_consumed)
+        now = self._clock()
         for group_index in group_indices:
             self._unsettled[group_index] = now
 
@@ -120,7 +115,7 @@ class RolloutBacklog:
         room) and refuses their late episodes; the backlog asks for as many
         replacement groups.
         """
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         lost = [index for index, requested_at in self._unsettled.items() if now - requested_at > timeout_s]
         for index in lost:
             del self._unsettled[index]

@@ -3,7 +3,7 @@
 The platform worker runs this for a user's export request: it rebuilds the
 run's train state from the run config exactly as the trainer does (only its
 structure matters, the values come from the checkpoint), restores one step
-into it and writes the policy with :func:`policy.hf.export_hf_checkpoint`.
+into it and writes the policy with :func:`policy.export_hf_checkpoint`.
 A critic (PPO) is left out and LoRA adapters are folded into their kernels,
 so the result loads as a plain model anywhere.
 """
@@ -14,14 +14,19 @@ from pathlib import Path
 
 from flax import nnx
 
-from policy.hf import create_model, export_hf_checkpoint
-from policy.lora import fold_adapters, split_adapters
-from policy.model import Transformer, TransformerConfig
-from policy.tokenizer import load_tokenizer
+from policy import (
+    Transformer,
+    TransformerConfig,
+    create_model,
+    export_hf_checkpoint,
+    fold_adapters,
+    load_tokenizer,
+    split_adapters,
+)
 from tandem.run_config import RunConfig
 from trainer.algorithms import build_algorithm
 from trainer.checkpoints import RunCheckpointer
-from trainer.run_loop import initial_train_state, make_optimizer
+from trainer.train_state import initial_train_state, make_optimizer
 
 
 def hf_architecture(config: TransformerConfig) -> str:
@@ -39,8 +44,8 @@ def restore_policy(run_config: dict, *, run_directory: Path, step: int) -> Trans
     """The plain policy of checkpoint ``step`` of the run whose checkpoints are in ``run_directory``."""
     config = RunConfig.model_validate(run_config)
     vocab_size = load_tokenizer(config.model.tokenizer).vocab_size
-    algorithm = build_algorithm(config.algorithm, temperature=config.temperature,
-                                max_policy_tokens=config.max_new_tokens * config.max_turns)
+    algorithm = build_algorithm(config.algorithm, temperature=config.sampling.temperature,
+                                max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns)
     graphdef, state = initial_train_state(config, vocab_size=vocab_size,
                                           needs_value_head=algorithm.needs_value_head,
                                           optimizer=make_optimizer(config.learning_rate, config.optimizer))

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jax
-import psutil
 
 from tandem.contracts import DeviceReport, DeviceSample, StepTimeline
+from tandem.resource_usage import ResourceSampler
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ class DeviceMonitor:
     """Accumulates each step's timeline and FLOPs; samples a :class:`DeviceReport` every ``interval_s``.
 
     ``observe`` is called every step and costs a few additions; the sample
-    itself (allocator stats, NVML, psutil) happens at most once per interval.
+    itself (allocator stats, NVML, the host's CPU and memory) happens at most once per interval.
     """
 
     def __init__(self, *, parameters: int, interval_s: float = 10.0, clock=time.monotonic):
@@ -304,16 +304,10 @@ class DeviceMonitor:
         self._nvml_indices = [self._nvml.index_of(device) if self._nvml is not None else None
                               for device in self.local_devices]
         self._hostname = socket.gethostname()
-        self._process = psutil.Process()
-        self._process_cpu_s = self._cpu_seconds()
-        psutil.cpu_percent(interval=None)  # the baseline of the first report's host CPU figure
+        # Its own sampler, apart from the process reporter's: each report's rates cover its own interval.
+        self._usage = ResourceSampler(baseline=True)
         self._last_sample: float | None = None
-        self._last_sample_wall = time.monotonic()
         self._wall_s = self._compute_s = self._flops = 0.0
-
-    def _cpu_seconds(self) -> float:
-        times = self._process.cpu_times()
-        return times.user + times.system
 
     def observe(self, timeline: StepTimeline, *, tokens: int) -> None:
         seconds = timeline.seconds_by_stage()
@@ -330,12 +324,7 @@ class DeviceMonitor:
         allocator = [allocator_stats(device) for device in self.local_devices]
         nvml = self._nvml.sample() if self._nvml is not None else {}
         tpu = _tpu_figures(self.local_device_count) if self.platform == "tpu" else None
-        now = time.monotonic()
-        elapsed = now - self._last_sample_wall
-        cpu_s = self._cpu_seconds()
-        process_cpu_cores = (cpu_s - self._process_cpu_s) / elapsed if elapsed > 0 else None
-        self._process_cpu_s, self._last_sample_wall = cpu_s, now
-        memory = psutil.virtual_memory()
+        usage = self._usage.sample()
         wall = self._wall_s
         duty_cycle = self._compute_s / wall if wall > 0 else None
         mfu = None
@@ -370,12 +359,12 @@ class DeviceMonitor:
             gpu_utilisation=(sum(gpu.utilisation for gpu in nvml.values()) / len(nvml)) if nvml else None,
             gpu_memory_used_bytes=sum(gpu.memory_used_bytes for gpu in nvml.values()) if nvml else None,
             tpu_duty_cycle=tpu.mean_duty_cycle if tpu else None,
-            host_cpu_percent=psutil.cpu_percent(interval=None),
-            host_memory_used_bytes=int(memory.total - memory.available),
-            host_memory_total_bytes=int(memory.total),
-            process_cpu_cores=process_cpu_cores,
-            process_rss_bytes=int(self._process.memory_info().rss),
-            hostname=self._hostname, process_id=self._process.pid, process_index=self.process_index,
+            host_cpu_percent=usage.host_cpu_percent,
+            host_memory_used_bytes=usage.host_memory_used_bytes,
+            host_memory_total_bytes=usage.host_memory_total_bytes,
+            process_cpu_cores=usage.cpu_cores,
+            process_rss_bytes=usage.rss_bytes,
+            hostname=self._hostname, process_id=self._usage.process.pid, process_index=self.process_index,
             devices=devices,
             reported_at=time.time(),
         )

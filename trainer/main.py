@@ -13,8 +13,8 @@ from pathlib import Path
 import redis
 from celery import Celery
 
-from policy.compilation_cache import enable_compilation_cache
-from tandem.contracts import TrainerHeartbeat
+from policy import enable_compilation_cache
+from tandem.contracts import RunStatus, TrainerHeartbeat
 from tandem.process_reports import start_process_reporter, stop_process_reporter
 from trainer.platform_client import PlatformClient, RunTakenOverError
 from trainer.run_loop import RunTrainer, TrainerSettings
@@ -114,4 +114,4 @@ class LivenessBeat(threading.Thread):
 def _report_failure(platform: PlatformClient, run_id: int, worker: str, message: str) -> None:
     # If another trainer holds the run now, its failure is not ours to report.
     with contextlib.suppress(RunTakenOverError):
-        platform.heartbeat(run_id, TrainerHeartbeat(status="failed", message=message, worker=worker))
+        platform.heartbeat(run_id, TrainerHeartbeat(status=RunStatus.FAILED, message=message, worker=worker))

@@ -12,11 +12,15 @@ import httpx
 from tandem.contracts import (
     CheckpointReport,
     EnvironmentSpec,
+    RunStatus,
     TelemetryReply,
+    TrainerConflictCode,
     TrainerHeartbeat,
+    TrainerHeartbeatReply,
     TrainerStepEvent,
     TrajectorySample,
 )
+from tandem.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +37,7 @@ class RunTakenOverError(RuntimeError):
 class ClaimedRun:
     run_id: int
     name: str
-    config: dict
+    config: RunConfig  # validated once, here
     environment: EnvironmentSpec
     # Times a trainer claimed the run, this claim included: past 1, resume from the checkpoint.
     attempt: int = 1
@@ -90,20 +94,21 @@ class PlatformClient:
         return ClaimedRun(
             run_id=int(run["id"]),
             name=run["name"],
-            config=run["config"],
+            config=RunConfig.model_validate(run["config"]),
             environment=EnvironmentSpec.model_validate(run["environment"]),
             attempt=int(run.get("attempts", 1)),
         )
 
-    def heartbeat(self, run_id: int, heartbeat: TrainerHeartbeat) -> str:
-        """Report progress; returns the run's status as the platform sees it."""
+    def heartbeat(self, run_id: int, heartbeat: TrainerHeartbeat) -> RunStatus:
+        """Report progress; returns the run's status as the platform sees it (its TrainerHeartbeatReply's)."""
         try:
             response = self._post(f"/api/trainer/runs/{run_id}/heartbeat/", heartbeat.model_dump(mode="json"))
         except httpx.HTTPStatusError as exc:
-            if exc.response.status_code == 409 and "held by trainer" in exc.response.text:
-                raise RunTakenOverError(exc.response.json()["error"]["message"]) from exc
+            error = _error_of(exc.response)
+            if error.get("code") == TrainerConflictCode.RUN_HELD_BY_ANOTHER_TRAINER:
+                raise RunTakenOverError(error.get("message", "")) from exc
             raise
-        return response.json()["status"]
+        return TrainerHeartbeatReply.model_validate(response.json()).status
 
     def post_events(self, run_id: int, events: list[TrainerStepEvent]) -> TelemetryReply:
         """Post step events (none: only ask for the pending trace requests)."""
@@ -136,3 +141,13 @@ class PlatformClient:
         response = self._http.post(f"/api/trainer/runs/{run_id}/checkpoints/",
                                    json=report.model_dump(mode="json"), timeout=timeout_s)
         response.raise_for_status()
+
+
+def _error_of(response: httpx.Response) -> dict:
+    """The platform's ``{"error": {"code", "message", "fields"}}`` of a refused request; {} if it has none."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else {}

@@ -12,11 +12,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tandem.contracts import StageSpan, StepTimeline, TrainerStage
+from tandem.contracts import UNRECORDED_STAGE, StageSpan, StepTimeline, TrainerStage
 
 
 class StageRecorder:
-    """Records the named stages of the current step; the time between them is ``other``.
+    """Records the named stages of the current step; the time between them is ``UNRECORDED_STAGE`` (other).
 
     ``clock`` measures durations (monotonic); host timestamps are ``clock``
     readings shifted onto unix time once per step, so stage boundaries are
@@ -51,11 +51,11 @@ class StageRecorder:
         spans, cursor = [], self._step_started
         for name, began, stage_ended in self._spans:
             if began > cursor:
-                spans.append(("other", cursor, began))
+                spans.append((UNRECORDED_STAGE, cursor, began))
             spans.append((name, began, stage_ended))
             cursor = stage_ended
         if ended > cursor:
-            spans.append(("other", cursor, ended))
+            spans.append((UNRECORDED_STAGE, cursor, ended))
         offset = self._unix_offset
         timeline = StepTimeline(spans=[
             StageSpan(name=name, started_at=began + offset, ended_at=stage_ended + offset)

@@ -31,8 +31,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from policy.lora import FrozenParam
-from policy.model import Transformer, split_model
+from policy import FrozenParam, Transformer, split_model
 
 if TYPE_CHECKING:
     from trainer.losses import LossFn

@@ -14,9 +14,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from environments.base import Tool
-from environments.tool_calls import parse_tool_calls
-from policy.tokenizer import Tokenizer
+from environments import Tool, parse_tool_calls
+from policy import Tokenizer
 from tandem.contracts import (
     TokenSpan,
     ToolCallSample,

@@ -14,15 +14,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from environments.base import (
+from environments import (
     Environment,
     MalformedOutputError,
     checked_observation,
     checked_step_result,
+    parse_tool_calls,
 )
-from environments.tool_calls import parse_tool_calls
-from policy.byte_layout import Conversation
-from policy.tokenizer import ByteTokenizer, Tokenizer
+from policy import ByteTokenizer, Conversation, Tokenizer
 from tandem.contracts import EpisodeTimings, TrajectoryRecord
 from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy

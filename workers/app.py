@@ -54,7 +54,7 @@ app.conf.update(
     # No task_time_limit: Celery's threads pool ignores time limits. A rollout
     # task cancels its own episodes after ROLLOUT_TASK_TIME_LIMIT_S (15 minutes:
     # a task runs a few groups, so minutes mean an environment or generation is
-    # stuck) or its run's rollout_timeout_s, whichever is shorter, since by then
+    # stuck) or its run's rollout.timeout_s, whichever is shorter, since by then
     # the trainer has counted its groups lost and asked for them again.
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
-from environments.adapters.http import SharedHTTPSession, shared_http_session
+from environments import SharedHTTPSession, shared_http_session
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The policy as producers see it: one inference engine per run, shared by all episodes.
 
-:class:`PolicyRuntime` owns the run's :class:`~policy.inference_engine.InferenceEngine`
+:class:`PolicyRuntime` owns the run's :class:`~policy.InferenceEngine`
 and keeps it (compiled functions, KV cache, background thread) warm across
 Celery tasks of the worker process. The engine batches every concurrent
 episode continuously: a turn joins the running batch at the next decode chunk
@@ -22,12 +22,17 @@ from collections.abc import Hashable
 import redis
 from flax import nnx
 
-from policy.compilation_cache import enable_compilation_cache
-from policy.hf import policy_config
-from policy.inference_engine import Completion, InferenceEngine
-from policy.model import Transformer, split_model
-from policy.tokenizer import load_tokenizer
-from policy.weights import RedisWeightSubscriber
+from policy import (
+    Completion,
+    InferenceEngine,
+    RedisWeightSubscriber,
+    Transformer,
+    WeightSubscriber,
+    enable_compilation_cache,
+    load_tokenizer,
+    policy_config,
+    split_model,
+)
 from tandem.run_config import RunConfig
 from workers.settings import task_concurrency
 
@@ -38,7 +43,7 @@ class PolicyNotPublishedError(RuntimeError):
     """The trainer has not published any weights for this run yet."""
 
 
-# A default, not a limit: runs that want more rows say so in inference_slots.
+# A default, not a limit: runs that want more rows say so in sampling.inference_slots.
 _DEFAULT_SLOTS_CAP = 256
 
 
@@ -50,8 +55,9 @@ def inference_slots(config: RunConfig, task_concurrency: int = 1) -> int:
     cached prefix, so generation runs in small batches exactly when many
     episodes wait on their environments.
     """
-    configured = config.inference_slots
-    return configured or min(config.groups_per_task * config.group_size * task_concurrency, _DEFAULT_SLOTS_CAP)
+    configured = config.sampling.inference_slots
+    rollout = config.rollout
+    return configured or min(rollout.groups_per_task * rollout.group_size * task_concurrency, _DEFAULT_SLOTS_CAP)
 
 
 class PolicyRuntime:
@@ -73,12 +79,12 @@ class PolicyRuntime:
             eos_id=self.tokenizer.eos_id,
             pad_id=self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id,
             num_slots=inference_slots(config, task_concurrency()),
-            chunk_size=config.decode_chunk_tokens,
+            chunk_size=config.sampling.decode_chunk_tokens,
             detokenize=self.tokenizer.decode,
             # Runs in the engine thread between chunks, so weights never change mid-chunk.
             between_chunks=self.refresh_weights,
         )
-        self._subscriber = RedisWeightSubscriber(redis_client)
+        self._subscriber: WeightSubscriber = RedisWeightSubscriber(redis_client)
         self._weight_poll_s = weight_poll_s
         self._lock = threading.Lock()
         self.params = None
@@ -161,18 +167,18 @@ class BatchingPolicy:
 
     async def generate(self, prompt: list[int], *, session_id: Hashable | None = None) -> Completion:
         """One policy turn after ``prompt``, reusing the session's cached prefix."""
-        config = self._runtime.config
+        sampling = self._runtime.config.sampling
         self._requests += 1
         if session_id is not None:
             self._sessions.add(session_id)
         return await self._runtime.engine.generate(
             session_id,
             prompt,
-            max_new_tokens=config.max_new_tokens,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            top_k=config.top_k,
-            stop=tuple(config.stop_strings),
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            stop=tuple(sampling.stop_strings),
             seed=hash((self._seed, self._requests)) & 0x7FFFFFFF,
         )
 

@@ -30,14 +30,14 @@ from typing import Any
 
 import redis
 
-from environments.base import (
+from environments import (
     Environment,
     MalformedOutputError,
     checked_json,
     checked_observation,
     checked_step_result,
+    load_environment_class,
 )
-from environments.loading import load_environment_class
 from tandem.contracts import (
     PROBE_ACTION,
     ProbeCheck,
@@ -173,7 +173,7 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
     loop = _EnvironmentLoop()
 
     def check_url() -> str:
-        url = spec.params.get("url")
+        url = spec.settings.get("url")
         if not isinstance(url, str):
             return "no remote URL"
         try:
@@ -185,7 +185,7 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
     def load() -> str:
         environment_class = load_environment_class(spec)
         state["class"] = environment_class
-        state["environment"] = environment_class(**spec.params)
+        state["environment"] = environment_class(**spec.settings)
         return spec.entrypoint
 
     def sample_task() -> str:

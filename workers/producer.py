@@ -20,7 +20,6 @@ from tandem.contracts import (
     run_stop_key,
     trajectory_stream,
 )
-from tandem.run_config import RunConfig
 from workers.activity import process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
@@ -67,7 +66,7 @@ def runtime_for(redis_url: str, spec: RunSpec) -> PolicyRuntime:
     with _runtimes_lock:
         runtime = _runtimes.get(spec.run_id)
         if runtime is None:
-            runtime = PolicyRuntime(run_id=spec.run_id, config=RunConfig.model_validate(spec.config),
+            runtime = PolicyRuntime(run_id=spec.run_id, config=spec.config,
                                     redis_client=redis.Redis.from_url(redis_url))
             _runtimes[spec.run_id] = runtime
             # Keep the two most recent runs warm; a worker rarely serves more at once,
@@ -93,11 +92,11 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
     config = runtime.config
     environment_class = load_environment_class(spec.environment)
     limits = EpisodeLimits(
-        max_turns=config.max_turns,
+        max_turns=config.rollout.max_turns,
         max_seq_len=config.model.max_seq_len,
-        max_new_tokens=config.max_new_tokens,
-        environment_timeout_s=config.environment_timeout_s,
-        max_observation_chars=config.max_observation_chars,
+        max_new_tokens=config.sampling.max_new_tokens,
+        environment_timeout_s=config.rollout.environment_timeout_s,
+        max_observation_chars=config.rollout.max_observation_chars,
     )
     policy = BatchingPolicy(runtime, seed=group_task_seed(config.seed, first_group_index))
     stream = trajectory_stream(spec.run_id)
@@ -107,11 +106,11 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
 
     async def one_episode(group_index: int, task: dict) -> None:
         nonlocal failed
-        environment = environment_class(**spec.environment.params)
+        environment = environment_class(**spec.environment.settings)
         record = await run_episode(
             run_id=spec.run_id,
             group_id=f"{spec.run_id}-{group_index}",
-            group_size=config.group_size,
+            group_size=config.rollout.group_size,
             environment_name=spec.environment.name,
             environment=environment,
             task=task,
@@ -130,9 +129,9 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
     try:
         episodes = []
         for group_index in range(first_group_index, first_group_index + num_groups):
-            task_environment = environment_class(**spec.environment.params)
+            task_environment = environment_class(**spec.environment.settings)
             task = task_environment.sample_task(random.Random(group_task_seed(config.seed, group_index)))
-            episodes += [one_episode(group_index, task) for _ in range(config.group_size)]
+            episodes += [one_episode(group_index, task) for _ in range(config.rollout.group_size)]
         await asyncio.gather(*episodes)
     finally:
         await policy.close()
@@ -140,7 +139,7 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
             await client.aclose()
     return ProductionSummary(
         run_id=spec.run_id,
-        episodes=num_groups * config.group_size,
+        episodes=num_groups * config.rollout.group_size,
         failed=failed,
         skipped_stopped=False,
         wall_s=time.perf_counter() - started,
@@ -173,7 +172,7 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
             except PolicyNotPublishedError as exc:
                 raise RunNotReadyError(str(exc)) from exc
             runtime.warm_up()
-            time_limit_s = min(runtime.config.rollout_timeout_s, ROLLOUT_TASK_TIME_LIMIT_S)
+            time_limit_s = min(runtime.config.rollout.timeout_s, ROLLOUT_TASK_TIME_LIMIT_S)
             try:
                 summary = process_episode_loop.run(produce_groups(
                     redis_url=redis_url, spec=spec, runtime=runtime,
@@ -181,7 +180,7 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
                     redis_client=process_episode_loop.redis(redis_url),
                 ), timeout_s=time_limit_s)
             except TimeoutError as exc:
-                # Not retried: the trainer counts the groups lost after rollout_timeout_s and asks again.
+                # Not retried: the trainer counts the groups lost after rollout.timeout_s and asks again.
                 raise RolloutTaskTimeLimitError(
                     f"run {run_id}: groups {first_group_index}..{first_group_index + num_groups - 1} did not "
                     f"finish within {time_limit_s:g}s; their episodes were cancelled") from exc

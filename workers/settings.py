@@ -6,7 +6,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 # Longest a rollout task runs before its episodes are cancelled (workers/producer.py), also capped
-# by its run's rollout_timeout_s. Celery's threads pool enforces no time limit of its own.
+# by its run's rollout.timeout_s. Celery's threads pool enforces no time limit of its own.
 ROLLOUT_TASK_TIME_LIMIT_S = 900.0
 
 

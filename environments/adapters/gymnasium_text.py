@@ -24,7 +24,7 @@ from environments.base import Environment, StepResult
 
 class GymnasiumTextEnvironment(Environment):
     """Registration: entrypoint ``environments.adapters.gymnasium_text:GymnasiumTextEnvironment``,
-    params ``{"factory": "my_package.envs:WordleEnv", "factory_kwargs": {...}, "reset_options": {...}}``."""
+    settings ``{"factory": "my_package.envs:WordleEnv", "factory_kwargs": {...}, "reset_options": {...}}``."""
 
     def __init__(self, *, factory: str, factory_kwargs: dict[str, Any] | None = None,
                  reset_options: dict[str, Any] | None = None):

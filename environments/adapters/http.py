@@ -148,7 +148,7 @@ shared_http_session: contextvars.ContextVar[SharedHTTPSession | None] = contextv
 
 class RemoteHTTPEnvironment(Environment):
     """Registration: entrypoint ``environments.adapters.http:RemoteHTTPEnvironment``,
-    params ``{"url": "http://host:port", "timeout_s": 10, "max_observation_chars": 8192,
+    settings ``{"url": "http://host:port", "timeout_s": 10, "max_observation_chars": 8192,
     "retries": 2, "backoff_s": 0.1}``.
 
     ``timeout_s`` bounds connecting and each wait for the server's bytes, not

@@ -28,7 +28,7 @@ class OpenEnvError(RuntimeError):
 
 
 class OpenEnvEnvironment(Environment):
-    """Registration: entrypoint ``environments.adapters.openenv:OpenEnvEnvironment``, params
+    """Registration: entrypoint ``environments.adapters.openenv:OpenEnvEnvironment``, settings
     ``{"url": "http://host:8000", "action_field": "message", "observation_field": "echoed_message",
     "timeout_s": 30, "max_observation_chars": 8192}``."""
 

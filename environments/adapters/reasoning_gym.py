@@ -43,7 +43,7 @@ def extract_answer(text: str) -> str:
 
 class ReasoningGymEnvironment(Environment):
     """Registration: entrypoint ``environments.adapters.reasoning_gym:ReasoningGymEnvironment``,
-    params ``{"dataset": "basic_arithmetic", "size": 1000, "seed": 0, "dataset_kwargs": {},
+    settings ``{"dataset": "basic_arithmetic", "size": 1000, "seed": 0, "dataset_kwargs": {},
     "max_attempts": 1, "attempt_discount": 0.8}``."""
 
     def __init__(self, *, dataset: str, size: int = 1000, seed: int = 0,

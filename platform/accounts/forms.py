@@ -1,5 +1,7 @@
 from django import forms
 
+from config.form_errors import DomainErrorForm
 
-class ApiTokenCreateForm(forms.Form):
+
+class ApiTokenCreateForm(DomainErrorForm):
     name = forms.CharField(max_length=100, help_text="What the token is for, e.g. 'laptop'.")

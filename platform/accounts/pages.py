@@ -22,7 +22,7 @@ def token_list_page(request):
         try:
             token, raw = api_token_create(user=request.user, name=form.cleaned_data["name"])
         except DomainError as error:
-            form.add_error("name" if "name" in error.fields else None, error.message)
+            form.add_domain_error(error)
         else:
             # Rendered, not redirected: the raw value must not be kept in a session
             # message, and this answer is the only time it is shown.

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.permissions import project_require_writer
+from config.celery import app as celery_app
 from domain_errors import Conflict
 from runs.models import Run
 from tandem.contracts import CheckpointReport
@@ -70,8 +71,6 @@ def checkpoint_export_start(*, user: AbstractBaseUser, checkpoint: Checkpoint) -
 
 
 def _export_send(checkpoint_id: int) -> None:
-    from config.celery import app as celery_app
-
     celery_app.send_task(EXPORT_TASK_NAME, args=[checkpoint_id], queue="platform")
 
 

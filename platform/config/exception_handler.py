@@ -1,5 +1,8 @@
 """The API's one error shape: ``{"error": {"code", "message", "fields"}}``.
 
+``code`` is stable, for programs: the platform's own come from the contracts
+(``tandem.contracts.ErrorCode``, or a more precise one such as a
+``TrainerConflictCode``), the others are DRF's. ``message`` is for people.
 ``fields`` maps a dotted field path to its messages; it is empty unless the
 request itself was invalid.
 """
@@ -17,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from domain_errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound
+from tandem.contracts import ErrorCode
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         # first. The input is at fault, not the server; the log says which check is missing.
         logger.warning("DataError reached the API's exception handler: %s", exc)
         body = error_body(
-            code="invalid", message=f"A value cannot be stored: {str(exc).splitlines()[0]}"
+            code=ErrorCode.INVALID, message=f"A value cannot be stored: {str(exc).splitlines()[0]}"
         )
         return Response(body, status=status.HTTP_400_BAD_REQUEST)
 
@@ -63,7 +67,7 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         fields = _flatten(exc.detail)
         first_field, first_messages = next(iter(fields.items()), ("", ["Invalid input."]))
         message = f"{first_field}: {first_messages[0]}" if first_field else first_messages[0]
-        response.data = error_body(code="invalid", message=message, fields=fields)
+        response.data = error_body(code=ErrorCode.INVALID, message=message, fields=fields)
     elif isinstance(exc, exceptions.APIException):
         code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
         response.data = error_body(code=code, message=str(exc.detail))

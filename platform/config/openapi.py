@@ -21,7 +21,7 @@ class ErrorDetailSerializer(serializers.Serializer):
     message = serializers.CharField(help_text="For people; names the field or the object.")
     fields = serializers.DictField(
         child=serializers.ListField(child=serializers.CharField()),
-        help_text="Dotted field path to its messages, e.g. config.group_size; empty unless 400.",
+        help_text="Dotted field path to its messages, e.g. config.rollout.group_size; empty unless 400.",
     )
 
 

@@ -11,7 +11,7 @@ CALCULATOR = EnvironmentSpec(
     name="calculator",
     kind="python",
     entrypoint="environments.builtin.calculator:CalculatorEnvironment",
-    params={},
+    settings={},
     tools=(
         ToolSchema(
             name="calc",

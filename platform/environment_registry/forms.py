@@ -4,7 +4,7 @@ import json
 
 from django import forms
 
-from domain_errors import DomainError
+from config.form_errors import DomainErrorForm
 
 from .models import EnvironmentVersion
 
@@ -31,7 +31,7 @@ class JSONField(forms.CharField):
         return parsed
 
 
-class EnvironmentRegisterForm(forms.Form):
+class EnvironmentRegisterForm(DomainErrorForm):
     project = forms.ChoiceField()
     name = forms.CharField(max_length=100)
     kind = forms.ChoiceField(choices=EnvironmentVersion.Kind.choices)
@@ -51,12 +51,3 @@ class EnvironmentRegisterForm(forms.Form):
     def api_body(self) -> dict:
         """The REST registration body, so the page and the API validate alike."""
         return {key: value for key, value in self.cleaned_data.items()}
-
-    def add_domain_error(self, error: DomainError) -> None:
-        if not error.fields:
-            self.add_error(None, error.message)
-        for path, messages in error.fields.items():
-            field = path.split(".")[0]
-            for message in messages:
-                self.add_error(field if field in self.fields else None,
-                               message if field == path else f"{path}: {message}")

@@ -1,7 +1,7 @@
 from django.conf import settings as django_settings
 from django.db import models
 
-from tandem.contracts import EnvironmentSpec
+from tandem.contracts import ENVIRONMENT_KINDS, EnvironmentSpec, environment_kind_choices
 
 
 class Environment(models.Model):
@@ -33,12 +33,11 @@ class EnvironmentVersion(models.Model):
     ``environments.services`` only. Runs pin the version they were created on.
     """
 
-    class Kind(models.TextChoices):
-        PYTHON = "python", "Python class (module:Class)"
-        HTTP = "http", "HTTP protocol"
-        OPENENV = "openenv", "OpenEnv server"
-        GYMNASIUM = "gymnasium", "Gymnasium-style text environment"
-        REASONING_GYM = "reasoning_gym", "reasoning-gym task"
+    # The contract's table of kinds (tandem.contracts.ENVIRONMENT_KINDS), as Django
+    # choices for forms and filters: Kind.HTTP == "http".
+    Kind = models.TextChoices(
+        "Kind", [(kind.upper(), (kind, definition.label)) for kind, definition in ENVIRONMENT_KINDS.items()]
+    )
 
     class Status(models.TextChoices):
         PENDING = "pending", "Probe pending"
@@ -48,7 +47,7 @@ class EnvironmentVersion(models.Model):
 
     environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField(help_text="1, 2, ... within the environment.")
-    kind = models.CharField(max_length=16, choices=Kind.choices)
+    kind = models.CharField(max_length=16, choices=environment_kind_choices)
     entrypoint = models.CharField(
         max_length=255, help_text="`module:Class` producers load; the adapter's for non-python kinds."
     )
@@ -91,7 +90,7 @@ class EnvironmentVersion(models.Model):
             version_id=self.pk,
             kind=self.kind,
             entrypoint=self.entrypoint,
-            params=self.settings,
+            settings=self.settings,
             tools=self.tools,
         )
 

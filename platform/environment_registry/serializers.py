@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from config.db_limits import require_no_nul
-from tandem.contracts import ADAPTER_ENTRYPOINTS, EnvironmentSpec, ToolSchema
+from tandem.contracts import ENVIRONMENT_KINDS, EnvironmentSpec, ToolSchema
 
 from .models import Environment, EnvironmentProbe, EnvironmentVersion
 
@@ -41,9 +41,9 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
             raise serializers.ValidationError({
                 key: ["Renamed 'settings'." if key == "params" else "Unknown field."] for key in unknown
             })
-        adapter = ADAPTER_ENTRYPOINTS.get(data["kind"])
+        adapter = ENVIRONMENT_KINDS[data["kind"]].adapter_entrypoint
         if adapter is None and not data["entrypoint"]:
-            raise serializers.ValidationError({"entrypoint": ["Kind 'python' needs 'module:Class'."]})
+            raise serializers.ValidationError({"entrypoint": [f"Kind '{data['kind']}' needs 'module:Class'."]})
         if adapter is not None and data["entrypoint"] not in ("", adapter):
             raise serializers.ValidationError(
                 {"entrypoint": [f"Kind '{data['kind']}' always loads {adapter}; leave it out."]}
@@ -56,7 +56,7 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
             name=name,
             kind=data["kind"],
             entrypoint=data["entrypoint"],
-            params=data["settings"],
+            settings=data["settings"],
             tools=tuple(ToolSchema(**tool) for tool in data["tools"]),
         )
 

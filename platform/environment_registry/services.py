@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from datetime import timedelta
 
 import redis
@@ -17,8 +18,10 @@ from jsonschema.exceptions import SchemaError
 
 from accounts.models import Project
 from accounts.permissions import project_require_writer
+from config.celery import app as celery_app
 from domain_errors import Conflict, InvalidInput, NotFound
 from tandem.contracts import (
+    ENVIRONMENT_KINDS,
     PROBE_QUEUE,
     PROBE_TASK_NAME,
     EnvironmentSpec,
@@ -26,6 +29,7 @@ from tandem.contracts import (
     ProbeReport,
     ProbeRequest,
     ProbeTimeouts,
+    RunStatus,
     environment_paused_key,
     probe_request_key,
 )
@@ -43,15 +47,13 @@ ENTRYPOINT_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # Names appear in URLs, CLI arguments and stream records, so they stay plain.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-# The setting each adapter cannot work without, and what it must look like.
-REQUIRED_SETTINGS = {
-    EnvironmentVersion.Kind.HTTP: ("url", "the server's base URL, e.g. http://host:8765"),
-    EnvironmentVersion.Kind.OPENENV: ("url", "the OpenEnv server's URL, e.g. http://host:8000"),
-    EnvironmentVersion.Kind.GYMNASIUM: ("factory", "'module:callable' building the environment"),
-    EnvironmentVersion.Kind.REASONING_GYM: ("dataset", "a reasoning-gym dataset name"),
-}
 # A probe request outlives any sensible queue wait; an expired one is reported as such.
 PROBE_REQUEST_TTL_S = 24 * 3600
+# What a version's failed probe means for the apps above this one, each called with
+# (version=, reason=) in the transaction that fails it. runs/apps.py registers the runs
+# app's rule (its queued runs pinned to the version fail): runs import environments, and
+# environments import nothing of runs.
+VERSION_FAILED_HANDLERS: list[Callable[..., None]] = []
 
 
 def _validate_spec(spec: EnvironmentSpec) -> None:
@@ -65,12 +67,14 @@ def _validate_spec(spec: EnvironmentSpec) -> None:
             "entrypoint",
             f"'{spec.entrypoint}' is not of the form 'package.module:ClassName'.",
         )
-    required = REQUIRED_SETTINGS.get(spec.kind)
-    if required is not None:
-        key, what = required
-        if not isinstance(spec.params.get(key), str) or not spec.params[key].strip():
-            raise InvalidInput.for_field(f"settings.{key}", f"Kind '{spec.kind}' needs {what}.")
-    url = spec.params.get("url")
+    # The settings each adapter cannot work without: the contract's table of kinds says which.
+    for required in ENVIRONMENT_KINDS[spec.kind].required_settings:
+        value = spec.settings.get(required.key)
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidInput.for_field(
+                f"settings.{required.key}", f"Kind '{spec.kind}' needs {required.what}."
+            )
+    url = spec.settings.get("url")
     if isinstance(url, str):
         try:
             check_environment_url(url, allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST)
@@ -106,7 +110,7 @@ def _version_create(
         number=number,
         kind=spec.kind,
         entrypoint=spec.entrypoint,
-        settings=spec.params,
+        settings=spec.settings,
         tools=[tool.model_dump(mode="json") for tool in spec.tools],
         created_by=user if user is not None and user.is_authenticated else None,
     )
@@ -153,7 +157,7 @@ def _same_definition(version: EnvironmentVersion, spec: EnvironmentSpec) -> bool
     return (
         version.kind == spec.kind
         and version.entrypoint == spec.entrypoint
-        and version.settings == spec.params
+        and version.settings == spec.settings
         and version.tools == [tool.model_dump(mode="json") for tool in spec.tools]
     )
 
@@ -197,8 +201,6 @@ def _redis() -> redis.Redis:
 
 
 def _probe_send(request: ProbeRequest) -> None:
-    from config.celery import app as celery_app
-
     client = _redis()
     try:
         client.set(probe_request_key(request.probe_id), request.model_dump_json(), ex=PROBE_REQUEST_TTL_S)
@@ -267,7 +269,8 @@ def _version_apply_probe(probe: EnvironmentProbe) -> None:
     version.save(update_fields=["status", "status_reason", "status_changed_at"])
     transaction.on_commit(lambda: _pause_flag_write(version.pk, status, reason), robust=True)
     if status == Status.FAILED:
-        _queued_runs_fail(version=version, probe=probe)
+        for handler in VERSION_FAILED_HANDLERS:
+            handler(version=version, reason=f"Environment {version} failed its probe: {probe.failure_message}")
 
 
 def _pause_flag_write(version_id: int, status: str, reason: str) -> None:
@@ -280,15 +283,6 @@ def _pause_flag_write(version_id: int, status: str, reason: str) -> None:
             client.delete(environment_paused_key(version_id))
     finally:
         client.close()
-
-
-def _queued_runs_fail(*, version: EnvironmentVersion, probe: EnvironmentProbe) -> None:
-    from runs.models import Run
-    from runs.services import run_transition
-
-    reason = f"Environment {version} failed its probe: {probe.failure_message}"
-    for run in Run.objects.filter(environment_version=version, status=Run.Status.QUEUED):
-        run_transition(run=run, to_status=Run.Status.FAILED, reason=reason)
 
 
 def environment_probes_expire(*, now=None) -> int:
@@ -327,11 +321,10 @@ def environment_health_sweep(*, now=None) -> dict[str, int]:
     pause flags of versions that are not ready are written again, so a Redis
     that lost them (a restart) pauses dispatch again within one sweep.
     """
-    from runs.models import Run
-
     expired = environment_probes_expire(now=now)
-    active_runs = Run.objects.filter(
-        environment_version=OuterRef("pk"), status__in=[Run.Status.QUEUED, Run.Status.RUNNING]
+    # Through the runs' reverse relation: the version's runs, without importing the runs app.
+    active_runs = EnvironmentVersion.objects.filter(
+        pk=OuterRef("pk"), runs__status__in=[RunStatus.QUEUED, RunStatus.RUNNING]
     )
     in_flight = EnvironmentProbe.objects.filter(
         version=OuterRef("pk"), status=EnvironmentProbe.Status.PENDING

@@ -3,3 +3,13 @@ from django.apps import AppConfig
 
 class RunsConfig(AppConfig):
     name = "runs"
+
+    def ready(self):
+        # Runs import environments, never the reverse: the registry learns from here what a
+        # version's failed probe means for the runs pinned to it.
+        from environment_registry.services import VERSION_FAILED_HANDLERS
+
+        from .services import runs_fail_queued_of_version
+
+        if runs_fail_queued_of_version not in VERSION_FAILED_HANDLERS:
+            VERSION_FAILED_HANDLERS.append(runs_fail_queued_of_version)

@@ -205,6 +205,8 @@ def _add_section(root, node, *, path, title, description, sections, defaults):
     nested = []
     for name, prop in node.get("properties", {}).items():
         child_path = f"{path}.{name}" if path else name
+        if child_path == "schema_version":
+            continue  # the form always posts the current shape
         target = resolve_schema_ref(root, prop)
         if target.get("type") == "object" and "properties" in target:
             # A required nested model (model, algorithm, ...): a fieldset of its own.

@@ -2,10 +2,10 @@ import json
 
 from django import forms
 
-from domain_errors import DomainError
+from config.form_errors import DomainErrorForm
 
 
-class RunCreateForm(forms.Form):
+class RunCreateForm(DomainErrorForm):
     """The dashboard's "new run": a project, one of its environments, and the run's length."""
 
     project = forms.TypedChoiceField(coerce=int)
@@ -33,14 +33,9 @@ class RunCreateForm(forms.Form):
             if self.cleaned_data.get(key) is not None
         }
 
-    def add_domain_error(self, error: DomainError) -> None:
-        """Show a service's error next to the field it names (``config.rl_steps`` -> rl_steps)."""
-        if not error.fields:
-            self.add_error(None, error.message)
-        for path, messages in error.fields.items():
-            field = path.removeprefix("config.")
-            for message in messages:
-                self.add_error(field if field in self.fields else None, f"{path}: {message}")
+    def error_inputs(self) -> dict[str, str]:
+        """A service names the run's length by its config path (``config.rl_steps`` -> rl_steps)."""
+        return {f"config.{name}" if name in ("sft_steps", "rl_steps") else name: name for name in self.fields}
 
 
 class _ConfigJSONField(forms.JSONField):
@@ -52,8 +47,11 @@ class _ConfigJSONField(forms.JSONField):
         return super().prepare_value(value)
 
 
-class RunCloneForm(forms.Form):
-    """"Clone from run": the run's name and whole config, prefilled, to edit before queueing the copy."""
+class RunCloneForm(DomainErrorForm):
+    """"Clone from run": the run's name and whole config, prefilled, to edit before queueing the copy.
+
+    A service's error about ``config.<path>`` shows under the config, naming the path.
+    """
 
     name = forms.CharField(max_length=200, required=False)
     config = _ConfigJSONField(
@@ -70,12 +68,3 @@ class RunCloneForm(forms.Form):
         if not isinstance(config, dict):
             raise forms.ValidationError("Expected a JSON object (a RunConfig).")
         return config
-
-    def add_domain_error(self, error: DomainError) -> None:
-        """A service's error about ``config.<path>`` shows under the config, naming the path."""
-        if not error.fields:
-            self.add_error(None, error.message)
-        for path, messages in error.fields.items():
-            field = "config" if path.startswith("config") else path if path in self.fields else None
-            for message in messages:
-                self.add_error(field, f"{path}: {message}")

@@ -1,6 +1,15 @@
 from django.db import models
 from django.utils import timezone
 
+from tandem.contracts import (
+    TERMINAL_RUN_STATUSES,
+    TRAINER_HELD_RUN_STATUSES,
+    RunStatus,
+    run_status_choices,
+)
+
+from .fields import RunConfigField
+
 
 class Run(models.Model):
     """One training run of a policy against an environment.
@@ -8,18 +17,12 @@ class Run(models.Model):
     ``status`` changes only through ``runs.services.run_transition``.
     """
 
-    class Status(models.TextChoices):
-        QUEUED = "queued", "Queued"
-        STARTING = "starting", "Starting"
-        RUNNING = "running", "Running"
-        PAUSED = "paused", "Paused"
-        FINISHED = "finished", "Finished"
-        FAILED = "failed", "Failed"
-        CANCELLED = "cancelled", "Cancelled"
+    # The contract's vocabulary (tandem.contracts.RunStatus), as Django choices for
+    # forms, filters and the admin: Run.Status.RUNNING == RunStatus.RUNNING == "running".
+    Status = models.TextChoices("Status", [(status.name, (status.value, status.label)) for status in RunStatus])
 
-    TERMINAL_STATUSES = frozenset({Status.FINISHED, Status.FAILED, Status.CANCELLED})
-    # A trainer holds the run and must keep sending heartbeats.
-    TRAINER_HELD_STATUSES = frozenset({Status.STARTING, Status.RUNNING})
+    TERMINAL_STATUSES = TERMINAL_RUN_STATUSES
+    TRAINER_HELD_STATUSES = TRAINER_HELD_RUN_STATUSES
 
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="runs")
     environment = models.ForeignKey(
@@ -32,8 +35,9 @@ class Run(models.Model):
         help_text="The version the run pinned when it was created; producers load exactly it.",
     )
     name = models.CharField(max_length=200)
-    config = models.JSONField(help_text="The validated RunConfig with every default filled in.")
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    # Read in the current shape whatever shape it was stored in (fields.RunConfigField).
+    config = RunConfigField(help_text="The validated RunConfig with every default filled in.")
+    status = models.CharField(max_length=16, choices=run_status_choices, default=RunStatus.QUEUED.value)
     status_reason = models.TextField(blank=True, default="")
     policy_version = models.PositiveIntegerField(default=0)
     trainer_step = models.PositiveIntegerField(default=0)

@@ -12,9 +12,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.models import Membership
 from accounts.selectors import project_get_for_user, project_list, project_role
+from config.form_errors import error_placements
 from domain_errors import DomainError, Forbidden, NotFound
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_list, environment_version_last_probe_times
+from tandem.contracts import TERMINAL_RUN_STATUSES, RunStatus
+from telemetry.charts import RUN_CHARTS
 from telemetry.services import MAX_TRACE_STEPS, TRACE_REFUSED_STATUSES
 
 from .config_form import (
@@ -39,30 +42,6 @@ from .services import (
 )
 
 RUNS_SHOWN = 100
-
-# The run page's charts, in page order; run_page.js knows which series each one draws.
-RUN_CHARTS = [
-    {"id": "chart-reward", "title": "Reward", "caption": "reward_mean, success_rate",
-     "empty": "No RL step yet."},
-    {"id": "chart-loss", "title": "Loss", "caption": "the objective the update minimised", "empty": "No step yet."},
-    {"id": "chart-kl-entropy", "title": "KL and entropy", "caption": "algorithm/kl (with a KL term), algorithm/entropy",
-     "empty": "No RL step yet."},
-    {"id": "chart-stages", "title": "Trainer time by stage", "caption": "share of each step's wall time; compute is the utilisation",
-     "empty": "No step yet."},
-    {"id": "chart-samples", "title": "Samples per second", "caption": "produced by rollouts against consumed by the trainer",
-     "empty": "No RL step yet."},
-    {"id": "chart-tokens", "title": "Tokens per second", "caption": "trained, per wall second of the step",
-     "empty": "No step yet."},
-    {"id": "chart-staleness", "title": "Staleness", "caption": "trained trajectories by policy versions behind",
-     "empty": "No RL step yet.",
-     "variants": [("total", "total"), ("in_queue", "in queue"), ("in_flight", "in flight")]},
-    {"id": "chart-latency", "title": "Rollout latency", "caption": "seconds per episode, p50 / p90 (dashed) / p99 (dotted)",
-     "empty": "No rollout yet.",
-     "variants": [("latency", "episode"), ("generation", "generation"), ("environment", "environment")]},
-    {"id": "chart-errors", "title": "Environment error rate", "caption": "failed episodes per environment",
-     "empty": "No rollout yet."},
-    {"id": "chart-policy", "title": "Policy version", "caption": "newest published", "empty": "No step yet."},
-]
 
 
 @login_required
@@ -134,6 +113,7 @@ def run_page(request, run_id: int):
         # Hidden until the run gets to a status that offers them (live, by run_page.js).
         "actions_rendered": {action for status in _reachable(run.status) for action in actions[status]},
         "actions_json": json.dumps(actions),
+        "statuses_json": json.dumps(RUN_PAGE_STATUSES),
         "config_json": json.dumps(run.config, indent=2, sort_keys=True),
         "metrics_url": reverse("api-run-metrics", args=[run.pk]),
         "run_url": reverse("api-run-detail", args=[run.pk]),
@@ -175,6 +155,10 @@ def _reachable(status: str) -> set[str]:
                 frontier.append(following)
     return seen
 
+
+# The statuses run_page.js tells apart, from the contract's vocabulary. terminal: the run
+# has ended; waiting: it waits for its environment version's probe or for a trainer.
+RUN_PAGE_STATUSES = {"terminal": sorted(TERMINAL_RUN_STATUSES), "waiting": [RunStatus.QUEUED]}
 
 # A page action and the status it moves the run to.
 _ACTION_TRANSITIONS = (("pause", Run.Status.PAUSED), ("resume", Run.Status.QUEUED),
@@ -372,24 +356,12 @@ def _errors_by_field(error: DomainError, fields, errors: dict[str, list[str]], f
     """
     paths = {config_field.path for config_field in fields}
     sections = {path.rsplit(".", 1)[0] for path in paths if "." in path}
-    if not error.fields:
-        form_errors.append(error.message)
-    for name, field_messages in error.fields.items():
-        if name.startswith("config."):
-            path = name.removeprefix("config.")
-            # A list item's error (config.stop_strings.0) belongs to the list's input.
-            while path and path not in paths and path not in sections and "." in path:
-                path = path.rsplit(".", 1)[0]
-            key = path if path in paths or path in sections else None
-        elif name in ("environment", "name"):
-            key = name
+    inputs = {f"config.{path}": path for path in paths | sections} | {"environment": "environment", "name": "name"}
+    for input_name, message in error_placements(error, inputs=inputs):
+        if input_name is None:
+            form_errors.append(message)
         else:
-            key = None
-        for message in field_messages:
-            if key is None:
-                form_errors.append(f"{name}: {message}")
-            else:
-                errors.setdefault(key, []).append(message)
+            errors.setdefault(input_name, []).append(message)
 
 
 def _run_or_404(request, run_id: int):

@@ -58,7 +58,9 @@ class RunCreateSerializer(serializers.Serializer):
         max_length=100, help_text="Name of an environment of the project."
     )
     config = serializers.DictField(
-        required=False, default=dict, help_text="A partial RunConfig; defaults fill the rest."
+        required=False, default=dict,
+        help_text="A partial RunConfig; defaults fill the rest. Without schema_version it is read as "
+        "version 1 (the flat shape) and upgraded.",
     )
 
     def validate_config(self, config: dict) -> dict:
@@ -70,7 +72,8 @@ class RunCloneSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     config = serializers.DictField(
         required=False, default=dict,
-        help_text="Only what differs from the original run's config; merged key by key.",
+        help_text="Only what differs from the original run's config; merged key by key. Without "
+        "schema_version it is read as version 1 (the flat shape) and upgraded.",
     )
 
 

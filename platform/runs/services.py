@@ -17,13 +17,18 @@ from accounts.permissions import project_require_writer
 from domain_errors import Conflict, InvalidInput
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_version_pin
-from tandem.contracts import TrainerHeartbeat, run_stop_key
-from tandem.run_config import RunConfig
+from tandem.config_changes import merge_changes
+from tandem.contracts import (
+    RunStatus,
+    TrainerConflictCode,
+    TrainerHeartbeat,
+    run_stop_key,
+)
+from tandem.run_config import RunConfig, upgrade_run_config
 
 from .models import Run
 from .realtime import run_broadcast_on_commit
 
-Status = Run.Status
 logger = logging.getLogger(__name__)
 
 # The only status changes there are; anything else is refused with a Conflict.
@@ -31,21 +36,25 @@ logger = logging.getLogger(__name__)
 # heartbeat came. paused: the trainer checkpointed and let go of it; resuming
 # (from paused or failed) queues it again, and the next trainer continues
 # from its last checkpoint.
-LEGAL_TRANSITIONS: dict[str, frozenset[str]] = {
-    Status.QUEUED: frozenset({Status.STARTING, Status.CANCELLED, Status.FAILED}),
-    Status.STARTING: frozenset({Status.RUNNING, Status.PAUSED, Status.FAILED, Status.CANCELLED}),
-    Status.RUNNING: frozenset({Status.PAUSED, Status.FINISHED, Status.FAILED, Status.CANCELLED}),
-    Status.PAUSED: frozenset({Status.QUEUED, Status.CANCELLED}),
-    Status.FINISHED: frozenset(),
-    Status.FAILED: frozenset({Status.QUEUED}),
-    Status.CANCELLED: frozenset(),
+LEGAL_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.FAILED, RunStatus.CANCELLED}),
+    RunStatus.RUNNING: frozenset({RunStatus.PAUSED, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED}),
+    RunStatus.PAUSED: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED}),
+    RunStatus.FINISHED: frozenset(),
+    RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
+    RunStatus.CANCELLED: frozenset(),
 }
 
 
 def run_config_normalise(config: dict[str, Any] | None) -> dict[str, Any]:
-    """``config`` validated against RunConfig, as JSON with every default filled in."""
+    """``config`` validated against RunConfig, as JSON with every default filled in.
+
+    A config without ``schema_version`` is read as version 1 (the flat shape) and
+    upgraded first, so client scripts written before sections keep working.
+    """
     try:
-        return RunConfig.model_validate(config or {}).model_dump(mode="json")
+        return RunConfig.model_validate(upgrade_run_config(config or {})).model_dump(mode="json")
     except pydantic.ValidationError as error:
         raise InvalidInput.from_pydantic(error, prefix="config") from None
 
@@ -93,39 +102,51 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
     run.status = to_status
     run.status_reason = reason
     update_fields = ["status", "status_reason"]
-    if to_status == Status.RUNNING and run.started_at is None:
+    if to_status == RunStatus.RUNNING and run.started_at is None:
         run.started_at = now
         update_fields.append("started_at")
     if to_status in Run.TERMINAL_STATUSES:
         run.finished_at = now
         update_fields.append("finished_at")
-    if to_status == Status.QUEUED:  # resumed: it is not over, and no trainer holds it
+    if to_status == RunStatus.QUEUED:  # resumed: it is not over, and no trainer holds it
         run.finished_at = None
         run.claimed_by = ""
         update_fields += ["finished_at", "claimed_by"]
     run.save(update_fields=update_fields)
-    if to_status in Run.TERMINAL_STATUSES or to_status == Status.PAUSED:
+    if to_status in Run.TERMINAL_STATUSES or to_status == RunStatus.PAUSED:
         run_producers_stop_on_commit(run.pk)
 
     run_broadcast_on_commit(run.pk, [_status_message(run)])
     return run
 
 
+def runs_fail_queued_of_version(*, version: EnvironmentVersion, reason: str) -> list[Run]:
+    """Fail the queued runs pinned to ``version``, which failed its probe: no producer could run them.
+
+    Called by the environment registry when it fails a version (registered in runs/apps.py),
+    in the transaction that fails it.
+    """
+    runs = list(Run.objects.filter(environment_version=version, status=RunStatus.QUEUED))
+    for run in runs:
+        run_transition(run=run, to_status=RunStatus.FAILED, reason=reason)
+    return runs
+
+
 def run_cancel(*, user: AbstractBaseUser, run: Run) -> Run:
     project_require_writer(user=user, project=run.project)
-    return run_transition(run=run, to_status=Status.CANCELLED, reason=f"Cancelled by {user}.")
+    return run_transition(run=run, to_status=RunStatus.CANCELLED, reason=f"Cancelled by {user}.")
 
 
 def run_pause(*, user: AbstractBaseUser, run: Run) -> Run:
     """Ask the trainer to checkpoint and let go of ``run``; it learns so at its next heartbeat."""
     project_require_writer(user=user, project=run.project)
-    return run_transition(run=run, to_status=Status.PAUSED, reason=f"Paused by {user}.")
+    return run_transition(run=run, to_status=RunStatus.PAUSED, reason=f"Paused by {user}.")
 
 
 def run_resume(*, user: AbstractBaseUser, run: Run) -> Run:
     """Queue a paused or failed run again; the trainer that claims it continues from its checkpoint."""
     project_require_writer(user=user, project=run.project)
-    return run_transition(run=run, to_status=Status.QUEUED, reason=f"Resumed by {user}.")
+    return run_transition(run=run, to_status=RunStatus.QUEUED, reason=f"Resumed by {user}.")
 
 
 @transaction.atomic
@@ -135,24 +156,16 @@ def run_clone(*, user: AbstractBaseUser, run: Run, config_changes: dict[str, Any
 
     Changes merge into the original config key by key (nested sections too), so
     ``{"algorithm": {"epsilon_high": 0.3}}`` keeps every other algorithm setting.
+    Changes without ``schema_version`` are upgraded like a new run's config; the
+    original is in the current shape however it was stored (``RunConfigField``).
     """
     project_require_writer(user=user, project=run.project)
-    config = _merged(run.config, config_changes or {})
+    config = merge_changes(run.config, upgrade_run_config(config_changes or {}))
     normalised = run_config_normalise(config)
     return Run.objects.create(
         project=run.project, environment=run.environment, environment_version=run.environment_version,
         config=normalised, name=name.strip() or f"{run.name} (clone)"[:200], created_at=timezone.now(),
     )
-
-
-def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merged(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
 
 
 def run_reap_dead_trainers(*, heartbeat_timeout_s: float) -> list[Run]:
@@ -176,7 +189,7 @@ def run_reap_dead_trainers(*, heartbeat_timeout_s: float) -> list[Run]:
                 f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC (timeout {heartbeat_timeout_s:g} s); "
                 "resume the run to continue from its last checkpoint."
             )
-            reaped.append(run_transition(run=run, to_status=Status.FAILED, reason=reason))
+            reaped.append(run_transition(run=run, to_status=RunStatus.FAILED, reason=reason))
     return reaped
 
 
@@ -210,13 +223,13 @@ def run_claim_next(*, worker: str) -> Run | None:
     run = (
         Run.objects.select_for_update(skip_locked=True)
         # A run waits while its environment version's probe is pending or it is unhealthy.
-        .filter(status=Status.QUEUED, environment_version__status=EnvironmentVersion.Status.READY)
+        .filter(status=RunStatus.QUEUED, environment_version__status=EnvironmentVersion.Status.READY)
         .order_by("created_at", "id")
         .first()
     )
     if run is None:
         return None
-    run_transition(run=run, to_status=Status.STARTING, reason=f"Claimed by trainer {worker}.")
+    run_transition(run=run, to_status=RunStatus.STARTING, reason=f"Claimed by trainer {worker}.")
     run.claimed_by = worker
     run.heartbeat_at = timezone.now()
     run.attempts += 1
@@ -234,11 +247,13 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
     run = Run.objects.select_for_update().select_related("project").get(pk=run.pk)
     if heartbeat.worker and run.claimed_by and heartbeat.worker != run.claimed_by:
         # The run was presumed dead and resumed by another trainer: this one must stop.
-        raise Conflict(f"Run {run.pk} is held by trainer {run.claimed_by}, not {heartbeat.worker}.")
-    if run.is_terminal or run.status == Status.PAUSED:
+        raise Conflict(f"Run {run.pk} is held by trainer {run.claimed_by}, not {heartbeat.worker}.",
+                       code=TrainerConflictCode.RUN_HELD_BY_ANOTHER_TRAINER)
+    if run.is_terminal or run.status == RunStatus.PAUSED:
         return run
-    if run.status == Status.QUEUED:
-        raise Conflict(f"Run {run.pk} is queued; claim it before reporting on it.")
+    if run.status == RunStatus.QUEUED:
+        raise Conflict(f"Run {run.pk} is queued; claim it before reporting on it.",
+                       code=TrainerConflictCode.RUN_NOT_CLAIMED)
 
     run.heartbeat_at = timezone.now()
     # max(): a late heartbeat must not move progress back behind newer telemetry.
@@ -247,10 +262,29 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
     run.save(update_fields=["heartbeat_at", "policy_version", "trainer_step"])
     if heartbeat.status is None:
         return run
-    if run.status == Status.STARTING and heartbeat.status != Status.FAILED:
-        run_transition(run=run, to_status=Status.RUNNING, reason="")
-    if heartbeat.status != Status.RUNNING:
+    if run.status == RunStatus.STARTING and heartbeat.status != RunStatus.FAILED:
+        run_transition(run=run, to_status=RunStatus.RUNNING, reason="")
+    if heartbeat.status != RunStatus.RUNNING:
         run_transition(run=run, to_status=heartbeat.status, reason=heartbeat.message)
+    return run
+
+
+@transaction.atomic
+def run_progress_record(*, run: Run, trainer_step: int, policy_version: int, at=None) -> Run:
+    """Move a running run's step and policy version forward to what its telemetry reports.
+
+    Telemetry posts count as heartbeats. Progress only grows (a late post never
+    moves it back), and only while the run runs: events that arrive after a
+    cancel are kept by telemetry but do not revive the run. The caller may hold
+    the run's row lock already (telemetry takes it first, to order its posts).
+    """
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.status != RunStatus.RUNNING:
+        return run
+    run.trainer_step = max(run.trainer_step, trainer_step)
+    run.policy_version = max(run.policy_version, policy_version)
+    run.heartbeat_at = at or timezone.now()
+    run.save(update_fields=["trainer_step", "policy_version", "heartbeat_at"])
     return run
 
 

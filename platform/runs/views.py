@@ -3,7 +3,7 @@
 import pydantic
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import serializers, status
+from rest_framework import status
 from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
@@ -14,7 +14,7 @@ from config.db_limits import DB_INT_MAX, require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
 from config.query_params import project_query_param
 from domain_errors import InvalidInput
-from tandem.contracts import TrainerHeartbeat
+from tandem.contracts import TrainerHeartbeat, TrainerHeartbeatReply
 from tandem.run_config import RunConfig
 
 from .filters import RunFilter
@@ -171,6 +171,16 @@ def _heartbeat_schema() -> dict:
     return schema
 
 
+def _heartbeat_reply_schema() -> dict:
+    """TrainerHeartbeatReply's JSON schema, its status enum inlined (OpenAPI resolves no $defs)."""
+    schema = TrainerHeartbeatReply.model_json_schema()
+    run_status = schema.pop("$defs")["RunStatus"]
+    status = schema["properties"]["status"]
+    del status["$ref"]
+    status.update(type=run_status["type"], enum=run_status["enum"])
+    return schema
+
+
 @extend_schema(tags=["trainer"])
 class TrainerHeartbeatView(APIView):
     permission_classes = [IsAdminUser]
@@ -178,18 +188,11 @@ class TrainerHeartbeatView(APIView):
     @extend_schema(
         request={"application/json": _heartbeat_schema()},
         responses={
-            200: inline_serializer(
-                "HeartbeatAnswer",
-                {
-                    "status": serializers.CharField(
-                        help_text="`cancelled` tells the trainer to stop; `paused` or `failed` to "
-                        "checkpoint and let go of the run."
-                    )
-                },
-            ),
+            200: _heartbeat_reply_schema(),
             409: OpenApiResponse(
                 ErrorSerializer,
-                description="The run is queued, or another trainer holds it (it was resumed elsewhere).",
+                description="The run is queued (code `run_not_claimed`), or another trainer holds it: it "
+                "was resumed elsewhere (code `run_held_by_another_trainer`).",
             ),
         },
     )
@@ -202,7 +205,7 @@ class TrainerHeartbeatView(APIView):
         require_db_int(heartbeat.trainer_step, "trainer_step")
         require_no_nul(heartbeat.message, "message")
         run = run_heartbeat(run=run_get(run_id=run_id), heartbeat=heartbeat)
-        return Response({"status": run.status})
+        return Response(TrainerHeartbeatReply(status=run.status).model_dump(mode="json"))
 
 
 @extend_schema(tags=["runs"])

@@ -8,9 +8,11 @@ from django.views.decorators.http import require_GET
 
 from domain_errors import NotFound
 from runs.selectors import run_get_for_user
+from tandem.contracts import ACTIVE_RUN_STATUSES
 
+from .charts import stage_styles
+from .device_listings import active_run_devices, tandem_processes
 from .serializers import DEFAULT_TIMELINE_STEPS, MAX_TIMELINE_STEPS
-from .views import active_run_devices, tandem_processes
 
 # How often the devices page asks again; the trainer reports every device_report_interval_s (10 s by default).
 DEVICES_REFRESH_S = 5
@@ -29,6 +31,9 @@ def run_timeline_page(request, run_id: int):
         "timeline_url": reverse("api-run-timeline", args=[run.pk]),
         "default_steps": DEFAULT_TIMELINE_STEPS,
         "step_choices": [step for step in (20, 60, 120, MAX_TIMELINE_STEPS) if step <= MAX_TIMELINE_STEPS],
+        # The trainer lane's stages, and the statuses in which the run can still train (it polls while so).
+        "stages": stage_styles(),
+        "active_statuses": sorted(ACTIVE_RUN_STATUSES),
     }
     return render(request, "runs/timeline.html", context)
 

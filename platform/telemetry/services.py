@@ -17,6 +17,7 @@ from accounts.permissions import project_require_writer
 from domain_errors import Conflict, InvalidInput
 from runs.models import Run
 from runs.realtime import run_broadcast_on_commit
+from runs.services import run_progress_record
 from tandem.contracts import TrainerStepEvent
 
 from .models import DeviceSnapshot, MetricBucket, MetricPoint, StepTimelineRecord, Trace
@@ -83,11 +84,8 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
 
     step_timelines_store(run=run, events=events, now=now)
 
-    if run.status == Run.Status.RUNNING:
-        run.trainer_step = max(run.trainer_step, max(event.step for event in events))
-        run.policy_version = max(run.policy_version, max(event.policy_version for event in events))
-        run.heartbeat_at = now
-        run.save(update_fields=["trainer_step", "policy_version", "heartbeat_at"])
+    run = run_progress_record(run=run, trainer_step=max(event.step for event in events),
+                              policy_version=max(event.policy_version for event in events), at=now)
 
     run_broadcast_on_commit(
         run.pk,

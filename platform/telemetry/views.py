@@ -25,14 +25,12 @@ from domain_errors import InvalidInput, NotFound
 from runs.selectors import run_get, run_get_for_user
 from tandem.contracts import TelemetryReply, TrainerStepEvent
 
+from .device_listings import active_run_devices, tandem_processes
 from .models import MetricPoint, Trace
 from .selectors import (
     device_snapshot_get,
     metric_chart,
     metric_points_after,
-    process_listing,
-    producer_reports_by_run,
-    run_list_trainer_held,
     step_timeline_recent,
     trace_get,
     trace_list,
@@ -209,13 +207,6 @@ class RunDevicesView(APIView):
                          "report": snapshot.report})
 
 
-def active_run_devices(*, user) -> list[dict]:
-    """What the devices page shows, for the page's first paint and its API alike."""
-    runs = list(run_list_trainer_held(user=user))
-    producers = producer_reports_by_run(run_ids=[run.pk for run in runs])
-    return ActiveRunDevicesSerializer(runs, many=True, context={"producers": producers}).data
-
-
 @extend_schema(tags=["runs"])
 class ActiveRunDevicesView(APIView):
     """Every run of your projects that a trainer holds now, with a row per device of its newest report.
@@ -226,16 +217,6 @@ class ActiveRunDevicesView(APIView):
     @extend_schema(responses={200: ActiveRunDevicesSerializer(many=True)})
     def get(self, request):
         return Response(active_run_devices(user=request.user))
-
-
-def tandem_processes(*, user) -> dict:
-    """Every live Tandem process, for the devices page's first paint and its API alike."""
-    listing = process_listing(user=user)
-    if listing is None:
-        return {"processes": None}
-    return ProcessListSerializer(
-        {"processes": listing.reports}, context={"visible_run_ids": listing.visible_run_ids}
-    ).data
 
 
 @extend_schema(tags=["runs"])

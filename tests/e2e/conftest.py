@@ -14,7 +14,7 @@ import redis
 
 from environments import http_example_server
 from tandem.contracts import TrajectoryRecord
-from tandem.services import free_local_port
+from tandem.local_ports import free_local_port
 from tandem.stack import Credentials, LocalStack, StackConfig
 
 ADMIN_DATABASE_URL = os.environ.get("TANDEM_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -28,9 +28,10 @@ def test_episodes_of_a_faulty_environment_fail_with_their_reasons_and_the_run_tr
     }).raise_for_status()
     created = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "environment faults", "environment": "second-step-faults",
-        "config": {"sft_steps": 0, "rl_steps": RL_STEPS, "groups_per_step": GROUPS_PER_STEP,
-                   "group_size": GROUP_SIZE, "groups_per_task": 1, "max_turns": 3, "max_new_tokens": 8,
-                   "environment_timeout_s": 1.0, "seed": SEED},
+        "config": {"sft_steps": 0, "rl_steps": RL_STEPS, "seed": SEED,
+                   "rollout": {"groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE, "groups_per_task": 1,
+                               "max_turns": 3, "environment_timeout_s": 1.0},
+                   "sampling": {"max_new_tokens": 8}},
     })
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]

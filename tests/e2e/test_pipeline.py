@@ -19,11 +19,10 @@ from tests.e2e.conftest import StreamObserver
 SMALL_RUN = {
     "sft_steps": 120,
     "rl_steps": 4,
-    "groups_per_step": 2,
-    "group_size": 4,
-    "groups_per_task": 1,
-    "checkpoint_every": 2,
+    "rollout": {"groups_per_step": 2, "group_size": 4, "groups_per_task": 1},
+    "checkpoint": {"every": 2},
 }
+EPISODES_PER_STEP = SMALL_RUN["rollout"]["groups_per_step"] * SMALL_RUN["rollout"]["group_size"]
 
 
 def _client(stack, credentials) -> httpx.Client:
@@ -91,7 +90,7 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     r = redis.Redis.from_url(local.config.redis_url)
     stream = trajectory_stream(run_id)
     (group_info,) = [g for g in r.xinfo_groups(stream) if g["name"].decode() == TRAINER_CONSUMER_GROUP]
-    trained = SMALL_RUN["rl_steps"] * SMALL_RUN["groups_per_step"] * SMALL_RUN["group_size"]
+    trained = SMALL_RUN["rl_steps"] * EPISODES_PER_STEP
     records = observer.records
     assert len(records) >= trained
     assert group_info["entries-read"] >= trained
@@ -159,7 +158,7 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
             assert step["episodes"] == []
             continue
         used = [e for e in step["episodes"] if e["outcome"] in {"trained", "failed", "dropped_filtered"}]
-        assert len(used) >= SMALL_RUN["groups_per_step"] * SMALL_RUN["group_size"], step["episodes"]
+        assert len(used) >= EPISODES_PER_STEP, step["episodes"]
         waited_until = max(stage["ended_at"] for stage in step["stages"] if stage["name"] == "data_wait")
         for episode in step["episodes"]:
             record = streamed[episode["trajectory_id"]]
@@ -188,7 +187,7 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     checkpoint_dir = local.config.var_dir / "checkpoints" / f"run-{run_id}"
     on_disk = sorted(int(path.name) for path in checkpoint_dir.iterdir() if path.name.isdigit())
     assert on_disk[-1] == steps[-1]
-    # The trainer reported them: what retention (checkpoints_kept, 3) left is listed available,
+    # The trainer reported them: what retention (checkpoint.kept, 3) left is listed available,
     # the older ones it had reported are marked deleted by retention.
     listed = client.get(f"/api/runs/{run_id}/checkpoints/?page_size=100").json()["results"]
     assert sorted(c["step"] for c in listed if c["status"] == "available") == on_disk == on_disk[-3:]
@@ -215,6 +214,6 @@ def test_bad_input_over_the_live_api_names_the_field(stack, credentials):
     })
     assert bad.status_code == 400 and "environment" in bad.json()["error"]["fields"]
     bad = client.post("/api/runs/", json={
-        "project": credentials.project_id, "environment": "calculator", "config": {"group_size": 1},
+        "project": credentials.project_id, "environment": "calculator", "config": {"rollout": {"group_size": 1}},
     })
-    assert bad.status_code == 400 and "config.group_size" in bad.json()["error"]["fields"]
+    assert bad.status_code == 400 and "config.rollout.group_size" in bad.json()["error"]["fields"]

@@ -45,8 +45,8 @@ def test_every_tandem_process_reports_itself_and_the_run_it_works_on(own_stack, 
     register_http_environment(api, project_id=credentials.project_id, name="slow-remote", url=slow_environment_url)
     run = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "watched", "environment": "slow-remote",
-        "config": {"sft_steps": 0, "rl_steps": 50, "groups_per_step": 2, "group_size": 2,
-                   "groups_per_task": 1, "max_turns": 2},
+        "config": {"sft_steps": 0, "rl_steps": 50,
+                   "rollout": {"groups_per_step": 2, "group_size": 2, "groups_per_task": 1, "max_turns": 2}},
     })
     assert run.status_code == 201, run.text
     run_id = run.json()["id"]

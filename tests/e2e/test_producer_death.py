@@ -38,12 +38,13 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     register_http_environment(api, project_id=credentials.project_id, name="slow-remote", url=slow_environment_url)
     run = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "producer death", "environment": "slow-remote",
-        # 50 steps of 2 s episodes last well past rollout_timeout_s (about 55 s on a quiet machine),
+        # 50 steps of 2 s episodes last well past rollout.timeout_s (about 55 s on a quiet machine),
         # so the killed worker's groups expire, and are counted, before the run ends.
-        "config": {"sft_steps": 0, "rl_steps": 50, "groups_per_step": 2, "group_size": 2,
-                   # Long enough that a live but slow (loaded) producer's groups never count as
-                   # lost; only the killed worker's do.
-                   "groups_per_task": 1, "max_turns": 1, "rollout_timeout_s": 25},
+        "config": {"sft_steps": 0, "rl_steps": 50, "rollout": {
+            "groups_per_step": 2, "group_size": 2, "groups_per_task": 1, "max_turns": 1,
+            # Long enough that a live but slow (loaded) producer's groups never count as
+            # lost; only the killed worker's do.
+            "timeout_s": 25}},
     })
     assert run.status_code == 201, run.text
     run_id = run.json()["id"]

@@ -3,7 +3,7 @@
 The trainer process is frozen (SIGSTOP) most of the time for a while: a
 trainer far slower than its producers. Admission control must keep the
 producers from piling up work beyond the bound, and nothing staler than
-``max_staleness`` may reach the loss.
+``rollout.max_staleness`` may reach the loss.
 """
 
 from __future__ import annotations
@@ -62,10 +62,11 @@ def test_the_staleness_bound_holds_when_the_trainer_is_much_slower_than_its_prod
     api = user_api(stack, credentials)
     run_id = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "slow trainer", "environment": "calculator",
-        "config": {"sft_steps": 2, "rl_steps": RL_STEPS, "max_staleness": MAX_STALENESS,
-                   "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE, "groups_per_task": 1,
-                   # Without the staleness bound the trainer would keep 9 steps of work requested.
-                   "rollout_backlog_steps": 8},
+        "config": {"sft_steps": 2, "rl_steps": RL_STEPS, "rollout": {
+            "max_staleness": MAX_STALENESS, "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE,
+            "groups_per_task": 1,
+            # Without the staleness bound the trainer would keep 9 steps of work requested.
+            "backlog_steps": 8}},
     }).json()["id"]
     sampler = OutstandingSampler(client, run_id)
     sampler.start()

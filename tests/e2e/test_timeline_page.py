@@ -20,8 +20,8 @@ from tests.e2e.conftest import example_http_environment, register_http_environme
 # at least that long for its episodes: the run lasts several of the page's 3 s polls whatever the
 # machine's speed, and the test sees it grow. (On the in-process calculator, once nothing compiled
 # mid-run, the steps after the first all landed between two polls.)
-RUN = {"sft_steps": 0, "rl_steps": 12, "groups_per_step": 2, "group_size": 4, "groups_per_task": 1,
-       "pipeline": "sync"}
+RUN = {"sft_steps": 0, "rl_steps": 12,
+       "rollout": {"groups_per_step": 2, "group_size": 4, "groups_per_task": 1, "pipeline": "sync"}}
 STEP_LATENCY_MS = 1000
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -69,7 +69,7 @@ def test_the_timeline_of_a_real_run_draws_every_step_and_episode(stack, credenti
     assert len({count for count in seen if 0 < count < steps}) >= 2, seen  # it grew while we watched
     timeline = api.get(f"/api/runs/{run_id}/timeline/").json()
     episodes = [e for step in timeline["steps"] for e in step["episodes"]]
-    assert len(episodes) >= RUN["rl_steps"] * RUN["groups_per_step"] * RUN["group_size"]
+    assert len(episodes) >= RUN["rl_steps"] * RUN["rollout"]["groups_per_step"] * RUN["rollout"]["group_size"]
     assert drawn["stageSegments"] == sum(len(step["stages"]) for step in timeline["steps"])
     assert drawn["idleSegments"] >= RUN["rl_steps"]
     assert drawn["episodeBars"] + drawn["episodesBeforeWindow"] == len(episodes)

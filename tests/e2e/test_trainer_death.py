@@ -73,9 +73,9 @@ def test_a_killed_trainer_is_reaped_and_its_run_resumes_exactly(own_stack):
     api = user_api(stack, credentials)
     created = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "trainer death", "environment": "calculator",
-        "config": {"sft_steps": SFT_STEPS, "rl_steps": RL_STEPS, "checkpoint_every": CHECKPOINT_EVERY,
-                   "group_size": GROUP_SIZE, "groups_per_step": GROUPS_PER_STEP, "groups_per_task": 1,
-                   "rollout_timeout_s": 60},
+        "config": {"sft_steps": SFT_STEPS, "rl_steps": RL_STEPS, "checkpoint": {"every": CHECKPOINT_EVERY},
+                   "rollout": {"group_size": GROUP_SIZE, "groups_per_step": GROUPS_PER_STEP, "groups_per_task": 1,
+                               "timeout_s": 60}},
     })
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]

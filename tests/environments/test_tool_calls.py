@@ -6,7 +6,7 @@ import pytest
 
 from environments.builtin.calculator import CALCULATOR_TOOL
 from environments.tool_calls import parse_tool_call, parse_tool_calls
-from policy.inference_engine import Completion
+from policy import Completion
 
 TOOLS = [CALCULATOR_TOOL]
 

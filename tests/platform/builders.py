@@ -93,7 +93,7 @@ def full_rl_step_event(run_id: int, step: int) -> TrainerStepEvent:
     Two environments' episodes (one of them failing now and then) go through
     ``rollout_metrics`` and the ``StalenessRecorder``; the stages through a
     ``StageRecorder`` on a fake clock; the loss's own scalars (KL, entropy)
-    and tokens/s are set as ``run_loop`` sets them.
+    and tokens/s are set as ``trainer.telemetry.profile_fields`` sets them.
     """
     from tests.platform.trajectory_builders import calculator_record
     from trainer.profiling import StageRecorder

@@ -21,7 +21,7 @@ from tests.trainer.factories import save_checkpoints
 from trainer.checkpoints import RunCheckpointer
 
 RUN_CONFIG = {"model": {"d_model": 32, "num_layers": 2, "num_heads": 2, "mlp_dim": 64, "max_seq_len": 32},
-              "checkpoints_kept": 2, "sft_steps": 2, "rl_steps": 2}
+              "checkpoint": {"kept": 2}, "sft_steps": 2, "rl_steps": 2}
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def run(make_run, project, environment):
 @pytest.fixture
 def checkpointer(run, tmp_path):
     config = RunConfig.model_validate(run.config)
-    made = RunCheckpointer(tmp_path / f"run-{run.pk}", max_to_keep=config.checkpoints_kept)
+    made = RunCheckpointer(tmp_path / f"run-{run.pk}", max_to_keep=config.checkpoint.kept)
     yield made
     made.close()
 

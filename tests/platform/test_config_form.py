@@ -33,14 +33,17 @@ def test_every_run_config_field_appears_once_with_its_dotted_name():
     paths = [field.path for field in config_fields()]
 
     assert len(paths) == len(set(paths))
-    assert set(paths) == _leaf_paths(schema, schema)
+    # schema_version is not an input: the form always posts the current shape.
+    assert set(paths) == _leaf_paths(schema, schema) - {"schema_version"}
     assert {"seed", "model.d_model", "algorithm.epsilon_high", "lora.rank", "mesh.data"} <= set(paths)
 
 
 def test_nested_models_are_sections_titled_and_described():
     sections = {section.path: section for section in config_sections()}
 
-    assert list(sections) == ["", "lora", "mesh", "algorithm", "model", "optimizer", "schedule"]
+    assert list(sections) == ["", "lora", "mesh", "algorithm", "model", "optimizer", "schedule",
+                              "sampling", "rollout", "stream", "checkpoint", "weights"]
+    assert sections["rollout"].title == "Rollout"
     assert sections["algorithm"].title == "Algorithm"
     assert sections["lora"].title == "LoRA"
     assert sections["model"].description == "Policy architecture."
@@ -50,7 +53,7 @@ def test_nested_models_are_sections_titled_and_described():
 def test_fields_take_label_help_default_and_bounds_from_the_schema():
     fields = _by_path()
 
-    group_size = fields["group_size"]
+    group_size = fields["rollout.group_size"]
     assert (group_size.widget, group_size.integer) == ("number", True)
     assert (group_size.minimum, group_size.maximum, group_size.default) == (2, 256, 8)
     assert group_size.label == "Group Size"
@@ -70,7 +73,7 @@ def test_fields_take_label_help_default_and_bounds_from_the_schema():
     assert fields["model.num_kv_heads"].nullable and fields["model.num_kv_heads"].widget == "number"
     assert fields["model.tokenizer"].widget == "text"
     # Lists, dicts and optional sections are edited as JSON; a default_factory's value is known.
-    assert fields["stop_strings"].widget == "json" and fields["stop_strings"].default == []
+    assert fields["sampling.stop_strings"].widget == "json" and fields["sampling.stop_strings"].default == []
     assert fields["lora.targets"].default == ["attention.query", "attention.value"]
     assert fields["algorithm.kl"].widget == "json" and fields["algorithm.kl"].nullable
     assert fields["model.rope_scaling"].widget == "json"
@@ -104,7 +107,7 @@ def test_an_untouched_form_is_an_empty_config():
 def test_only_fields_that_differ_from_their_defaults_are_sent_nested():
     submitted = config_from_form(
         _submitted(rl_steps="7", algorithm__epsilon_high="0.28", model__qk_norm="true",
-                   stop_strings='["</answer>"]', model__num_kv_heads="2", learning_rate="0.0030"),
+                   sampling__stop_strings='["</answer>"]', model__num_kv_heads="2", learning_rate="0.0030"),
         config_fields(),
     )
 
@@ -113,17 +116,18 @@ def test_only_fields_that_differ_from_their_defaults_are_sent_nested():
         "rl_steps": 7,
         "algorithm": {"epsilon_high": 0.28},
         "model": {"qk_norm": True, "num_kv_heads": 2},
-        "stop_strings": ["</answer>"],
+        "sampling": {"stop_strings": ["</answer>"]},
     }
     assert RunConfig.model_validate(submitted.changes).rl_steps == 7
 
 
 def test_bad_json_is_an_error_of_its_field_and_bad_numbers_go_on_to_the_schema():
-    submitted = config_from_form(_submitted(stop_strings="[oops", group_size="many"), config_fields())
+    submitted = config_from_form(_submitted(sampling__stop_strings="[oops", rollout__group_size="many"),
+                                 config_fields())
 
-    assert list(submitted.errors) == ["stop_strings"]
-    assert submitted.changes == {"group_size": "many"}  # RunConfig names this one
-    assert submitted.raw["group_size"] == "many"
+    assert list(submitted.errors) == ["sampling.stop_strings"]
+    assert submitted.changes == {"rollout": {"group_size": "many"}}  # RunConfig names this one
+    assert submitted.raw["rollout.group_size"] == "many"
 
 
 def test_a_value_left_at_the_schema_default_is_sent_when_the_preset_would_change_it():

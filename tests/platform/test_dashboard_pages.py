@@ -74,11 +74,11 @@ def test_pause_resume_and_clone_pages_of_another_users_run_are_not_found(browser
 
 def test_a_clone_with_an_invalid_config_says_which_field(browser, running_run):
     response = browser.post(
-        f"/runs/{running_run.pk}/clone/", {"name": "x", "config": '{"group_size": 1}'}
+        f"/runs/{running_run.pk}/clone/", {"name": "x", "config": '{"rollout": {"group_size": 1}}'}
     )
 
     assert response.status_code == 200
-    assert "config.group_size" in response.content.decode()
+    assert "config.rollout.group_size" in response.content.decode()
     assert Run.objects.count() == 1
 
 

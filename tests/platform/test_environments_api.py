@@ -41,7 +41,7 @@ def test_registering_creates_version_one_pending_its_probe(api, project):
     assert version["settings"] == {"size": 5} and version["tools"] == [CALC_TOOL]
     assert body["latest_version"]["id"] == version["id"]
     stored = EnvironmentVersion.objects.get(pk=version["id"])
-    assert stored.to_spec().params == {"size": 5}
+    assert stored.to_spec().settings == {"size": 5}
     assert stored.probes.get().purpose == "registration"
 
 

@@ -36,7 +36,7 @@ def _health_check(version, *, failed_check=None, capture=None):
 def test_a_run_pins_the_latest_version_and_keeps_it(api, project, environment, make_run):
     first = make_run(project, environment=environment)
     environment_version_register(user=project.owner, environment=environment,
-                                 spec=CALCULATOR.model_copy(update={"params": {"max_operand": 9}}))
+                                 spec=CALCULATOR.model_copy(update={"settings": {"max_operand": 9}}))
 
     second = api.post("/api/runs/", {"environment": "calculator"}, format="json").json()
     pinned = api.post("/api/runs/", {"environment": "calculator@1"}, format="json").json()
@@ -154,10 +154,10 @@ def test_the_sweep_probes_latest_and_in_use_versions_once_and_skips_the_rest(
 ):
     pinned_old = make_run(project, environment=environment)
     environment_version_register(user=project.owner, environment=environment,
-                                 spec=CALCULATOR.model_copy(update={"params": {"max_operand": 9}}))
+                                 spec=CALCULATOR.model_copy(update={"settings": {"max_operand": 9}}))
     environment_probe_record(report=probe_report(_version(environment, 2).probes.get()))
     environment_version_register(user=project.owner, environment=environment,
-                                 spec=CALCULATOR.model_copy(update={"params": {"max_operand": 7}}))
+                                 spec=CALCULATOR.model_copy(update={"settings": {"max_operand": 7}}))
     pending = make_environment(project, CALCULATOR.model_copy(update={"name": "p"}), probed=False)
 
     first = environment_health_sweep()

@@ -1,10 +1,19 @@
-"""EnvironmentSpec, the contract a registered version travels in (schema 2, reads schema 1)."""
+"""EnvironmentSpec, the contract a registered version travels in (schema 3, reads schemas 1 and 2)."""
+
+import json
 
 import pydantic
 import pytest
 
 from environment_registry.builtin import CALCULATOR
-from tandem.contracts import ADAPTER_ENTRYPOINTS, EnvironmentSpec, RunSpec
+from tandem.contracts import (
+    ADAPTER_ENTRYPOINTS,
+    ENVIRONMENT_KINDS,
+    EnvironmentSpec,
+    ProbeRequest,
+    RunSpec,
+    environment_kind_choices,
+)
 
 
 def test_a_schema_1_spec_reads_as_version_0_of_kind_python():
@@ -13,20 +22,52 @@ def test_a_schema_1_spec_reads_as_version_0_of_kind_python():
 
     spec = EnvironmentSpec.model_validate(old)
 
-    assert spec.schema_version == 2 and spec.version == 0 and spec.version_id is None
-    assert spec.params == {"a": 1} and spec.tools == ()
+    assert spec.schema_version == 3 and spec.version == 0 and spec.version_id is None
+    assert spec.settings == {"a": 1} and spec.tools == ()
     assert spec.label == "calculator"
 
 
+# What a trainer or platform from before schema 3 wrote: the settings under their old name.
+SCHEMA_2_SPEC = {"schema_version": 2, "name": "echo", "version": 3, "version_id": 9, "kind": "http",
+                 "entrypoint": "", "params": {"url": "http://host:8765"}, "tools": []}
+
+
+def test_a_schema_2_spec_reads_its_params_as_settings():
+    spec = EnvironmentSpec.model_validate(SCHEMA_2_SPEC)
+
+    assert spec.schema_version == 3 and spec.settings == {"url": "http://host:8765"}
+    assert "params" not in spec.model_dump() and spec.model_dump()["settings"] == spec.settings
+
+
+def test_a_run_spec_in_redis_written_with_params_still_reads():
+    stored = json.dumps({"schema_version": 1, "run_id": 7, "config": {}, "environment": SCHEMA_2_SPEC})
+
+    spec = RunSpec.model_validate_json(stored)
+
+    assert spec.environment.settings == {"url": "http://host:8765"} and spec.environment.label == "echo@3"
+
+
+def test_a_probe_request_written_with_params_still_reads():
+    stored = json.dumps({"schema_version": 1, "probe_id": 5, "purpose": "registration",
+                         "environment": SCHEMA_2_SPEC})
+
+    assert ProbeRequest.model_validate_json(stored).environment.settings == {"url": "http://host:8765"}
+
+
 def test_a_newer_schema_is_refused():
-    with pytest.raises(pydantic.ValidationError, match="schema_version 3 is not supported"):
-        EnvironmentSpec.model_validate({"schema_version": 3, "name": "x", "kind": "python",
+    with pytest.raises(pydantic.ValidationError, match="schema_version 4 is not supported"):
+        EnvironmentSpec.model_validate({"schema_version": 4, "name": "x", "kind": "python",
                                         "entrypoint": "a:B"})
+
+
+def test_every_kind_but_python_is_an_adapter_and_the_choices_list_every_kind():
+    assert set(ADAPTER_ENTRYPOINTS) == set(ENVIRONMENT_KINDS) - {"python"}
+    assert [kind for kind, _label in environment_kind_choices()] == list(ENVIRONMENT_KINDS)
 
 
 @pytest.mark.parametrize("kind", sorted(ADAPTER_ENTRYPOINTS))
 def test_adapter_kinds_load_their_adapter(kind):
-    spec = EnvironmentSpec(name="x", kind=kind, params={})
+    spec = EnvironmentSpec(name="x", kind=kind, settings={})
 
     assert spec.entrypoint == ADAPTER_ENTRYPOINTS[kind]
     with pytest.raises(pydantic.ValidationError, match=f"kind '{kind}' always loads"):

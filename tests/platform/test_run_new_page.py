@@ -64,7 +64,7 @@ def test_the_page_renders_every_section_and_field(browser, environment):
     name = _field_block(html, "algorithm.name")
     assert '<option value="dapo"' in name and '<option value="grpo" selected>' in name
     assert 'type="checkbox" name="config.lora.enabled"' in _field_block(html, "lora.enabled")
-    assert "<textarea" in _field_block(html, "stop_strings")
+    assert "<textarea" in _field_block(html, "sampling.stop_strings")
 
 
 def test_the_runs_list_links_to_the_new_run_page(browser, environment):
@@ -121,14 +121,14 @@ def test_a_good_form_creates_a_run_that_stores_only_the_changes_over_defaults(br
 
 def test_clone_prefills_the_form_from_a_run(browser, make_run, project, environment):
     source = make_run(project, environment=environment, name="base",
-                      config={"rl_steps": 9, "model": {"d_model": 128}, "stop_strings": ["END"]})
+                      config={"rl_steps": 9, "model": {"d_model": 128}, "sampling": {"stop_strings": ["END"]}})
 
     html = browser.get(f"/runs/new/?clone={source.pk}").content.decode()
 
     assert 'value="base (clone)"' in html
     assert 'value="9"' in _field_block(html, "rl_steps")
     assert 'value="128"' in _field_block(html, "model.d_model")
-    assert "[&quot;END&quot;]" in _field_block(html, "stop_strings")
+    assert "[&quot;END&quot;]" in _field_block(html, "sampling.stop_strings")
     assert f'value="{project.pk}:{environment.name}@1" data-status="ready"' in html
     assert re.search(rf'value="{project.pk}:{environment.name}@1"[^>]*selected', html)
     # The JSON clone page leads to this form, and back.
@@ -215,14 +215,16 @@ def test_the_validation_endpoint_names_fields_and_sections_and_creates_nothing(b
     bad_field = browser.post("/runs/new/validate/", _form_data(environment, algorithm__epsilon_high="11"))
     bad_section = browser.post("/runs/new/validate/", _form_data(environment, model__num_heads="3"))
     good = browser.post("/runs/new/validate/", _form_data(environment, rl_steps="3"))
-    bad_json = browser.post("/runs/new/validate/", _form_data(environment, stop_strings="[x"))
+    bad_json = browser.post("/runs/new/validate/", _form_data(environment, sampling__stop_strings="[x"))
+    bad_rollout = browser.post("/runs/new/validate/", _form_data(environment, rollout__groups_per_task="100"))
 
     assert bad_field.status_code == 200
     assert list(bad_field.json()["errors"]) == ["algorithm.epsilon_high"]
     assert "less than or equal to 10" in bad_field.json()["errors"]["algorithm.epsilon_high"][0]
     assert "num_heads must divide d_model" in bad_section.json()["errors"]["model"][0]
     assert good.json() == {"errors": {}, "form_errors": []}
-    assert list(bad_json.json()["errors"]) == ["stop_strings"]
+    assert list(bad_json.json()["errors"]) == ["sampling.stop_strings"]
+    assert "rollout.groups_per_task must be at most" in bad_rollout.json()["errors"]["rollout"][0]
     assert not Run.objects.exists()
 
 

@@ -62,7 +62,7 @@ def test_the_new_run_form_starts_a_run(browser, project, environment):
     run = Run.objects.get()
     assert response.status_code == 302 and response.url == f"/runs/{run.pk}/"
     assert (run.config["sft_steps"], run.config["rl_steps"]) == (5, 2)
-    assert run.config["group_size"] == 8  # the rest from RunConfig's defaults
+    assert run.config["rollout"]["group_size"] == 8  # the rest from RunConfig's defaults
     assert run.name.startswith("calculator-")
 
 
@@ -72,7 +72,10 @@ def test_the_new_run_form_shows_a_config_error_by_its_field(browser, project, en
     )
 
     assert response.status_code == 200
-    assert "config.rl_steps" in response.content.decode()
+    html = response.content.decode()
+    # Under the RL steps input (the service named it config.rl_steps), not above the form.
+    rl_steps_input = html.index('id="id_rl_steps"')
+    assert '<p class="error">Input should be less than or equal to' in html[rl_steps_input:]
     assert not Run.objects.exists()
 
 
@@ -104,7 +107,7 @@ def test_the_run_page_has_the_live_elements(browser, running_run):
     assert f'data-metrics-url="/api/runs/{running_run.pk}/metrics/"' in html
     assert f'data-websocket-path="/ws/runs/{running_run.pk}/"' in html
     assert "tandem/run_page.js" in html and "vendor/uplot/uPlot.iife.min.js" in html
-    assert "&quot;group_size&quot;: 8" in html  # the config, pretty-printed
+    assert "&quot;group_size&quot;: 8" in html and "&quot;rollout&quot;: {" in html  # the config, pretty-printed
 
 
 def test_another_users_run_page_is_not_found(browser, make_run):

@@ -10,7 +10,7 @@ from django.utils import timezone
 from runs.models import Run
 from runs.services import run_claim_next, run_reap_dead_trainers
 from runs.tasks import reap_dead_trainers
-from tandem.contracts import run_stop_key
+from tandem.contracts import TrainerConflictCode, run_stop_key
 
 
 def _heartbeat(run_id: int) -> str:
@@ -73,7 +73,7 @@ def test_pause_then_resume_queues_the_run_for_a_trainer_that_resumes_it(api, tra
 
     # The trainer learns of the pause at its next heartbeat.
     beat = trainer_api.post(_heartbeat(running_run.pk), {"worker": "trainer-host:1"}, format="json")
-    assert beat.json() == {"status": "paused"}
+    assert beat.json() == {"schema_version": 1, "status": "paused"}
 
     resumed = api.post(f"/api/runs/{running_run.pk}/resume/")
     assert resumed.status_code == 200, resumed.content
@@ -116,7 +116,10 @@ def test_a_trainer_that_lost_its_run_to_another_is_told_so(api, trainer_api, run
                               format="json")
 
     assert zombie.status_code == 409
-    assert "held by trainer new-host:2, not trainer-host:1" in zombie.json()["error"]["message"]
+    error = zombie.json()["error"]
+    # The trainer acts on the code; the message is for the people reading its log.
+    assert error["code"] == TrainerConflictCode.RUN_HELD_BY_ANOTHER_TRAINER
+    assert "held by trainer new-host:2, not trainer-host:1" in error["message"]
     running_run.refresh_from_db()
     assert running_run.trainer_step != 99
 
@@ -141,9 +144,9 @@ def test_clone_changes_only_what_it_is_told(api, running_run):
 
 
 def test_a_clone_with_a_bad_change_is_400_naming_the_field(api, running_run):
-    response = api.post(f"/api/runs/{running_run.pk}/clone/", {"config": {"group_size": 0}}, format="json")
+    response = api.post(f"/api/runs/{running_run.pk}/clone/", {"config": {"rollout": {"group_size": 0}}}, format="json")
     assert response.status_code == 400
-    assert "config.group_size" in response.json()["error"]["fields"]
+    assert "config.rollout.group_size" in response.json()["error"]["fields"]
 
 
 def test_another_projects_user_can_neither_pause_resume_nor_clone(client_for, make_user, running_run):
@@ -160,7 +163,7 @@ def test_a_liveness_heartbeat_refreshes_the_run_without_moving_it(trainer_api, m
 
     beat = trainer_api.post(_heartbeat(run.pk), {"status": None, "worker": "slow-compile:3"}, format="json")
 
-    assert beat.json() == {"status": "starting"}
+    assert beat.json() == {"schema_version": 1, "status": "starting"}
     run.refresh_from_db()
     assert run.status == "starting"
     assert timezone.now() - run.heartbeat_at < timedelta(seconds=5)

@@ -45,7 +45,7 @@ def test_without_a_project_a_member_of_several_must_name_one(api, environment, m
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        ({"group_size": 1}, "config.group_size"),
+        ({"rollout": {"group_size": 1}}, "config.rollout.group_size"),
         ({"model": {"num_heads": 0}}, "config.model.num_heads"),
         ({"model": {"d_model": 64, "num_heads": 5}}, "config.model"),
         ({"learning_rate": "fast"}, "config.learning_rate"),
@@ -199,4 +199,4 @@ def test_cancelling_a_run_and_cancelling_it_again(api, project, environment, mak
 def test_the_run_config_schema_is_published(api):
     schema = api.get("/api/run-config/schema/").json()
 
-    assert "group_size" in schema["properties"]
+    assert "rollout" in schema["properties"] and schema["properties"]["schema_version"]["const"] == 2

@@ -4,6 +4,7 @@ from datetime import timedelta
 import pytest
 
 from runs.models import Run
+from tandem.contracts import TrainerConflictCode
 from telemetry.models import MetricPoint
 
 from .builders import POINTS_PER_STEP_EVENT, step_event
@@ -36,13 +37,13 @@ def test_a_claim_starts_the_oldest_queued_run(trainer_api, project, environment,
     assert claimed["config"] == oldest.config
     version = environment.versions.get()
     assert claimed["environment"] == {
-        "schema_version": 2,
+        "schema_version": 3,
         "name": "calculator",
         "version": 1,
         "version_id": version.pk,
         "kind": "python",
         "entrypoint": "environments.builtin.calculator:CalculatorEnvironment",
-        "params": {},
+        "settings": {},
         "tools": version.tools,
     }
     assert claimed["attempts"] == 1
@@ -51,7 +52,7 @@ def test_a_claim_starts_the_oldest_queued_run(trainer_api, project, environment,
     assert oldest.started_at is None and oldest.heartbeat_at is not None
 
     first = trainer_api.post(_heartbeat(oldest.pk), {"worker": "gpu-box:4242"}, format="json")
-    assert first.json() == {"status": "running"}
+    assert first.json() == {"schema_version": 1, "status": "running"}
     oldest.refresh_from_db()
     assert oldest.status == "running" and oldest.started_at is not None
 
@@ -101,7 +102,7 @@ def test_a_heartbeat_records_progress(trainer_api, running_run):
     )
 
     assert response.status_code == 200
-    assert response.json() == {"status": "running"}
+    assert response.json() == {"schema_version": 1, "status": "running"}
     running_run.refresh_from_db()
     assert (running_run.policy_version, running_run.trainer_step) == (3, 12)
 
@@ -113,7 +114,7 @@ def test_a_finishing_heartbeat_finishes_the_run_with_its_message(trainer_api, ru
         format="json",
     )
 
-    assert response.json() == {"status": "failed"}
+    assert response.json() == {"schema_version": 1, "status": "failed"}
     running_run.refresh_from_db()
     assert running_run.status == "failed" and running_run.status_reason == "loss diverged"
     assert running_run.finished_at is not None
@@ -127,8 +128,8 @@ def test_a_heartbeat_on_a_cancelled_run_reports_cancelled(trainer_api, api, runn
     )
     finishing = trainer_api.post(_heartbeat(running_run.pk), {"status": "finished"}, format="json")
 
-    assert (response.status_code, response.json()) == (200, {"status": "cancelled"})
-    assert (finishing.status_code, finishing.json()) == (200, {"status": "cancelled"})
+    assert (response.status_code, response.json()) == (200, {"schema_version": 1, "status": "cancelled"})
+    assert (finishing.status_code, finishing.json()) == (200, {"schema_version": 1, "status": "cancelled"})
     running_run.refresh_from_db()
     assert running_run.status == "cancelled" and running_run.trainer_step == 0
 
@@ -139,6 +140,7 @@ def test_a_heartbeat_for_a_run_nobody_claimed_is_a_conflict(trainer_api, make_ru
     response = trainer_api.post(_heartbeat(run.pk), {"status": "running"}, format="json")
 
     assert response.status_code == 409
+    assert response.json()["error"]["code"] == TrainerConflictCode.RUN_NOT_CLAIMED
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import json, jax
 from flax import nnx
 from jax import monitoring
 from policy.compilation_cache import enable_compilation_cache
-from policy.inference_engine import InferenceEngine
+from policy.engine import InferenceEngine
 from policy.model import Transformer, TransformerConfig, split_model
 
 directory = enable_compilation_cache()

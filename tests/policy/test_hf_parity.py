@@ -33,15 +33,15 @@ import transformers  # noqa: E402
 from flax import nnx
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
+from policy.factory import create_model  # noqa: E402
 from policy.hf import (  # noqa: E402
     CheckpointError,
-    create_model,  # noqa: E402
     export_hf_checkpoint,
     load_hf_checkpoint,
     load_hf_config,
 )
 from policy.model import Transformer, TransformerConfig, split_model  # noqa: E402
-from tandem.run_config import ModelConfig  # noqa: E402
+from tandem.model_config import ModelConfig  # noqa: E402
 from tests.policy.factories import forward, random_model  # noqa: E402
 
 FLOAT32_TOLERANCE = 1e-4

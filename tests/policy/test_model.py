@@ -1,10 +1,12 @@
-"""The transformer's cached decode against full forward passes (the sampler: test_sampler.py).
+"""The transformer's cached decode against full forward passes (the engine: engine/test_engine.py).
 
 Logit comparisons use an absolute tolerance of 1e-4 (float32, different
 summation orders between the cached and the full path).
 """
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ from flax import nnx
 
 from policy.model import Transformer, TransformerConfig, count_parameters, split_model
 from policy.tokenizer import BOS_ID, PAD_ID, VOCAB_SIZE
-from tandem.run_config import ModelConfig
+from tandem.model_config import ModelConfig
 
 TOLERANCE = 1e-4
 
@@ -49,6 +51,31 @@ def test_config_comes_from_the_run_config():
         TransformerConfig(
             VOCAB_SIZE, d_model=30, num_layers=1, num_heads=4, mlp_dim=8, max_seq_len=16
         )
+
+
+@pytest.mark.parametrize(
+    "architecture, message",
+    [
+        (dict(d_model=30, num_heads=4), "num_heads must divide d_model (or set head_dim)"),
+        (dict(num_heads=4, num_kv_heads=3), "num_kv_heads must divide num_heads"),
+        (dict(d_model=24, num_heads=8), "head_dim must be even"),
+        (dict(num_heads=2, head_dim=9), "head_dim must be even"),
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "rope_type must be 'llama3'"),
+        (dict(rope_scaling={"factor": 8.0}), "rope_scaling lacks keys"),
+        (
+            dict(rope_scaling={"factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                               "original_max_position_embeddings": 64}),
+            "must exceed low_freq_factor",
+        ),
+    ],
+)
+def test_the_run_config_and_the_model_refuse_the_same_architectures_alike(architecture, message):
+    # One set of rules (tandem.model_config): a config the platform accepts is one the trainer builds.
+    fields = dict(d_model=64, num_layers=1, num_heads=4, mlp_dim=16, max_seq_len=16) | architecture
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig(**fields)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TransformerConfig(vocab_size=VOCAB_SIZE, **fields)
 
 
 def test_parameter_count_matches_the_architecture(model):

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tandem.client import TandemClient
-from tandem.services import free_local_port
+from tandem.local_ports import free_local_port
 from tandem.stack import Credentials, LocalStack, StackConfig
 from tests.e2e.conftest import fresh_database
 from tests.platform.builders import step_event

@@ -102,14 +102,14 @@ def test_runs_create_show_list_and_cancel(tandem, tmp_path):
 
 
 def test_a_bad_config_is_reported_with_the_field(tandem):
-    result = tandem("runs", "create", "--env", "calculator", "--set", "group_size=1")
+    result = tandem("runs", "create", "--env", "calculator", "--set", "rollout.group_size=1")
 
     assert result.returncode == 1
-    assert "config.group_size:" in result.stderr and "400 invalid" in result.stderr
+    assert "config.rollout.group_size:" in result.stderr and "400 invalid" in result.stderr
 
 
 def test_a_malformed_set_is_a_usage_error(tandem):
-    result = tandem("runs", "create", "--env", "calculator", "--set", "group_size")
+    result = tandem("runs", "create", "--env", "calculator", "--set", "rollout.group_size")
 
     assert result.returncode == 2 and "expected key=value" in result.stderr
 

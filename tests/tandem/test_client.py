@@ -15,7 +15,7 @@ from tandem.client import (
     TandemClient,
     save_login,
 )
-from tandem.services import free_local_port
+from tandem.local_ports import free_local_port
 from tandem.stack import LocalStack
 from tests.platform.builders import step_event
 from tests.platform.trajectory_builders import calculator_sample
@@ -28,7 +28,7 @@ def test_a_run_is_created_shown_listed_and_cancelled(client):
     run = client.runs.create(environment="calculator", config={"rl_steps": 3}, name="sdk: create")
 
     assert run.status == "queued" and run.name == "sdk: create" and run.environment == "calculator"
-    assert run.config["rl_steps"] == 3 and run.config["group_size"] == 8  # defaults fill the rest
+    assert run.config["rl_steps"] == 3 and run.config["rollout"]["group_size"] == 8  # defaults fill the rest
     assert run.total_steps == run.config["sft_steps"] + 3
     assert run.urls["websocket"].endswith(f"/ws/runs/{run.id}/")
     assert client.runs.get(run.id) == run
@@ -81,11 +81,11 @@ def test_listing_iterates_every_page(client):
 
 def test_a_bad_config_raises_the_platforms_error_naming_the_field(client):
     with pytest.raises(TandemAPIError) as error:
-        client.runs.create(environment="calculator", config={"group_size": 1})
+        client.runs.create(environment="calculator", config={"rollout": {"group_size": 1}})
 
     assert error.value.status_code == 400 and error.value.code == "invalid"
-    assert list(error.value.fields) == ["config.group_size"]
-    assert "config.group_size" in error.value.message
+    assert list(error.value.fields) == ["config.rollout.group_size"]
+    assert "config.rollout.group_size" in error.value.message
 
 
 def test_a_missing_run_and_a_bad_token_are_api_errors(platform, client):

@@ -9,7 +9,7 @@ import pytest
 
 from tandem.optimizer_config import OptimizerConfig, ScheduleConfig
 from tandem.run_config import RunConfig
-from trainer.run_loop import make_optimizer
+from trainer.train_state import make_optimizer
 
 
 def test_the_default_schedule_keeps_each_phases_rate():

@@ -8,7 +8,7 @@ import jax
 def drawn_train_state(run_config, seed: int):
     """The train state a run of ``run_config`` starts from, with every parameter drawn from ``seed``."""
     from policy.tokenizer import load_tokenizer
-    from trainer.run_loop import initial_train_state, make_optimizer
+    from trainer.train_state import initial_train_state, make_optimizer
 
     _, state = initial_train_state(run_config, vocab_size=load_tokenizer(run_config.model.tokenizer).vocab_size,
                                    needs_value_head=False, optimizer=make_optimizer(run_config.learning_rate, run_config.optimizer))

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tandem.contracts import ROLLOUT_QUEUE, ROLLOUT_TASK_NAME
-from tandem.run_config import RunConfig
+from tandem.rollout_config import RolloutConfig
 from trainer.backlog import RolloutBacklog
 
 
@@ -20,14 +20,13 @@ class _RecordingCelery:
 def _backlog(redis_client, run_id, *, max_staleness=None, groups_needed=10_000, **config):
     celery = _RecordingCelery()
     backlog = RolloutBacklog(celery_app=celery, redis_client=redis_client, run_id=run_id,
-                             config=RunConfig(max_staleness=max_staleness, **config), groups_needed=groups_needed,
-                             max_staleness=max_staleness)
+                             config=RolloutConfig(max_staleness=max_staleness, **config), groups_needed=groups_needed)
     return backlog, celery
 
 
 def test_without_a_staleness_bound_the_backlog_keeps_backlog_plus_one_steps_requested(redis_client, run_id):
     backlog, celery = _backlog(redis_client, run_id, groups_per_step=4, groups_per_task=2,
-                               rollout_backlog_steps=4)
+                               backlog_steps=4)
     assert backlog.top_up(groups_consumed=0) == 10
     assert backlog.groups_requested == 20
     assert celery.sent[0] == (ROLLOUT_TASK_NAME, (run_id, 0, 2), ROLLOUT_QUEUE)
@@ -36,7 +35,7 @@ def test_without_a_staleness_bound_the_backlog_keeps_backlog_plus_one_steps_requ
 
 def test_the_staleness_bound_caps_groups_requested_and_not_consumed(redis_client, run_id):
     backlog, _ = _backlog(redis_client, run_id, max_staleness=1, groups_per_step=4, groups_per_task=2,
-                          rollout_backlog_steps=4)
+                          backlog_steps=4)
     backlog.top_up(groups_consumed=0)
     assert backlog.groups_requested == 8  # (1 + 1) * 4, not the (4 + 1) * 4 the backlog alone asks for
     backlog.top_up(groups_consumed=3)
@@ -46,7 +45,7 @@ def test_the_staleness_bound_caps_groups_requested_and_not_consumed(redis_client
 def test_tasks_never_overshoot_the_staleness_bound(redis_client, run_id):
     rng = random.Random(0)
     backlog, _ = _backlog(redis_client, run_id, max_staleness=2, groups_per_step=4, groups_per_task=3,
-                          rollout_backlog_steps=8)
+                          backlog_steps=8)
     bound = (2 + 1) * 4
     consumed = 0
     for _ in range(200):
@@ -57,17 +56,6 @@ def test_tasks_never_overshoot_the_staleness_bound(redis_client, run_id):
         consumed += rng.randint(0, outstanding)
 
 
-def test_the_staleness_bound_is_read_from_the_config_when_it_has_one(redis_client, run_id):
-    class _BoundedRunConfig(RunConfig):  # RunConfig as it will be once it has the field
-        max_staleness: int | None = None
-
-    config = _BoundedRunConfig(groups_per_step=2, groups_per_task=1, rollout_backlog_steps=4, max_staleness=0)
-    backlog = RolloutBacklog(celery_app=_RecordingCelery(), redis_client=redis_client, run_id=run_id,
-                             config=config, groups_needed=100)
-    backlog.top_up(groups_consumed=0)
-    assert backlog.groups_requested == 2
-
-
 def test_a_task_larger_than_the_staleness_bound_is_refused(redis_client, run_id):
     with pytest.raises(ValueError, match="groups_per_task"):
         _backlog(redis_client, run_id, max_staleness=0, groups_per_step=2, groups_per_task=4)
@@ -75,7 +63,7 @@ def test_a_task_larger_than_the_staleness_bound_is_refused(redis_client, run_id)
 
 def test_groups_never_delivered_expire_as_lost_and_are_requested_again(redis_client, run_id):
     backlog, celery = _backlog(redis_client, run_id, max_staleness=1, groups_per_step=2, groups_per_task=1,
-                               rollout_backlog_steps=1, groups_needed=4)
+                               backlog_steps=1, groups_needed=4)
     backlog.top_up(groups_consumed=0)
     assert backlog.groups_requested == 4
     backlog.settle([f"{run_id}-0", f"{run_id}-1"])  # delivered and trained

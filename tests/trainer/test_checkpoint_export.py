@@ -18,12 +18,12 @@ from trainer.checkpoints import RunCheckpointer
 from .factories import save_checkpoints
 
 RUN_CONFIG = {"model": {"d_model": 32, "num_layers": 2, "num_heads": 2, "mlp_dim": 64, "max_seq_len": 32},
-              "checkpoints_kept": 2}
+              "checkpoint": {"kept": 2}}
 
 
 def test_committed_checkpoints_follow_the_retention_policy(tmp_path: Path):
     config = RunConfig.model_validate(RUN_CONFIG)
-    checkpointer = RunCheckpointer(tmp_path / "run-1", max_to_keep=config.checkpoints_kept)
+    checkpointer = RunCheckpointer(tmp_path / "run-1", max_to_keep=config.checkpoint.kept)
     try:
         save_checkpoints(checkpointer, config, range(1, 3))
         first = checkpointer.committed_checkpoints()

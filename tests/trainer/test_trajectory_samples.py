@@ -7,7 +7,7 @@ import pytest
 from policy.byte_layout import Conversation
 from policy.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 from tandem.contracts import EpisodeTimings, ToolSchema, TrajectoryRecord, TrajectorySample
-from tandem.services import free_local_port
+from tandem.local_ports import free_local_port
 from trainer.platform_client import PlatformClient
 from trainer.trajectory_samples import TrajectorySampleBuffer, select_samples, trajectory_sample
 

@@ -30,8 +30,9 @@ from tandem.contracts import (
     run_spec_key,
     trajectory_stream,
 )
+from tandem.local_ports import free_local_port
+from tandem.rollout_config import RolloutConfig, SamplingConfig
 from tandem.run_config import ModelConfig, RunConfig
-from tandem.services import free_local_port
 from workers.policy import PolicyRuntime
 from workers.producer import produce_groups
 
@@ -39,7 +40,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = RunConfig(
     model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
-    group_size=3, max_new_tokens=8, max_turns=2, environment_timeout_s=0.5,
+    rollout=RolloutConfig(group_size=3, max_turns=2, environment_timeout_s=0.5),
+    sampling=SamplingConfig(max_new_tokens=8),
 )
 
 
@@ -65,7 +67,7 @@ def producer(redis_url):
     runtime.refresh_weights(force=True)
 
     def produce(environment: EnvironmentSpec) -> list[TrajectoryRecord]:
-        spec = RunSpec(run_id=run_id, config=CONFIG.model_dump(mode="json"), environment=environment)
+        spec = RunSpec(run_id=run_id, config=CONFIG, environment=environment)
         client.set(run_spec_key(run_id), spec.model_dump_json())
         asyncio.run(produce_groups(redis_url=redis_url, spec=spec, runtime=runtime,
                                    first_group_index=0, num_groups=1))
@@ -79,7 +81,7 @@ def producer(redis_url):
 
 def _remote(name: str, url: str, **params) -> EnvironmentSpec:
     return EnvironmentSpec(name=name, kind="python", entrypoint="environments.adapters.http:RemoteHTTPEnvironment",
-                           params={"url": url, "backoff_s": 0.01, **params})
+                           settings={"url": url, "backoff_s": 0.01, **params})
 
 
 # -- remote HTTP ------------------------------------------------------------
@@ -346,7 +348,7 @@ def test_gymnasium_truncation_ends_the_episode_and_a_group_shares_the_seed():
 def test_gymnasium_episodes_stream_through_the_producer(producer):
     spec = EnvironmentSpec(name="word-echo", kind="python",
                            entrypoint="environments.adapters.gymnasium_text:GymnasiumTextEnvironment",
-                           params={"factory": f"{__name__}:WordEcho"})
+                           settings={"factory": f"{__name__}:WordEcho"})
     records = producer(spec)
     assert len(records) == 3 and all(r.status == "ok" for r in records)
     assert all(ByteTokenizer().decode(r.token_ids).count("say ") == 1 for r in records)
@@ -489,7 +491,7 @@ def test_openenv_observation_without_the_field_fails_with_the_reason(openenv_url
 def test_openenv_episodes_stream_through_the_producer(openenv_url, producer):
     spec = EnvironmentSpec(name="openenv-echo", kind="python",
                            entrypoint="environments.adapters.openenv:OpenEnvEnvironment",
-                           params={"url": openenv_url})
+                           settings={"url": openenv_url})
     records = producer(spec)
     assert len(records) == 3 and all(r.status == "ok" for r in records), [r.failure_reason for r in records]
     assert '"prompt": "say ' in ByteTokenizer().decode(records[0].token_ids)

@@ -10,6 +10,7 @@ from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import BOS_ID, VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
 from tandem.contracts import TrajectoryRecord, trajectory_stream
+from tandem.rollout_config import RolloutConfig, SamplingConfig
 from tandem.run_config import ModelConfig, RunConfig
 from trainer.staleness import in_flight_versions, in_queue_versions
 from workers.agent import EpisodeLimits, run_episode
@@ -20,10 +21,8 @@ from .test_producer import TalkativeEnvironment, _publish_policy
 
 CONFIG = RunConfig(
     model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
-    group_size=3,
-    max_new_tokens=24,
-    max_turns=2,
-    environment_timeout_s=5.0,
+    rollout=RolloutConfig(group_size=3, max_turns=2, environment_timeout_s=5.0),
+    sampling=SamplingConfig(max_new_tokens=24),
 )
 
 
@@ -113,11 +112,11 @@ def test_the_engine_has_a_row_for_every_episode_of_every_task_thread_by_default(
     from tandem.run_config import RunConfig
     from workers.policy import inference_slots
 
-    config = RunConfig.model_validate({"group_size": 8, "groups_per_task": 2})
+    config = RunConfig.model_validate({"rollout": {"group_size": 8, "groups_per_task": 2}})
     assert inference_slots(config) == 16
     assert inference_slots(config, task_concurrency=4) == 64
     assert inference_slots(config, task_concurrency=100) == 256
-    assert inference_slots(RunConfig.model_validate({"inference_slots": 12}), task_concurrency=4) == 12
+    assert inference_slots(RunConfig.model_validate({"sampling": {"inference_slots": 12}}), task_concurrency=4) == 12
 
 
 def test_a_failed_warm_up_is_logged_and_buckets_compile_on_first_use(redis_client, run_id, caplog):
@@ -147,7 +146,7 @@ def test_an_episode_records_weights_that_changed_within_a_turn(redis_client, run
     runtime = PublishesAfterTheFirstChunk(run_id=run_id, redis_client=redis_client)
     runtime.refresh_weights(force=True)
     policy = BatchingPolicy(runtime, seed=0)
-    limits = EpisodeLimits(max_turns=1, max_seq_len=CONFIG.model.max_seq_len, max_new_tokens=CONFIG.max_new_tokens,
+    limits = EpisodeLimits(max_turns=1, max_seq_len=CONFIG.model.max_seq_len, max_new_tokens=CONFIG.sampling.max_new_tokens,
                            environment_timeout_s=5.0)
 
     async def one_turn():

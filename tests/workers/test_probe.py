@@ -28,8 +28,8 @@ def _check(report, name):
     return next(check for check in report.checks if check.name == name)
 
 
-def _python(entrypoint: str, **params) -> EnvironmentSpec:
-    return EnvironmentSpec(name="probe-test", kind="python", entrypoint=entrypoint, params=params)
+def _python(entrypoint: str, **settings) -> EnvironmentSpec:
+    return EnvironmentSpec(name="probe-test", kind="python", entrypoint=entrypoint, settings=settings)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_the_builtin_calculator_passes_every_check_quickly():
 
 
 def test_the_http_example_server_passes(example_server):
-    spec = EnvironmentSpec(name="remote", kind="http", params={"url": example_server},
+    spec = EnvironmentSpec(name="remote", kind="http", settings={"url": example_server},
                            tools=CALCULATOR.tools)
 
     report = _probe(spec)
@@ -80,7 +80,7 @@ def test_a_reward_of_the_wrong_type_fails_the_step():
 
 
 def test_a_hanging_http_reset_times_out_and_skips_the_rest(example_server):
-    spec = EnvironmentSpec(name="hang", kind="http", params={"url": f"{example_server}/faults/hang"},
+    spec = EnvironmentSpec(name="hang", kind="http", settings={"url": f"{example_server}/faults/hang"},
                            tools=CALCULATOR.tools)
 
     started = time.perf_counter()
@@ -137,7 +137,7 @@ def test_settings_the_class_does_not_take_fail_the_load():
 
 @pytest.mark.parametrize("url", ["http://169.254.169.254/latest", "http://localhost:1/"])
 def test_urls_are_checked_on_the_worker_after_resolving(url):
-    spec = EnvironmentSpec(name="remote", kind="http", params={"url": url})
+    spec = EnvironmentSpec(name="remote", kind="http", settings={"url": url})
 
     report = _probe(spec, url_allowlist=("10.0.0.0/8",))
 
@@ -146,7 +146,7 @@ def test_urls_are_checked_on_the_worker_after_resolving(url):
 
 
 def test_a_metadata_address_is_refused_without_an_allow_list():
-    spec = EnvironmentSpec(name="remote", kind="http", params={"url": "http://169.254.169.254/"})
+    spec = EnvironmentSpec(name="remote", kind="http", settings={"url": "http://169.254.169.254/"})
 
     report = _probe(spec)
 

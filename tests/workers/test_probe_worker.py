@@ -112,11 +112,11 @@ def test_a_worker_probes_good_broken_and_hanging_environments(
     _, url = example_server
     specs = {
         "good": CALCULATOR,
-        "good-http": EnvironmentSpec(name="good-http", kind="http", params={"url": url},
+        "good-http": EnvironmentSpec(name="good-http", kind="http", settings={"url": url},
                                      tools=CALCULATOR.tools),
         "broken": EnvironmentSpec(name="broken", kind="python",
                                   entrypoint="tests.workers.probe_environments:BrokenStepEnvironment"),
-        "hanging": EnvironmentSpec(name="hanging", kind="http", params={"url": f"{url}/faults/hang"},
+        "hanging": EnvironmentSpec(name="hanging", kind="http", settings={"url": f"{url}/faults/hang"},
                                    tools=CALCULATOR.tools),
     }
     registered_at = time.monotonic()
@@ -154,7 +154,7 @@ def test_beat_health_checks_pause_an_environment_whose_server_died(
 ):
     user, project = owner_project
     server, url = example_server
-    spec = EnvironmentSpec(name="remote", kind="http", params={"url": url, "retries": 0},
+    spec = EnvironmentSpec(name="remote", kind="http", settings={"url": url, "retries": 0},
                            tools=CALCULATOR.tools)
     version = environment_register(user=user, project=project, spec=spec)
     ready = _wait_for(lambda: _settled(version.pk), logs=processes, what="the registration probe")

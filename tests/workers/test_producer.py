@@ -20,6 +20,7 @@ from tandem.contracts import (
     run_spec_key,
     trajectory_stream,
 )
+from tandem.rollout_config import RolloutConfig, SamplingConfig
 from tandem.run_config import ModelConfig, RunConfig
 from workers.episode_loop import process_episode_loop
 from workers.policy import PolicyRuntime
@@ -73,14 +74,15 @@ class TalkativeEnvironment(Environment):
 
 CONFIG = RunConfig(
     model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
-    group_size=3, max_new_tokens=8, max_turns=2, environment_timeout_s=0.5,
+    rollout=RolloutConfig(group_size=3, max_turns=2, environment_timeout_s=0.5),
+    sampling=SamplingConfig(max_new_tokens=8),
 )
 
 
 def _publish_policy(redis_client, run_id: int, environment: str, entrypoint: str) -> RunSpec:
     model = Transformer(TransformerConfig.from_model_config(CONFIG.model, VOCAB_SIZE), rngs=nnx.Rngs(0))
     RedisWeightPublisher(redis_client).publish(run_id=run_id, version=7, params=split_model(model)[1])
-    spec = RunSpec(run_id=run_id, config=CONFIG.model_dump(mode="json"),
+    spec = RunSpec(run_id=run_id, config=CONFIG,
                    environment=EnvironmentSpec(name=environment, kind="python", entrypoint=entrypoint))
     redis_client.set(run_spec_key(run_id), spec.model_dump_json())
     return spec
@@ -139,10 +141,11 @@ def test_a_broken_environment_fails_its_episodes_with_a_reason(redis_client, red
 
 
 def test_a_rollout_task_past_its_time_limit_cancels_its_episodes(redis_client, redis_url, run_id):
-    """Celery's threads pool enforces no time limit, so the task bounds itself by the run's rollout_timeout_s."""
-    config = CONFIG.model_copy(update={"rollout_timeout_s": 1.0, "max_turns": 20, "environment_timeout_s": 5.0})
+    """Celery's threads pool enforces no time limit, so the task bounds itself by the run's rollout.timeout_s."""
+    rollout = CONFIG.rollout.model_copy(update={"timeout_s": 1.0, "max_turns": 20, "environment_timeout_s": 5.0})
+    config = CONFIG.model_copy(update={"rollout": rollout})
     spec = _publish_policy(redis_client, run_id, "slow", f"{__name__}:SlowStepEnvironment")
-    redis_client.set(run_spec_key(run_id), spec.model_copy(update={"config": config.model_dump(mode="json")})
+    redis_client.set(run_spec_key(run_id), spec.model_copy(update={"config": config})
                      .model_dump_json())
     started = time.monotonic()
     with pytest.raises(RolloutTaskTimeLimitError, match=rf"run {run_id}: groups 0\.\.0 did not finish within 1s"):

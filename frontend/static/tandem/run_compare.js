@@ -11,31 +11,26 @@
   if (!root || series.length === 0) return;
 
   const METRICS = ["reward_mean", "success_rate", "loss"];
-  const COLOURS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#d97706", "#0891b2", "#db2777", "#4b5563"];
-  const PAGE_LIMIT = 5000;
-  const STEP_INCREMENTS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];
+  const { STEP_INCREMENTS, colour, metricPages } = window.tandemCharts;
   const state = (window.tandemCompare = { loaded: 0, points: {}, charts: 0 });
 
   series.forEach((run, index) => {
     const swatch = document.querySelector(`#compare-runs li[data-run-id="${run.id}"] .swatch`);
-    if (swatch) swatch.style.background = COLOURS[index % COLOURS.length];
+    if (swatch) swatch.style.background = colour(index);
   });
 
   async function history(run) {
     const byStep = new Map(); // step -> {name: value}
-    let cursor = -1;
-    for (;;) {
-      const url = `${run.metrics_url}?after_step=${cursor}&limit=${PAGE_LIMIT}&names=${METRICS.join(",")}`;
-      const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
-      if (!response.ok) throw new Error(`metrics of run ${run.id}: HTTP ${response.status}`);
-      const body = await response.json();
-      if (body.points.length === 0) return byStep;
-      for (const point of body.points) {
-        if (!byStep.has(point.step)) byStep.set(point.step, {});
-        byStep.get(point.step)[point.name] = point.value;
-      }
-      cursor = body.next_after_step;
-    }
+    await metricPages(run.metrics_url, {
+      names: METRICS,
+      onPage: (points) => {
+        for (const point of points) {
+          if (!byStep.has(point.step)) byStep.set(point.step, {});
+          byStep.get(point.step)[point.name] = point.value;
+        }
+      },
+    });
+    return byStep;
   }
 
   function draw(histories) {
@@ -55,7 +50,7 @@
             { label: "step" },
             ...series.map((run, index) => ({
               label: `${run.name} #${run.id}`,
-              stroke: COLOURS[index % COLOURS.length],
+              stroke: colour(index),
               width: 2,
               spanGaps: true,
               points: { show: false },

@@ -7,150 +7,82 @@
 //
 // Points are stored as they arrive; charts are redrawn at most every
 // REDRAW_INTERVAL_MS, however many messages came in between.
+//
+// Which charts there are, and which series each one draws, is the platform's
+// (telemetry/charts.py), given to the page as data: this script knows no metric name.
 (function () {
   "use strict";
 
   const root = document.getElementById("run-root");
   if (!root) return;
 
-  const TERMINAL = new Set(["finished", "failed", "cancelled"]);
-  const PAGE_LIMIT = 5000;
+  // The run statuses this page tells apart, as the platform's vocabulary has them (runs/pages.py).
+  const STATUSES = JSON.parse(root.dataset.statuses);
+  const TERMINAL = new Set(STATUSES.terminal);
+  const WAITING = new Set(STATUSES.waiting);
   const RETRY_MIN_MS = 1000;
   const RETRY_MAX_MS = 15000;
   const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second
   const CHART_HEIGHT = 220;
   const DRAWN_AT_KEPT = 5000; // steps whose draw time is kept for window.tandemRunPage.drawnAt
 
-  const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
-  // Trainer stages in the order the step runs them (trainer/profiling.py), stacked bottom up.
-  const STAGES = [
-    ["data_wait", "#9ca3af"],
-    ["batch", "#fbbf24"],
-    ["host_to_device", "#f97316"],
-    ["compute", "#2563eb"],
-    ["publish", "#16a34a"],
-    ["checkpoint", "#9333ea"],
-    ["telemetry", "#db2777"],
-    ["other", "#d1d5db"],
-  ];
-  // Steps are whole: tick spacings 1, 2, 5, 10, 20, 50 ... never 0.25.
-  const STEP_INCREMENTS = [0, 1, 2, 3, 4, 5, 6].flatMap((exponent) => [1, 2, 5].map((m) => m * 10 ** exponent));
-  const PERCENTILE_DASH = { 50: undefined, 90: [6, 4], 99: [2, 3] };
-
-  const LATENCY = /^rollout\/(.+)\/(latency|generation|environment)_p(50|90|99)_s$/;
-  const ERROR_RATE = /^rollout\/(.+)\/error_rate$/;
-  const STALENESS = /^staleness\/(total|in_queue|in_flight)\/(\d+)(\+?)$/;
-  const STAGE = /^stage\/(.+)_s$/;
+  const { STEP_INCREMENTS, colour, metricPages } = window.tandemCharts;
 
   // What each chart draws. `match` picks the series it stores and counts; `layout`
   // turns the names seen so far into its series, so environments and buckets
-  // that appear later get series of their own. kind: "lines" (optionally
-  // smoothed) or "stacked" (areas, each on top of the previous one).
-  const CHARTS = [
-    {
-      id: "chart-reward", kind: "lines", smooth: true,
-      match: (name) => name === "reward_mean" || name === "success_rate",
-      layout: () => [
-        { name: "reward_mean", label: "reward mean", color: PALETTE[0] },
-        { name: "success_rate", label: "success rate", color: PALETTE[2] },
-      ],
-    },
-    {
-      id: "chart-loss", kind: "lines", smooth: true,
-      match: (name) => name === "loss",
-      layout: () => [{ name: "loss", label: "loss", color: PALETTE[1] }],
-    },
-    {
-      id: "chart-kl-entropy", kind: "lines", smooth: true, scales: ["y", "entropy"],
-      match: (name) => name === "algorithm/kl" || name === "algorithm/entropy",
-      layout: (names) => [
-        ...(names.has("algorithm/kl") ? [{ name: "algorithm/kl", label: "KL", color: PALETTE[3] }] : []),
-        { name: "algorithm/entropy", label: "entropy (right axis)", color: PALETTE[5], scale: "entropy" },
-      ],
-    },
-    {
-      id: "chart-stages", kind: "stacked", range: [0, 1], percent: true,
-      match: (name) => STAGE.test(name),
-      aux: ["wall_s"],
-      layout: (names) => STAGES.filter(([stage]) => names.has(`stage/${stage}_s`)).map(([stage, color]) => ({
-        name: `stage/${stage}_s`, label: stage.replace(/_/g, " "), color,
-      })),
-      shareOf: "wall_s", // shares of the step's wall time (the stages sum to it)
-    },
-    {
-      id: "chart-samples", kind: "lines", smooth: true, rangeMin: 0,
-      match: (name) => name === "samples_produced_per_s" || name === "samples_per_s",
-      layout: () => [
-        { name: "samples_produced_per_s", label: "produced/s", color: PALETTE[4] },
-        { name: "samples_per_s", label: "consumed/s", color: PALETTE[0] },
-      ],
-    },
-    {
-      id: "chart-tokens", kind: "lines", smooth: true, rangeMin: 0,
-      match: (name) => name === "tokens_per_s",
-      layout: () => [{ name: "tokens_per_s", label: "tokens/s", color: PALETTE[5] }],
-    },
-    {
-      id: "chart-staleness", kind: "stacked", variant: "total",
-      match: (name) => STALENESS.test(name),
-      layout: (names, variant) => {
-        const buckets = [];
-        for (const name of names) {
-          const match = STALENESS.exec(name);
-          if (match && match[1] === variant) buckets.push({ name, bucket: Number(match[2]) + (match[3] ? 0.5 : 0) });
-        }
-        buckets.sort((a, b) => a.bucket - b.bucket);
-        // Fresh data green, staler data towards red.
-        return buckets.map(({ name, bucket }, index) => ({
-          name,
-          label: `${name.split("/")[2]} versions`,
-          color: `hsl(${Math.round(140 - (140 * index) / Math.max(buckets.length - 1, 1))}, 65%, 50%)`,
-        }));
-      },
-    },
-    {
-      id: "chart-latency", kind: "lines", smooth: true, variant: "latency", rangeMin: 0,
-      match: (name) => LATENCY.test(name),
-      layout: (names, variant) => perEnvironment(names, LATENCY, (match) => match[2] === variant).flatMap(
-        ({ environment, color, matches }) => matches
-          .sort((a, b) => Number(a[3]) - Number(b[3]))
-          .map((match) => ({
-            name: match[0], label: `${environment} p${match[3]}`, color, dash: PERCENTILE_DASH[match[3]],
-          })),
-      ),
-    },
-    {
-      id: "chart-errors", kind: "lines", smooth: true, rangeMin: 0, minSpan: 0.1,
-      match: (name) => ERROR_RATE.test(name),
-      layout: (names) => perEnvironment(names, ERROR_RATE, () => true).map(({ environment, color, matches }) => ({
-        name: matches[0][0], label: environment, color,
-      })),
-    },
-    {
-      id: "chart-policy", kind: "lines", smooth: false, rangeMin: 0, minSpan: 1,
-      match: (name) => name === "policy_version",
-      layout: () => [{ name: "policy_version", label: "policy version", color: PALETTE[0] }],
-    },
-  ];
+  // that appear later get series of their own.
+  const CHARTS = JSON.parse(document.getElementById("run-charts").textContent).map(chartSpec);
 
-  // Environments in name order, each with a colour that stays the same across charts.
-  function perEnvironment(names, pattern, keep) {
-    const byEnvironment = new Map();
+  function chartSpec(definition) {
+    const fixed = definition.series || [];
+    const fixedNames = new Set(fixed.map((series) => series.name));
+    const family = definition.family ? { ...definition.family, regex: new RegExp(definition.family.pattern) } : null;
+    return {
+      ...definition,
+      variant: definition.variants ? definition.variants[0][0] : undefined,
+      match: (name) => fixedNames.has(name) || (family !== null && family.regex.test(name)),
+      layout: (names, variant) => [
+        ...fixed.filter((series) => !series.optional || names.has(series.name)).map((series) => ({
+          name: series.name, label: series.label, color: colour(series.colour), scale: series.scale,
+        })),
+        ...(family ? familySeries(family, names, variant) : []),
+      ],
+    };
+  }
+
+  // A bucket "4+" sorts after bucket 4.
+  function orderOf(order) {
+    if (order === undefined) return 0;
+    return Number(order.replace(/\+$/, "")) + (order.endsWith("+") ? 0.5 : 0);
+  }
+
+  // The series of a family among the names seen: by environment (name order), then by order.
+  function familySeries(family, names, variant) {
+    const found = [];
     for (const name of names) {
-      const match = pattern.exec(name);
-      if (!match || !keep(match)) continue;
-      if (!byEnvironment.has(match[1])) byEnvironment.set(match[1], []);
-      byEnvironment.get(match[1]).push(match);
+      const match = family.regex.exec(name);
+      if (!match) continue;
+      const groups = match.groups || {};
+      if (groups.variant !== undefined && groups.variant !== variant) continue;
+      found.push({ name, groups, environment: groups.environment || "", order: orderOf(groups.order) });
     }
-    return [...byEnvironment.keys()].sort().map((environment) => ({
-      environment, color: environmentColor(environment), matches: byEnvironment.get(environment),
+    found.sort((a, b) => (a.environment < b.environment ? -1 : a.environment > b.environment ? 1 : a.order - b.order));
+    return found.map(({ name, groups }, index) => ({
+      name,
+      label: family.label.replace(/\{(\w+)\}/g, (_, key) => groups[key] ?? ""),
+      color: family.colour === "environment" ? environmentColor(groups.environment)
+        : family.colour === "gradient"
+          ? `hsl(${Math.round(140 - (140 * index) / Math.max(found.length - 1, 1))}, 65%, 50%)`
+          : colour(family.colour),
+      dash: family.dash ? family.dash[groups.order] : undefined,
     }));
   }
 
+  // Each environment keeps one colour across charts.
   const environmentColors = new Map();
   function environmentColor(environment) {
     if (!environmentColors.has(environment)) {
-      environmentColors.set(environment, PALETTE[environmentColors.size % PALETTE.length]);
+      environmentColors.set(environment, colour(environmentColors.size));
     }
     return environmentColors.get(environment);
   }
@@ -205,7 +137,7 @@
     }
     return found;
   }
-  const stored = (name) => chartsFor(name).length > 0 || CHARTS.some((spec) => spec.aux && spec.aux.includes(name));
+  const stored = (name) => chartsFor(name).length > 0 || CHARTS.some((spec) => spec.share_of === name);
   const valueCounts = new Map(); // per stored series, its points that have a value
 
   function ingestStep(step, values) {
@@ -317,7 +249,7 @@
   // [steps, ...one array per uPlot series]; for stacked charts, also what the legend shows.
   function seriesData(spec, layout, stepColumn, columnOf, weight) {
     let raw = layout.map((desc) => columnOf(desc.name) || null);
-    let totals = spec.shareOf ? columnOf(spec.shareOf) || null : null;
+    let totals = spec.share_of ? columnOf(spec.share_of) || null : null;
     // Only the steps that have one of the chart's series, so that an RL-only series
     // is not squeezed into the end of a long SFT phase.
     const keep = [];
@@ -356,19 +288,20 @@
   function plotOptions(spec, layout, width, hooks) {
     const { series, raw } = uplotSeries(spec, layout);
     // Areas and rates start at 0, so their sizes read true.
-    const floor = spec.kind === "stacked" ? 0 : spec.rangeMin;
+    const floor = spec.kind === "stacked" ? 0 : spec.range_min;
     const yScale = spec.range ? { range: spec.range }
       : floor !== undefined ? { range: (u, min, max) => (min === null ? [floor, 1]
-        : [Math.min(floor, min), Math.max(max * 1.05, floor + (spec.minSpan || 1e-3))]) }
+        : [Math.min(floor, min), Math.max(max * 1.05, floor + (spec.min_span || 1e-3))]) }
         : {};
     const scales = { x: { time: false }, y: yScale };
     const axes = [
       { label: "step", incrs: STEP_INCREMENTS },
       { scale: "y", values: spec.percent ? (u, ticks) => ticks.map((t) => `${Math.round(t * 100)}%`) : tickValues },
     ];
-    if (spec.scales && layout.some((desc) => desc.scale === "entropy")) {
-      scales.entropy = {};
-      axes.push({ scale: "entropy", side: 1, grid: { show: false }, values: tickValues });
+    // A series on a scale of its own gets an axis on the right.
+    for (const scale of new Set(layout.map((desc) => desc.scale).filter((scale) => scale && scale !== "y"))) {
+      scales[scale] = {};
+      axes.push({ scale, side: 1, grid: { show: false }, values: tickValues });
     }
     const bands = [];
     if (spec.kind === "stacked") {
@@ -544,7 +477,7 @@
       if (TERMINAL.has(update.status) && el.cancelForm) el.cancelForm.remove();
       // A claimed run's environment passed its probe: the wait is over.
       const waiting = document.getElementById("run-environment-reason");
-      if (waiting && update.status !== "queued") waiting.remove();
+      if (waiting && !WAITING.has(update.status)) waiting.remove();
       // Only the actions the new status admits stay on offer (the server decided per status).
       const offered = actionsByStatus[update.status] || [];
       for (const form of document.querySelectorAll("#run-actions form[data-action]")) {
@@ -594,25 +527,23 @@
   }
 
   async function drainMetrics() {
-    for (;;) {
-      const url = `${metricsUrl}?after_step=${restCursor}&limit=${PAGE_LIMIT}`;
-      const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
-      if (!response.ok) throw new Error(`metrics backfill failed: HTTP ${response.status}`);
-      const body = await response.json();
-      if (body.points.length === 0) return;
-      let step = null;
-      let values = {};
-      for (const point of body.points) {
-        if (point.step !== step) {
-          if (step !== null) ingestStep(step, values);
-          step = point.step;
-          values = {};
+    await metricPages(metricsUrl, {
+      afterStep: restCursor,
+      onPage: (points, nextAfterStep) => {
+        let step = null;
+        let values = {};
+        for (const point of points) {
+          if (point.step !== step) {
+            if (step !== null) ingestStep(step, values);
+            step = point.step;
+            values = {};
+          }
+          values[point.name] = point.value;
         }
-        values[point.name] = point.value;
-      }
-      ingestStep(step, values);
-      restCursor = body.next_after_step;
-    }
+        ingestStep(step, values);
+        restCursor = nextAfterStep;
+      },
+    });
   }
 
   // --- WebSocket ----------------------------------------------------------

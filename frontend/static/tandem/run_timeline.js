@@ -11,17 +11,11 @@
   if (!root) return;
   const POLL_MS = 3000;
   const FULL_EVERY = 20;
-  const ACTIVE = new Set(["queued", "starting", "running"]);
-
-  const STAGE_COLOURS = {
-    compute: "#16a34a",
-    host_to_device: "#0891b2",
-    batch: "#14b8a6",
-    publish: "#6366f1",
-    checkpoint: "#a16207",
-    telemetry: "#94a3b8",
-    other: "#d1d5db",
-  };
+  // The statuses in which the run can still train, and the trainer's stages: the platform's (telemetry/charts.py).
+  const ACTIVE = new Set(JSON.parse(document.getElementById("timeline-active-statuses").textContent));
+  const STAGES = JSON.parse(document.getElementById("timeline-stages").textContent);
+  const STAGE_COLOURS = Object.fromEntries(STAGES.map((stage) => [stage.name, stage.colour]));
+  const IDLE_STAGES = new Set(STAGES.filter((stage) => stage.idle).map((stage) => stage.name));
   const EPISODE_COLOURS = { generation: "#3b82f6", environment: "#f59e0b", tool: "#a855f7", rest: "#cbd5e1" };
   const FAILED = "#dc2626";
 
@@ -165,13 +159,14 @@
     return withFraction ? `${text}.${String(date.getMilliseconds()).padStart(3, "0")}` : text;
   }
 
-  function hatch(context) {
+  // Stripes of the idle stage's colour: the trainer sat waiting.
+  function hatch(context, colour) {
     const tile = document.createElement("canvas");
     tile.width = tile.height = 8;
     const t = tile.getContext("2d");
     t.fillStyle = "#fff1f2";
     t.fillRect(0, 0, 8, 8);
-    t.strokeStyle = "#f87171";
+    t.strokeStyle = colour;
     t.lineWidth = 2;
     t.beginPath();
     t.moveTo(-2, 10);
@@ -272,16 +267,16 @@
     c.rect(PAD_LEFT, 0, plotW, height);
     c.clip();
 
-    // Trainer lane: each step's stages, idle (data_wait) hatched.
-    const idle = hatch(c);
+    // Trainer lane: each step's stages, idle (waiting for data) hatched.
+    const idle = hatch(c, STAGES.find((stage) => stage.idle).colour);
     for (const step of visible) {
       for (const stage of step.stages) {
         const x0 = toX(stage.started_at);
         const x1 = Math.max(toX(stage.ended_at), x0 + 0.5);
-        c.fillStyle = stage.name === "data_wait" ? idle : STAGE_COLOURS[stage.name] || "#d1d5db";
+        c.fillStyle = IDLE_STAGES.has(stage.name) ? idle : STAGE_COLOURS[stage.name] || "#d1d5db";
         c.fillRect(x0, trainerTop, x1 - x0, TRAINER_H);
         counts.stageSegments += 1;
-        if (stage.name === "data_wait") counts.idleSegments += 1;
+        if (IDLE_STAGES.has(stage.name)) counts.idleSegments += 1;
         hits.push({ x0: Math.max(x0, PAD_LEFT), x1: Math.min(x1, plotEnd), y0: trainerTop, y1: trainerTop + TRAINER_H,
                     kind: "stage", item: stage, step });
       }
@@ -408,7 +403,7 @@
     let idle = 0;
     for (const step of list) {
       wall += step.ended_at - step.started_at;
-      for (const stage of step.stages) if (stage.name === "data_wait") idle += stage.ended_at - stage.started_at;
+      for (const stage of step.stages) if (IDLE_STAGES.has(stage.name)) idle += stage.ended_at - stage.started_at;
     }
     const outcomes = {};
     for (const { episode } of episodes) outcomes[episode.outcome] = (outcomes[episode.outcome] || 0) + 1;
@@ -441,7 +436,7 @@
       const step = hit.step;
       return [
         `step ${step.step} (${step.phase}, policy v${step.policy_version}): ${seconds(step.ended_at - step.started_at)}`,
-        `${stage.name}${stage.name === "data_wait" ? " (idle, waiting for trajectories)" : ""}: ${seconds(stage.ended_at - stage.started_at)}`,
+        `${stage.name}${IDLE_STAGES.has(stage.name) ? " (idle, waiting for trajectories)" : ""}: ${seconds(stage.ended_at - stage.started_at)}`,
         `${clock(stage.started_at, true)} → ${clock(stage.ended_at, true)}`,
         `${step.episodes.length} episodes consumed`,
       ].join("\n");

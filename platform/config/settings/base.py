@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from .environment import REPO_ROOT, env_bool, env_list, env_str
+from .env_vars import REPO_ROOT, env_bool, env_list, env_str
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "insecure-dev-key-change-me-tandem")
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -117,6 +117,6 @@ WHITENOISE_USE_FINDERS = True
 
 from .api import *  # noqa: E402,F403
 from .celery import *  # noqa: E402,F403
-from .environments import *  # noqa: E402,F403
+from .environment_registry import *  # noqa: E402,F403
 from .realtime import *  # noqa: E402,F403
 from .telemetry import *  # noqa: E402,F403

@@ -1,6 +1,6 @@
 """Celery, as configured for the platform's own app (config/celery.py)."""
 
-from .environment import REDIS_URL, env_float, env_str
+from .env_vars import REDIS_URL, env_float, env_str
 
 CELERY_BROKER_URL = REDIS_URL
 # The platform's tasks never share a queue with the rollout producers' queue.

@@ -1,7 +1,7 @@
 """Local development: debug on, any host, SQLite unless DATABASE_URL says otherwise."""
 
 from .base import *  # noqa: F403
-from .environment import env_bool, env_list
+from .env_vars import env_bool, env_list
 
 DEBUG = env_bool("DJANGO_DEBUG", True)
 # The dev server is reached by whatever name the developer's browser uses.

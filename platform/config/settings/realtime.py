@@ -1,6 +1,6 @@
 """Django Channels: the channel layer that carries run updates to WebSocket consumers."""
 
-from .environment import REDIS_URL
+from .env_vars import REDIS_URL
 
 CHANNEL_LAYERS = {
     "default": {

@@ -1,6 +1,6 @@
 """Telemetry: how much of a run's recent detail the platform keeps."""
 
-from .environment import env_str
+from .env_vars import env_str
 
 # Trainer steps per run whose stages and episodes the timeline page can show; older
 # steps' detail is deleted (their metric series stay). About 350 bytes per episode (its

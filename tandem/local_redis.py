@@ -1,10 +1,9 @@
-"""Finding or starting the local services Tandem needs (Redis)."""
+"""Finding the Redis Tandem needs, or starting a local redis-server when none answers (`tandem up`)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from urllib.parse import urlparse
@@ -16,13 +15,6 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 class ServiceUnavailableError(RuntimeError):
     pass
-
-
-def free_local_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def redis_is_up(url: str) -> bool:

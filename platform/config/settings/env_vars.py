@@ -1,4 +1,7 @@
-"""Reading settings from environment variables, in one place."""
+"""Reading settings from environment variables, in one place.
+
+Also the paths and the Redis URL that several settings modules share.
+"""
 
 import os
 from pathlib import Path

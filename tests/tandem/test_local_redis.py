@@ -4,7 +4,8 @@ from pathlib import Path
 
 import redis
 
-from tandem.services import ensure_redis, free_local_port, redis_is_up
+from tandem.local_ports import free_local_port
+from tandem.local_redis import ensure_redis, redis_is_up
 
 
 def test_a_running_redis_is_used_as_it_is(redis_url, tmp_path: Path):

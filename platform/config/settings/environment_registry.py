@@ -2,7 +2,7 @@
 
 import json
 
-from .environment import env_list, env_str
+from .env_vars import env_list, env_str
 
 # Hosts and networks remote environment URLs may reach (tandem/environment_urls.py).
 # Unset: everything except link-local and cloud-metadata addresses.

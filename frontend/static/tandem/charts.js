@@ -1,0 +1,38 @@
+// What the dashboard's charts share: the palette, whole-step axis ticks, and paging
+// through a run's metric history (GET /api/runs/<id>/metrics/, by a step cursor).
+// Loaded before run_page.js and run_compare.js, which find it at window.tandemCharts.
+(function () {
+  "use strict";
+
+  const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+  // Steps are whole: tick spacings 1, 2, 5, 10, 20, 50 ... never 0.25.
+  const STEP_INCREMENTS = [0, 1, 2, 3, 4, 5, 6].flatMap((exponent) => [1, 2, 5].map((m) => m * 10 ** exponent));
+  const METRICS_PAGE_LIMIT = 5000; // the API's largest page
+
+  // A series colour as the platform gives it: an index into the palette, or a CSS colour.
+  function colour(ref) {
+    return typeof ref === "number" ? PALETTE[ref % PALETTE.length] : ref;
+  }
+
+  // Every metric point after `afterStep`, page by page, until a page comes back empty.
+  // `onPage(points, nextAfterStep)` sees each page as it arrives, so a caller can keep
+  // its cursor even when a later page fails. `names`: only these metrics.
+  async function metricPages(metricsUrl, { afterStep = -1, names = null, onPage }) {
+    let cursor = afterStep;
+    for (;;) {
+      const query = new URLSearchParams({ after_step: String(cursor), limit: String(METRICS_PAGE_LIMIT) });
+      if (names) query.set("names", names.join(","));
+      const response = await fetch(`${metricsUrl}?${query}`, {
+        credentials: "same-origin",
+        headers: { Accept: "application/json" },
+      });
+      if (!response.ok) throw new Error(`metrics of ${metricsUrl}: HTTP ${response.status}`);
+      const body = await response.json();
+      if (body.points.length === 0) return cursor;
+      cursor = body.next_after_step;
+      onPage(body.points, cursor);
+    }
+  }
+
+  window.tandemCharts = { PALETTE, STEP_INCREMENTS, colour, metricPages };
+})();

@@ -1,0 +1,140 @@
+"""The run page's charts and the trainer stages' colours, defined once and given to the pages as data.
+
+run_page.js draws whatever charts :data:`RUN_CHARTS` lists, in that order, and
+the run timeline draws its trainer lane with :func:`stage_styles`; neither
+script knows a metric or stage name of its own. A chart is a JSON object:
+
+- ``id``, ``title``, ``caption``, ``empty``: the figure's element id and texts
+  (``empty`` shows until the chart has a point);
+- ``variants``: ``[value, label]`` pairs of a select that picks which family of
+  series the chart draws (the first at first), matched by the ``variant`` group
+  of ``family.pattern``;
+- ``kind``: ``lines`` (when ``smooth``, each series smoothed, its raw values
+  drawn faint behind it) or ``stacked`` (areas, each on top of the one below;
+  ``share_of`` a metric makes them shares of it, ``percent`` labels them so);
+- ``series``: fixed series ``{name, label, colour, scale, optional}``: ``colour``
+  a palette index (``tandem/charts.js``) or a CSS colour; an ``optional`` series
+  is drawn once its metric has been seen; a ``scale`` other than ``y`` gets an
+  axis of its own on the right;
+- ``family``: series found among the metric names as they come, for metrics
+  named per environment or per bucket: ``pattern`` (a JavaScript regular
+  expression with named groups ``environment``, ``variant``, ``order``),
+  ``label`` (a template of those groups), ``colour`` (``environment``: one
+  colour per environment, the same on every chart; ``gradient``: green to red
+  in ``order``), and ``dash`` by ``order``. Series sort by environment, then by
+  ``order`` as a number ("4+" after 4);
+- ``range`` (fixed y range), ``range_min`` (the y axis starts at or below it),
+  ``min_span`` (the smallest y span drawn).
+"""
+
+from __future__ import annotations
+
+from tandem.contracts import IDLE_STAGE, TRAINER_STAGES, stage_metric_name
+
+# One colour per trainer stage, on the run page's stage chart and the timeline alike.
+# The timeline hatches the idle stage instead (a pattern in this colour's red).
+STAGE_COLOURS = {
+    "data_wait": "#f87171",
+    "batch": "#14b8a6",
+    "host_to_device": "#0891b2",
+    "compute": "#16a34a",
+    "publish": "#6366f1",
+    "checkpoint": "#a16207",
+    "telemetry": "#94a3b8",
+    "other": "#d1d5db",
+}
+if set(STAGE_COLOURS) != {stage.name for stage in TRAINER_STAGES}:
+    raise AssertionError("every trainer stage needs a colour, and only trainer stages have one")
+
+
+def stage_styles() -> list[dict]:
+    """The trainer's stages in step order, as the pages draw them."""
+    return [
+        {"name": stage.name, "label": stage.name.replace("_", " "), "colour": STAGE_COLOURS[stage.name],
+         "idle": stage.name == IDLE_STAGE, "meaning": stage.meaning}
+        for stage in TRAINER_STAGES
+    ]
+
+
+RUN_CHARTS: list[dict] = [
+    {
+        "id": "chart-reward", "title": "Reward", "caption": "reward_mean, success_rate", "empty": "No RL step yet.",
+        "kind": "lines", "smooth": True,
+        "series": [
+            {"name": "reward_mean", "label": "reward mean", "colour": 0},
+            {"name": "success_rate", "label": "success rate", "colour": 2},
+        ],
+    },
+    {
+        "id": "chart-loss", "title": "Loss", "caption": "the objective the update minimised", "empty": "No step yet.",
+        "kind": "lines", "smooth": True,
+        "series": [{"name": "loss", "label": "loss", "colour": 1}],
+    },
+    {
+        "id": "chart-kl-entropy", "title": "KL and entropy",
+        "caption": "algorithm/kl (with a KL term), algorithm/entropy", "empty": "No RL step yet.",
+        "kind": "lines", "smooth": True,
+        "series": [
+            # Only an algorithm with a KL term reports it.
+            {"name": "algorithm/kl", "label": "KL", "colour": 3, "optional": True},
+            {"name": "algorithm/entropy", "label": "entropy (right axis)", "colour": 5, "scale": "entropy"},
+        ],
+    },
+    {
+        "id": "chart-stages", "title": "Trainer time by stage",
+        "caption": "share of each step's wall time; compute is the utilisation", "empty": "No step yet.",
+        # Shares of the step's wall time: the stages sum to it.
+        "kind": "stacked", "range": [0, 1], "percent": True, "share_of": "wall_s",
+        "series": [
+            {"name": stage_metric_name(style["name"]), "label": style["label"], "colour": style["colour"],
+             "optional": True}
+            for style in stage_styles()
+        ],
+    },
+    {
+        "id": "chart-samples", "title": "Samples per second",
+        "caption": "produced by rollouts against consumed by the trainer", "empty": "No RL step yet.",
+        "kind": "lines", "smooth": True, "range_min": 0,
+        "series": [
+            {"name": "samples_produced_per_s", "label": "produced/s", "colour": 4},
+            {"name": "samples_per_s", "label": "consumed/s", "colour": 0},
+        ],
+    },
+    {
+        "id": "chart-tokens", "title": "Tokens per second", "caption": "trained, per wall second of the step",
+        "empty": "No step yet.",
+        "kind": "lines", "smooth": True, "range_min": 0,
+        "series": [{"name": "tokens_per_s", "label": "tokens/s", "colour": 5}],
+    },
+    {
+        "id": "chart-staleness", "title": "Staleness", "caption": "trained trajectories by policy versions behind",
+        "empty": "No RL step yet.",
+        "variants": [("total", "total"), ("in_queue", "in queue"), ("in_flight", "in flight")],
+        "kind": "stacked",
+        # Fresh data green, staler data towards red.
+        "family": {"pattern": r"^staleness/(?<variant>total|in_queue|in_flight)/(?<order>\d+\+?)$",
+                   "label": "{order} versions", "colour": "gradient"},
+    },
+    {
+        "id": "chart-latency", "title": "Rollout latency",
+        "caption": "seconds per episode, p50 / p90 (dashed) / p99 (dotted)", "empty": "No rollout yet.",
+        "variants": [("latency", "episode"), ("generation", "generation"), ("environment", "environment")],
+        "kind": "lines", "smooth": True, "range_min": 0,
+        "family": {
+            "pattern": r"^rollout/(?<environment>.+)/(?<variant>latency|generation|environment)_p(?<order>50|90|99)_s$",
+            "label": "{environment} p{order}", "colour": "environment", "dash": {"90": [6, 4], "99": [2, 3]},
+        },
+    },
+    {
+        "id": "chart-errors", "title": "Environment error rate", "caption": "failed episodes per environment",
+        "empty": "No rollout yet.",
+        "kind": "lines", "smooth": True, "range_min": 0, "min_span": 0.1,
+        "family": {"pattern": r"^rollout/(?<environment>.+)/error_rate$", "label": "{environment}",
+                   "colour": "environment"},
+    },
+    {
+        "id": "chart-policy", "title": "Policy version", "caption": "newest published", "empty": "No step yet.",
+        "kind": "lines", "smooth": False, "range_min": 0, "min_span": 1,
+        "series": [{"name": "policy_version", "label": "policy version", "colour": 0}],
+    },
+]

@@ -1,0 +1,150 @@
+"""Environment kinds and the spec of a registered environment version, as producers and probes read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tandem.contracts.schema import Record
+
+
+@dataclass(frozen=True)
+class RequiredSetting:
+    """A setting an environment kind cannot work without: a non-empty string."""
+
+    key: str
+    # How a refused registration describes it: "Kind 'http' needs <what>."
+    what: str
+
+
+@dataclass(frozen=True)
+class EnvironmentKindDefinition:
+    """What a kind of environment is: how people see it, what producers load, what it needs."""
+
+    label: str
+    # `module:Class` of the adapter producers load for it; None: the registration names its own class.
+    adapter_entrypoint: str | None
+    required_settings: tuple[RequiredSetting, ...] = ()
+
+
+#: Every kind of environment there is. The platform's choices, its registration
+#: checks and the spec's own checks derive from it: a new adapter is its module
+#: and one entry here.
+ENVIRONMENT_KINDS: dict[str, EnvironmentKindDefinition] = {
+    "python": EnvironmentKindDefinition(label="Python class (module:Class)", adapter_entrypoint=None),
+    "http": EnvironmentKindDefinition(
+        label="HTTP protocol",
+        adapter_entrypoint="environments.adapters.http:RemoteHTTPEnvironment",
+        required_settings=(RequiredSetting("url", "the server's base URL, e.g. http://host:8765"),),
+    ),
+    "openenv": EnvironmentKindDefinition(
+        label="OpenEnv server",
+        adapter_entrypoint="environments.adapters.openenv:OpenEnvEnvironment",
+        required_settings=(RequiredSetting("url", "the OpenEnv server's URL, e.g. http://host:8000"),),
+    ),
+    "gymnasium": EnvironmentKindDefinition(
+        label="Gymnasium-style text environment",
+        adapter_entrypoint="environments.adapters.gymnasium_text:GymnasiumTextEnvironment",
+        required_settings=(RequiredSetting("factory", "'module:callable' building the environment"),),
+    ),
+    "reasoning_gym": EnvironmentKindDefinition(
+        label="reasoning-gym task",
+        adapter_entrypoint="environments.adapters.reasoning_gym:ReasoningGymEnvironment",
+        required_settings=(RequiredSetting("dataset", "a reasoning-gym dataset name"),),
+    ),
+}
+
+EnvironmentKind = Literal[tuple(ENVIRONMENT_KINDS)]
+
+#: The class producers load for each kind that is an adapter; a 'python' registration names its own class.
+ADAPTER_ENTRYPOINTS: dict[str, str] = {
+    kind: definition.adapter_entrypoint
+    for kind, definition in ENVIRONMENT_KINDS.items()
+    if definition.adapter_entrypoint is not None
+}
+
+
+def environment_kind_choices() -> list[tuple[str, str]]:
+    """``(kind, label)`` of every kind: the platform's choices.
+
+    A callable rather than a list, so that Django's migrations store a reference
+    to it and a new kind needs no migration of choices. Migrations import it as
+    ``tandem.contracts.environments.environment_kind_choices``: it stays there.
+    """
+    return [(kind, definition.label) for kind, definition in ENVIRONMENT_KINDS.items()]
+
+
+class ToolSchema(BaseModel):
+    """A tool an environment declares: its name and the JSON schema of its arguments."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    parameters: dict = Field(description="JSON schema of the arguments (an object schema).")
+
+
+class EnvironmentSpec(Record):
+    """One immutable version of a registered environment, as producers and probes need it.
+
+    Schema 2 added ``version``, ``version_id``, ``tools`` and the adapter kinds;
+    a schema 1 record (kind 'python', no version) is read as version 0. Schema 3
+    renamed ``params`` to ``settings``, the API's name for them; a record of an
+    older schema is read with its ``params`` as ``settings``.
+    """
+
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2, 3})
+    schema_version: int = 3
+
+    name: str = Field(description="Registered name, unique within a project.")
+    version: int = Field(
+        0, ge=0, description="Registry version number (1, 2 ...); 0: not from the registry."
+    )
+    version_id: int | None = Field(
+        None, description="Registry id of the version; names its dispatch pause flag in Redis."
+    )
+    kind: EnvironmentKind = Field(
+        description="How producers load it. 'python': a class named by `entrypoint`; the other "
+        "kinds are adapters (ENVIRONMENT_KINDS) configured by `settings`."
+    )
+    entrypoint: str = Field(
+        "", description="`module:Class` implementing environments.Environment; "
+        "filled in from the kind for adapters."
+    )
+    settings: dict = Field(
+        default_factory=dict, description="The registered settings: keyword arguments for the class."
+    )
+    tools: tuple[ToolSchema, ...] = Field(
+        (), description="Tools the environment must expose, exactly; the probe checks them."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade_and_fill_adapter(cls, data):
+        if isinstance(data, dict):
+            if data.get("schema_version") in (1, 2):
+                data = {**data, "schema_version": 3}
+            if "params" in data and "settings" not in data:
+                # Written by a process from before schema 3 (a RunSpec or ProbeRequest in Redis).
+                data = {key: value for key, value in data.items() if key != "params"} | {
+                    "settings": data["params"]
+                }
+            adapter = ADAPTER_ENTRYPOINTS.get(data.get("kind", ""))
+            if adapter is not None and not data.get("entrypoint"):
+                data = {**data, "entrypoint": adapter}
+        return data
+
+    @model_validator(mode="after")
+    def _entrypoint_fits_kind(self):
+        adapter = ADAPTER_ENTRYPOINTS.get(self.kind)
+        if adapter is not None and self.entrypoint != adapter:
+            raise ValueError(f"kind {self.kind!r} always loads {adapter}, not {self.entrypoint!r}")
+        if adapter is None and not self.entrypoint:
+            raise ValueError("kind 'python' needs an entrypoint 'module:Class'")
+        return self
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.version}" if self.version else self.name

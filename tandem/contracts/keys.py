@@ -1,0 +1,114 @@
+"""Redis key and stream names.
+
+A key an object owns is ``tandem:<kind>:<id>:<what>`` (``tandem:run:7:trajectories``);
+the one deployment-wide key is ``tandem:processes``.
+"""
+
+from __future__ import annotations
+
+KEY_PREFIX = "tandem"
+
+# Consumer group the trainer reads trajectory streams through.
+TRAINER_CONSUMER_GROUP = "trainer"
+
+
+def _run_key(run_id: int, suffix: str) -> str:
+    return f"{KEY_PREFIX}:run:{run_id}:{suffix}"
+
+
+def trajectory_stream(run_id: int) -> str:
+    """Redis stream holding finished trajectories of one run."""
+    return _run_key(run_id, "trajectories")
+
+
+def dead_letter_stream(run_id: int) -> str:
+    """Redis stream of trajectory entries the trainer could not read, with the reason."""
+    return _run_key(run_id, "dead_letters")
+
+
+def weights_key(run_id: int) -> str:
+    """Redis hash holding the latest published policy (``version`` and ``blob``)."""
+    return _run_key(run_id, "weights")
+
+
+def run_spec_key(run_id: int) -> str:
+    """Redis string holding the :class:`RunSpec` JSON that producers read."""
+    return _run_key(run_id, "spec")
+
+
+def run_stop_key(run_id: int) -> str:
+    """Redis string set once a run ends; producers stop starting episodes."""
+    return _run_key(run_id, "stop")
+
+
+def run_group_counter_key(run_id: int) -> str:
+    """Redis counter of episode groups requested so far; a group's task seed."""
+    return _run_key(run_id, "groups_requested")
+
+
+def consumed_groups_key(run_id: int) -> str:
+    """Redis sorted set of episode group ids the trainer trained on or dropped (score: unix time).
+
+    A group in it is never trained again, even when a redelivered rollout task
+    produces it anew; bounded to the newest entries by the trainer's reader.
+    """
+    return _run_key(run_id, "consumed_groups")
+
+
+def consumed_trajectories_key(run_id: int) -> str:
+    """Redis sorted set of trajectory ids the trainer trained on or dropped (score: unix time)."""
+    return _run_key(run_id, "consumed_trajectories")
+
+
+def producers_key(run_id: int) -> str:
+    """Redis hash: producer process (``hostname:pid``) -> its latest :class:`ProducerReport` JSON."""
+    return _run_key(run_id, "producers")
+
+
+def lineage_stream(run_id: int) -> str:
+    """Redis stream of :class:`LineageEntry`: what became of the trajectories the trainer consumed."""
+    return _run_key(run_id, "lineage")
+
+
+def process_reports_key() -> str:
+    """Redis hash: every Tandem process (:func:`process_report_field`) -> its latest :class:`ProcessReport` JSON.
+
+    One hash for the whole deployment, not per run: idle processes report too.
+    Readers prune fields whose report is stale (``tandem/process_reports.py``),
+    so dead processes do not accumulate.
+    """
+    return f"{KEY_PREFIX}:processes"
+
+
+def process_report_field(role: str, hostname: str, pid: int) -> str:
+    """A process's field in :func:`process_reports_key`: ``role:hostname:pid``."""
+    return f"{role}:{hostname}:{pid}"
+
+
+def probe_request_key(probe_id: int) -> str:
+    """Redis string holding the :class:`ProbeRequest` JSON a probe task reads by its id."""
+    return f"{KEY_PREFIX}:probe:{probe_id}:request"
+
+
+def environment_paused_key(version_id: int) -> str:
+    """Redis string, set while a registered environment version is unhealthy: the reason.
+
+    Producers start no episode of a run pinned to a paused version.
+    """
+    return f"{KEY_PREFIX}:environment_version:{version_id}:paused"
+
+
+def run_keys(run_id: int) -> tuple[str, ...]:
+    """Every Redis key a run owns (Celery's own queue aside)."""
+    return (
+        trajectory_stream(run_id),
+        dead_letter_stream(run_id),
+        consumed_groups_key(run_id),
+        consumed_trajectories_key(run_id),
+        weights_key(run_id),
+        run_spec_key(run_id),
+        run_stop_key(run_id),
+        run_group_counter_key(run_id),
+        lineage_stream(run_id),
+        producers_key(run_id),
+    )

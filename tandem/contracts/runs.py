@@ -1,0 +1,105 @@
+"""What a run is across processes: its statuses, the spec producers read, the trainer's heartbeat and its reply."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from tandem.contracts.environments import EnvironmentSpec
+from tandem.contracts.schema import Record
+from tandem.run_config import RunConfig, upgrade_run_config
+
+
+class RunStatus(StrEnum):
+    """Where a run is in its life; the platform's ``runs.services.LEGAL_TRANSITIONS`` says how it moves.
+
+    queued: waiting for a trainer (and for its environment version to be ready);
+    starting: a trainer claimed it and is building it; running: the trainer's first
+    heartbeat came; paused: the trainer checkpointed and let go of it; finished,
+    failed, cancelled: ended (a failed run can be resumed, and continues from its
+    last checkpoint).
+    """
+
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def __repr__(self) -> str:
+        # The plain value, so that validation errors read "Input should be 'running', ...".
+        return repr(self.value)
+
+    @property
+    def label(self) -> str:
+        """How people see it: "Queued", "Running" ..."""
+        return self.value.capitalize()
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_RUN_STATUSES
+
+
+#: The run has ended: nothing trains it any more (a failed one may be resumed).
+TERMINAL_RUN_STATUSES = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED})
+#: A trainer holds the run and must keep sending heartbeats.
+TRAINER_HELD_RUN_STATUSES = frozenset({RunStatus.STARTING, RunStatus.RUNNING})
+#: The run is on its way to a trainer or with one: it can still make progress without a user's action.
+ACTIVE_RUN_STATUSES = frozenset({RunStatus.QUEUED, *TRAINER_HELD_RUN_STATUSES})
+#: Told one of these by a heartbeat reply, the trainer checkpoints and lets go of the run (a user can resume it).
+RELEASED_RUN_STATUSES = frozenset({RunStatus.PAUSED, RunStatus.FAILED})
+
+
+def run_status_choices() -> list[tuple[str, str]]:
+    """``(value, label)`` of every status, in lifecycle order: the platform model's choices.
+
+    A callable rather than a list, so that Django's migrations store a reference
+    to it and a new status needs no migration of choices. Migrations import it as
+    ``tandem.contracts.runs.run_status_choices``: it stays there.
+    """
+    return [(status.value, status.label) for status in RunStatus]
+
+
+class RunSpec(Record):
+    """What a producer needs to run episodes for a run; written by the trainer on claim."""
+
+    run_id: int
+    config: RunConfig = Field(description="The run's config, validated once, when the spec is read.")
+    environment: EnvironmentSpec
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _upgrade_config(cls, config):
+        # A spec an older trainer wrote holds an older config; readers upgrade first.
+        return upgrade_run_config(config) if isinstance(config, dict) else config
+
+
+# The statuses a trainer may report; the others are the platform's or a user's to set.
+RunReportedStatus = Literal[RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED]
+
+
+class TrainerHeartbeat(Record):
+    """Liveness and progress the trainer reports for a run it owns."""
+
+    # None: liveness only. The trainer process beats from a thread of its own, so
+    # a long compile or checkpoint is never mistaken for a dead trainer.
+    status: RunReportedStatus | None = RunStatus.RUNNING
+    policy_version: int = 0
+    trainer_step: int = 0
+    message: str = ""
+    # Who sends it (``hostname:pid``): a trainer that lost the run to another
+    # (it was presumed dead and the run resumed elsewhere) is told so and stops.
+    worker: str = ""
+
+
+class TrainerHeartbeatReply(Record):
+    """The platform's answer to a :class:`TrainerHeartbeat`: the run's status as it now stands."""
+
+    status: RunStatus = Field(
+        description="cancelled: stop; paused or failed (RELEASED_RUN_STATUSES): checkpoint and let go "
+        "of the run; any other: train on."
+    )

@@ -1,0 +1,18 @@
+"""Celery task names and queues that cross process boundaries: senders use them by name."""
+
+from __future__ import annotations
+
+# Celery routing for rollout production. The trainer sends by name, so it
+# never imports the worker code (and never drags JAX init order into Celery).
+ROLLOUT_TASK_NAME = "tandem.rollouts.produce"
+ROLLOUT_QUEUE = "rollouts"
+
+
+# Conformance probes of registered environments run where environments run (the
+# rollout workers, `tandem worker` consumes both queues); their reports go back
+# to the platform's own Celery worker, which has the database. Workers keep
+# needing nothing but Redis.
+PROBE_TASK_NAME = "tandem.environments.probe"
+PROBE_QUEUE = "probes"
+PROBE_REPORT_TASK_NAME = "tandem.environments.record_probe_report"
+PLATFORM_QUEUE = "platform"

@@ -1,0 +1,383 @@
+"""What the trainer reports of its steps: stage timelines, episode spans, device reports, traces."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tandem.contracts.schema import Record
+from tandem.contracts.stages import (
+    STAGE_TIMELINE_VERSION,
+    TrainerStage,
+    stage_meanings,
+    stage_metric_name,
+)
+from tandem.contracts.trajectories import TrajectoryRecord
+
+
+class StageSpan(BaseModel):
+    """One stage of a trainer step, between two host timestamps (unix seconds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: TrainerStage = Field(description=stage_meanings())
+    started_at: float
+    ended_at: float
+
+    @property
+    def seconds(self) -> float:
+        return self.ended_at - self.started_at
+
+
+class StepTimeline(BaseModel):
+    """A trainer step's stages, contiguous and in order: their seconds sum to the step's wall time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = Field(STAGE_TIMELINE_VERSION, description="Version of the stage vocabulary.")
+    spans: list[StageSpan] = Field(default_factory=list)
+
+    def seconds_by_stage(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for span in self.spans:
+            totals[span.name] = totals.get(span.name, 0.0) + span.seconds
+        return totals
+
+
+class DeviceSample(BaseModel):
+    """One local accelerator of the trainer, as sampled with its host's :class:`DeviceReport`.
+
+    Each figure is None where nothing reports it for this device: absent, never
+    guessed (no allocator figures on CPU, no NVML figures off NVIDIA GPUs or where
+    the GPU cannot be matched to its NVML entry, no libtpu figures off TPU).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: int = Field(description="`jax.Device.id`: unique among the job's devices, all hosts together.")
+    process_index: int = Field(description="`jax.Device.process_index`: the JAX process (host) it belongs to.")
+    local_hardware_id: int | None = Field(
+        None, description="The backend's local ordinal (the CUDA ordinal on GPU); None where the backend has none."
+    )
+    platform: str = Field(description="JAX backend of the device: cpu, gpu or tpu.")
+    device_kind: str = Field(description="`jax.Device.device_kind`, e.g. 'NVIDIA H100 80GB HBM3', 'TPU v5 lite'.")
+    memory_in_use_bytes: int | None = Field(
+        None, description="XLA allocator: bytes in use on the device (`memory_stats()['bytes_in_use']`)."
+    )
+    memory_peak_bytes: int | None = Field(
+        None, description="XLA allocator: the most bytes ever in use on the device (`peak_bytes_in_use`)."
+    )
+    memory_limit_bytes: int | None = Field(
+        None, description="XLA allocator: the bytes it may use on the device (`bytes_limit`)."
+    )
+    duty_cycle: float | None = Field(
+        None, description="Share of the trainer's wall time in the compute stage since the last report, 0-1. "
+        "Measured from the host's stage timeline, not by a hardware counter: the same SPMD step runs on "
+        "every device of the mesh, so every device has the trainer's duty cycle."
+    )
+    mfu: float | None = Field(
+        None, description="The job's model FLOPs utilisation since the last report (see DeviceReport.mfu): "
+        "the step's FLOPs are split evenly over the mesh, so every device has the job's MFU. None on a "
+        "device kind of unknown peak."
+    )
+    nvml_index: int | None = Field(
+        None, description="NVML's index of this GPU, when it was matched by PCI bus id or by CUDA ordinal "
+        "(see trainer/devices.py); None when NVML is absent or the match is not certain."
+    )
+    nvml_utilisation: float | None = Field(
+        None, description="NVML: share of the last sample period (1/6 s to 1 s, by GPU) in which a kernel ran "
+        "on this GPU, 0-1. Kernels of every process count."
+    )
+    nvml_memory_used_bytes: int | None = Field(
+        None, description="NVML: memory used on this GPU by every process (what nvidia-smi shows)."
+    )
+    nvml_memory_total_bytes: int | None = Field(None, description="NVML: this GPU's memory.")
+    tpu_duty_cycle: float | None = Field(
+        None, description="libtpu monitoring: the TensorCore duty cycle of this device's chip, 0-1."
+    )
+    tpu_hbm_used_bytes: int | None = Field(None, description="libtpu monitoring: HBM in use by this device.")
+    tpu_hbm_total_bytes: int | None = Field(None, description="libtpu monitoring: this device's HBM.")
+
+
+EpisodeOutcome = Literal["trained", "failed", "dropped_stale", "dropped_filtered", "dropped_incomplete"]
+
+#: Longest failure reason an :class:`EpisodeSpan` carries: enough to say what broke, no stack traces.
+EPISODE_SPAN_REASON_CHARS = 160
+
+
+class EpisodeSpan(BaseModel):
+    """One episode a trainer step consumed, as the timeline draws it: when it ran and what became of it.
+
+    Compact on purpose (no tokens): a step event carries one for EVERY trajectory
+    the step consumed. ``generation_s``, ``environment_s`` and ``tool_s`` are
+    totals over the episode's turns, which interleave; the rest of its wall time
+    is the producer's own (scheduling, queueing for a slot).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trajectory_id: str = Field(description="The trajectory's id (TrajectoryRecord.trajectory_id).")
+    group_id: str = Field(description="Its episode group: GRPO's baseline, consumed whole.")
+    environment: str = Field(description="The environment's name, as rollout metrics key it.")
+    status: Literal["ok", "failed"] = Field(description="The producer's verdict on the episode.")
+    failure_reason: str = Field("", description=f"Truncated to {EPISODE_SPAN_REASON_CHARS} characters.")
+    started_at: float = Field(description="Unix time the episode started (producer's clock).")
+    finished_at: float = Field(description="Unix time the episode ended (producer's clock).")
+    generation_s: float = Field(description="Seconds its turns waited for the policy to generate.")
+    environment_s: float = Field(description="Seconds it waited on environment reset/step.")
+    tool_s: float = Field(0.0, description="Seconds it waited on tool calls.")
+    policy_version: int = Field(description="Oldest policy version that generated any of its tokens.")
+    newest_policy_version: int = Field(description="Newest such version; differs when weights changed mid-episode.")
+    reward: float = Field(description="The episode's reward (null in the stored JSON when not finite).")
+    outcome: EpisodeOutcome = Field(
+        description="trained: in the step's update; failed: consumed with its group but fully masked "
+        "(status failed); dropped_stale: its group exceeded rollout.max_staleness and was consumed untrained; "
+        "dropped_filtered: the algorithm's dynamic sampling dropped its group (no reward variance); "
+        "dropped_incomplete: its group was given up on (a sibling never arrived: a dead producer)."
+    )
+
+    @classmethod
+    def from_record(cls, record: TrajectoryRecord, *, outcome: EpisodeOutcome) -> EpisodeSpan:
+        timings = record.timings
+        return cls(
+            trajectory_id=record.trajectory_id, group_id=record.group_id, environment=record.environment,
+            status=record.status,
+            # PostgreSQL's jsonb holds no NUL; a reason is for people to read, so it is simply cut out.
+            failure_reason=record.failure_reason.replace("\x00", "")[:EPISODE_SPAN_REASON_CHARS],
+            started_at=timings.started_at, finished_at=timings.finished_at,
+            generation_s=timings.generation_s, environment_s=timings.environment_s, tool_s=timings.tool_s,
+            policy_version=record.policy_version,
+            newest_policy_version=record.newest_version(),
+            reward=record.reward, outcome=outcome,
+        )
+
+
+class DeviceReport(BaseModel):
+    """The trainer's accelerators and host, sampled now and then (not every step, to stay cheap).
+
+    Every optional field is None where the backend or host does not report it:
+    absent, never guessed (no MFU on a device kind of unknown peak, no memory on CPU).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    platform: str = Field(description="JAX backend: cpu, gpu or tpu.")
+    device_kind: str = Field(description="`jax.devices()[0].device_kind`, e.g. 'NVIDIA H100 80GB HBM3', 'TPU v5 lite'.")
+    device_count: int = Field(description="Devices of the whole job (all hosts).")
+    local_device_count: int = Field(description="Devices attached to this host.")
+    memory_in_use_bytes: int | None = Field(None, description="Sum over local devices (`memory_stats`).")
+    memory_peak_bytes: int | None = Field(None, description="Sum over local devices of their peak in use.")
+    memory_limit_bytes: int | None = Field(None, description="Sum over local devices of the allocator's limit.")
+    duty_cycle: float | None = Field(
+        None, description="Share of the trainer's wall time in the compute stage since the last report."
+    )
+    mfu: float | None = Field(
+        None, description="Model FLOPs (6 x parameters x trained tokens) per wall second over the devices' "
+        "peak dense bf16 FLOP/s, since the last report; None on a device kind of unknown peak."
+    )
+    peak_flops_per_device: float | None = Field(None, description="The peak used for `mfu`.")
+    gpu_utilisation: float | None = Field(None, description="NVML: mean GPU utilisation over local GPUs, 0-1.")
+    gpu_memory_used_bytes: int | None = Field(None, description="NVML: memory used on local GPUs (all processes).")
+    tpu_duty_cycle: float | None = Field(None, description="libtpu monitoring: mean TensorCore duty cycle, 0-1.")
+    host_cpu_percent: float | None = Field(None, description="Host CPU use since the last report, 0-100.")
+    host_memory_used_bytes: int | None = Field(None, description="Host memory in use (total less available).")
+    host_memory_total_bytes: int | None = Field(None, description="Host memory installed.")
+    process_cpu_cores: float | None = Field(
+        None, description="CPU seconds of the trainer process per wall second since the last report."
+    )
+    process_rss_bytes: int | None = Field(None, description="Resident memory of the trainer process.")
+    hostname: str | None = Field(None, description="The trainer host's name (`socket.gethostname()`).")
+    process_id: int | None = Field(None, description="The trainer process's operating-system id.")
+    process_index: int | None = Field(
+        None, description="`jax.process_index()` of the reporting trainer process (0: the one that posts)."
+    )
+    devices: list[DeviceSample] = Field(
+        default_factory=list,
+        description="Each device of this host, in `jax.local_devices()` order. Only the process that posts "
+        "telemetry reports, so on a multi-host job the other hosts' devices are not listed "
+        "(`device_count - local_device_count` of them). Empty in reports of older trainers.",
+    )
+    reported_at: float
+
+    def metric_values(self) -> dict[str, float]:
+        values = {"device/count": float(self.device_count)}
+        for name in ("memory_in_use_bytes", "memory_peak_bytes", "memory_limit_bytes", "duty_cycle", "mfu",
+                     "gpu_utilisation", "gpu_memory_used_bytes", "tpu_duty_cycle"):
+            value = getattr(self, name)
+            if value is not None:
+                values[f"device/{name}"] = float(value)
+        for name in ("host_cpu_percent", "host_memory_used_bytes"):
+            value = getattr(self, name)
+            if value is not None:
+                values[f"host/{name.removeprefix('host_')}"] = float(value)
+        if self.process_cpu_cores is not None:
+            values["trainer/cpu_cores"] = self.process_cpu_cores
+        if self.process_rss_bytes is not None:
+            values["trainer/rss_bytes"] = float(self.process_rss_bytes)
+        return values
+
+
+class TrainerStepEvent(Record):
+    """Telemetry of one trainer step, posted to the platform.
+
+    ``wait_s + compute_s + publish_s + other_s == wall_s``: the stages cover the
+    whole step so the idle fraction is honest.
+    """
+
+    run_id: int
+    step: int = Field(description="Trainer step, counted over SFT and RL phases together.")
+    phase: Literal["sft", "rl"]
+    policy_version: int
+    wall_s: float
+    wait_s: float = Field(description="Blocked waiting for trajectories.")
+    compute_s: float = Field(description="Train step on device, to block_until_ready.")
+    publish_s: float = Field(description="Serialising and publishing weights.")
+    other_s: float = Field(description="Checkpointing, batching and bookkeeping.")
+    loss: float
+    reward_mean: float | None = None
+    success_rate: float | None = None
+    samples_per_s: float | None = None
+    staleness_mean: float | None = None
+    staleness_max: float | None = None
+    failed_episodes: int = 0
+    producer_utilisation: float | None = Field(
+        None, description="Mean over producer processes of the step's share of time with a rollout task running."
+    )
+    producers_reporting: int = Field(0, description="Producer processes that reported on the run so far.")
+    circuit_breakers_open: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per environment: producer processes whose circuit breaker for it is open or half-open.",
+    )
+    samples_produced_per_s: float | None = Field(
+        None, description="Trajectories producers appended to the stream per second during the step."
+    )
+    tokens_per_s: float | None = Field(
+        None, description="Tokens the update trained on (the batch's non-padding tokens: prompt, environment "
+        "and model turns alike, as the forward and backward passes see them) per wall second of the step.",
+    )
+    rollout_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per environment: rollout latency p50/p90/p99 (total, generation, environment) and error rate.",
+    )
+    episodes_lost: int = Field(
+        0, description="Episodes of groups given up on in this step: requested, never delivered (dead producer)."
+    )
+    staleness_histogram: dict[str, int] = Field(
+        default_factory=dict,
+        description="Trained trajectories by staleness in policy versions (trainer version - oldest version used).",
+    )
+    staleness_in_queue_histogram: dict[str, int] = Field(
+        default_factory=dict,
+        description="Trained trajectories by versions published after their last policy turn (waiting in queue).",
+    )
+    staleness_in_flight_histogram: dict[str, int] = Field(
+        default_factory=dict,
+        description="Trained trajectories by versions published during their generation (max - min policy_versions).",
+    )
+    queue_wait_s_mean: float | None = Field(
+        None, description="Mean seconds from an episode's end to its consumption by the trainer."
+    )
+    queue_wait_s_max: float | None = Field(None, description="Longest such wait in the step.")
+    stale_trajectories_dropped: int = Field(
+        0, description="Trajectories dropped before the loss for exceeding rollout.max_staleness."
+    )
+    stale_groups_dropped: int = Field(0, description="Whole episode groups those drops came from.")
+    stale_drop_rate: float | None = Field(
+        None, description="Dropped / (dropped + trained) trajectories in the step."
+    )
+    algorithm_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="The loss's own scalars (clip fractions, KL, entropy, importance ratio stats ...).",
+    )
+    timeline: StepTimeline | None = Field(
+        None, description="The step's stages with host timestamps; the four *_s fields above are derived from it."
+    )
+    producer_timings: dict[str, float] = Field(
+        default_factory=dict,
+        description="Producers' time over the step: generation/environment/tool/stream_put shares of their "
+        "episode time, and stream_put_s (seconds blocked appending trajectories: back-pressure).",
+    )
+    device: DeviceReport | None = Field(None, description="Present on the steps that carry a device sample.")
+    episodes: list[EpisodeSpan] = Field(
+        default_factory=list,
+        description="Every trajectory the step consumed (trained, failed, dropped as stale or filtered), "
+        "including those consumed while an earlier update was skipped; empty in SFT steps and from "
+        "trainers older than this field. Not turned into metric values: the platform keeps them for "
+        "its timeline.",
+    )
+    emitted_at: float
+
+    @property
+    def trainer_idle_fraction(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def trainer_utilisation(self) -> float:
+        """Share of the step's wall time on device compute (optimizer included, see StageSpan)."""
+        return self.compute_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def metric_values(self) -> dict[str, float]:
+        """Flat series name -> value, as stored and charted by the platform."""
+        values = {
+            "loss": self.loss,
+            "wall_s": self.wall_s,
+            "trainer_utilisation": self.trainer_utilisation,
+            "wait_s": self.wait_s,
+            "compute_s": self.compute_s,
+            "publish_s": self.publish_s,
+            "other_s": self.other_s,
+            "trainer_idle_fraction": self.trainer_idle_fraction,
+            "policy_version": float(self.policy_version),
+            "failed_episodes": float(self.failed_episodes),
+            "episodes_lost": float(self.episodes_lost),
+        }
+        values.update(self.rollout_metrics)
+        if self.producer_utilisation is not None:
+            values["producers/utilisation"] = self.producer_utilisation
+        values["producers/reporting"] = float(self.producers_reporting)
+        for environment, count in self.circuit_breakers_open.items():
+            values[f"producers/circuit_open/{environment}"] = float(count)
+        for name in ("reward_mean", "success_rate", "samples_per_s", "samples_produced_per_s",
+                     "tokens_per_s", "staleness_mean", "staleness_max"):
+            value = getattr(self, name)
+            if value is not None:
+                values[name] = value
+        for kind, histogram in (("total", self.staleness_histogram),
+                                ("in_queue", self.staleness_in_queue_histogram),
+                                ("in_flight", self.staleness_in_flight_histogram)):
+            for bucket, count in histogram.items():
+                values[f"staleness/{kind}/{bucket}"] = float(count)
+        for name in ("queue_wait_s_mean", "queue_wait_s_max", "stale_drop_rate"):
+            value = getattr(self, name)
+            if value is not None:
+                values[f"staleness/{name}"] = value
+        values["staleness/trajectories_dropped"] = float(self.stale_trajectories_dropped)
+        for name, value in self.algorithm_metrics.items():
+            values.setdefault(f"algorithm/{name}", value)
+        if self.timeline is not None:
+            for stage, seconds in self.timeline.seconds_by_stage().items():
+                values[stage_metric_name(stage)] = seconds
+        for name, value in self.producer_timings.items():
+            values[f"producers/{name}"] = value
+        if self.device is not None:
+            values.update(self.device.metric_values())
+        return values
+
+
+class TraceRequest(BaseModel):
+    """A user's request for a `jax.profiler` trace of the trainer's next ``steps`` steps."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: int = Field(description="The platform's id of the request; the trainer uploads the trace under it.")
+    steps: int = Field(ge=1, description="Trainer steps to trace.")
+
+
+class TelemetryReply(Record):
+    """The platform's answer to a telemetry post: what it stored, and the traces it wants."""
+
+    stored: int
+    trace_requests: list[TraceRequest] = Field(
+        default_factory=list, description="Requested traces of the run not yet uploaded, oldest first."
+    )

@@ -1,0 +1,88 @@
+"""Finished episodes as producers append them to a run's trajectory stream."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tandem.contracts.schema import SCHEMA_VERSION, Record, SchemaVersionError
+
+
+class EpisodeTimings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    started_at: float = Field(description="Unix time the episode started.")
+    finished_at: float = Field(description="Unix time the episode ended.")
+    generation_s: float = Field(description="Seconds spent waiting for the policy to generate.")
+    environment_s: float = Field(description="Seconds spent waiting on environment reset/step (tool calls excluded).")
+    tool_s: float = Field(0.0, description="Seconds spent waiting on the environment's tool calls.")
+
+
+class TrajectoryRecord(Record):
+    """One finished episode, as appended to :func:`trajectory_stream`.
+
+    ``token_ids`` is the whole conversation; ``loss_mask`` is 1 exactly on the
+    tokens the policy generated and 0 on prompt, environment and tool tokens.
+    ``behaviour_logprobs`` holds the sampling policy's log-probability of each
+    token (0.0 where the mask is 0).
+    """
+
+    trajectory_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    run_id: int
+    group_id: str = Field(description="Episodes of one group share a task; GRPO compares them.")
+    group_size: int = Field(description="How many episodes the group has in total.")
+    environment: str
+    policy_version: int = Field(
+        description="Oldest policy version that generated any of its tokens; staleness is measured from it."
+    )
+    policy_versions: list[int] = Field(
+        default_factory=list,
+        description="Policy version of each policy turn's first token, in order; weights may change between turns.",
+    )
+    newest_policy_version: int | None = Field(
+        None,
+        description="Version of the newest weights that generated any of its tokens: newer than "
+        "max(policy_versions) when weights changed within a turn (between decode chunks). "
+        "None in records from before this field: read as max(policy_versions).",
+    )
+    token_ids: list[int]
+    behaviour_logprobs: list[float]
+    loss_mask: list[int]
+    reward: float
+    status: Literal["ok", "failed"] = "ok"
+    failure_reason: str = ""
+    num_turns: int = 0
+    timings: EpisodeTimings
+
+    @model_validator(mode="after")
+    def _aligned(self):
+        n = len(self.token_ids)
+        if len(self.behaviour_logprobs) != n or len(self.loss_mask) != n:
+            raise ValueError(
+                "token_ids, behaviour_logprobs and loss_mask must have the same length "
+                f"(got {n}, {len(self.behaviour_logprobs)}, {len(self.loss_mask)})"
+            )
+        return self
+
+    def newest_version(self) -> int:
+        """The newest policy version that generated any of its tokens."""
+        if self.newest_policy_version is not None:
+            return self.newest_policy_version
+        return max(self.policy_versions, default=self.policy_version)
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {"schema_version": str(self.schema_version), "payload": self.model_dump_json()}
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict) -> TrajectoryRecord:
+        decoded = {
+            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in fields.items()
+        }
+        if int(decoded.get("schema_version", -1)) != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"trajectory schema_version {decoded.get('schema_version')} is not supported"
+            )
+        return cls.model_validate_json(decoded["payload"])

@@ -1,0 +1,83 @@
+"""Trajectories the trainer trained on, decoded for people to read; posted to the platform."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tandem.contracts.schema import Record
+
+TurnRole = Literal["prompt", "policy", "environment", "tool"]
+
+
+class TokenSpan(BaseModel):
+    """A run of consecutive tokens of a turn that the loss either trained on or masked out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str = Field(description="The tokens decoded; special tokens written as ⟨bos⟩, ⟨eos⟩, ⟨pad⟩.")
+    tokens: int = Field(ge=1, description="How many tokens the span has.")
+    trained: bool = Field(description="True: the loss mask is 1 on every token of it (policy tokens).")
+
+
+class ToolCallSample(BaseModel):
+    """A tool call a policy turn made, as the producer parsed it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    arguments: dict = Field(default_factory=dict)
+
+
+class TrajectoryTurn(BaseModel):
+    """One turn of a sampled conversation, with its tokens' loss mask as spans."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: TurnRole = Field(
+        description="prompt: the reset's observation (and tool header); policy: generated; "
+        "tool: the results of the previous policy turn's tool calls; environment: a step's observation."
+    )
+    text: str
+    spans: tuple[TokenSpan, ...] = Field(description="The turn's tokens, run-length encoded by the loss mask.")
+    policy_version: int | None = Field(None, description="Policy version that generated it (policy turns).")
+    tool_calls: tuple[ToolCallSample, ...] = Field((), description="Calls the turn made (policy turns).")
+
+
+class TrajectorySample(Record):
+    """A trajectory the trainer trained on in ``step``, readable by people; posted to the platform.
+
+    Built from a :class:`TrajectoryRecord` and the run's tokenizer by
+    ``trainer.trajectory_samples``. ``turns`` cover every token of the record in order.
+    """
+
+    trajectory_id: str
+    run_id: int
+    step: int = Field(description="The trainer step whose update used it.")
+    selected_because: Literal["best", "worst", "failed"] = Field(
+        description="Why the trainer sent it: the step's best or worst reward, or a failed episode."
+    )
+    group_id: str
+    environment: str
+    reward: float
+    status: Literal["ok", "failed"]
+    failure_reason: str = ""
+    policy_version: int = Field(description="Oldest policy version of any of its turns.")
+    policy_versions: list[int] = Field(default_factory=list, description="Per policy turn, in order.")
+    num_tokens: int = Field(ge=0)
+    trained_tokens: int = Field(ge=0, description="Tokens the loss mask trains on.")
+    started_at: float
+    finished_at: float
+    turns: tuple[TrajectoryTurn, ...]
+
+    @model_validator(mode="after")
+    def _spans_cover_the_tokens(self):
+        covered = sum(span.tokens for turn in self.turns for span in turn.spans)
+        trained = sum(span.tokens for turn in self.turns for span in turn.spans if span.trained)
+        if covered != self.num_tokens or trained != self.trained_tokens:
+            raise ValueError(
+                f"turns' spans cover {covered} tokens ({trained} trained); "
+                f"num_tokens is {self.num_tokens} ({self.trained_tokens} trained)"
+            )
+        return self

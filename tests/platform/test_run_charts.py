@@ -1,0 +1,76 @@
+"""The run page's charts and the trainer's stages, given to the pages as data (telemetry/charts.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from django.test import Client
+
+from tandem.contracts import IDLE_STAGE, TRAINER_STAGES, stage_metric_name
+from telemetry.charts import RUN_CHARTS, stage_styles
+
+from .builders import full_rl_step_event
+
+
+@pytest.fixture
+def browser(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _json_script(html: str, element_id: str):
+    match = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', html, re.S)
+    assert match, f"no json_script {element_id} on the page"
+    return json.loads(match.group(1))
+
+
+def _python_pattern(javascript: str) -> re.Pattern:
+    """A family's JavaScript pattern as Python reads it (named groups are spelt (?P<name>...))."""
+    return re.compile(javascript.replace("(?<", "(?P<"))
+
+
+def test_the_run_page_is_given_every_chart_as_data_in_page_order(browser, running_run):
+    html = browser.get(f"/runs/{running_run.pk}/").content.decode()
+
+    charts = _json_script(html, "run-charts")
+
+    assert [chart["id"] for chart in charts] == [chart["id"] for chart in RUN_CHARTS]
+    for chart in charts:
+        assert f'id="{chart["id"]}"' in html
+
+
+def test_the_stage_chart_stacks_the_contracts_stages_in_the_order_a_step_runs_them():
+    stages = next(chart for chart in RUN_CHARTS if chart["id"] == "chart-stages")
+
+    assert [series["name"] for series in stages["series"]] == [
+        stage_metric_name(stage.name) for stage in TRAINER_STAGES]
+    assert [style["name"] for style in stage_styles() if style["idle"]] == [IDLE_STAGE]
+
+
+def test_every_chart_finds_its_series_among_the_metrics_of_a_full_rl_step(running_run):
+    names = set(full_rl_step_event(running_run.pk, 1).metric_values())
+
+    for chart in RUN_CHARTS:
+        fixed = {series["name"] for series in chart.get("series", ())
+                 if not series.get("optional")} | ({chart["share_of"]} if "share_of" in chart else set())
+        assert fixed <= names, chart["id"]
+        family = chart.get("family")
+        if family is not None:
+            pattern = _python_pattern(family["pattern"])
+            found = [pattern.match(name) for name in names if pattern.match(name)]
+            assert found, chart["id"]
+            variants = {value for value, _ in chart.get("variants", ())}
+            assert not variants or {match.group("variant") for match in found} <= variants, chart["id"]
+        assert fixed or family is not None or any(series["name"] in names for series in chart["series"])
+
+
+def test_the_timeline_page_is_given_the_stages_and_the_statuses_it_polls_in(browser, running_run):
+    html = browser.get(f"/runs/{running_run.pk}/timeline/").content.decode()
+
+    assert _json_script(html, "timeline-stages") == stage_styles()
+    assert set(_json_script(html, "timeline-active-statuses")) == {"queued", "starting", "running"}
+    for stage in TRAINER_STAGES:
+        assert f">{stage.name}" in html  # in the legend

@@ -1,0 +1,80 @@
+"""The slot scheduler on its own (no JAX): admission, eviction, prefill windows, row groups."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policy.engine.scheduler import Scheduler
+
+EOS = 99
+
+
+def _scheduler(**overrides) -> Scheduler:
+    settings = dict(num_slots=2, max_seq_len=32, eos_id=EOS, pad_id=0)
+    return Scheduler(**(settings | overrides))
+
+
+def _turn(scheduler: Scheduler, session_id, prompt: list[int], generated: list[int]):
+    """Queue a turn, admit it, and finish it with ``generated`` (its whole budget) in one chunk."""
+    request = scheduler.new_request(
+        session_id, prompt, max_new_tokens=len(generated), temperature=1.0, top_p=1.0, top_k=0,
+        stop=(), seed=0,
+    )
+    scheduler.enqueue(request)
+    admitted = scheduler.admit()
+    calls = scheduler.prefill_rows(admitted)
+    running = scheduler.running()
+    rows = scheduler.decode_row_count(len(running))
+    layout, _ = scheduler.decode_rows(running, rows)
+    tokens = np.zeros((rows, len(generated)), np.int32)
+    produced = np.zeros(rows, np.int32)
+    for row, slot in zip(layout, running, strict=True):
+        if slot.request is request:
+            tokens[row], produced[row] = generated, len(generated)
+    finished = scheduler.record_chunk(
+        running, layout, tokens, np.zeros(tokens.shape, np.float32), produced, version=1
+    )
+    assert finished == [request] and request.stop_reason == "length"
+    return calls
+
+
+def test_the_least_recently_used_idle_session_loses_its_slot_first():
+    scheduler = _scheduler()
+    _turn(scheduler, "a", [1, 2, 3], [4])
+    _turn(scheduler, "b", [5, 6], [7])
+    _turn(scheduler, "a", [1, 2, 3, 4, 8], [9])  # a's second turn: b is now the older one
+
+    _turn(scheduler, "c", [10, 11], [12])
+    assert scheduler.counters["evictions"] == 1
+    assert scheduler.cached_length("b") == 0
+    assert scheduler.cached_length("a") == 6 and scheduler.cached_length("c") == 3
+
+
+def test_a_cached_prompt_still_prefills_its_last_token():
+    scheduler = _scheduler()
+    _turn(scheduler, "a", [1, 2, 3], [4])
+    (call,) = _turn(scheduler, "a", [1, 2, 3, 4], [5])
+    assert (call.starts[0], call.last_index[0]) == (3, 0)
+    assert call.tokens[0, 0] == 4
+    assert scheduler.counters["reused_tokens"] == 3
+
+
+def test_a_window_that_would_run_past_the_cache_slides_left_over_cached_tokens():
+    scheduler = _scheduler(prefill_buckets=(16,))
+    history = list(range(1, 28))
+    _turn(scheduler, "a", history, [28])
+    before = scheduler.counters["prefill_tokens"]
+    # Two new tokens need a 16-token window; starting at slot 28 it would pass the cache's
+    # 33 slots (32 and the scratch slot), so it starts at 17 and re-encodes 11 cached tokens.
+    (call,) = _turn(scheduler, "a", [*history, 28, 29, 30], [31])
+    assert call.starts[0] == 33 - 16
+    assert call.tokens[0].tolist() == list(range(18, 31)) + [0, 0, 0]
+    assert call.last_index[0] == 29 - 17
+    assert scheduler.counters["prefill_tokens"] - before == 30 - 17
+
+
+def test_prefill_groups_pad_rows_at_most_twofold_else_fill_the_largest_bucket():
+    scheduler = _scheduler(num_slots=16, row_buckets=(1, 4, 16))
+    assert scheduler._row_group(3) == 3  # padded to 4
+    assert scheduler._row_group(7) == 4  # 16 rows for 7 would more than double the work
+    assert scheduler._row_group(9) == 9

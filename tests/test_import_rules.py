@@ -1,0 +1,63 @@
+"""The arrows between packages: import-linter's contracts, and what a process loads when it starts.
+
+import-linter reads every import statement, including those inside functions, so the one
+deliberate lazy import (the platform worker's checkpoint export) is listed as ignored there;
+the subprocess checks below prove that it stays lazy, by importing modules as their processes do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("jax", "flax", "optax", "orbax")
+
+
+def _loaded_after(code: str, *, cwd: Path = REPO_ROOT, extra_path: str = "") -> set[str]:
+    """Top-level modules loaded by a fresh interpreter that runs ``code``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (extra_path, str(REPO_ROOT)) if p)}
+    script = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
+    result = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_import_linter_contracts_are_kept():
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint_imports)], cwd=REPO_ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": "platform"}, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+def test_the_platform_loads_every_module_without_jax_or_the_processes():
+    platform_dir = REPO_ROOT / "platform"
+    modules = sorted(
+        ".".join(path.relative_to(platform_dir).with_suffix("").parts)
+        for path in platform_dir.glob("*/**/*.py")
+        if "migrations" not in path.parts and path.name != "__init__.py"
+    )
+    assert "checkpoints.tasks" in modules and "runs.views" in modules
+    code = (
+        "import os, importlib, django\n"
+        "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings.test')\n"
+        "django.setup()\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+    )
+    loaded = _loaded_after(code, cwd=platform_dir, extra_path=str(platform_dir))
+    assert "checkpoints.tasks" in loaded
+    unwanted = {name for name in loaded if name.split(".")[0] in (*HEAVY, "policy", "trainer", "workers")}
+    assert not unwanted, sorted(unwanted)[:20]
+
+
+def test_checkpoint_export_loads_no_run_loop_celery_or_redis():
+    loaded = _loaded_after("import trainer.checkpoint_export")
+    assert "jax" in loaded  # it does load JAX: that is its job
+    unwanted = {name for name in loaded if name.split(".")[0] in ("celery", "redis", "workers")}
+    assert "trainer.run_loop" not in loaded
+    assert not unwanted, sorted(unwanted)[:20]
