@@ -8,34 +8,17 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
-from policy.model import Transformer, split_model
+from policy.model import split_model
 from policy.sampler import Sampler
 from policy.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from tests.policy.sampling_reference import (
     CHUNK,
     CONFIG,
     TOLERANCE,
-    full_forward_logprobs,
     random_tokens,
     token_logprobs,
 )
-
-
-@pytest.fixture(scope="module")
-def model() -> Transformer:
-    return Transformer(CONFIG, rngs=nnx.Rngs(0))
-
-
-@pytest.fixture(scope="module")
-def params(model) -> nnx.State:
-    return split_model(model)[1]
-
-
-@pytest.fixture(scope="module")
-def forward_logprobs(model):
-    return full_forward_logprobs(model)
 
 
 @pytest.fixture(scope="module")

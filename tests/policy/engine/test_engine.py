@@ -21,25 +21,9 @@ from tests.policy.sampling_reference import (
     CONFIG,
     NUM_SLOTS,
     TOLERANCE,
-    full_forward_logprobs,
     random_tokens,
     token_logprobs,
 )
-
-
-@pytest.fixture(scope="module")
-def model() -> Transformer:
-    return Transformer(CONFIG, rngs=nnx.Rngs(0))
-
-
-@pytest.fixture(scope="module")
-def params(model) -> nnx.State:
-    return split_model(model)[1]
-
-
-@pytest.fixture(scope="module")
-def forward_logprobs(model):
-    return full_forward_logprobs(model)
 
 
 @pytest.fixture(scope="module")
