@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from environments import http_example_server  # noqa: E402
 from tandem.config_changes import merge_changes  # noqa: E402
-from tandem.contracts import ProducerReport, producers_key  # noqa: E402
+from tandem.contracts import TERMINAL_RUN_STATUSES, ProducerReport, producers_key  # noqa: E402
 from tandem.stack import LocalStack, StackConfig  # noqa: E402
 
 
@@ -117,7 +117,7 @@ def median_of(summaries: list[dict], name: str) -> float | None:
 WORKLOADS = {
     "multi-turn": {
         "server": {"environment": "environments.builtin.guessing_game:GuessingGameEnvironment",
-                   "params": {"max_guesses": 6, "retry_malformed": True}},
+                   "settings": {"max_guesses": 6, "retry_malformed": True}},
         # 6 turns of up to 8 tokens and their hints fit in 256 tokens.
         "config": {"rollout": {"max_turns": 6}, "sampling": {"max_new_tokens": 8}, "model": {"max_seq_len": 256}},
     },
@@ -203,7 +203,7 @@ def main() -> None:
                     while True:
                         stack.check_alive()
                         status = client.get(f"/api/runs/{run_id}/").json()["status"]
-                        if status in {"finished", "failed", "cancelled"}:
+                        if status in TERMINAL_RUN_STATUSES:
                             break
                         time.sleep(1)
                     summary = summarise(run_metrics(client, run_id), episodes_per_step)

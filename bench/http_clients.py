@@ -32,8 +32,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from environments import http_example_server  # noqa: E402
-from environments.adapters.http import SharedHTTPSession  # noqa: E402
+from environments import (
+    SharedHTTPSession,  # noqa: E402
+    http_example_server,  # noqa: E402
+)
 
 EPISODE_TURN_S = 0.05  # the policy's turn between two requests of an episode
 HTTPX_EPISODES_PER_CLIENT = 4

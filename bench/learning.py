@@ -20,6 +20,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tandem.contracts import TERMINAL_RUN_STATUSES  # noqa: E402
 from tandem.stack import LocalStack, StackConfig  # noqa: E402
 
 
@@ -52,7 +53,7 @@ def main() -> None:
         while True:
             stack.check_alive()
             status = client.get(f"/api/runs/{run_id}/").json()
-            if status["status"] in {"finished", "failed", "cancelled"}:
+            if status["status"] in TERMINAL_RUN_STATUSES:
                 break
             time.sleep(2)
         points, after = [], -1

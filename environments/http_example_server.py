@@ -2,7 +2,7 @@
 
     python -m environments.http_example_server --port 8765 --latency-ms 200
     python -m environments.http_example_server --latency-ms 200 \
-        --environment environments.builtin.guessing_game:GuessingGameEnvironment --params '{"high": 100}'
+        --environment environments.builtin.guessing_game:GuessingGameEnvironment --settings '{"high": 100}'
 
 Any :class:`~environments.base.Environment` subclass can be served
 (one instance per episode; its tools answer ``/tool``), so an existing Python
@@ -163,10 +163,10 @@ class ServerNotHealthyError(RuntimeError):
 
 
 def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0, environment: str | None = None,
-          params: dict[str, Any] | None = None) -> tuple[subprocess.Popen, str]:
+          settings: dict[str, Any] | None = None) -> tuple[subprocess.Popen, str]:
     """Run this server in a subprocess on a free local port; returns it and its URL once healthy.
 
-    ``environment``: ``module:Class`` to serve instead of the calculator, built with ``params``.
+    ``environment``: ``module:Class`` to serve instead of the calculator, built with ``settings``.
     """
     import httpx
 
@@ -176,7 +176,7 @@ def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0, environment
     process = subprocess.Popen(
         [sys.executable, "-m", "environments.http_example_server", "--port", str(port),
          "--latency-ms", str(latency_ms),
-         *(["--environment", environment, "--params", json.dumps(params or {})] if environment else [])],
+         *(["--environment", environment, "--settings", json.dumps(settings or {})] if environment else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
@@ -218,14 +218,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="delay of every step and tool call")
     parser.add_argument("--environment", help="module:Class of the environment to serve (default: the calculator)")
-    parser.add_argument("--params", default="{}", help="JSON object of the environment's constructor arguments")
+    parser.add_argument("--settings", "--params", dest="settings", default="{}",
+                        help="JSON object of the environment's settings (its constructor's keyword arguments)")
     parser.add_argument("--name", help="the name /schema reports (default: the class's name)")
     args = parser.parse_args()
     if args.environment:
-        params = json.loads(args.params)
+        settings = json.loads(args.settings)
         environment_class = load_environment_class(EnvironmentSpec(
-            name=args.environment, kind="python", entrypoint=args.environment, settings=params))
-        server = EnvironmentServer(lambda: environment_class(**params), name=args.name or environment_class.__name__,
+            name=args.environment, kind="python", entrypoint=args.environment, settings=settings))
+        server = EnvironmentServer(lambda: environment_class(**settings), name=args.name or environment_class.__name__,
                                    latency_ms=args.latency_ms)
     else:
         server = EnvironmentServer(latency_ms=args.latency_ms)

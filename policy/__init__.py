@@ -14,7 +14,9 @@ InferenceEngine``), never from its modules, which are private and may move.
 - LoRA: :func:`apply_lora`, and the base/adapter split the transports and
   exports use.
 - Weight transports behind :class:`WeightPublisher` and :class:`WeightSubscriber`.
-- The inference engine (:mod:`policy.engine`): :class:`InferenceEngine`.
+- The inference engine (:mod:`policy.engine`): :class:`InferenceEngine`, and
+  :class:`Sampler`, its synchronous front for callers with all their prompts at hand
+  (evaluation, benchmarks).
 """
 
 from policy.byte_layout import Conversation
@@ -24,6 +26,7 @@ from policy.factory import create_model, policy_config
 from policy.hf import CheckpointError, export_hf_checkpoint, load_hf_checkpoint
 from policy.lora import FrozenParam, apply_lora, fold_adapters, split_adapters
 from policy.model import RopeScaling, Transformer, TransformerConfig, count_parameters, split_model
+from policy.sampler import Sampler
 from policy.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from policy.weights import (
     FilesystemWeightPublisher,
@@ -68,5 +71,6 @@ __all__ = [
     "Completion",
     "EngineStats",
     "InferenceEngine",
+    "Sampler",
     "enable_compilation_cache",
 ]

@@ -51,7 +51,7 @@ def test_the_platform_loads_every_module_without_jax_or_the_processes():
     )
     loaded = _loaded_after(code, cwd=platform_dir, extra_path=str(platform_dir))
     assert "checkpoints.tasks" in loaded
-    unwanted = {name for name in loaded if name.split(".")[0] in (*HEAVY, "policy", "trainer", "workers")}
+    unwanted = {name for name in loaded if name.split(".")[0] in (*HEAVY, "policy", "environments", "trainer", "workers")}
     assert not unwanted, sorted(unwanted)[:20]
 
 

@@ -16,7 +16,7 @@ from celery import Celery
 from policy import enable_compilation_cache
 from tandem.contracts import RunStatus, TrainerHeartbeat
 from tandem.process_reports import start_process_reporter, stop_process_reporter
-from trainer.platform_client import PlatformClient, RunTakenOverError
+from trainer.platform_client import PlatformClient, RunTakenOverError, UnusableClaimError
 from trainer.run_loop import RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed
 
@@ -43,7 +43,13 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     logger.info("trainer %s waiting for runs at %s", consumer, platform_url)
     try:
         while max_runs is None or trained < max_runs:
-            claimed = platform.claim(consumer)
+            try:
+                claimed = platform.claim(consumer)
+            except UnusableClaimError as exc:
+                logger.error("run %s cannot be trained: %s", exc.run_id, exc.reason)
+                _report_failure(platform, exc.run_id, consumer, f"trainer cannot train it: {exc.reason}")
+                trained += 1
+                continue
             if claimed is None:
                 time.sleep(poll_s)
                 continue

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from pydantic import ValidationError
 
 from tandem.contracts import (
     CheckpointReport,
@@ -31,6 +32,15 @@ class PlatformUnavailableError(RuntimeError):
 
 class RunTakenOverError(RuntimeError):
     """The platform gave this trainer's run to another trainer (it presumed this one dead)."""
+
+
+class UnusableClaimError(Exception):
+    """A run this trainer claimed cannot be trained as it is stored."""
+
+    def __init__(self, run_id: int, reason: str):
+        super().__init__(reason)
+        self.run_id = run_id
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -91,11 +101,18 @@ class PlatformClient:
         if response.status_code == 204:
             return None
         run = response.json()["run"]
+        try:
+            config = RunConfig.model_validate(run["config"])
+            environment = EnvironmentSpec.model_validate(run["environment"])
+        except ValidationError as exc:
+            # Claimed but unusable (say, a config stored before a rule it breaks): the run
+            # fails with the reason, and the trainer goes on to the next one.
+            raise UnusableClaimError(int(run["id"]), f"its config or environment is invalid: {exc}") from exc
         return ClaimedRun(
             run_id=int(run["id"]),
             name=run["name"],
-            config=RunConfig.model_validate(run["config"]),
-            environment=EnvironmentSpec.model_validate(run["environment"]),
+            config=config,
+            environment=environment,
             attempt=int(run.get("attempts", 1)),
         )
 

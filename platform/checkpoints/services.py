@@ -14,7 +14,7 @@ from accounts.permissions import project_require_writer
 from config.celery import app as celery_app
 from domain_errors import Conflict
 from runs.models import Run
-from tandem.contracts import CheckpointReport
+from tandem.contracts import PLATFORM_QUEUE, CheckpointReport
 
 from .models import Checkpoint
 
@@ -71,7 +71,7 @@ def checkpoint_export_start(*, user: AbstractBaseUser, checkpoint: Checkpoint) -
 
 
 def _export_send(checkpoint_id: int) -> None:
-    celery_app.send_task(EXPORT_TASK_NAME, args=[checkpoint_id], queue="platform")
+    celery_app.send_task(EXPORT_TASK_NAME, args=[checkpoint_id], queue=PLATFORM_QUEUE)
 
 
 def checkpoint_export_run(*, checkpoint_id: int) -> Checkpoint:

@@ -30,7 +30,7 @@ class EnvironmentVersion(models.Model):
 
     The definition never changes after creation (a change is a new version);
     ``status`` and its reason follow the probe and the health checks, through
-    ``environments.services`` only. Runs pin the version they were created on.
+    ``environment_registry.services`` only. Runs pin the version they were created on.
     """
 
     # The contract's table of kinds (tandem.contracts.ENVIRONMENT_KINDS), as Django

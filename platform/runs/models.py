@@ -3,7 +3,6 @@ from django.utils import timezone
 
 from tandem.contracts import (
     TERMINAL_RUN_STATUSES,
-    TRAINER_HELD_RUN_STATUSES,
     RunStatus,
     run_status_choices,
 )
@@ -20,9 +19,6 @@ class Run(models.Model):
     # The contract's vocabulary (tandem.contracts.RunStatus), as Django choices for
     # forms, filters and the admin: Run.Status.RUNNING == RunStatus.RUNNING == "running".
     Status = models.TextChoices("Status", [(status.name, (status.value, status.label)) for status in RunStatus])
-
-    TERMINAL_STATUSES = TERMINAL_RUN_STATUSES
-    TRAINER_HELD_STATUSES = TRAINER_HELD_RUN_STATUSES
 
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="runs")
     environment = models.ForeignKey(
@@ -66,4 +62,4 @@ class Run(models.Model):
 
     @property
     def is_terminal(self) -> bool:
-        return self.status in self.TERMINAL_STATUSES
+        return self.status in TERMINAL_RUN_STATUSES

@@ -19,6 +19,8 @@ from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_version_pin
 from tandem.config_changes import merge_changes
 from tandem.contracts import (
+    TERMINAL_RUN_STATUSES,
+    TRAINER_HELD_RUN_STATUSES,
     RunStatus,
     TrainerConflictCode,
     TrainerHeartbeat,
@@ -105,7 +107,7 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
     if to_status == RunStatus.RUNNING and run.started_at is None:
         run.started_at = now
         update_fields.append("started_at")
-    if to_status in Run.TERMINAL_STATUSES:
+    if to_status in TERMINAL_RUN_STATUSES:
         run.finished_at = now
         update_fields.append("finished_at")
     if to_status == RunStatus.QUEUED:  # resumed: it is not over, and no trainer holds it
@@ -113,7 +115,7 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
         run.claimed_by = ""
         update_fields += ["finished_at", "claimed_by"]
     run.save(update_fields=update_fields)
-    if to_status in Run.TERMINAL_STATUSES or to_status == RunStatus.PAUSED:
+    if to_status in TERMINAL_RUN_STATUSES or to_status == RunStatus.PAUSED:
         run_producers_stop_on_commit(run.pk)
 
     run_broadcast_on_commit(run.pk, [_status_message(run)])
@@ -177,12 +179,12 @@ def run_reap_dead_trainers(*, heartbeat_timeout_s: float) -> list[Run]:
     """
     cutoff = timezone.now() - timezone.timedelta(seconds=heartbeat_timeout_s)
     reaped = []
-    candidates = Run.objects.filter(status__in=Run.TRAINER_HELD_STATUSES, heartbeat_at__lt=cutoff)
+    candidates = Run.objects.filter(status__in=TRAINER_HELD_RUN_STATUSES, heartbeat_at__lt=cutoff)
     for run_id in candidates.values_list("pk", flat=True):
         with transaction.atomic():
             run = Run.objects.select_for_update(skip_locked=True).filter(pk=run_id).first()
             # Re-checked under the lock: a heartbeat may have arrived since the scan.
-            if run is None or run.status not in Run.TRAINER_HELD_STATUSES or run.heartbeat_at >= cutoff:
+            if run is None or run.status not in TRAINER_HELD_RUN_STATUSES or run.heartbeat_at >= cutoff:
                 continue
             reason = (
                 f"Trainer {run.claimed_by or '(unknown)'} sent no heartbeat since "

@@ -27,6 +27,7 @@ from domain_errors import NotFound
 from runs.models import Run
 from runs.selectors import run_list
 from tandem.contracts import (
+    TRAINER_HELD_RUN_STATUSES,
     ProcessReport,
     ProducerReport,
     SchemaVersionError,
@@ -304,7 +305,7 @@ def run_list_trainer_held(*, user: AbstractBaseUser) -> QuerySet[Run]:
     """
     return (
         run_list(user=user)
-        .filter(status__in=Run.TRAINER_HELD_STATUSES)
+        .filter(status__in=TRAINER_HELD_RUN_STATUSES)
         .select_related("device_snapshot")
         .order_by("created_at", "id")
     )

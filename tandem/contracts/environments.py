@@ -66,6 +66,24 @@ ADAPTER_ENTRYPOINTS: dict[str, str] = {
 }
 
 
+#: Where the built-in environments and adapters lived before their package moved (schema 3):
+#: a record written before names the old module, which no longer exists.
+MOVED_ENVIRONMENT_MODULES: dict[str, str] = {
+    "workers.environments.calculator": "environments.builtin.calculator",
+    "workers.environments.guessing_game": "environments.builtin.guessing_game",
+    "workers.environments.http": "environments.adapters.http",
+    "workers.environments.openenv": "environments.adapters.openenv",
+    "workers.environments.gymnasium_text": "environments.adapters.gymnasium_text",
+    "workers.environments.reasoning_gym": "environments.adapters.reasoning_gym",
+}
+
+
+def moved_entrypoint(entrypoint: str) -> str:
+    """``entrypoint`` with a module from before the move replaced by its new home."""
+    module, separator, name = entrypoint.partition(":")
+    return MOVED_ENVIRONMENT_MODULES.get(module, module) + separator + name
+
+
 def environment_kind_choices() -> list[tuple[str, str]]:
     """``(kind, label)`` of every kind: the platform's choices.
 
@@ -125,7 +143,8 @@ class EnvironmentSpec(Record):
     def _upgrade_and_fill_adapter(cls, data):
         if isinstance(data, dict):
             if data.get("schema_version") in (1, 2):
-                data = {**data, "schema_version": 3}
+                data = {**data, "schema_version": 3,
+                        "entrypoint": moved_entrypoint(data.get("entrypoint") or "")}
             if "params" in data and "settings" not in data:
                 # Written by a process from before schema 3 (a RunSpec or ProbeRequest in Redis).
                 data = {key: value for key, value in data.items() if key != "params"} | {

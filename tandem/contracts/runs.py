@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, model_validator
 
 from tandem.contracts.environments import EnvironmentSpec
 from tandem.contracts.schema import Record
@@ -65,17 +65,27 @@ def run_status_choices() -> list[tuple[str, str]]:
 
 
 class RunSpec(Record):
-    """What a producer needs to run episodes for a run; written by the trainer on claim."""
+    """What a producer needs to run episodes for a run; written by the trainer on claim.
 
+    Schema 2: ``config`` is a sectioned RunConfig (schema 1 held the flat dict of
+    RunConfig 1, which readers upgrade).
+    """
+
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2})
+    schema_version: int = 2
     run_id: int
     config: RunConfig = Field(description="The run's config, validated once, when the spec is read.")
     environment: EnvironmentSpec
 
-    @field_validator("config", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _upgrade_config(cls, config):
-        # A spec an older trainer wrote holds an older config; readers upgrade first.
-        return upgrade_run_config(config) if isinstance(config, dict) else config
+    def _upgrade(cls, data):
+        # A spec an older trainer wrote holds an older config; readers upgrade it first.
+        if isinstance(data, dict) and data.get("schema_version") == 1:
+            data = {**data, "schema_version": 2}
+        if isinstance(data, dict) and isinstance(data.get("config"), dict):
+            data = {**data, "config": upgrade_run_config(data["config"])}
+        return data
 
 
 # The statuses a trainer may report; the others are the platform's or a user's to set.

@@ -54,6 +54,28 @@ def test_a_probe_request_written_with_params_still_reads():
     assert ProbeRequest.model_validate_json(stored).environment.settings == {"url": "http://host:8765"}
 
 
+@pytest.mark.parametrize(("kind", "old", "new"), [
+    ("python", "workers.environments.calculator:CalculatorEnvironment",
+     "environments.builtin.calculator:CalculatorEnvironment"),
+    ("http", "workers.environments.http:RemoteHTTPEnvironment", ADAPTER_ENTRYPOINTS["http"]),
+    ("reasoning_gym", "workers.environments.reasoning_gym:ReasoningGymEnvironment",
+     ADAPTER_ENTRYPOINTS["reasoning_gym"]),
+    ("python", "teams.own.module:Env", "teams.own.module:Env"),
+])
+def test_a_spec_from_before_the_move_names_the_new_home_of_its_module(kind, old, new):
+    # A RunSpec or ProbeRequest an older process left in Redis still names workers.environments.
+    spec = EnvironmentSpec.model_validate({"schema_version": 2, "name": "e", "kind": kind,
+                                           "entrypoint": old, "params": {"dataset": "x", "url": "http://h"}})
+
+    assert spec.entrypoint == new
+
+
+def test_a_current_spec_keeps_its_entrypoint_as_written():
+    with pytest.raises(pydantic.ValidationError, match="always loads"):
+        EnvironmentSpec.model_validate({"name": "e", "kind": "http", "settings": {"url": "http://h"},
+                                        "entrypoint": "workers.environments.http:RemoteHTTPEnvironment"})
+
+
 def test_a_newer_schema_is_refused():
     with pytest.raises(pydantic.ValidationError, match="schema_version 4 is not supported"):
         EnvironmentSpec.model_validate({"schema_version": 4, "name": "x", "kind": "python",

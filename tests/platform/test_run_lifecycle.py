@@ -3,6 +3,7 @@ import pytest
 from domain_errors import Conflict
 from runs.models import Run
 from runs.services import LEGAL_TRANSITIONS, run_transition
+from tandem.contracts import TERMINAL_RUN_STATUSES
 
 ALL_PAIRS = [(source, target) for source in Run.Status.values for target in Run.Status.values]
 LEGAL = [
@@ -40,7 +41,7 @@ def test_only_legal_transitions_are_made(make_run, source, target):
         run.refresh_from_db()
         assert run.status == target and run.status_reason == "because"
         assert (run.started_at is not None) == (target == "running")
-        assert (run.finished_at is not None) == (target in Run.TERMINAL_STATUSES)
+        assert (run.finished_at is not None) == (target in TERMINAL_RUN_STATUSES)
         if target == "queued":
             assert run.claimed_by == ""
     else:

@@ -8,7 +8,6 @@ from runs.models import Run
 from runs.services import LEGAL_TRANSITIONS
 from tandem.contracts import (
     ENVIRONMENT_KINDS,
-    TERMINAL_RUN_STATUSES,
     EnvironmentKindDefinition,
     RequiredSetting,
     RunStatus,
@@ -21,7 +20,6 @@ from tandem.contracts import environments as environment_contracts
 def test_a_runs_statuses_are_the_contracts_run_statuses():
     assert Run._meta.get_field("status").choices == run_status_choices()
     assert Run.Status.values == [status.value for status in RunStatus]
-    assert Run.TERMINAL_STATUSES == TERMINAL_RUN_STATUSES
     assert set(LEGAL_TRANSITIONS) == set(RunStatus)
 
 

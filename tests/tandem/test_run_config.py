@@ -150,5 +150,8 @@ def test_a_run_spec_carries_the_config_typed_and_reads_one_an_older_trainer_wrot
     assert isinstance(read.config, RunConfig) and read.config == config
 
     # A spec in Redis written before sections holds the flat config.
-    older = {"run_id": 1, "config": VERSION_1, "environment": environment.model_dump(mode="json")}
+    older = {"schema_version": 1, "run_id": 1, "config": VERSION_1,
+             "environment": environment.model_dump(mode="json")}
+    assert read.schema_version == 2
     assert RunSpec.model_validate(older).config == config
+    assert RunSpec.model_validate(older).schema_version == 2

@@ -594,7 +594,7 @@ def test_an_episode_timing_out_does_not_cancel_the_schema_fetch_others_wait_for(
 
 def test_any_python_environment_can_be_served_and_played_remotely_turn_by_turn():
     with http_example_server.running(
-            environment="environments.builtin.guessing_game:GuessingGameEnvironment", params={"high": 16}) as url:
+            environment="environments.builtin.guessing_game:GuessingGameEnvironment", settings={"high": 16}) as url:
         async def bisect():
             environment = RemoteHTTPEnvironment(url=url)
             task = environment.sample_task(random.Random(2))

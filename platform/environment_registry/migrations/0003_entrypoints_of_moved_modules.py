@@ -7,14 +7,10 @@ versions registered before the move name the old modules, which no longer exist.
 
 from django.db import migrations
 
-MOVED_MODULES = {
-    "workers.environments.calculator": "environments.builtin.calculator",
-    "workers.environments.guessing_game": "environments.builtin.guessing_game",
-    "workers.environments.http": "environments.adapters.http",
-    "workers.environments.openenv": "environments.adapters.openenv",
-    "workers.environments.gymnasium_text": "environments.adapters.gymnasium_text",
-    "workers.environments.reasoning_gym": "environments.adapters.reasoning_gym",
-}
+from tandem.contracts.environments import MOVED_ENVIRONMENT_MODULES
+
+# The map is the contract's, the one readers of old Redis records use too; it is history, fixed.
+MOVED_MODULES = MOVED_ENVIRONMENT_MODULES
 
 
 def _rewrite(apps, moves: dict[str, str]) -> None:
