@@ -33,7 +33,9 @@ from policy.weights import (
     RedisWeightPublisher,
     RedisWeightSubscriber,
     WeightPublisher,
+    WeightsTooLargeForRedisError,
     WeightSubscriber,
+    publication_bytes,
     weight_publisher,
 )
 
@@ -66,6 +68,8 @@ __all__ = [
     "RedisWeightSubscriber",
     "WeightPublisher",
     "WeightSubscriber",
+    "WeightsTooLargeForRedisError",
+    "publication_bytes",
     "weight_publisher",
     # inference
     "Completion",

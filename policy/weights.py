@@ -1,17 +1,26 @@
 """Publishing policy weights to producers, and picking them up there.
 
-Small models travel through Redis: one hash per run (``weights_key``),
+Models travel through Redis by default: one hash per run (``weights_key``),
 written in one transaction per version so a reader never pairs a version
-with another version's weights. Its fields:
+with another version's weights. Every serialized tree is cut into chunks of
+at most ``chunk_bytes`` (64 MiB), each its own hash field named
+``<tree>:<version>:<index>``, so no Redis value comes near Redis's 512 MB
+limit on one value (or its 1 GB limit on one command) whatever the model's
+size; ``<tree>_chunks`` says ``<version>:<count>``. Its fields:
 
 - ``version``: the newest policy version.
-- Full fine-tuning: ``blob``, msgpack of all parameters of that version.
-- LoRA: ``base`` (msgpack of the frozen base parameters, in the plain
-  model's layout) with ``base_version``, the version it was written with;
-  ``adapters`` (msgpack of the ``nnx.LoRAParam`` leaves of ``version``) and
-  ``lora_scale`` (alpha / rank). The base is sent once per run, with the
-  first version; every later version sends only the adapters, a few percent
-  of the bytes.
+- Full fine-tuning: the chunks of ``blob``, msgpack of all parameters of that version.
+- LoRA: the chunks of ``base`` (msgpack of the frozen base parameters, in the
+  plain model's layout) with ``base_version``, the version it was written with;
+  the chunks of ``adapters`` (msgpack of the ``nnx.LoRAParam`` leaves of
+  ``version``) and ``lora_scale`` (alpha / rank). The base is sent once per
+  run, with the first version; every later version sends only the adapters,
+  a few percent of the bytes.
+
+A reader that finds a chunk of the version it read gone (a newer version
+replaced it meanwhile) reads again. Floating parameters may be published in
+bfloat16 (``publish_dtype``), half the bytes; producers cast them back to
+their model's dtype.
 
 Large models travel through a shared filesystem instead
 (:class:`FilesystemWeightPublisher`): each version is an Orbax checkpoint
@@ -35,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx, serialization
@@ -48,7 +58,8 @@ if TYPE_CHECKING:
     # Only annotations need it: exporting a checkpoint imports this package without Redis.
     import redis
 
-# Hash fields of weights_key(run_id); see the module docstring.
+# Hash fields of weights_key(run_id); see the module docstring. FULL, BASE and
+# ADAPTERS name chunked trees: fields "<tree>:<version>:<index>" and "<tree>_chunks".
 VERSION_FIELD = "version"
 FULL_FIELD = "blob"
 BASE_FIELD = "base"
@@ -56,7 +67,53 @@ BASE_VERSION_FIELD = "base_version"
 ADAPTERS_FIELD = "adapters"
 LORA_SCALE_FIELD = "lora_scale"
 PATH_FIELD = "path"
-_LORA_FIELDS = (BASE_FIELD, BASE_VERSION_FIELD, ADAPTERS_FIELD, LORA_SCALE_FIELD)
+_TREES = (FULL_FIELD, BASE_FIELD, ADAPTERS_FIELD)
+
+#: The largest Redis value a publisher writes: far under Redis's 512 MB per value and
+#: 1 GB per command, and small enough that one chunk never holds the server up for long.
+REDIS_CHUNK_BYTES = 64 * 2**20
+
+PublishDtype = Literal["as_trained", "bfloat16"]
+
+
+def _chunks_field(tree: str) -> str:
+    return f"{tree}_chunks"
+
+
+def _chunk_fields(tree: str, version: int, blob: bytes, chunk_bytes: int) -> dict[str, bytes | str]:
+    """The hash fields that hold ``blob`` as ``tree`` of ``version``, and its chunk count."""
+    count = max(1, -(-len(blob) // chunk_bytes))
+    view = memoryview(blob)
+    fields: dict[str, bytes | str] = {
+        f"{tree}:{version}:{index}": bytes(view[index * chunk_bytes:(index + 1) * chunk_bytes])
+        for index in range(count)
+    }
+    fields[_chunks_field(tree)] = f"{version}:{count}"
+    return fields
+
+
+def _stale_fields(existing: list[bytes], kept: set[str], trees: tuple[str, ...]) -> list[str]:
+    """Chunk fields of ``trees`` in the hash that the new version no longer points at."""
+    names = (field.decode() for field in existing)
+    return [name for name in names
+            if name.partition(":")[0] in trees and ":" in name and name not in kept]
+
+
+def _cast_for_publishing(params: nnx.State, publish_dtype: PublishDtype):
+    if publish_dtype == "as_trained":
+        return params
+    return jax.tree.map(
+        lambda leaf: leaf.astype(jnp.bfloat16) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf, params
+    )
+
+
+def publication_bytes(params: nnx.State, publish_dtype: PublishDtype = "as_trained") -> int:
+    """Bytes of ``params`` as a publisher would send them (before msgpack's small overhead)."""
+    itemsize = {"as_trained": None, "bfloat16": 2}[publish_dtype]
+    return sum(
+        leaf.size * (itemsize if itemsize and jnp.issubdtype(leaf.dtype, jnp.floating) else leaf.dtype.itemsize)
+        for leaf in jax.tree.leaves(params)
+    )
 
 
 class WeightPublisher(Protocol):
@@ -130,16 +187,19 @@ def deserialize_params(blob: bytes, like: nnx.State) -> nnx.State:
 
 
 class RedisWeightPublisher:
-    """Writes each new policy version; with LoRA, the base once and then adapters only.
+    """Writes each new policy version in bounded chunks; with LoRA, the base once and then adapters only.
 
     One publisher per trainer process. It remembers which base it wrote; if
     the hash lost it (keys deleted, another trainer took over the run) the
     next publish sends the base again.
     """
 
-    def __init__(self, client: redis.Redis, *, lora: LoRAConfig | None = None):
+    def __init__(self, client: redis.Redis, *, lora: LoRAConfig | None = None,
+                 publish_dtype: PublishDtype = "as_trained", chunk_bytes: int = REDIS_CHUNK_BYTES):
         self._redis = client
         self._lora_scale = lora.scale if lora is not None and lora.enabled else None
+        self._publish_dtype = publish_dtype
+        self._chunk_bytes = chunk_bytes
         # run_id -> base_version this publisher wrote.
         self._base_versions: dict[int, int] = {}
         # run_id -> host copy of the frozen base (multi-host only; None off process 0).
@@ -166,34 +226,52 @@ class RedisWeightPublisher:
                 return 0
         key = weights_key(run_id)
         if not lora:
-            blob = serialize_params(base)
-            with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hset(key, mapping={VERSION_FIELD: version, FULL_FIELD: blob})
-                pipe.hdel(key, *_LORA_FIELDS)
-                pipe.execute()
+            blob = serialize_params(_cast_for_publishing(base, self._publish_dtype))
+            fields = _chunk_fields(FULL_FIELD, version, blob, self._chunk_bytes)
+
+            def write_full(pipe: redis.client.Pipeline) -> None:
+                stale = _stale_fields(pipe.hkeys(key), set(fields), _TREES)
+                pipe.multi()
+                self._write(pipe, key, {VERSION_FIELD: version, **fields})
+                pipe.hdel(key, *stale, _chunks_field(BASE_FIELD), _chunks_field(ADAPTERS_FIELD),
+                          BASE_VERSION_FIELD, LORA_SCALE_FIELD, PATH_FIELD)
+
+            self._redis.transaction(write_full, key)
             return len(blob)
 
-        adapters_blob = serialize_params(adapters)
+        adapters_blob = serialize_params(_cast_for_publishing(adapters, self._publish_dtype))
         written, base_version = 0, None
 
-        def write(pipe: redis.client.Pipeline) -> None:
+        def write_lora(pipe: redis.client.Pipeline) -> None:
             nonlocal written, base_version
             published = pipe.hget(key, BASE_VERSION_FIELD)
             base_version = None if published is None else int(published)
-            mapping = {VERSION_FIELD: version, ADAPTERS_FIELD: adapters_blob,
-                       LORA_SCALE_FIELD: repr(self._lora_scale)}
+            fields = {VERSION_FIELD: version, LORA_SCALE_FIELD: repr(self._lora_scale),
+                      **_chunk_fields(ADAPTERS_FIELD, version, adapters_blob, self._chunk_bytes)}
+            written = len(adapters_blob)
+            kept_trees: tuple[str, ...] = (FULL_FIELD, ADAPTERS_FIELD)
             if base_version is None or base_version != self._base_versions.get(run_id):
-                mapping |= {BASE_FIELD: serialize_params(base), BASE_VERSION_FIELD: version}
+                base_blob = serialize_params(_cast_for_publishing(base, self._publish_dtype))
+                fields |= {BASE_VERSION_FIELD: version,
+                           **_chunk_fields(BASE_FIELD, version, base_blob, self._chunk_bytes)}
                 base_version = version
+                written += len(base_blob)
+                kept_trees = _TREES
+            stale = _stale_fields(pipe.hkeys(key), set(fields), kept_trees)
             pipe.multi()
-            pipe.hset(key, mapping=mapping)
-            pipe.hdel(key, FULL_FIELD)
-            written = len(adapters_blob) + len(mapping.get(BASE_FIELD, b""))
+            self._write(pipe, key, fields)
+            pipe.hdel(key, *stale, _chunks_field(FULL_FIELD), PATH_FIELD)
 
         # Retried if the hash changes between the check and the write.
-        self._redis.transaction(write, key)
+        self._redis.transaction(write_lora, key)
         self._base_versions[run_id] = base_version
         return written
+
+    @staticmethod
+    def _write(pipe: redis.client.Pipeline, key: str, fields: dict) -> None:
+        # One command per chunk, so no command is larger than a chunk; MULTI makes them one write.
+        for field, value in fields.items():
+            pipe.hset(key, field, value)
 
     def _gather(
         self, run_id: int, adapters: nnx.State, base: nnx.State, *, lora: bool
@@ -230,35 +308,52 @@ class RedisWeightSubscriber:
         ``like`` is the parameter State of the plain model (no adapters);
         LoRA adapters come back folded into its kernels.
         """
-        fields = [VERSION_FIELD, FULL_FIELD, BASE_VERSION_FIELD, ADAPTERS_FIELD, LORA_SCALE_FIELD, PATH_FIELD]
-        # A second attempt covers a base replaced between the two reads below.
-        for _ in range(3):
-            version, blob, base_version, adapters_blob, lora_scale, path = self._redis.hmget(
-                weights_key(run_id), fields
-            )
+        key = weights_key(run_id)
+        fields = [VERSION_FIELD, PATH_FIELD, _chunks_field(FULL_FIELD), BASE_VERSION_FIELD,
+                  _chunks_field(ADAPTERS_FIELD), LORA_SCALE_FIELD]
+        # Another attempt covers chunks replaced by a newer version between the reads below.
+        for _ in range(5):
+            version, path, full_chunks, base_version, adapters_chunks, lora_scale = self._redis.hmget(key, fields)
             if version is None:
                 return None
             if path is not None:
                 return int(version), load_params_from_directory(Path(path.decode()), like)
-            if blob is not None:
-                return int(version), deserialize_params(blob, like)
-            if adapters_blob is None or base_version is None:
+            if full_chunks is not None:
+                blob = self._read_chunks(key, FULL_FIELD, full_chunks)
+                if blob is not None:
+                    return int(version), deserialize_params(blob, like)
+                continue
+            if adapters_chunks is None or base_version is None:
                 return None
             base = self._base(run_id, int(base_version))
-            if base is not None:
+            adapters_blob = self._read_chunks(key, ADAPTERS_FIELD, adapters_chunks)
+            if base is not None and adapters_blob is not None:
                 adapters = serialization.msgpack_restore(adapters_blob)
                 folded = fold_adapters(base, adapters, float(lora_scale))
                 return int(version), _params_like(folded, like)
         return None
 
+    def _read_chunks(self, key: str, tree: str, chunks: bytes) -> bytes | None:
+        """The blob of ``tree`` that ``chunks`` ("version:count") points at; None if a chunk is gone."""
+        version, _, count = chunks.decode().partition(":")
+        parts = []
+        for index in range(int(count)):
+            part = self._redis.hget(key, f"{tree}:{version}:{index}")
+            if part is None:
+                return None
+            parts.append(part)
+        return b"".join(parts)
+
     def _base(self, run_id: int, base_version: int) -> dict | None:
         cached = self._bases.get(run_id)
         if cached is not None and cached[0] == base_version:
             return cached[1]
-        stored_version, blob = self._redis.hmget(
-            weights_key(run_id), [BASE_VERSION_FIELD, BASE_FIELD]
-        )
-        if stored_version is None or int(stored_version) != base_version or blob is None:
+        key = weights_key(run_id)
+        stored_version, chunks = self._redis.hmget(key, [BASE_VERSION_FIELD, _chunks_field(BASE_FIELD)])
+        if stored_version is None or int(stored_version) != base_version or chunks is None:
+            return None
+        blob = self._read_chunks(key, BASE_FIELD, chunks)
+        if blob is None:
             return None
         base = serialization.msgpack_restore(blob)
         self._bases[run_id] = (base_version, base)
@@ -309,7 +404,9 @@ class FilesystemWeightPublisher:
         if jax.process_index() == 0:
             with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(weights_key(run_id), mapping={VERSION_FIELD: version, PATH_FIELD: str(directory)})
-                pipe.hdel(weights_key(run_id), FULL_FIELD, *_LORA_FIELDS)
+                stale = _stale_fields(self._redis.hkeys(weights_key(run_id)), set(), _TREES)
+                pipe.hdel(weights_key(run_id), *stale, *map(_chunks_field, _TREES), BASE_VERSION_FIELD,
+                          LORA_SCALE_FIELD)
                 pipe.execute()
             self._prune(run_dir, newest=version)
         return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
@@ -320,24 +417,46 @@ class FilesystemWeightPublisher:
                 shutil.rmtree(old, ignore_errors=True)
 
 
+class WeightsTooLargeForRedisError(ValueError):
+    """A run asked for the Redis transport with more weights than it allows; nothing was sent."""
+
+
 def weight_publisher(
     client: redis.Redis,
     *,
-    transport: Literal["redis", "filesystem"],
+    transport: Literal["auto", "redis", "filesystem"],
     directory: Path | None = None,
     lora: LoRAConfig | None = None,
+    parameter_bytes: int = 0,
+    redis_max_bytes: int | None = None,
+    publish_dtype: PublishDtype = "as_trained",
 ) -> WeightPublisher:
-    """The publisher of a run's ``transport``.
+    """The publisher of a run's ``transport``, chosen before anything is sent.
 
-    ``"redis"``: :class:`RedisWeightPublisher` (with ``lora`` enabled, adapters
-    travel alone after the first version). ``"filesystem"``:
+    ``"redis"``: :class:`RedisWeightPublisher` (chunked; with ``lora`` enabled,
+    adapters travel alone after the first version). ``"filesystem"``:
     :class:`FilesystemWeightPublisher` under ``directory``, which every
-    producer mounts (always full parameters).
+    producer mounts (always full parameters, as trained). ``"auto"``: Redis
+    while ``parameter_bytes`` (what one publication sends, see
+    :func:`publication_bytes`) is at most ``redis_max_bytes``, else the filesystem.
+
+    Raises:
+      WeightsTooLargeForRedisError: ``"redis"`` with ``parameter_bytes`` over ``redis_max_bytes``.
     """
+    over_redis_limit = redis_max_bytes is not None and parameter_bytes > redis_max_bytes
+    if transport == "auto":
+        transport = "filesystem" if over_redis_limit else "redis"
     if transport == "redis":
-        return RedisWeightPublisher(client, lora=lora)
+        if over_redis_limit:
+            raise WeightsTooLargeForRedisError(
+                f"one publication of these weights is {parameter_bytes / 2**20:.0f} MiB, over "
+                f"weights.redis_max_mb ({redis_max_bytes / 2**20:.0f} MiB): set weights.transport to "
+                "'filesystem' (weights.dir, a directory every producer mounts) or 'auto', publish in "
+                "bfloat16 (weights.publish_dtype), or raise weights.redis_max_mb"
+            )
+        return RedisWeightPublisher(client, lora=lora, publish_dtype=publish_dtype)
     if transport == "filesystem":
         if directory is None:
             raise ValueError("the filesystem weight transport needs a directory")
         return FilesystemWeightPublisher(client, directory)
-    raise ValueError(f"unknown weight transport {transport!r}; expected 'redis' or 'filesystem'")
+    raise ValueError(f"unknown weight transport {transport!r}; expected 'auto', 'redis' or 'filesystem'")

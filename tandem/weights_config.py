@@ -29,14 +29,30 @@ class WeightsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    transport: Literal["redis", "filesystem"] = Field(
-        "redis",
+    transport: Literal["auto", "redis", "filesystem"] = Field(
+        "auto",
         description=(
-            "How new policy versions reach producers: through Redis (small models), or as Orbax "
-            "checkpoints under weights.dir, a path every producer mounts (large models)."
+            "How new policy versions reach producers. redis: through Redis, in chunks of at most 64 MiB "
+            "(a run whose publication exceeds weights.redis_max_mb fails before anything is sent). "
+            "filesystem: as Orbax checkpoints under weights.dir, a path every producer mounts. "
+            "auto: redis up to weights.redis_max_mb, filesystem above."
         ),
     )
     dir: str | None = Field(
         None,
         description="Shared directory of the filesystem weight transport; default <trainer checkpoint dir>/weights.",
+    )
+    redis_max_mb: int = Field(
+        4096, ge=1, le=1_048_576,
+        description=(
+            "Largest publication (MiB, at weights.publish_dtype) sent through Redis: Redis holds a run's "
+            "newest version in memory, and during a publish the previous one too."
+        ),
+    )
+    publish_dtype: Literal["as_trained", "bfloat16"] = Field(
+        "as_trained",
+        description=(
+            "Floating parameters as trained (float32 for most runs), or cast to bfloat16 for the redis "
+            "transport: half the bytes; producers cast them back to their model's dtype."
+        ),
     )

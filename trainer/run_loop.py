@@ -25,6 +25,7 @@ from policy import (
     RedisWeightSubscriber,
     WeightPublisher,
     load_tokenizer,
+    publication_bytes,
     weight_publisher,
 )
 from tandem.contracts import (
@@ -126,11 +127,6 @@ class RunTrainer:
                                               tools=claimed.environment.tools))
         # Every second of the training loop goes to one stage of one step (see trainer/profiling.py).
         self.stages = StageRecorder()
-        self.publisher: WeightPublisher = weight_publisher(
-            redis_client, transport=self.config.weights.transport,
-            directory=Path(self.config.weights.dir or settings.checkpoint_root / "weights"),
-            lora=self.config.lora,
-        )
         self.policy_version = -1
         self.step = 0
         self._last_heartbeat = 0.0
@@ -147,6 +143,15 @@ class RunTrainer:
                                                    optimizer=self.optimizer)
         self.shardings = step_shardings(make_mesh(self.config.mesh), state)
         self.state = shard_train_state(state, self.shardings)
+        # Chosen now, so weights too large for the run's transport fail the run before anything is sent.
+        weights = self.config.weights
+        self.publisher: WeightPublisher = weight_publisher(
+            redis_client, transport=weights.transport,
+            directory=Path(weights.dir or settings.checkpoint_root / "weights"),
+            lora=self.config.lora, publish_dtype=weights.publish_dtype,
+            parameter_bytes=publication_bytes(self._published_params(), weights.publish_dtype),
+            redis_max_bytes=weights.redis_max_mb * 2**20,
+        )
         self.devices = DeviceMonitor(parameters=parameter_count(self.state.params),
                                      interval_s=settings.device_report_interval_s)
         self._sft_step = make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss),
@@ -341,12 +346,14 @@ class RunTrainer:
 
     # -- RL ----------------------------------------------------------------
 
+    def _published_params(self):
+        # Producers only ever sample: a PPO critic stays on the trainer.
+        return policy_params(self.state.params) if self.algorithm.needs_value_head else self.state.params
+
     def _publish(self) -> float:
         started = time.perf_counter()
         self.policy_version += 1
-        # Producers only ever sample: a PPO critic stays on the trainer.
-        params = policy_params(self.state.params) if self.algorithm.needs_value_head else self.state.params
-        self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=params)
+        self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=self._published_params())
         return time.perf_counter() - started
 
     def _checkpoint(self) -> None:

@@ -139,8 +139,11 @@ def test_adapter_only_publishes_round_trip_through_redis_into_the_trainers_model
     # First the base and the adapters, then adapters alone.
     stored = redis_client.hgetall(weights_key(run_id))
     assert int(stored[b"version"]) == 2 and int(stored[b"base_version"]) == 0
-    assert b"blob" not in stored
-    assert sizes[1] == sizes[2] == len(stored[b"adapters"]) < sizes[0] / 10
+    assert b"blob_chunks" not in stored and stored[b"adapters_chunks"].startswith(b"2:")
+    adapter_chunks = [value for field, value in stored.items() if field.startswith(b"adapters:2:")]
+    assert sizes[1] == sizes[2] == sum(map(len, adapter_chunks)) < sizes[0] / 10
+    # Only the newest adapters are kept beside the base.
+    assert not [field for field in stored if field.startswith((b"adapters:0:", b"adapters:1:"))]
 
     # A producer, unchanged: it builds the plain model and gets the adapters folded in.
     plain_graphdef, plain_like = split_model(

@@ -36,7 +36,7 @@ def test_producers_follow_the_pointer_to_the_newest_checkpoint(redis_client, run
     # Only the newest `keep` versions stay on disk.
     assert sorted(p.name for p in (tmp_path / f"run-{run_id}").iterdir()) == ["v1", "v2"]
     # Redis holds a pointer, not the weights.
-    assert redis_client.hget(f"tandem:run:{run_id}:weights", "blob") is None
+    assert set(redis_client.hkeys(f"tandem:run:{run_id}:weights")) == {b"version", b"path"}
 
 
 def test_a_producer_runtime_loads_weights_published_on_the_filesystem(redis_client, run_id, tmp_path):
