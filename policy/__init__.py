@@ -8,7 +8,8 @@ InferenceEngine``), never from its modules, which are private and may move.
   :class:`TransformerConfig` (whose rules it shares with the run config's
   ``ModelConfig``), :func:`create_model`, :func:`policy_config`.
 - Hugging Face checkpoints in and out: :func:`load_hf_checkpoint`,
-  :func:`export_hf_checkpoint`, :class:`CheckpointError`.
+  :func:`export_hf_checkpoint`, :class:`CheckpointError`; :func:`import_model` makes
+  one of a GGUF file (``tandem models import``).
 - Tokenizers and the byte layout of a conversation: :func:`load_tokenizer`,
   :class:`Conversation`.
 - LoRA: :func:`apply_lora`, and the base/adapter split the transports and
@@ -26,6 +27,7 @@ from policy.factory import create_model, policy_config
 from policy.hf import CheckpointError, export_hf_checkpoint, load_hf_checkpoint
 from policy.lora import FrozenParam, apply_lora, fold_adapters, split_adapters
 from policy.model import RopeScaling, Transformer, TransformerConfig, count_parameters, split_model
+from policy.model_import import ModelImportError, import_model
 from policy.sampler import Sampler
 from policy.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from policy.weights import (
@@ -48,8 +50,10 @@ __all__ = [
     "create_model",
     "policy_config",
     "split_model",
-    # Hugging Face checkpoints
+    # Hugging Face checkpoints, and GGUF files or HF directories imported as one
     "CheckpointError",
+    "ModelImportError",
+    "import_model",
     "export_hf_checkpoint",
     "load_hf_checkpoint",
     # tokenizers and prompt formats

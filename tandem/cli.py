@@ -179,7 +179,7 @@ def cmd_up(args) -> int:
 
 def cmd_models_import(args) -> int:
     """A GGUF file or a Hugging Face directory, as a Tandem-ready Hugging Face directory."""
-    from policy.model_import import ModelImportError, import_model
+    from policy import ModelImportError, import_model
 
     try:
         destination = import_model(args.source, args.destination)

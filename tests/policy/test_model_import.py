@@ -22,8 +22,7 @@ import pytest
 import torch
 import transformers
 
-from policy import load_hf_checkpoint, load_tokenizer
-from policy.model_import import ModelImportError, import_model
+from policy import ModelImportError, import_model, load_hf_checkpoint, load_tokenizer
 from tests.policy.factories import forward
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
