@@ -13,7 +13,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test,parity,environments,models]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The platform's apps are top-level modules of platform/ (never a package): a .pth file puts the
+# folder on the virtual environment's path, as manage.py and the tests do, so that tools such as
+# lint-imports find them when run as they are.
+PLATFORM_PTH := $(VENV)/.platform-path
+$(PLATFORM_PTH): $(STAMP)
+	echo "$(abspath platform)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/tandem-platform.pth"
+	touch $@
+
+setup: $(STAMP) $(PLATFORM_PTH)
 
 # Browser tests drive Debian's Chromium; Playwright's own browser download is never used.
 browser:
@@ -45,7 +53,7 @@ demo: setup
 # ruff, then the dependency rules between packages ([tool.importlinter] in pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check .
-	PYTHONPATH=platform $(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports
 
 test: setup browser lint models
 	$(VENV)/bin/pytest
