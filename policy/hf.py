@@ -42,6 +42,11 @@ _INDEX_FILE = "model.safetensors.index.json"
 _IGNORED_TENSORS = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
 
+def architecture_of_model_type(model_type: str) -> str | None:
+    """The ``architectures`` entry of a supported ``model_type`` (as GGUF files name a model), or None."""
+    return next((name for name, features in _ARCHITECTURES.items() if features["model_type"] == model_type), None)
+
+
 class CheckpointError(ValueError):
     """A checkpoint that does not describe a model we can build, with the offending field named."""
 

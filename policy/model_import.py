@@ -19,7 +19,12 @@ import json
 import shutil
 from pathlib import Path
 
-from policy.hf import CheckpointError, load_hf_checkpoint, transformer_config_from_hf
+from policy.hf import (
+    CheckpointError,
+    architecture_of_model_type,
+    load_hf_checkpoint,
+    transformer_config_from_hf,
+)
 from policy.tokenizer import load_tokenizer
 
 # What a Hugging Face directory may carry beside its weights that a run reads.
@@ -75,8 +80,9 @@ def _import_gguf(source: Path, destination: Path) -> None:
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad file
         raise ModelImportError(f"{source} is not a GGUF model transformers can read: {exc}") from exc
     config_dict = config.to_dict()
-    architectures = config_dict.get("architectures") or [_ARCHITECTURE_OF.get(config.model_type, "")]
-    config_dict["architectures"] = architectures
+    # GGUF files name a model_type, not a class.
+    config_dict["architectures"] = config_dict.get("architectures") or [
+        architecture_of_model_type(config.model_type) or config.model_type]
     _supported(config_dict, source)
     try:
         # transformers dequantizes tensor by tensor, with a progress bar of its own.
@@ -94,10 +100,6 @@ def _import_gguf(source: Path, destination: Path) -> None:
     config_dict.pop("dtype", None)
     (destination / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True))
     tokenizer.save_pretrained(destination)
-
-
-# GGUF files name a model_type, not a class.
-_ARCHITECTURE_OF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 def _import_directory(source: Path, destination: Path) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +53,7 @@ from jax.experimental import multihost_utils
 from policy.lora import fold_adapters, split_adapters
 from tandem.contracts import weights_key
 from tandem.parallelism_config import LoRAConfig
+from tandem.weights_config import PublishDtype, WeightTransport
 
 if TYPE_CHECKING:
     # Only annotations need it: exporting a checkpoint imports this package without Redis.
@@ -72,8 +73,6 @@ _TREES = (FULL_FIELD, BASE_FIELD, ADAPTERS_FIELD)
 #: The largest Redis value a publisher writes: far under Redis's 512 MB per value and
 #: 1 GB per command, and small enough that one chunk never holds the server up for long.
 REDIS_CHUNK_BYTES = 64 * 2**20
-
-PublishDtype = Literal["as_trained", "bfloat16"]
 
 
 def _chunks_field(tree: str) -> str:
@@ -424,7 +423,7 @@ class WeightsTooLargeForRedisError(ValueError):
 def weight_publisher(
     client: redis.Redis,
     *,
-    transport: Literal["auto", "redis", "filesystem"],
+    transport: WeightTransport,
     directory: Path | None = None,
     lora: LoRAConfig | None = None,
     parameter_bytes: int = 0,

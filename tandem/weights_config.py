@@ -24,12 +24,18 @@ class CheckpointConfig(BaseModel):
     )
 
 
+#: How new policy versions reach the producers (policy.weight_publisher builds each).
+WeightTransport = Literal["auto", "redis", "filesystem"]
+#: The dtype floating parameters travel in.
+PublishDtype = Literal["as_trained", "bfloat16"]
+
+
 class WeightsConfig(BaseModel):
     """How the trainer publishes each new policy version to the producers."""
 
     model_config = ConfigDict(extra="forbid")
 
-    transport: Literal["auto", "redis", "filesystem"] = Field(
+    transport: WeightTransport = Field(
         "auto",
         description=(
             "How new policy versions reach producers. redis: through Redis, in chunks of at most 64 MiB "
@@ -49,7 +55,7 @@ class WeightsConfig(BaseModel):
             "newest version in memory, and during a publish the previous one too."
         ),
     )
-    publish_dtype: Literal["as_trained", "bfloat16"] = Field(
+    publish_dtype: PublishDtype = Field(
         "as_trained",
         description=(
             "Floating parameters as trained (float32 for most runs), or cast to bfloat16 for the redis "
