@@ -12,7 +12,10 @@ them by name.
   :class:`MalformedOutputError`;
 - loading a registration's class: :func:`load_environment_class`, which wraps a
   class that only has the interface's methods, and :func:`as_step_result`;
-- tool-call parsing of the policy's text: :func:`parse_tool_calls`;
+- tool calls in a model's own format: :func:`parse_tool_calls` reads them,
+  :func:`format_tool_call` writes them, :func:`tool_call_format_of_template`
+  finds a template's, :func:`tool_schemas` and :func:`tool_instructions` present the
+  tools, :func:`demonstration_messages` turns a demonstration into chat messages;
 - the HTTP adapter's session, shared by the episodes of one event loop.
 """
 
@@ -29,7 +32,18 @@ from environments.base import (
     checked_step_result,
 )
 from environments.loading import EnvironmentLoadError, as_step_result, load_environment_class
-from environments.tool_calls import ToolCall, ToolCallParse, parse_tool_call, parse_tool_calls
+from environments.tool_calls import (
+    ToolCall,
+    ToolCallFormat,
+    ToolCallParse,
+    demonstration_messages,
+    format_tool_call,
+    parse_tool_call,
+    parse_tool_calls,
+    tool_call_format_of_template,
+    tool_instructions,
+    tool_schemas,
+)
 
 __all__ = [
     "Demonstration",
@@ -41,13 +55,19 @@ __all__ = [
     "StepResult",
     "Tool",
     "ToolCall",
+    "ToolCallFormat",
     "ToolCallParse",
     "as_step_result",
     "checked_json",
     "checked_observation",
     "checked_step_result",
+    "demonstration_messages",
+    "format_tool_call",
     "load_environment_class",
     "parse_tool_call",
     "parse_tool_calls",
     "shared_http_session",
+    "tool_call_format_of_template",
+    "tool_instructions",
+    "tool_schemas",
 ]

@@ -11,6 +11,15 @@ Three formats are understood:
 - ``qwen``: the same JSON blocks (Qwen2.5 / Qwen3 templates), plus the XML
   body of Qwen3-Coder: ``<tool_call><function=calc><parameter=expression>
   37*58</parameter></function></tool_call>``.
+- ``llama3``: the whole turn is one JSON object ``{"name": ..., "parameters":
+  {...}}`` (Llama 3.1-3.3's JSON tool calling; the ``<|python_tag|>`` before it
+  is a special token, gone from the decoded text).
+
+:func:`tool_call_format_of_template` says which one a chat template implies,
+:func:`format_tool_call` writes a call the way the model would,
+:func:`tool_schemas` turns tools into the function specs templates take, and
+:func:`demonstration_messages` turns a :class:`~environments.base.Demonstration`
+(written in the ``tandem`` format) into chat messages in a model's own format.
 
 A turn whose tool-call markup is malformed (bad JSON, unknown tool, arguments
 that are not an object) is no call at all: the text goes to ``step`` as an
@@ -23,9 +32,10 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
-from environments.base import Tool
+from environments.base import Demonstration, Tool
+from tandem.model_config import ToolCallFormat
 
 _CALL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\((.*)\)\s*$", re.DOTALL)
 _JSON_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -33,7 +43,7 @@ _UNCLOSED_BLOCK = re.compile(r"<tool_call>(?!.*</tool_call>)", re.DOTALL)
 _XML_FUNCTION = re.compile(r"^<function=([^>\s]+)>(.*)</function>$", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
-FORMATS = ("tandem", "qwen", "hermes")
+FORMATS: tuple[str, ...] = get_args(ToolCallFormat)
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,16 @@ def _parse_blocks(text: str, by_name: dict[str, Tool], *, fmt: str) -> ToolCallP
     return ToolCallParse(calls, fmt)
 
 
+def _parse_llama3(text: str, by_name: dict[str, Tool]) -> ToolCallParse | None:
+    stripped = text.strip()
+    if not (stripped.startswith("{") and '"name"' in stripped):
+        return None  # prose, not an attempt at a call
+    call = _json_call(stripped, by_name)
+    if isinstance(call, str):
+        return ToolCallParse([], "llama3", call)
+    return ToolCallParse([call], "llama3")
+
+
 def parse_tool_calls(text: str, tools: Sequence[Tool], *, formats: Sequence[str] = FORMATS) -> ToolCallParse:
     """Every call ``text`` makes to a declared tool, trying ``formats`` in order.
 
@@ -135,6 +155,8 @@ def parse_tool_calls(text: str, tools: Sequence[Tool], *, formats: Sequence[str]
     for fmt in formats:
         if fmt == "tandem":
             parsed = _parse_tandem(text, by_name)
+        elif fmt == "llama3":
+            parsed = _parse_llama3(text, by_name)
         else:
             parsed = _parse_blocks(text, by_name, fmt=fmt)
         if parsed is not None:
@@ -146,3 +168,80 @@ def parse_tool_call(text: str, tools: Sequence[Tool], *, formats: Sequence[str] 
     """The (first) call ``text`` makes, or None when it is not a call to a declared tool."""
     calls = parse_tool_calls(text, tools, formats=formats).calls
     return calls[0] if calls else None
+
+
+def tool_call_format_of_template(chat_template: str | None) -> ToolCallFormat:
+    """The tool-call format a chat template implies; ``tandem`` without a template.
+
+    A template that writes ``<tool_call>`` blocks (Hermes, Qwen) implies
+    ``qwen`` (which reads Hermes' JSON blocks too); one with Llama 3's
+    ``<|python_tag|>`` or ``ipython`` role implies ``llama3``. A template that
+    knows no tools at all gets ``hermes``: the tools and that syntax are then
+    described in a system message (:func:`tool_instructions`).
+    """
+    if chat_template is None:
+        return "tandem"
+    if "<tool_call>" in chat_template:
+        return "qwen"
+    if "<|python_tag|>" in chat_template or "ipython" in chat_template:
+        return "llama3"
+    return "hermes"
+
+
+def tool_schemas(tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    """The tools as the function specs chat templates take (OpenAI's ``{"type": "function", ...}``)."""
+    return [
+        {"type": "function",
+         "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
+        for tool in tools
+    ]
+
+
+def tool_instructions(tools: Sequence[Tool]) -> str:
+    """A system message describing ``tools`` and the Hermes call syntax, for templates that know no tools."""
+    listed = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in tool_schemas(tools))
+    return (
+        "You may call these tools, described as JSON schemas:\n<tools>\n" + listed + "\n</tools>\n"
+        'To call one, reply with <tool_call>{"name": <tool name>, "arguments": <arguments object>}'
+        "</tool_call> and nothing else; its result comes back in the next message."
+    )
+
+
+def format_tool_call(name: str, arguments: dict[str, Any], fmt: ToolCallFormat) -> str:
+    """The text of a call in ``fmt``, as a model trained on that format writes it."""
+    if fmt == "tandem":
+        values = list(arguments.values())
+        return f"{name}({values[0] if values else ''})"
+    if fmt == "llama3":
+        return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+def demonstration_messages(
+    demonstration: Demonstration, tools: Sequence[Tool], fmt: ToolCallFormat
+) -> list[dict[str, Any]]:
+    """A demonstration as chat messages, its tool calls rewritten in ``fmt``.
+
+    Demonstrations are written in the ``tandem`` format (``calc(37*58)``). A
+    policy turn that is such a call becomes an assistant message holding the
+    call as the model writes it in ``fmt``; the environment turn after a call
+    becomes a ``tool`` message, any other environment turn a ``user`` message.
+    """
+    messages: list[dict[str, Any]] = [{"role": "user", "content": demonstration.prompt}]
+    after_call = False
+    for turn in demonstration.turns:
+        if turn.role == "policy":
+            call = _parse_tandem(turn.text, {tool.name: tool for tool in tools}) if tools else None
+            if call is not None and call.calls:
+                first = call.calls[0]
+                messages.append({"role": "assistant", "content": format_tool_call(first.tool.name, first.arguments, fmt),
+                                 "tool_calls": [{"name": first.tool.name, "arguments": first.arguments}]})
+                after_call = True
+            else:
+                messages.append({"role": "assistant", "content": turn.text})
+                after_call = False
+        else:
+            messages.append({"role": "tool" if after_call else "user", "content": turn.text})
+            after_call = False
+    return messages

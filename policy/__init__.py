@@ -10,8 +10,10 @@ InferenceEngine``), never from its modules, which are private and may move.
 - Hugging Face checkpoints in and out: :func:`load_hf_checkpoint`,
   :func:`export_hf_checkpoint`, :class:`CheckpointError`; :func:`import_model` makes
   one of a GGUF file (``tandem models import``).
-- Tokenizers and the byte layout of a conversation: :func:`load_tokenizer`,
-  :class:`Conversation`.
+- Tokenizers and prompt formats: :func:`load_tokenizer`; :func:`prompt_layout`
+  picks the model's chat template (:class:`ChatTemplateLayout`) or the byte layout
+  (:class:`ByteLayout`, :class:`Conversation`), which build an episode's
+  :class:`EpisodeTokens` turn by turn.
 - LoRA: :func:`apply_lora`, and the base/adapter split the transports and
   exports use.
 - Weight transports behind :class:`WeightPublisher` and :class:`WeightSubscriber`.
@@ -21,6 +23,7 @@ InferenceEngine``), never from its modules, which are private and may move.
 """
 
 from policy.byte_layout import Conversation
+from policy.chat_template import ChatTemplateError
 from policy.compilation_cache import enable_compilation_cache
 from policy.engine import Completion, EngineStats, InferenceEngine
 from policy.factory import create_model, policy_config
@@ -28,6 +31,14 @@ from policy.hf import CheckpointError, export_hf_checkpoint, load_hf_checkpoint
 from policy.lora import FrozenParam, apply_lora, fold_adapters, split_adapters
 from policy.model import RopeScaling, Transformer, TransformerConfig, count_parameters, split_model
 from policy.model_import import ModelImportError, import_model
+from policy.prompt_format import (
+    ByteLayout,
+    ChatTemplateLayout,
+    EpisodeTokens,
+    PromptFormatError,
+    PromptLayout,
+    prompt_layout,
+)
 from policy.sampler import Sampler
 from policy.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from policy.weights import (
@@ -57,10 +68,17 @@ __all__ = [
     "export_hf_checkpoint",
     "load_hf_checkpoint",
     # tokenizers and prompt formats
+    "ByteLayout",
     "ByteTokenizer",
+    "ChatTemplateError",
+    "ChatTemplateLayout",
     "Conversation",
+    "EpisodeTokens",
+    "PromptFormatError",
+    "PromptLayout",
     "Tokenizer",
     "load_tokenizer",
+    "prompt_layout",
     # LoRA
     "FrozenParam",
     "apply_lora",

@@ -143,6 +143,60 @@ def _strip_generation_marks(text: str) -> tuple[str, list[tuple[int, int]]]:
     return "".join(parts), spans
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled(source: str) -> Any:
+    return _jinja_environment().from_string(source)
+
+
+def render_text(
+    messages: Sequence[Message],
+    tokenizer: HFTokenizer,
+    source: str,
+    *,
+    add_generation_prompt: bool,
+    tools: Sequence[Any] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The text the Jinja template ``source`` makes of ``messages``, as transformers renders it.
+
+    Raises:
+      ChatTemplateError: the template raised, or failed to render.
+    """
+    _check_messages(messages)
+    return _strip_generation_marks(
+        _render_source(messages, tokenizer, source, add_generation_prompt=add_generation_prompt,
+                       tools=tools, template_kwargs=template_kwargs or {})
+    )[0]
+
+
+def _render_source(
+    messages: Sequence[Message],
+    tokenizer: HFTokenizer,
+    source: str,
+    *,
+    add_generation_prompt: bool,
+    tools: Sequence[Any] | None,
+    template_kwargs: Mapping[str, Any],
+) -> str:
+    context = {
+        "bos_token": "" if tokenizer.bos_id is None else tokenizer.token(tokenizer.bos_id),
+        "eos_token": tokenizer.token(tokenizer.eos_id),
+        "pad_token": tokenizer.token(tokenizer.pad_id),
+        "tools": list(tools) if tools is not None else None,
+        **template_kwargs,
+    }
+    try:
+        return _compiled(source).render(
+            messages=[dict(message) for message in messages],
+            add_generation_prompt=add_generation_prompt,
+            **context,
+        )
+    except ChatTemplateError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a template bug is the template's, named as such
+        raise ChatTemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from exc
+
+
 def _render_jinja(
     messages: Sequence[Message],
     tokenizer: HFTokenizer,
@@ -153,22 +207,10 @@ def _render_jinja(
     end_of_turn_id: int,
     template_kwargs: Mapping[str, Any],
 ) -> RenderedChat:
-    template = _jinja_environment().from_string(source)
-    context = {
-        "bos_token": "" if tokenizer.bos_id is None else tokenizer.token(tokenizer.bos_id),
-        "eos_token": tokenizer.token(tokenizer.eos_id),
-        "pad_token": tokenizer.token(tokenizer.pad_id),
-        "tools": list(tools) if tools is not None else None,
-        **template_kwargs,
-    }
-
     def render(count: int, generation_prompt: bool) -> tuple[str, list[tuple[int, int]]]:
         return _strip_generation_marks(
-            template.render(
-                messages=[dict(message) for message in messages[:count]],
-                add_generation_prompt=generation_prompt,
-                **context,
-            )
+            _render_source(messages[:count], tokenizer, source, add_generation_prompt=generation_prompt,
+                           tools=tools, template_kwargs=template_kwargs)
         )
 
     token_ids: list[int] = []

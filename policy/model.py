@@ -274,7 +274,9 @@ def _attend(
         key axis is slot ``s`` of the sequence.
       query_slots: [B, T] int32, the sequence slot of each query (causality: key slot <= query
         slot); per row, since rows of a cached decode may sit at different offsets.
-      key_mask: [B, S] bool, False for padding keys that nobody may attend to.
+      key_mask: [B, S] bool, False for padding keys that nobody may attend to; or int32
+        segment ids (0 on padding) of a full forward, where a query attends only to keys of
+        its own segment (several contexts packed in one row).
     Returns:
       [B, T, H, Dh] attention output.
     """
@@ -288,7 +290,12 @@ def _attend(
     )
     key_slots = jnp.arange(key.shape[2], dtype=jnp.int32)
     causal = key_slots[None, None, :] <= query_slots[:, :, None]  # [B, T, S]
-    allowed = causal[:, None, None, :, :] & key_mask[:, None, None, None, :]  # [B, 1, 1, T, S]
+    if jnp.issubdtype(key_mask.dtype, jnp.integer):
+        query_segments = jnp.take_along_axis(key_mask, query_slots, axis=1)  # [B, T]
+        visible = (key_mask[:, None, :] == query_segments[:, :, None]) & (key_mask[:, None, :] > 0)
+    else:
+        visible = jnp.broadcast_to(key_mask[:, None, :], causal.shape)
+    allowed = (causal & visible)[:, None, None, :, :]  # [B, 1, 1, T, S]
     scores = jnp.where(allowed, scores, _MASKED_SCORE)
     weights = jax.nn.softmax(scores, axis=-1)
     output = jnp.einsum("bkgts,bksd->btkgd", weights, value.astype(jnp.float32))
@@ -478,7 +485,8 @@ class Transformer(nnx.Module):
         Args:
           tokens: int32 [B, T].
           positions: int32 [B, T], rotary positions (0 at each row's first real token).
-          attention_mask: bool [B, T], False on padding, left or right.
+          attention_mask: bool [B, T], False on padding, left or right; or int32 segment
+            ids [B, T] (0 on padding): tokens attend only within their segment.
         Returns:
           float32 [B, T, d_model] final-normed hidden states, the input of the head
           (and of any value head built on the policy).

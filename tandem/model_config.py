@@ -21,6 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 ParamDtype = Literal["float32", "bfloat16"]
 PARAM_DTYPES: tuple[str, ...] = get_args(ParamDtype)
 
+# How an episode's messages become tokens: the model's own chat template, or the byte layout
+# nano models trained from scratch learn (policy.byte_layout); auto: the template if the tokenizer has one.
+PromptFormat = Literal["auto", "chat_template", "byte"]
+# How the policy writes a tool call (environments.tool_calls); auto: what the chat template implies.
+ToolCallFormat = Literal["tandem", "qwen", "hermes", "llama3"]
+# Whether the reasoning (<think>...</think>) of past assistant turns stays in later turns' context.
+PastReasoning = Literal["keep", "drop"]
+
 
 def attention_heads(
     *, d_model: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None
@@ -169,6 +177,34 @@ class ModelConfig(BaseModel):
         description=(
             "'byte' (the byte-level default), or a local directory holding tokenizer.json "
             "(usually the hf_checkpoint directory)."
+        ),
+    )
+    prompt_format: PromptFormat = Field(
+        "auto",
+        description=(
+            "chat_template: episodes are rendered with the tokenizer's chat template (system, user, "
+            "assistant and tool messages, tools as JSON schemas); byte: the byte layout of models trained "
+            "from scratch; auto: chat_template whenever the tokenizer has a template, else byte."
+        ),
+    )
+    tool_call_format: ToolCallFormat | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "How the policy writes tool calls: qwen or hermes (<tool_call> JSON blocks), llama3 (a JSON "
+            "object), tandem (name(argument), for byte models); auto: what the chat template implies "
+            "(hermes, described in a system message, when the template knows no tools)."
+        ),
+    )
+    chat_template_kwargs: dict[str, bool | int | float | str] = Field(
+        default_factory=dict,
+        description="Extra variables for the chat template, e.g. {enable_thinking: false} for Qwen3.",
+    )
+    past_reasoning: PastReasoning = Field(
+        "keep",
+        description=(
+            "keep: every sampled token stays in the context of later turns (token in, token out); drop: "
+            "the <think>...</think> reasoning of past turns leaves the context, as reasoning models' "
+            "templates render history, and each turn trains on the context it was sampled in."
         ),
     )
     hf_checkpoint: str | None = Field(

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 import redis
 
 TEST_REDIS_URL = os.environ.get("TANDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: SmolLM2-135M-Instruct as `make models` imports it (make test runs that first).
+SMOLLM2_DIR = Path(os.environ.get("TANDEM_SMOLLM2_DIR", REPO_ROOT / "var/models/smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real instruct model's directory; fails (never skips) when it was not imported."""
+    if not (SMOLLM2_DIR / ".imported").is_file():
+        pytest.fail(f"{SMOLLM2_DIR} is missing: run `make models` (make test does) to import SmolLM2")
+    return SMOLLM2_DIR
 
 
 @pytest.fixture(scope="session")

@@ -230,7 +230,7 @@ class Algorithm:
         """Filter, shape and score complete groups of episodes (host side).
 
         ``groups`` are the step's groups, each every episode of one task.
-        Failed episodes (``status != "ok"``) never reach the batch and do not
+        Failed episodes (``status == "failed"``) never reach the batch and do not
         count in their group's statistics. Dynamic sampling tests the raw
         rewards (before shaping), as DAPO filters on accuracy. The result may
         be empty (every group dropped): skip the update then, or take more
@@ -242,7 +242,8 @@ class Algorithm:
         )
         num_groups = len(groups)
         raw = np.array([record.reward for record in records], dtype=np.float32)
-        valid = np.array([record.status == "ok" for record in records], dtype=np.bool_)
+        # Truncated episodes train with the reward they had when they were cut off.
+        valid = np.array([record.status != "failed" for record in records], dtype=np.bool_)
         lengths = np.array([sum(record.loss_mask) for record in records], dtype=np.float32)
 
         keep_group = np.ones(num_groups, np.bool_)
@@ -315,6 +316,7 @@ class Algorithm:
         batch = pad_batch(
             [record.token_ids[:max_len] for record in records],
             loss_masks=masks,
+            segment_starts=[record.segment_starts for record in records],
             behaviour_logprobs=[record.behaviour_logprobs[:max_len] for record in records],
             advantages=[float(a) for a in prepared.advantages],
             batch_size=batch_size,

@@ -13,7 +13,7 @@ PERCENTILES = (50, 90, 99)
 
 
 def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
-    """Latency percentiles (total, generation, environment) and error rate per environment.
+    """Latency percentiles (total, generation, environment), error and truncation rates per environment.
 
     Series are named ``rollout/<environment>/<what>``; latencies are seconds.
     """
@@ -35,4 +35,7 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
                 metrics[f"rollout/{environment}/{name}_p{percentile}_s"] = float(value)
         failed = sum(r.status == "failed" for r in episodes)
         metrics[f"rollout/{environment}/error_rate"] = failed / len(episodes)
+        # Cut off by max_turns or max_seq_len: trained with the reward so far, so worth watching.
+        truncated = sum(r.status == "truncated" for r in episodes)
+        metrics[f"rollout/{environment}/truncated_rate"] = truncated / len(episodes)
     return metrics

@@ -19,12 +19,12 @@ import numpy as np
 import redis
 from celery import Celery
 
-from environments import load_environment_class
+from environments import demonstration_messages, load_environment_class
 from policy import (
-    Conversation,
     RedisWeightSubscriber,
     WeightPublisher,
     load_tokenizer,
+    prompt_layout,
     publication_bytes,
     weight_publisher,
 )
@@ -117,6 +117,8 @@ class RunTrainer:
         self.redis = redis_client
         self.celery_app = celery_app
         self.tokenizer = load_tokenizer(self.config.model.tokenizer)
+        # Demonstrations are rendered as producers render live episodes.
+        self.prompt_layout = prompt_layout(self.config.model, self.tokenizer)
         self.environment_class = load_environment_class(claimed.environment)
         self.traces = TraceCapture(self._upload_trace)
         self.telemetry = StepEventBatcher(platform, self.run_id, settings.telemetry_interval_s,
@@ -131,6 +133,8 @@ class RunTrainer:
         self.step = 0
         self._last_heartbeat = 0.0
         self._buckets = length_buckets(self.config.model.max_seq_len)
+        # Tokens of demonstrations longer than max_seq_len that SFT did not see (logged per demonstration).
+        self._demonstration_tokens_cut = 0
 
         self.algorithm = build_algorithm(
             self.config.algorithm,
@@ -272,17 +276,22 @@ class RunTrainer:
 
     def _demonstration_batch(self, rng: random.Random):
         environment = self.environment_class(**self.claimed.environment.settings)
-        tool_names = [tool.name for tool in environment.tools]
+        layout, max_len = self.prompt_layout, self.config.model.max_seq_len
         sequences, masks = [], []
         for demo in environment.demonstrations(self.config.sft_batch_size, rng):
-            conversation = Conversation.start(self.tokenizer, tool_names=tool_names, prompt=demo.prompt)
-            for turn in demo.turns:
-                if turn.role == "policy":
-                    conversation.add_policy_text(turn.text)
+            messages = demonstration_messages(demo, environment.tools, layout.tool_call_format)
+            episode = layout.start(messages[0]["content"], environment.tools)
+            for message in messages[1:]:
+                if message["role"] == "assistant":
+                    layout.add_demonstrated(episode, message["content"], tool_calls=message.get("tool_calls", ()))
                 else:
-                    conversation.add_environment(turn.text)
-            sequences.append(conversation.token_ids[: self.config.model.max_seq_len])
-            masks.append(conversation.loss_mask[: self.config.model.max_seq_len])
+                    layout.add_messages(episode, [message])
+            if len(episode) > max_len:
+                self._demonstration_tokens_cut += len(episode) - max_len
+                logger.warning("run %s: a demonstration of %d tokens is cut to model.max_seq_len=%d",
+                               self.run_id, len(episode), max_len)
+            sequences.append(episode.token_ids[:max_len])
+            masks.append(episode.loss_mask[:max_len])
         if not sequences:
             return None
         return pad_batch(sequences, loss_masks=masks, behaviour_logprobs=None, advantages=None,
@@ -315,6 +324,7 @@ class RunTrainer:
                 self.telemetry.emit(TrainerStepEvent(
                     run_id=self.run_id, step=self.step, phase="sft", policy_version=max(self.policy_version, 0),
                     loss=loss, emitted_at=time.time(),
+                    algorithm_metrics={"sft/demonstration_tokens_cut": float(self._demonstration_tokens_cut)},
                     **profile_fields(timeline, tokens=batch_tokens(batch), devices=self.devices),
                 ))
                 self.traces.after_step(self.step)

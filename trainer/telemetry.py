@@ -82,7 +82,7 @@ def rl_step_event(*, run_id: int, step: int, policy_version: int, records: Seque
         loss=metrics["loss"], **profile,
         samples_per_s=len(records) / wall_s if wall_s > 0 else None,
         reward_mean=float(batch_stats["reward_mean"]),
-        success_rate=float(np.mean([r.status == "ok" and r.reward > 0 for r in records])),
+        success_rate=float(np.mean([r.status != "failed" and r.reward > 0 for r in records])),
         failed_episodes=int(batch_stats.get("episodes_failed", 0)),
         **rollout,
         algorithm_metrics={

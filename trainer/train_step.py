@@ -64,7 +64,8 @@ class TrainBatch:
     tokens: jax.Array
     # int32 [B, T] rotary positions.
     positions: jax.Array
-    # bool [B, T], False on padding.
+    # int32 [B, T] segment ids: 1 on a sequence's tokens (2, 3... on later segments of a
+    # record with several contexts), 0 on padding. Tokens attend only within their segment.
     attention_mask: jax.Array
     # float32 [B, T], 1 on tokens the policy generated (the only ones trained on).
     loss_mask: jax.Array
@@ -81,6 +82,7 @@ def pad_batch(
     sequences: list[list[int]],
     *,
     loss_masks: list[list[int]],
+    segment_starts: list[tuple[int, ...]] | None = None,
     behaviour_logprobs: list[list[float]] | None,
     advantages: list[float] | None,
     batch_size: int,
@@ -91,7 +93,9 @@ def pad_batch(
 
     Extra rows are fully masked (no attention, loss mask 0, advantage 0), so
     a partial batch trains exactly like the same sequences alone. Missing
-    ``behaviour_logprobs`` or ``advantages`` (SFT) become zeros.
+    ``behaviour_logprobs`` or ``advantages`` (SFT) become zeros. A sequence with
+    ``segment_starts`` beyond 0 holds several contexts: each gets its own segment
+    id and positions from 0, so it trains as if alone.
 
     Raises:
       ValueError: more sequences than ``batch_size``, a sequence longer than
@@ -116,7 +120,8 @@ def pad_batch(
     length = buckets[bisect.bisect_left(buckets, longest)]
 
     tokens = np.full((batch_size, length), pad_id, np.int32)
-    attention_mask = np.zeros((batch_size, length), np.bool_)
+    attention_mask = np.zeros((batch_size, length), np.int32)
+    positions = np.tile(np.arange(length, dtype=np.int32), (batch_size, 1))
     loss_mask = np.zeros((batch_size, length), np.float32)
     behaviour = np.zeros((batch_size, length), np.float32)
     advantage = np.zeros((batch_size,), np.float32)
@@ -127,7 +132,10 @@ def pad_batch(
                 f"sequence {row} has {size} tokens but its loss mask has {len(loss_masks[row])}"
             )
         tokens[row, :size] = sequence
-        attention_mask[row, :size] = True
+        starts = [start for start in (segment_starts[row] if segment_starts else (0,)) if start < size] or [0]
+        for segment, (begin, end) in enumerate(zip(starts, [*starts[1:], size], strict=True), start=1):
+            attention_mask[row, begin:end] = segment
+            positions[row, begin:end] = np.arange(end - begin, dtype=np.int32)
         loss_mask[row, :size] = loss_masks[row]
         if behaviour_logprobs is not None:
             if len(behaviour_logprobs[row]) != size:
@@ -138,7 +146,6 @@ def pad_batch(
             behaviour[row, :size] = behaviour_logprobs[row]
         if advantages is not None:
             advantage[row] = advantages[row]
-    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (batch_size, length))
     return TrainBatch(
         tokens=jnp.asarray(tokens),
         positions=jnp.asarray(positions),

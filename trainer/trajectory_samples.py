@@ -43,7 +43,7 @@ def select_samples(
     """
     if per_step <= 0:
         return []
-    finished = [record for record in records if record.status == "ok"]
+    finished = [record for record in records if record.status != "failed"]
     by_reward = sorted(finished, key=lambda record: record.reward)  # stable: ties keep stream order
     best_count = (per_step + 1) // 2
     chosen: list[tuple[str, TrajectoryRecord]] = []
@@ -72,7 +72,7 @@ def _policy_token_flags(record: TrajectoryRecord) -> list[bool]:
     token of probability exactly 1 in a failed episode is then shown as the
     environment's: an accepted imprecision of a view that trains nothing.
     """
-    if record.status == "ok":
+    if record.status != "failed":
         return [mask == 1 for mask in record.loss_mask]
     return [logprob != 0.0 for logprob in record.behaviour_logprobs]
 
@@ -126,6 +126,51 @@ def trajectory_sample(
     tools: Sequence[ToolSchema] = (),
 ) -> TrajectorySample:
     """``record`` as people read it; ``tools`` are the environment's, to recognise tool calls."""
+    if record.messages:
+        turns = tuple(_message_turns(record, tokenizer))
+    else:
+        turns = tuple(_token_turns(record, tokenizer, tools))
+    return TrajectorySample(
+        trajectory_id=record.trajectory_id, run_id=record.run_id, step=step,
+        selected_because=selected_because, group_id=record.group_id, environment=record.environment,
+        reward=record.reward, status=record.status, failure_reason=record.failure_reason,
+        policy_version=record.policy_version, policy_versions=list(record.policy_versions),
+        num_tokens=len(record.token_ids), trained_tokens=sum(1 for mask in record.loss_mask if mask == 1),
+        started_at=record.timings.started_at, finished_at=record.timings.finished_at, turns=turns,
+        by_message=bool(record.messages),
+    )
+
+
+def _message_turns(record: TrajectoryRecord, tokenizer: Tokenizer) -> list[TrajectoryTurn]:
+    """One turn per message the producer recorded; each holds its tokens up to the next message's.
+
+    The template's markup goes with the message it opens (an assistant turn starts at its
+    generation prompt), so the spans show what was masked around the model's own tokens.
+    """
+    messages = sorted(record.messages, key=lambda message: message.start)
+    turns, policy_turns = [], 0
+    for index, message in enumerate(messages):
+        start = 0 if index == 0 else message.start
+        end = messages[index + 1].start if index + 1 < len(messages) else len(record.token_ids)
+        spans = _spans(tokenizer, record.token_ids[start:end], record.loss_mask[start:end])
+        if message.role == "assistant":
+            versions = record.policy_versions
+            turns.append(TrajectoryTurn(
+                role="policy", text=message.content, spans=spans,
+                policy_version=versions[policy_turns] if policy_turns < len(versions) else None,
+                tool_calls=message.tool_calls,
+            ))
+            policy_turns += 1
+        else:
+            role = {"system": "prompt", "tool": "tool"}.get(message.role)
+            if role is None:  # a user message: the prompt, or a step's observation
+                role = "environment" if policy_turns else "prompt"
+            turns.append(TrajectoryTurn(role=role, text=message.content, spans=spans))
+    return turns
+
+
+def _token_turns(record: TrajectoryRecord, tokenizer: Tokenizer, tools: Sequence[ToolSchema]) -> list[TrajectoryTurn]:
+    """Turns told apart by the loss mask and EOS: records from before producers kept messages."""
     callable_tools = [Tool(name=tool.name, description=tool.description, parameters=tool.parameters, run=None)
                       for tool in tools]
     turns: list[TrajectoryTurn] = []
@@ -148,14 +193,7 @@ def trajectory_sample(
         else:
             role = "prompt" if not turns else "tool" if last_policy_called_tools else "environment"
             turns.append(TrajectoryTurn(role=role, text=text, spans=spans))
-    return TrajectorySample(
-        trajectory_id=record.trajectory_id, run_id=record.run_id, step=step,
-        selected_because=selected_because, group_id=record.group_id, environment=record.environment,
-        reward=record.reward, status=record.status, failure_reason=record.failure_reason,
-        policy_version=record.policy_version, policy_versions=list(record.policy_versions),
-        num_tokens=len(record.token_ids), trained_tokens=sum(1 for mask in record.loss_mask if mask == 1),
-        started_at=record.timings.started_at, finished_at=record.timings.finished_at, turns=tuple(turns),
-    )
+    return turns
 
 
 @dataclass

@@ -21,12 +21,22 @@ from environments import (
     checked_step_result,
     parse_tool_calls,
 )
-from policy import ByteTokenizer, Conversation, Tokenizer
-from tandem.contracts import EpisodeTimings, TrajectoryRecord
+from policy import (
+    ByteLayout,
+    ByteTokenizer,
+    ChatTemplateError,
+    EpisodeTokens,
+    PromptFormatError,
+    PromptLayout,
+    Tokenizer,
+)
+from tandem.contracts import ConversationMessage, EpisodeTimings, TrajectoryRecord
 from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy
 
 logger = logging.getLogger(__name__)
+# What a byte-layout policy's turn is read as: its own short calls, or <tool_call> blocks.
+TANDEM_PARSE_FORMATS = ("tandem", "qwen", "hermes")
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,11 @@ async def _close_environment(environment: Environment, timeout_s: float) -> None
                        type(exc).__name__, exc)
 
 
+def _room_left(episode: EpisodeTokens, limits: EpisodeLimits, layout: PromptLayout) -> int:
+    """Tokens left within max_seq_len once the longest next turn is reserved."""
+    return limits.max_seq_len - len(episode) - limits.max_new_tokens - layout.turn_overhead
+
+
 async def run_episode(
     *,
     run_id: int,
@@ -82,26 +97,42 @@ async def run_episode(
     policy: BatchingPolicy,
     limits: EpisodeLimits,
     tokenizer: Tokenizer | None = None,
+    layout: PromptLayout | None = None,
     circuit_breakers: CircuitBreakers | None = None,
 ) -> TrajectoryRecord:
     """Run one episode to the end; environment faults end it as ``failed``, never raise.
 
-    While ``environment_name``'s circuit breaker is open (``circuit_breakers``,
-    by default this process's), the episode fails at once without touching the
-    environment or the policy.
+    ``layout`` renders the conversation (by default the byte layout of
+    ``tokenizer``). An episode the conversation budget (``max_seq_len``) cuts
+    off, or that reaches ``max_turns`` before the environment ends it, ends
+    ``truncated`` with the reward so far and its reason; a prompt that leaves
+    no room for one turn fails it. While ``environment_name``'s circuit
+    breaker is open (``circuit_breakers``, by default this process's), the
+    episode fails at once without touching the environment or the policy.
     """
     tokenizer = tokenizer or ByteTokenizer()
+    layout = layout or ByteLayout(tokenizer)
+    parse_formats = TANDEM_PARSE_FORMATS if layout.tool_call_format == "tandem" else (layout.tool_call_format,)
     breakers = process_breakers if circuit_breakers is None else circuit_breakers
     trajectory_id = uuid.uuid4().hex
     started_at = time.time()
     generation_s = environment_s = tool_s = 0.0
-    conversation = Conversation(tokenizer)
+    episode = EpisodeTokens(tools=tuple(environment.tools))
     policy_versions: list[int] = []
     newest_version: int | None = None
     reward = 0.0
     status, failure_reason = "ok", ""
     environment_verdict: bool | None = None  # True: worked, False: faulted, None: unknown
     circuit_open_reason = breakers.admit(environment_name)
+
+    def truncated(reason: str) -> None:
+        nonlocal status, failure_reason
+        status, failure_reason = "truncated", reason
+
+    def budget() -> str:
+        return (f"{len(episode)} tokens in the conversation + max_new_tokens={limits.max_new_tokens}"
+                f"{' + 1 closing token' if layout.turn_overhead else ''} > max_seq_len={limits.max_seq_len}")
+
     try:
         if circuit_open_reason is not None:
             raise EpisodeFailure(circuit_open_reason)
@@ -111,17 +142,22 @@ async def run_episode(
             check=lambda value: checked_observation(value, "reset", max_chars=limits.max_observation_chars),
         )
         environment_s += time.perf_counter() - began
-        conversation = Conversation.start(
-            tokenizer, tool_names=[tool.name for tool in environment.tools], prompt=prompt
-        )
-        for _ in range(limits.max_turns):
-            if len(conversation) + limits.max_new_tokens > limits.max_seq_len:
-                break  # no room for another turn: the episode is truncated with the reward so far
+        try:
+            episode = layout.start(prompt, environment.tools)
+        except (PromptFormatError, ChatTemplateError) as exc:
+            raise EpisodeFailure(f"the prompt cannot be rendered: {exc}") from exc
+        if _room_left(episode, limits, layout) < 0:
+            raise EpisodeFailure(
+                f"the prompt alone leaves no room for a turn: {budget()}; raise model.max_seq_len "
+                "or lower sampling.max_new_tokens"
+            )
+        for turn in range(limits.max_turns):
+            if _room_left(episode, limits, layout) < 0:
+                truncated(f"no room for turn {turn + 1}: {budget()}")
+                break
             began = time.perf_counter()
             try:
-                completion = await policy.generate(
-                    list(conversation.token_ids), session_id=trajectory_id
-                )
+                completion = await policy.generate(episode.context(), session_id=trajectory_id)
             except Exception as exc:  # noqa: BLE001 - recorded on the episode
                 raise EpisodeFailure(f"generation failed: {type(exc).__name__}: {exc}") from exc
             generation_s += time.perf_counter() - began
@@ -130,25 +166,30 @@ async def run_episode(
             # Weights may also change between the turn's decode chunks; versions only grow, so the
             # last token's is the newest.
             newest_version = completion.last_policy_version
-            conversation.add_policy_tokens(completion.token_ids, completion.logprobs)
             # A turn cut off at max_new_tokens still acts: the environment judges
             # whatever was said, so a policy that never stops gets no free pass.
             text = tokenizer.decode(completion.token_ids)
-            calls = parse_tool_calls(text, environment.tools).calls
+            calls = parse_tool_calls(text, environment.tools, formats=parse_formats).calls
+            layout.add_sampled(
+                episode, completion.token_ids, completion.logprobs, content=text,
+                tool_calls=[{"name": call.tool.name, "arguments": call.arguments} for call in calls],
+            )
             began = time.perf_counter()
             if calls:
-                # Several calls in one turn (Hermes style) run in order; their results form one observation.
-                observations = []
+                # Several calls in one turn (Hermes style) run in order; each result is a tool message.
+                results = []
                 for call in calls:
-                    observations.append(await _call_environment(
+                    results.append({"role": "tool", "content": await _call_environment(
                         call.tool.run(call.arguments), what=f"tool {call.tool.name}",
                         timeout_s=limits.environment_timeout_s,
                         # Tools may answer with any value; its text is the observation.
                         check=lambda value, name=call.tool.name: checked_observation(
                             str(value), f"tool {name}", max_chars=limits.max_observation_chars),
-                    ))
+                    )})
                 tool_s += time.perf_counter() - began
-                conversation.add_environment("".join(observations))
+                if not _append(episode, layout, results, limits):
+                    truncated(f"the tool results after turn {turn + 1} do not fit: {budget()}")
+                    break
                 continue
             result = await _call_environment(
                 environment.step(text), what="step", timeout_s=limits.environment_timeout_s,
@@ -158,7 +199,11 @@ async def run_episode(
             reward += float(result.reward)
             if result.done:
                 break
-            conversation.add_environment(result.observation)
+            if not _append(episode, layout, [{"role": "user", "content": result.observation}], limits):
+                truncated(f"the environment's observation after turn {turn + 1} does not fit: {budget()}")
+                break
+        else:
+            truncated(f"reached max_turns={limits.max_turns} before the environment ended the episode")
         environment_verdict = True
     except EnvironmentFault as exc:
         status, failure_reason, reward = "failed", str(exc), 0.0
@@ -176,10 +221,7 @@ async def run_episode(
             else:
                 breakers.release_probe(environment_name)
 
-    token_ids = conversation.token_ids[: limits.max_seq_len]
-    loss_mask = conversation.loss_mask[: limits.max_seq_len]
-    if status == "failed":
-        loss_mask = [0] * len(token_ids)
+    loss_mask = [0] * len(episode) if status == "failed" else episode.loss_mask
     return TrajectoryRecord(
         trajectory_id=trajectory_id,
         run_id=run_id,
@@ -189,8 +231,8 @@ async def run_episode(
         policy_version=min(policy_versions) if policy_versions else 0,
         policy_versions=policy_versions,
         newest_policy_version=newest_version,
-        token_ids=token_ids,
-        behaviour_logprobs=conversation.behaviour_logprobs[: limits.max_seq_len],
+        token_ids=episode.token_ids,
+        behaviour_logprobs=episode.behaviour_logprobs,
         loss_mask=loss_mask,
         reward=reward,
         status=status,
@@ -203,4 +245,14 @@ async def run_episode(
             environment_s=environment_s,
             tool_s=tool_s,
         ),
+        messages=tuple(ConversationMessage(**message) for message in episode.messages),
+        segment_starts=tuple(episode.segment_starts),
     )
+
+
+def _append(episode: EpisodeTokens, layout: PromptLayout, messages: list[dict], limits: EpisodeLimits) -> bool:
+    """Append the environment's messages if they fit within max_seq_len; False (nothing appended) if not."""
+    try:
+        return layout.add_messages(episode, messages, max_tokens=limits.max_seq_len)
+    except (PromptFormatError, ChatTemplateError) as exc:
+        raise EpisodeFailure(f"the environment's reply cannot be rendered: {exc}") from exc

@@ -31,6 +31,7 @@ from policy import (
     enable_compilation_cache,
     load_tokenizer,
     policy_config,
+    prompt_layout,
     split_model,
 )
 from tandem.run_config import RunConfig
@@ -69,6 +70,8 @@ class PolicyRuntime:
         self.config = config
         enable_compilation_cache()
         self.tokenizer = load_tokenizer(config.model.tokenizer)
+        # How episodes are rendered: the model's chat template, or the byte layout.
+        self.prompt_layout = prompt_layout(config.model, self.tokenizer)
         # The trainer builds its policy from the same function: structures must match.
         model_config = policy_config(config.model, vocab_size=self.tokenizer.vocab_size)
         abstract = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))

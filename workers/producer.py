@@ -117,6 +117,7 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
             policy=policy,
             limits=limits,
             tokenizer=runtime.tokenizer,
+            layout=runtime.prompt_layout,
         )
         if record.status == "failed":
             failed += 1

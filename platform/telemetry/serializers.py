@@ -8,7 +8,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tandem.contracts import EpisodeOutcome, EpisodeSpan, ProcessRole, StageSpan
+from tandem.contracts import EPISODE_STATUSES, EpisodeOutcome, EpisodeSpan, ProcessRole, StageSpan
 
 from .models import Trace
 from .services import MAX_TRACE_STEPS
@@ -211,7 +211,7 @@ class TimelineEpisodeSerializer(serializers.Serializer):
     trajectory_id = serializers.CharField()
     group_id = serializers.CharField()
     environment = serializers.CharField()
-    status = serializers.ChoiceField(choices=["ok", "failed"])
+    status = serializers.ChoiceField(choices=list(EPISODE_STATUSES))
     failure_reason = serializers.CharField(help_text=_described(EpisodeSpan)["failure_reason"])
     started_at = serializers.FloatField(help_text=_described(EpisodeSpan)["started_at"])
     finished_at = serializers.FloatField(help_text=_described(EpisodeSpan)["finished_at"])

@@ -11,6 +11,7 @@ class TrajectorySample(models.Model):
 
     class Status(models.TextChoices):
         OK = "ok", "OK"
+        TRUNCATED = "truncated", "Truncated"
         FAILED = "failed", "Failed"
 
     run = models.ForeignKey(

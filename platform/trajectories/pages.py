@@ -58,8 +58,11 @@ def trajectory_page(request, run_id: int, trajectory_id: str):
     except NotFound as error:
         raise Http404(error.message) from None
     payload = sample.payload
+    # Samples of conversations with messages (chat templates) show each message's text, their
+    # tokens folded away; older samples and the byte layout show the tokens themselves.
+    by_message = bool(payload.get("by_message"))
     turns = [
-        {**turn, "tokens": sum(span["tokens"] for span in turn["spans"]),
+        {**turn, "message": by_message, "tokens": sum(span["tokens"] for span in turn["spans"]),
          "trained_tokens": sum(span["tokens"] for span in turn["spans"] if span["trained"])}
         for turn in payload.get("turns", [])
     ]

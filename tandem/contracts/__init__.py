@@ -127,7 +127,12 @@ from tandem.contracts.telemetry import (
     TrainerStepEvent,
 )
 from tandem.contracts.trajectories import (
+    EPISODE_STATUSES,
+    ConversationMessage,
+    EpisodeStatus,
     EpisodeTimings,
+    MessageRole,
+    MessageToolCall,
     TrajectoryRecord,
 )
 from tandem.contracts.trajectory_samples import (
@@ -184,7 +189,12 @@ __all__ = [
     "RunReportedStatus",
     "TrainerHeartbeat",
     "TrainerHeartbeatReply",
+    "EPISODE_STATUSES",
+    "ConversationMessage",
+    "EpisodeStatus",
     "EpisodeTimings",
+    "MessageRole",
+    "MessageToolCall",
     "TrajectoryRecord",
     "TrainerStage",
     "TrainerStageDefinition",

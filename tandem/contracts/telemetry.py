@@ -13,7 +13,7 @@ from tandem.contracts.stages import (
     stage_meanings,
     stage_metric_name,
 )
-from tandem.contracts.trajectories import TrajectoryRecord
+from tandem.contracts.trajectories import EpisodeStatus, TrajectoryRecord
 
 
 class StageSpan(BaseModel):
@@ -120,7 +120,7 @@ class EpisodeSpan(BaseModel):
     trajectory_id: str = Field(description="The trajectory's id (TrajectoryRecord.trajectory_id).")
     group_id: str = Field(description="Its episode group: GRPO's baseline, consumed whole.")
     environment: str = Field(description="The environment's name, as rollout metrics key it.")
-    status: Literal["ok", "failed"] = Field(description="The producer's verdict on the episode.")
+    status: EpisodeStatus = Field(description="The producer's verdict on the episode.")
     failure_reason: str = Field("", description=f"Truncated to {EPISODE_SPAN_REASON_CHARS} characters.")
     started_at: float = Field(description="Unix time the episode started (producer's clock).")
     finished_at: float = Field(description="Unix time the episode ended (producer's clock).")

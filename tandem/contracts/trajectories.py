@@ -3,11 +3,42 @@
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.contracts.schema import SCHEMA_VERSION, Record, SchemaVersionError
+
+#: What became of an episode on the producer's side. ok: the environment ended it;
+#: truncated: it was cut off (max_turns, or max_seq_len left no room for another turn or an
+#: observation), trained with the reward so far; failed: nothing of it is trained.
+EpisodeStatus = Literal["ok", "truncated", "failed"]
+EPISODE_STATUSES: tuple[str, ...] = get_args(EpisodeStatus)
+
+#: Who speaks in a message of an episode's conversation.
+MessageRole = Literal["system", "user", "assistant", "tool"]
+
+
+class MessageToolCall(BaseModel):
+    """A tool call an assistant message made, as the producer parsed it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    arguments: dict = Field(default_factory=dict)
+
+
+class ConversationMessage(BaseModel):
+    """One message of an episode as people read it, with the tokens that carry it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: MessageRole
+    content: str = Field(description="The message's text (an assistant's as decoded, without special tokens).")
+    start: int = Field(ge=0, description="Index of its first token; an assistant message starts at its "
+                                         "generation prompt, other messages at the template's markup before them.")
+    end: int = Field(ge=0, description="One past its last token.")
+    tool_calls: tuple[MessageToolCall, ...] = Field((), description="Calls it made (assistant messages).")
 
 
 class EpisodeTimings(BaseModel):
@@ -51,10 +82,18 @@ class TrajectoryRecord(Record):
     behaviour_logprobs: list[float]
     loss_mask: list[int]
     reward: float
-    status: Literal["ok", "failed"] = "ok"
-    failure_reason: str = ""
+    status: EpisodeStatus = "ok"
+    failure_reason: str = Field("", description="Why it failed or was truncated; empty when ok.")
     num_turns: int = 0
     timings: EpisodeTimings
+    messages: tuple[ConversationMessage, ...] = Field(
+        (), description="The conversation message by message, in token order; empty in older records."
+    )
+    segment_starts: tuple[int, ...] = Field(
+        (0,),
+        description="Token indices where a new context starts (model.past_reasoning: drop re-renders the "
+        "conversation without past reasoning); training attends within a segment only.",
+    )
 
     @model_validator(mode="after")
     def _aligned(self):
@@ -64,6 +103,9 @@ class TrajectoryRecord(Record):
                 "token_ids, behaviour_logprobs and loss_mask must have the same length "
                 f"(got {n}, {len(self.behaviour_logprobs)}, {len(self.loss_mask)})"
             )
+        starts = self.segment_starts
+        if not starts or starts[0] != 0 or list(starts) != sorted(set(starts)) or (n and starts[-1] >= n):
+            raise ValueError(f"segment_starts must rise strictly from 0 within the tokens; got {list(starts)}")
         return self
 
     def newest_version(self) -> int:

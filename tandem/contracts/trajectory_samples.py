@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.contracts.schema import Record
+from tandem.contracts.trajectories import EpisodeStatus, MessageToolCall
 
 TurnRole = Literal["prompt", "policy", "environment", "tool"]
 
@@ -21,13 +22,8 @@ class TokenSpan(BaseModel):
     trained: bool = Field(description="True: the loss mask is 1 on every token of it (policy tokens).")
 
 
-class ToolCallSample(BaseModel):
-    """A tool call a policy turn made, as the producer parsed it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    arguments: dict = Field(default_factory=dict)
+#: A tool call a policy turn made, as the producer parsed it.
+ToolCallSample = MessageToolCall
 
 
 class TrajectoryTurn(BaseModel):
@@ -61,7 +57,7 @@ class TrajectorySample(Record):
     group_id: str
     environment: str
     reward: float
-    status: Literal["ok", "failed"]
+    status: EpisodeStatus
     failure_reason: str = ""
     policy_version: int = Field(description="Oldest policy version of any of its turns.")
     policy_versions: list[int] = Field(default_factory=list, description="Per policy turn, in order.")
@@ -70,6 +66,10 @@ class TrajectorySample(Record):
     started_at: float
     finished_at: float
     turns: tuple[TrajectoryTurn, ...]
+    by_message: bool = Field(
+        False, description="True: turns are the producer's messages (their text without the template's "
+        "markup, which their spans keep); False: turns told apart by the loss mask (older records)."
+    )
 
     @model_validator(mode="after")
     def _spans_cover_the_tokens(self):

@@ -13,7 +13,6 @@ Parity tolerances, on the same dequantized weights (logits of magnitude up to ~4
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -25,17 +24,8 @@ import transformers
 from policy import ModelImportError, import_model, load_hf_checkpoint, load_tokenizer
 from tests.policy.factories import forward
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SMOLLM2 = Path(os.environ.get("TANDEM_SMOLLM2_DIR", REPO_ROOT / "var/models/smollm2-135m-instruct"))
 FLOAT32_TOLERANCE = 2e-3
 PROMPT = [{"role": "user", "content": "What is 37 times 58? Use the calculator."}]
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    if not (SMOLLM2 / ".imported").is_file():
-        pytest.fail(f"{SMOLLM2} is missing: run `make models` (make test does) to import SmolLM2")
-    return SMOLLM2
 
 
 @pytest.fixture(scope="module")

@@ -81,6 +81,23 @@ def test_pad_batch_right_pads_to_the_smallest_bucket_and_masks_extra_rows():
     np.testing.assert_allclose(batch.advantages, [1.5, -0.5, 0.0, 0.0])
 
 
+def test_a_record_of_two_segments_trains_each_as_if_it_were_alone():
+    """past_reasoning: drop packs a turn's own context after the previous one; neither sees the other."""
+    model = Transformer(CONFIG, rngs=nnx.Rngs(0))
+    first, second = [BOS_ID, *b"think then act", EOS_ID], [BOS_ID, *b"act", EOS_ID]
+    packed = pad_batch([first + second], loss_masks=[[1] * (len(first) + len(second))],
+                       segment_starts=[(0, len(first))], behaviour_logprobs=None, advantages=None,
+                       batch_size=1, length_buckets=BUCKETS, pad_id=PAD_ID)
+    np.testing.assert_array_equal(packed.attention_mask[0, : len(first) + len(second)],
+                                  [1] * len(first) + [2] * len(second))
+    np.testing.assert_array_equal(packed.positions[0, len(first): len(first) + len(second)], range(len(second)))
+    alone = [_sft_batch([sequence], [[1] * len(sequence)], batch_size=1) for sequence in (first, second)]
+    packed_logits = model(packed.tokens, packed.positions, packed.attention_mask)[0]
+    for offset, (sequence, batch) in zip((0, len(first)), zip((first, second), alone, strict=True), strict=True):
+        own = model(batch.tokens, batch.positions, batch.attention_mask)[0, : len(sequence)]
+        np.testing.assert_allclose(packed_logits[offset: offset + len(sequence)], own, atol=1e-5)
+
+
 def test_pad_batch_refuses_what_does_not_fit():
     _pad = functools.partial(
         pad_batch, behaviour_logprobs=None, advantages=None, length_buckets=(4,), pad_id=PAD_ID
