@@ -1,7 +1,8 @@
-"""The chat template: how a multi-turn conversation becomes tokens and a loss mask.
+"""The byte layout: how models trained from scratch see a multi-turn conversation.
 
-Producers build live episodes with it and the trainer builds SFT
-demonstrations with it, so both see byte-for-byte the same layout:
+Producers build live episodes in it and the trainer builds SFT demonstrations
+in it (through :class:`policy.prompt_format.ByteLayout`, whose rules are the
+functions here), so both see byte-for-byte the same layout:
 
     BOS "tools:calc\n" <prompt> <policy turn> EOS <observation> <policy turn> EOS ...
 
@@ -20,6 +21,17 @@ def tool_header(tool_names: Sequence[str]) -> str:
     return f"tools:{','.join(tool_names)}\n" if tool_names else ""
 
 
+def opening_tokens(tokenizer: Tokenizer, *, tool_names: Sequence[str], prompt: str) -> list[int]:
+    """BOS (where the tokenizer has one; Qwen's have none), the tool header and the prompt."""
+    bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+    return bos + tokenizer.encode(tool_header(tool_names) + prompt)
+
+
+def demonstrated_tokens(tokenizer: Tokenizer, text: str) -> list[int]:
+    """A demonstrated policy turn: its text, ended by EOS like a sampled one."""
+    return [*tokenizer.encode(text), tokenizer.eos_id]
+
+
 @dataclass
 class Conversation:
     tokenizer: Tokenizer
@@ -30,9 +42,7 @@ class Conversation:
     @classmethod
     def start(cls, tokenizer: Tokenizer, *, tool_names: Sequence[str], prompt: str) -> Conversation:
         conversation = cls(tokenizer)
-        if tokenizer.bos_id is not None:  # Qwen's tokenizers have no BOS token
-            conversation._extend([tokenizer.bos_id], mask=0)
-        conversation.add_environment(tool_header(tool_names) + prompt)
+        conversation._extend(opening_tokens(tokenizer, tool_names=tool_names, prompt=prompt), mask=0)
         return conversation
 
     def _extend(self, token_ids: Sequence[int], *, mask: int, logprobs: Sequence[float] | None = None):
@@ -49,7 +59,7 @@ class Conversation:
 
     def add_policy_text(self, text: str) -> None:
         """A demonstrated policy turn; it ends with EOS like a sampled one."""
-        self._extend(self.tokenizer.encode(text) + [self.tokenizer.eos_id], mask=1)
+        self._extend(demonstrated_tokens(self.tokenizer, text), mask=1)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -44,7 +44,7 @@ from environments import (
     tool_instructions,
     tool_schemas,
 )
-from policy.byte_layout import tool_header
+from policy.byte_layout import demonstrated_tokens, opening_tokens
 from policy.chat_template import ChatTemplateError, render_text
 from policy.tokenizer import HFTokenizer, Tokenizer
 from tandem.model_config import ModelConfig, PastReasoning
@@ -137,9 +137,8 @@ class ByteLayout:
 
     def start(self, prompt: str, tools: Sequence[Tool]) -> EpisodeTokens:
         episode = EpisodeTokens(tools=tuple(tools))
-        if self.tokenizer.bos_id is not None:  # Qwen's tokenizers have no BOS token
-            episode._extend([self.tokenizer.bos_id], mask=0)
-        episode._extend(self.tokenizer.encode(tool_header([tool.name for tool in tools]) + prompt), mask=0)
+        episode._extend(opening_tokens(self.tokenizer, tool_names=[tool.name for tool in tools], prompt=prompt),
+                        mask=0)
         episode._add_message("user", prompt, 0)
         episode._turn_start = len(episode)
         return episode
@@ -163,7 +162,7 @@ class ByteLayout:
 
     def add_demonstrated(self, episode: EpisodeTokens, content: str, *,
                          tool_calls: Sequence[Mapping[str, Any]] = ()) -> None:
-        episode._extend([*self.tokenizer.encode(content), self.end_of_turn_id], mask=1)
+        episode._extend(demonstrated_tokens(self.tokenizer, content), mask=1)
         episode._add_message("assistant", content, episode._turn_start, **_calls(tool_calls))
 
 

@@ -109,9 +109,17 @@ def cmd_up(args) -> int:
     import httpx
 
     from tandem.contracts import TERMINAL_RUN_STATUSES, RunStatus
+    from tandem.demo_runs import DemoModelMissingError, demo_run
     from tandem.local_redis import ServiceUnavailableError, ensure_redis
     from tandem.stack import LocalStack, StackConfig, StackError
 
+    demo = None
+    if args.demo:
+        try:
+            demo = demo_run(args.model, rl_steps=args.rl_steps)
+        except DemoModelMissingError as exc:
+            print(f"tandem up: {exc}", file=sys.stderr)
+            return 1
     _stop_on_sigterm()
     config = StackConfig(redis_url=_redis_url(args), port=args.port, workers=args.workers,
                          database_url=os.environ.get("DATABASE_URL"))
@@ -138,10 +146,9 @@ def cmd_up(args) -> int:
                 time.sleep(1)
         client = httpx.Client(base_url=config.platform_url,
                               headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
-        overrides = {"rl_steps": args.rl_steps} if args.rl_steps is not None else {}
         response = client.post("/api/runs/", json={
-            "project": credentials.project_id, "name": "demo: calculator", "environment": "calculator",
-            "config": overrides,
+            "project": credentials.project_id, "name": demo.name, "environment": demo.environment,
+            "config": demo.config,
         })
         if response.status_code != 201:
             print(f"tandem up: could not create the demo run: {response.status_code} {response.text}",
@@ -201,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     up.add_argument("--demo", action="store_true", help="submit a demo run and show its progress")
     up.add_argument("--rl-steps", type=int, help="override the demo run's rl_steps")
+    up.add_argument("--model", choices=("nano", "smollm2"), default="nano",
+                    help="the demo's policy: nano (a byte model trained from scratch) or smollm2 "
+                         "(SmolLM2-135M-Instruct, imported by make models)")
     up.add_argument("--exit-when-done", action="store_true", help="stop everything when the demo run ends")
     up.set_defaults(func=cmd_up)
 

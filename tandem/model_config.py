@@ -138,7 +138,13 @@ class ModelConfig(BaseModel):
         4, ge=1, le=128, description="Query heads; must divide d_model unless head_dim is set."
     )
     mlp_dim: int = Field(256, ge=8, le=65536, description="Hidden width of each MLP.")
-    max_seq_len: int = Field(128, ge=16, le=32768, description="Longest conversation in tokens.")
+    max_seq_len: int = Field(
+        512, ge=16, le=32768,
+        description=(
+            "Longest episode in tokens (prompt, every turn and observation): room for a multi-turn "
+            "environment's first turns. An episode with no room left for another turn ends truncated."
+        ),
+    )
     num_kv_heads: int | None = Field(
         None,
         ge=1,
@@ -225,4 +231,10 @@ class ModelConfig(BaseModel):
         )
         if self.rope_scaling is not None:
             RopeScaling.from_dict(self.rope_scaling)
+        if self.tokenizer == "byte" and self.prompt_format == "chat_template":
+            raise ValueError("model.prompt_format=chat_template needs a model.tokenizer with a chat template; "
+                             "the byte tokenizer has none")
+        if self.past_reasoning == "drop" and (self.prompt_format == "byte" or self.tokenizer == "byte"):
+            raise ValueError("model.past_reasoning=drop needs a chat template (model.prompt_format "
+                             "chat_template, and a model.tokenizer that has one)")
         return self

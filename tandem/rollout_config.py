@@ -33,7 +33,10 @@ class SamplingConfig(BaseModel):
         max_length=16,
         description="A policy turn also ends right after the first of these strings (kept in the turn); EOS always ends it.",
     )
-    max_new_tokens: int = Field(24, ge=1, le=4096, description="Tokens the policy may generate per turn.")
+    max_new_tokens: int = Field(
+        32, ge=1, le=4096,
+        description="Tokens the policy may generate per turn (a native JSON tool call takes about 30).",
+    )
     inference_slots: int | None = Field(
         None,
         ge=1,

@@ -3,7 +3,9 @@
 The probe does what a producer does for one episode, with a harmless action,
 and checks every answer's shape: the URL (for remote kinds), loading the class
 with the registered settings, sampling a task, ``reset``, the declared tools,
-one ``step`` with :data:`~tandem.contracts.PROBE_ACTION`, and ``close``. Each
+one ``step`` with :data:`~tandem.contracts.PROBE_ACTION`, whether the reset
+plus one turn fits a run's default conversation budget (``budget``, a warning
+only), and ``close``. Each
 check has its own timeout and its wall time is reported. The first failing
 check ends the probe; the checks after it are reported as skipped.
 
@@ -38,6 +40,7 @@ from environments import (
     checked_step_result,
     load_environment_class,
 )
+from policy import ByteLayout, ByteTokenizer
 from tandem.contracts import (
     PROBE_ACTION,
     ProbeCheck,
@@ -47,6 +50,7 @@ from tandem.contracts import (
     probe_request_key,
 )
 from tandem.environment_urls import EnvironmentURLRefused, check_environment_url, resolve_host
+from tandem.run_config import RunConfig
 
 # Enough of a message to act on, not a whole HTML error page.
 _MESSAGE_CHARS = 500
@@ -57,6 +61,31 @@ _RELEASE_TIMEOUT_S = 5.0
 
 class CheckFailed(Exception):
     """A check's verdict, with the message shown to whoever registered the environment."""
+
+
+class CheckWarning(Exception):
+    """A check that passed with something to say: the environment works, but not well as configured."""
+
+
+def check_budget(environment: Environment, observation: str, step_observation: str) -> str:
+    """Whether a reset, one turn and the step's answer fit the conversation budget of a default run.
+
+    Counted in the default config's layout (the byte tokenizer, a token per
+    byte, with the tool header); a model with a larger vocabulary needs fewer.
+    """
+    defaults = RunConfig()
+    max_seq_len, max_new_tokens = defaults.model.max_seq_len, defaults.sampling.max_new_tokens
+    prompt = len(ByteLayout(ByteTokenizer()).start(observation, getattr(environment, "tools", ()) or ()))
+    answer = len(step_observation.encode("utf-8"))
+    needed = prompt + max_new_tokens + answer
+    if needed > max_seq_len:
+        raise CheckWarning(
+            f"a reset ({prompt} tokens with the tool header), one turn (sampling.max_new_tokens="
+            f"{max_new_tokens}) and the step's observation ({answer} tokens) need {needed} tokens, more "
+            f"than a default run's model.max_seq_len={max_seq_len}: its episodes would be truncated; "
+            f"set model.max_seq_len to {needed} or more in runs of this environment"
+        )
+    return f"reset and one turn need {needed} of the default {max_seq_len} tokens"
 
 
 def _short(text: str) -> str:
@@ -200,10 +229,14 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
         state["reset_attempted"] = True
         observation = checked_observation(await state["environment"].reset(state["task"]), "reset")
         state["reset"] = True
+        state["observation"] = observation
         return f"observation of {len(observation)} chars"
 
     async def step() -> str:
-        return check_step_result(await state["environment"].step(PROBE_ACTION))
+        result = await state["environment"].step(PROBE_ACTION)
+        verdict = check_step_result(result)
+        state["step_observation"] = result.observation
+        return verdict
 
     async def close() -> str:
         await state["environment"].close()
@@ -216,6 +249,8 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
         ("reset", reset, timeouts.reset),
         ("tools", lambda: check_tools(state["environment"], spec.tools), timeouts.tools),
         ("step", step, timeouts.step),
+        ("budget", lambda: check_budget(state["environment"], state["observation"], state["step_observation"]),
+         timeouts.tools),
     ]
     failed = False
     for name, function, timeout_s in plan:
@@ -251,6 +286,8 @@ def _timed(name: str, function: Callable[[], Any], timeout_s: float,
         else:
             message = loop.call(function, timeout_s)
         status = "passed"
+    except CheckWarning as exc:
+        message, status = str(exc), "warning"
     except Exception as exc:  # noqa: BLE001 - any fault of the environment is the check's verdict
         message, status = _describe(exc), "failed"
     return ProbeCheck(name=name, status=status, message=_short(str(message)),

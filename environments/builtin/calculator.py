@@ -3,6 +3,10 @@
 The policy sees ``37*58=?``, may call ``calc(37*58)``, reads ``=2146`` back
 as an observation, then answers ``A:2146``. Guessing almost never pays, so a
 policy that learns to use the tool is visibly better than one that guesses.
+
+``prompt_style="chat"`` asks in words, for pretrained instruct models ("What
+is 37*58? ..."), and grades a reply as people read one: by the last number in
+it ("37 * 58 = 2146." is right).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ _OPERATORS = {
     ast.Mult: operator.mul,
 }
 _ANSWER = re.compile(r"^\s*A:\s*(-?\d+)\s*$")
+_NUMBER = re.compile(r"-?\d+")
+PROMPT_STYLES = ("terse", "chat")
 # Bounds keep the tool from being turned into a CPU burner by a silly expression.
 _MAX_EXPRESSION_CHARS = 64
 _MAX_ABS_VALUE = 10**12
@@ -85,13 +91,18 @@ class CalculatorEnvironment(Environment):
     tools = (CALCULATOR_TOOL,)
 
     def __init__(self, *, min_operand: int = 2, max_operand: int = 99, operators: str = "+-*",
-                 tool_use_fraction: float = 0.5):
+                 tool_use_fraction: float = 0.5, prompt_style: str = "terse"):
         """``tool_use_fraction``: share of demonstrations that use the tool;
-        the rest guess, so SFT alone leaves room for RL to improve."""
+        the rest guess, so SFT alone leaves room for RL to improve.
+        ``prompt_style``: ``terse`` (``37*58=?``, for byte models trained from scratch)
+        or ``chat`` (a question in words, for instruct models)."""
         if not 0 <= min_operand <= max_operand:
             raise ValueError("min_operand must be between 0 and max_operand")
         if not operators or set(operators) - set("+-*"):
             raise ValueError("operators must be a non-empty subset of '+-*'")
+        if prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {prompt_style!r}")
+        self.prompt_style = prompt_style
         self.min_operand = min_operand
         self.max_operand = max_operand
         self.operators = operators
@@ -104,18 +115,33 @@ class CalculatorEnvironment(Environment):
         op = rng.choice(self.operators)
         return {"expression": f"{a}{op}{b}"}
 
+    def _prompt(self, expression: str) -> str:
+        if self.prompt_style == "chat":
+            return f"What is {expression}? You may use the calc tool. End your reply with the answer."
+        return f"{expression}=?\n"
+
+    def _answer_text(self, expression: str, answer: int) -> str:
+        return f"{expression} = {answer}" if self.prompt_style == "chat" else f"A:{answer}"
+
+    def _given_answer(self, action: str) -> int | None:
+        if self.prompt_style == "chat":
+            numbers = _NUMBER.findall(action.replace(",", ""))
+            return int(numbers[-1]) if numbers else None
+        match = _ANSWER.match(action)
+        return int(match.group(1)) if match else None
+
     async def reset(self, task: dict[str, Any]) -> str:
         expression = str(task["expression"])
         self._answer = evaluate_expression(expression)
-        return f"{expression}=?\n"
+        return self._prompt(expression)
 
     async def step(self, action: str) -> StepResult:
         if self._answer is None:
             raise RuntimeError("step() called before reset()")
-        match = _ANSWER.match(action)
-        if match is None:
+        given = self._given_answer(action)
+        if given is None:
             return StepResult("", 0.0, True, {"outcome": "malformed answer"})
-        correct = int(match.group(1)) == self._answer
+        correct = given == self._answer
         return StepResult("", 1.0 if correct else 0.0, True, {"outcome": "correct" if correct else "wrong"})
 
     def demonstrations(self, count: int, rng: random.Random) -> list[Demonstration]:
@@ -127,11 +153,11 @@ class CalculatorEnvironment(Environment):
                 turns = (
                     DemonstrationTurn("policy", f"calc({expression})"),
                     DemonstrationTurn("environment", f"={answer}\n"),
-                    DemonstrationTurn("policy", f"A:{answer}"),
+                    DemonstrationTurn("policy", self._answer_text(expression, answer)),
                 )
             else:
                 # An imperfect demonstrator: a guess of the right size, rarely right.
                 guess = answer + rng.choice([-1, 1]) * rng.randint(1, max(2, abs(answer) // 4 + 1))
-                turns = (DemonstrationTurn("policy", f"A:{guess}"),)
-            demos.append(Demonstration(prompt=f"{expression}=?\n", turns=turns))
+                turns = (DemonstrationTurn("policy", self._answer_text(expression, guess)),)
+            demos.append(Demonstration(prompt=self._prompt(expression), turns=turns))
         return demos

@@ -25,4 +25,10 @@ CALCULATOR = EnvironmentSpec(
     ),
 )
 
-BUILTIN_ENVIRONMENTS = (CALCULATOR,)
+# The same task asked in words, for pretrained instruct models (tandem up --demo --model smollm2).
+CALCULATOR_CHAT = CALCULATOR.model_copy(update={
+    "name": "calculator-chat",
+    "settings": {"prompt_style": "chat", "min_operand": 1, "max_operand": 9, "operators": "+"},
+})
+
+BUILTIN_ENVIRONMENTS = (CALCULATOR, CALCULATOR_CHAT)

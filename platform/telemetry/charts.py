@@ -126,11 +126,13 @@ RUN_CHARTS: list[dict] = [
         },
     },
     {
-        "id": "chart-errors", "title": "Environment error rate", "caption": "failed episodes per environment",
+        "id": "chart-errors", "title": "Failed and truncated episodes",
+        "caption": "share of episodes per environment: failed, or cut off by max_turns or max_seq_len",
         "empty": "No rollout yet.",
+        "variants": [("error", "failed"), ("truncated", "truncated")],
         "kind": "lines", "smooth": True, "range_min": 0, "min_span": 0.1,
-        "family": {"pattern": r"^rollout/(?<environment>.+)/error_rate$", "label": "{environment}",
-                   "colour": "environment"},
+        "family": {"pattern": r"^rollout/(?<environment>.+)/(?<variant>error|truncated)_rate$",
+                   "label": "{environment}", "colour": "environment"},
     },
     {
         "id": "chart-policy", "title": "Policy version", "caption": "newest published", "empty": "No step yet.",

@@ -49,8 +49,11 @@ class ProbeRequest(Record):
 class ProbeCheck(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(description="url, load, sample_task, reset, tools, step or close.")
-    status: Literal["passed", "failed", "skipped"]
+    name: str = Field(description="url, load, sample_task, reset, tools, step, budget or close.")
+    status: Literal["passed", "warning", "failed", "skipped"] = Field(
+        description="warning: the environment works, but something about it needs attention (the message "
+        "says what); it does not fail the probe."
+    )
     message: str = ""
     latency_s: float | None = Field(None, description="Wall time of the check; None if skipped.")
     timeout_s: float | None = Field(None, description="Its limit; None if it has none.")
@@ -67,4 +70,4 @@ class ProbeReport(Record):
 
     @property
     def passed(self) -> bool:
-        return all(check.status == "passed" for check in self.checks)
+        return all(check.status in ("passed", "warning") for check in self.checks)

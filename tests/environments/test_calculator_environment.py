@@ -59,3 +59,22 @@ def test_demonstrations_mix_tool_use_with_wrong_guesses():
 def test_tasks_are_reproducible_from_a_seed():
     env = CalculatorEnvironment()
     assert env.sample_task(random.Random(7)) == env.sample_task(random.Random(7))
+
+
+def test_chat_style_asks_in_words_and_grades_the_last_number_of_the_reply():
+    environment = CalculatorEnvironment(prompt_style="chat", min_operand=1, max_operand=9, operators="+")
+    prompt = asyncio.run(environment.reset({"expression": "3+4"}))
+    assert prompt == "What is 3+4? You may use the calc tool. End your reply with the answer."
+    verdicts = {}
+    for reply in ("3 + 4 = 7.", "The answer is 7", "It is 1,007", "7 or maybe 8", "seven"):
+        asyncio.run(environment.reset({"expression": "3+4"}))
+        result = asyncio.run(environment.step(reply))
+        verdicts[reply] = (result.reward, result.info["outcome"])
+    assert verdicts == {"3 + 4 = 7.": (1.0, "correct"), "The answer is 7": (1.0, "correct"),
+                        "It is 1,007": (0.0, "wrong"), "7 or maybe 8": (0.0, "wrong"),
+                        "seven": (0.0, "malformed answer")}
+    demo = environment.demonstrations(1, random.Random(0))[0]
+    assert demo.prompt.startswith("What is ") and demo.turns[-1].text.endswith(
+        f"= {evaluate_expression(demo.prompt.split()[2].rstrip('?'))}")
+    with pytest.raises(ValueError, match="prompt_style"):
+        CalculatorEnvironment(prompt_style="shouty")

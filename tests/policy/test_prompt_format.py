@@ -257,9 +257,13 @@ def test_prompt_format_auto_follows_the_tokenizer_and_refuses_what_cannot_work(s
     assert isinstance(prompt_layout(ModelConfig(tokenizer=hf), tokenizer), ChatTemplateLayout)
     assert isinstance(prompt_layout(ModelConfig(tokenizer=hf, prompt_format="byte"), tokenizer), ByteLayout)
     assert isinstance(prompt_layout(ModelConfig(), ByteTokenizer()), ByteLayout)
-    with pytest.raises(PromptFormatError, match="model.prompt_format=chat_template needs a tokenizer"):
-        prompt_layout(ModelConfig(prompt_format="chat_template"), ByteTokenizer())
-    with pytest.raises(PromptFormatError, match="past_reasoning=drop needs"):
-        prompt_layout(ModelConfig(past_reasoning="drop"), ByteTokenizer())
+    # The run config refuses what can never work, naming the field; the layout refuses the rest.
+    with pytest.raises(ValueError, match="model.prompt_format=chat_template needs a model.tokenizer"):
+        ModelConfig(prompt_format="chat_template")
+    with pytest.raises(ValueError, match="model.past_reasoning=drop needs a chat template"):
+        ModelConfig(past_reasoning="drop")
+    with pytest.raises(PromptFormatError, match="past_reasoning=drop needs model.prompt_format=chat_template"):
+        prompt_layout(ModelConfig(tokenizer=hf, prompt_format="byte").model_copy(
+            update={"past_reasoning": "drop"}), tokenizer)
     layout = prompt_layout(ModelConfig(tokenizer=hf, tool_call_format="llama3"), tokenizer)
     assert layout.tool_call_format == "llama3"

@@ -16,6 +16,8 @@ def _record(environment, *, total, generation, status="ok"):
 def test_latency_percentiles_and_error_rates_are_per_environment():
     records = [_record("calc", total=t, generation=t / 4) for t in (1.0, 2.0, 3.0, 4.0)]
     records += [_record("remote", total=10.0, generation=1.0, status="failed"),
+                _record("remote", total=10.0, generation=1.0),
+                _record("remote", total=10.0, generation=1.0, status="truncated"),
                 _record("remote", total=10.0, generation=1.0)]
     metrics = rollout_metrics(records)
     # numpy's linear interpolation: p50 of 1..4 is 2.5, p90 is 3.7 (tolerance 1e-9).
@@ -24,5 +26,8 @@ def test_latency_percentiles_and_error_rates_are_per_environment():
     assert metrics["rollout/calc/generation_p50_s"] == pytest.approx(0.625)
     assert metrics["rollout/calc/environment_p50_s"] == pytest.approx(1.875)
     assert metrics["rollout/calc/error_rate"] == 0.0
-    assert metrics["rollout/remote/error_rate"] == 0.5
+    assert metrics["rollout/remote/error_rate"] == 0.25
+    # Truncated episodes are counted apart from failed ones, per environment.
+    assert metrics["rollout/calc/truncated_rate"] == 0.0
+    assert metrics["rollout/remote/truncated_rate"] == 0.25
     assert metrics["rollout/remote/latency_p99_s"] == pytest.approx(10.0)

@@ -39,3 +39,19 @@ class BlockingResetEnvironment(BrokenStepEnvironment):
     async def reset(self, task: dict[str, Any]) -> str:
         time.sleep(self.block_s)
         return "late\n"
+
+
+class VerboseEnvironment(Environment):
+    """Works, but its prompt and feedback are long: ``chars`` characters each."""
+
+    def __init__(self, *, chars: int = 600):
+        self.chars = chars
+
+    def sample_task(self, rng: random.Random) -> dict[str, Any]:
+        return {}
+
+    async def reset(self, task: dict[str, Any]) -> str:
+        return "Read this carefully. " * (self.chars // 21) + "\n"
+
+    async def step(self, action: str) -> StepResult:
+        return StepResult("Not yet; " * (self.chars // 9), 0.0, False)

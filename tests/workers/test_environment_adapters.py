@@ -350,7 +350,11 @@ def test_gymnasium_episodes_stream_through_the_producer(producer):
                            entrypoint="environments.adapters.gymnasium_text:GymnasiumTextEnvironment",
                            settings={"factory": f"{__name__}:WordEcho"})
     records = producer(spec)
-    assert len(records) == 3 and all(r.status == "ok" for r in records)
+    # An untrained policy rarely echoes the word: its episodes end, or are cut off with the reason.
+    assert len(records) == 3 and all(
+        r.status == "ok" or (r.status == "truncated" and ("max_turns" in r.failure_reason
+                                                          or "max_seq_len" in r.failure_reason))
+        for r in records), [(r.status, r.failure_reason) for r in records]
     assert all(ByteTokenizer().decode(r.token_ids).count("say ") == 1 for r in records)
 
 
@@ -493,7 +497,10 @@ def test_openenv_episodes_stream_through_the_producer(openenv_url, producer):
                            entrypoint="environments.adapters.openenv:OpenEnvEnvironment",
                            settings={"url": openenv_url})
     records = producer(spec)
-    assert len(records) == 3 and all(r.status == "ok" for r in records), [r.failure_reason for r in records]
+    # The echo server never ends an episode: max_turns does, and says so.
+    assert len(records) == 3 and all(
+        r.status == "truncated" and r.failure_reason.startswith("reached max_turns=") for r in records
+    ), [(r.status, r.failure_reason) for r in records]
     assert '"prompt": "say ' in ByteTokenizer().decode(records[0].token_ids)
 
 

@@ -12,7 +12,7 @@ from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts
 from workers.probe import run_probe
 
 FAST = ProbeTimeouts(url=5, load=10, reset=1.5, tools=1.5, step=1.5, close=1.5)
-CHECKS = ["url", "load", "sample_task", "reset", "tools", "step", "close"]
+CHECKS = ["url", "load", "sample_task", "reset", "tools", "step", "budget", "close"]
 
 
 def _probe(spec: EnvironmentSpec, **request):
@@ -52,6 +52,24 @@ def test_the_builtin_calculator_passes_every_check_quickly():
     assert time.perf_counter() - started < 2.0
 
 
+def test_a_reset_and_turn_past_the_default_budget_pass_with_a_warning_that_names_the_numbers():
+    from tandem.run_config import RunConfig
+
+    defaults = RunConfig()
+    report = _probe(_python("tests.workers.probe_environments:VerboseEnvironment",
+                            chars=defaults.model.max_seq_len))
+    assert _statuses(report)["budget"] == "warning"
+    assert report.passed  # the environment works: a warning does not fail its registration
+    message = _check(report, "budget").message
+    assert f"model.max_seq_len={defaults.model.max_seq_len}" in message
+    assert f"sampling.max_new_tokens={defaults.sampling.max_new_tokens}" in message
+    assert "set model.max_seq_len to" in message
+
+    fits = _probe(CALCULATOR)
+    assert _statuses(fits)["budget"] == "passed"
+    assert f"of the default {defaults.model.max_seq_len} tokens" in _check(fits, "budget").message
+
+
 def test_the_http_example_server_passes(example_server):
     spec = EnvironmentSpec(name="remote", kind="http", settings={"url": example_server},
                            tools=CALCULATOR.tools)
@@ -68,7 +86,7 @@ def test_a_step_that_crashes_fails_the_step_and_still_closes():
     assert not report.passed
     assert _statuses(report) == {"url": "passed", "load": "passed", "sample_task": "passed",
                                  "reset": "passed", "tools": "passed", "step": "failed",
-                                 "close": "passed"}
+                                 "budget": "skipped", "close": "passed"}
     assert _check(report, "step").message.startswith("ValueError: invalid literal for int()")
 
 

@@ -1,0 +1,347 @@
+"""Tandem on a real instruct model, SmolLM2-135M-Instruct (make models), on this machine: learning, generation, training.
+
+Three parts, each also runnable alone (``--parts``); one JSON line in all:
+
+- ``learning``: the calculator asked in words (a multi-turn, tool-using task:
+  call ``calc`` in the model's own ``<tool_call>`` format, read the result,
+  answer), on held-out tasks (seeds disjoint from the run's). Mean reward of
+  the untrained model, then GRPO through the real pipeline (web, Celery
+  producers, trainer, Redis) for at most ``--minutes``, then the mean reward
+  of the policy it published, each on ``--eval-episodes`` episodes with a 95%
+  Wilson interval (rewards are 0 or 1).
+- ``generation``: Tandem's inference engine against ``transformers``'
+  ``generate`` on the same weights and prompts, at 1 and 16 concurrent
+  sessions, ``--new-tokens`` tokens each (EOS disabled on both sides, so both
+  do the same work); tokens/s and their ratio.
+- ``train_step``: step time and tokens/s of the trainer's jitted GRPO update,
+  full fine-tune and LoRA, on ``--train-batch`` x ``--train-len`` tokens.
+
+Usage: ``python bench/real_model.py [--parts learning,generation,train_step] [--minutes 30]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from environments.builtin.calculator import CalculatorEnvironment  # noqa: E402
+from policy import (  # noqa: E402
+    RedisWeightPublisher,
+    Sampler,
+    create_model,
+    load_tokenizer,
+    policy_config,
+    prompt_layout,
+    split_model,
+)
+from tandem.demo_runs import SMOLLM2_DIR  # noqa: E402
+from tandem.run_config import RunConfig  # noqa: E402
+
+# The calculator as the learning part asks it; its untrained reward must lie in 0.05..0.5.
+ENVIRONMENT = "calculator-chat-bench"
+# One-digit sums: SmolLM2-135M-Instruct gets about one in eight right untrained (0.125 on 16 tries).
+ENVIRONMENT_SETTINGS = {"prompt_style": "chat", "min_operand": 1, "max_operand": 9, "operators": "+"}
+# Held-out tasks come from seeds far from the run's (group_task_seed(seed, i) for small i).
+HELD_OUT_SEED = 10**9
+
+
+def wilson_interval(successes: float, count: int, z: float = 1.96) -> tuple[float, float]:
+    if count == 0:
+        return (0.0, 1.0)
+    p = successes / count
+    centre = (p + z * z / (2 * count)) / (1 + z * z / count)
+    half = z * math.sqrt(p * (1 - p) / count + z * z / (4 * count * count)) / (1 + z * z / count)
+    return (round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4))
+
+
+def real_model_config(**overrides) -> RunConfig:
+    directory = str(SMOLLM2_DIR.resolve())
+    base = {
+        "model": {"hf_checkpoint": directory, "tokenizer": directory, "max_seq_len": 512},
+        "sampling": {"max_new_tokens": 48, "temperature": 0.8},
+        "rollout": {"group_size": 8, "groups_per_step": 2, "groups_per_task": 1, "max_turns": 3},
+    }
+    for key, value in overrides.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return RunConfig.model_validate(base)
+
+
+# -- learning ------------------------------------------------------------------------------
+
+
+def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int) -> dict:
+    """Mean reward of the policy published under ``run_id`` on held-out calculator tasks."""
+    from workers.agent import EpisodeLimits, run_episode
+    from workers.policy import BatchingPolicy, PolicyRuntime
+
+    runtime = PolicyRuntime(run_id=run_id, config=config.model_copy(update={"sampling": config.sampling.model_copy(
+        update={"inference_slots": episodes})}), redis_client=redis_client)
+    version = runtime.refresh_weights(force=True)
+    policy = BatchingPolicy(runtime, seed=HELD_OUT_SEED)
+    limits = EpisodeLimits(max_turns=config.rollout.max_turns, max_seq_len=config.model.max_seq_len,
+                           max_new_tokens=config.sampling.max_new_tokens, environment_timeout_s=30.0)
+
+    async def all_episodes():
+        async def one(index: int):
+            environment = CalculatorEnvironment(**ENVIRONMENT_SETTINGS)
+            task = environment.sample_task(random.Random(HELD_OUT_SEED + index))
+            return await run_episode(run_id=run_id, group_id=f"eval-{index}", group_size=1,
+                                     environment_name=ENVIRONMENT, environment=environment, task=task,
+                                     policy=policy, limits=limits, tokenizer=runtime.tokenizer,
+                                     layout=runtime.prompt_layout)
+        try:
+            return await asyncio.gather(*[one(index) for index in range(episodes)])
+        finally:
+            await policy.close()
+
+    started = time.perf_counter()
+    try:
+        records = asyncio.run(all_episodes())
+    finally:
+        runtime.close()
+    rewards = [record.reward for record in records]
+    tool_calls = sum(any(m.tool_calls for m in record.messages) for record in records)
+    return {
+        "policy_version": version,
+        "mean": round(statistics.fmean(rewards), 4),
+        "ci95": wilson_interval(sum(rewards), len(rewards)),
+        "episodes": len(rewards),
+        "episodes_calling_tools": tool_calls,
+        "statuses": {status: sum(r.status == status for r in records) for status in ("ok", "truncated", "failed")},
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def learning(args) -> dict:
+    import httpx
+    import redis
+
+    from tandem.contracts import TERMINAL_RUN_STATUSES
+    from tandem.stack import LocalStack, StackConfig
+
+    redis_client = redis.Redis.from_url(args.redis_url)
+    redis_client.flushdb()
+    mode = "lora" if args.lora else "full"
+    overrides = {"lora": {"enabled": True, "rank": 16, "alpha": 32.0}} if args.lora else {}
+    config = real_model_config(**overrides)
+    tokenizer = load_tokenizer(config.model.tokenizer)
+    base = create_model(config.model, vocab_size=tokenizer.vocab_size, rngs=None)
+    base_run_id = 999_000_001
+    RedisWeightPublisher(redis_client).publish(run_id=base_run_id, version=0, params=split_model(base)[1])
+    del base
+    before = evaluate(redis_client, run_id=base_run_id, config=config, episodes=args.eval_episodes)
+    print(f"before: {before}", file=sys.stderr)
+
+    var_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-real-"))
+    stack = LocalStack(StackConfig(redis_url=args.redis_url, port=args.port, var_dir=var_dir, workers=1,
+                                   database_url=f"sqlite:///{var_dir / 'bench.sqlite3'}"))
+    credentials = stack.prepare()
+    started = time.time()
+    run_status, steps = None, 0
+    try:
+        stack.start(credentials)
+        client = httpx.Client(base_url=stack.config.platform_url,
+                              headers={"Authorization": f"Token {credentials.user_token}"}, timeout=30)
+        environment = client.post("/api/environments/", json={
+            "project": credentials.project_id, "name": ENVIRONMENT, "kind": "python",
+            "entrypoint": "environments.builtin.calculator:CalculatorEnvironment",
+            "settings": ENVIRONMENT_SETTINGS, "tools": [tool_schema()],
+        })
+        environment.raise_for_status()
+        run_config = json.loads(config.model_dump_json())
+        run_config.update({"sft_steps": 0, "rl_steps": args.rl_steps, "rl_learning_rate": args.learning_rate,
+                           "checkpoint": {"every": 1000}})
+        run = client.post("/api/runs/", json={"project": credentials.project_id, "name": "bench: real model",
+                                              "environment": ENVIRONMENT, "config": run_config})
+        run.raise_for_status()
+        run_id = run.json()["id"]
+        deadline = started + args.minutes * 60
+        while True:
+            stack.check_alive()
+            status = client.get(f"/api/runs/{run_id}/").json()
+            run_status, steps = status["status"], status.get("trainer_step", 0)
+            if run_status in TERMINAL_RUN_STATUSES:
+                break
+            if time.time() > deadline:
+                client.post(f"/api/runs/{run_id}/cancel/").raise_for_status()
+            time.sleep(5)
+        wall_s = time.time() - started
+    finally:
+        stack.stop()
+    after = evaluate(redis_client, run_id=run_id, config=config, episodes=args.eval_episodes)
+    print(f"after: {after}", file=sys.stderr)
+    return {
+        "environment": f"{ENVIRONMENT} ({json.dumps(ENVIRONMENT_SETTINGS, sort_keys=True)})",
+        "mode": mode,
+        "reward_before": before["mean"],
+        "reward_before_ci95": before["ci95"],
+        "reward_after": after["mean"],
+        "reward_after_ci95": after["ci95"],
+        "wall_s": round(wall_s, 1),
+        "run_status": run_status,
+        "rl_steps_done": steps,
+        "policy_version_after": after["policy_version"],
+        "eval_episodes": args.eval_episodes,
+        "details": {"before": before, "after": after},
+    }
+
+
+def tool_schema() -> dict:
+    (tool,) = CalculatorEnvironment.tools
+    return {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+
+
+# -- generation ------------------------------------------------------------------------------
+
+
+def chat_prompts(count: int) -> list[list[int]]:
+    config = real_model_config()
+    tokenizer = load_tokenizer(config.model.tokenizer)
+    layout = prompt_layout(config.model, tokenizer)
+    environment = CalculatorEnvironment(**ENVIRONMENT_SETTINGS)
+    prompts = []
+    for index in range(count):
+        task = environment.sample_task(random.Random(index))
+        prompt = asyncio.run(environment.reset(task))
+        prompts.append(layout.start(prompt, environment.tools).token_ids)
+    return prompts
+
+
+def generation(args) -> dict:
+    import torch
+    import transformers
+
+    config = real_model_config()
+    tokenizer = load_tokenizer(config.model.tokenizer)
+    model = create_model(config.model, vocab_size=tokenizer.vocab_size, rngs=None)
+    graphdef, params = split_model(model)
+    transformer_config = policy_config(config.model, vocab_size=tokenizer.vocab_size)
+    prompts = chat_prompts(16)
+    new_tokens = args.new_tokens
+    # EOS off on both sides (an id no logit has): every session generates exactly new_tokens.
+    sampler = Sampler(graphdef, config=transformer_config, eos_id=-1, pad_id=tokenizer.pad_id,
+                      batch_buckets=(1, 16), prompt_buckets=(256, 512))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(SMOLLM2_DIR.resolve()),
+                                                                  torch_dtype=torch.float32)
+    reference.eval()
+    results = {}
+    for sessions in (1, 16):
+        batch = prompts[:sessions]
+        sampler.generate(params, batch, max_new_tokens=new_tokens, temperature=1.0, seed=0)  # compiles
+        began = time.perf_counter()
+        completions = sampler.generate(params, batch, max_new_tokens=new_tokens, temperature=1.0, seed=1)
+        tandem_s = time.perf_counter() - began
+        tandem_tokens = sum(len(c.token_ids) for c in completions)
+
+        width = max(map(len, batch))
+        input_ids = torch.tensor([[tokenizer.pad_id] * (width - len(p)) + p for p in batch])
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        kwargs = dict(attention_mask=attention, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                      max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tokenizer.pad_id)
+        with torch.no_grad():
+            reference.generate(input_ids, **kwargs)  # warm-up
+            began = time.perf_counter()
+            output = reference.generate(input_ids, **kwargs)
+            reference_s = time.perf_counter() - began
+        reference_tokens = int((output.shape[1] - width) * sessions)
+        results[sessions] = (tandem_tokens / tandem_s, reference_tokens / reference_s)
+    return {
+        "tandem_tokens_per_s_1": round(results[1][0], 1),
+        "tandem_tokens_per_s_16": round(results[16][0], 1),
+        "transformers_tokens_per_s_1": round(results[1][1], 1),
+        "transformers_tokens_per_s_16": round(results[16][1], 1),
+        "ratio_1": round(results[1][0] / results[1][1], 2),
+        "ratio_16": round(results[16][0] / results[16][1], 2),
+        "new_tokens": new_tokens,
+        "prompt_tokens": [len(p) for p in prompts],
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+# -- train_step ------------------------------------------------------------------------------
+
+
+def train_step_times(args) -> dict:
+    from trainer.losses import grpo_loss
+    from trainer.train_state import initial_train_state, make_optimizer
+    from trainer.train_step import make_train_step, on_logits, pad_batch
+
+    results = {}
+    for mode in ("full", "lora"):
+        lora = {"lora": {"enabled": True, "rank": 16, "alpha": 32.0}} if mode == "lora" else {}
+        config = real_model_config(**lora)
+        tokenizer = load_tokenizer(config.model.tokenizer)
+        optimizer = make_optimizer(1e-5)
+        graphdef, state = initial_train_state(config, vocab_size=tokenizer.vocab_size, needs_value_head=False,
+                                              optimizer=optimizer)
+        step = make_train_step(graphdef, optimizer, on_logits(functools.partial(grpo_loss, clip_epsilon=0.2)))
+        rng = np.random.default_rng(0)
+        length, rows = args.train_len, args.train_batch
+        batches = [pad_batch(
+            [rng.integers(0, tokenizer.vocab_size, size=length).tolist() for _ in range(rows)],
+            loss_masks=[[0] * (length // 2) + [1] * (length - length // 2)] * rows,
+            behaviour_logprobs=[[0.0] * (length // 2) + [-1.0] * (length - length // 2)] * rows,
+            advantages=rng.standard_normal(rows).tolist(), batch_size=rows, length_buckets=(length,),
+            pad_id=tokenizer.pad_id) for _ in range(2)]
+        state, metrics = step(state, batches[0])
+        jax.block_until_ready((state, metrics))
+        times = []
+        for index in range(args.train_steps):
+            began = time.perf_counter()
+            state, metrics = step(state, batches[index % 2])
+            jax.block_until_ready((state, metrics))
+            times.append(time.perf_counter() - began)
+        step_s = statistics.median(times)
+        results[f"{mode}_step_s"] = round(step_s, 3)
+        results[f"{mode}_tokens_per_s"] = round(rows * length / step_s, 1)
+        del state
+    results.update({"batch": args.train_batch, "seq_len": args.train_len, "timed_steps": args.train_steps})
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="learning,generation,train_step")
+    parser.add_argument("--minutes", type=float, default=30.0, help="wall-time budget of the GRPO run")
+    parser.add_argument("--rl-steps", type=int, default=200, help="the run's rl_steps (the budget usually ends it)")
+    parser.add_argument("--learning-rate", type=float, default=2e-5, help="the run's rl_learning_rate")
+    parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of every weight")
+    parser.add_argument("--eval-episodes", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--train-batch", type=int, default=4)
+    parser.add_argument("--train-len", type=int, default=256)
+    parser.add_argument("--train-steps", type=int, default=3)
+    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
+    parser.add_argument("--port", type=int, default=8766)
+    args = parser.parse_args()
+    if not (SMOLLM2_DIR / "config.json").is_file():
+        sys.exit(f"{SMOLLM2_DIR} holds no model: run `make models` first")
+    parts = args.parts.split(",")
+    output: dict = {"model": "SmolLM2-135M-Instruct", "backend": jax.default_backend(),
+                    "device": jax.devices()[0].device_kind, "cpu_count": os.cpu_count()}
+    if "train_step" in parts:
+        output["train_step"] = train_step_times(args)
+    if "generation" in parts:
+        output["generation"] = generation(args)
+    if "learning" in parts:
+        output["learning"] = learning(args)
+    print(json.dumps(output))
+
+
+if __name__ == "__main__":
+    main()
