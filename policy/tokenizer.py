@@ -92,6 +92,10 @@ class HFTokenizer:
         """Decode, dropping special tokens."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def decode_with_specials(self, token_ids: list[int]) -> str:
+        """Decode, writing special tokens as their text (``<|im_start|>``): what the model saw."""
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
     @classmethod
     def from_directory(
         cls,

@@ -122,7 +122,8 @@ def cmd_up(args) -> int:
             return 1
     _stop_on_sigterm()
     config = StackConfig(redis_url=_redis_url(args), port=args.port, workers=args.workers,
-                         database_url=os.environ.get("DATABASE_URL"))
+                         database_url=os.environ.get("DATABASE_URL"),
+                         **({"var_dir": Path(args.var_dir).resolve()} if args.var_dir else {}))
     stack = LocalStack(config)
     redis_process = None
     try:
@@ -208,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     up.add_argument("--demo", action="store_true", help="submit a demo run and show its progress")
     up.add_argument("--rl-steps", type=int, help="override the demo run's rl_steps")
+    up.add_argument("--var-dir", help="where logs, checkpoints and the embedded database go; default var/")
     up.add_argument("--model", choices=("nano", "smollm2"), default="nano",
                     help="the demo's policy: nano (a byte model trained from scratch) or smollm2 "
                          "(SmolLM2-135M-Instruct, imported by make models)")

@@ -92,7 +92,13 @@ def _turn_bounds(record: TrajectoryRecord, eos_id: int) -> list[tuple[int, int, 
 
 
 def _decode(tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
-    """Text of the tokens, special ones written out, so an EOS the loss trains on can be seen."""
+    """Text of the tokens, special ones written out, so an EOS the loss trains on can be seen.
+
+    A Hugging Face tokenizer writes its special tokens as themselves (``<|im_end|>``);
+    the byte tokenizer's have no text, so they are named (⟨bos⟩, ⟨eos⟩, ⟨pad⟩).
+    """
+    if hasattr(tokenizer, "decode_with_specials"):
+        return tokenizer.decode_with_specials(list(token_ids))
     # Later entries win: a tokenizer that pads with its EOS (HFTokenizer's fallback) shows ⟨eos⟩.
     names = {tokenizer.pad_id: "⟨pad⟩", tokenizer.eos_id: "⟨eos⟩"}
     if tokenizer.bos_id is not None:

@@ -17,7 +17,8 @@ class TokenSpan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    text: str = Field(description="The tokens decoded; special tokens written as ⟨bos⟩, ⟨eos⟩, ⟨pad⟩.")
+    text: str = Field(description="The tokens decoded, special tokens included: as their own text "
+                      "(<|im_end|>), or for the byte tokenizer as ⟨bos⟩, ⟨eos⟩, ⟨pad⟩.")
     tokens: int = Field(ge=1, description="How many tokens the span has.")
     trained: bool = Field(description="True: the loss mask is 1 on every token of it (policy tokens).")
 

@@ -20,7 +20,7 @@ from trainer.trajectory_samples import TrajectorySampleBuffer
 
 from .builders import full_rl_step_event, step_event
 from .test_run_page_browser import REPO_ROOT
-from .trajectory_builders import CALC, TOKENIZER, calculator_record
+from .trajectory_builders import CALC, TOKENIZER, calculator_record, chat_calculator_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,6 +114,43 @@ def test_a_posted_trajectory_shows_its_turns_tool_call_and_trained_tokens(
     assert "tool calc timed out after 30s" in page.inner_text("#trajectory-failure")
     assert page.locator("#turns .span-trained").count() == 0
     page.screenshot(path=str(SCREENSHOTS / "trajectory_failed.png"), full_page=True)
+
+
+def test_a_chat_template_trajectory_shows_role_tagged_messages_and_its_tokens_folded(
+    server, chromium_page, running_run, trainer, smollm2
+):
+    from policy import load_tokenizer
+
+    tokenizer = load_tokenizer(str(smollm2))
+    record = chat_calculator_record(running_run.pk, tokenizer, status="truncated",
+                                    reason="reached max_turns=2 before the environment ended the episode")
+    client = PlatformClient(server, trainer.raw_token)
+    buffer = TrajectorySampleBuffer(client, running_run.pk, tokenizer, per_step=2, tools=[CALC])
+    buffer.add_step(step=4, records=[record])
+    buffer.flush()
+    client.close()
+    assert (buffer.posted, buffer.lost) == (1, 0)
+
+    page = chromium_page(server, f"/runs/{running_run.pk}/trajectories/?status=truncated")
+    assert page.locator(".trajectory-row").count() == 1
+    page.goto(f"{server}/runs/{running_run.pk}/trajectories/{record.trajectory_id}/")
+    assert page.inner_text("#trajectory-status") == "truncated"
+    assert "Truncated: reached max_turns=2" in page.inner_text("#trajectory-failure")
+    roles = page.locator("#turns > li").evaluate_all("items => items.map(item => item.dataset.role)")
+    # system (the tools), user, the call, its result, the answer
+    assert roles == ["prompt", "prompt", "policy", "tool", "policy"]
+    messages = page.locator("#turns .message-text").all_inner_texts()
+    assert messages[1] == "What is 2+3?" and messages[3] == "=5" and messages[4] == "2+3 = 5"
+    assert messages[2].startswith("<tool_call>") and "You may call these tools" in messages[0]
+    assert not any("<|im_start|>" in text for text in messages)  # the template's markup is not the message
+    assert "calc(expression=2+3)" in page.inner_text(".turn-policy .tool-call")
+    # The tokens the model saw are one click away, trained ones marked.
+    assert not page.locator("#turns .span-trained").first.is_visible()
+    page.locator("#turns .turn-policy details summary").first.click()
+    assert page.locator("#turns .span-trained").first.is_visible()
+    trained = page.locator("#turns .span-trained").all_text_contents()
+    assert trained[0].startswith("<tool_call>") and trained[0].endswith("</tool_call><|im_end|>")
+    page.screenshot(path=str(SCREENSHOTS / "trajectory_chat.png"), full_page=True)
 
 
 def test_pause_resume_and_clone_from_the_run_page(server, chromium_page, running_run, user):

@@ -39,6 +39,32 @@ def calculator_record(
     )
 
 
+def chat_calculator_record(run_id: int, tokenizer, *, status: str = "ok", reason: str = "") -> TrajectoryRecord:
+    """The same episode in a chat template (the tokenizer's), token in, token out, with its messages."""
+    from environments import Tool, format_tool_call
+    from policy import ChatTemplateLayout
+    from tandem.contracts import ConversationMessage
+
+    layout = ChatTemplateLayout(tokenizer)
+    episode = layout.start("What is 2+3?", [Tool(name=CALC.name, description=CALC.description,
+                                                  parameters=CALC.parameters, run=None)])
+    call_text = format_tool_call("calc", {"expression": "2+3"}, layout.tool_call_format)
+    call = tokenizer.encode(call_text) + [tokenizer.eos_id]
+    layout.add_sampled(episode, call, [-0.5] * len(call), content=call_text,
+                       tool_calls=[{"name": "calc", "arguments": {"expression": "2+3"}}])
+    layout.add_messages(episode, [{"role": "tool", "content": "=5"}])
+    reply = tokenizer.encode("2+3 = 5") + [tokenizer.eos_id]
+    layout.add_sampled(episode, reply, [-0.25] * len(reply), content="2+3 = 5")
+    return TrajectoryRecord(
+        trajectory_id=uuid.uuid4().hex, run_id=run_id, group_id=f"{run_id}-1", group_size=4,
+        environment="calculator-chat", policy_version=3, policy_versions=[3, 4],
+        token_ids=episode.token_ids, behaviour_logprobs=episode.behaviour_logprobs, loss_mask=episode.loss_mask,
+        reward=1.0, status=status, failure_reason=reason, num_turns=2,
+        timings=EpisodeTimings(started_at=100.0, finished_at=101.5, generation_s=1.0, environment_s=0.2),
+        messages=tuple(ConversationMessage(**message) for message in episode.messages),
+    )
+
+
 def calculator_sample(run_id: int, *, step: int = 1, why: str = "best", **record_fields) -> TrajectorySample:
     return trajectory_sample(calculator_record(run_id, **record_fields), step=step, selected_because=why,
                              tokenizer=TOKENIZER, tools=[CALC])
