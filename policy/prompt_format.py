@@ -185,14 +185,24 @@ class ChatTemplateLayout:
             raise PromptFormatError("prompt_format chat_template needs a tokenizer with a chat template")
         self.tokenizer = tokenizer
         self.source = source
-        self.end_of_turn_id = tokenizer.eos_id
-        self._end_of_turn = tokenizer.token(tokenizer.eos_id)
         self.tool_call_format: ToolCallFormat = tool_call_format or tool_call_format_of_template(source)
         self.template_kwargs = dict(template_kwargs or {})
         self.past_reasoning = past_reasoning
         # A template that never mentions tools cannot show them; a system message does instead.
         self.renders_tools = "tools" in source
         self._roles: dict[str, bool] = {}
+        self.end_of_turn_id = self._template_end_of_turn()
+        self._end_of_turn = tokenizer.token(self.end_of_turn_id)
+
+    def _template_end_of_turn(self) -> int:
+        """The special token the template closes an assistant turn with (Gemma's ``<end_of_turn>``,
+        not its ``<eos>``); the tokenizer's EOS when the template closes it with none."""
+        text = self._render([{"role": "user", "content": _USER_STAND_IN},
+                             {"role": "assistant", "content": _ASSISTANT_STAND_IN}], (), generation_prompt=False)
+        after = self.tokenizer.encode(text[text.rfind(_ASSISTANT_STAND_IN) + 1:].lstrip(" "))
+        if after and self.tokenizer.is_special(after[0]):
+            return after[0]
+        return self.tokenizer.eos_id
 
     def _render(self, messages: Sequence[Message], tools: Sequence[Tool], *, generation_prompt: bool) -> str:
         return render_text(
@@ -231,21 +241,35 @@ class ChatTemplateLayout:
     def start(self, prompt: str, tools: Sequence[Tool]) -> EpisodeTokens:
         episode = EpisodeTokens(tools=tuple(tools))
         opening = self._opening(prompt, tools)
-        covered = ""
-        for count, message in enumerate(opening, start=1):
-            text = self._render(opening[:count], tools, generation_prompt=False)
-            if not text.startswith(covered):
-                raise PromptFormatError("the chat template rewrites the system message once a user message follows")
-            start = len(episode)
-            episode._extend(self.tokenizer.encode(text[len(covered):]), mask=0)
-            episode._add_message(message["role"], message["content"], start)
-            covered = text
         full = self._render(opening, tools, generation_prompt=True)
+        try:
+            pieces = self._opening_pieces(opening, tools)
+        except (ChatTemplateError, PromptFormatError):
+            # A template that renders no prefix of the opening alone (a system message without
+            # a user one, say): one piece, told apart from the generation prompt only.
+            pieces = [self._render(opening, tools, generation_prompt=False), *[""] * (len(opening) - 1)]
+        covered = ""
+        for message, piece in zip(opening, pieces, strict=True):
+            start = len(episode)
+            episode._extend(self.tokenizer.encode(piece), mask=0)
+            episode._add_message(message["role"], message["content"], start)
+            covered += piece
         if not full.startswith(covered):
             raise PromptFormatError("the chat template's generation prompt rewrites the prompt before it")
         episode._turn_start = len(episode)
         episode._extend(self.tokenizer.encode(full[len(covered):]), mask=0)
         return episode
+
+    def _opening_pieces(self, opening: Sequence[Message], tools: Sequence[Tool]) -> list[str]:
+        """The text of each opening message, rendered one more message at a time."""
+        pieces, covered = [], ""
+        for count in range(1, len(opening) + 1):
+            text = self._render(opening[:count], tools, generation_prompt=False)
+            if not text.startswith(covered):
+                raise PromptFormatError("the chat template rewrites the system message once a user message follows")
+            pieces.append(text[len(covered):])
+            covered = text
+        return pieces
 
     def _new_message_pieces(self, messages: Sequence[Message], tools: Sequence[Tool]) -> tuple[list[str], str]:
         """The template's text for ``messages`` after an assistant turn, one piece per message, and

@@ -92,6 +92,11 @@ class HFTokenizer:
         """Decode, dropping special tokens."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def is_special(self, token_id: int) -> bool:
+        """Whether ``token_id`` is one of the tokenizer's special tokens (``<|im_end|>``, ``<end_of_turn>``)."""
+        added = self._tokenizer.get_added_tokens_decoder().get(token_id)
+        return added is not None and added.special
+
     def decode_with_specials(self, token_ids: list[int]) -> str:
         """Decode, writing special tokens as their text (``<|im_start|>``): what the model saw."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=False)

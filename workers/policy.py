@@ -79,7 +79,8 @@ class PolicyRuntime:
         self.engine = InferenceEngine(
             self._graphdef,
             config=model_config,
-            eos_id=self.tokenizer.eos_id,
+            # A turn ends at the template's end-of-turn token (the tokenizer's EOS, or Gemma's <end_of_turn>).
+            eos_id=self.prompt_layout.end_of_turn_id,
             pad_id=self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id,
             num_slots=inference_slots(config, task_concurrency()),
             chunk_size=config.sampling.decode_chunk_tokens,

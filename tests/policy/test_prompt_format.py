@@ -267,3 +267,37 @@ def test_prompt_format_auto_follows_the_tokenizer_and_refuses_what_cannot_work(s
             update={"past_reasoning": "drop"}), tokenizer)
     layout = prompt_layout(ModelConfig(tokenizer=hf, tool_call_format="llama3"), tokenizer)
     assert layout.tool_call_format == "llama3"
+
+
+def test_a_template_that_cannot_render_the_system_message_alone_still_opens_the_episode(tokenizer):
+    needs_a_user = (
+        "{% if messages[-1].role == 'system' %}{{ raise_exception('a user message must follow') }}{% endif %}"
+        "{% for message in messages %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    layout = ChatTemplateLayout(tokenizer, chat_template=needs_a_user)
+    episode = layout.start("What is 2+3?", [CALCULATOR_TOOL])
+    messages = [{"role": m["role"], "content": m["content"]} for m in episode.messages]
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert full_text(tokenizer, episode.token_ids) == render_text(messages, tokenizer, needs_a_user,
+                                                                  add_generation_prompt=True)
+    assert not any(episode.loss_mask)
+
+
+def test_the_end_of_turn_token_is_the_templates_own_not_necessarily_eos(tokenizer):
+    # Like Gemma's <end_of_turn>, which is not its <eos>: here <|endoftext|> closes turns, <|im_end|> is EOS.
+    own_end = (
+        "{% for message in messages %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|endoftext|>\\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    layout = ChatTemplateLayout(tokenizer, chat_template=own_end)
+    end_of_text = tokenizer._tokenizer.token_to_id("<|endoftext|>")
+    assert layout.end_of_turn_id == end_of_text != tokenizer.eos_id
+    episode = layout.start("Hi", [])
+    ids = tokenizer.encode("Hello") + [end_of_text]
+    layout.add_sampled(episode, ids, [-0.1] * len(ids), content="Hello")
+    assert episode.token_ids[-1] == end_of_text and episode.loss_mask[-1] == 1  # sampled, so trained
+    layout.add_messages(episode, [{"role": "user", "content": "Again"}])
+    assert full_text(tokenizer, episode.token_ids).endswith(
+        "Hello<|endoftext|>\n<|im_start|>user\nAgain<|endoftext|>\n<|im_start|>assistant\n")
+    assert ChatTemplateLayout(tokenizer).end_of_turn_id == tokenizer.eos_id  # SmolLM2's: <|im_end|>
