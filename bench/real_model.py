@@ -319,7 +319,7 @@ def main() -> None:
     parser.add_argument("--parts", default="learning,generation,train_step")
     parser.add_argument("--minutes", type=float, default=30.0, help="wall-time budget of the GRPO run")
     parser.add_argument("--rl-steps", type=int, default=200, help="the run's rl_steps (the budget usually ends it)")
-    parser.add_argument("--learning-rate", type=float, default=2e-5, help="the run's rl_learning_rate")
+    parser.add_argument("--learning-rate", type=float, default=3e-5, help="the run's rl_learning_rate")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of every weight")
     parser.add_argument("--eval-episodes", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)

@@ -1,5 +1,11 @@
 """Chat templates: a multi-turn conversation as token ids plus the mask of the model's tokens.
 
+Live episodes and demonstrations do not come through :func:`render_chat`: they
+are appended to turn by turn (:mod:`policy.prompt_format`, which renders each
+new piece with :func:`render_text`), so no template ever rewrites their
+history. :func:`render_chat` renders a whole finished conversation at once,
+as ``transformers``' ``apply_chat_template`` does, with its assistant mask.
+
 :func:`render_chat` turns ``[{"role": ..., "content": ...}, ...]`` (roles
 system, user, assistant, tool) into ``token_ids`` and an ``assistant_mask``
 that is 1 exactly on the assistant's tokens, each turn's end-of-turn token

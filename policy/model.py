@@ -158,7 +158,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         num_layers=2,
         num_heads=4,
         mlp_dim=256,
-        max_seq_len=128,
+        max_seq_len=512,
     ),
     "small": dict(
         vocab_size=BYTE_VOCAB_SIZE,

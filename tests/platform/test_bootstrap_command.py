@@ -6,6 +6,7 @@ from django.core.management import call_command
 
 from accounts.models import Membership
 from accounts.selectors import api_token_authenticate
+from environment_registry.builtin import BUILTIN_ENVIRONMENTS
 from environment_registry.models import Environment, EnvironmentVersion
 
 ARGS = [
@@ -65,6 +66,6 @@ def test_bootstrap_is_idempotent_and_replaces_its_tokens(db, capsys):
         assert api_token_authenticate(raw=first[key]) is None
         assert api_token_authenticate(raw=second[key]) is not None
     assert get_user_model().objects.count() == 2
-    assert Environment.objects.count() == 1
-    assert EnvironmentVersion.objects.count() == 1
+    assert Environment.objects.count() == len(BUILTIN_ENVIRONMENTS)  # calculator, calculator-chat
+    assert EnvironmentVersion.objects.count() == len(BUILTIN_ENVIRONMENTS)
     assert authenticate(username="demo", password="demo") is not None

@@ -38,7 +38,9 @@ STORED = _version_1(sft_steps=2, rl_steps=2, group_size=4, temperature=0.7, chec
 # What every reader sees of it.
 UPGRADED = RunConfig.model_validate({
     "sft_steps": 2, "rl_steps": 2, "rollout": {"group_size": 4, "backlog_steps": 3},
-    "sampling": {"temperature": 0.7}, "checkpoint": {"every": 5}, "weights": {"transport": "filesystem"},
+    # max_new_tokens: the default of version 1's days, stored with the config.
+    "sampling": {"temperature": 0.7, "max_new_tokens": 24}, "checkpoint": {"every": 5},
+    "weights": {"transport": "filesystem"},
 }).model_dump(mode="json")
 
 
