@@ -97,6 +97,20 @@ class EpisodeTokens:
     def _add_message(self, role: str, content: str, start: int, **extra: Any) -> None:
         self.messages.append({"role": role, "content": content, "start": start, "end": len(self), **extra})
 
+    def _append_messages(self, messages: Sequence[Message], pieces: Sequence[Sequence[int]], *,
+                         generation_prompt: Sequence[int] = (), max_tokens: int | None) -> bool:
+        """Append each message's tokens (masked), then the generation prompt that opens the next
+        assistant message; nothing, and False, if they would pass ``max_tokens``."""
+        if max_tokens is not None and len(self) + sum(map(len, pieces)) + len(generation_prompt) > max_tokens:
+            return False
+        for message, piece in zip(messages, pieces, strict=True):
+            start = len(self)
+            self._extend(piece, mask=0)
+            self._add_message(message["role"], message.get("content") or "", start)
+        self._turn_start = len(self)
+        self._extend(generation_prompt, mask=0)
+        return True
+
 
 class PromptLayout(Protocol):
     """What the agent loop and the SFT phase need of a prompt format."""
@@ -146,14 +160,7 @@ class ByteLayout:
     def add_messages(self, episode: EpisodeTokens, messages: Sequence[Message], *,
                      max_tokens: int | None = None) -> bool:
         pieces = [self.tokenizer.encode(message.get("content") or "") for message in messages]
-        if max_tokens is not None and len(episode) + sum(map(len, pieces)) > max_tokens:
-            return False
-        for message, piece in zip(messages, pieces, strict=True):
-            start = len(episode)
-            episode._extend(piece, mask=0)
-            episode._add_message(message["role"], message.get("content") or "", start)
-        episode._turn_start = len(episode)
-        return True
+        return episode._append_messages(messages, pieces, max_tokens=max_tokens)
 
     def add_sampled(self, episode: EpisodeTokens, token_ids: Sequence[int], logprobs: Sequence[float], *,
                     content: str, tool_calls: Sequence[Mapping[str, Any]] = ()) -> None:
@@ -321,18 +328,9 @@ class ChatTemplateLayout:
         ):
             return self._new_segment(episode, messages, max_tokens=max_tokens)
         texts, generation_prompt = self._new_message_pieces(messages, episode.tools)
-        pieces = [self.tokenizer.encode(text) for text in texts]
-        header = self.tokenizer.encode(generation_prompt)
-        if max_tokens is not None and len(episode) + sum(map(len, pieces)) + len(header) > max_tokens:
-            return False
-        for message, piece in zip(messages, pieces, strict=True):
-            start = len(episode)
-            episode._extend(piece, mask=0)
-            episode._add_message(message["role"], message.get("content") or "", start)
-        # The generation prompt opens the next assistant message.
-        episode._turn_start = len(episode)
-        episode._extend(header, mask=0)
-        return True
+        return episode._append_messages(messages, [self.tokenizer.encode(text) for text in texts],
+                                        generation_prompt=self.tokenizer.encode(generation_prompt),
+                                        max_tokens=max_tokens)
 
     def _new_segment(self, episode: EpisodeTokens, messages: Sequence[Message], *,
                      max_tokens: int | None) -> bool:

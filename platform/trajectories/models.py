@@ -1,6 +1,8 @@
 from django.db import models
 from django.utils import timezone
 
+from tandem.contracts import episode_status_choices
+
 
 class TrajectorySample(models.Model):
     """A trajectory the trainer trained on and sent for people to read (tandem.contracts.TrajectorySample).
@@ -9,10 +11,8 @@ class TrajectorySample(models.Model):
     turns included, read only by the detail view.
     """
 
-    class Status(models.TextChoices):
-        OK = "ok", "OK"
-        TRUNCATED = "truncated", "Truncated"
-        FAILED = "failed", "Failed"
+    # The contract's vocabulary (tandem.contracts.EpisodeStatus): ok, truncated, failed.
+    Status = models.TextChoices("Status", [(value.upper(), (value, label)) for value, label in episode_status_choices()])
 
     run = models.ForeignKey(
         "runs.Run", on_delete=models.CASCADE, related_name="trajectory_samples", db_index=False
@@ -21,7 +21,7 @@ class TrajectorySample(models.Model):
     step = models.IntegerField(help_text="The trainer step whose update used it.")
     selected_because = models.CharField(max_length=16, help_text="best, worst or failed.")
     environment = models.CharField(max_length=200)
-    status = models.CharField(max_length=16, choices=Status.choices)
+    status = models.CharField(max_length=16, choices=episode_status_choices)
     failure_reason = models.TextField(blank=True, default="")
     reward = models.FloatField()
     policy_version = models.IntegerField()

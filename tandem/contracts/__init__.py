@@ -134,6 +134,7 @@ from tandem.contracts.trajectories import (
     MessageRole,
     MessageToolCall,
     TrajectoryRecord,
+    episode_status_choices,
 )
 from tandem.contracts.trajectory_samples import (
     TokenSpan,
@@ -177,6 +178,7 @@ __all__ = [
     "EnvironmentKind",
     "ADAPTER_ENTRYPOINTS",
     "environment_kind_choices",
+    "episode_status_choices",
     "ToolSchema",
     "EnvironmentSpec",
     "RunStatus",

@@ -15,6 +15,13 @@ from tandem.contracts.schema import SCHEMA_VERSION, Record, SchemaVersionError
 EpisodeStatus = Literal["ok", "truncated", "failed"]
 EPISODE_STATUSES: tuple[str, ...] = get_args(EpisodeStatus)
 
+
+def episode_status_choices() -> list[tuple[str, str]]:
+    """``(value, label)`` of every episode status: the platform's choices. A callable, so that
+    migrations refer to it (``tandem.contracts.trajectories.episode_status_choices``) and a new
+    status needs no migration."""
+    return [(status, "OK" if status == "ok" else status.capitalize()) for status in EPISODE_STATUSES]
+
 #: Who speaks in a message of an episode's conversation.
 MessageRole = Literal["system", "user", "assistant", "tool"]
 
