@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup demo test lint browser models clean
+.PHONY: setup demo demo-smollm2 test lint browser models clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ models: $(SMOLLM2)/.imported
 
 demo: setup
 	$(VENV)/bin/tandem up --demo
+
+# The same demo on a real instruct model, SmolLM2-135M-Instruct, in its own chat and tool-call format.
+demo-smollm2: setup models
+	$(VENV)/bin/tandem up --demo --model smollm2
 
 # ruff, then the dependency rules between packages ([tool.importlinter] in pyproject.toml).
 lint: setup
