@@ -73,10 +73,11 @@ def real_model_config(**overrides) -> RunConfig:
     directory = str(SMOLLM2_DIR.resolve())
     base = {
         # The prompt (the tool's system message included) is about 170 tokens; a call, its result and
-        # an answer fit in 320. A 16 x 512 batch of this model's update needs more than 13 GB on CPU.
+        # an answer fit in 320. One group of 8 a step: the update of 16 such episodes took more than
+        # 13 GB on this CPU (float32 logits over 49,152 tokens, no micro-batching) and was OOM-killed.
         "model": {"hf_checkpoint": directory, "tokenizer": directory, "max_seq_len": 320},
         "sampling": {"max_new_tokens": 40, "temperature": 0.8},
-        "rollout": {"group_size": 8, "groups_per_step": 2, "groups_per_task": 1, "max_turns": 2},
+        "rollout": {"group_size": 8, "groups_per_step": 1, "groups_per_task": 1, "max_turns": 2},
     }
     for key, value in overrides.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
