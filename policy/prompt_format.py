@@ -343,7 +343,8 @@ class ChatTemplateLayout:
         conversation = [*history, *messages]
         text = self._render(conversation, episode.tools, generation_prompt=True)
         token_ids = self.tokenizer.encode(text)
-        if max_tokens is not None and len(token_ids) > max_tokens:
+        # The record holds every segment, so the whole record must fit, not only the new context.
+        if max_tokens is not None and len(episode) + len(token_ids) > max_tokens:
             return False
         start = len(episode)
         episode.segment_starts.append(start)

@@ -213,6 +213,14 @@ def test_history_a_reasoning_template_rewrites_keeps_the_appended_tokens_or_star
     assert full_text(tokenizer, episode.context()) == full_text(tokenizer, tokenizer.encode(rerendered))
     assert not any(episode.loss_mask[episode.segment_starts[1]:])
 
+    # The budget bounds the whole record, every segment of it: one token short, nothing is appended.
+    tight = ChatTemplateLayout(tokenizer, chat_template=REASONING, past_reasoning="drop")
+    short = tight.start("What is 37*58?", [CALCULATOR_TOOL])
+    tight.add_sampled(short, ids, logprobs, content=reply)
+    before = list(short.token_ids)
+    assert not tight.add_messages(short, [{"role": "tool", "content": "=2146"}], max_tokens=len(episode) - 1)
+    assert short.token_ids == before and short.segment_starts == [0]
+
 
 def test_demonstrations_render_their_tool_calls_in_the_models_format(tokenizer):
     demo = Demonstration(prompt="What is 2+3?", turns=(
