@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from policy.byte_layout import tool_header
+from policy.byte_layout import opening_tokens
 from policy.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 Message = Mapping[str, Any]
@@ -315,8 +315,7 @@ def _render_byte(
     tools: Sequence[Any] | None,
     end_of_turn_id: int,
 ) -> RenderedChat:
-    token_ids = [tokenizer.bos_id]
-    token_ids.extend(tokenizer.encode(tool_header(_tool_names(tools or []))))
+    token_ids = opening_tokens(tokenizer, tool_names=_tool_names(tools or []), prompt="")
     mask = [0] * len(token_ids)
     for message in messages:
         piece = tokenizer.encode(message.get("content") or "")

@@ -33,7 +33,7 @@ it was sampled in.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -134,6 +134,21 @@ class PromptLayout(Protocol):
                          tool_calls: Sequence[Mapping[str, Any]] = ()) -> None: ...
 
 
+def _growth(texts: Iterable[str], refusal: Callable[[int], str]) -> list[str]:
+    """What each text adds to the one before it (the first, all of it); each must extend the last.
+
+    Raises:
+      PromptFormatError: ``refusal(index)`` for the first text that rewrites what came before.
+    """
+    pieces, covered = [], ""
+    for index, text in enumerate(texts):
+        if not text.startswith(covered):
+            raise PromptFormatError(refusal(index))
+        pieces.append(text[len(covered):])
+        covered = text
+    return pieces
+
+
 def _calls(tool_calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"tool_calls": [dict(call) for call in tool_calls]} if tool_calls else {}
 
@@ -141,7 +156,6 @@ def _calls(tool_calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 class ByteLayout:
     """The byte layout of :mod:`policy.byte_layout`, for models trained from scratch."""
 
-    tool_call_format: ToolCallFormat = "tandem"
     turn_overhead = 0
 
     def __init__(self, tokenizer: Tokenizer, *, tool_call_format: ToolCallFormat = "tandem"):
@@ -269,14 +283,10 @@ class ChatTemplateLayout:
 
     def _opening_pieces(self, opening: Sequence[Message], tools: Sequence[Tool]) -> list[str]:
         """The text of each opening message, rendered one more message at a time."""
-        pieces, covered = [], ""
-        for count in range(1, len(opening) + 1):
-            text = self._render(opening[:count], tools, generation_prompt=False)
-            if not text.startswith(covered):
-                raise PromptFormatError("the chat template rewrites the system message once a user message follows")
-            pieces.append(text[len(covered):])
-            covered = text
-        return pieces
+        return _growth(
+            (self._render(opening[:count], tools, generation_prompt=False) for count in range(1, len(opening) + 1)),
+            lambda index: "the chat template rewrites the system message once a user message follows",
+        )
 
     def _new_message_pieces(self, messages: Sequence[Message], tools: Sequence[Tool]) -> tuple[list[str], str]:
         """The template's text for ``messages`` after an assistant turn, one piece per message, and
@@ -301,17 +311,12 @@ class ChatTemplateLayout:
             return text[end_of_turn_at + len(self._end_of_turn):]
 
         # The text after the end-of-turn token (a newline, usually) belongs to the first new message.
-        pieces, covered = [], ""
-        for count in range(1, len(messages) + 1):
-            text = tail(count, False)
-            if not text.startswith(covered):
-                raise PromptFormatError(
-                    f"the chat template rewrites messages[{count - 2}] when another follows it, so the "
-                    "new messages' tokens cannot be told apart"
-                )
-            pieces.append(text[len(covered):])
-            covered = text
-        prompted = tail(len(messages), True)
+        pieces = _growth(
+            (tail(count, False) for count in range(1, len(messages) + 1)),
+            lambda index: f"the chat template rewrites messages[{index - 1}] when another follows it, so the "
+                          "new messages' tokens cannot be told apart",
+        )
+        covered, prompted = "".join(pieces), tail(len(messages), True)
         if not prompted.startswith(covered):
             raise PromptFormatError("the chat template's generation prompt rewrites the messages before it")
         return pieces, prompted[len(covered):]
