@@ -238,7 +238,7 @@ def generation(args) -> dict:
     new_tokens = args.new_tokens
     # EOS off on both sides (an id no logit has): every session generates exactly new_tokens.
     sampler = Sampler(graphdef, config=transformer_config, eos_id=-1, pad_id=tokenizer.pad_id,
-                      batch_buckets=(1, 16), prompt_buckets=(256, config.model.max_seq_len))
+                      batch_buckets=(1, 16), prompt_buckets=(16, 32, 64, 128, 256))
     reference = transformers.AutoModelForCausalLM.from_pretrained(str(SMOLLM2_DIR.resolve()),
                                                                   torch_dtype=torch.float32)
     reference.eval()

@@ -282,6 +282,8 @@ def _attend(
     """
     batch_size, length, num_heads, head_dim = query.shape
     num_kv_heads = key.shape[1]
+    if length == 1 and not jnp.issubdtype(key_mask.dtype, jnp.integer):
+        return _attend_one_query(query, key, value, query_slots, key_mask)
     grouped = query.reshape(batch_size, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scale = head_dim**-0.5
     scores = (
@@ -300,6 +302,34 @@ def _attend(
     weights = jax.nn.softmax(scores, axis=-1)
     output = jnp.einsum("bkgts,bksd->btkgd", weights, value.astype(jnp.float32))
     return output.reshape(batch_size, length, num_heads, head_dim).astype(query.dtype)
+
+
+def _attend_one_query(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    query_slots: jax.Array,
+    key_mask: jax.Array,
+) -> jax.Array:
+    """:func:`_attend` for one query per row (a decode step), the same arithmetic.
+
+    Without the query axis of length 1 the two contractions are plain batched
+    matrix-vector products, which XLA:CPU runs about a fifth faster than the
+    general form over the whole cache of every layer (measured with
+    SmolLM2-135M's 30 layers, 16 rows and 321 slots).
+    """
+    batch_size, _, num_heads, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    grouped = query.reshape(batch_size, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = jnp.einsum(
+        "bkgd,bksd->bkgs", grouped.astype(jnp.float32), key.astype(jnp.float32)
+    ) * head_dim**-0.5
+    key_slots = jnp.arange(key.shape[2], dtype=jnp.int32)
+    allowed = (key_slots[None, :] <= query_slots[:, :1]) & key_mask  # [B, S]
+    scores = jnp.where(allowed[:, None, None, :], scores, _MASKED_SCORE)
+    weights = jax.nn.softmax(scores, axis=-1)
+    output = jnp.einsum("bkgs,bksd->bkgd", weights, value.astype(jnp.float32))
+    return output.reshape(batch_size, 1, num_heads, head_dim).astype(query.dtype)
 
 
 def _write_rows(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:

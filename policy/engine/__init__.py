@@ -18,6 +18,13 @@ row, ``max_seq_len`` tokens long, plus one scratch slot at the end):
   from the divergence; a session whose slot was evicted (least recently used,
   when there are more sessions than slots) is prefilled in full. Sessions end
   with :meth:`InferenceEngine.end_session`.
+- **Prefix sharing across sessions.** A new prompt may also continue another
+  slot's cached tokens: the episodes of one GRPO group share their whole
+  prompt, and every episode of an environment its system message and tool
+  schemas. The longer prefix's keys and values are copied with the row inside
+  the prefill call (no extra pass), and only the rest is prefilled; only
+  prefixes computed by the current weights are shared, and only when that
+  shrinks the prefill window (``EngineStats.shared_tokens`` counts them).
 - **Fixed shapes.** Prefill pads the new tokens to a length bucket and groups
   newcomers into row buckets; a decode chunk gathers the busy slots' rows
   into the smallest row bucket that holds them and scatters them back, so
@@ -42,13 +49,13 @@ and the slot layout of the cache) and :mod:`~policy.engine.engine` (the
 """
 
 from policy.engine.engine import Completion, EngineStats, InferenceEngine
-from policy.engine.sampling import gumbel_noise, sample_tokens, sample_with_noise
+from policy.engine.sampling import sample_tokens, sample_with_uniform, uniform_draws
 
 __all__ = [
     "Completion",
     "EngineStats",
     "InferenceEngine",
-    "gumbel_noise",
     "sample_tokens",
-    "sample_with_noise",
+    "sample_with_uniform",
+    "uniform_draws",
 ]

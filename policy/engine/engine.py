@@ -65,8 +65,10 @@ class EngineStats:
 
     # Prompt tokens run through prefill (new tokens plus any re-encoded overlap).
     prefill_tokens: int
-    # Prompt tokens served from a slot's cached prefix instead.
+    # Prompt tokens served from a cached prefix instead: the slot's own or another slot's.
     reused_tokens: int
+    # The part of reused_tokens copied from another slot (a prompt shared across sessions).
+    shared_tokens: int
     # Tokens returned to callers (after stop-string truncation).
     generated_tokens: int
     prefill_calls: int
@@ -222,6 +224,7 @@ class InferenceEngine:
             return EngineStats(
                 prefill_tokens=scheduled["prefill_tokens"],
                 reused_tokens=scheduled["reused_tokens"],
+                shared_tokens=scheduled["shared_tokens"],
                 generated_tokens=scheduled["generated_tokens"],
                 prefill_calls=self._counters["prefill_calls"],
                 decode_chunks=self._counters["decode_chunks"],
@@ -452,7 +455,7 @@ class InferenceEngine:
 
     def _prefill(self, admitted: list[tuple[Slot, int]]) -> None:
         """Encode each admitted prompt's uncached tokens into its slot (see ``Scheduler.prefill_rows``)."""
-        for call in self._scheduler.prefill_rows(admitted):
+        for call in self._scheduler.prefill_rows(admitted, version=self._version):
             self._cache, self._logits = self._kernels.prefill(
                 self._params, self._cache, self._logits, *call
             )

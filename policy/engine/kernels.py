@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from policy.engine.sampling import gumbel_noise, sample_with_noise
+from policy.engine.sampling import sample_with_uniform, uniform_draws
 from policy.model import KVCache, Transformer, TransformerConfig
 
 
@@ -77,12 +77,17 @@ class Kernels:
         cache: KVCache,
         logits: jax.Array,
         rows: jax.Array,
+        sources: jax.Array,
         tokens: jax.Array,
         starts: jax.Array,
         last_index: jax.Array,
     ) -> tuple[KVCache, jax.Array]:
         """Write the windows ``tokens`` [n, P] into cache rows ``rows`` at ``starts``.
 
+        Each window attends to the slots before ``starts`` of cache row
+        ``sources`` (its own row, or another row holding the same prefix),
+        and row ``rows`` gets that prefix with the window after it: a prefix
+        shared with another row is copied with the row, never recomputed.
         Rows equal to ``num_slots`` are padding: their reads are clipped and
         their writes dropped. Stores the logits at ``last_index`` (the last
         prompt token) of each row, from which the first new token is sampled.
@@ -91,7 +96,7 @@ class Kernels:
         model = nnx.merge(self._graphdef, params)
         count, length = tokens.shape
         row_cache = [
-            {name: array.at[rows].get(mode="clip") for name, array in layer.items()}
+            {name: array.at[sources].get(mode="clip") for name, array in layer.items()}
             for layer in cache
         ]
         positions = starts[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
@@ -158,7 +163,7 @@ class Kernels:
 
         # A row's n-th token is drawn with key fold_in(key(seed), n). Rows only
         # ever stop within a chunk, so an active row's step s draws its token
-        # number counts + s, and the noise of every step can be drawn up front.
+        # number counts + s, and the random numbers of every step are drawn up front.
         steps = jnp.arange(chunk, dtype=jnp.int32)
         keys = jax.vmap(
             lambda seed, count: jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
@@ -166,12 +171,12 @@ class Kernels:
             ),
             out_axes=1,
         )(seeds, counts)  # [chunk, rows]
-        noise = gumbel_noise(keys, self._config.vocab_size)
+        uniforms = uniform_draws(keys)
 
         def decode_step(carry):
             step, row_cache, row_logits, offsets, active, produced, tokens, logprobs = carry
-            token, token_logprob = sample_with_noise(
-                row_logits, temperatures, top_ps, top_ks, noise[step]
+            token, token_logprob = sample_with_uniform(
+                row_logits, temperatures, top_ps, top_ks, uniforms[step]
             )
             token = jnp.where(active, token, self._pad_id)
             tokens = tokens.at[:, step].set(token)

@@ -65,6 +65,8 @@ class Slot:
     request: Request | None = None
     last_used: int = 0
     release_when_done: bool = False
+    # The oldest weights' version among those that computed the cached keys and values.
+    cache_version: int = 0
 
 
 class PrefillRows(NamedTuple):
@@ -72,6 +74,9 @@ class PrefillRows(NamedTuple):
 
     # Cache row of each window; num_slots marks a padding row (reads clipped, writes dropped).
     indices: np.ndarray
+    # Cache row whose slots before the window's start the window continues: its own row, or
+    # another one holding the same prefix (copied along); num_slots on padding rows.
+    sources: np.ndarray
     # [rows, length] the tokens, right-padded.
     tokens: np.ndarray
     # Slot of each window's first token.
@@ -174,7 +179,7 @@ class Scheduler:
         self._busy_sessions: set[Hashable] = set()
         self._queue: collections.deque[Request] = collections.deque()
         self._clock = 0
-        # prefill_tokens, reused_tokens, generated_tokens, evictions (EngineStats).
+        # prefill_tokens, reused_tokens, shared_tokens, generated_tokens, evictions (EngineStats).
         self.counters: collections.Counter[str] = collections.Counter()
 
     # ------------------------------------------------------------------ requests and sessions
@@ -357,43 +362,96 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
 
-    def prefill_rows(self, admitted: list[tuple[Slot, int]]) -> list[PrefillRows]:
+    def prefill_rows(self, admitted: list[tuple[Slot, int]], *, version: int) -> list[PrefillRows]:
         """The prefill calls that encode each admitted prompt's uncached tokens into its slot.
 
         Called inside a step. A request's new tokens go into a window of
-        ``bucket`` slots starting at its reused prefix. When that window would
-        run past the cache, it is slid left to end at the cache's end,
-        re-encoding some cached tokens (same tokens, same positions, so the
-        same keys up to rounding). Windows of one length are grouped into
-        calls of a row bucket each (:meth:`_row_group`).
+        ``bucket`` slots starting after the longest cached prefix it has: its
+        own slot's (a session's earlier turns) or another slot's (the prompt
+        of a sibling episode, a shared system message), whose keys and values
+        the kernel copies along. Another slot's prefix is taken only when it
+        makes the window a smaller bucket, and only when all of it was
+        computed by the current weights (``version``): a new episode never
+        starts from keys of an older policy without knowing it, while a
+        session's own prefix stays across weight swaps (see
+        :mod:`policy.engine`). Slots prefilled in this same step
+        can be such a source too: the requests that copy from them run in a
+        second wave of calls, after the first wave wrote them.
+
+        When a window would run past the cache, it is slid left to end at the
+        cache's end, re-encoding some cached tokens (same tokens, same
+        positions, so the same keys up to rounding). Windows of one length
+        are grouped into calls of a row bucket each (:meth:`_row_group`).
         """
-        by_length: dict[int, list[tuple[int, list[int], int, int]]] = collections.defaultdict(list)
+        waves: list[dict[int, list[tuple[int, int, list[int], int, int]]]] = [
+            collections.defaultdict(list), collections.defaultdict(list)
+        ]
+        written = {slot.index for slot, _ in admitted}
+        # Slots of the first wave whose new prompts later requests may copy from.
+        leaders: list[Slot] = []
         for slot, reused in admitted:
             prompt = slot.request.prompt
+            source, wave = slot.index, 0
+            if self._reuse_prefix:
+                limit = len(prompt) - 1
+                best, best_slot, best_wave = reused, slot, 0
+                untouched = (
+                    s for s in self._slots
+                    if s.index not in written and s.tokens and s.cache_version == version
+                )
+                for other, other_wave, tokens in (
+                    *((s, 0, s.tokens) for s in untouched),
+                    *((s, 1, s.request.prompt) for s in leaders if s.cache_version == version),
+                ):
+                    shared = min(common_prefix_length(tokens, prompt), limit)
+                    if shared > best:
+                        best, best_slot, best_wave = shared, other, other_wave
+                smaller = bucket(len(prompt) - best, self.prefill_buckets) < bucket(
+                    len(prompt) - reused, self.prefill_buckets
+                )
+                if best_slot is not slot and smaller:
+                    reused, source, wave = best, best_slot.index, best_wave
+            source_version = self._slots[source].cache_version
+            slot.cache_version = min(source_version, version) if reused else version
+            if wave == 0:
+                leaders.append(slot)
             length = bucket(len(prompt) - reused, self.prefill_buckets)
             start = min(reused, self.cache_len - length)
             window = prompt[start : start + length]
-            by_length[length].append((slot.index, window, start, len(prompt) - 1 - start))
+            waves[wave][length].append((slot.index, source, window, start, len(prompt) - 1 - start))
             slot.tokens = list(prompt)
             self.counters["prefill_tokens"] += len(prompt) - start
             self.counters["reused_tokens"] += start
+            if source != slot.index:
+                self.counters["shared_tokens"] += start
 
         calls = []
-        for length, rows in by_length.items():
-            while rows:
-                group = self._row_group(len(rows))
-                batch, rows = rows[:group], rows[group:]
-                call = self.idle_prefill_rows(bucket(len(batch), self.row_buckets), length)
-                for row, (index, window, start, last_index) in enumerate(batch):
-                    call.indices[row], call.starts[row], call.last_index[row] = index, start, last_index
-                    call.tokens[row, : len(window)] = window
-                calls.append(call)
+        for by_length in waves:
+            for length, rows in by_length.items():
+                calls.extend(self._prefill_calls(length, rows))
+        return calls
+
+    def _prefill_calls(
+        self, length: int, rows: list[tuple[int, int, list[int], int, int]]
+    ) -> list[PrefillRows]:
+        """Calls of one window length: groups of a row bucket each (:meth:`_row_group`)."""
+        calls = []
+        while rows:
+            group = self._row_group(len(rows))
+            batch, rows = rows[:group], rows[group:]
+            call = self.idle_prefill_rows(bucket(len(batch), self.row_buckets), length)
+            for row, (index, source, window, start, last_index) in enumerate(batch):
+                call.indices[row], call.sources[row] = index, source
+                call.starts[row], call.last_index[row] = start, last_index
+                call.tokens[row, : len(window)] = window
+            calls.append(call)
         return calls
 
     def idle_prefill_rows(self, rows: int, length: int) -> PrefillRows:
         """A prefill call of ``rows`` padding rows, which writes nothing (warm-up, and the padding)."""
         return PrefillRows(
             indices=np.full(rows, self.num_slots, np.int32),  # dummies: dropped
+            sources=np.full(rows, self.num_slots, np.int32),
             tokens=np.full((rows, length), self._pad_id, np.int32),
             starts=np.zeros(rows, np.int32),
             last_index=np.zeros(rows, np.int32),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from policy.engine import Completion, InferenceEngine
+from policy.engine import Completion, InferenceEngine, sample_tokens
 from policy.model import Transformer, split_model
 from policy.tokenizer import BOS_ID, PAD_ID, ByteTokenizer
 from tests.policy.sampling_reference import (
@@ -65,17 +65,19 @@ def _run(engine: InferenceEngine, session_id, prompt, **sampling) -> Completion:
 def test_each_token_is_drawn_with_its_own_key_across_chunk_boundaries(
     engine, params, forward_logprobs
 ):
-    # A chunk draws the Gumbel noise of all its steps before decoding; the
-    # tokens must still be those of categorical(fold_in(key(seed), n)) drawn
-    # one at a time from each tempered distribution, in every chunk of the turn.
+    # A chunk draws the random numbers of all its steps before decoding; the tokens must
+    # still be those drawn one at a time with fold_in(key(seed), n) from each tempered
+    # distribution, in every chunk of the turn.
     prompt = random_tokens(21, 9)
     seed, temperature = 1234, 0.8
     completion = _run(
         engine, None, prompt, max_new_tokens=3 * CHUNK + 1, temperature=temperature, seed=seed
     )
     log_probs = forward_logprobs(params, prompt + completion.token_ids, temperature)
+    draw = jax.jit(sample_tokens)
     expected = [
-        int(jax.random.categorical(jax.random.fold_in(jax.random.key(seed), n), log_probs[row]))
+        int(draw(log_probs[row][None], np.ones(1, np.float32), np.ones(1, np.float32),
+                 np.zeros(1, np.int32), jax.random.fold_in(jax.random.key(seed), n)[None])[0][0])
         for n, row in enumerate(range(len(prompt) - 1, len(prompt) - 1 + len(completion.token_ids)))
     ]
     assert completion.token_ids == expected
@@ -125,13 +127,69 @@ def test_the_next_turn_prefills_only_the_new_tokens_and_matches_a_full_re_encode
     assert after.prefill_tokens - before.prefill_tokens == len(observation)
     assert after.reused_tokens - before.reused_tokens == len(second_prompt) - len(observation)
 
-    # The same turn in a fresh session is prefilled in full, and samples the same tokens.
-    re_encoded = _run(engine, "re-encode", second_prompt, max_new_tokens=8, temperature=1.0, seed=1)
-    assert engine.stats.prefill_tokens - after.prefill_tokens == len(second_prompt)
-    assert re_encoded.token_ids == reused.token_ids
-    np.testing.assert_allclose(re_encoded.logprobs, reused.logprobs, atol=TOLERANCE)
+    # A fresh session with the same prompt copies the cached prefix from the other slot.
+    shared = _run(engine, "shared", second_prompt, max_new_tokens=8, temperature=1.0, seed=1)
+    assert engine.stats.shared_tokens - after.shared_tokens == len(second_prompt) - 1
+    assert engine.stats.prefill_tokens - after.prefill_tokens == 1
     engine.end_session("reuse")
+    engine.end_session("shared")
+
+    # With no slot holding it, the turn is prefilled in full, and samples the same tokens.
+    before_full = engine.stats
+    re_encoded = _run(engine, "re-encode", second_prompt, max_new_tokens=8, temperature=1.0, seed=1)
+    assert engine.stats.prefill_tokens - before_full.prefill_tokens == len(second_prompt)
+    assert engine.stats.shared_tokens == before_full.shared_tokens
+    for completion in (reused, shared):
+        assert completion.token_ids == re_encoded.token_ids
+        np.testing.assert_allclose(completion.logprobs, re_encoded.logprobs, atol=TOLERANCE)
     engine.end_session("re-encode")
+
+
+def test_prompts_sharing_a_prefix_prefill_it_once_and_match_a_full_forward_pass(
+    engine, params, forward_logprobs
+):
+    # A GRPO group, or episodes behind one system message: one prompt start, admitted together.
+    prefix = random_tokens(50, 40)
+    prompts = [prefix + random_tokens(51 + index, 4)[1:] for index in range(NUM_SLOTS)]
+    before = engine.stats
+    futures = [engine.submit(None, prompt, max_new_tokens=6, temperature=0.9, seed=index)
+               for index, prompt in enumerate(prompts)]
+    engine.run_until(futures)
+    after = engine.stats
+    # The first prompt is prefilled whole; the others copy its 40 tokens and prefill 3 each.
+    assert after.shared_tokens - before.shared_tokens == (NUM_SLOTS - 1) * len(prefix)
+    assert after.prefill_tokens - before.prefill_tokens == len(prompts[0]) + (NUM_SLOTS - 1) * 3
+    for prompt, future in zip(prompts, futures, strict=True):
+        sequence = prompt + future.result().token_ids
+        reference = token_logprobs(forward_logprobs(params, sequence, 0.9), sequence)
+        np.testing.assert_allclose(
+            future.result().logprobs, reference[len(prompt) - 1 :], atol=TOLERANCE
+        )
+
+
+def test_a_new_session_never_continues_a_prefix_computed_by_older_weights(
+    engine, params, forward_logprobs
+):
+    scaled = jax.tree.map(lambda leaf: leaf * 1.05, params)
+    prompt = random_tokens(60, 40)
+    engine.set_params(params, version=1)
+    _run(engine, "older", prompt, max_new_tokens=2, seed=0)
+    engine.set_params(scaled, version=2)
+
+    before = engine.stats
+    newer = _run(engine, "newer", prompt, max_new_tokens=4, temperature=1.0, seed=1)
+    assert engine.stats.shared_tokens == before.shared_tokens
+    assert engine.stats.prefill_tokens - before.prefill_tokens == len(prompt)
+    sequence = prompt + newer.token_ids
+    reference = token_logprobs(forward_logprobs(scaled, sequence, 1.0), sequence)
+    np.testing.assert_allclose(newer.logprobs, reference[len(prompt) - 1 :], atol=TOLERANCE)
+
+    # The prefix the new weights computed is shared.
+    _run(engine, "newest", prompt, max_new_tokens=2, seed=2)
+    assert engine.stats.shared_tokens - before.shared_tokens == len(prompt) - 1
+    engine.set_params(params, version=1)
+    for session in ("older", "newer", "newest"):
+        engine.end_session(session)
 
 
 def test_a_prompt_that_does_not_extend_the_cache_is_re_encoded_from_where_it_diverges(

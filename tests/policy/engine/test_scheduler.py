@@ -22,7 +22,7 @@ def _turn(scheduler: Scheduler, session_id, prompt: list[int], generated: list[i
     )
     scheduler.enqueue(request)
     admitted = scheduler.admit()
-    calls = scheduler.prefill_rows(admitted)
+    calls = scheduler.prefill_rows(admitted, version=1)
     running = scheduler.running()
     rows = scheduler.decode_row_count(len(running))
     layout, _ = scheduler.decode_rows(running, rows)
@@ -78,3 +78,34 @@ def test_prefill_groups_pad_rows_at_most_twofold_else_fill_the_largest_bucket():
     assert scheduler._row_group(3) == 3  # padded to 4
     assert scheduler._row_group(7) == 4  # 16 rows for 7 would more than double the work
     assert scheduler._row_group(9) == 9
+
+
+def test_a_prompt_continuing_a_newcomers_prefix_is_prefilled_after_it_from_its_row():
+    scheduler = _scheduler(num_slots=3, max_seq_len=64, prefill_buckets=(16, 32, 64))
+    shared, other = list(range(1, 31)), list(range(40, 60))
+    requests = [
+        scheduler.new_request(None, prompt, max_new_tokens=1, temperature=1.0, top_p=1.0, top_k=0,
+                              stop=(), seed=0)
+        for prompt in (shared + [31, 32], other, shared + [33])
+    ]
+    for request in requests:
+        scheduler.enqueue(request)
+    first, second = scheduler.prefill_rows(scheduler.admit(), version=1)
+    # Wave one: the two fresh prompts, in full, each from its own row (a third row pads the call).
+    assert (first.indices.tolist(), first.sources.tolist()) == ([0, 1, 3], [0, 1, 3])
+    assert first.starts.tolist()[:2] == [0, 0]
+    # Wave two: the third continues row 0's 30 tokens, copied along, and prefills one.
+    assert (second.indices.tolist(), second.sources.tolist(), second.starts.tolist()) == (
+        [2], [0], [30]
+    )
+    assert second.tokens[0, 0] == 33 and second.last_index[0] == 0
+    assert scheduler.counters["shared_tokens"] == 30
+
+
+def test_a_shared_prefix_that_would_not_shrink_the_prefill_window_is_not_copied():
+    scheduler = _scheduler(num_slots=2, max_seq_len=64, prefill_buckets=(16, 32, 64))
+    _turn(scheduler, "a", list(range(1, 21)), [21])
+    # Two shared tokens leave 14 of 16 to prefill: the same 16-token window, so no copy.
+    (call,) = _turn(scheduler, "b", [1, 2, *range(70, 84)], [84])
+    assert (call.sources[0], call.starts[0]) == (call.indices[0], 0)
+    assert scheduler.counters["shared_tokens"] == 0
