@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from environments.base import Environment, MalformedOutputError, StepResult
-from tandem.contracts import EnvironmentSpec
+from tandem.contracts import ADAPTER_ENTRYPOINTS, EnvironmentSpec
+from tandem.environment_modules import EnvironmentModuleRefused, check_environment_target
 
 _REQUIRED = {"sample_task": False, "reset": True, "step": True}  # method: must be async
 
@@ -29,9 +30,21 @@ class EnvironmentLoadError(RuntimeError):
 
 
 def load_environment_class(spec: EnvironmentSpec) -> type[Environment]:
+    """The class of ``spec``: an adapter, or a class of an allowed module; nothing else is imported.
+
+    Raises:
+      EnvironmentLoadError: the entrypoint is malformed, its module is not one the operator
+        allows (tandem.environment_modules; checked before any import), or it is no environment.
+    """
     module_name, _, class_name = spec.entrypoint.partition(":")
     if not module_name or not class_name:
         raise EnvironmentLoadError(f"entrypoint {spec.entrypoint!r} is not of the form module:Class")
+    # The adapters are Tandem's own code and check their settings themselves.
+    if spec.entrypoint not in ADAPTER_ENTRYPOINTS.values():
+        try:
+            check_environment_target(spec.entrypoint)
+        except EnvironmentModuleRefused as exc:
+            raise EnvironmentLoadError(f"entrypoint: {exc}") from None
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

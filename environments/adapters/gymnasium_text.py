@@ -9,7 +9,10 @@ It is synchronous, so each call runs in a worker thread and the producer's
 event loop keeps generating for other episodes meanwhile. A task is a seed
 (and optional reset options) drawn by ``sample_task``; every episode of a
 group resets with the same seed. ``factory`` names a callable, usually the
-class, as ``module:callable``; ``factory_kwargs`` are passed to it.
+class, as ``module:callable``; ``factory_kwargs`` are passed to it. Its module
+must be one the operator allows (``TANDEM_ENVIRONMENT_MODULES``, see
+:mod:`tandem.environment_modules`): it is checked before anything is imported,
+since a factory is any callable (``os:system`` would run a shell command).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import random
 from typing import Any
 
 from environments.base import Environment, StepResult
+from tandem.environment_modules import EnvironmentModuleRefused, check_environment_target
 
 
 class GymnasiumTextEnvironment(Environment):
@@ -28,9 +32,11 @@ class GymnasiumTextEnvironment(Environment):
 
     def __init__(self, *, factory: str, factory_kwargs: dict[str, Any] | None = None,
                  reset_options: dict[str, Any] | None = None):
-        module_name, _, attribute = factory.partition(":")
-        if not module_name or not attribute:
-            raise ValueError(f"factory {factory!r} is not of the form module:callable")
+        try:
+            module_name = check_environment_target(factory)
+        except EnvironmentModuleRefused as exc:
+            raise ValueError(f"settings.factory: {exc}") from None
+        attribute = factory.partition(":")[2]
         self._factory = getattr(importlib.import_module(module_name), attribute)
         if not callable(self._factory):
             raise ValueError(f"factory {factory!r} is not callable")

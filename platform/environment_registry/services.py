@@ -21,6 +21,7 @@ from accounts.permissions import project_require_writer
 from config.celery import app as celery_app
 from domain_errors import Conflict, InvalidInput, NotFound
 from tandem.contracts import (
+    ADAPTER_ENTRYPOINTS,
     ENVIRONMENT_KINDS,
     PROBE_QUEUE,
     PROBE_TASK_NAME,
@@ -33,6 +34,7 @@ from tandem.contracts import (
     environment_paused_key,
     probe_request_key,
 )
+from tandem.environment_modules import EnvironmentModuleRefused, check_environment_target
 from tandem.environment_urls import EnvironmentURLRefused, check_environment_url
 
 from .models import Environment, EnvironmentProbe, EnvironmentVersion
@@ -67,6 +69,19 @@ def _validate_spec(spec: EnvironmentSpec) -> None:
             "entrypoint",
             f"'{spec.entrypoint}' is not of the form 'package.module:ClassName'.",
         )
+    # Code a worker would import: only from the modules the operator allows, checked here so
+    # that a refused registration never reaches a probe.
+    # The adapters are Tandem's own code; the gymnasium one calls the factory it is given.
+    adapters = ADAPTER_ENTRYPOINTS.values()
+    targets = {} if spec.entrypoint in adapters else {"entrypoint": spec.entrypoint}
+    factory = spec.settings.get("factory")
+    if spec.entrypoint == ADAPTER_ENTRYPOINTS["gymnasium"] and isinstance(factory, str):
+        targets["settings.factory"] = factory
+    for field, target in targets.items():
+        try:
+            check_environment_target(target, allowed=settings.TANDEM_ENVIRONMENT_MODULES)
+        except EnvironmentModuleRefused as error:
+            raise InvalidInput.for_field(field, str(error)) from None
     # The settings each adapter cannot work without: the contract's table of kinds says which.
     for required in ENVIRONMENT_KINDS[spec.kind].required_settings:
         value = spec.settings.get(required.key)

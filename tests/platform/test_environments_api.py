@@ -17,7 +17,7 @@ def _register(api, **overrides):
     payload = {
         "name": "maze",
         "kind": "python",
-        "entrypoint": "environments.maze:MazeEnvironment",
+        "entrypoint": "tests.workers.maze:MazeEnvironment",
         "settings": {"size": 5},
         "tools": [CALC_TOOL],
     }
@@ -197,7 +197,7 @@ def test_a_new_version_leaves_the_earlier_one_as_it_was(api, project):
     first = _register(api, project=project.pk).json()
 
     second = api.post(f"/api/environments/{first['id']}/versions/",
-                      {"entrypoint": "environments.maze:MazeV2", "settings": {"size": 9}},
+                      {"entrypoint": "tests.workers.maze:MazeV2", "settings": {"size": 9}},
                       format="json")
 
     assert second.status_code == 201, second.json()
@@ -244,7 +244,7 @@ def test_a_viewer_may_not_register_environments_or_versions(client_for, make_use
 
     registered = _register(client, project=project.pk)
     versioned = client.post(f"/api/environments/{environment.pk}/versions/",
-                            {"entrypoint": "a:B"}, format="json")
+                            {"entrypoint": "tests.workers.other:B"}, format="json")
     probed = client.post(f"/api/environments/{environment.pk}/versions/1/probe/")
 
     assert [registered.status_code, versioned.status_code, probed.status_code] == [403, 403, 403]

@@ -23,7 +23,7 @@ def _form(project, **overrides):
         "project": project.pk,
         "name": "maze",
         "kind": "python",
-        "entrypoint": "environments.maze:MazeEnvironment",
+        "entrypoint": "tests.workers.maze:MazeEnvironment",
         "settings": '{"size": 5}',
         "tools": "",
     }

@@ -61,7 +61,7 @@ def test_environment_settings_with_a_nul_character(api, project):
     body = {
         "project": project.pk,
         "name": "nul",
-        "entrypoint": "a.b:C",
+        "entrypoint": "tests.workers.other:C",
         "settings": {"deep": [{"key": "a\x00b"}]},
     }
 

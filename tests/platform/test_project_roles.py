@@ -27,7 +27,7 @@ def _writes(team):
         (
             "post",
             "/api/environments/",
-            {"project": project.pk, "name": "other", "entrypoint": "a.b:C"},
+            {"project": project.pk, "name": "other", "entrypoint": "tests.workers.other:C"},
         ),
         ("post", f"/api/projects/{project.pk}/members/", {"username": "olivia", "role": "viewer"}),
         ("patch", f"/api/projects/{project.pk}/members/mo/", {"role": "viewer"}),
@@ -89,7 +89,7 @@ def test_a_member_starts_and_cancels_runs_but_does_not_manage_members(team, clie
     assert member.post(f"/api/runs/{team['run'].pk}/cancel/").status_code == 200
     registered = member.post(
         "/api/environments/",
-        {"project": project.pk, "name": "mine", "entrypoint": "a.b:C"},
+        {"project": project.pk, "name": "mine", "entrypoint": "tests.workers.other:C"},
         format="json",
     )
     assert registered.status_code == 201

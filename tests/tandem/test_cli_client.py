@@ -184,7 +184,7 @@ def test_envs_register_list_and_probe(tandem):
     assert table[0].split() == ["NAME", "KIND", "PROJECT", "VERSION", "STATUS", "ENTRYPOINT"]
     assert any(line.split()[:2] == ["cli-calculator", "python"] for line in table)
 
-    duplicate = tandem("envs", "register", "cli-calculator", "--entrypoint", "a.b:C")
+    duplicate = tandem("envs", "register", "cli-calculator", "--entrypoint", "tests.workers.other:C")
     assert duplicate.returncode == 1 and "409" in duplicate.stderr
 
     # A worker runs the probe; the report lists every check. The calculator has a tool

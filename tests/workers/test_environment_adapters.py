@@ -361,7 +361,7 @@ def test_gymnasium_episodes_stream_through_the_producer(producer):
 def test_gymnasium_factory_must_name_a_callable():
     from environments.adapters.gymnasium_text import GymnasiumTextEnvironment
 
-    with pytest.raises(ValueError, match="module:callable"):
+    with pytest.raises(ValueError, match="not of the form .package.module:Name."):
         GymnasiumTextEnvironment(factory="WordEcho")
 
 

@@ -140,10 +140,10 @@ def test_a_declared_schema_that_differs_fails_the_tools_check():
 
 
 def test_a_class_that_cannot_be_imported_fails_the_load():
-    report = _probe(_python("environments.nowhere:Nothing"))
+    report = _probe(_python("tests.workers.nowhere:Nothing"))
 
     assert _check(report, "load").status == "failed"
-    assert "cannot import 'environments.nowhere'" in _check(report, "load").message
+    assert "cannot import 'tests.workers.nowhere'" in _check(report, "load").message
     assert _statuses(report)["close"] == "skipped"
 
 

@@ -2,7 +2,14 @@
 
 import json
 
+from tandem.environment_modules import allowed_environment_modules
+
 from .env_vars import env_list, env_str
+
+# Module prefixes `python` environments and `gymnasium` factories may name
+# (tandem/environment_modules.py): the built-ins and TANDEM_ENVIRONMENT_MODULES.
+# Workers read the same variable and refuse the rest before importing anything.
+TANDEM_ENVIRONMENT_MODULES = allowed_environment_modules()
 
 # Hosts and networks remote environment URLs may reach (tandem/environment_urls.py).
 # Unset: everything except link-local and cloud-metadata addresses.

@@ -6,6 +6,9 @@ import os
 # database of their own so that test traffic never reaches a dev server's layer.
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+# The test environments' packages, as an operator would allow a team's; workers the tests
+# start inherit it. tests.untrusted_environment stays outside on purpose.
+os.environ.setdefault("TANDEM_ENVIRONMENT_MODULES", "tests.workers,tests.e2e")
 
 from .base import *  # noqa: E402,F403
 
