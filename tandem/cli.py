@@ -111,7 +111,7 @@ def cmd_up(args) -> int:
     from tandem.contracts import TERMINAL_RUN_STATUSES, RunStatus
     from tandem.demo_runs import DemoModelMissingError, demo_run
     from tandem.local_redis import ServiceUnavailableError, ensure_redis
-    from tandem.stack import LocalStack, StackConfig, StackError
+    from tandem.stack import DEMO_PASSWORD, LocalStack, StackConfig, StackError
 
     demo = None
     if args.demo:
@@ -134,9 +134,10 @@ def cmd_up(args) -> int:
             return 1
         if redis_process is not None:
             print(f"started redis-server for {config.redis_url}")
-        credentials = stack.prepare()
+        credentials = stack.prepare(password=DEMO_PASSWORD if args.demo else None)
         stack.start(credentials)
-        print(f"dashboard: {config.platform_url}/runs/  (login {credentials.username} / {credentials.password})")
+        password = credentials.password or "the password printed when it was created"
+        print(f"dashboard: {config.platform_url}/runs/  (login {credentials.username} / {password})")
         print(f"environments and their probes: {config.platform_url}/environments/")
         print(f"API token for {credentials.username}: {credentials.user_token}")
         print(f"logs: {stack.log_dir}")

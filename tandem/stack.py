@@ -21,6 +21,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PLATFORM_DIR = REPO_ROOT / "platform"
 
 
+#: The password of ``tandem up --demo``'s user: well known, so only ever on loopback.
+DEMO_PASSWORD = "demo"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
 class StackError(RuntimeError):
     pass
 
@@ -45,7 +50,8 @@ class StackConfig:
 @dataclass(frozen=True)
 class Credentials:
     username: str
-    password: str
+    # The login's password when this bootstrap created the user; None when it already existed.
+    password: str | None
     user_token: str
     trainer_token: str
     project_id: int
@@ -69,21 +75,30 @@ class LocalStack:
             env["DATABASE_URL"] = self.config.database_url
         return env
 
-    def manage(self, *args: str) -> str:
+    def manage(self, *args: str, env: dict[str, str] | None = None) -> str:
         result = subprocess.run(
             [sys.executable, str(PLATFORM_DIR / "manage.py"), *args],
-            env=self.env(), cwd=PLATFORM_DIR, capture_output=True, text=True,
+            env={**self.env(), **(env or {})}, cwd=PLATFORM_DIR, capture_output=True, text=True,
         )
         if result.returncode != 0:
             raise StackError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
         return result.stdout
 
-    def prepare(self, *, username: str = "demo", password: str = "demo", project: str = "demo") -> Credentials:
-        """Migrate the database and create the demo user, project, environment and trainer user."""
+    def prepare(self, *, username: str = "demo", password: str | None = None,
+                project: str = "demo") -> Credentials:
+        """Migrate the database and create the user (if missing), its project, environments and the trainer user.
+
+        A new user gets ``password``, or a generated one (printed by the bootstrap this once).
+        The well-known demo password is for a loopback stack only.
+        """
+        if password == DEMO_PASSWORD and self.config.host not in LOOPBACK_HOSTS:
+            raise StackError(f"the demo password is only for a stack on loopback, not {self.config.host}")
         self.manage("migrate", "--noinput")
         output = self.manage(
-            "tandem_bootstrap", "--username", username, "--password", password, "--project", project,
+            "tandem_bootstrap", "--username", username, "--project", project,
             "--trainer-username", "tandem-trainer",
+            # In the environment, not argv: other local users can read a process's arguments.
+            env={"TANDEM_BOOTSTRAP_PASSWORD": password} if password else None,
         )
         data = json.loads(output.strip().splitlines()[-1])
         return Credentials(
@@ -129,11 +144,12 @@ class LocalStack:
             ])
 
     def start_trainer(self, *, trainer_token: str, name: str = "trainer") -> None:
+        # The token goes in the environment: a process's argv is readable by every local user.
         self._spawn(name, [
             sys.executable, "-m", "tandem.cli", "trainer",
-            "--platform-url", self.config.platform_url, "--token", trainer_token,
+            "--platform-url", self.config.platform_url,
             "--checkpoint-dir", str(self.config.var_dir / "checkpoints"),
-        ])
+        ], env={**self.env(), "TANDEM_TRAINER_TOKEN": trainer_token})
 
     def start(self, credentials: Credentials) -> None:
         self.start_web()

@@ -178,26 +178,28 @@ def user_create_with_token(
 @transaction.atomic
 def user_ensure_with_token(
     *, username: str, password: str | None, is_staff: bool = False, token_name: str = "bootstrap"
-) -> tuple[AbstractBaseUser, str]:
-    """Like :func:`user_create_with_token`, but an existing user is brought in line.
+) -> tuple[AbstractBaseUser, str, bool]:
+    """The user ``username`` (created as :func:`user_create_with_token` if missing) and a new token.
 
-    The password and staff flag are reset to the given ones, so that what a
-    bootstrap prints is what works. Only hashes of tokens are stored, so the
-    token named ``token_name`` is replaced by a new one whose raw value is
-    returned; the user's other tokens are kept.
+    An existing user is never changed: its password, staff flag and active
+    flag stay as they are (``password`` and ``is_staff`` apply only to a new
+    user), so re-running a bootstrap cannot reset a password or bring back a
+    deactivated account. Only hashes of tokens are stored, so the user's token
+    named ``token_name`` is replaced by a new one whose raw value is returned;
+    its other tokens are kept. Returns (user, raw token, whether it was created).
+
+    Raises:
+      Conflict: the user exists and is deactivated.
     """
     user = User.objects.filter(username=username).first()
     if user is None:
-        return user_create_with_token(
+        user, raw = user_create_with_token(
             username=username, password=password, is_staff=is_staff, token_name=token_name
         )
-    if password is None:
-        user.set_unusable_password()
-    else:
-        user.set_password(password)
-    user.is_staff = is_staff
-    user.is_active = True
-    user.save(update_fields=["password", "is_staff", "is_active"])
+        return user, raw, True
+    if not user.is_active:
+        message = f"User '{username}' is deactivated; a bootstrap does not re-activate users."
+        raise Conflict(message, fields={"username": [message]})
     ApiToken.objects.filter(user=user, name=token_name).delete()
     _, raw = api_token_create(user=user, name=token_name)
-    return user, raw
+    return user, raw, False
