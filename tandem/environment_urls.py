@@ -19,6 +19,7 @@ refused unless a listed network holds that address.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
@@ -63,6 +64,39 @@ def _address(host: str) -> Address | None:
         return None
 
 
+# 64:ff9b::/96, the well-known NAT64 prefix: its last 32 bits are an IPv4 address.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IPv4-compatible addresses (::a.b.c.d, deprecated but still routed by some stacks).
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def effective_address(address: Address) -> Address:
+    """The IPv4 address an IPv6 one reaches, if it embeds one; else ``address`` itself.
+
+    ``::ffff:169.254.169.254`` (mapped), ``::169.254.169.254`` (compatible),
+    ``64:ff9b::a9fe:a9fe`` (NAT64), ``2002:a9fe:a9fe::`` (6to4) and Teredo
+    addresses all lead to the IPv4 address inside them, so they are checked as it.
+    """
+    if address.version == 4:
+        return address
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if address in _NAT64 or (address in _IPV4_COMPATIBLE and int(address) > 1):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address
+
+
+def _numeric_host(host: str) -> bool:
+    """Whether ``host`` is an IPv4 address in a form other than dotted quad: 2852039166,
+    0xa9fea9fe, 0251.0376.0251.0376, 169.254.43518. Resolvers accept them; no host name looks so."""
+    labels = host.split(".")
+    return all(re.fullmatch(r"0x[0-9a-f]*|[0-9]+", label) for label in labels)
+
+
 def resolve_host(host: str) -> list[Address]:
     """Every address ``host`` resolves to here."""
     infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
@@ -87,11 +121,21 @@ def check_environment_url(
     host = (parts.hostname or "").lower().rstrip(".")
     if not host:
         raise EnvironmentURLRefused(f"{url!r} has no host")
+    # Adapters append their own paths (/reset, /schema): a query or fragment would swallow them
+    # and turn the URL into any GET on that host; credentials in a URL end up in logs.
+    if parts.query or parts.fragment or url.rstrip("/").endswith(("?", "#")):
+        raise EnvironmentURLRefused(f"{url!r} must not have a query or a fragment")
+    if parts.username is not None or parts.password is not None:
+        raise EnvironmentURLRefused(f"{url!r} must not carry credentials")
+    literal = _address(host)
+    if literal is None and _numeric_host(host):
+        raise EnvironmentURLRefused(
+            f"{host} is a numeric host: write an IPv4 address as four decimal numbers (a.b.c.d)"
+        )
     networks, names = _parse_allowlist(allowlist) if allowlist is not None else ([], [])
     if host in REFUSED_HOST_NAMES and not _name_listed(host, names):
         raise EnvironmentURLRefused(f"{host} is a cloud metadata service")
 
-    literal = _address(host)
     if literal is not None:
         addresses = [literal]
     elif resolve is not None:
@@ -106,15 +150,49 @@ def check_environment_url(
     if allowlist is not None and not name_allowed and literal is None and resolve is None:
         # A name not on the list may still resolve into a listed network: the worker decides.
         return
+    check_addresses(host, addresses, networks=networks, name_allowed=name_allowed,
+                    listed=allowlist is not None)
+
+
+def check_addresses(host: str, addresses: Iterable[Address], *, networks: list, name_allowed: bool,
+                    listed: bool) -> None:
+    """Raise EnvironmentURLRefused if any address ``host`` reaches is one environments may not use."""
     for address in addresses:
-        # ::ffff:169.254.169.254 reaches the same service as 169.254.169.254.
-        address = getattr(address, "ipv4_mapped", None) or address
+        # ::ffff:169.254.169.254 reaches the same service as 169.254.169.254, and so on.
+        address = effective_address(address)
         if any(address in network for network in networks):
             continue
-        if allowlist is not None and not name_allowed:
+        if listed and not name_allowed:
             raise EnvironmentURLRefused(f"{host} ({address}) is not on the environment URL allow-list")
         if any(address in network for network in REFUSED_NETWORKS):
             raise EnvironmentURLRefused(
                 f"{host} ({address}) is a link-local or cloud-metadata address; "
                 "list it in TANDEM_ENVIRONMENT_URL_ALLOWLIST to allow it"
             )
+
+
+#: The variable workers read the allow-list from, as the platform's settings do.
+URL_ALLOWLIST_VARIABLE = "TANDEM_ENVIRONMENT_URL_ALLOWLIST"
+
+
+def configured_allowlist() -> list[str] | None:
+    """This process's allow-list (``TANDEM_ENVIRONMENT_URL_ALLOWLIST``, comma separated); None if unset."""
+    import os
+
+    entries = [entry.strip() for entry in os.environ.get(URL_ALLOWLIST_VARIABLE, "").split(",")]
+    return [entry for entry in entries if entry] or None
+
+
+def check_connect_addresses(host: str, addresses: Iterable[Address], *,
+                            allowlist: Iterable[str] | None) -> None:
+    """:func:`check_environment_url`'s address rules for the addresses a connection to ``host`` is about to use.
+
+    Called by the HTTP adapter's resolver at connect time, so a name that
+    resolved somewhere harmless when it was checked and elsewhere now (DNS
+    rebinding) is refused where the connection is made.
+    """
+    networks, names = _parse_allowlist(allowlist) if allowlist is not None else ([], [])
+    host = host.lower().rstrip(".")
+    check_addresses(host, addresses, networks=networks,
+                    name_allowed=allowlist is None or _name_listed(host, names),
+                    listed=allowlist is not None)

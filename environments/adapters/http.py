@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import ipaddress
 import json
 import random
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -41,6 +43,12 @@ from typing import Any
 import aiohttp
 
 from environments.base import Environment, StepResult, Tool
+from tandem.environment_urls import (
+    EnvironmentURLRefused,
+    check_connect_addresses,
+    check_environment_url,
+    configured_allowlist,
+)
 
 PROTOCOL_VERSION = 1
 _ERROR_BODY_CHARS = 200
@@ -71,7 +79,42 @@ def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def _body_excerpt(raw: bytes) -> str:
-    return raw[:_ERROR_BODY_CHARS].decode("utf-8", errors="replace")
+    """What a failed response may show of its body: the protocol's ``{"error": ...}`` message,
+    short and printable, else only its size. An arbitrary body is never echoed: whoever
+    registered the URL reads the probe report, and the URL may reach a service they cannot."""
+    try:
+        message = json.loads(raw).get("error")
+    except (ValueError, AttributeError):
+        message = None
+    if not isinstance(message, str):
+        return f"({len(raw)} bytes, not the protocol's error object)"
+    return "".join(c if c.isprintable() else "?" for c in message[:_ERROR_BODY_CHARS])
+
+
+class EnvironmentAddressRefused(OSError):
+    """A connection would reach an address environments may not use (tandem.environment_urls)."""
+
+
+class _CheckingResolver(aiohttp.ThreadedResolver):
+    """Resolves as usual, then refuses addresses the allow-list does not allow, at connect time.
+
+    Every connection an HTTP environment opens goes through it, so the
+    address a name resolves to when connecting is the one checked (no DNS
+    rebinding between a check and the connection).
+    """
+
+    def __init__(self, allowlist: list[str] | None):
+        super().__init__()
+        self._allowlist = allowlist
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET):
+        resolved = await super().resolve(host, port, family)
+        try:
+            check_connect_addresses(host, [ipaddress.ip_address(entry["host"]) for entry in resolved],
+                                    allowlist=self._allowlist)
+        except EnvironmentURLRefused as exc:
+            raise EnvironmentAddressRefused(str(exc)) from None
+        return resolved
 
 
 def _new_session() -> aiohttp.ClientSession:
@@ -86,7 +129,9 @@ def _new_session() -> aiohttp.ClientSession:
     """
     # limit=0: no cap of the session's own; an episode has one request out at most, and the
     # producer's concurrency bounds the episodes.
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S))
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S,
+                                     resolver=_CheckingResolver(configured_allowlist()))
+    return aiohttp.ClientSession(connector=connector)
 
 
 class SharedHTTPSession:
@@ -159,6 +204,11 @@ class RemoteHTTPEnvironment(Environment):
                  retries: int = 2, backoff_s: float = 0.1):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url {url!r} must start with http:// or https://")
+        # A literal address never reaches the resolver's connect-time check: it is checked here.
+        try:
+            check_environment_url(url, allowlist=configured_allowlist())
+        except EnvironmentURLRefused as exc:
+            raise ValueError(f"url: {exc}") from None
         if timeout_s <= 0 or max_observation_chars < 1 or retries < 0 or backoff_s < 0:
             raise ValueError("timeout_s and max_observation_chars must be positive, retries and backoff_s >= 0")
         self.url = url.rstrip("/")
@@ -196,12 +246,18 @@ class RemoteHTTPEnvironment(Environment):
         attempt = 0
         while True:
             try:
+                # Redirects are not followed: each hop would be a URL nobody checked.
                 async with self._http().request(method, self.url + path, json=body,
-                                                timeout=self.timeout) as response:
+                                                timeout=self.timeout,
+                                                allow_redirects=False) as response:
                     status, raw = response.status, await response.read()
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            except aiohttp.ClientConnectorError as exc:
+                if isinstance(exc.os_error, EnvironmentAddressRefused):
+                    raise RemoteEnvironmentError(f"{where}: {exc.os_error}") from None
                 # Never connected: nothing was sent, so even a step is safe to resend.
                 error: Exception = exc
+            except aiohttp.ConnectionTimeoutError as exc:
+                error = exc
             except (aiohttp.ClientError, TimeoutError) as exc:
                 # Reported as the server's failure, not as the agent's own environment timeout.
                 if not idempotent:
@@ -227,7 +283,7 @@ class RemoteHTTPEnvironment(Environment):
             payload = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RemoteEnvironmentError(
-                f"{where}: response is not JSON ({exc}): {_body_excerpt(raw)!r}"
+                f"{where}: response is not JSON ({exc}): {_body_excerpt(raw)}"
             ) from exc
         if not isinstance(payload, dict):
             raise RemoteEnvironmentError(f"{where}: response is {type(payload).__name__}, expected an object")
