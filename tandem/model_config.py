@@ -182,7 +182,7 @@ class ModelConfig(BaseModel):
         "byte",
         description=(
             "'byte' (the byte-level default), or a local directory holding tokenizer.json "
-            "(usually the hf_checkpoint directory)."
+            "(usually the hf_checkpoint directory), under one of the operator's TANDEM_MODEL_ROOTS."
         ),
     )
     prompt_format: PromptFormat = Field(
@@ -217,7 +217,8 @@ class ModelConfig(BaseModel):
         None,
         description=(
             "Local directory of a Hugging Face Llama/Qwen2/Qwen3 checkpoint (config.json and "
-            "*.safetensors) to initialize the policy from; its config.json sets the architecture."
+            "*.safetensors) to initialize the policy from, under one of the operator's "
+            "TANDEM_MODEL_ROOTS; its config.json sets the architecture."
         ),
     )
 

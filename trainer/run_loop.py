@@ -40,6 +40,7 @@ from tandem.contracts import (
     run_spec_key,
     run_stop_key,
 )
+from tandem.model_paths import check_model_config_paths
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.checkpoints import RunCheckpointer, RunProgress, step_rng
 from trainer.devices import DeviceMonitor, parameter_count
@@ -116,6 +117,8 @@ class RunTrainer:
         self.platform = platform
         self.redis = redis_client
         self.celery_app = celery_app
+        # Only model directories under the operator's roots, never this trainer's checkpoints.
+        check_model_config_paths(self.config.model, refused_root=settings.checkpoint_root.resolve())
         self.tokenizer = load_tokenizer(self.config.model.tokenizer)
         # Demonstrations are rendered as producers render live episodes.
         self.prompt_layout = prompt_layout(self.config.model, self.tokenizer)

@@ -34,6 +34,7 @@ from policy import (
     prompt_layout,
     split_model,
 )
+from tandem.model_paths import check_model_config_paths
 from tandem.run_config import RunConfig
 from workers.settings import task_concurrency
 
@@ -68,6 +69,8 @@ class PolicyRuntime:
                  weight_poll_s: float = 0.25):
         self.run_id = run_id
         self.config = config
+        # Only model directories under the operator's roots, checked here where links resolve.
+        check_model_config_paths(config.model)
         enable_compilation_cache()
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         # How episodes are rendered: the model's chat template, or the byte layout.

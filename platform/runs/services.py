@@ -26,6 +26,7 @@ from tandem.contracts import (
     TrainerHeartbeat,
     run_stop_key,
 )
+from tandem.model_paths import ModelPathRefused, check_model_config_paths
 from tandem.run_config import RunConfig, upgrade_run_config
 
 from .models import Run
@@ -56,9 +57,17 @@ def run_config_normalise(config: dict[str, Any] | None) -> dict[str, Any]:
     upgraded first, so client scripts written before sections keep working.
     """
     try:
-        return RunConfig.model_validate(upgrade_run_config(config or {})).model_dump(mode="json")
+        normalised = RunConfig.model_validate(upgrade_run_config(config or {})).model_dump(mode="json")
     except pydantic.ValidationError as error:
         raise InvalidInput.from_pydantic(error, prefix="config") from None
+    # Model directories the trainer and producers would read: only under the operator's roots.
+    try:
+        check_model_config_paths(normalised["model"], roots=settings.TANDEM_MODEL_ROOTS,
+                                 refused_root=settings.TANDEM_CHECKPOINT_ROOT)
+    except ModelPathRefused as error:
+        field, _, message = str(error).partition(": ")
+        raise InvalidInput.for_field(f"config.model.{field}", message) from None
+    return normalised
 
 
 @transaction.atomic

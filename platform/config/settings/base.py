@@ -119,4 +119,5 @@ from .api import *  # noqa: E402,F403
 from .celery import *  # noqa: E402,F403
 from .environment_registry import *  # noqa: E402,F403
 from .realtime import *  # noqa: E402,F403
+from .runs import *  # noqa: E402,F403
 from .telemetry import *  # noqa: E402,F403

@@ -1,0 +1,9 @@
+"""Runs: where their configs may point the trainer and producers for model files (tandem/model_paths.py)."""
+
+from tandem.model_paths import checkpoint_root, model_roots
+
+# Directories model.hf_checkpoint and model.tokenizer may lie under (TANDEM_MODEL_ROOTS,
+# comma separated; default var/models), and the checkpoint root they may not reach
+# (TANDEM_CHECKPOINT_ROOT, default var/checkpoints). The trainer and workers read the same variables.
+TANDEM_MODEL_ROOTS = model_roots()
+TANDEM_CHECKPOINT_ROOT = checkpoint_root()
