@@ -1,0 +1,111 @@
+"""Finding 5 of the security audit: the shipped deployment is the production configuration.
+
+The compose file is validated as data (there is no Docker daemon here), and the
+production settings are loaded in fresh processes, with and without their secrets.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+TANDEM_SERVICES = ("web", "platform-worker", "worker", "trainer")
+
+
+def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
+    base = {key: value for key, value in os.environ.items()
+            if key not in ("DJANGO_SECRET_KEY", "ALLOWED_HOSTS", "DJANGO_SETTINGS_MODULE")}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT / "platform",
+                          env={**base, **env}, capture_output=True, text=True, timeout=120)
+
+
+def test_production_settings_pass_djangos_deployment_checks():
+    result = _manage("check", "--deploy", "--fail-level", "WARNING",
+                     DJANGO_SETTINGS_MODULE="config.settings.prod",
+                     DJANGO_SECRET_KEY=secrets.token_urlsafe(48), ALLOWED_HOSTS="tandem.example.com")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"ALLOWED_HOSTS": "tandem.example.com"}, "DJANGO_SECRET_KEY"),
+    ({"ALLOWED_HOSTS": "tandem.example.com", "DJANGO_SECRET_KEY": "insecure-dev-key-change-me-tandem"},
+     "DJANGO_SECRET_KEY"),
+    ({"DJANGO_SECRET_KEY": "x" * 48}, "ALLOWED_HOSTS"),
+    ({"DJANGO_SECRET_KEY": "x" * 48, "ALLOWED_HOSTS": "*"}, "ALLOWED_HOSTS"),
+])
+def test_production_settings_refuse_to_start_without_their_secret_and_host_names(env, named):
+    result = _manage("check", DJANGO_SETTINGS_MODULE="config.settings.prod", **env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and named in result.stderr
+
+
+def test_dev_settings_answer_loopback_host_names_only():
+    code = "from django.conf import settings; print(settings.ALLOWED_HOSTS)"
+    result = _manage("shell", "-c", code, DJANGO_SETTINGS_MODULE="config.settings.dev")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "['127.0.0.1', 'localhost', '[::1]']"
+
+
+def test_compose_runs_production_settings_with_secrets_from_the_environment():
+    for name in ("web", "platform-worker"):
+        environment = SERVICES[name]["environment"]
+        assert environment["DJANGO_SETTINGS_MODULE"] == "config.settings.prod"
+        for key in ("DJANGO_SECRET_KEY", "ALLOWED_HOSTS"):
+            assert environment[key].startswith(f"${{{key}:?"), (name, key)
+        assert "${POSTGRES_PASSWORD:?" in environment["DATABASE_URL"]
+    assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    redis_command = " ".join(SERVICES["redis"]["command"])
+    assert "--requirepass ${REDIS_PASSWORD:?" in redis_command and "--appendonly yes" in redis_command
+    for name in TANDEM_SERVICES:
+        assert "${REDIS_PASSWORD:?" in SERVICES[name]["environment"]["REDIS_URL"], name
+
+
+def test_compose_gives_workers_no_database_and_the_trainer_its_token_in_the_environment():
+    worker = SERVICES["worker"]["environment"]
+    assert not {"DATABASE_URL", "DJANGO_SECRET_KEY"} & set(worker)
+    trainer = SERVICES["trainer"]
+    assert "token" not in trainer["command"].lower()
+    assert trainer["environment"]["TANDEM_TRAINER_TOKEN"].startswith("${TANDEM_TRAINER_TOKEN:?")
+    assert "DATABASE_URL" not in trainer["environment"]
+
+
+def test_compose_keeps_state_in_named_volumes_mounted_wherever_it_is_used():
+    declared = set(COMPOSE["volumes"])
+
+    def mounts(service: str) -> dict[str, str]:
+        return {volume.split(":")[0]: volume.split(":")[1] for volume in SERVICES[service].get("volumes", [])}
+
+    assert mounts("redis")["redis-data"] == "/data"
+    assert mounts("postgres")["postgres-data"] == "/var/lib/postgresql/data"
+    # The trainer writes checkpoints; the web server exports, serves and deletes them.
+    for service in ("web", "platform-worker", "trainer"):
+        assert mounts(service)["checkpoints"] == "/app/var/checkpoints", service
+    assert mounts("web")["media"] == "/app/var/media"
+    for service in SERVICES:
+        assert set(mounts(service)) <= declared, service
+
+
+def test_compose_restarts_services_and_waits_for_healthy_dependencies():
+    for name, service in SERVICES.items():
+        assert service.get("restart") == "unless-stopped", name
+    for name in ("redis", "postgres", "web"):
+        assert SERVICES[name]["healthcheck"]["test"], name
+    for name in TANDEM_SERVICES:
+        conditions = {dependency["condition"] for dependency in SERVICES[name]["depends_on"].values()}
+        assert conditions == {"service_healthy"}, name
+    assert SERVICES["web"]["ports"] == ["127.0.0.1:8000:8000"]
+
+
+def test_the_image_runs_as_an_unprivileged_user():
+    lines = (REPO_ROOT / "Dockerfile").read_text().splitlines()
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
