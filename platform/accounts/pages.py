@@ -2,6 +2,7 @@
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import LoginView
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
@@ -9,8 +10,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from domain_errors import DomainError, NotFound
 
 from .forms import ApiTokenCreateForm
-from .selectors import api_token_get_for_user, api_token_list
-from .services import api_token_create, api_token_revoke
+from .selectors import api_token_get_for_user, api_token_list, auth_locked_out
+from .services import api_token_create, api_token_revoke, auth_failure_record, auth_failures_clear
 
 
 @login_required
@@ -42,3 +43,28 @@ def token_revoke_page(request, token_id: int):
     api_token_revoke(token=token)
     messages.success(request, f"Token '{token.name}' revoked.")
     return redirect("token-list-page")
+
+
+class ThrottledLoginView(LoginView):
+    """The login page, refusing (429) a user name or client address that failed too often."""
+
+    template_name = "accounts/login.html"
+
+    def post(self, request, *args, **kwargs):
+        username = request.POST.get("username", "")
+        address = request.META.get("REMOTE_ADDR")
+        if auth_locked_out(username=username, address=address):
+            form = self.get_form()
+            form.errors.clear()
+            form.add_error(None, "Too many failed logins; try again later.")
+            return self.render_to_response(self.get_context_data(form=form), status=429)
+        return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form):
+        auth_failure_record(username=self.request.POST.get("username", ""),
+                            address=self.request.META.get("REMOTE_ADDR"))
+        return super().form_invalid(form)
+
+    def form_valid(self, form):
+        auth_failures_clear(username=form.get_user().get_username())
+        return super().form_valid(form)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from domain_errors import InvalidInput, NotFound
@@ -86,3 +88,16 @@ def membership_get(*, project: Project, username: str) -> Membership:
     if membership is None:
         raise NotFound(f"'{username}' is not a member of project '{project.name}'.")
     return membership
+
+
+def auth_failure_key(kind: str, value: str) -> str:
+    """The cache key counting failed attempts of a user name (``user``) or a client ``address``."""
+    return f"auth-failures:{kind}:{value.lower()}"
+
+
+def auth_locked_out(*, username: str | None = None, address: str | None) -> bool:
+    """Whether ``username`` or ``address`` spent its failed attempts of the current window."""
+    allowed = settings.TANDEM_AUTH_FAILURES_ALLOWED
+    keys = [auth_failure_key(kind, value)
+            for kind, value in (("user", username), ("address", address)) if value]
+    return any((count or 0) >= allowed for count in cache.get_many(keys).values())

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -13,6 +15,7 @@ from domain_errors import Conflict, InvalidInput
 
 from .models import ApiToken, Membership, Project
 from .permissions import project_require_owner
+from .selectors import auth_failure_key
 from .tokens import token_digest, token_generate, token_prefix
 
 User = get_user_model()
@@ -203,3 +206,28 @@ def user_ensure_with_token(
     ApiToken.objects.filter(user=user, name=token_name).delete()
     _, raw = api_token_create(user=user, name=token_name)
     return user, raw, False
+
+
+# -- failed authentication ------------------------------------------------------------
+
+
+def auth_failure_record(*, username: str | None = None, address: str | None) -> None:
+    """Count one failed login (``username``) or unknown token from ``address``, for the window.
+
+    The window starts at the first failure and is not extended by later ones, so a
+    lock-out ends ``TANDEM_AUTH_FAILURE_WINDOW_S`` after it began.
+    """
+    window = settings.TANDEM_AUTH_FAILURE_WINDOW_S
+    for kind, value in (("user", username), ("address", address)):
+        if value:
+            key = auth_failure_key(kind, value)
+            cache.add(key, 0, timeout=window)
+            try:
+                cache.incr(key)
+            except ValueError:  # expired between add and incr
+                cache.set(key, 1, timeout=window)
+
+
+def auth_failures_clear(*, username: str) -> None:
+    """A successful login forgets that user's failures (not its address's)."""
+    cache.delete(auth_failure_key("user", username))

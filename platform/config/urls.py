@@ -65,7 +65,7 @@ from trajectories.views import (
 
 pages = [
     path("", RedirectView.as_view(pattern_name="run-list-page", permanent=False)),
-    path("login/", auth_views.LoginView.as_view(template_name="accounts/login.html"), name="login"),
+    path("login/", account_pages.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("runs/", run_pages.run_list_page, name="run-list-page"),
     path("runs/new/", run_pages.run_new_page, name="run-new-page"),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from .env_vars import REPO_ROOT, env_bool, env_list, env_str
+from .env_vars import REDIS_URL, REPO_ROOT, env_bool, env_list, env_str
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "insecure-dev-key-change-me-tandem")
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -114,6 +114,19 @@ MEDIA_URL = "/media/"
 
 # No STATIC_ROOT: WhiteNoise serves straight from the finders, so there is no collectstatic step.
 WHITENOISE_USE_FINDERS = True
+
+# Shared by every web process: failed-login counters must add up across them (accounts.services).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "tandem:cache",
+    }
+}
+# Failed logins and unknown API tokens allowed per user name and per client address within
+# the window; past them, logins and token requests from there get 429 until it ends.
+TANDEM_AUTH_FAILURES_ALLOWED = int(env_str("TANDEM_AUTH_FAILURES_ALLOWED", "10"))
+TANDEM_AUTH_FAILURE_WINDOW_S = int(env_str("TANDEM_AUTH_FAILURE_WINDOW_S", "900"))
 
 from .api import *  # noqa: E402,F403
 from .celery import *  # noqa: E402,F403

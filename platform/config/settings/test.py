@@ -9,6 +9,9 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 # The test environments' packages, as an operator would allow a team's; workers the tests
 # start inherit it. tests.untrusted_environment stays outside on purpose.
 os.environ.setdefault("TANDEM_ENVIRONMENT_MODULES", "tests.workers,tests.e2e")
+# Every test client comes from 127.0.0.1: the suite's deliberate bad tokens and passwords must
+# not add up to a lock-out of later tests (tests/platform/test_security_throttling.py sets its own).
+os.environ.setdefault("TANDEM_AUTH_FAILURES_ALLOWED", "1000000")
 
 from .base import *  # noqa: E402,F403
 
