@@ -15,11 +15,13 @@ from pathlib import Path
 
 import tokenizers
 
+from tandem.model_config import BYTE_VOCAB_SIZE
+
 PAD_ID = 256
 BOS_ID = 257
 # Ends a model turn: the sampler stops there and the environment takes over.
 EOS_ID = 258
-VOCAB_SIZE = 259
+VOCAB_SIZE = BYTE_VOCAB_SIZE
 
 
 @dataclass(frozen=True)

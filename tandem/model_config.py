@@ -17,6 +17,9 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: The byte tokenizer's vocabulary: 256 bytes, PAD, BOS and EOS (policy/tokenizer.py).
+BYTE_VOCAB_SIZE = 259
+
 # Dtypes of the parameters and matmuls.
 ParamDtype = Literal["float32", "bfloat16"]
 PARAM_DTYPES: tuple[str, ...] = get_args(ParamDtype)

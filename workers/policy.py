@@ -36,6 +36,7 @@ from policy import (
 )
 from tandem.model_paths import check_model_config_paths
 from tandem.run_config import RunConfig
+from tandem.run_quotas import DEFAULT_SLOTS_CAP
 from workers.settings import task_concurrency
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ class PolicyNotPublishedError(RuntimeError):
     """The trainer has not published any weights for this run yet."""
 
 
-# A default, not a limit: runs that want more rows say so in sampling.inference_slots.
-_DEFAULT_SLOTS_CAP = 256
+# A default, not a limit: runs that want more rows say so in sampling.inference_slots (the
+# platform's KV-cache cap counts slots the same way: tandem.run_quotas).
+_DEFAULT_SLOTS_CAP = DEFAULT_SLOTS_CAP
 
 
 def inference_slots(config: RunConfig, task_concurrency: int = 1) -> int:

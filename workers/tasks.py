@@ -15,6 +15,7 @@ from tandem.contracts import (
 from workers.app import app
 from workers.probe import probe_by_id
 from workers.producer import RunNotReadyError, produce
+from workers.redelivery import crash_guard
 from workers.settings import redis_url
 
 
@@ -28,10 +29,20 @@ from workers.settings import redis_url
     max_retries=30,
 )
 def produce_rollouts(self, run_id: int, first_group_index: int, num_groups: int) -> dict:
-    """Run ``num_groups`` episode groups of run ``run_id``, starting at ``first_group_index``."""
-    summary = produce(
-        redis_url=redis_url(), run_id=run_id, first_group_index=first_group_index, num_groups=num_groups
-    )
+    """Run ``num_groups`` episode groups of run ``run_id``, starting at ``first_group_index``.
+
+    A task whose earlier deliveries each killed their worker (out of memory, say: acks_late
+    redelivers it) goes to the run's dead letters after MAX_CRASHED_DELIVERIES instead of
+    crash-looping every worker (workers.redelivery).
+    """
+    with crash_guard(redis_url(), task_id=self.request.id, run_id=run_id,
+                     what=f"groups {first_group_index}..{first_group_index + num_groups - 1}") as guard:
+        if guard.dead_lettered:
+            return {"run_id": run_id, "dead_lettered": True, "reason": guard.reason}
+        summary = produce(
+            redis_url=redis_url(), run_id=run_id, first_group_index=first_group_index,
+            num_groups=num_groups,
+        )
     return dataclasses.asdict(summary)
 
 

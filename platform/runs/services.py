@@ -28,6 +28,7 @@ from tandem.contracts import (
 )
 from tandem.model_paths import ModelPathRefused, check_model_config_paths
 from tandem.run_config import RunConfig, upgrade_run_config
+from tandem.run_quotas import QuotaExceeded, check_run_quotas
 
 from .models import Run
 from .realtime import run_broadcast_on_commit
@@ -67,6 +68,11 @@ def run_config_normalise(config: dict[str, Any] | None) -> dict[str, Any]:
     except ModelPathRefused as error:
         field, _, message = str(error).partition(": ")
         raise InvalidInput.for_field(f"config.model.{field}", message) from None
+    # What the run would ask of the shared trainer and workers: within the operator's caps.
+    try:
+        check_run_quotas(normalised, settings.TANDEM_RUN_QUOTAS)
+    except QuotaExceeded as error:
+        raise InvalidInput.for_field(error.field, str(error)) from None
     return normalised
 
 
@@ -84,6 +90,14 @@ def run_create(
     # `name` pins the latest version, `name@3` version 3; a failed probe is a Conflict.
     version = environment_version_pin(project=project, reference=environment_name)
     normalised = run_config_normalise(config)
+    cap = settings.TANDEM_RUN_QUOTAS.max_active_runs_per_project
+    # Locks the project's row: two creations racing for the last place cannot both win.
+    Project.objects.select_for_update().filter(pk=project.pk).first()
+    active = Run.objects.filter(project=project).exclude(status__in=TERMINAL_RUN_STATUSES).count()
+    if active >= cap:
+        raise InvalidInput.for_field("project", (
+            f"project '{project.name}' has {active} runs that have not ended; this deployment "
+            f"allows at most {cap} (TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT)"))
     now = timezone.now()
     name = name.strip() or f"{version.environment.name}-{now:%Y%m%d-%H%M%S}"
     return Run.objects.create(

@@ -26,6 +26,11 @@ def dead_letter_stream(run_id: int) -> str:
     return _run_key(run_id, "dead_letters")
 
 
+def rollout_task_crashes_key(task_id: str) -> str:
+    """Redis counter of a rollout task's deliveries that never ended: each one killed its worker."""
+    return f"{KEY_PREFIX}:rollout_task:{task_id}:unfinished_deliveries"
+
+
 def weights_key(run_id: int) -> str:
     """Redis hash holding the latest published policy (``version`` and ``blob``)."""
     return _run_key(run_id, "weights")

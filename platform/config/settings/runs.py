@@ -1,9 +1,13 @@
 """Runs: where their configs may point the trainer and producers for model files (tandem/model_paths.py)."""
 
 from tandem.model_paths import checkpoint_root, model_roots
+from tandem.run_quotas import RunQuotas
 
 # Directories model.hf_checkpoint and model.tokenizer may lie under (TANDEM_MODEL_ROOTS,
 # comma separated; default var/models), and the checkpoint root they may not reach
 # (TANDEM_CHECKPOINT_ROOT, default var/checkpoints). The trainer and workers read the same variables.
 TANDEM_MODEL_ROOTS = model_roots()
 TANDEM_CHECKPOINT_ROOT = checkpoint_root()
+# What one run may ask of the shared trainer and workers (tandem/run_quotas.py: TANDEM_MAX_PARAMETERS,
+# TANDEM_MAX_KV_CACHE_BYTES, TANDEM_MAX_EPISODES_PER_STEP, TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT).
+TANDEM_RUN_QUOTAS = RunQuotas.from_environment()

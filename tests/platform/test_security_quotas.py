@@ -1,0 +1,63 @@
+"""Finding 8 of the security audit: a run config cannot ask more of the shared trainer and workers than the operator allows.
+
+Before, any member could queue d_model 8192 x 128 layers, or 4,096 inference
+slots, and run the trainer and every worker out of memory.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runs.models import Run
+from tandem.run_config import RunConfig
+from tandem.run_quotas import RunQuotas, architecture, check_run_quotas, parameter_count
+
+
+@pytest.fixture
+def quotas(settings):
+    settings.TANDEM_RUN_QUOTAS = RunQuotas(max_parameters=50_000_000, max_kv_cache_bytes=2**30,
+                                           max_episodes_per_step=256, max_active_runs_per_project=2)
+    return settings.TANDEM_RUN_QUOTAS
+
+
+def _create(api, project, config):
+    return api.post("/api/runs/", {"project": project.pk, "environment": "calculator", "config": config},
+                    format="json")
+
+
+@pytest.mark.parametrize(("config", "field", "setting"), [
+    ({"model": {"d_model": 8192, "num_layers": 128, "num_heads": 64, "mlp_dim": 32768}},
+     "config.model", "TANDEM_MAX_PARAMETERS"),
+    ({"sampling": {"inference_slots": 4096}, "model": {"max_seq_len": 4096}},
+     "config.sampling.inference_slots", "TANDEM_MAX_KV_CACHE_BYTES"),
+    ({"rollout": {"groups_per_step": 64, "group_size": 8}},
+     "config.rollout.groups_per_step", "TANDEM_MAX_EPISODES_PER_STEP"),
+])
+def test_a_config_over_a_cap_is_400_naming_the_cap(api, project, environment, quotas, config,
+                                                   field, setting):
+    response = _create(api, project, config)
+
+    assert response.status_code == 400, response.json()
+    fields = response.json()["error"]["fields"]
+    assert list(fields) == [field] and setting in fields[field][0]
+    assert not Run.objects.exists()
+
+
+def test_a_project_cannot_have_more_runs_going_than_the_cap(api, project, environment, quotas):
+    for _ in range(2):
+        assert _create(api, project, {}).status_code == 201
+    third = _create(api, project, {})
+    assert third.status_code == 400
+    assert "TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT" in third.json()["error"]["fields"]["project"][0]
+
+    Run.objects.filter(project=project).update(status="cancelled")  # ended runs do not count
+    assert _create(api, project, {}).status_code == 201
+
+
+def test_the_default_run_and_the_real_model_fit_the_default_caps(smollm2):
+    defaults = RunQuotas()
+    check_run_quotas(RunConfig().model_dump(mode="json"), defaults)
+    real = RunConfig.model_validate({"model": {"hf_checkpoint": str(smollm2), "tokenizer": str(smollm2)}})
+    arch = architecture(real.model_dump(mode="json")["model"])
+    assert parameter_count(arch) == 134_515_008  # SmolLM2-135M, read from its config.json
+    check_run_quotas(real.model_dump(mode="json"), defaults)
