@@ -24,6 +24,7 @@ from tandem.contracts import (
     RunStatus,
     TrainerConflictCode,
     TrainerHeartbeat,
+    run_keys,
     run_stop_key,
 )
 from tandem.model_paths import ModelPathRefused, check_model_config_paths
@@ -140,6 +141,7 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
     run.save(update_fields=update_fields)
     if to_status in TERMINAL_RUN_STATUSES or to_status == RunStatus.PAUSED:
         run_producers_stop_on_commit(run.pk)
+    run_keys_retain_on_commit(run.pk, to_status)
 
     run_broadcast_on_commit(run.pk, [_status_message(run)])
     return run
@@ -236,6 +238,42 @@ def run_producers_stop_on_commit(run_id: int) -> None:
             logger.exception("could not tell producers to stop run %s", run_id)
 
     transaction.on_commit(stop)
+
+
+def run_keys_retain_on_commit(run_id: int, status: str) -> None:
+    """Once the transaction commits, set how long the run's Redis keys live in ``status``.
+
+    A finished or cancelled run's keys (its streams, weights blob, spec...) expire after
+    TANDEM_ENDED_RUN_KEYS_RETENTION_S; a paused or failed one's after the longer
+    TANDEM_RELEASED_RUN_KEYS_RETENTION_S, since a resume needs them; a run queued again
+    (resumed) keeps its keys for good. Redis itself must never evict them (docs/deploy.md).
+    """
+    if status in (RunStatus.FINISHED, RunStatus.CANCELLED):
+        retention = settings.TANDEM_ENDED_RUN_KEYS_RETENTION_S
+    elif status in (RunStatus.PAUSED, RunStatus.FAILED):
+        retention = settings.TANDEM_RELEASED_RUN_KEYS_RETENTION_S
+    elif status == RunStatus.QUEUED:
+        retention = None
+    else:
+        return
+
+    def retain() -> None:
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    for key in run_keys(run_id):
+                        if retention is None:
+                            pipe.persist(key)
+                        else:
+                            pipe.expire(key, retention)
+                    pipe.execute()
+            finally:
+                client.close()
+        except redis.RedisError:
+            logger.exception("could not set the retention of run %s's Redis keys", run_id)
+
+    transaction.on_commit(retain)
 
 
 @transaction.atomic

@@ -65,6 +65,7 @@ def test_compose_runs_production_settings_with_secrets_from_the_environment():
     assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
     redis_command = " ".join(SERVICES["redis"]["command"])
     assert "--requirepass ${REDIS_PASSWORD:?" in redis_command and "--appendonly yes" in redis_command
+    assert "--maxmemory-policy noeviction" in redis_command
     for name in TANDEM_SERVICES:
         assert "${REDIS_PASSWORD:?" in SERVICES[name]["environment"]["REDIS_URL"], name
 
