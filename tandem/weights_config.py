@@ -40,13 +40,17 @@ class WeightsConfig(BaseModel):
         description=(
             "How new policy versions reach producers. redis: through Redis, in chunks of at most 64 MiB "
             "(a run whose publication exceeds weights.redis_max_mb fails before anything is sent). "
-            "filesystem: as Orbax checkpoints under weights.dir, a path every producer mounts. "
+            "filesystem: as Orbax checkpoints under the operator's TANDEM_WEIGHT_DIR, a path every producer mounts. "
             "auto: redis up to weights.redis_max_mb, filesystem above."
         ),
     )
     dir: str | None = Field(
         None,
-        description="Shared directory of the filesystem weight transport; default <trainer checkpoint dir>/weights.",
+        description=(
+            "Not for runs: the filesystem weight transport's directory is the operator's "
+            "TANDEM_WEIGHT_DIR on the trainer (default <trainer checkpoint dir>/weights); the "
+            "platform refuses a run that sets it."
+        ),
     )
     redis_max_mb: int = Field(
         4096, ge=1, le=1_048_576,

@@ -35,7 +35,9 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     # A bare client: the trainer sends rollout tasks by name and never imports worker code.
     celery_app = Celery("tandem_trainer", broker=redis_url)
     celery_app.conf.update(task_serializer="json", accept_content=["json"])
-    settings = TrainerSettings(redis_url=redis_url, checkpoint_root=checkpoint_root, consumer_name=consumer)
+    weight_dir = os.environ.get("TANDEM_WEIGHT_DIR")
+    settings = TrainerSettings(redis_url=redis_url, checkpoint_root=checkpoint_root, consumer_name=consumer,
+                               weight_dir=Path(weight_dir) if weight_dir else None)
     trained = 0
     # The run this trainer holds, for its process report (read from the reporter's thread).
     working_on: list[int] = []

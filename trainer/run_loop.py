@@ -78,6 +78,9 @@ class TrainerSettings:
     redis_url: str
     checkpoint_root: Path
     consumer_name: str
+    # The filesystem weight transport's shared directory, an operator setting (TANDEM_WEIGHT_DIR);
+    # None: <checkpoint_root>/weights. Never a run's: it creates and deletes model copies there.
+    weight_dir: Path | None = None
     # Blocking read timeout: short enough to notice cancellation promptly.
     stream_block_ms: int = 500
     # Telemetry is batched so a fast SFT phase does not make one request per step.
@@ -154,7 +157,7 @@ class RunTrainer:
         weights = self.config.weights
         self.publisher: WeightPublisher = weight_publisher(
             redis_client, transport=weights.transport,
-            directory=Path(weights.dir or settings.checkpoint_root / "weights"),
+            directory=settings.weight_dir or settings.checkpoint_root / "weights",
             lora=self.config.lora, publish_dtype=weights.publish_dtype,
             parameter_bytes=publication_bytes(self._published_params(), weights.publish_dtype),
             redis_max_bytes=weights.redis_max_mb * 2**20,

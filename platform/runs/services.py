@@ -69,6 +69,11 @@ def run_config_normalise(config: dict[str, Any] | None) -> dict[str, Any]:
     except ModelPathRefused as error:
         field, _, message = str(error).partition(": ")
         raise InvalidInput.for_field(f"config.model.{field}", message) from None
+    # The trainer creates and deletes model copies in the weight directory: the operator's.
+    if normalised["weights"]["dir"] is not None:
+        raise InvalidInput.for_field("config.weights.dir", (
+            "The filesystem weight transport's directory is an operator setting "
+            "(TANDEM_WEIGHT_DIR on the trainer); leave it out."))
     # What the run would ask of the shared trainer and workers: within the operator's caps.
     try:
         check_run_quotas(normalised, settings.TANDEM_RUN_QUOTAS)

@@ -61,3 +61,13 @@ def test_a_model_under_the_roots_is_accepted(api, project, environment, roots):
     response = _create(api, project, hf_checkpoint=str(roots / "models" / "qwen"))
 
     assert response.status_code == 201, response.json()
+
+
+def test_a_run_cannot_choose_where_the_trainer_writes_and_deletes_weights(api, project, environment):
+    response = api.post("/api/runs/", {"project": project.pk, "environment": "calculator", "config": {
+        "weights": {"transport": "filesystem", "dir": "/home/other-team/models"}}}, format="json")
+
+    assert response.status_code == 400
+    fields = response.json()["error"]["fields"]
+    assert list(fields) == ["config.weights.dir"] and "TANDEM_WEIGHT_DIR" in fields["config.weights.dir"][0]
+    assert not Run.objects.exists()
