@@ -220,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     trainer = commands.add_parser("trainer", help="run a trainer process")
     trainer.add_argument("--platform-url", default=os.environ.get("TANDEM_PLATFORM_URL", "http://127.0.0.1:8000"))
     trainer.add_argument("--token", help="staff API token; default $TANDEM_TRAINER_TOKEN")
-    trainer.add_argument("--checkpoint-dir", default=os.environ.get("TANDEM_CHECKPOINT_DIR", "var/checkpoints"))
+    trainer.add_argument("--checkpoint-dir", default=os.environ.get("TANDEM_CHECKPOINT_ROOT")
+                         or os.environ.get("TANDEM_CHECKPOINT_DIR", "var/checkpoints"),
+                         help="the checkpoint root; default $TANDEM_CHECKPOINT_ROOT (the platform's too)")
     trainer.add_argument("--max-runs", type=int, help="exit after training this many runs")
     trainer.set_defaults(func=cmd_trainer)
 

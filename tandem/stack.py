@@ -71,6 +71,9 @@ class LocalStack:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(PLATFORM_DIR), env.get("PYTHONPATH", "")])
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("TANDEM_MEDIA_ROOT", str(self.config.var_dir / "media"))
+        # Where the trainer writes checkpoints (start_trainer) is where the web process accepts
+        # and deletes them (checkpoints.selectors.checkpoint_path_in_root).
+        env["TANDEM_CHECKPOINT_ROOT"] = str(self.config.var_dir / "checkpoints")
         if self.config.database_url:
             env["DATABASE_URL"] = self.config.database_url
         return env

@@ -17,6 +17,7 @@ from runs.models import Run
 from tandem.contracts import PLATFORM_QUEUE, CheckpointReport
 
 from .models import Checkpoint
+from .selectors import checkpoint_path_in_root
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,11 @@ def checkpoint_delete(*, user: AbstractBaseUser, checkpoint: Checkpoint) -> Chec
         if run.status in RESUMABLE_STATUSES and newest is not None and newest.pk == checkpoint.pk:
             raise Conflict(f"Checkpoint of step {checkpoint.step} is the newest of run {run.pk}, which is "
                            f"{run.status}: resuming needs it.")
-        shutil.rmtree(checkpoint.path, ignore_errors=True)
+        if checkpoint_path_in_root(run_id=run.pk, path=checkpoint.path):
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
+        else:  # reported before paths were checked: never delete outside the checkpoint root
+            logger.error("checkpoint %s: %s is outside the checkpoint root; its files are left",
+                         checkpoint.pk, checkpoint.path)
         checkpoint.status = Checkpoint.Status.DELETED
         checkpoint.deleted_reason = f"deleted by {user.get_username()}"
         checkpoint.deleted_at = timezone.now()

@@ -22,7 +22,7 @@ from runs.selectors import run_get, run_get_for_user
 from tandem.contracts import CheckpointReport
 
 from .models import Checkpoint
-from .selectors import checkpoint_get, checkpoint_list
+from .selectors import checkpoint_get, checkpoint_list, checkpoint_path_in_root
 from .serializers import CheckpointSerializer
 from .services import checkpoint_delete, checkpoint_export_start, checkpoints_report
 
@@ -141,6 +141,10 @@ class TrainerCheckpointsView(APIView):
             if Path(info.path).name != str(info.step) or not Path(info.path).is_absolute():
                 raise InvalidInput.for_field(f"checkpoints.{index}.path",
                                              "Must be the absolute step directory, ending in the step.")
+            if not checkpoint_path_in_root(run_id=run.pk, path=info.path):
+                raise InvalidInput.for_field(f"checkpoints.{index}.path", (
+                    f"Must lie in this run's directory under the checkpoint root "
+                    f"(TANDEM_CHECKPOINT_ROOT/run-{run.pk}/<step>)."))
         checkpoints = checkpoints_report(run=run, report=report)
         return Response(CheckpointSerializer(checkpoints, many=True, context={"request": request}).data)
 

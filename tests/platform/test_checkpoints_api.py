@@ -32,6 +32,12 @@ def run(make_run, project, environment):
     return run_heartbeat(run=made, heartbeat=TrainerHeartbeat(worker="trainer-host:1"))
 
 
+@pytest.fixture(autouse=True)
+def checkpoint_root(settings, tmp_path):
+    settings.TANDEM_CHECKPOINT_ROOT = tmp_path
+    return tmp_path
+
+
 @pytest.fixture
 def checkpointer(run, tmp_path):
     config = RunConfig.model_validate(run.config)
@@ -66,6 +72,27 @@ def test_reports_follow_retention(api, trainer_api, run, checkpointer):
     assert _listed(api, run) == [(3, 30, "available", ""), (2, 20, "available", ""), (1, 10, "deleted", "retention")]
     step_3 = Checkpoint.objects.get(run=run, step=3)
     assert Path(step_3.path) == checkpointer.step_directory(3) and step_3.size_bytes > 0
+
+
+@pytest.mark.parametrize("where", ["run-{other}/4", "elsewhere/run-{run}/4", "run-{run}/link/4",
+                                   "run-{run}/../run-{other}/4"])
+def test_a_reported_checkpoint_outside_its_runs_directory_under_the_root_is_400(
+    trainer_api, run, checkpoint_root, tmp_path_factory, where
+):
+    # Another run's directory, a directory outside the root, a link out of it: a report
+    # naming one would later let the web process delete it (shutil.rmtree).
+    outside = tmp_path_factory.mktemp("outside")
+    (checkpoint_root / f"run-{run.pk}").mkdir(exist_ok=True)
+    link = checkpoint_root / f"run-{run.pk}" / "link"
+    if not link.exists():
+        link.symlink_to(outside)
+    path = checkpoint_root / where.format(run=run.pk, other=run.pk + 1)
+    body = {"checkpoints": [{"step": 4, "policy_version": 1, "path": str(path), "size_bytes": 1}]}
+
+    response = trainer_api.post(f"/api/trainer/runs/{run.pk}/checkpoints/", body, format="json")
+    assert response.status_code == 400
+    assert list(response.json()["error"]["fields"]) == ["checkpoints.0.path"]
+    assert not Checkpoint.objects.filter(run=run).exists()
 
 
 def test_a_report_with_a_foreign_path_is_400_naming_the_field(trainer_api, run):
@@ -155,8 +182,10 @@ def test_another_projects_user_gets_404(client_for, make_user, trainer_api, run,
 
 
 @pytest.mark.parametrize("count", [1, 12])
-def test_the_list_takes_a_fixed_number_of_queries(api, trainer_api, run, count, django_assert_num_queries):
-    body = {"checkpoints": [{"step": step, "policy_version": step, "path": f"/shared/run-{run.pk}/{step}",
+def test_the_list_takes_a_fixed_number_of_queries(api, trainer_api, run, count, django_assert_num_queries,
+                                                   checkpoint_root):
+    body = {"checkpoints": [{"step": step, "policy_version": step,
+                             "path": str(checkpoint_root / f"run-{run.pk}" / str(step)),
                              "size_bytes": 100} for step in range(1, count + 1)]}
     assert trainer_api.post(f"/api/trainer/runs/{run.pk}/checkpoints/", body, format="json").status_code == 200
     api.get("/api/projects/")  # records the token's last use, a write that happens once a minute
