@@ -35,7 +35,7 @@ def cmd_trainer(args) -> int:
     _stop_on_sigterm()
     token = args.token or os.environ.get("TANDEM_TRAINER_TOKEN")
     if not token:
-        print("tandem trainer: pass --token or set TANDEM_TRAINER_TOKEN (a staff user's API token)",
+        print("tandem trainer: pass --token or set TANDEM_TRAINER_TOKEN (the API token of a user in the tandem-trainers group)",
               file=sys.stderr)
         return 2
     try:
@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     trainer = commands.add_parser("trainer", help="run a trainer process")
     trainer.add_argument("--platform-url", default=os.environ.get("TANDEM_PLATFORM_URL", "http://127.0.0.1:8000"))
-    trainer.add_argument("--token", help="staff API token; default $TANDEM_TRAINER_TOKEN")
+    trainer.add_argument("--token", help="a trainer's API token (tandem-trainers group); default $TANDEM_TRAINER_TOKEN")
     trainer.add_argument("--checkpoint-dir", default=os.environ.get("TANDEM_CHECKPOINT_ROOT")
                          or os.environ.get("TANDEM_CHECKPOINT_DIR", "var/checkpoints"),
                          help="the checkpoint root; default $TANDEM_CHECKPOINT_ROOT (the platform's too)")

@@ -101,3 +101,11 @@ def auth_locked_out(*, username: str | None = None, address: str | None) -> bool
     keys = [auth_failure_key(kind, value)
             for kind, value in (("user", username), ("address", address)) if value]
     return any((count or 0) >= allowed for count in cache.get_many(keys).values())
+
+
+#: The group whose users may act as trainers (accounts.permissions.IsTrainer).
+TRAINER_GROUP = "tandem-trainers"
+
+
+def user_is_trainer(*, user: AbstractBaseUser) -> bool:
+    return user.groups.filter(name=TRAINER_GROUP).exists()

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, Group
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -15,7 +15,7 @@ from domain_errors import Conflict, InvalidInput
 
 from .models import ApiToken, Membership, Project
 from .permissions import project_require_owner
-from .selectors import auth_failure_key
+from .selectors import TRAINER_GROUP, auth_failure_key
 from .tokens import token_digest, token_generate, token_prefix
 
 User = get_user_model()
@@ -231,3 +231,9 @@ def auth_failure_record(*, username: str | None = None, address: str | None) -> 
 def auth_failures_clear(*, username: str) -> None:
     """A successful login forgets that user's failures (not its address's)."""
     cache.delete(auth_failure_key("user", username))
+
+
+def user_make_trainer(*, user: AbstractBaseUser) -> None:
+    """Let ``user`` act as a trainer: the ``tandem-trainers`` group (idempotent)."""
+    group, _ = Group.objects.get_or_create(name=TRAINER_GROUP)
+    user.groups.add(group)

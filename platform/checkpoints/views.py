@@ -10,10 +10,10 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
-from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import IsTrainer
 from config.db_limits import DB_INT_MAX, require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
@@ -115,7 +115,7 @@ class RunCheckpointDownloadView(APIView):
 class TrainerCheckpointsView(APIView):
     """``CheckpointReport`` from the trainer: every committed checkpoint now on disk."""
 
-    permission_classes = [IsAdminUser]
+    permission_classes = [IsTrainer]
 
     @extend_schema(
         request=inline_serializer("TrainerCheckpointReport", {

@@ -5,10 +5,10 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.generics import GenericAPIView, ListAPIView
-from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import IsTrainer
 from accounts.selectors import project_resolve_for_user
 from config.db_limits import DB_INT_MAX, require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
@@ -141,7 +141,7 @@ class RunCloneView(GenericAPIView):
 
 @extend_schema(tags=["trainer"])
 class TrainerClaimView(APIView):
-    permission_classes = [IsAdminUser]
+    permission_classes = [IsTrainer]
 
     @extend_schema(
         request=TrainerClaimSerializer,
@@ -183,7 +183,7 @@ def _heartbeat_reply_schema() -> dict:
 
 @extend_schema(tags=["trainer"])
 class TrainerHeartbeatView(APIView):
-    permission_classes = [IsAdminUser]
+    permission_classes = [IsTrainer]
 
     @extend_schema(
         request={"application/json": _heartbeat_schema()},

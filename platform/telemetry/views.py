@@ -13,10 +13,10 @@ from drf_spectacular.utils import (
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
-from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import IsTrainer
 from config.db_limits import require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
@@ -280,7 +280,7 @@ class RunTraceDownloadView(APIView):
 class TrainerTraceUploadView(GenericAPIView):
     """Multipart ``first_step``, ``last_step`` and ``file`` (the zip), or ``error``, from the trainer."""
 
-    permission_classes = [IsAdminUser]
+    permission_classes = [IsTrainer]
     parser_classes = [MultiPartParser, FormParser]
     serializer_class = TraceUploadSerializer
 
@@ -305,7 +305,7 @@ class TrainerTelemetryView(APIView):
     reaches it within a step or two with no channel of its own.
     """
 
-    permission_classes = [IsAdminUser]
+    permission_classes = [IsTrainer]
     parser_classes = [NonFiniteJSONParser]
 
     @extend_schema(

@@ -4,9 +4,9 @@ import pydantic
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView, ListAPIView
-from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
+from accounts.permissions import IsTrainer
 from config.pagination import PageNumberPagination
 from domain_errors import InvalidInput
 from runs.selectors import run_get, run_get_for_user
@@ -52,7 +52,7 @@ class RunTrajectoryDetailView(GenericAPIView):
 class TrainerTrajectoriesView(GenericAPIView):
     """``{"samples": [TrajectorySample, ...]}`` from the trainer; 202 ``{"stored": n}``."""
 
-    permission_classes = [IsAdminUser]
+    permission_classes = [IsTrainer]
 
     @extend_schema(
         request=inline_serializer("TrajectorySamplesPost", {

@@ -15,7 +15,12 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.models import Membership
-from accounts.services import membership_add, project_create, user_create_with_token
+from accounts.services import (
+    membership_add,
+    project_create,
+    user_create_with_token,
+    user_make_trainer,
+)
 from environment_registry.builtin import CALCULATOR
 from environment_registry.services import environment_probe_record, environment_register
 from runs.services import run_claim_next, run_create, run_heartbeat
@@ -28,10 +33,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def make_user(db):
-    def make(username: str | None = None, *, is_staff: bool = False, password: str = "pw"):
+    def make(username: str | None = None, *, is_staff: bool = False, password: str = "pw",
+             trainer: bool = False):
         user, raw_token = user_create_with_token(
             username=username or f"user{next(_serial)}", password=password, is_staff=is_staff
         )
+        if trainer:
+            user_make_trainer(user=user)
         # Only the hash is stored; tests keep the raw value on the object they were handed.
         user.raw_token = raw_token
         return user
@@ -126,7 +134,7 @@ def api(client_for, user) -> APIClient:
 
 @pytest.fixture
 def trainer(make_user):
-    return make_user("tandem-trainer", is_staff=True)
+    return make_user("tandem-trainer", password=None, trainer=True)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from django.contrib.auth import authenticate, get_user_model
 from django.core.management import CommandError, call_command
 
 from accounts.models import Membership
-from accounts.selectors import api_token_authenticate
+from accounts.selectors import api_token_authenticate, user_is_trainer
 from environment_registry.builtin import BUILTIN_ENVIRONMENTS
 from environment_registry.models import Environment, EnvironmentVersion
 
@@ -39,7 +39,8 @@ def test_bootstrap_prints_one_json_line_of_working_credentials(db, capsys, clien
     assert demo is not None and not demo.is_staff
     assert api_token_authenticate(raw=result["user_token"]).user == demo
     trainer = api_token_authenticate(raw=result["trainer_token"]).user
-    assert trainer.username == "tandem-trainer" and trainer.is_staff
+    assert trainer.username == "tandem-trainer" and user_is_trainer(user=trainer)
+    assert not trainer.is_staff  # a trainer, not an administrator
     assert not trainer.has_usable_password()
     membership = Membership.objects.get(user=demo, project_id=result["project_id"])
     assert membership.role == "owner" and membership.project.name == "demo"

@@ -112,7 +112,7 @@ def test_the_docs_page_serves_swagger_ui_from_our_own_static_files(client, db):
 @pytest.fixture
 def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp_path):
     """A staff user who owns a project with a member, an environment and runs, on uvicorn."""
-    user = make_user("fuzzer", is_staff=True)
+    user = make_user("fuzzer", trainer=True)
     project = make_project(owner=user, name="fuzzed")
     membership_add(project=project, user=make_user("teammate"), role="member")
     environment = make_environment(project)

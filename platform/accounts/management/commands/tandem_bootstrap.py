@@ -21,7 +21,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from accounts.services import project_ensure, user_ensure_with_token
+from accounts.services import project_ensure, user_ensure_with_token, user_make_trainer
 from domain_errors import Conflict
 from environment_registry.builtin import BUILTIN_ENVIRONMENTS
 from environment_registry.services import environment_ensure
@@ -52,10 +52,12 @@ class Command(BaseCommand):
                 project = project_ensure(owner=user, name=options["project"])
                 for spec in BUILTIN_ENVIRONMENTS:
                     environment_ensure(user=user, project=project, spec=spec)
-                # The trainer authenticates with its token only, so it has no usable password.
-                _, trainer_token, _ = user_ensure_with_token(
-                    username=options["trainer_username"], password=None, is_staff=True
+                # The trainer authenticates with its token only, so it has no usable password,
+                # and acts through the trainers' group, not as staff.
+                trainer, trainer_token, _ = user_ensure_with_token(
+                    username=options["trainer_username"], password=None
                 )
+                user_make_trainer(user=trainer)
         except Conflict as error:
             raise CommandError(error.message) from None
         result = {
