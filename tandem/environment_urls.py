@@ -33,6 +33,16 @@ REFUSED_NETWORKS = tuple(ipaddress.ip_network(network) for network in (
     "100.100.100.200/32",  # Alibaba Cloud metadata
     "168.63.129.16/32",  # Azure wire server
 ))
+# Refused as well, unless listed, where the operator says so (TANDEM_ENVIRONMENT_URL_PRIVATE=refuse,
+# as docker-compose.yml and the production settings do): the deployment's own network.
+PRIVATE_NETWORKS = tuple(ipaddress.ip_network(network) for network in (
+    "127.0.0.0/8", "::1/128",  # loopback
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",  # RFC 1918
+    "100.64.0.0/10",  # carrier-grade NAT
+    "fc00::/7",  # IPv6 unique local
+    "0.0.0.0/8", "::/128",  # "this host"
+))
+PRIVATE_SETTING = "TANDEM_ENVIRONMENT_URL_PRIVATE"
 REFUSED_HOST_NAMES = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 
 
@@ -103,17 +113,26 @@ def resolve_host(host: str) -> list[Address]:
     return sorted({ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}, key=str)
 
 
+def private_addresses_refused() -> bool:
+    """Whether this process refuses private and loopback addresses not on the allow-list."""
+    import os
+
+    return os.environ.get(PRIVATE_SETTING, "allow").strip().lower() == "refuse"
+
+
 def check_environment_url(
     url: str,
     *,
     allowlist: Iterable[str] | None = None,
     resolve: Callable[[str], list[Address]] | None = None,
+    refuse_private: bool | None = None,
 ) -> None:
     """Raise EnvironmentURLRefused unless ``url`` may be used.
 
     ``resolve``: look the host name up and check every address (the worker
     does); None checks the URL as written only (the platform, which may not
-    see the same DNS as the workers).
+    see the same DNS as the workers). ``refuse_private``: refuse private and
+    loopback addresses too unless listed; None: as ``TANDEM_ENVIRONMENT_URL_PRIVATE`` says.
     """
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https", "ws", "wss"}:
@@ -151,11 +170,12 @@ def check_environment_url(
         # A name not on the list may still resolve into a listed network: the worker decides.
         return
     check_addresses(host, addresses, networks=networks, name_allowed=name_allowed,
-                    listed=allowlist is not None)
+                    listed=allowlist is not None,
+                    refuse_private=private_addresses_refused() if refuse_private is None else refuse_private)
 
 
 def check_addresses(host: str, addresses: Iterable[Address], *, networks: list, name_allowed: bool,
-                    listed: bool) -> None:
+                    listed: bool, refuse_private: bool = False) -> None:
     """Raise EnvironmentURLRefused if any address ``host`` reaches is one environments may not use."""
     for address in addresses:
         # ::ffff:169.254.169.254 reaches the same service as 169.254.169.254, and so on.
@@ -167,6 +187,11 @@ def check_addresses(host: str, addresses: Iterable[Address], *, networks: list, 
         if any(address in network for network in REFUSED_NETWORKS):
             raise EnvironmentURLRefused(
                 f"{host} ({address}) is a link-local or cloud-metadata address; "
+                "list it in TANDEM_ENVIRONMENT_URL_ALLOWLIST to allow it"
+            )
+        if refuse_private and not listed and any(address in network for network in PRIVATE_NETWORKS):
+            raise EnvironmentURLRefused(
+                f"{host} ({address}) is a private or loopback address, refused on this deployment; "
                 "list it in TANDEM_ENVIRONMENT_URL_ALLOWLIST to allow it"
             )
 
@@ -195,4 +220,4 @@ def check_connect_addresses(host: str, addresses: Iterable[Address], *,
     host = host.lower().rstrip(".")
     check_addresses(host, addresses, networks=networks,
                     name_allowed=allowlist is None or _name_listed(host, names),
-                    listed=allowlist is not None)
+                    listed=allowlist is not None, refuse_private=private_addresses_refused())

@@ -92,7 +92,8 @@ def _validate_spec(spec: EnvironmentSpec) -> None:
     url = spec.settings.get("url")
     if isinstance(url, str):
         try:
-            check_environment_url(url, allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST)
+            check_environment_url(url, allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST,
+                                  refuse_private=settings.TANDEM_ENVIRONMENT_URL_REFUSE_PRIVATE)
         except EnvironmentURLRefused as error:
             raise InvalidInput.for_field("settings.url", str(error)) from None
     names = set()

@@ -86,3 +86,13 @@ def test_the_built_ins_and_the_operators_modules_register(api, project):
 
     assert builtin.status_code == 201, builtin.json()
     assert allowed.status_code == 201, allowed.json()
+
+
+def test_a_deployment_that_refuses_private_addresses_refuses_them_at_registration(api, project, settings):
+    settings.TANDEM_ENVIRONMENT_URL_REFUSE_PRIVATE = True
+    settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST = None
+    for url in ("http://127.0.0.1:6379", "http://10.0.0.5:5432", "http://[::ffff:172.17.0.2]:8000"):
+        response = _register(api, project, name="internal", kind="http", entrypoint="",
+                             settings={"url": url})
+        assert response.status_code == 400, (url, response.json())
+        assert list(response.json()["error"]["fields"]) == ["settings.url"]

@@ -141,3 +141,33 @@ def _json(payload: dict, status: int = 200) -> web.Response:
 
 def _redirect(location: str) -> web.Response:
     return web.Response(status=302, headers={"Location": location})
+
+
+def test_where_private_addresses_are_refused_only_listed_ones_pass(monkeypatch):
+    monkeypatch.setenv("TANDEM_ENVIRONMENT_URL_PRIVATE", "refuse")
+    for url in ("http://10.1.2.3:8765", "http://127.0.0.1:8765", "http://[::ffff:192.168.1.1]/",
+                "http://[fd00::1]/", "http://100.64.0.1/"):
+        with pytest.raises(EnvironmentURLRefused, match="private or loopback"):
+            check_environment_url(url)
+    check_environment_url("http://10.1.2.3:8765", allowlist=["10.0.0.0/8"])
+    check_environment_url("http://93.184.216.34/")  # a public address
+    monkeypatch.setenv("TANDEM_ENVIRONMENT_URL_PRIVATE", "allow")  # development: the laptop's servers
+    check_environment_url("http://127.0.0.1:8765")
+
+
+def test_where_private_addresses_are_refused_a_name_resolving_to_one_is_refused_when_connecting(monkeypatch):
+    monkeypatch.setenv("TANDEM_ENVIRONMENT_URL_PRIVATE", "refuse")
+    monkeypatch.delenv("TANDEM_ENVIRONMENT_URL_ALLOWLIST", raising=False)
+
+    async def scenario():
+        server, port, seen = await _serve("127.0.0.1", lambda request: _json({"status": "ok"}))
+        environment = RemoteHTTPEnvironment(url=f"http://localhost:{port}", retries=0)
+        try:
+            with pytest.raises(RemoteEnvironmentError, match="private or loopback"):
+                await environment.health()
+        finally:
+            await environment.close()
+            await server.cleanup()
+        return seen
+
+    assert asyncio.run(scenario()) == []

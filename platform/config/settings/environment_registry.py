@@ -14,6 +14,9 @@ TANDEM_ENVIRONMENT_MODULES = allowed_environment_modules()
 # Hosts and networks remote environment URLs may reach (tandem/environment_urls.py).
 # Unset: everything except link-local and cloud-metadata addresses.
 TANDEM_ENVIRONMENT_URL_ALLOWLIST = env_list("TANDEM_ENVIRONMENT_URL_ALLOWLIST", []) or None
+# Whether private and loopback addresses not on that list are refused too (tandem/environment_urls.py);
+# the production settings refuse them, development allows them (environments on the laptop).
+TANDEM_ENVIRONMENT_URL_REFUSE_PRIVATE = env_str("TANDEM_ENVIRONMENT_URL_PRIVATE", "allow") == "refuse"
 # A probe no worker reported on within this long fails: no worker consumes the `probes` queue.
 TANDEM_PROBE_EXPIRY_S = float(env_str("TANDEM_PROBE_EXPIRY_S", "600"))
 # Per-check probe timeouts in seconds, JSON, e.g. {"reset": 5}; unset ones keep

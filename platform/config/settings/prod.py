@@ -20,6 +20,8 @@ if SECRET_KEY in _PUBLIC_KEYS or len(SECRET_KEY) < 32:
         "(python -c 'import secrets; print(secrets.token_urlsafe(48))')"
     )
 DEBUG = False
+# Remote environments reach only the allow-list, public addresses and nothing private unless listed.
+TANDEM_ENVIRONMENT_URL_REFUSE_PRIVATE = env_str("TANDEM_ENVIRONMENT_URL_PRIVATE", "refuse") != "allow"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [])
 if not ALLOWED_HOSTS or "*" in ALLOWED_HOSTS:
     raise ImproperlyConfigured(
