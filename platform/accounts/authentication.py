@@ -10,8 +10,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from rest_framework import authentication, exceptions
 
 from .models import ApiToken
-from .selectors import api_token_authenticate, auth_locked_out
-from .services import api_token_mark_used, auth_failure_record
+from .selectors import api_token_authenticate
+from .services import api_token_mark_used
 
 KEYWORD = "Token"
 
@@ -41,13 +41,11 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             return None  # not a token request: session authentication may take it
         if not raw or " " in raw:
             raise exceptions.AuthenticationFailed("Malformed token header: 'Token <value>'.")
-        # Guessing tokens: an address that presented too many unknown ones waits out the window.
-        address = request.META.get("REMOTE_ADDR")
-        if auth_locked_out(address=address):
-            raise exceptions.Throttled(detail="Too many invalid tokens from this address; try again later.")
+        # No lock-out per address here: a token has 256 random bits, so guessing one is hopeless,
+        # while refusing an address would let anyone sharing it (a NAT, the trainer's host) lock
+        # out every valid token there. Passwords are what get guessed (accounts.pages).
         found = token_user(raw)
         if found is None:
-            auth_failure_record(address=address)
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
         return found
 

@@ -4,6 +4,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 
 from config.openapi import ErrorSerializer
 
@@ -135,14 +136,23 @@ class ApiTokenListCreateView(ListAPIView):
     queryset = ApiToken.objects.none()
     serializer_class = ApiTokenSerializer
     filterset_class = ApiTokenFilter
+    # REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]["token-create"]: TANDEM_TOKEN_CREATE_RATE.
+    throttle_scope = "token-create"
     ordering_fields = {"name": "name", "created_at": "created_at", "last_used_at": "last_used_at"}
     ordering = ["-created_at", "-id"]
 
     def get_queryset(self):
         return api_token_list(user=self.request.user)
 
+    def get_throttles(self):
+        # Minting tokens is throttled per user (a stolen session cannot mint them by the
+        # thousand); listing them is not.
+        return [ScopedRateThrottle()] if self.request.method == "POST" else []
+
     @extend_schema(
-        request=ApiTokenCreateSerializer, responses={201: ApiTokenCreatedSerializer, **CONFLICT}
+        request=ApiTokenCreateSerializer,
+        responses={201: ApiTokenCreatedSerializer, **CONFLICT, 429: OpenApiResponse(
+            ErrorSerializer, description="Too many tokens minted lately (TANDEM_TOKEN_CREATE_RATE).")},
     )
     def post(self, request):
         serializer = ApiTokenCreateSerializer(data=request.data)

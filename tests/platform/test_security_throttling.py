@@ -1,8 +1,8 @@
-"""Finding 10 of the security audit (brute force): failed logins and unknown tokens are counted and capped.
+"""Finding 10 of the security audit (brute force): failed logins are capped, and so is minting tokens.
 
-Counters live in the shared cache (Redis), per user name and per client address,
-for TANDEM_AUTH_FAILURE_WINDOW_S; past TANDEM_AUTH_FAILURES_ALLOWED the login page
-and token requests answer 429.
+Failed logins are counted in the shared cache (Redis), per user name and per client
+address, for TANDEM_AUTH_FAILURE_WINDOW_S; past TANDEM_AUTH_FAILURES_ALLOWED the
+login page answers 429. Minting API tokens is throttled per user (TANDEM_TOKEN_CREATE_RATE).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
+from rest_framework.throttling import ScopedRateThrottle
 
 from accounts.services import user_create_with_token
 
@@ -59,14 +60,30 @@ def test_an_address_that_failed_too_often_is_refused_for_every_user_name(db):
     assert _login(client, carol, "carols-password", f"10.{RUN}.2.2").status_code == 302
 
 
-def test_an_address_guessing_tokens_gets_429_even_for_a_valid_one(db):
-    _, token = user_create_with_token(username=_name("dave"), password=None)
+def test_minting_api_tokens_is_throttled_per_user_and_listing_them_is_not(db, monkeypatch):
+    monkeypatch.setitem(ScopedRateThrottle.THROTTLE_RATES, "token-create", "3/hour")
+    _, token = user_create_with_token(username=_name("erin"), password=None)
     api = APIClient()
-    guesser, other = f"10.{RUN}.3.1", f"10.{RUN}.3.2"
-    for guess in range(3):
-        response = api.get("/api/runs/", HTTP_AUTHORIZATION=f"Token wrong-{guess}", REMOTE_ADDR=guesser)
-        assert response.status_code == 401
-    refused = api.get("/api/runs/", HTTP_AUTHORIZATION=f"Token {token}", REMOTE_ADDR=guesser)
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    for index in range(3):
+        assert api.post("/api/tokens/", {"name": f"t{index}"}, format="json").status_code == 201
+    refused = api.post("/api/tokens/", {"name": "one-too-many"}, format="json")
     assert refused.status_code == 429
-    allowed = api.get("/api/runs/", HTTP_AUTHORIZATION=f"Token {token}", REMOTE_ADDR=other)
-    assert allowed.status_code == 200
+    assert api.get("/api/tokens/").status_code == 200
+
+    # Another user mints as usual: the count is per user.
+    _, other = user_create_with_token(username=_name("frank"), password=None)
+    api.credentials(HTTP_AUTHORIZATION=f"Token {other}")
+    assert api.post("/api/tokens/", {"name": "t"}, format="json").status_code == 201
+
+
+def test_unknown_tokens_never_lock_out_a_valid_one_from_the_same_address(db):
+    # Tokens hold 256 random bits: guessing is hopeless, and a lock-out per address would let
+    # anyone behind the trainer's address lock the trainer out.
+    _, token = user_create_with_token(username=_name("grace"), password=None)
+    api = APIClient()
+    for guess in range(5):
+        assert api.get("/api/runs/", HTTP_AUTHORIZATION=f"Token wrong-{guess}",
+                       REMOTE_ADDR=f"10.{RUN}.3.1").status_code == 401
+    assert api.get("/api/runs/", HTTP_AUTHORIZATION=f"Token {token}",
+                   REMOTE_ADDR=f"10.{RUN}.3.1").status_code == 200

@@ -3,6 +3,8 @@
 Also the API's OpenAPI schema (drf-spectacular).
 """
 
+from .env_vars import env_str
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # First, so unauthenticated API calls get 401 with a WWW-Authenticate header, not 403.
@@ -17,6 +19,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     # Every error, ours or DRF's, leaves the API in one shape: {"error": {code, message, fields}}.
     "EXCEPTION_HANDLER": "config.exception_handler.api_exception_handler",
+    # Only views that ask for a scope are throttled (accounts.views: minting API tokens).
+    "DEFAULT_THROTTLE_RATES": {"token-create": env_str("TANDEM_TOKEN_CREATE_RATE", "30/hour")},
     "DEFAULT_PAGINATION_CLASS": "config.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     # Every list endpoint: its FilterSet's filters, then ?ordering= over the fields the view names.
