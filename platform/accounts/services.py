@@ -15,6 +15,7 @@ from domain_errors import Conflict, InvalidInput
 
 from .models import ApiToken, Membership, Project
 from .permissions import project_require_owner
+from .realtime import user_access_changed_on_commit
 from .selectors import TRAINER_GROUP, auth_failure_key
 from .tokens import token_digest, token_generate, token_prefix
 
@@ -100,6 +101,7 @@ def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> Non
     project_require_owner(user=actor, project=membership.project)
     _require_another_owner(membership)
     membership.delete()
+    user_access_changed_on_commit(membership.user_id)  # open sockets on its runs close
 
 
 def _require_role(role: str) -> None:

@@ -1,10 +1,20 @@
 """Live updates of one run over a WebSocket."""
 
+import time
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from accounts.realtime import user_group_name
+
 from .realtime import run_group_name
-from .selectors import run_is_visible
+from .selectors import run_is_visible, run_is_visible_to_user_id
+
+# While messages flow, access is re-checked at most this often (a deactivated user, say);
+# removal from the project closes the socket at once (accounts.realtime).
+ACCESS_RECHECK_S = 5.0
+# The close code of a socket whose user may not see the run (now or any more).
+FORBIDDEN_CLOSE_CODE = 4403
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -15,6 +25,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     """
 
     group_name: str | None = None
+    user_group: str | None = None
+    denied = False
 
     async def connect(self):
         run_id = self.scope["url_route"]["kwargs"]["run_id"]
@@ -22,21 +34,45 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not await database_sync_to_async(run_is_visible)(
             user=user, run_id=run_id
         ):
-            await self.close(code=4403)  # before accept: the handshake is refused
+            await self.close(code=FORBIDDEN_CLOSE_CODE)  # before accept: the handshake is refused
             return
+        self.run_id, self.user_id = run_id, user.pk
+        self.checked_at = time.monotonic()
         self.group_name = run_group_name(run_id)
+        self.user_group = user_group_name(user.pk)
         await self.channel_layer.group_add(self.group_name, self.channel_name)
+        await self.channel_layer.group_add(self.user_group, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code):
-        if self.group_name is not None:
-            await self.channel_layer.group_discard(self.group_name, self.channel_name)
+        for group in (self.group_name, self.user_group):
+            if group is not None:
+                await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def _allowed(self, *, now: bool = False) -> bool:
+        """Whether the user may still see the run; checked ``now`` or once per ACCESS_RECHECK_S."""
+        if self.denied:
+            return False
+        if not now and time.monotonic() - self.checked_at < ACCESS_RECHECK_S:
+            return True
+        self.checked_at = time.monotonic()
+        if await database_sync_to_async(run_is_visible_to_user_id)(user_id=self.user_id, run_id=self.run_id):
+            return True
+        self.denied = True
+        await self.disconnect(FORBIDDEN_CLOSE_CODE)  # leave the groups: nothing more is sent
+        await self.close(code=FORBIDDEN_CLOSE_CODE)
+        return False
+
+    async def access_changed(self, event):
+        await self._allowed(now=True)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         pass  # the socket only speaks one way; whatever a client sends is ignored
 
     async def metrics(self, event):
-        await self.send_json(event)
+        if await self._allowed():
+            await self.send_json(event)
 
     async def status(self, event):
-        await self.send_json(event)
+        if await self._allowed():
+            await self.send_json(event)

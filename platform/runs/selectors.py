@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
@@ -32,6 +33,12 @@ def run_get_for_user(*, user: AbstractBaseUser, run_id: int) -> Run:
 
 def run_is_visible(*, user: AbstractBaseUser, run_id: int) -> bool:
     return user.is_authenticated and run_list(user=user).filter(pk=run_id).exists()
+
+
+def run_is_visible_to_user_id(*, user_id: int, run_id: int) -> bool:
+    """:func:`run_is_visible` for the user as it is now: deactivated, it sees nothing."""
+    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+    return user is not None and run_is_visible(user=user, run_id=run_id)
 
 
 def run_get(*, run_id: int) -> Run:

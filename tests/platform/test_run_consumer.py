@@ -119,3 +119,25 @@ def test_a_browser_session_from_another_site_is_refused(running_run, user):
     headers = _headers(session=_session_of(user), origin="https://evil.example")
 
     assert not _connects(running_run, headers)
+
+
+def test_a_member_removed_from_the_project_has_their_socket_closed(running_run, user, api, make_user,
+                                                                   client_for, project):
+    # Finding 10 of the security audit: before, the socket of a removed member kept streaming.
+    member = make_user("bea")
+    assert api.post(f"/api/projects/{project.pk}/members/", {"username": "bea", "role": "viewer"},
+                    format="json").status_code == 201
+
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application, f"/ws/runs/{running_run.pk}/", headers=_headers(token=member.raw_token)
+        )
+        assert (await communicator.connect(timeout=5))[0]
+        removed = await sync_to_async(api.delete)(f"/api/projects/{project.pk}/members/bea/")
+        assert removed.status_code == 204
+        closed = await communicator.receive_output(timeout=5)
+        await communicator.wait(timeout=1)
+        return closed
+
+    closed = async_to_sync(scenario)()
+    assert closed == {"type": "websocket.close", "code": 4403}
