@@ -313,7 +313,8 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
     returned, so the trainer reads the status and stops: cancel wins.
     """
     run = Run.objects.select_for_update().select_related("project").get(pk=run.pk)
-    if heartbeat.worker and run.claimed_by and heartbeat.worker != run.claimed_by:
+    # Every heartbeat names its trainer: an unnamed one cannot pass for the holder.
+    if run.claimed_by and heartbeat.worker != run.claimed_by:
         # The run was presumed dead and resumed by another trainer: this one must stop.
         raise Conflict(f"Run {run.pk} is held by trainer {run.claimed_by}, not {heartbeat.worker}.",
                        code=TrainerConflictCode.RUN_HELD_BY_ANOTHER_TRAINER)

@@ -97,7 +97,7 @@ def test_users_who_are_not_staff_may_not_use_the_trainer_endpoints(api, running_
 def test_a_heartbeat_records_progress(trainer_api, running_run):
     response = trainer_api.post(
         _heartbeat(running_run.pk),
-        {"status": "running", "policy_version": 3, "trainer_step": 12, "message": ""},
+        {"status": "running", "policy_version": 3, "trainer_step": 12, "message": "", "worker": "trainer-host:1"},
         format="json",
     )
 
@@ -110,7 +110,7 @@ def test_a_heartbeat_records_progress(trainer_api, running_run):
 def test_a_finishing_heartbeat_finishes_the_run_with_its_message(trainer_api, running_run):
     response = trainer_api.post(
         _heartbeat(running_run.pk),
-        {"status": "failed", "trainer_step": 5, "message": "loss diverged"},
+        {"status": "failed", "trainer_step": 5, "message": "loss diverged", "worker": "trainer-host:1"},
         format="json",
     )
 
@@ -124,9 +124,11 @@ def test_a_heartbeat_on_a_cancelled_run_reports_cancelled(trainer_api, api, runn
     api.post(f"/api/runs/{running_run.pk}/cancel/")
 
     response = trainer_api.post(
-        _heartbeat(running_run.pk), {"status": "running", "trainer_step": 9}, format="json"
+        _heartbeat(running_run.pk), {"status": "running", "trainer_step": 9, "worker": "trainer-host:1"},
+        format="json",
     )
-    finishing = trainer_api.post(_heartbeat(running_run.pk), {"status": "finished"}, format="json")
+    finishing = trainer_api.post(_heartbeat(running_run.pk), {"status": "finished", "worker": "trainer-host:1"},
+                                 format="json")
 
     assert (response.status_code, response.json()) == (200, {"schema_version": 1, "status": "cancelled"})
     assert (finishing.status_code, finishing.json()) == (200, {"schema_version": 1, "status": "cancelled"})
@@ -238,3 +240,13 @@ def test_telemetry_after_a_cancel_is_kept_but_does_not_move_the_run(trainer_api,
     assert response.status_code == 202
     running_run.refresh_from_db()
     assert running_run.status == "cancelled" and running_run.trainer_step == 0
+
+
+def test_a_heartbeat_that_does_not_name_the_holder_is_a_conflict(trainer_api, running_run):
+    # Finding 6 of the security audit: an empty worker used to skip the holder check.
+    for body in ({"status": "running", "trainer_step": 50}, {"status": "running", "worker": "stale-host:9"}):
+        response = trainer_api.post(_heartbeat(running_run.pk), body, format="json")
+        assert response.status_code == 409
+        assert response.json()["error"]["code"] == "run_held_by_another_trainer"
+    running_run.refresh_from_db()
+    assert running_run.trainer_step == 0
