@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,18 @@ def redis_client(redis_url):
 def run_id() -> int:
     """A run id no other test (or an earlier test session) uses, so keys never collide."""
     return random.randint(10**8, 10**9)
+
+
+#: A module outside the test allow-list that writes a marker file when imported (tests/untrusted_environment.py).
+UNTRUSTED_MODULE = "tests.untrusted_environment"
+
+
+@pytest.fixture
+def import_marker(tmp_path, monkeypatch):
+    """Where the untrusted module would leave its mark; the test fails if it was imported."""
+    marker = tmp_path / "imported"
+    monkeypatch.setenv("TANDEM_TEST_IMPORT_MARKER", str(marker))
+    sys.modules.pop(UNTRUSTED_MODULE, None)
+    yield marker
+    assert not marker.exists(), "the refused module was imported"
+    assert UNTRUSTED_MODULE not in sys.modules

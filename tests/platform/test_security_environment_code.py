@@ -9,28 +9,15 @@ setting that would allow it, nothing is stored, and nothing is imported.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from environment_registry.models import Environment
-
-UNTRUSTED_MODULE = "tests.untrusted_environment"
+from tests.conftest import UNTRUSTED_MODULE
 
 
 def _register(api, project, **fields):
     payload = {"project": project.pk, "name": "evil", "kind": "python", "settings": {}} | fields
     return api.post("/api/environments/", payload, format="json")
-
-
-@pytest.fixture
-def import_marker(tmp_path, monkeypatch):
-    marker = tmp_path / "imported"
-    monkeypatch.setenv("TANDEM_TEST_IMPORT_MARKER", str(marker))
-    sys.modules.pop(UNTRUSTED_MODULE, None)
-    yield marker
-    assert not marker.exists(), "the refused module was imported"
-    assert UNTRUSTED_MODULE not in sys.modules
 
 
 @pytest.mark.parametrize("entrypoint", [

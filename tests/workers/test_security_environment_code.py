@@ -7,8 +7,6 @@ Probes, producers and the trainer all load environments through
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from environments import EnvironmentLoadError, load_environment_class
@@ -19,20 +17,10 @@ from tandem.environment_modules import (
     allowed_environment_modules,
     check_environment_target,
 )
+from tests.conftest import UNTRUSTED_MODULE
 from workers.probe import run_probe
 
-UNTRUSTED_MODULE = "tests.untrusted_environment"
 FAST = ProbeTimeouts(url=5, load=10, reset=1.5, tools=1.5, step=1.5, close=1.5)
-
-
-@pytest.fixture
-def import_marker(tmp_path, monkeypatch):
-    marker = tmp_path / "imported"
-    monkeypatch.setenv("TANDEM_TEST_IMPORT_MARKER", str(marker))
-    sys.modules.pop(UNTRUSTED_MODULE, None)
-    yield marker
-    assert not marker.exists(), "the refused module was imported"
-    assert UNTRUSTED_MODULE not in sys.modules
 
 
 REFUSED = ["os:system", "subprocess:run", "subprocess:Popen", "builtins:eval",
