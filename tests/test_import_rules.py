@@ -46,6 +46,9 @@ def test_the_platform_loads_every_module_without_jax_or_the_processes():
     code = (
         "import os, importlib, django\n"
         "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings.test')\n"
+        # The production settings refuse to load without their secrets (tests/platform/test_deploy_config.py).
+        "os.environ.setdefault('DJANGO_SECRET_KEY', 'x' * 48)\n"
+        "os.environ.setdefault('ALLOWED_HOSTS', 'tandem.example.com')\n"
         "django.setup()\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"
     )

@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.test import Client
 from rest_framework.test import APIClient
 from rest_framework.throttling import ScopedRateThrottle
@@ -62,7 +63,10 @@ def test_an_address_that_failed_too_often_is_refused_for_every_user_name(db):
 
 def test_minting_api_tokens_is_throttled_per_user_and_listing_them_is_not(db, monkeypatch):
     monkeypatch.setitem(ScopedRateThrottle.THROTTLE_RATES, "token-create", "3/hour")
-    _, token = user_create_with_token(username=_name("erin"), password=None)
+    erin, token = user_create_with_token(username=_name("erin"), password=None)
+    frank, other = user_create_with_token(username=_name("frank"), password=None)
+    for user in (erin, frank):  # user ids repeat across test databases; their counts must not
+        cache.delete(ScopedRateThrottle.cache_format % {"scope": "token-create", "ident": user.pk})
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     for index in range(3):
@@ -72,7 +76,6 @@ def test_minting_api_tokens_is_throttled_per_user_and_listing_them_is_not(db, mo
     assert api.get("/api/tokens/").status_code == 200
 
     # Another user mints as usual: the count is per user.
-    _, other = user_create_with_token(username=_name("frank"), password=None)
     api.credentials(HTTP_AUTHORIZATION=f"Token {other}")
     assert api.post("/api/tokens/", {"name": "t"}, format="json").status_code == 201
 

@@ -12,6 +12,8 @@ os.environ.setdefault("TANDEM_ENVIRONMENT_MODULES", "tests.workers,tests.e2e")
 # Every test client comes from 127.0.0.1: the suite's deliberate bad tokens and passwords must
 # not add up to a lock-out of later tests (tests/platform/test_security_throttling.py sets its own).
 os.environ.setdefault("TANDEM_AUTH_FAILURES_ALLOWED", "1000000")
+# Throttle counts live in Redis and key on user ids, which repeat across test databases.
+os.environ.setdefault("TANDEM_TOKEN_CREATE_RATE", "1000000/hour")
 # Tests queue many runs in one project; tests/platform/test_security_quotas.py sets its own caps.
 os.environ.setdefault("TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT", "1000")
 
