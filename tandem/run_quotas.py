@@ -124,12 +124,20 @@ def parameter_count(arch: Architecture) -> int:
     return embedding + arch.num_layers * block + arch.d_model + head
 
 
+def slot_count(*, configured: int | None, groups_per_task: int, group_size: int,
+               task_concurrency: int) -> int:
+    """KV-cache rows of a worker's engine: the run's ``sampling.inference_slots``, else every
+    episode the worker's task threads run at once, at most DEFAULT_SLOTS_CAP (a default, not a
+    limit). The one rule for workers (workers/policy.py) and for the KV-cache cap here."""
+    return configured or min(groups_per_task * group_size * task_concurrency, DEFAULT_SLOTS_CAP)
+
+
 def inference_slots(config: dict[str, Any], worker_concurrency: int) -> int:
-    """KV-cache rows of a worker's engine for the run (workers/policy.py's rule)."""
+    """KV-cache rows of a worker's engine for the run, from its config as JSON."""
     rollout = config["rollout"]
-    configured = config["sampling"].get("inference_slots")
-    return configured or min(rollout["groups_per_task"] * rollout["group_size"] * worker_concurrency,
-                             DEFAULT_SLOTS_CAP)
+    return slot_count(configured=config["sampling"].get("inference_slots"),
+                      groups_per_task=rollout["groups_per_task"], group_size=rollout["group_size"],
+                      task_concurrency=worker_concurrency)
 
 
 def kv_cache_bytes(config: dict[str, Any], arch: Architecture, worker_concurrency: int) -> int:

@@ -36,7 +36,7 @@ from policy import (
 )
 from tandem.model_paths import check_model_config_paths
 from tandem.run_config import RunConfig
-from tandem.run_quotas import DEFAULT_SLOTS_CAP
+from tandem.run_quotas import slot_count
 from workers.settings import task_concurrency
 
 logger = logging.getLogger(__name__)
@@ -45,10 +45,6 @@ logger = logging.getLogger(__name__)
 class PolicyNotPublishedError(RuntimeError):
     """The trainer has not published any weights for this run yet."""
 
-
-# A default, not a limit: runs that want more rows say so in sampling.inference_slots (the
-# platform's KV-cache cap counts slots the same way: tandem.run_quotas).
-_DEFAULT_SLOTS_CAP = DEFAULT_SLOTS_CAP
 
 
 def inference_slots(config: RunConfig, task_concurrency: int = 1) -> int:
@@ -59,9 +55,9 @@ def inference_slots(config: RunConfig, task_concurrency: int = 1) -> int:
     cached prefix, so generation runs in small batches exactly when many
     episodes wait on their environments.
     """
-    configured = config.sampling.inference_slots
     rollout = config.rollout
-    return configured or min(rollout.groups_per_task * rollout.group_size * task_concurrency, _DEFAULT_SLOTS_CAP)
+    return slot_count(configured=config.sampling.inference_slots, groups_per_task=rollout.groups_per_task,
+                      group_size=rollout.group_size, task_concurrency=task_concurrency)
 
 
 class PolicyRuntime:
