@@ -232,17 +232,24 @@ def run_producers_stop_on_commit(run_id: int) -> None:
     trainer that died, or a run cancelled before any trainer held it.
     """
 
-    def stop() -> None:
+    _redis_on_commit(lambda client: client.set(run_stop_key(run_id), "1"),
+                     f"could not tell producers to stop run {run_id}")
+
+
+def _redis_on_commit(write, failure: str) -> None:
+    """Once the transaction commits, ``write(client)`` to Redis; a Redis error is logged as ``failure``."""
+
+    def run() -> None:
         try:
             client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
             try:
-                client.set(run_stop_key(run_id), "1")
+                write(client)
             finally:
                 client.close()
         except redis.RedisError:
-            logger.exception("could not tell producers to stop run %s", run_id)
+            logger.exception(failure)
 
-    transaction.on_commit(stop)
+    transaction.on_commit(run)
 
 
 def run_keys_retain_on_commit(run_id: int, status: str) -> None:
@@ -262,23 +269,16 @@ def run_keys_retain_on_commit(run_id: int, status: str) -> None:
     else:
         return
 
-    def retain() -> None:
-        try:
-            client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
-            try:
-                with client.pipeline(transaction=False) as pipe:
-                    for key in run_keys(run_id):
-                        if retention is None:
-                            pipe.persist(key)
-                        else:
-                            pipe.expire(key, retention)
-                    pipe.execute()
-            finally:
-                client.close()
-        except redis.RedisError:
-            logger.exception("could not set the retention of run %s's Redis keys", run_id)
+    def retain(client: redis.Redis) -> None:
+        with client.pipeline(transaction=False) as pipe:
+            for key in run_keys(run_id):
+                if retention is None:
+                    pipe.persist(key)
+                else:
+                    pipe.expire(key, retention)
+            pipe.execute()
 
-    transaction.on_commit(retain)
+    _redis_on_commit(retain, f"could not set the retention of run {run_id}'s Redis keys")
 
 
 @transaction.atomic
