@@ -105,6 +105,13 @@ def _progress_line(client, run_id: int) -> tuple[str, str]:
     return line, run["status"]
 
 
+def _supervise(stack) -> None:
+    """Start the stack's crashed processes again (with backoff), and say so."""
+    for restart in stack.supervise():
+        print(f"\n{restart.name} exited with code {restart.exit_code}: restarted after {restart.delay_s:g}s "
+              f"(restart {restart.count}; see {stack.log_dir / 'supervisor.log'})", flush=True)
+
+
 def cmd_up(args) -> int:
     import httpx
 
@@ -144,7 +151,7 @@ def cmd_up(args) -> int:
         if not args.demo:
             print("Tandem is up. Ctrl-C stops everything.")
             while True:
-                stack.check_alive()
+                _supervise(stack)
                 time.sleep(1)
         client = httpx.Client(base_url=config.platform_url,
                               headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
@@ -160,8 +167,13 @@ def cmd_up(args) -> int:
         print(f"demo run {run_id}: {config.platform_url}/runs/{run_id}/")
         status = RunStatus.QUEUED
         while True:
-            stack.check_alive()
-            line, status = _progress_line(client, run_id)
+            _supervise(stack)
+            try:
+                line, status = _progress_line(client, run_id)
+            except httpx.TransportError:
+                # The web server is restarting (the supervisor brings it back): the run goes on.
+                time.sleep(1)
+                continue
             print("\r" + line.ljust(110), end="", flush=True)
             if status in TERMINAL_RUN_STATUSES:
                 print()
@@ -169,7 +181,7 @@ def cmd_up(args) -> int:
                     return 0 if status == RunStatus.FINISHED else 1
                 print(f"run {status}. The dashboard stays up; Ctrl-C stops everything.")
                 while True:
-                    stack.check_alive()
+                    _supervise(stack)
                     time.sleep(1)
             time.sleep(1)
     except KeyboardInterrupt:

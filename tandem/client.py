@@ -110,6 +110,11 @@ class Environment(_Record):
     def settings(self) -> dict[str, Any]:
         return (self.latest_version or {}).get("settings", {})
 
+    @property
+    def secret_setting_names(self) -> list[str]:
+        """Names of the write-only ``secret_settings`` (pass them to ``register``); never their values."""
+        return (self.latest_version or {}).get("secret_setting_names", [])
+
 
 class Run(_Record):
     id: int

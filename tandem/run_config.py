@@ -91,6 +91,16 @@ class RunConfig(BaseModel):
     weights: WeightsConfig = Field(
         default_factory=WeightsConfig, description="How new policy versions reach the producers."
     )
+    max_restarts: int = Field(
+        3, ge=0, le=100,
+        description="Times the platform queues the run again on its own when its trainer dies (stops sending "
+        "heartbeats); the next trainer resumes it from its last checkpoint. Past them, the run fails.",
+    )
+    stall_timeout_s: float = Field(
+        1800.0, ge=10, le=7 * 86400,
+        description="A running run whose trainer step has not advanced for this long is flagged as stalled "
+        "on its page and in the API (its trainer may be alive but stuck); it keeps running.",
+    )
 
 
 # Where each key of the version-1 (flat) root went in version 2: (section, name).

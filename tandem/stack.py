@@ -57,12 +57,43 @@ class Credentials:
     project_id: int
 
 
+# A crashed process is started again after a delay doubling from the first, up to the cap; one
+# that stayed up this long before it crashed starts from the first delay again.
+RESTART_FIRST_DELAY_S = 1.0
+RESTART_MAX_DELAY_S = 60.0
+RESTART_RESET_AFTER_S = 120.0
+
+
+@dataclass
+class Restart:
+    """A crashed process the supervisor started again."""
+
+    name: str
+    exit_code: int
+    count: int  # this process's restarts so far, this one included
+    delay_s: float  # how long it waited for it
+
+
+@dataclass
+class _Supervised:
+    command: list[str]
+    cwd: Path
+    env: dict[str, str] | None
+    started_at: float
+    restarts: int = 0
+    delay_s: float = 0.0
+    # When a crashed process is due to start again (None while it runs).
+    restart_at: float | None = None
+    exit_code: int = 0
+
+
 class LocalStack:
     def __init__(self, config: StackConfig):
         self.config = config
         self.log_dir = config.var_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, subprocess.Popen] = {}
+        self._supervised: dict[str, _Supervised] = {}
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, **self.config.extra_env}
@@ -110,11 +141,52 @@ class LocalStack:
         )
 
     def _spawn(self, name: str, command: list[str], *, cwd: Path = REPO_ROOT, env: dict | None = None) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
-        self.processes[name] = subprocess.Popen(
-            command, cwd=cwd, env=env or self.env(), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
-        )
+        with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own copy
+            self.processes[name] = subprocess.Popen(
+                command, cwd=cwd, env=env or self.env(), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
+            )
+        previous = self._supervised.get(name)
+        self._supervised[name] = _Supervised(command=command, cwd=cwd, env=env, started_at=time.monotonic(),
+                                             restarts=previous.restarts if previous else 0,
+                                             delay_s=previous.delay_s if previous else 0.0)
+
+    def supervise(self) -> list[Restart]:
+        """Start crashed processes again, with backoff; returns the restarts made now.
+
+        ``tandem up`` calls it every second: a trainer killed with SIGKILL, or a web
+        server that crashed, comes back on its own, and each restart is logged to
+        ``logs/supervisor.log``, while the rest of the stack keeps running. (The
+        tests call :meth:`check_alive` instead: there a crash is a failure.)
+        """
+        now = time.monotonic()
+        restarted = []
+        for name, process in list(self.processes.items()):
+            state = self._supervised[name]
+            if state.restart_at is None:
+                if process.poll() is None:
+                    continue
+                # Crashed: due again after the backoff, reset by a long enough life.
+                lived_s = now - state.started_at
+                state.delay_s = (RESTART_FIRST_DELAY_S if lived_s >= RESTART_RESET_AFTER_S or not state.delay_s
+                                 else min(state.delay_s * 2, RESTART_MAX_DELAY_S))
+                state.restart_at = now + state.delay_s
+                state.exit_code = process.returncode
+                self._log_supervision(f"{name} exited with code {process.returncode} after {lived_s:.0f}s; "
+                                      f"restarting in {state.delay_s:g}s")
+            if now < state.restart_at:
+                continue
+            self._spawn(name, state.command, cwd=state.cwd, env=state.env)
+            fresh = self._supervised[name]
+            fresh.restarts += 1
+            restart = Restart(name=name, exit_code=state.exit_code, count=fresh.restarts, delay_s=state.delay_s)
+            self._log_supervision(f"restarted {name} (restart {restart.count}, pid {self.processes[name].pid})")
+            restarted.append(restart)
+        return restarted
+
+    def _log_supervision(self, line: str) -> None:
+        with open(self.log_dir / "supervisor.log", "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
 
     def start_web(self, *, ready_timeout_s: float = 60.0) -> None:
         self._spawn("web", [

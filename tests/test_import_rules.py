@@ -7,6 +7,7 @@ the subprocess checks below prove that it stays lazy, by importing modules as th
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -64,3 +65,25 @@ def test_checkpoint_export_loads_no_run_loop_celery_or_redis():
     unwanted = {name for name in loaded if name.split(".")[0] in ("celery", "redis", "workers")}
     assert "trainer.run_loop" not in loaded
     assert not unwanted, sorted(unwanted)[:20]
+
+
+def test_no_trainer_module_loads_environment_code():
+    """Demonstrations come from the producers (trainer/demonstrations.py): the trainer has no way to
+    import a run's environment. import-linter cannot say it: the trainer does use the
+    ``environments`` package (``Tool``), whose face imports its loader, so it is checked by name."""
+    loaders = {"load_environment_class", "EnvironmentLoadError", "import_module", "__import__"}
+    for path in sorted((REPO_ROOT / "trainer").glob("**/*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                imported = {alias.name for alias in node.names}
+                assert not imported & loaders, f"{path.name} imports {sorted(imported & loaders)}"
+                assert not (node.module or "").startswith(("environments.", "importlib")), path.name
+            elif isinstance(node, ast.Import):
+                assert not any(alias.name.startswith(("environments.", "importlib")) for alias in node.names), path.name
+            elif isinstance(node, ast.Attribute | ast.Name):
+                name = node.attr if isinstance(node, ast.Attribute) else node.id
+                assert name not in loaders, f"{path.name} uses {name}"
+    # Nor does the process load any environment's module when it starts.
+    loaded = _loaded_after("import trainer.main")
+    assert not {name for name in loaded if name.startswith(("environments.builtin", "tests."))}

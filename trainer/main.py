@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -10,12 +9,12 @@ import threading
 import time
 from pathlib import Path
 
-import redis
 from celery import Celery
 
 from policy import enable_compilation_cache
 from tandem.contracts import RunStatus, TrainerHeartbeat
 from tandem.process_reports import start_process_reporter, stop_process_reporter
+from tandem.redis_clients import durable_redis
 from trainer.platform_client import PlatformClient, RunTakenOverError, UnusableClaimError
 from trainer.run_loop import RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed
@@ -30,8 +29,10 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     initialize_distributed()
     enable_compilation_cache()
     consumer = f"{socket.gethostname()}:{os.getpid()}"
-    platform = PlatformClient(platform_url, token)
-    redis_client = redis.Redis.from_url(redis_url)
+    # Retries for as long as it takes: at first boot the platform may still be migrating.
+    platform = PlatformClient(platform_url, token, trainer_name=consumer)
+    # Rides out a Redis restart: commands reconnect and run again (tandem/redis_clients.py).
+    redis_client = durable_redis(redis_url)
     # A bare client: the trainer sends rollout tasks by name and never imports worker code.
     celery_app = Celery("tandem_trainer", broker=redis_url)
     celery_app.conf.update(task_serializer="json", accept_content=["json"])
@@ -96,7 +97,7 @@ class LivenessBeat(threading.Thread):
 
     def __init__(self, *, platform_url: str, token: str, run_id: int, worker: str, interval_s: float):
         super().__init__(name=f"liveness-run-{run_id}", daemon=True)
-        self._client = PlatformClient(platform_url, token, retries=0)
+        self._client = PlatformClient(platform_url, token, trainer_name=worker, retries=0)
         self._run_id = run_id
         self._worker = worker
         self._interval_s = interval_s
@@ -119,7 +120,17 @@ class LivenessBeat(threading.Thread):
         self.join(timeout=self._interval_s + 10)
 
 
+# A failure report is retried this often before the trainer gives up on it and goes on: the
+# reaper then fails the run when its heartbeats stop.
+FAILURE_REPORT_RETRIES = 8
+
+
 def _report_failure(platform: PlatformClient, run_id: int, worker: str, message: str) -> None:
-    # If another trainer holds the run now, its failure is not ours to report.
-    with contextlib.suppress(RunTakenOverError):
-        platform.heartbeat(run_id, TrainerHeartbeat(status=RunStatus.FAILED, message=message, worker=worker))
+    """Tell the platform the run failed; never raises, so that the trainer goes on to the next run."""
+    try:
+        platform.heartbeat(run_id, TrainerHeartbeat(status=RunStatus.FAILED, message=message, worker=worker),
+                           retries=FAILURE_REPORT_RETRIES)
+    except RunTakenOverError:
+        pass  # another trainer holds the run now, or none does: its failure is not ours to report
+    except Exception:
+        logger.exception("run %s: reporting its failure (%s) failed", run_id, message)

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from pydantic import ValidationError
 
 from tandem.contracts import (
+    TRAINER_HEADER,
     CheckpointReport,
     EnvironmentSpec,
+    EpisodeSpan,
     RunStatus,
+    StepEpisodes,
     TelemetryReply,
     TrainerConflictCode,
     TrainerHeartbeat,
@@ -31,7 +37,7 @@ class PlatformUnavailableError(RuntimeError):
 
 
 class RunTakenOverError(RuntimeError):
-    """The platform gave this trainer's run to another trainer (it presumed this one dead)."""
+    """The run is no longer this trainer's: the platform presumed it dead, and another trainer holds it or none does."""
 
 
 class UnusableClaimError(Exception):
@@ -57,44 +63,79 @@ class ClaimedRun:
         return self.attempt > 1
 
 
+# Backoff between retries: doubling from the first, up to the cap, each with up to 20% jitter so
+# that the trainers of a restarted platform do not all come back in the same instant.
+RETRY_FIRST_DELAY_S = 0.5
+RETRY_MAX_DELAY_S = 30.0
+# Answers worth asking again: the platform restarting, overloaded, or behind a proxy that lost it.
+RETRIED_STATUS_CODES = frozenset({429, 500, 502, 503, 504})
+
+
+def retry_delays(first_s: float = RETRY_FIRST_DELAY_S, cap_s: float = RETRY_MAX_DELAY_S):
+    """The backoff's delays, without end."""
+    delay = first_s
+    while True:
+        yield delay * random.uniform(0.8, 1.0)
+        delay = min(delay * 2, cap_s)
+
+
 class PlatformClient:
-    def __init__(self, base_url: str, token: str, *, timeout_s: float = 10.0, retries: int = 5):
+    """The trainer's HTTP client of the platform; every request names the trainer (``TRAINER_HEADER``).
+
+    ``retries``: how often a request that met a connection error or a retried status is sent
+    again, with backoff; None (the default) retries for as long as it takes, so that a platform
+    that restarts, or that is still migrating when the trainer boots, never stops training.
+    """
+
+    def __init__(self, base_url: str, token: str, *, trainer_name: str, timeout_s: float = 10.0,
+                 retries: int | None = None):
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Token {token}"},
+            headers={"Authorization": f"Token {token}", TRAINER_HEADER: trainer_name},
             timeout=timeout_s,
         )
+        self.trainer_name = trainer_name
         self._retries = retries
 
     def close(self) -> None:
         self._http.close()
 
-    def _post(self, path: str, payload: dict, *, files: dict | None = None) -> httpx.Response:
-        """POST with retries on connection trouble, so a platform restart does not kill training.
+    def _post(self, path: str, payload: dict, *, files: dict | None = None,
+              retries: int | None | Literal["default"] = "default") -> httpx.Response:
+        """POST, retried with backoff on connection trouble and on the statuses worth retrying.
 
         With ``files``, a multipart form: ``payload`` its fields, ``files`` name -> (filename, bytes).
+        ``retries`` overrides the client's for this call. Out of retries, connection trouble raises
+        :class:`PlatformUnavailableError` and an error status ``httpx.HTTPStatusError``.
         """
-        delay = 0.5
-        for attempt in range(self._retries + 1):
+        retries = self._retries if retries == "default" else retries
+        delays = retry_delays()
+        attempt = 0
+        while True:
             try:
                 if files is None:
                     response = self._http.post(path, json=payload)
                 else:
                     response = self._http.post(path, data=payload, files=files)
             except httpx.TransportError as exc:
-                if attempt == self._retries:
-                    raise PlatformUnavailableError(f"POST {path}: {exc}") from exc
-                logger.warning("platform unreachable (%s); retrying in %.1fs", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
-                continue
-            if response.status_code >= 500 and attempt < self._retries:
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
-                continue
-            response.raise_for_status()
-            return response
-        raise AssertionError("unreachable")
+                trouble: str = f"{type(exc).__name__}: {exc}"
+                response = None
+            else:
+                if response.status_code not in RETRIED_STATUS_CODES:
+                    _raise_for_status(response)
+                    return response
+                trouble = f"HTTP {response.status_code}"
+            if retries is not None and attempt >= retries:
+                if response is None:
+                    raise PlatformUnavailableError(f"POST {path}: {trouble}")
+                response.raise_for_status()
+            delay = next(delays)
+            # The first failure and then about one line a minute: a long outage must not flood the log.
+            if attempt == 0 or attempt % 10 == 0:
+                logger.warning("platform: POST %s failed (%s); retry %d in %.1fs", path, trouble, attempt + 1,
+                               delay)
+            attempt += 1
+            time.sleep(delay)
 
     def claim(self, worker: str) -> ClaimedRun | None:
         response = self._post("/api/trainer/claim/", {"worker": worker})
@@ -116,24 +157,28 @@ class PlatformClient:
             attempt=int(run.get("attempts", 1)),
         )
 
-    def heartbeat(self, run_id: int, heartbeat: TrainerHeartbeat) -> RunStatus:
+    def heartbeat(self, run_id: int, heartbeat: TrainerHeartbeat, *,
+                  retries: int | None | Literal["default"] = "default") -> RunStatus:
         """Report progress; returns the run's status as the platform sees it (its TrainerHeartbeatReply's)."""
-        try:
-            response = self._post(f"/api/trainer/runs/{run_id}/heartbeat/", heartbeat.model_dump(mode="json"))
-        except httpx.HTTPStatusError as exc:
-            error = _error_of(exc.response)
-            if error.get("code") == TrainerConflictCode.RUN_HELD_BY_ANOTHER_TRAINER:
-                raise RunTakenOverError(error.get("message", "")) from exc
-            raise
+        response = self._post(f"/api/trainer/runs/{run_id}/heartbeat/", heartbeat.model_dump(mode="json"),
+                              retries=retries)
         return TrainerHeartbeatReply.model_validate(response.json()).status
 
-    def post_events(self, run_id: int, events: list[TrainerStepEvent]) -> TelemetryReply:
-        """Post step events (none: only ask for the pending trace requests)."""
-        response = self._post(
-            f"/api/trainer/runs/{run_id}/telemetry/",
-            {"events": [event.model_dump(mode="json") for event in events]},
-        )
-        return TelemetryReply.model_validate(response.json())
+    def post_events(self, run_id: int, events: list[TrainerStepEvent], *,
+                    retries: int | None | Literal["default"] = "default") -> TelemetryReply:
+        """Post step events (none: only ask for the pending trace requests), in as many posts as they need.
+
+        Posts stay under ``MAX_TELEMETRY_POST_BYTES`` and ``MAX_EVENTS_PER_POST``: the platform
+        refuses larger bodies. A step whose episode spans alone are larger goes with the first
+        of them, the rest following in :class:`StepEpisodes` chunks. Returns the last reply (the
+        newest trace requests). A post of the same events again stores nothing twice.
+        """
+        replies = [
+            TelemetryReply.model_validate(
+                self._post(f"/api/trainer/runs/{run_id}/telemetry/", body, retries=retries).json())
+            for body in telemetry_posts(events)
+        ]
+        return replies[-1]
 
     def upload_trace(self, run_id: int, trace_id: int, *, first_step: int, last_step: int,
                      archive: Path | None, error: str = "") -> None:
@@ -151,13 +196,103 @@ class PlatformClient:
                 json={"samples": [sample.model_dump(mode="json") for sample in samples]},
                 timeout=timeout_s,
             )
-            response.raise_for_status()
+            _raise_for_status(response)
 
     def report_checkpoints(self, run_id: int, report: CheckpointReport, *, timeout_s: float = 5.0) -> None:
         """Post the run's committed checkpoints once, without retrying: the next commit posts them again."""
         response = self._http.post(f"/api/trainer/runs/{run_id}/checkpoints/",
                                    json=report.model_dump(mode="json"), timeout=timeout_s)
-        response.raise_for_status()
+        _raise_for_status(response)
+
+
+# The platform takes request bodies up to DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MiB by default) and
+# 1000 events a post (platform/telemetry/views.py); the margin leaves room for the JSON around them.
+MAX_TELEMETRY_POST_BYTES = 2 * 2**20
+MAX_EVENTS_PER_POST = 1000
+
+
+def telemetry_posts(events: list[TrainerStepEvent], *, max_bytes: int = MAX_TELEMETRY_POST_BYTES,
+                    max_events: int = MAX_EVENTS_PER_POST) -> list[dict]:
+    """The telemetry bodies that carry ``events``, each at most ``max_bytes`` of JSON; one empty body if none.
+
+    Events go in order. An event too large for a post of its own is cut: it carries the
+    episodes that fit, with ``episodes_total`` set, and its other episodes follow in
+    ``episode_chunks`` (:class:`StepEpisodes`), in the posts after it.
+    """
+    bodies: list[dict] = []
+    events_json: list[str] = []
+    chunks_json: list[str] = []
+    size = 0
+
+    def close() -> None:
+        nonlocal size
+        if events_json or chunks_json:
+            bodies.append({"events": [json.loads(text) for text in events_json],
+                           "episode_chunks": [json.loads(text) for text in chunks_json]})
+        events_json.clear()
+        chunks_json.clear()
+        size = 0
+
+    def add(text: str, into: list[str]) -> None:
+        nonlocal size
+        if size + len(text) + 64 > max_bytes or len(events_json) + len(chunks_json) >= max_events:
+            close()
+        into.append(text)
+        size += len(text) + 1
+
+    for event in events:
+        text = event.model_dump_json()
+        if len(text) + 64 <= max_bytes:
+            add(text, events_json)
+            continue
+        episodes = event.episodes
+        head = _with_episodes_that_fit(event.model_copy(update={"episodes": []}), episodes, max_bytes)
+        add(head.model_dump_json(), events_json)
+        offset = len(head.episodes)
+        while offset < len(episodes):
+            chunk, offset = _episode_chunk(event, episodes, offset, max_bytes)
+            add(chunk.model_dump_json(), chunks_json)
+    close()
+    return bodies or [{"events": [], "episode_chunks": []}]
+
+
+def _with_episodes_that_fit(bare: TrainerStepEvent, episodes: list[EpisodeSpan], max_bytes: int) -> TrainerStepEvent:
+    """``bare`` with as many of ``episodes`` as fit in half a post, and ``episodes_total`` set."""
+    count = _count_that_fit(episodes, 0, max_bytes // 2 - len(bare.model_dump_json()))
+    return bare.model_copy(update={"episodes": episodes[:count], "episodes_total": len(episodes)})
+
+
+def _episode_chunk(event: TrainerStepEvent, episodes: list[EpisodeSpan], offset: int,
+                   max_bytes: int) -> tuple[StepEpisodes, int]:
+    """The chunk of ``episodes`` from ``offset`` that fits in half a post, and the offset after it."""
+    count = max(_count_that_fit(episodes, offset, max_bytes // 2 - 200), 1)
+    chunk = StepEpisodes(run_id=event.run_id, step=event.step, offset=offset,
+                         episodes=episodes[offset:offset + count])
+    return chunk, offset + count
+
+
+def _count_that_fit(episodes: list[EpisodeSpan], offset: int, budget: int) -> int:
+    count, used = 0, 0
+    for episode in episodes[offset:]:
+        used += len(episode.model_dump_json()) + 1
+        if used > budget:
+            break
+        count += 1
+    return count
+
+
+# Conflicts that mean the run is no longer this trainer's: another trainer holds it (this one
+# was presumed dead and the run resumed elsewhere), or none does (the reaper queued it again).
+RUN_LOST_CODES = frozenset({TrainerConflictCode.RUN_HELD_BY_ANOTHER_TRAINER, TrainerConflictCode.RUN_NOT_CLAIMED})
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    """``raise_for_status``, with the conflicts of a run this trainer lost raised as :class:`RunTakenOverError`."""
+    if response.status_code == 409:
+        error = _error_of(response)
+        if error.get("code") in RUN_LOST_CODES:
+            raise RunTakenOverError(error.get("message", ""))
+    response.raise_for_status()
 
 
 def _error_of(response: httpx.Response) -> dict:

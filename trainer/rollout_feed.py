@@ -160,6 +160,7 @@ class RolloutFeed:
         once a checkpoint of ``step`` or later is committed.
         """
         records = taken.records
+        self._reader.restart_position = taken.newest_entry_id
         self._episodes.consumed(records, trained=kept)
         self._staleness.trained(records, policy_version=taken.policy_version, consumed_at=taken.taken_at)
         self._last_trained = taken

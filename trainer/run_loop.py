@@ -8,18 +8,18 @@ that wait is measured and reported as the trainer's idle time.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import redis
 from celery import Celery
 
-from environments import demonstration_messages, load_environment_class
+from environments import Tool
 from policy import (
     RedisWeightSubscriber,
     WeightPublisher,
@@ -32,6 +32,7 @@ from tandem.contracts import (
     IDLE_STAGE,
     RELEASED_RUN_STATUSES,
     CheckpointReport,
+    DemonstrationMessage,
     RunSpec,
     RunStatus,
     TrainerHeartbeat,
@@ -42,10 +43,16 @@ from tandem.contracts import (
 )
 from tandem.model_paths import check_model_config_paths
 from trainer.algorithms import ReferencePolicy, build_algorithm
-from trainer.checkpoints import RunCheckpointer, RunProgress, step_rng
+from trainer.checkpoints import RunCheckpointer, RunProgress
+from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, parameter_count
 from trainer.losses import sft_loss
-from trainer.platform_client import ClaimedRun, PlatformClient, RunTakenOverError
+from trainer.platform_client import (
+    ClaimedRun,
+    PlatformClient,
+    PlatformUnavailableError,
+    RunTakenOverError,
+)
 from trainer.profiling import StageRecorder
 from trainer.rollout_feed import RolloutFeed
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings
@@ -125,7 +132,12 @@ class RunTrainer:
         self.tokenizer = load_tokenizer(self.config.model.tokenizer)
         # Demonstrations are rendered as producers render live episodes.
         self.prompt_layout = prompt_layout(self.config.model, self.tokenizer)
-        self.environment_class = load_environment_class(claimed.environment)
+        # The environment's code never runs here: producers make the demonstrations
+        # (trainer/demonstrations.py), and its declared tools, which the probe checked
+        # it exposes, are what the layout shows the model.
+        self.environment_tools = tuple(Tool(name=tool.name, description=tool.description,
+                                            parameters=tool.parameters, run=None)
+                                       for tool in claimed.environment.tools)
         self.traces = TraceCapture(self._upload_trace)
         self.telemetry = StepEventBatcher(platform, self.run_id, settings.telemetry_interval_s,
                                           on_trace_requests=self.traces.request,
@@ -210,17 +222,17 @@ class RunTrainer:
             if self.config.algorithm.name != "sft":
                 self._rl_phase()
             self._checkpoint()
-            self.telemetry.flush()
+            self.telemetry.flush(wait=True)
             self._report(RunStatus.FINISHED)
             return RunStatus.FINISHED
         except RunCancelledError:
-            self.telemetry.flush()
+            self.telemetry.flush(wait=True)
             return RunStatus.CANCELLED
         except RunReleasedError as released:
             # Paused: keep everything a resume needs. Failed meanwhile (the reaper
             # presumed this trainer dead): the same, so the user can resume it.
             self._checkpoint()
-            self.telemetry.flush()
+            self.telemetry.flush(wait=True)
             logger.info("run %s %s: checkpointed at step %d and released", self.run_id,
                         released.status, self.step)
             return released.status
@@ -260,11 +272,13 @@ class RunTrainer:
         # Versions published after the checkpoint stay behind us: the next one is newer still.
         self.policy_version = max(self.policy_version, published if published is not None else -1)
 
-    def _report(self, status: RunStatus, message: str = "") -> RunStatus:
+    def _report(self, status: RunStatus, message: str = "", *, retries: int | None = None) -> RunStatus:
+        """Heartbeat with ``status``; by default retried until the platform answers (a run's end must reach it)."""
         return self.platform.heartbeat(
             self.run_id,
             TrainerHeartbeat(status=status, policy_version=max(self.policy_version, 0),
                              trainer_step=self.step, message=message, worker=self.settings.consumer_name),
+            retries=retries,
         )
 
     def _heartbeat(self, *, force: bool = False) -> None:
@@ -272,7 +286,16 @@ class RunTrainer:
         if not force and time.monotonic() - self._last_heartbeat < self.settings.heartbeat_interval_s:
             return
         self._last_heartbeat = time.monotonic()
-        status = self._report(RunStatus.RUNNING)
+        try:
+            # One try: training goes on while the platform is away (the liveness thread keeps
+            # trying), and learns of a cancel or a pause at the first heartbeat that gets through.
+            status = self._report(RunStatus.RUNNING, retries=0)
+        except (PlatformUnavailableError, httpx.HTTPStatusError) as exc:
+            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
+                raise
+            logger.warning("run %s: heartbeat at step %d did not reach the platform (%s); training goes on",
+                           self.run_id, self.step, exc)
+            return
         if status == RunStatus.CANCELLED:
             raise RunCancelledError()
         if status in RELEASED_RUN_STATUSES:
@@ -280,18 +303,19 @@ class RunTrainer:
 
     # -- SFT ---------------------------------------------------------------
 
-    def _demonstration_batch(self, rng: random.Random):
-        environment = self.environment_class(**self.claimed.environment.settings)
+    def _demonstration_batch(self, demonstrations: list[list[DemonstrationMessage]]):
+        """A padded SFT batch of producers' demonstrations (chat messages); None when there are none."""
         layout, max_len = self.prompt_layout, self.config.model.max_seq_len
+        tools = self.environment_tools
         sequences, masks = [], []
-        for demo in environment.demonstrations(self.config.sft_batch_size, rng):
-            messages = demonstration_messages(demo, environment.tools, layout.tool_call_format)
-            episode = layout.start(messages[0]["content"], environment.tools)
-            for message in messages[1:]:
-                if message["role"] == "assistant":
-                    layout.add_demonstrated(episode, message["content"], tool_calls=message.get("tool_calls", ()))
+        for demonstration in demonstrations:
+            episode = layout.start(demonstration[0].content, tools)
+            for message in demonstration[1:]:
+                if message.role == "assistant":
+                    layout.add_demonstrated(episode, message.content, tool_calls=[
+                        {"name": call.name, "arguments": call.arguments} for call in message.tool_calls])
                 else:
-                    layout.add_messages(episode, [message])
+                    layout.add_messages(episode, [{"role": message.role, "content": message.content}])
             if len(episode) > max_len:
                 self._demonstration_tokens_cut += len(episode) - max_len
                 logger.warning("run %s: a demonstration of %d tokens is cut to model.max_seq_len=%d",
@@ -307,14 +331,23 @@ class RunTrainer:
     def _sft_phase(self) -> None:
         if self._rl_steps_done:
             return  # resumed after SFT
+        demonstrations = DemonstrationFeed(
+            redis_client=self.redis, celery_app=self.celery_app, run_id=self.run_id, run_seed=self.config.seed,
+            steps=self.config.sft_steps, count=self.config.sft_batch_size,
+            tool_call_format=self.prompt_layout.tool_call_format, block_ms=self.settings.stream_block_ms,
+        )
         stage = self.stages.stage
         self.stages.start()
         while self.step < self.config.sft_steps:
             with stage("telemetry"):
                 self.traces.before_step(self.step + 1)
+            # Asked by step, so a run resumed from a checkpoint sees the same data; the next
+            # step's are made by a producer while this one trains. An answer with an error
+            # raises DemonstrationsFailedError, which fails the run with its reason.
+            messages = demonstrations.next_batch(self.step, waiting=stage(IDLE_STAGE),
+                                                 between_reads=self._heartbeat)
             with stage("batch"):
-                # Batches keyed by step, so a run resumed from a checkpoint sees the same data.
-                batch = self._demonstration_batch(step_rng(self.config.seed, self.step))
+                batch = self._demonstration_batch(messages)
             if batch is None:
                 logger.info("environment %s has no demonstrations; skipping SFT", self.claimed.environment.name)
                 break

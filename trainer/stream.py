@@ -64,6 +64,8 @@ class ReaderCounters:
     duplicates_acked: int = 0
     dead_lettered: int = 0
     trimmed: int = 0
+    # Times the consumer group was found missing (Redis lost its data) and re-created.
+    groups_recreated: int = 0
 
 
 def entry_order(entry_id: str) -> tuple[int, int]:
@@ -109,11 +111,37 @@ class TrajectoryStreamReader:
         self._last_refresh = time.monotonic()
         # Entries handed out and not yet acknowledged.
         self._held: set[str] = set()
+        # Where the consumer group is re-created if Redis lost it: after the newest entry trained on.
+        self.restart_position = "0"
+        self._create_group("0")
+
+    def _create_group(self, position: str) -> None:
         try:
-            self._redis.xgroup_create(self.stream, TRAINER_CONSUMER_GROUP, id="0", mkstream=True)
+            self._redis.xgroup_create(self.stream, TRAINER_CONSUMER_GROUP, id=position, mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    def _in_group(self, command):
+        """``command()``, run again on a re-created consumer group if Redis no longer has it.
+
+        A Redis restarted without its data (no persistence, or a lost append-only
+        file) forgets the group: XREADGROUP then fails with NOGROUP on every read.
+        The group comes back positioned after the newest entry this trainer trained
+        on, so nothing trained is delivered again; the consumed-ledger catches the rest.
+        """
+        try:
+            return command()
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+        logger.error("stream %s lost its consumer group (Redis restarted without its data?): re-created "
+                     "after entry %s", self.stream, self.restart_position)
+        self.counters.groups_recreated += 1
+        self._create_group(self.restart_position)
+        self._history_cursor = "0"
+        self._held.clear()
+        return command()
 
     # -- reading -------------------------------------------------------------
 
@@ -139,9 +167,9 @@ class TrajectoryStreamReader:
         return self._accept(self._xreadgroup(">", block_ms=block_ms, count=count))
 
     def _xreadgroup(self, start: str, *, block_ms: int | None, count: int) -> list[tuple[str, dict]]:
-        response = self._redis.xreadgroup(
+        response = self._in_group(lambda: self._redis.xreadgroup(
             TRAINER_CONSUMER_GROUP, self._consumer, {self.stream: start}, count=count, block=block_ms
-        )
+        ))
         return [(_decode(raw_id), fields) for _, messages in response or [] for raw_id, fields in messages]
 
     def _reclaim(self, count: int) -> list[StreamEntry]:
@@ -151,10 +179,10 @@ class TrajectoryStreamReader:
         if now - self._last_reclaim < self.reclaim_idle_ms / 4000:
             return []
         self._last_reclaim = now
-        response = self._redis.xautoclaim(
+        response = self._in_group(lambda: self._redis.xautoclaim(
             self.stream, TRAINER_CONSUMER_GROUP, self._consumer, min_idle_time=self.reclaim_idle_ms,
             start_id=self._reclaim_cursor, count=count,
-        )
+        ))
         next_cursor, messages = _decode(response[0]), response[1]
         self._reclaim_cursor = next_cursor
         if next_cursor != "0-0":
@@ -227,8 +255,8 @@ class TrajectoryStreamReader:
         self._last_refresh = now
         held = sorted(self._held, key=entry_order)
         for start in range(0, len(held), 1000):
-            self._redis.xclaim(self.stream, TRAINER_CONSUMER_GROUP, self._consumer, min_idle_time=0,
-                               message_ids=held[start:start + 1000], justid=True)
+            self._in_group(lambda ids=held[start:start + 1000]: self._redis.xclaim(
+                self.stream, TRAINER_CONSUMER_GROUP, self._consumer, min_idle_time=0, message_ids=ids, justid=True))
 
     def _dead_letter(self, entry_id: str, fields: dict, reason: str) -> None:
         logger.error("trajectory %s moved to %s: %s", entry_id, self._dead_letters, reason)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import httpx
 import numpy as np
 
 from tandem.contracts import (
@@ -16,14 +18,25 @@ from tandem.contracts import (
     TrajectoryRecord,
 )
 from trainer.devices import DeviceMonitor
-from trainer.platform_client import PlatformClient
+from trainer.platform_client import PlatformClient, PlatformUnavailableError, retry_delays
 from trainer.profiling import timeline_wall_s
 from trainer.trajectory_samples import TrajectorySampleBuffer
+
+logger = logging.getLogger(__name__)
+
+
+# Events kept while the platform does not answer. Past this many the batcher waits for it,
+# holding training up, rather than drop any.
+MAX_BUFFERED_EVENTS = 2000
 
 
 @dataclass
 class StepEventBatcher:
-    """Posts step events every ``interval_s``, so a fast SFT phase does not make one request per step."""
+    """Posts step events every ``interval_s``, so a fast SFT phase does not make one request per step.
+
+    While the platform is unreachable (restarting, say) the events stay pending and
+    training goes on; they are posted, in order, once it answers again.
+    """
 
     platform: PlatformClient
     run_id: int
@@ -34,16 +47,45 @@ class StepEventBatcher:
     last_flush: float = 0.0
     # Sampled trajectories go out with the events (the trajectory browser's data).
     trajectories: TrajectorySampleBuffer | None = None
+    # While the platform is unreachable: no post before this (monotonic) time, and the backoff's delays.
+    retry_at: float = 0.0
+    _delays: Iterator[float] | None = None
 
     def emit(self, event: TrainerStepEvent) -> None:
         self.pending.append(event)
-        if time.monotonic() - self.last_flush >= self.interval_s:
+        now = time.monotonic()
+        if now - self.last_flush >= self.interval_s and now >= self.retry_at:
             self.flush()
 
-    def flush(self) -> None:
-        events, self.pending = self.pending, []
-        if events:
-            self.on_trace_requests(self.platform.post_events(self.run_id, events).trace_requests)
+    def flush(self, *, wait: bool = False) -> None:
+        """Post the pending events; ``wait`` (the run's end) retries until the platform takes them.
+
+        A platform that does not answer keeps them pending, to be posted at a later
+        flush, unless the buffer is full (``MAX_BUFFERED_EVENTS``): then this waits too.
+        """
+        wait = wait or len(self.pending) >= MAX_BUFFERED_EVENTS
+        if self.pending:
+            try:
+                reply = self.platform.post_events(self.run_id, self.pending, retries=None if wait else 0)
+            except (PlatformUnavailableError, httpx.HTTPStatusError) as exc:
+                if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
+                    # Refused as invalid: posting them again would be refused again.
+                    logger.error("run %s: the platform refused %d step events (steps %d-%d): %s", self.run_id,
+                                 len(self.pending), self.pending[0].step, self.pending[-1].step,
+                                 exc.response.text[:500])
+                    self.pending = []
+                else:
+                    self._delays = self._delays or retry_delays()
+                    delay = next(self._delays)
+                    self.retry_at = time.monotonic() + delay
+                    logger.warning("run %s: platform unreachable (%s); %d step events kept, next post in %.1fs",
+                                   self.run_id, exc, len(self.pending), delay)
+                self.last_flush = time.monotonic()
+                return
+            self.pending = []
+            self._delays = None
+            self.retry_at = 0.0
+            self.on_trace_requests(reply.trace_requests)
         if self.trajectories is not None:
             self.trajectories.flush()
         self.last_flush = time.monotonic()

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,7 @@ async def run_episode(
     tokenizer: Tokenizer | None = None,
     layout: PromptLayout | None = None,
     circuit_breakers: CircuitBreakers | None = None,
+    redact: Callable[[str], str] | None = None,
 ) -> TrajectoryRecord:
     """Run one episode to the end; environment faults end it as ``failed``, never raise.
 
@@ -109,6 +111,8 @@ async def run_episode(
     no room for one turn fails it. While ``environment_name``'s circuit
     breaker is open (``circuit_breakers``, by default this process's), the
     episode fails at once without touching the environment or the policy.
+    ``redact`` rewrites the failure reason before it is recorded anywhere (the
+    environment's secret settings out of it: workers/secret_settings.py).
     """
     tokenizer = tokenizer or ByteTokenizer()
     layout = layout or ByteLayout(tokenizer)
@@ -211,6 +215,8 @@ async def run_episode(
     except EpisodeFailure as exc:
         status, failure_reason, reward = "failed", str(exc), 0.0
     finally:
+        if redact is not None:
+            failure_reason = redact(failure_reason)
         policy.end_session(trajectory_id)
         if circuit_open_reason is None:
             await _close_environment(environment, limits.environment_timeout_s)

@@ -14,6 +14,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
 from tandem.contracts import (
+    DEMONSTRATIONS_TASK_NAME,
     PLATFORM_QUEUE,
     PROBE_QUEUE,
     PROBE_REPORT_TASK_NAME,
@@ -31,6 +32,8 @@ app.conf.update(
     task_default_queue=ROLLOUT_QUEUE,
     task_routes={
         ROLLOUT_TASK_NAME: {"queue": ROLLOUT_QUEUE},
+        # SFT demonstrations are made where environment code runs (workers/demonstrations.py).
+        DEMONSTRATIONS_TASK_NAME: {"queue": ROLLOUT_QUEUE},
         # Conformance probes of environments (workers/probe.py); their reports go
         # to the platform's worker, which records them in the database.
         PROBE_TASK_NAME: {"queue": PROBE_QUEUE},

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 
 from environments import SharedHTTPSession, shared_http_session
+from tandem.redis_clients import durable_async_redis
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ class EpisodeLoop:
         with self._lock:
             client = self._redis.get(url)
             if client is None:
-                client = self._redis[url] = aioredis.from_url(url)
+                client = self._redis[url] = durable_async_redis(url)
             return client
 
     async def _with_shared_session(self, coroutine: Coroutine[Any, Any, T]) -> T:

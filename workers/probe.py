@@ -2,12 +2,12 @@
 
 The probe does what a producer does for one episode, with a harmless action,
 and checks every answer's shape: the URL (for remote kinds), loading the class
-with the registered settings, sampling a task, ``reset``, the declared tools,
-one ``step`` with :data:`~tandem.contracts.PROBE_ACTION`, whether the reset
-plus one turn fits a run's default conversation budget (``budget``, a warning
-only), and ``close``. Each
-check has its own timeout and its wall time is reported. The first failing
-check ends the probe; the checks after it are reported as skipped.
+with the registered settings and secret settings, sampling a task, ``reset``,
+the declared tools, one ``step`` with :data:`~tandem.contracts.PROBE_ACTION`,
+whether the reset plus one turn fits a run's default conversation budget
+(``budget``, a warning only), and ``close``. Each check has its own timeout and
+its wall time is reported; its message never holds a secret setting's value.
+The first failing check ends the probe; the checks after it are reported as skipped.
 
 Timeouts hold against environments that block the event loop too (a
 ``time.sleep`` in ``reset``): the environment runs on an event loop in a
@@ -43,14 +43,17 @@ from environments import (
 from policy import ByteLayout, ByteTokenizer
 from tandem.contracts import (
     PROBE_ACTION,
+    EnvironmentSecrets,
     ProbeCheck,
     ProbeReport,
     ProbeRequest,
     ToolSchema,
+    probe_environment_secrets_key,
     probe_request_key,
 )
 from tandem.environment_urls import EnvironmentURLRefused, check_environment_url, resolve_host
 from tandem.run_config import RunConfig
+from workers.secret_settings import SecretSettings
 
 # Enough of a message to act on, not a whole HTML error page.
 _MESSAGE_CHARS = 500
@@ -192,10 +195,15 @@ def check_tools(environment: Environment, declared: tuple[ToolSchema, ...]) -> s
     return f"{len(exposed)} tool{'s' if len(exposed) != 1 else ''}: {', '.join(sorted(exposed)) or 'none'}"
 
 
-def run_probe(request: ProbeRequest) -> ProbeReport:
-    """Run every check of ``request`` and report; never raises for the environment's faults."""
+def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -> ProbeReport:
+    """Run every check of ``request`` and report; never raises for the environment's faults.
+
+    ``secrets``: the version's secret settings, merged into its settings when it is built
+    and replaced by their names in every check's message.
+    """
     spec = request.environment
     timeouts = request.timeouts
+    secrets = secrets or SecretSettings()
     started_at = time.time()
     checks: list[ProbeCheck] = []
     state: dict[str, Any] = {}
@@ -214,7 +222,7 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
     def load() -> str:
         environment_class = load_environment_class(spec)
         state["class"] = environment_class
-        state["environment"] = environment_class(**spec.settings)
+        state["environment"] = environment_class(**secrets.constructor_kwargs(spec.settings))
         return spec.entrypoint
 
     def sample_task() -> str:
@@ -258,11 +266,11 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
             checks.append(ProbeCheck(name=name, status="skipped", message="an earlier check failed",
                                      timeout_s=timeout_s))
             continue
-        checks.append(_timed(name, function, timeout_s, loop))
+        checks.append(_timed(name, function, timeout_s, loop, secrets.redact))
         failed = checks[-1].status == "failed"
     if "environment" in state and state.get("reset"):
         # close() runs even after a failed step: it releases what reset took.
-        checks.append(_timed("close", close, timeouts.close, loop))
+        checks.append(_timed("close", close, timeouts.close, loop, secrets.redact))
     else:
         checks.append(ProbeCheck(name="close", status="skipped", message="nothing to close",
                                  timeout_s=timeouts.close))
@@ -278,7 +286,7 @@ def run_probe(request: ProbeRequest) -> ProbeReport:
 
 
 def _timed(name: str, function: Callable[[], Any], timeout_s: float,
-           loop: _EnvironmentLoop) -> ProbeCheck:
+           loop: _EnvironmentLoop, redact: Callable[[str], str]) -> ProbeCheck:
     started = time.perf_counter()
     try:
         if inspect.iscoroutinefunction(function):
@@ -290,21 +298,33 @@ def _timed(name: str, function: Callable[[], Any], timeout_s: float,
         message, status = str(exc), "warning"
     except Exception as exc:  # noqa: BLE001 - any fault of the environment is the check's verdict
         message, status = _describe(exc), "failed"
-    return ProbeCheck(name=name, status=status, message=_short(str(message)),
+    # Redacted before it is cut short, which could leave part of a value. The report is
+    # shown to the project's viewers, and an environment's error may quote its key.
+    return ProbeCheck(name=name, status=status, message=_short(redact(str(message))),
                       latency_s=round(time.perf_counter() - started, 6), timeout_s=timeout_s)
 
 
 def probe_by_id(*, redis_url: str, probe_id: int) -> ProbeReport:
-    """Run the probe the platform asked for under ``probe_id``."""
+    """Run the probe the platform asked for under ``probe_id``, with the version's secret settings."""
     client = redis.Redis.from_url(redis_url)
     try:
         raw = client.get(probe_request_key(probe_id))
+        raw_secrets = client.get(probe_environment_secrets_key(probe_id))
     finally:
         client.close()
     if raw is None:
-        now = time.time()
-        check = ProbeCheck(name="request", status="failed",
-                           message="the probe request expired in Redis before a worker took it; probe again")
-        return ProbeReport(probe_id=probe_id, checks=(check,), worker=f"{socket.gethostname()}:{os.getpid()}",
-                           started_at=now, finished_at=now)
-    return run_probe(ProbeRequest.model_validate_json(raw))
+        return _request_failed(probe_id, "the probe request expired in Redis before a worker took it; probe again")
+    request = ProbeRequest.model_validate_json(raw)
+    secrets = None if raw_secrets is None else EnvironmentSecrets.model_validate_json(raw_secrets)
+    names = set(request.environment.secret_setting_names)
+    if names and (secrets is None or set(secrets.settings) != names):
+        return _request_failed(probe_id, f"the secret settings ({', '.join(sorted(names))}) are not in Redis: "
+                                         "they expired before a worker took the probe; probe again")
+    return run_probe(request, secrets=SecretSettings(secrets.revealed() if secrets else None))
+
+
+def _request_failed(probe_id: int, message: str) -> ProbeReport:
+    now = time.time()
+    check = ProbeCheck(name="request", status="failed", message=message)
+    return ProbeReport(probe_id=probe_id, checks=(check,), worker=f"{socket.gethostname()}:{os.getpid()}",
+                       started_at=now, finished_at=now)

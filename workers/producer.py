@@ -14,16 +14,20 @@ import redis.asyncio as aioredis
 
 from environments import load_environment_class
 from tandem.contracts import (
+    EnvironmentSecrets,
     RunSpec,
     environment_paused_key,
+    run_environment_secrets_key,
     run_spec_key,
     run_stop_key,
     trajectory_stream,
 )
+from tandem.redis_clients import durable_async_redis, durable_redis
 from workers.activity import process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
 from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
+from workers.secret_settings import SecretSettings
 from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S
 
 logger = logging.getLogger(__name__)
@@ -61,13 +65,33 @@ def load_run_spec(client: redis.Redis, run_id: int) -> RunSpec | None:
     return None if raw is None else RunSpec.model_validate_json(raw)
 
 
+def load_environment_secrets(client: redis.Redis, spec: RunSpec) -> SecretSettings:
+    """The secret settings of ``spec``'s environment, which the platform wrote when the run was claimed.
+
+    Raises RunNotReadyError while they are not there (the claim's Redis write is still
+    on its way, or failed and is logged by the platform): an environment built without
+    its API key would fail every episode.
+    """
+    names = set(spec.environment.secret_setting_names)
+    if not names:
+        return SecretSettings()
+    raw = client.get(run_environment_secrets_key(spec.run_id))
+    secrets = None if raw is None else EnvironmentSecrets.model_validate_json(raw)
+    if secrets is None or secrets.version_id != spec.environment.version_id or set(secrets.settings) != names:
+        raise RunNotReadyError(
+            f"run {spec.run_id}: the secret settings of {spec.environment.label} "
+            f"({', '.join(sorted(names))}) are not in Redis"
+        )
+    return SecretSettings(secrets.revealed())
+
+
 def runtime_for(redis_url: str, spec: RunSpec) -> PolicyRuntime:
     """The warm runtime of ``spec``'s run, shared by every task thread of this worker process."""
     with _runtimes_lock:
         runtime = _runtimes.get(spec.run_id)
         if runtime is None:
             runtime = PolicyRuntime(run_id=spec.run_id, config=spec.config,
-                                    redis_client=redis.Redis.from_url(redis_url))
+                                    redis_client=durable_redis(redis_url))
             _runtimes[spec.run_id] = runtime
             # Keep the two most recent runs warm; a worker rarely serves more at once,
             # and each runtime holds a KV cache.
@@ -83,14 +107,18 @@ def group_task_seed(run_seed: int, group_index: int) -> int:
 
 async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntime,
                          first_group_index: int, num_groups: int,
-                         redis_client: aioredis.Redis | None = None) -> ProductionSummary:
+                         redis_client: aioredis.Redis | None = None,
+                         secrets: SecretSettings | None = None) -> ProductionSummary:
     """Run ``num_groups`` GRPO groups concurrently; XADD every trajectory as soon as it ends.
 
     ``redis_client``: a client of the running loop to stream with (the episode
-    loop's); by default one of this call's own, closed at the end.
+    loop's); by default one of this call's own, closed at the end. ``secrets``: the
+    environment's secret settings (load_environment_secrets), merged into its settings.
     """
     config = runtime.config
+    secrets = secrets or SecretSettings()
     environment_class = load_environment_class(spec.environment)
+    environment_kwargs = secrets.constructor_kwargs(spec.environment.settings)
     limits = EpisodeLimits(
         max_turns=config.rollout.max_turns,
         max_seq_len=config.model.max_seq_len,
@@ -100,13 +128,13 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
     )
     policy = BatchingPolicy(runtime, seed=group_task_seed(config.seed, first_group_index))
     stream = trajectory_stream(spec.run_id)
-    client = redis_client if redis_client is not None else aioredis.from_url(redis_url)
+    client = redis_client if redis_client is not None else durable_async_redis(redis_url)
     started = time.perf_counter()
     failed = 0
 
     async def one_episode(group_index: int, task: dict) -> None:
         nonlocal failed
-        environment = environment_class(**spec.environment.settings)
+        environment = environment_class(**environment_kwargs)
         record = await run_episode(
             run_id=spec.run_id,
             group_id=f"{spec.run_id}-{group_index}",
@@ -118,6 +146,8 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
             limits=limits,
             tokenizer=runtime.tokenizer,
             layout=runtime.prompt_layout,
+            # Failure reasons are shown to the project's viewers; an environment's error may quote its key.
+            redact=secrets.redact,
         )
         if record.status == "failed":
             failed += 1
@@ -130,7 +160,7 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
     try:
         episodes = []
         for group_index in range(first_group_index, first_group_index + num_groups):
-            task_environment = environment_class(**spec.environment.settings)
+            task_environment = environment_class(**environment_kwargs)
             task = task_environment.sample_task(random.Random(group_task_seed(config.seed, group_index)))
             episodes += [one_episode(group_index, task) for _ in range(config.rollout.group_size)]
         await asyncio.gather(*episodes)
@@ -150,7 +180,7 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
 
 def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: int) -> ProductionSummary:
     """Synchronous entry point of a rollout task."""
-    client = redis.Redis.from_url(redis_url)
+    client = durable_redis(redis_url)
     try:
         if client.exists(run_stop_key(run_id)):
             return ProductionSummary(run_id, 0, 0, True, 0.0, 0.0)
@@ -163,6 +193,7 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
                 raise EnvironmentPausedError(
                     f"run {run_id}: environment {spec.environment.label} is unhealthy: {reason.decode()}"
                 )
+        secrets = load_environment_secrets(client, spec)
         summary = None
         process_activity.task_started(run_id=run_id)
         try:
@@ -178,7 +209,7 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
                 summary = process_episode_loop.run(produce_groups(
                     redis_url=redis_url, spec=spec, runtime=runtime,
                     first_group_index=first_group_index, num_groups=num_groups,
-                    redis_client=process_episode_loop.redis(redis_url),
+                    redis_client=process_episode_loop.redis(redis_url), secrets=secrets,
                 ), timeout_s=time_limit_s)
             except TimeoutError as exc:
                 # Not retried: the trainer counts the groups lost after rollout.timeout_s and asks again.

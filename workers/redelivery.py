@@ -16,9 +16,8 @@ import dataclasses
 import logging
 from collections.abc import Iterator
 
-import redis
-
 from tandem.contracts import dead_letter_stream, rollout_task_crashes_key
+from tandem.redis_clients import durable_redis
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ class Guard:
 @contextlib.contextmanager
 def crash_guard(redis_url: str, *, task_id: str, run_id: int, what: str) -> Iterator[Guard]:
     """Count this delivery of ``task_id``; dead-letter it instead if its earlier ones all crashed."""
-    client = redis.Redis.from_url(redis_url)
+    client = durable_redis(redis_url)
     key = rollout_task_crashes_key(task_id)
     try:
         with client.pipeline(transaction=True) as pipe:

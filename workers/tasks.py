@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from tandem.contracts import (
+    DEMONSTRATIONS_TASK_NAME,
     PLATFORM_QUEUE,
     PROBE_QUEUE,
     PROBE_REPORT_TASK_NAME,
@@ -13,6 +14,7 @@ from tandem.contracts import (
     ROLLOUT_TASK_NAME,
 )
 from workers.app import app
+from workers.demonstrations import produce_demonstrations
 from workers.probe import probe_by_id
 from workers.producer import RunNotReadyError, produce
 from workers.redelivery import crash_guard
@@ -44,6 +46,45 @@ def produce_rollouts(self, run_id: int, first_group_index: int, num_groups: int)
             num_groups=num_groups,
         )
     return dataclasses.asdict(summary)
+
+
+# Tries of a demonstrations task whose run is not ready (its environment's secret settings
+# not in Redis yet), a second or so apart, before it answers with that error.
+_DEMONSTRATIONS_MAX_RETRIES = 30
+
+
+@app.task(
+    name=DEMONSTRATIONS_TASK_NAME,
+    queue=ROLLOUT_QUEUE,
+    bind=True,
+    # The threads pool enforces no Celery time limit; these bound it under prefork. A step's
+    # demonstrations take milliseconds to seconds; one that hangs leaves the trainer logging
+    # that it waits, never training on half a batch.
+    soft_time_limit=240,
+    time_limit=300,
+)
+def make_demonstrations(self, run_id: int, step: int, count: int, seed: int, tool_call_format: str,
+                        request_id: str) -> dict:
+    """Answer the trainer's request ``request_id`` for the demonstrations of SFT ``step`` of run ``run_id``.
+
+    Environment code that kills its worker is redelivered (acks_late) like a rollout
+    task's; past MAX_CRASHED_DELIVERIES the answer is that error, so the run fails with
+    it. A run not ready yet is tried again, and answered with why once the tries are spent.
+    """
+    arguments = dict(redis_url=redis_url(), run_id=run_id, step=step, count=count, seed=seed,
+                     tool_call_format=tool_call_format, request_id=request_id)
+    with crash_guard(redis_url(), task_id=self.request.id, run_id=run_id,
+                     what=f"demonstrations of SFT step {step}") as guard:
+        try:
+            batch = produce_demonstrations(**arguments,
+                                           refused_reason=guard.reason if guard.dead_lettered else "")
+        except RunNotReadyError as exc:
+            if self.request.retries < _DEMONSTRATIONS_MAX_RETRIES:
+                raise self.retry(exc=exc, countdown=1, max_retries=_DEMONSTRATIONS_MAX_RETRIES) from exc
+            batch = produce_demonstrations(**arguments, refused_reason=str(exc))
+    if batch is None:
+        return {"run_id": run_id, "step": step, "skipped": True}
+    return {"run_id": run_id, "step": step, "demonstrations": len(batch.messages), "error": batch.error}
 
 
 @app.task(

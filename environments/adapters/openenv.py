@@ -10,21 +10,104 @@ the server's environment honours seeds.
 
 One WebSocket session per episode: OpenEnv servers keep an environment
 instance per connection, so concurrent episodes never share state.
+
+The server's URL obeys the same policy as an HTTP environment's
+(:mod:`tandem.environment_urls`): checked as written when the adapter is
+built, and again where the connection is made. openenv-core's client would
+hand the URL to ``websockets``, which resolves the name itself, follows up to
+ten redirects and goes through any proxy the environment names, none of it
+checked; so the adapter opens the connection: it resolves the name with the
+HTTP adapter's checking resolver, connects a socket to an address that was
+checked, and gives that socket to ``websockets``, which then follows no
+redirect (a redirect would need a new connection) and uses no proxy.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import random
+import socket
 from typing import Any
 
+from environments.adapters.http import EnvironmentAddressRefused, _CheckingResolver
 from environments.base import Environment, StepResult
+from tandem.environment_urls import (
+    EnvironmentURLRefused,
+    check_environment_url,
+    configured_allowlist,
+)
 
 _REPORTED_SEPARATELY = {"reward", "done", "metadata"}
 
 
 class OpenEnvError(RuntimeError):
-    """The OpenEnv server's answer cannot become a Tandem observation."""
+    """The OpenEnv server may not be reached, or its answer cannot become a Tandem observation."""
+
+
+async def _checked_socket(host: str, port: int) -> socket.socket:
+    """A socket connected to an address of ``host`` that the environment URL policy allows.
+
+    Every address the name resolves to is checked first, as for an HTTP
+    environment (any refused one refuses the name); then each is tried in turn.
+    """
+    resolver = _CheckingResolver(configured_allowlist())
+    try:
+        resolved = await resolver.resolve(host, port, family=socket.AF_UNSPEC)
+    finally:
+        await resolver.close()
+    loop = asyncio.get_running_loop()
+    error: OSError = OSError(f"{host} resolved to no address")
+    for entry in resolved:
+        sock = socket.socket(entry["family"], socket.SOCK_STREAM, entry["proto"])
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, (entry["host"], entry["port"]))
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise error
+
+
+@functools.cache
+def _checked_client_class() -> type:
+    """openenv-core's generic client, connecting only through :func:`_checked_socket`."""
+    from openenv.core.generic_client import GenericEnvClient
+    from websockets.asyncio.client import connect as websocket_connect
+    from websockets.uri import parse_uri
+
+    class CheckedEnvClient(GenericEnvClient):
+        # Replaces EnvClient.connect, which every message's _ensure_connected calls too: no
+        # connection of this client is opened any other way.
+        async def connect(self) -> CheckedEnvClient:
+            if self._ws is not None:
+                return self
+            uri = parse_uri(self._ws_url)
+            try:
+                # One deadline for resolving, connecting and the opening handshake.
+                async with asyncio.timeout(self._connect_timeout):
+                    sock = await _checked_socket(uri.host, uri.port)
+                    try:
+                        # With a socket of ours websockets uses no proxy and refuses every
+                        # redirect; for wss:// it checks the certificate against uri.host.
+                        self._ws = await websocket_connect(self._ws_url, sock=sock, proxy=None,
+                                                           open_timeout=None, max_size=self._max_message_size)
+                    except BaseException:
+                        sock.close()
+                        raise
+            except EnvironmentAddressRefused as exc:
+                raise OpenEnvError(f"connect {self._ws_url}: {exc}") from None
+            except Exception as exc:
+                raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+            return self
+
+    return CheckedEnvClient
 
 
 class OpenEnvEnvironment(Environment):
@@ -34,6 +117,12 @@ class OpenEnvEnvironment(Environment):
 
     def __init__(self, *, url: str, action_field: str = "message", observation_field: str | None = None,
                  timeout_s: float = 30.0, max_observation_chars: int = 8192):
+        # A literal address is checked by the resolver too; this also refuses what no resolver
+        # sees: another scheme, a query, credentials, a numeric host in another form.
+        try:
+            check_environment_url(url, allowlist=configured_allowlist())
+        except EnvironmentURLRefused as exc:
+            raise ValueError(f"url: {exc}") from None
         self.url = url.rstrip("/")
         self.action_field = action_field
         self.observation_field = observation_field
@@ -60,10 +149,8 @@ class OpenEnvEnvironment(Environment):
         return text
 
     async def reset(self, task: dict[str, Any]) -> str:
-        from openenv.core.generic_client import GenericEnvClient
-
-        self._client = GenericEnvClient(base_url=self.url, connect_timeout_s=self.timeout_s,
-                                        message_timeout_s=self.timeout_s)
+        self._client = _checked_client_class()(base_url=self.url, connect_timeout_s=self.timeout_s,
+                                               message_timeout_s=self.timeout_s)
         await self._client.connect()
         result = await self._client.reset(seed=task.get("seed"))
         return self._text(result.observation, "reset")

@@ -18,8 +18,8 @@ from config.db_limits import DB_INT_MAX, require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
 from domain_errors import InvalidInput, NotFound
-from runs.selectors import run_get, run_get_for_user
-from tandem.contracts import CheckpointReport
+from runs.selectors import run_get_for_user, run_get_held_by
+from tandem.contracts import TRAINER_HEADER, CheckpointReport
 
 from .models import Checkpoint
 from .selectors import checkpoint_get, checkpoint_list, checkpoint_path_in_root
@@ -125,7 +125,7 @@ class TrainerCheckpointsView(APIView):
         responses={200: CheckpointSerializer(many=True)},
     )
     def post(self, request, run_id: int):
-        run = run_get(run_id=run_id)
+        run = run_get_held_by(run_id=run_id, trainer=request.headers.get(TRAINER_HEADER, ""))
         try:
             report = CheckpointReport.model_validate(request.data)
         except pydantic.ValidationError as exc:

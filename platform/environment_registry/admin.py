@@ -13,8 +13,9 @@ class EnvironmentVersionAdmin(admin.ModelAdmin):
     list_display = ["id", "environment", "number", "kind", "status", "created_at"]
     list_filter = ["kind", "status"]
     # A version is immutable: a different definition is a new version.
-    readonly_fields = ["environment", "number", "kind", "entrypoint", "settings", "tools",
-                       "created_by", "created_at"]
+    # EnvironmentVersionSecrets is not registered: the admin shows secret settings' names only.
+    readonly_fields = ["environment", "number", "kind", "entrypoint", "settings", "secret_setting_names",
+                       "tools", "created_by", "created_at"]
 
 
 @admin.register(EnvironmentProbe)

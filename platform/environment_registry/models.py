@@ -57,6 +57,11 @@ class EnvironmentVersion(models.Model):
     tools = models.JSONField(
         default=list, blank=True, help_text="Declared tool schemas: [{name, description, parameters}]."
     )
+    # The names only, which anyone who may read the version may see; the values are in
+    # EnvironmentVersionSecrets, a table of their own that no list, page or serializer reads.
+    secret_setting_names = models.JSONField(
+        default=list, blank=True, help_text="Names of the write-only secret settings, sorted."
+    )
     created_by = models.ForeignKey(
         django_settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
@@ -92,7 +97,25 @@ class EnvironmentVersion(models.Model):
             entrypoint=self.entrypoint,
             settings=self.settings,
             tools=self.tools,
+            secret_setting_names=tuple(self.secret_setting_names),
         )
+
+
+class EnvironmentVersionSecrets(models.Model):
+    """The values of a version's secret settings: write-only, read only to hand them to workers.
+
+    Apart from EnvironmentVersion so that nothing that shows a version (the API, pages,
+    the admin, a ``dumpdata`` of versions) ever loads them; only
+    ``selectors.environment_version_secret_settings`` does, for producers and probes.
+    """
+
+    version = models.OneToOneField(
+        EnvironmentVersion, on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    values = models.JSONField(default=dict, help_text="Setting name -> string value.")
+
+    def __str__(self) -> str:
+        return f"secret settings of version {self.version_id}"  # never the values
 
 
 class EnvironmentProbe(models.Model):

@@ -8,7 +8,7 @@ from django.db.models import Prefetch, QuerySet
 from accounts.models import Project
 from domain_errors import Conflict, InvalidInput, NotFound
 
-from .models import Environment, EnvironmentProbe, EnvironmentVersion
+from .models import Environment, EnvironmentProbe, EnvironmentVersion, EnvironmentVersionSecrets
 
 # Probes shown with a version: its registration and the recent health history.
 PROBES_SHOWN = 50
@@ -121,3 +121,11 @@ def environment_version_last_probe_times(*, versions: list[EnvironmentVersion]) 
     for version_id, finished_at, requested_at in probes:
         times.setdefault(version_id, finished_at or requested_at)
     return times
+
+
+def environment_version_secret_settings(*, version: EnvironmentVersion) -> dict[str, str]:
+    """The values of ``version``'s secret settings, for the Redis records workers read; never for a user."""
+    values = (
+        EnvironmentVersionSecrets.objects.filter(version=version).values_list("values", flat=True).first()
+    )
+    return dict(values or {})

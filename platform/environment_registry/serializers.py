@@ -29,6 +29,13 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
         many=True, required=False, default=list,
         help_text="Tools the environment exposes, exactly; the probe checks them.",
     )
+    # Write-only: no response, page or error message ever holds a value, only the names
+    # (`secret_setting_names`). trim_whitespace off: a key is taken exactly as it is sent.
+    secret_settings = serializers.DictField(
+        child=serializers.CharField(trim_whitespace=False), required=False, write_only=True,
+        help_text="Keyword arguments like `settings` (API keys, tokens) that only producers and probes "
+        "receive; never returned. A new version without them keeps the previous version's.",
+    )
 
     def validate_settings(self, settings: dict) -> dict:
         require_no_nul(settings, "settings")  # jsonb cannot hold one
@@ -60,6 +67,10 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
             tools=tuple(ToolSchema(**tool) for tool in data["tools"]),
         )
 
+    def secret_settings_sent(self) -> dict[str, str] | None:
+        """The secret settings sent; None if the request sent none (a new version then keeps the latest's)."""
+        return self.validated_data.get("secret_settings")
+
 
 class EnvironmentRegisterSerializer(EnvironmentVersionRegisterSerializer):
     project = serializers.IntegerField(
@@ -90,7 +101,7 @@ class EnvironmentVersionSerializer(EnvironmentVersionStatusSerializer):
 
     class Meta(EnvironmentVersionStatusSerializer.Meta):
         fields = [*EnvironmentVersionStatusSerializer.Meta.fields, "kind", "entrypoint",
-                  "settings", "tools", "created_by", "created_at"]
+                  "settings", "secret_setting_names", "tools", "created_by", "created_at"]
 
 
 class EnvironmentVersionDetailSerializer(EnvironmentVersionSerializer):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 import redis
@@ -25,6 +25,7 @@ from tandem.contracts import (
     ENVIRONMENT_KINDS,
     PROBE_QUEUE,
     PROBE_TASK_NAME,
+    EnvironmentSecrets,
     EnvironmentSpec,
     ProbeCheck,
     ProbeReport,
@@ -32,12 +33,14 @@ from tandem.contracts import (
     ProbeTimeouts,
     RunStatus,
     environment_paused_key,
+    probe_environment_secrets_key,
     probe_request_key,
 )
 from tandem.environment_modules import EnvironmentModuleRefused, check_environment_target
 from tandem.environment_urls import EnvironmentURLRefused, check_environment_url
 
-from .models import Environment, EnvironmentProbe, EnvironmentVersion
+from .models import Environment, EnvironmentProbe, EnvironmentVersion, EnvironmentVersionSecrets
+from .selectors import environment_version_secret_settings
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,13 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 # A probe request outlives any sensible queue wait; an expired one is reported as such.
 PROBE_REQUEST_TTL_S = 24 * 3600
+# Secret settings are keyword arguments, like the ordinary ones.
+SECRET_SETTING_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# An API key or token, not a file: the value is copied to Redis for every probe and claimed run.
+SECRET_SETTING_MAX_CHARS = 4096
+SECRET_SETTINGS_MAX = 32
+# Settings the platform checks against the operator's allowlists: a secret one would go unchecked.
+CHECKED_SETTINGS = frozenset({"url", "factory"})
 # What a version's failed probe means for the apps above this one, each called with
 # (version=, reason=) in the transaction that fails it. runs/apps.py registers the runs
 # app's rule (its queued runs pinned to the version fail): runs import environments, and
@@ -117,10 +127,42 @@ def _validate_spec(spec: EnvironmentSpec) -> None:
             ) from None
 
 
+def _validate_secret_settings(
+    spec: EnvironmentSpec, secret_settings: Mapping[str, str], *, kept_from: int | None = None
+) -> None:
+    """Raise InvalidInput naming ``secret_settings.<name>``; no message ever holds a value.
+
+    ``kept_from``: the version number they were kept from, when the request sent none.
+    """
+    if len(secret_settings) > SECRET_SETTINGS_MAX:
+        raise InvalidInput.for_field("secret_settings", f"At most {SECRET_SETTINGS_MAX} secret settings.")
+    kept = f" (kept from version {kept_from}; send secret_settings to replace them)" if kept_from else ""
+    for name, value in secret_settings.items():
+        field = f"secret_settings.{name}"
+        if not SECRET_SETTING_NAME_PATTERN.match(name):
+            raise InvalidInput.for_field(field, "A name is a keyword argument: letters, digits and '_'.")
+        if name in spec.settings:
+            raise InvalidInput.for_field(
+                field, f"Also an ordinary setting{kept}; a setting is either secret or not."
+            )
+        if name in CHECKED_SETTINGS:
+            raise InvalidInput.for_field(
+                field, f"'{name}' is checked against the operator's allowlist; put it in settings."
+            )
+        if not isinstance(value, str) or not value or len(value) > SECRET_SETTING_MAX_CHARS:
+            raise InvalidInput.for_field(
+                field, f"Must be a non-empty string of at most {SECRET_SETTING_MAX_CHARS} characters."
+            )
+        if "\x00" in value:
+            raise InvalidInput.for_field(field, "NUL characters (\\u0000) cannot be stored.")
+
+
 def _version_create(
-    *, environment: Environment, spec: EnvironmentSpec, user: AbstractBaseUser | None, number: int
+    *, environment: Environment, spec: EnvironmentSpec, user: AbstractBaseUser | None, number: int,
+    secret_settings: Mapping[str, str], secrets_kept_from: int | None = None,
 ) -> EnvironmentVersion:
     _validate_spec(spec)
+    _validate_secret_settings(spec, secret_settings, kept_from=secrets_kept_from)
     version = EnvironmentVersion.objects.create(
         environment=environment,
         number=number,
@@ -128,22 +170,30 @@ def _version_create(
         entrypoint=spec.entrypoint,
         settings=spec.settings,
         tools=[tool.model_dump(mode="json") for tool in spec.tools],
+        secret_setting_names=sorted(secret_settings),
         created_by=user if user is not None and user.is_authenticated else None,
     )
+    if secret_settings:
+        EnvironmentVersionSecrets.objects.create(version=version, values=dict(secret_settings))
     environment_probe_request(version=version, purpose=Purpose.REGISTRATION)
     return version
 
 
 @transaction.atomic
 def environment_register(
-    *, user: AbstractBaseUser, project: Project, spec: EnvironmentSpec
+    *, user: AbstractBaseUser, project: Project, spec: EnvironmentSpec,
+    secret_settings: Mapping[str, str] | None = None,
 ) -> EnvironmentVersion:
     """Register ``spec`` under a name new in ``project``: the environment and its version 1.
 
-    The version is probed once the transaction commits; it is ``pending`` until then.
+    ``secret_settings`` (name -> value) are keyword arguments like ``spec.settings``, but
+    write-only: only their names are ever shown, and only producers and probes get the
+    values. The version is probed once the transaction commits; it is ``pending`` until then.
     """
     project_require_writer(user=user, project=project)
+    secret_settings = secret_settings or {}
     _validate_spec(spec)
+    _validate_secret_settings(spec, secret_settings)
     try:
         with transaction.atomic():
             environment = Environment.objects.create(project=project, name=spec.name)
@@ -153,20 +203,32 @@ def environment_register(
             "register a new version of it instead."
         )
         raise Conflict(message, fields={"name": [message]}) from None
-    return _version_create(environment=environment, spec=spec, user=user, number=1)
+    return _version_create(environment=environment, spec=spec, user=user, number=1,
+                           secret_settings=secret_settings)
 
 
 @transaction.atomic
 def environment_version_register(
-    *, user: AbstractBaseUser, environment: Environment, spec: EnvironmentSpec
+    *, user: AbstractBaseUser, environment: Environment, spec: EnvironmentSpec,
+    secret_settings: Mapping[str, str] | None = None,
 ) -> EnvironmentVersion:
-    """Register ``spec`` (its name is ignored) as the next version of ``environment``."""
+    """Register ``spec`` (its name is ignored) as the next version of ``environment``.
+
+    ``secret_settings`` None keeps the latest version's (nobody has to send an API key
+    again to change a setting); ``{}`` registers the version without any.
+    """
     project_require_writer(user=user, project=environment.project)
     # The row lock numbers concurrent registrations one after the other.
     Environment.objects.select_for_update().get(pk=environment.pk)
-    latest = environment.versions.aggregate(latest=Max("number"))["latest"] or 0
+    latest = environment.versions.order_by("-number").first()
+    kept_from = None
+    if secret_settings is None:
+        secret_settings = {} if latest is None else environment_version_secret_settings(version=latest)
+        kept_from = latest.number if secret_settings else None
     spec = spec.model_copy(update={"name": environment.name})
-    return _version_create(environment=environment, spec=spec, user=user, number=latest + 1)
+    return _version_create(environment=environment, spec=spec, user=user,
+                           number=(latest.number if latest else 0) + 1,
+                           secret_settings=secret_settings, secrets_kept_from=kept_from)
 
 
 def _same_definition(version: EnvironmentVersion, spec: EnvironmentSpec) -> bool:
@@ -207,8 +269,10 @@ def environment_probe_request(
             timeouts=ProbeTimeouts(**settings.TANDEM_PROBE_TIMEOUTS),
             url_allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST,
         )
+        secret_settings = environment_version_secret_settings(version=version)
+        secrets = EnvironmentSecrets(version_id=version.pk, settings=secret_settings) if secret_settings else None
         # robust: the registration stands if Redis is away; the probe then expires, visibly.
-        transaction.on_commit(lambda: _probe_send(request), robust=True)
+        transaction.on_commit(lambda: _probe_send(request, secrets), robust=True)
     return probe
 
 
@@ -216,13 +280,26 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
 
 
-def _probe_send(request: ProbeRequest) -> None:
+def _probe_send(request: ProbeRequest, secrets: EnvironmentSecrets | None) -> None:
     client = _redis()
     try:
+        # The secrets first: a worker that finds the request finds them too. Never in the
+        # task's arguments, which Celery logs.
+        if secrets is not None:
+            client.set(probe_environment_secrets_key(request.probe_id), secrets.model_dump_json(),
+                       ex=PROBE_REQUEST_TTL_S)
         client.set(probe_request_key(request.probe_id), request.model_dump_json(), ex=PROBE_REQUEST_TTL_S)
     finally:
         client.close()
     celery_app.send_task(PROBE_TASK_NAME, args=[request.probe_id], queue=PROBE_QUEUE)
+
+
+def _probe_secrets_delete(probe_id: int) -> None:
+    client = _redis()
+    try:
+        client.delete(probe_environment_secrets_key(probe_id))
+    finally:
+        client.close()
 
 
 @transaction.atomic
@@ -251,6 +328,8 @@ def environment_probe_record(*, report: ProbeReport) -> EnvironmentProbe:
     probe.finished_at = timezone.now()
     probe.duration_s = round(max(report.finished_at - report.started_at, 0.0), 6)
     probe.save(update_fields=["status", "checks", "worker", "finished_at", "duration_s"])
+    # The version's secret settings for the probe: gone once it is over, not at their TTL.
+    transaction.on_commit(lambda: _probe_secrets_delete(probe.pk), robust=True)
     _version_apply_probe(probe)
     if probe.purpose == Purpose.HEALTH:
         _health_history_trim(version_id=probe.version_id)

@@ -59,7 +59,8 @@ class EnvironmentListCreateView(ListAPIView):
         data = serializer.validated_data
         project = project_resolve_for_user(user=request.user, project_id=data.get("project"))
         version = environment_register(
-            user=request.user, project=project, spec=serializer.to_spec(name=data["name"])
+            user=request.user, project=project, spec=serializer.to_spec(name=data["name"]),
+            secret_settings=serializer.secret_settings_sent(),
         )
         environment = environment_get_for_user(user=request.user, environment_id=version.environment_id)
         body = EnvironmentDetailSerializer(environment).data
@@ -86,7 +87,8 @@ class EnvironmentVersionCreateView(GenericAPIView):
         serializer = EnvironmentVersionRegisterSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         version = environment_version_register(
-            user=request.user, environment=environment, spec=serializer.to_spec(name=environment.name)
+            user=request.user, environment=environment, spec=serializer.to_spec(name=environment.name),
+            secret_settings=serializer.secret_settings_sent(),
         )
         return Response(_version_body(version), status=status.HTTP_201_CREATED)
 

@@ -45,6 +45,17 @@ class Run(models.Model):
         default=0,
         help_text="Times a trainer claimed the run; past the first, the trainer resumes from its checkpoint.",
     )
+    restarts = models.PositiveIntegerField(
+        default=0, help_text="Times the platform queued the run again after its trainer died (config.max_restarts)."
+    )
+    progress_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the trainer step last advanced (or the run started running)."
+    )
+    stalled_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Set by the progress watchdog: the run runs but its step has not advanced for "
+        "config.stall_timeout_s since then; cleared when it advances.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -63,3 +74,24 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_RUN_STATUSES
+
+
+class RunAttempt(models.Model):
+    """One trainer's hold on a run, from its claim to the moment it let go (or was presumed dead)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempt_history")
+    number = models.PositiveIntegerField(help_text="1 for the first claim; Run.attempts counts them.")
+    trainer = models.CharField(max_length=255, help_text="`hostname:pid` of the trainer that claimed it.")
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # The run's status when the attempt ended: queued again (a restart), paused, failed, finished...
+    outcome = models.CharField(max_length=16, blank=True, default="", choices=run_status_choices)
+    reason = models.TextField(blank=True, default="")
+    trainer_step = models.PositiveIntegerField(default=0, help_text="The run's step when the attempt ended.")
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="run_attempt_unique")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} attempt {self.number} ({self.outcome or 'ongoing'})"

@@ -16,7 +16,7 @@ from config.form_errors import error_placements
 from domain_errors import DomainError, Forbidden, NotFound
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_list, environment_version_last_probe_times
-from tandem.contracts import TERMINAL_RUN_STATUSES, RunStatus
+from tandem.contracts import RELEASED_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
 from telemetry.charts import RUN_CHARTS
 from telemetry.services import MAX_TRACE_STEPS, TRACE_REFUSED_STATUSES
 
@@ -30,7 +30,7 @@ from .config_form import (
 from .forms import RunCloneForm, RunCreateForm
 from .models import Run
 from .realtime import run_websocket_path
-from .selectors import run_get_for_user, run_list, run_search
+from .selectors import run_attempt_list, run_get_for_user, run_list, run_search
 from .services import (
     LEGAL_TRANSITIONS,
     run_cancel,
@@ -109,6 +109,7 @@ def run_page(request, run_id: int):
     actions = run_actions_by_status(user=request.user, run=run)
     context = {
         "run": run,
+        "attempts": run_attempt_list(run=run),
         "actions": actions[run.status],
         # Hidden until the run gets to a status that offers them (live, by run_page.js).
         "actions_rendered": {action for status in _reachable(run.status) for action in actions[status]},
@@ -138,7 +139,8 @@ def run_actions_by_status(*, user, run: Run) -> dict[str, list[str]]:
     offered = {}
     for status in Run.Status.values:
         allowed = LEGAL_TRANSITIONS[status]
-        offered[status] = [action for action, to_status in _ACTION_TRANSITIONS if to_status in allowed]
+        offered[status] = [action for action, to_status in _ACTION_TRANSITIONS if to_status in allowed
+                           and (action != "resume" or status in RELEASED_RUN_STATUSES)]
         offered[status].append("clone")
         if status not in TRACE_REFUSED_STATUSES:
             offered[status].append("trace")

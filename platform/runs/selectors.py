@@ -6,9 +6,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
-from domain_errors import InvalidInput, NotFound
+from domain_errors import Conflict, InvalidInput, NotFound
+from tandem.contracts import TRAINER_HEADER, TrainerConflictCode
 
-from .models import Run
+from .models import Run, RunAttempt
 
 
 def run_list(*, user: AbstractBaseUser, status: str | None = None) -> QuerySet[Run]:
@@ -46,6 +47,30 @@ def run_get(*, run_id: int) -> Run:
     run = Run.objects.select_related("project", "environment", "environment_version").filter(pk=run_id).first()
     if run is None:
         raise NotFound(f"Run {run_id} not found.")
+    return run
+
+
+def run_attempt_list(*, run: Run) -> list[RunAttempt]:
+    """The run's attempts, first claim first (the run was read through the user's scope already)."""
+    return list(RunAttempt.objects.filter(run=run).order_by("number"))
+
+
+def run_get_held_by(*, run_id: int, trainer: str) -> Run:
+    """The run, for a write by ``trainer``, which must be the trainer holding it.
+
+    A trainer the reaper presumed dead may still be alive: its telemetry,
+    samples, checkpoints and traces must not overwrite what the run's new
+    holder writes, nor land on a run no trainer holds.
+    """
+    if not trainer:
+        raise InvalidInput.for_field(TRAINER_HEADER, "Name the trainer that holds the run (its hostname:pid).")
+    run = run_get(run_id=run_id)
+    if not run.claimed_by:
+        raise Conflict(f"Run {run.pk} is held by no trainer; claim it before writing to it.",
+                       code=TrainerConflictCode.RUN_NOT_CLAIMED)
+    if run.claimed_by != trainer:
+        raise Conflict(f"Run {run.pk} is held by trainer {run.claimed_by}, not {trainer}.",
+                       code=TrainerConflictCode.RUN_HELD_BY_ANOTHER_TRAINER)
     return run
 
 

@@ -4,12 +4,22 @@ from rest_framework import serializers
 from config.db_limits import require_no_nul
 from environment_registry.serializers import EnvironmentVersionStatusSerializer
 
-from .models import Run
+from .models import Run, RunAttempt
 from .realtime import run_websocket_path
+
+
+class RunAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunAttempt
+        fields = ["number", "trainer", "started_at", "ended_at", "outcome", "reason", "trainer_step"]
 
 
 class RunSerializer(serializers.ModelSerializer):
     environment = serializers.CharField(source="environment.name")
+    attempt_history = RunAttemptSerializer(
+        many=True, read_only=True,
+        help_text="Each trainer's hold on the run, first claim first: when it ended and why (a restart, a pause...).",
+    )
     environment_version = EnvironmentVersionStatusSerializer(
         read_only=True, help_text="The pinned version; not dispatchable: the run waits, with the reason."
     )
@@ -29,6 +39,9 @@ class RunSerializer(serializers.ModelSerializer):
             "policy_version",
             "trainer_step",
             "attempts",
+            "attempt_history",
+            "restarts",
+            "stalled_since",
             "heartbeat_at",
             "created_at",
             "started_at",

@@ -16,14 +16,19 @@ from accounts.models import Project
 from accounts.permissions import project_require_writer
 from domain_errors import Conflict, InvalidInput
 from environment_registry.models import EnvironmentVersion
-from environment_registry.selectors import environment_version_pin
+from environment_registry.selectors import (
+    environment_version_pin,
+    environment_version_secret_settings,
+)
 from tandem.config_changes import merge_changes
 from tandem.contracts import (
     TERMINAL_RUN_STATUSES,
     TRAINER_HELD_RUN_STATUSES,
+    EnvironmentSecrets,
     RunStatus,
     TrainerConflictCode,
     TrainerHeartbeat,
+    run_environment_secrets_key,
     run_keys,
     run_stop_key,
 )
@@ -31,7 +36,7 @@ from tandem.model_paths import ModelPathRefused, check_model_config_paths
 from tandem.run_config import RunConfig, upgrade_run_config
 from tandem.run_quotas import QuotaExceeded, check_run_quotas
 
-from .models import Run
+from .models import Run, RunAttempt
 from .realtime import run_broadcast_on_commit
 
 logger = logging.getLogger(__name__)
@@ -43,8 +48,11 @@ logger = logging.getLogger(__name__)
 # from its last checkpoint.
 LEGAL_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.FAILED}),
-    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.FAILED, RunStatus.CANCELLED}),
-    RunStatus.RUNNING: frozenset({RunStatus.PAUSED, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED}),
+    # Queued again from a trainer-held status: the platform restarts a run whose trainer died.
+    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.FAILED, RunStatus.CANCELLED,
+                                   RunStatus.QUEUED}),
+    RunStatus.RUNNING: frozenset({RunStatus.PAUSED, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED,
+                                  RunStatus.QUEUED}),
     RunStatus.PAUSED: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED}),
     RunStatus.FINISHED: frozenset(),
     RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
@@ -130,9 +138,22 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
         raise Conflict(f"Run {run.pk} is {current}; it cannot become {to_status}.")
 
     now = timezone.now()
+    if current in TRAINER_HELD_RUN_STATUSES and to_status not in TRAINER_HELD_RUN_STATUSES:
+        # The trainer lets go of the run, or is presumed dead: its attempt ends here.
+        RunAttempt.objects.filter(run_id=run.pk, ended_at__isnull=True).update(
+            ended_at=now, outcome=to_status, reason=reason,
+            trainer_step=Run.objects.filter(pk=run.pk).values_list("trainer_step", flat=True).get())
     run.status = to_status
     run.status_reason = reason
     update_fields = ["status", "status_reason"]
+    if to_status == RunStatus.RUNNING:
+        # The watchdog's clock starts when training does (building and compiling are not stalls).
+        run.progress_at = now
+        run.stalled_since = None
+        update_fields += ["progress_at", "stalled_since"]
+    elif current == RunStatus.RUNNING and run.stalled_since is not None:
+        run.stalled_since = None
+        update_fields.append("stalled_since")
     if to_status == RunStatus.RUNNING and run.started_at is None:
         run.started_at = now
         update_fields.append("started_at")
@@ -178,7 +199,13 @@ def run_pause(*, user: AbstractBaseUser, run: Run) -> Run:
 def run_resume(*, user: AbstractBaseUser, run: Run) -> Run:
     """Queue a paused or failed run again; the trainer that claims it continues from its checkpoint."""
     project_require_writer(user=user, project=run.project)
-    return run_transition(run=run, to_status=RunStatus.QUEUED, reason=f"Resumed by {user}.")
+    # Queued from a trainer-held status is the reaper's restart, never a user's: it would take
+    # the run from a live trainer. Read under the row lock, as run_transition reads it.
+    with transaction.atomic():
+        current = Run.objects.select_for_update().values_list("status", flat=True).get(pk=run.pk)
+        if current in TRAINER_HELD_RUN_STATUSES:
+            raise Conflict(f"Run {run.pk} is {current}; only a paused or failed run can be resumed.")
+        return run_transition(run=run, to_status=RunStatus.QUEUED, reason=f"Resumed by {user}.")
 
 
 @transaction.atomic
@@ -201,11 +228,13 @@ def run_clone(*, user: AbstractBaseUser, run: Run, config_changes: dict[str, Any
 
 
 def run_reap_dead_trainers(*, heartbeat_timeout_s: float) -> list[Run]:
-    """Fail the runs whose trainer stopped sending heartbeats ``heartbeat_timeout_s`` ago.
+    """Restart, or fail, the runs whose trainer stopped sending heartbeats ``heartbeat_timeout_s`` ago.
 
-    The reason says which trainer and since when; the producers are told to
-    stop. The user can resume such a run: the next trainer continues from the
-    last checkpoint and the stream's pending entries.
+    Such a run is queued again, up to its ``config.max_restarts`` times: the next
+    trainer to claim it resumes from its last checkpoint and the stream's pending
+    entries. Past them it fails, and the user can still resume it. Either way the
+    reason says which trainer went silent and since when; a failed run's producers
+    are told to stop.
     """
     cutoff = timezone.now() - timezone.timedelta(seconds=heartbeat_timeout_s)
     reaped = []
@@ -216,24 +245,89 @@ def run_reap_dead_trainers(*, heartbeat_timeout_s: float) -> list[Run]:
             # Re-checked under the lock: a heartbeat may have arrived since the scan.
             if run is None or run.status not in TRAINER_HELD_RUN_STATUSES or run.heartbeat_at >= cutoff:
                 continue
-            reason = (
-                f"Trainer {run.claimed_by or '(unknown)'} sent no heartbeat since "
-                f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC (timeout {heartbeat_timeout_s:g} s); "
-                "resume the run to continue from its last checkpoint."
-            )
-            reaped.append(run_transition(run=run, to_status=RunStatus.FAILED, reason=reason))
+            silent = (f"Trainer {run.claimed_by or '(unknown)'} sent no heartbeat since "
+                      f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC (timeout {heartbeat_timeout_s:g} s)")
+            max_restarts = _config_value(run, "max_restarts")
+            if run.restarts < max_restarts:
+                run.restarts += 1
+                run.save(update_fields=["restarts"])
+                reason = (f"{silent}; restart {run.restarts} of {max_restarts}: queued again, the next "
+                          "trainer resumes from the last checkpoint.")
+                logger.warning("run %s: %s", run.pk, reason)
+                reaped.append(run_transition(run=run, to_status=RunStatus.QUEUED, reason=reason))
+            else:
+                reason = (f"{silent}; no restarts left (config.max_restarts={max_restarts}): resume the run "
+                          "to continue from its last checkpoint.")
+                reaped.append(run_transition(run=run, to_status=RunStatus.FAILED, reason=reason))
     return reaped
+
+
+def _config_value(run: Run, name: str):
+    """A top-level setting of the run's stored config, or its default where the config predates it."""
+    return run.config.get(name, RunConfig.model_fields[name].default)
+
+
+def runs_flag_stalled(*, now=None) -> list[Run]:
+    """Flag running runs whose trainer step has not advanced for their ``config.stall_timeout_s``.
+
+    The progress watchdog: a trainer that still heartbeats but no longer trains (a
+    deadlock, a producer fleet that never delivers) would otherwise keep its run
+    "running" forever. The flag (``stalled_since``) shows on the run's page and in
+    the API; it is cleared when the step advances. Returns the runs newly flagged.
+    """
+    now = now or timezone.now()
+    flagged = []
+    # The shortest timeout a config may set bounds the scan; each run's own is checked below.
+    shortest_s = min(meta.ge for meta in RunConfig.model_fields["stall_timeout_s"].metadata if hasattr(meta, "ge"))
+    candidates = Run.objects.filter(status=RunStatus.RUNNING, stalled_since__isnull=True,
+                                    progress_at__lt=now - timezone.timedelta(seconds=shortest_s))
+    for run_id in candidates.values_list("pk", flat=True):
+        with transaction.atomic():
+            run = Run.objects.select_for_update(skip_locked=True).filter(pk=run_id).first()
+            if run is None or run.status != RunStatus.RUNNING or run.stalled_since is not None:
+                continue
+            timeout_s = _config_value(run, "stall_timeout_s")
+            if run.progress_at is None or (now - run.progress_at).total_seconds() < timeout_s:
+                continue
+            run.stalled_since = run.progress_at
+            run.save(update_fields=["stalled_since"])
+            logger.warning("run %s stalled: no step past %d since %s (stall_timeout_s %g)", run.pk,
+                           run.trainer_step, run.progress_at, timeout_s)
+            run_broadcast_on_commit(run.pk, [_status_message(run)])
+            flagged.append(run)
+    return flagged
 
 
 def run_producers_stop_on_commit(run_id: int) -> None:
     """Once the transaction commits, tell producers to start no more episodes of ``run_id``.
 
     The trainer sets the same key when it lets go of a run; this covers a
-    trainer that died, or a run cancelled before any trainer held it.
+    trainer that died, or a run cancelled before any trainer held it. The
+    environment's secret settings go too: no producer of the run needs them now.
     """
 
-    _redis_on_commit(lambda client: client.set(run_stop_key(run_id), "1"),
-                     f"could not tell producers to stop run {run_id}")
+    def stop(client: redis.Redis) -> None:
+        client.set(run_stop_key(run_id), "1")
+        client.delete(run_environment_secrets_key(run_id))
+
+    _redis_on_commit(stop, f"could not tell producers to stop run {run_id}")
+
+
+def run_environment_secrets_publish_on_commit(run: Run) -> None:
+    """Once the claim commits, write the secret settings of ``run``'s environment version for its producers.
+
+    The trainer's claim carries only their names; producers read them from their own key
+    (workers/producer.py), deleted when the run stops its producers and written again
+    at the next claim.
+    """
+    version = run.environment_version
+    if not version.secret_setting_names:
+        return
+    secrets = EnvironmentSecrets(version_id=version.pk,
+                                 settings=environment_version_secret_settings(version=version))
+    payload = secrets.model_dump_json()
+    _redis_on_commit(lambda client: client.set(run_environment_secrets_key(run.pk), payload),
+                     f"could not write the secret settings of run {run.pk}'s environment")
 
 
 def _redis_on_commit(write, failure: str) -> None:
@@ -302,6 +396,8 @@ def run_claim_next(*, worker: str) -> Run | None:
     run.heartbeat_at = timezone.now()
     run.attempts += 1
     run.save(update_fields=["claimed_by", "heartbeat_at", "attempts"])
+    RunAttempt.objects.create(run=run, number=run.attempts, trainer=worker, started_at=run.heartbeat_at)
+    run_environment_secrets_publish_on_commit(run)
     return run
 
 
@@ -327,8 +423,8 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
     run.heartbeat_at = timezone.now()
     # max(): a late heartbeat must not move progress back behind newer telemetry.
     run.policy_version = max(run.policy_version, heartbeat.policy_version)
-    run.trainer_step = max(run.trainer_step, heartbeat.trainer_step)
-    run.save(update_fields=["heartbeat_at", "policy_version", "trainer_step"])
+    run.save(update_fields=["heartbeat_at", "policy_version",
+                            *_advance_step(run, heartbeat.trainer_step, run.heartbeat_at)])
     if heartbeat.status is None:
         return run
     if run.status == RunStatus.STARTING and heartbeat.status != RunStatus.FAILED:
@@ -350,11 +446,25 @@ def run_progress_record(*, run: Run, trainer_step: int, policy_version: int, at=
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status != RunStatus.RUNNING:
         return run
-    run.trainer_step = max(run.trainer_step, trainer_step)
     run.policy_version = max(run.policy_version, policy_version)
     run.heartbeat_at = at or timezone.now()
-    run.save(update_fields=["trainer_step", "policy_version", "heartbeat_at"])
+    run.save(update_fields=["policy_version", "heartbeat_at", *_advance_step(run, trainer_step, run.heartbeat_at)])
     return run
+
+
+def _advance_step(run: Run, trainer_step: int, now) -> list[str]:
+    """Move ``run``'s step up to ``trainer_step`` (never back); the fields changed, for ``save``.
+
+    A step that advances restarts the progress watchdog's clock and clears its flag.
+    """
+    if trainer_step <= run.trainer_step:
+        return []
+    was_stalled = run.stalled_since is not None
+    run.trainer_step, run.progress_at, run.stalled_since = trainer_step, now, None
+    if was_stalled:
+        logger.info("run %s advanced to step %d: no longer stalled", run.pk, trainer_step)
+        run_broadcast_on_commit(run.pk, [_status_message(run)])
+    return ["trainer_step", "progress_at", "stalled_since"]
 
 
 def _status_message(run: Run) -> dict:
@@ -365,4 +475,5 @@ def _status_message(run: Run) -> dict:
         "status_reason": run.status_reason,
         "policy_version": run.policy_version,
         "trainer_step": run.trainer_step,
+        "stalled_since": run.stalled_since.isoformat() if run.stalled_since else None,
     }

@@ -63,7 +63,8 @@ class RunListCreateView(ListAPIView):
 
     def get_queryset(self):
         project_query_param(self.request)  # another's project is a 404, not an empty list
-        return run_list(user=self.request.user)
+        # Each run's attempts in one more query for the page, not one per run.
+        return run_list(user=self.request.user).prefetch_related("attempt_history")
 
     @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer})
     def post(self, request):

@@ -18,7 +18,7 @@ from domain_errors import Conflict, InvalidInput
 from runs.models import Run
 from runs.realtime import run_broadcast_on_commit
 from runs.services import run_progress_record
-from tandem.contracts import TrainerStepEvent
+from tandem.contracts import StepEpisodes, TrainerStepEvent
 
 from .models import DeviceSnapshot, MetricBucket, MetricPoint, StepTimelineRecord, Trace
 
@@ -29,7 +29,8 @@ TRACE_REFUSED_STATUSES = frozenset({Run.Status.FINISHED, Run.Status.CANCELLED})
 
 
 @transaction.atomic
-def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int:
+def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent],
+                         episode_chunks: Sequence[StepEpisodes] = ()) -> int:
     """Store the events' metric values and tell the run's open pages about them.
 
     Storing is idempotent: a retried post of the same events stores nothing new
@@ -39,6 +40,9 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
 
     JSON has no NaN or infinity, so a non-finite value (a diverged loss) is
     neither stored nor sent: the chart shows a gap at that step.
+
+    ``episode_chunks`` carry the rest of the episodes of steps too large for one post
+    (:func:`step_episodes_place`), in the same transaction as the events.
     """
     for index, event in enumerate(events):
         if event.run_id != run.pk:
@@ -47,6 +51,7 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
                 f"Event is for run {event.run_id}, posted to run {run.pk}.",
             )
     if not events:
+        step_episodes_place(run=run, chunks=episode_chunks)
         return 0
 
     # Locked before the points are written, so that two posts for the run take
@@ -83,6 +88,8 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent]) -> int
                                now=now)
 
     step_timelines_store(run=run, events=events, now=now)
+    # After the steps they belong to, which may be in this very post.
+    step_episodes_place(run=run, chunks=episode_chunks)
 
     run = run_progress_record(run=run, trainer_step=max(event.step for event in events),
                               policy_version=max(event.policy_version for event in events), at=now)
@@ -134,7 +141,8 @@ def step_timelines_store(*, run: Run, events: Sequence[TrainerStepEvent], now=No
             ended_at=event.timeline.spans[-1].ended_at,
             stages=detail["timeline"]["spans"],
             episodes=detail["episodes"],
-            episode_count=len(detail["episodes"]),
+            # A step cut into chunks counts all its episodes; the chunks fill in the rest.
+            episode_count=event.episodes_total if event.episodes_total is not None else len(detail["episodes"]),
             recorded_at=now,
         ))
     if not rows:
@@ -160,6 +168,35 @@ def step_timelines_store(*, run: Run, events: Sequence[TrainerStepEvent], now=No
     if oldest_kept:
         StepTimelineRecord.objects.filter(run=run, step__lt=oldest_kept[0]).delete()
     return len(rows)
+
+
+@transaction.atomic
+def step_episodes_place(*, run: Run, chunks: Sequence[StepEpisodes]) -> int:
+    """Place chunks of steps' episodes into the steps' timelines; returns the episodes placed.
+
+    A chunk lands at its offset, so a chunk posted again replaces itself. It follows its
+    step's event (in the same post or an earlier one): a chunk of a step this run has not
+    stored, or one that would leave a gap or overrun the step's count, is refused, naming it.
+    """
+    placed = 0
+    for index, chunk in enumerate(chunks):
+        field = f"episode_chunks.{index}"
+        if chunk.run_id != run.pk:
+            raise InvalidInput.for_field(f"{field}.run_id", f"Chunk is for run {chunk.run_id}, posted to run {run.pk}.")
+        record = StepTimelineRecord.objects.select_for_update().filter(run=run, step=chunk.step).first()
+        if record is None:
+            raise InvalidInput.for_field(f"{field}.step", f"Run {run.pk} has no stored step {chunk.step}: "
+                                         "post its event first.")
+        end = chunk.offset + len(chunk.episodes)
+        if chunk.offset > len(record.episodes) or end > record.episode_count:
+            raise InvalidInput.for_field(f"{field}.offset", (
+                f"Step {chunk.step} holds {len(record.episodes)} of its {record.episode_count} episodes; "
+                f"a chunk of {len(chunk.episodes)} at {chunk.offset} leaves a gap or overruns it."))
+        spans = json.loads(chunk.model_dump_json(include={"episodes"}))["episodes"]
+        record.episodes[chunk.offset:end] = spans
+        record.save(update_fields=["episodes"])
+        placed += len(spans)
+    return placed
 
 
 @transaction.atomic

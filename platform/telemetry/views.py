@@ -22,8 +22,8 @@ from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
 from config.query_params import int_query_param
 from domain_errors import InvalidInput, NotFound
-from runs.selectors import run_get, run_get_for_user
-from tandem.contracts import TelemetryReply, TrainerStepEvent
+from runs.selectors import run_get_for_user, run_get_held_by
+from tandem.contracts import TRAINER_HEADER, StepEpisodes, TelemetryReply, TrainerStepEvent
 
 from .device_listings import active_run_devices, tandem_processes
 from .models import MetricPoint, Trace
@@ -292,9 +292,23 @@ class TrainerTraceUploadView(GenericAPIView):
         serializer = TraceUploadSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        trace = trace_upload(run=run_get(run_id=run_id), trace_id=trace_id, first_step=data["first_step"],
+        trace = trace_upload(run=run_get_held_by(run_id=run_id, trainer=request.headers.get(TRAINER_HEADER, "")), trace_id=trace_id, first_step=data["first_step"],
                              last_step=data["last_step"], file=data.get("file"), error=data["error"])
         return Response(TraceSerializer(trace, context={"request": request}).data)
+
+
+def _episode_chunks(raw_chunks) -> list[StepEpisodes]:
+    if not isinstance(raw_chunks, list):
+        raise InvalidInput.for_field("episode_chunks", "Expected a list of StepEpisodes objects.")
+    if len(raw_chunks) > MAX_EVENTS_PER_POST:
+        raise InvalidInput.for_field("episode_chunks", f"At most {MAX_EVENTS_PER_POST} chunks per post.")
+    chunks = []
+    for index, raw_chunk in enumerate(raw_chunks):
+        try:
+            chunks.append(StepEpisodes.model_validate(raw_chunk))
+        except pydantic.ValidationError as error:
+            raise InvalidInput.from_pydantic(error, prefix=f"episode_chunks.{index}") from None
+    return chunks
 
 
 class TrainerTelemetryView(APIView):
@@ -314,7 +328,11 @@ class TrainerTelemetryView(APIView):
             {
                 "events": serializers.ListField(
                     child=serializers.DictField(), help_text="TrainerStepEvent objects."
-                )
+                ),
+                "episode_chunks": serializers.ListField(
+                    child=serializers.DictField(), required=False,
+                    help_text="StepEpisodes objects: the rest of the episodes of events whose episodes_total is set.",
+                ),
             },
         ),
         responses={
@@ -327,7 +345,7 @@ class TrainerTelemetryView(APIView):
         },
     )
     def post(self, request, run_id: int):
-        run = run_get(run_id=run_id)
+        run = run_get_held_by(run_id=run_id, trainer=request.headers.get(TRAINER_HEADER, ""))
         raw_events = request.data.get("events") if isinstance(request.data, dict) else None
         if not isinstance(raw_events, list):
             raise InvalidInput.for_field("events", "Expected a list of TrainerStepEvent objects.")
@@ -342,6 +360,7 @@ class TrainerTelemetryView(APIView):
             except pydantic.ValidationError as error:
                 raise InvalidInput.from_pydantic(error, prefix=f"events.{index}") from None
             _require_storable(events[-1], prefix=f"events.{index}")
-        stored = metric_events_record(run=run, events=events)
+        chunks = _episode_chunks(request.data.get("episode_chunks", []))
+        stored = metric_events_record(run=run, events=events, episode_chunks=chunks)
         reply = TelemetryReply(stored=stored, trace_requests=trace_requests_pending(run=run))
         return Response(reply.model_dump(mode="json"), status=status.HTTP_202_ACCEPTED)

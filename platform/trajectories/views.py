@@ -9,7 +9,8 @@ from rest_framework.response import Response
 from accounts.permissions import IsTrainer
 from config.pagination import PageNumberPagination
 from domain_errors import InvalidInput
-from runs.selectors import run_get, run_get_for_user
+from runs.selectors import run_get_for_user, run_get_held_by
+from tandem.contracts import TRAINER_HEADER
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 
 from .selectors import TrajectoryFilters, trajectory_sample_get, trajectory_sample_list
@@ -61,7 +62,7 @@ class TrainerTrajectoriesView(GenericAPIView):
         responses={202: inline_serializer("TrajectorySamplesStored", {"stored": serializers.IntegerField()})},
     )
     def post(self, request, run_id: int):
-        run = run_get(run_id=run_id)
+        run = run_get_held_by(run_id=run_id, trainer=request.headers.get(TRAINER_HEADER, ""))
         raw_samples = request.data.get("samples") if isinstance(request.data, dict) else None
         if not isinstance(raw_samples, list):
             raise InvalidInput.for_field("samples", "Expected a list of TrajectorySample objects.")

@@ -12,6 +12,7 @@ One module per topic:
   and the platform's reply to it;
 - ``trajectories``: finished episodes on the stream; ``trajectory_samples``:
   the ones the trainer sends for people to read;
+- ``demonstrations``: an SFT step's demonstrations, made by a producer for the trainer;
 - ``stages``: the trainer's stages, in the order a step runs them;
 - ``telemetry``: step events, stage timelines, episode spans, device reports, traces;
 - ``probes``: environment conformance probes; ``checkpoints``: committed checkpoints;
@@ -31,17 +32,25 @@ from tandem.contracts.checkpoints import (
     CheckpointInfo,
     CheckpointReport,
 )
+from tandem.contracts.demonstrations import (
+    DEMONSTRATION_ERROR_CHARS,
+    DemonstrationBatch,
+    DemonstrationMessage,
+)
 from tandem.contracts.environments import (
     ADAPTER_ENTRYPOINTS,
     ENVIRONMENT_KINDS,
     EnvironmentKind,
     EnvironmentKindDefinition,
+    EnvironmentSecrets,
     EnvironmentSpec,
     RequiredSetting,
+    SecretSettingValues,
     ToolSchema,
     environment_kind_choices,
 )
 from tandem.contracts.errors import (
+    TRAINER_HEADER,
     ErrorCode,
     TrainerConflictCode,
 )
@@ -51,13 +60,16 @@ from tandem.contracts.keys import (
     consumed_groups_key,
     consumed_trajectories_key,
     dead_letter_stream,
+    demonstration_stream,
     environment_paused_key,
     lineage_stream,
+    probe_environment_secrets_key,
     probe_request_key,
     process_report_field,
     process_reports_key,
     producers_key,
     rollout_task_crashes_key,
+    run_environment_secrets_key,
     run_group_counter_key,
     run_keys,
     run_spec_key,
@@ -108,6 +120,7 @@ from tandem.contracts.stages import (
     stage_metric_name,
 )
 from tandem.contracts.tasks import (
+    DEMONSTRATIONS_TASK_NAME,
     PLATFORM_QUEUE,
     PROBE_QUEUE,
     PROBE_REPORT_TASK_NAME,
@@ -122,6 +135,7 @@ from tandem.contracts.telemetry import (
     EpisodeOutcome,
     EpisodeSpan,
     StageSpan,
+    StepEpisodes,
     StepTimeline,
     TelemetryReply,
     TraceRequest,
@@ -149,6 +163,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SchemaVersionError",
     "ErrorCode",
+    "TRAINER_HEADER",
     "TrainerConflictCode",
     "KEY_PREFIX",
     "TRAINER_CONSUMER_GROUP",
@@ -158,18 +173,22 @@ __all__ = [
     "weights_key",
     "run_spec_key",
     "run_stop_key",
+    "run_environment_secrets_key",
     "run_group_counter_key",
     "consumed_groups_key",
     "consumed_trajectories_key",
     "producers_key",
     "lineage_stream",
+    "demonstration_stream",
     "process_reports_key",
     "process_report_field",
     "probe_request_key",
+    "probe_environment_secrets_key",
     "environment_paused_key",
     "run_keys",
     "ROLLOUT_TASK_NAME",
     "ROLLOUT_QUEUE",
+    "DEMONSTRATIONS_TASK_NAME",
     "PROBE_TASK_NAME",
     "PROBE_QUEUE",
     "PROBE_REPORT_TASK_NAME",
@@ -183,6 +202,8 @@ __all__ = [
     "episode_status_choices",
     "ToolSchema",
     "EnvironmentSpec",
+    "EnvironmentSecrets",
+    "SecretSettingValues",
     "RunStatus",
     "TERMINAL_RUN_STATUSES",
     "TRAINER_HELD_RUN_STATUSES",
@@ -208,6 +229,7 @@ __all__ = [
     "stage_metric_name",
     "STAGE_TIMELINE_VERSION",
     "StageSpan",
+    "StepEpisodes",
     "StepTimeline",
     "DeviceSample",
     "EpisodeOutcome",
@@ -226,6 +248,9 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointReport",
     "LineageEntry",
+    "DEMONSTRATION_ERROR_CHARS",
+    "DemonstrationMessage",
+    "DemonstrationBatch",
     "CircuitBreakerReport",
     "ProducerReport",
     "ProcessRole",

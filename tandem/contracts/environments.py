@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, SecretStr, model_validator
 
 from tandem.contracts.schema import Record
 
@@ -137,6 +137,10 @@ class EnvironmentSpec(Record):
     tools: tuple[ToolSchema, ...] = Field(
         (), description="Tools the environment must expose, exactly; the probe checks them."
     )
+    secret_setting_names: tuple[str, ...] = Field(
+        (), description="Names of the version's secret settings (keyword arguments too); their values never "
+        "travel in a spec, only to producers and probes (EnvironmentSecrets)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -167,3 +171,32 @@ class EnvironmentSpec(Record):
     @property
     def label(self) -> str:
         return f"{self.name}@{self.version}" if self.version else self.name
+
+
+def _reveal(values: dict[str, SecretStr]) -> dict[str, str]:
+    return {name: value.get_secret_value() for name, value in values.items()}
+
+
+#: Secret settings, name -> value. In memory each value is a SecretStr, so that a repr
+#: (a log line, a traceback's locals) shows '**********'; only a JSON dump, the write to
+#: Redis, reveals them.
+SecretSettingValues = Annotated[dict[str, SecretStr], PlainSerializer(_reveal, when_used="json")]
+
+
+class EnvironmentSecrets(Record):
+    """The secret settings of an environment version, which the platform writes for workers only.
+
+    Under a run's :func:`~tandem.contracts.keys.run_environment_secrets_key` from its claim
+    until it stops its producers, and a probe's
+    :func:`~tandem.contracts.keys.probe_environment_secrets_key` until the probe is
+    reported. The trainer is never sent them: its claim carries only
+    ``EnvironmentSpec.secret_setting_names``.
+    """
+
+    version_id: int = Field(description="The version they belong to.")
+    settings: SecretSettingValues = Field(
+        default_factory=dict, description="Keyword arguments merged over the spec's settings."
+    )
+
+    def revealed(self) -> dict[str, str]:
+        return _reveal(self.settings)

@@ -18,6 +18,11 @@ class ErrorCode(StrEnum):
     PERMISSION_DENIED = "permission_denied"
 
 
+# The header that names the trainer (its ``hostname:pid``, as it claimed) on each of its
+# writes to a run: the platform takes them only from the trainer holding the run.
+TRAINER_HEADER = "X-Tandem-Trainer"
+
+
 class TrainerConflictCode(StrEnum):
     """The error codes of the 409s a trainer can get for a run; the trainer acts on the code, not the message."""
 

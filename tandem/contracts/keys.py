@@ -41,6 +41,26 @@ def run_spec_key(run_id: int) -> str:
     return _run_key(run_id, "spec")
 
 
+def run_environment_secrets_key(run_id: int) -> str:
+    """Redis string holding the :class:`EnvironmentSecrets` JSON of a run's environment, for its producers.
+
+    Under ``tandem:secrets:``, apart from the run's other keys, so that a Redis ACL can give
+    secrets to the platform and workers and not to the trainer; and not one of
+    :func:`run_keys`, which the trainer deletes when it starts a claimed run. The platform
+    owns its life: it writes it when a trainer claims the run and deletes it when the run
+    stops its producers.
+    """
+    return f"{KEY_PREFIX}:secrets:run:{run_id}"
+
+
+def probe_environment_secrets_key(probe_id: int) -> str:
+    """Redis string holding the :class:`EnvironmentSecrets` JSON of the version a probe loads.
+
+    Beside :func:`probe_request_key`, with its TTL; the platform deletes it once the probe is reported.
+    """
+    return f"{KEY_PREFIX}:secrets:probe:{probe_id}"
+
+
 def run_stop_key(run_id: int) -> str:
     """Redis string set once a run ends; producers stop starting episodes."""
     return _run_key(run_id, "stop")
@@ -68,6 +88,15 @@ def consumed_trajectories_key(run_id: int) -> str:
 def producers_key(run_id: int) -> str:
     """Redis hash: producer process (``hostname:pid``) -> its latest :class:`ProducerReport` JSON."""
     return _run_key(run_id, "producers")
+
+
+def demonstration_stream(run_id: int) -> str:
+    """Redis stream of :class:`DemonstrationBatch`: producers' answers to the trainer's requests for SFT steps.
+
+    One stream per run rather than a key per step, so that :func:`run_keys` names it and it
+    expires with the run; the trainer deletes each answer once it has read it.
+    """
+    return _run_key(run_id, "demonstrations")
 
 
 def lineage_stream(run_id: int) -> str:
@@ -116,4 +145,5 @@ def run_keys(run_id: int) -> tuple[str, ...]:
         run_group_counter_key(run_id),
         lineage_stream(run_id),
         producers_key(run_id),
+        demonstration_stream(run_id),
     )

@@ -6,6 +6,11 @@ from __future__ import annotations
 # never imports the worker code (and never drags JAX init order into Celery).
 ROLLOUT_TASK_NAME = "tandem.rollouts.produce"
 ROLLOUT_QUEUE = "rollouts"
+# An SFT step's demonstrations are made where environment code runs, on the same
+# queue, so that every rollout worker answers them and the trainer never imports
+# an environment. Keyword arguments: run_id, step, count, seed, tool_call_format,
+# request_id; the answer is a DemonstrationBatch on the run's demonstration stream.
+DEMONSTRATIONS_TASK_NAME = "tandem.demonstrations.produce"
 
 
 # Conformance probes of registered environments run where environments run (the

@@ -306,6 +306,11 @@ class TrainerStepEvent(Record):
         "trainers older than this field. Not turned into metric values: the platform keeps them for "
         "its timeline.",
     )
+    episodes_total: int | None = Field(
+        None, ge=0,
+        description="Set when the step's episodes are too many for one post: how many it consumed. "
+        "`episodes` then holds the first of them and :class:`StepEpisodes` chunks carry the rest.",
+    )
     emitted_at: float
 
     @property
@@ -381,3 +386,17 @@ class TelemetryReply(Record):
     trace_requests: list[TraceRequest] = Field(
         default_factory=list, description="Requested traces of the run not yet uploaded, oldest first."
     )
+
+
+class StepEpisodes(Record):
+    """A chunk of a step's episodes, posted after its :class:`TrainerStepEvent` (whose ``episodes_total`` is set).
+
+    The platform's request bodies are capped (a few MiB), and a step of thousands of
+    episodes is larger: its spans follow in chunks, each placed at ``offset`` of the
+    step's list, so a chunk posted twice lands in the same place.
+    """
+
+    run_id: int
+    step: int
+    offset: int = Field(ge=0, description="Index in the step's episode list of this chunk's first episode.")
+    episodes: list[EpisodeSpan] = Field(min_length=1)

@@ -137,19 +137,26 @@ def trainer(make_user):
     return make_user("tandem-trainer", password=None, trainer=True)
 
 
+# The trainer that claims the runs of these tests (``running_run``), as its writes name it.
+TRAINER_NAME = "trainer-host:1"
+
+
 @pytest.fixture
-def trainer_api(client_for, trainer) -> APIClient:
-    return client_for(trainer)
+def trainer_api(trainer) -> APIClient:
+    """The trainer's client: its token, and its name on every request (the holder check of its writes)."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {trainer.raw_token}", HTTP_X_TANDEM_TRAINER=TRAINER_NAME)
+    return client
 
 
 @pytest.fixture
 def running_run(make_run, project, environment):
     """A run of alice's project that a trainer has claimed."""
     run = make_run(project, environment=environment)
-    claimed = run_claim_next(worker="trainer-host:1")
+    claimed = run_claim_next(worker=TRAINER_NAME)
     assert claimed is not None and claimed.pk == run.pk
     # The trainer's first heartbeat moves it from starting to running.
-    return run_heartbeat(run=claimed, heartbeat=TrainerHeartbeat(worker="trainer-host:1"))
+    return run_heartbeat(run=claimed, heartbeat=TrainerHeartbeat(worker=TRAINER_NAME))
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from trainer.platform_client import PlatformClient
 from trainer.trajectory_samples import TrajectorySampleBuffer
 
 from .builders import full_rl_step_event, step_event
+from .conftest import TRAINER_NAME
 from .test_run_page_browser import REPO_ROOT
 from .trajectory_builders import CALC, TOKENIZER, calculator_record, chat_calculator_record
 
@@ -65,7 +66,7 @@ def test_a_posted_trajectory_shows_its_turns_tool_call_and_trained_tokens(
         calculator_record(running_run.pk, status="failed"),
     ]
     # Sent as the trainer sends them: its sample buffer, through its platform client, over HTTP.
-    client = PlatformClient(server, trainer.raw_token)
+    client = PlatformClient(server, trainer.raw_token, trainer_name=TRAINER_NAME)
     buffer = TrajectorySampleBuffer(client, running_run.pk, TOKENIZER, per_step=2, tools=[CALC])
     buffer.add_step(step=3, records=records)
     buffer.flush()
@@ -124,7 +125,7 @@ def test_a_chat_template_trajectory_shows_role_tagged_messages_and_its_tokens_fo
     tokenizer = load_tokenizer(str(smollm2))
     record = chat_calculator_record(running_run.pk, tokenizer, status="truncated",
                                     reason="reached max_turns=2 before the environment ended the episode")
-    client = PlatformClient(server, trainer.raw_token)
+    client = PlatformClient(server, trainer.raw_token, trainer_name=TRAINER_NAME)
     buffer = TrajectorySampleBuffer(client, running_run.pk, tokenizer, per_step=2, tools=[CALC])
     buffer.add_step(step=4, records=[record])
     buffer.flush()
@@ -265,7 +266,7 @@ def test_every_run_chart_receives_live_points_and_a_trace_can_be_requested(
     server, chromium_page, running_run, trainer
 ):
     # Posted as the trainer posts them: its platform client, over HTTP, events built by its own code.
-    client = PlatformClient(server, trainer.raw_token)
+    client = PlatformClient(server, trainer.raw_token, trainer_name=TRAINER_NAME)
     client.post_events(running_run.pk, [full_rl_step_event(running_run.pk, 1)])
 
     page = chromium_page(server, f"/runs/{running_run.pk}/")

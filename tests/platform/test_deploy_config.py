@@ -7,6 +7,7 @@ production settings are loaded in fresh processes, with and without their secret
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -64,10 +65,85 @@ def test_compose_runs_production_settings_with_secrets_from_the_environment():
         assert "${POSTGRES_PASSWORD:?" in environment["DATABASE_URL"]
     assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
     redis_command = " ".join(SERVICES["redis"]["command"])
-    assert "--requirepass ${REDIS_PASSWORD:?" in redis_command and "--appendonly yes" in redis_command
-    assert "--maxmemory-policy noeviction" in redis_command
-    for name in TANDEM_SERVICES:
-        assert "${REDIS_PASSWORD:?" in SERVICES[name]["environment"]["REDIS_URL"], name
+    assert "--appendonly yes" in redis_command and "--maxmemory-policy noeviction" in redis_command
+
+
+# The Redis user each Tandem service connects as, and the variable holding its password.
+REDIS_ROLES = {
+    "web": ("tandem-platform", "REDIS_PLATFORM_PASSWORD"),
+    "platform-worker": ("tandem-platform", "REDIS_PLATFORM_PASSWORD"),
+    "worker": ("tandem-worker", "REDIS_WORKER_PASSWORD"),
+    "trainer": ("tandem-trainer", "REDIS_TRAINER_PASSWORD"),
+}
+
+
+def test_compose_connects_each_role_to_redis_as_its_own_user_with_its_own_password():
+    for name, (user, variable) in REDIS_ROLES.items():
+        url = re.fullmatch(r"redis://(?P<user>[\w-]+):(?P<password>\$\{\w+:\?[^}]*\})@redis:6379/0",
+                           SERVICES[name]["environment"]["REDIS_URL"])
+        assert url is not None, name
+        assert url["user"] == user, name
+        assert url["password"].startswith(f"${{{variable}:?"), name
+        # The admin's password (REDIS_PASSWORD) is the operator's, never a service's.
+        assert "REDIS_PASSWORD:" not in SERVICES[name]["environment"]["REDIS_URL"], name
+    assert len({user for user, _ in REDIS_ROLES.values()}) == 3
+    redis = SERVICES["redis"]
+    for _, variable in REDIS_ROLES.values():
+        assert redis["environment"][variable].startswith(f"${{{variable}:?"), variable
+    assert redis["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+
+
+def test_compose_keeps_redis_passwords_off_the_servers_command_line():
+    redis = SERVICES["redis"]
+    argv = " ".join(redis["entrypoint"] + redis["command"])
+    assert "${" not in argv and "requirepass" not in argv and "PASSWORD" not in argv
+    assert redis["entrypoint"] == ["sh", "/tandem-redis/entrypoint.sh"]
+    assert "./deploy/redis:/tandem-redis:ro" in redis["volumes"]
+    assert "/run/tandem-redis" in redis["tmpfs"]
+    entrypoint = (REPO_ROOT / "deploy/redis/entrypoint.sh").read_text()
+    assert "--aclfile /run/tandem-redis/users.acl" in entrypoint.replace('"$acl_file"', "/run/tandem-redis/users.acl")
+    # The health check signs in as admin with the password in the environment, not in argv.
+    assert 'REDISCLI_AUTH="$$REDIS_PASSWORD" redis-cli --user admin ping' in redis["healthcheck"]["test"][1]
+
+
+def _write_acl(tmp_path: Path, **passwords: str) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], **passwords}
+    return subprocess.run(["sh", str(REPO_ROOT / "deploy/redis/write-acl.sh"), str(tmp_path / "users.acl")],
+                          env=env, capture_output=True, text=True, timeout=30)
+
+
+ROLE_PASSWORDS = {variable: secrets.token_hex(24) for variable in
+                  ("REDIS_PASSWORD", "REDIS_PLATFORM_PASSWORD", "REDIS_WORKER_PASSWORD", "REDIS_TRAINER_PASSWORD")}
+
+
+def test_the_acl_file_turns_the_default_user_off_and_denies_dangerous_commands_to_every_role(tmp_path):
+    result = _write_acl(tmp_path, **ROLE_PASSWORDS)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "users.acl").read_text()
+    assert (tmp_path / "users.acl").stat().st_mode & 0o077 == 0
+    users = {line.split()[1]: line.split()[2:] for line in text.splitlines()}
+    assert set(users) == {"default", "admin", "tandem-platform", "tandem-worker", "tandem-trainer"}
+    assert users["default"][0] == "off"
+    for user in ("tandem-platform", "tandem-worker", "tandem-trainer"):
+        rules = users[user]
+        assert rules[0] == "on" and "-@dangerous" in rules, user
+        assert "allkeys" not in rules and "~*" not in rules, user
+    # The platform's cache and Channels layer are its own.
+    for user in ("tandem-worker", "tandem-trainer"):
+        assert "~tandem:*" not in users[user], user
+    # Hashes only: no password is in the file.
+    for password in ROLE_PASSWORDS.values():
+        assert password not in text
+
+
+@pytest.mark.parametrize("short", ["REDIS_PASSWORD", "REDIS_WORKER_PASSWORD"])
+def test_the_acl_file_is_not_written_with_a_missing_or_short_password(tmp_path, short):
+    result = _write_acl(tmp_path, **{**ROLE_PASSWORDS, short: "short"})
+    assert result.returncode != 0 and short in result.stderr
+    missing = {key: value for key, value in ROLE_PASSWORDS.items() if key != short}
+    result = _write_acl(tmp_path, **missing)
+    assert result.returncode != 0 and short in result.stderr
+    assert not (tmp_path / "users.acl").exists()
 
 
 def test_compose_gives_workers_no_database_and_the_trainer_its_token_in_the_environment():
@@ -92,7 +168,8 @@ def test_compose_keeps_state_in_named_volumes_mounted_wherever_it_is_used():
         assert mounts(service)["checkpoints"] == "/app/var/checkpoints", service
     assert mounts("web")["media"] == "/app/var/media"
     for service in SERVICES:
-        assert set(mounts(service)) <= declared, service
+        # Bind mounts of the checkout (./deploy/...) hold scripts, never state.
+        assert {source for source in mounts(service) if not source.startswith("./")} <= declared, service
 
 
 def test_compose_restarts_services_and_waits_for_healthy_dependencies():

@@ -21,6 +21,7 @@ from tandem.contracts import (
 from trainer.platform_client import PlatformClient
 
 from .builders import device_report, step_event
+from .conftest import TRAINER_NAME
 from .test_dashboard_browser import chromium_page  # noqa: F401 - the fixture
 from .test_run_page_browser import REPO_ROOT
 
@@ -44,8 +45,8 @@ def test_the_devices_page_shows_a_row_per_device_and_follows_new_reports(
     redis_client.hset(producers_key(running_run.pk), producer.worker, producer.model_dump_json())
     stranger_project = make_project(owner=make_user())
     their_run = make_run(stranger_project, environment=make_environment(stranger_project), name="not-alices")
-    assert run_claim_next(worker="trainer-host:9").pk == their_run.pk  # active too, but not alice's
-    client = PlatformClient(server, trainer.raw_token)
+    assert run_claim_next(worker=TRAINER_NAME).pk == their_run.pk  # active too, but not alice's
+    client = PlatformClient(server, trainer.raw_token, trainer_name=TRAINER_NAME)
     _post(client, running_run.pk, 3)
     _post(client, their_run.pk, 3)
 

@@ -15,6 +15,7 @@ from tandem.contracts import (
 from telemetry.selectors import run_list_trainer_held
 
 from .builders import device_report, step_event
+from .conftest import TRAINER_NAME
 
 
 @pytest.fixture
@@ -41,9 +42,9 @@ def _post_report(trainer_api, run, step: int = 3, **report) -> None:
 @pytest.fixture
 def second_running_run(make_run, project, environment, running_run):
     run = make_run(project, environment=environment, name="second")
-    claimed = run_claim_next(worker="trainer-host:2")
+    claimed = run_claim_next(worker=TRAINER_NAME)  # the trainer of both runs
     assert claimed.pk == run.pk
-    return run_heartbeat(run=claimed, heartbeat=TrainerHeartbeat(worker="trainer-host:2"))
+    return run_heartbeat(run=claimed, heartbeat=TrainerHeartbeat(worker=TRAINER_NAME))
 
 
 def test_only_active_runs_of_the_users_projects_are_listed(

@@ -53,8 +53,9 @@ EXPECTED_QUERIES = {
     "/api/projects/": 3,
     "/api/environments/": 4,
     "/api/environments/?project={}": 5,
-    "/api/runs/": 3,
-    "/api/runs/?project={}&status=queued": 4,
+    # Runs' attempts: 1 prefetch for the whole page.
+    "/api/runs/": 4,
+    "/api/runs/?project={}&status=queued": 5,
     "/api/projects/{}/members/": 4,
     "/api/tokens/": 3,
 }

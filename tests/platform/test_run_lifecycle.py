@@ -14,10 +14,12 @@ LEGAL = [
     ("starting", "paused"),
     ("starting", "failed"),
     ("starting", "cancelled"),
+    ("starting", "queued"),  # restarted: its trainer died before the first heartbeat
     ("running", "paused"),
     ("running", "finished"),
     ("running", "failed"),
     ("running", "cancelled"),
+    ("running", "queued"),  # restarted: its trainer died (config.max_restarts)
     ("paused", "queued"),
     ("paused", "cancelled"),
     ("failed", "queued"),

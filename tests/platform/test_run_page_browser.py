@@ -8,11 +8,12 @@ import httpx
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tandem.contracts import TrainerStepEvent
+from tandem.contracts import TRAINER_HEADER, TrainerStepEvent
 from telemetry.services import metric_events_record
 from tests.browser import launch_chromium, log_in
 
 from .builders import POINTS_PER_STEP_EVENT, step_event
+from .conftest import TRAINER_NAME
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,7 +28,7 @@ def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
     ]
     metric_events_record(run=running_run, events=history)
     trainer_http = httpx.Client(
-        base_url=server, headers={"Authorization": f"Token {trainer.raw_token}"}
+        base_url=server, headers={"Authorization": f"Token {trainer.raw_token}", TRAINER_HEADER: TRAINER_NAME}
     )
     user_http = httpx.Client(base_url=server, headers={"Authorization": f"Token {user.raw_token}"})
 

@@ -36,6 +36,8 @@ def _silence(run: Run, seconds: float) -> None:
 def test_the_reaper_fails_only_runs_whose_trainer_went_silent_and_stops_their_producers(
     running_run, make_run, project, environment, producers_redis
 ):
+    # No restarts left: the reaper fails it (see the restart tests below for the rest).
+    Run.objects.filter(pk=running_run.pk).update(config={**running_run.config, "max_restarts": 0})
     producers_redis.delete(run_stop_key(running_run.pk))
     alive = make_run(project, environment=environment)
     run_claim_next(worker="other-host:7")
@@ -50,11 +52,48 @@ def test_the_reaper_fails_only_runs_whose_trainer_went_silent_and_stops_their_pr
     assert running_run.status == "failed"
     assert "trainer-host:1 sent no heartbeat since" in running_run.status_reason
     assert "timeout 60 s" in running_run.status_reason
+    assert "no restarts left (config.max_restarts=0)" in running_run.status_reason
     assert producers_redis.get(run_stop_key(running_run.pk)) == b"1"
     assert Run.objects.get(pk=alive.pk).status == "starting"
     assert Run.objects.get(pk=queued.pk).status == "queued"
     # A second pass finds nothing more to do.
     assert run_reap_dead_trainers(heartbeat_timeout_s=60) == []
+
+
+def test_a_run_whose_trainer_died_is_queued_again_up_to_max_restarts_then_fails(running_run):
+    """Before, the reaper failed it 60 s later and it waited for someone to resume it by hand."""
+    Run.objects.filter(pk=running_run.pk).update(config={**running_run.config, "max_restarts": 2})
+    for restart, trainer in ((1, "second-host:2"), (2, "third-host:3")):
+        _silence(running_run, 120)
+        assert [run.pk for run in run_reap_dead_trainers(heartbeat_timeout_s=60)] == [running_run.pk]
+        running_run.refresh_from_db()
+        assert (running_run.status, running_run.restarts, running_run.claimed_by) == ("queued", restart, "")
+        assert f"restart {restart} of 2" in running_run.status_reason
+        # The next trainer's claim resumes it: attempts past 1 continue from the checkpoint.
+        claimed = run_claim_next(worker=trainer)
+        assert claimed.pk == running_run.pk and claimed.attempts == restart + 1
+    _silence(running_run, 120)
+    run_reap_dead_trainers(heartbeat_timeout_s=60)
+    running_run.refresh_from_db()
+    assert running_run.status == "failed" and "no restarts left (config.max_restarts=2)" in running_run.status_reason
+    # The run's page and API show each attempt: who held it, and how it ended.
+    history = [(a.number, a.trainer, a.outcome) for a in running_run.attempt_history.order_by("number")]
+    assert history == [(1, "trainer-host:1", "queued"), (2, "second-host:2", "queued"), (3, "third-host:3", "failed")]
+    assert all("sent no heartbeat since" in a.reason for a in running_run.attempt_history.all())
+
+
+def test_the_attempts_show_in_the_api_and_on_the_run_page(api, running_run):
+    _silence(running_run, 120)
+    run_reap_dead_trainers(heartbeat_timeout_s=60)
+    run_claim_next(worker="second-host:2")
+
+    body = api.get(f"/api/runs/{running_run.pk}/").json()
+    assert body["restarts"] == 1
+    assert [(a["number"], a["trainer"], a["outcome"]) for a in body["attempt_history"]] == [
+        (1, "trainer-host:1", "queued"), (2, "second-host:2", "")]
+    api.force_login(running_run.project.memberships.first().user)
+    page = api.get(f"/runs/{running_run.pk}/").content.decode()
+    assert 'data-attempt="2"' in page and "second-host:2" in page and "1 restart by the platform" in page
 
 
 @pytest.mark.django_db(transaction=True)
@@ -168,3 +207,13 @@ def test_a_liveness_heartbeat_refreshes_the_run_without_moving_it(trainer_api, m
     assert run.status == "starting"
     assert timezone.now() - run.heartbeat_at < timedelta(seconds=5)
     assert run_reap_dead_trainers(heartbeat_timeout_s=30) == []
+
+
+def test_a_user_cannot_resume_a_run_a_trainer_holds(api, running_run):
+    """Queued from running is the reaper's restart only: a user's resume would take the run from a live trainer."""
+    response = api.post(f"/api/runs/{running_run.pk}/resume/")
+
+    assert response.status_code == 409, response.content
+    assert "only a paused or failed run can be resumed" in response.json()["error"]["message"]
+    running_run.refresh_from_db()
+    assert running_run.status == "running" and running_run.claimed_by == "trainer-host:1"

@@ -153,8 +153,8 @@ def test_the_runs_list_makes_the_same_few_queries_however_many_runs(
         else:
             make_run(other_project, environment=other_environment)
 
-    # One COUNT for the page, one SELECT joining project and environment.
-    with django_assert_num_queries(2):
+    # One COUNT for the page, one SELECT joining project and environment, one for the runs' attempts.
+    with django_assert_num_queries(3):
         response = client.get("/api/runs/")
     assert len(response.json()["results"]) == 6
 
@@ -166,8 +166,8 @@ def test_showing_a_run(api, project, environment, make_run):
 
     expected_keys = {
         "id", "project", "name", "environment", "environment_version", "status", "status_reason", "config",
-        "policy_version", "trainer_step", "attempts", "heartbeat_at", "created_at", "started_at",
-        "finished_at", "urls",
+        "policy_version", "trainer_step", "attempts", "attempt_history", "restarts", "stalled_since",
+        "heartbeat_at", "created_at", "started_at", "finished_at", "urls",
     }  # fmt: skip
     assert set(body) == expected_keys
     assert body["name"] == "shown" and body["status"] == "queued"

@@ -15,6 +15,7 @@ from tandem.contracts import TrainerStepEvent
 from trainer.platform_client import PlatformClient
 
 from .builders import episode_span, timeline_event
+from .conftest import TRAINER_NAME
 from .test_dashboard_browser import chromium_page  # noqa: F401 (a fixture)
 from .test_run_page_browser import REPO_ROOT
 
@@ -63,7 +64,7 @@ def test_the_timeline_draws_every_step_and_episode_and_follows_the_run(
     t0 = time.time() - 40
     history = simulated_run(running_run.pk, range(1, 21), t0=t0, rng=rng)
     # Posted as the trainer posts them: its platform client, over HTTP.
-    client = PlatformClient(server, trainer.raw_token)
+    client = PlatformClient(server, trainer.raw_token, trainer_name=TRAINER_NAME)
     client.post_events(running_run.pk, history)
 
     stages = sum(len(event.timeline.spans) for event in history)

@@ -45,6 +45,7 @@ def test_a_claim_starts_the_oldest_queued_run(trainer_api, project, environment,
         "entrypoint": "environments.builtin.calculator:CalculatorEnvironment",
         "settings": {},
         "tools": version.tools,
+        "secret_setting_names": [],
     }
     assert claimed["attempts"] == 1
     oldest.refresh_from_db()

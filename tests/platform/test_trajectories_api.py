@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from runs.services import run_claim_next
 from trajectories.models import TrajectorySample
 
+from .conftest import TRAINER_NAME
 from .trajectory_builders import calculator_sample, post_body
 
 
@@ -33,6 +35,7 @@ def test_posted_samples_are_stored_once_and_read_back_turn_by_turn(trainer_api, 
 
 def test_only_staff_post_samples_and_only_for_the_run_they_name(api, trainer_api, running_run, make_run):
     other = make_run()
+    assert run_claim_next(worker=TRAINER_NAME).pk == other.pk  # this trainer holds both
     sample = calculator_sample(running_run.pk)
 
     assert _post(api, running_run.pk, sample).status_code == 403
@@ -65,6 +68,7 @@ def test_a_trajectory_of_another_run_is_not_found_under_this_one(
     api, trainer_api, running_run, make_run, project, environment
 ):
     other_run = make_run(project, environment=environment)
+    assert run_claim_next(worker=TRAINER_NAME).pk == other_run.pk
     sample = calculator_sample(other_run.pk)
     assert _post(trainer_api, other_run.pk, sample).status_code == 202
 

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tandem.client import TandemClient
+from tandem.contracts import TRAINER_HEADER
 from tandem.local_ports import free_local_port
 from tandem.stack import Credentials, LocalStack, StackConfig
 from tests.e2e.conftest import fresh_database
@@ -52,10 +53,13 @@ class Trainer:
     """The trainer's side of the API, as trainer/ speaks it: claim, heartbeat, telemetry."""
 
     def __init__(self, platform: Platform, user_client: TandemClient):
-        self.http = httpx.Client(base_url=platform.url, timeout=10,
-                                 headers={"Authorization": f"Token {platform.credentials.trainer_token}"})
-        self.user_client = user_client
         self.worker = "test-host:1"
+        self.http = httpx.Client(base_url=platform.url, timeout=10,
+                                 headers={"Authorization": f"Token {platform.credentials.trainer_token}",
+                                          TRAINER_HEADER: self.worker})
+        self.user_client = user_client
+        # The runs this trainer claimed: it writes only to those (the platform checks the holder).
+        self.holding: set[int] = set()
 
     def claim(self, run_id: int) -> None:
         """Claim exactly this run: claims take the oldest queued run, so others are cancelled first."""
@@ -65,6 +69,7 @@ class Trainer:
         response = self.http.post("/api/trainer/claim/", json={"worker": self.worker})
         assert response.status_code == 200, response.text
         assert response.json()["run"]["id"] == run_id
+        self.holding.add(run_id)
         self.heartbeat(run_id)
 
     def heartbeat(self, run_id: int, status: str | None = "running", **fields) -> str:
@@ -74,6 +79,9 @@ class Trainer:
         return response.json()["status"]
 
     def post_steps(self, run_id: int, steps: range | list[int]) -> None:
+        """Post step events for ``run_id``, claiming it first if this trainer does not hold it yet."""
+        if run_id not in self.holding:
+            self.claim(run_id)
         response = self.http.post(f"/api/trainer/runs/{run_id}/telemetry/",
                                   json={"events": [step_event(run_id, step) for step in steps]})
         assert response.status_code == 202, response.text

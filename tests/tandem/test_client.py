@@ -138,8 +138,10 @@ def test_trajectories_are_listed_filtered_and_read_with_their_turns(client, trai
     samples = [calculator_sample(run.id, step=1, reward=1.0),
                calculator_sample(run.id, step=2, reward=0.0, why="worst"),
                calculator_sample(run.id, step=2, reward=0.0, status="failed", why="failed")]
-    # As the trainer posts them (trainer.platform_client).
-    poster = PlatformClient(str(trainer.http.base_url), trainer.http.headers["Authorization"].split()[1])
+    # As the trainer posts them (trainer.platform_client), for a run it holds.
+    trainer.claim(run.id)
+    poster = PlatformClient(str(trainer.http.base_url), trainer.http.headers["Authorization"].split()[1],
+                            trainer_name=trainer.worker)
     poster.post_trajectory_samples(run.id, samples)
     poster.close()
 
@@ -246,6 +248,7 @@ def test_the_stream_loses_no_step_across_a_reconnect(platform, client, trainer, 
         web.wait(timeout=20)
         with TandemClient(other.config.platform_url, platform.credentials.user_token) as other_client:
             other_trainer = Trainer(Platform(other, platform.credentials), other_client)
+            other_trainer.holding = trainer.holding  # the same trainer, through the other server
             other_trainer.post_steps(run.id, [2, 3])
             other_trainer.http.close()
         platform.stack.start_web()

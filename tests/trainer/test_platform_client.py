@@ -6,12 +6,25 @@ import httpx
 import pytest
 
 import trainer.main as trainer_main
-from tandem.contracts import RunStatus, TrainerConflictCode, TrainerHeartbeat
-from trainer.platform_client import PlatformClient, RunTakenOverError, UnusableClaimError
+from tandem.contracts import (
+    TRAINER_HEADER,
+    EpisodeSpan,
+    RunStatus,
+    TrainerConflictCode,
+    TrainerHeartbeat,
+    TrainerStepEvent,
+)
+from trainer.platform_client import (
+    MAX_TELEMETRY_POST_BYTES,
+    PlatformClient,
+    RunTakenOverError,
+    UnusableClaimError,
+    telemetry_posts,
+)
 
 
 def _client_answering(status_code: int, body: dict) -> PlatformClient:
-    client = PlatformClient("http://platform.test", "token", retries=0)
+    client = PlatformClient("http://platform.test", "token", trainer_name="w:1", retries=0)
     client._http = httpx.Client(base_url="http://platform.test",
                                 transport=httpx.MockTransport(lambda request: httpx.Response(status_code,
                                                                                              json=body)))
@@ -42,8 +55,16 @@ def test_the_code_of_a_run_held_by_another_trainer_stops_this_one_with_the_platf
         client.heartbeat(7, TrainerHeartbeat(worker="w:1"))
 
 
+def test_a_run_no_trainer_holds_any_more_stops_this_one_too():
+    """The reaper queued the run again while this trainer was presumed dead: it is no longer this one's."""
+    client = _client_answering(409, _conflict(TrainerConflictCode.RUN_NOT_CLAIMED, "Run 7 is held by no trainer"))
+
+    with pytest.raises(RunTakenOverError, match="held by no trainer"):
+        client.heartbeat(7, TrainerHeartbeat(worker="w:1"))
+
+
 def test_another_conflict_is_not_taken_for_a_takeover_whatever_its_message_says():
-    client = _client_answering(409, _conflict(TrainerConflictCode.RUN_NOT_CLAIMED, "held by trainer (sic)"))
+    client = _client_answering(409, _conflict("conflict", "held by trainer (sic)"))
 
     with pytest.raises(httpx.HTTPStatusError):
         client.heartbeat(7, TrainerHeartbeat(worker="w:1"))
@@ -74,8 +95,8 @@ def test_the_trainer_fails_an_unusable_run_with_its_reason_and_stays_up(monkeypa
             return httpx.Response(200, json={"schema_version": 1, "status": "failed"})
         return next(answers, httpx.Response(204))
 
-    def client_of_this_platform(url, token):
-        client = PlatformClient(url, token, retries=0)
+    def client_of_this_platform(url, token, *, trainer_name, retries=None):
+        client = PlatformClient(url, token, trainer_name=trainer_name, retries=0)
         client._http = httpx.Client(base_url=url, transport=httpx.MockTransport(platform))
         return client
 
@@ -85,3 +106,67 @@ def test_the_trainer_fails_an_unusable_run_with_its_reason_and_stays_up(monkeypa
 
     assert runs == 1
     assert [(beat["status"], "rl_steps" in beat["message"]) for beat in heartbeats] == [("failed", True)]
+
+
+def test_every_request_names_the_trainer_so_the_platform_can_check_it_holds_the_run():
+    seen: list[str] = []
+
+    def platform(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get(TRAINER_HEADER, ""))
+        return httpx.Response(202, json={"schema_version": 1, "stored": 0, "trace_requests": []})
+
+    client = PlatformClient("http://platform.test", "token", trainer_name="gpu-1:42", retries=0)
+    client._http = httpx.Client(base_url="http://platform.test", headers=client._http.headers,
+                                transport=httpx.MockTransport(platform))
+    client.post_events(7, [])
+
+    assert seen == ["gpu-1:42"]
+
+
+def test_a_platform_that_answers_503_is_asked_again_until_it_answers():
+    """A restarting platform (a proxy's 503, a refused connection) costs the trainer a wait, never the run."""
+    answers = iter([httpx.Response(503), httpx.Response(502)])
+    attempts: list[int] = []
+
+    def platform(request: httpx.Request) -> httpx.Response:
+        attempts.append(1)
+        if len(attempts) == 3:
+            raise httpx.ConnectError("refused")
+        return next(answers, httpx.Response(200, json={"schema_version": 1, "status": "running"}))
+
+    client = PlatformClient("http://platform.test", "token", trainer_name="w:1")
+    client._http = httpx.Client(base_url="http://platform.test", transport=httpx.MockTransport(platform))
+
+    assert client.heartbeat(7, TrainerHeartbeat(worker="w:1")) == RunStatus.RUNNING
+    assert len(attempts) == 4
+
+
+def _event_with_episodes(step: int, count: int) -> TrainerStepEvent:
+    episodes = [EpisodeSpan(trajectory_id=f"t{step}-{index}", group_id=f"g{index // 8}", environment="calculator",
+                            status="ok", failure_reason="", started_at=1.0, finished_at=2.0, generation_s=0.5,
+                            environment_s=0.25, policy_version=step, newest_policy_version=step,
+                            reward=float(index % 2), outcome="trained") for index in range(count)]
+    return TrainerStepEvent(run_id=7, step=step, phase="rl", policy_version=step, wall_s=1.0, wait_s=0.0,
+                            compute_s=1.0, publish_s=0.0, other_s=0.0, loss=0.5, emitted_at=1.0, episodes=episodes)
+
+
+def test_a_step_of_thousands_of_episodes_goes_in_posts_the_platform_takes_with_every_episode_once():
+    """Before, a step of about 7,400 episodes made one body over Django's 2.5 MiB cap, refused on every try."""
+    events = [_event_with_episodes(1, 10), _event_with_episodes(2, 9000), _event_with_episodes(3, 10)]
+
+    bodies = telemetry_posts(events, max_bytes=MAX_TELEMETRY_POST_BYTES)
+
+    assert len(bodies) > 1
+    assert all(len(json.dumps(body)) <= MAX_TELEMETRY_POST_BYTES for body in bodies)
+    sent_events = [event for body in bodies for event in body["events"]]
+    assert [event["step"] for event in sent_events] == [1, 2, 3]
+    big = sent_events[1]
+    assert big["episodes_total"] == 9000 and 0 < len(big["episodes"]) < 9000
+    placed = {index: episode["trajectory_id"] for index, episode in enumerate(big["episodes"])}
+    for chunk in (chunk for body in bodies for chunk in body["episode_chunks"]):
+        assert chunk["step"] == 2
+        for index, episode in enumerate(chunk["episodes"], start=chunk["offset"]):
+            assert index not in placed
+            placed[index] = episode["trajectory_id"]
+    assert placed == {index: f"t2-{index}" for index in range(9000)}
+    assert "episodes_total" not in sent_events[0] or sent_events[0]["episodes_total"] is None

@@ -263,3 +263,19 @@ def test_a_resuming_trainer_takes_over_a_dead_trainers_pending_entries_at_once(r
     assert resumed.consumed_group_ids([f"{run_id}-{i}" for i in range(5)]) == {f"{run_id}-0"}
     resumed.record_consumed_groups([f"{run_id}-4"])
     assert resumed.consumed_group_ids([f"{run_id}-4"]) == {f"{run_id}-4"}
+
+
+def test_a_consumer_group_redis_lost_is_recreated_after_the_newest_entry_trained_on(redis_client, run_id):
+    """Before, a Redis restarted without its data left every read failing with NOGROUP, for good."""
+    stream = trajectory_stream(run_id)
+    reader = TrajectoryStreamReader(redis_client, run_id=run_id, consumer="trainer-a")
+    trained = _append(redis_client, run_id, _record(run_id, "g1"), _record(run_id, "g1"))
+    assert [entry.entry_id for entry in reader.read(block_ms=100)] == trained
+    reader.restart_position = trained[-1]  # as the feed sets it once the step is trained
+    fresh = _append(redis_client, run_id, _record(run_id, "g2"))
+
+    redis_client.xgroup_destroy(stream, TRAINER_CONSUMER_GROUP)  # what a Redis without its data has
+
+    assert [entry.entry_id for entry in reader.read(block_ms=100)] == fresh
+    assert reader.counters.groups_recreated == 1
+    assert redis_client.xinfo_groups(stream)[0]["name"].decode() == TRAINER_CONSUMER_GROUP

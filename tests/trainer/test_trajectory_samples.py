@@ -144,7 +144,7 @@ def test_the_best_and_worst_rewards_and_the_failures_are_selected_once_each():
 
 def test_a_platform_that_does_not_answer_loses_the_samples_and_not_the_step():
     # Nothing listens on this port: the post fails at once, and flush must not raise.
-    client = PlatformClient(f"http://127.0.0.1:{free_local_port()}", "token", retries=0)
+    client = PlatformClient(f"http://127.0.0.1:{free_local_port()}", "token", trainer_name="w:1", retries=0)
     buffer = TrajectorySampleBuffer(client, 7, TOKENIZER, per_step=2, tools=[CALC])
     buffer.add_step(step=1, records=[_record(reward=1.0), _record(reward=0.0)])
     assert len(buffer.pending) == 2

@@ -18,7 +18,15 @@ from environment_registry.builtin import CALCULATOR
 from environment_registry.models import EnvironmentVersion
 from environment_registry.services import environment_register
 from environments import http_example_server
-from tandem.contracts import PLATFORM_QUEUE, PROBE_QUEUE, EnvironmentSpec, environment_paused_key
+from tandem.contracts import (
+    PLATFORM_QUEUE,
+    PROBE_QUEUE,
+    EnvironmentSpec,
+    environment_paused_key,
+    probe_environment_secrets_key,
+    probe_request_key,
+)
+from tests.workers.secret_environments import API_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBE_TIMEOUTS = {"reset": 2.0, "step": 2.0, "close": 2.0}
@@ -173,3 +181,24 @@ def test_beat_health_checks_pause_an_environment_whose_server_died(
                      logs=processes, what="the pause flag", timeout_s=10)
     assert b"reset: RemoteEnvironmentError" in flag
     redis_client.delete(environment_paused_key(version.pk))
+
+
+def test_a_worker_probes_an_environment_with_its_secret_settings(processes, owner_project, settings_for_probes,
+                                                                 redis_client):
+    user, project = owner_project
+    spec = EnvironmentSpec(name="keyed", kind="python",
+                           entrypoint="tests.workers.secret_environments:KeyedEnvironment")
+    version = environment_register(user=user, project=project, spec=spec, secret_settings={"api_key": API_KEY})
+
+    ready = _wait_for(lambda: _settled(version.pk), logs=processes, what="the probe of a keyed environment")
+
+    # KeyedEnvironment cannot be built without its key and rewards 1 only with the right one.
+    assert ready.status == "ready", ready.status_reason
+    step = next(check for check in ready.probes.get().checks if check["name"] == "step")
+    assert step["message"] == "reward 1, done True"
+    # Recording the report deleted the probe's secrets; its request never held them.
+    probe_id = ready.probes.get().pk
+    assert redis_client.get(probe_environment_secrets_key(probe_id)) is None
+    assert API_KEY.encode() not in (redis_client.get(probe_request_key(probe_id)) or b"")
+    logs = "".join(path.read_text(errors="replace") for path in processes.glob("*.log"))
+    assert API_KEY not in logs

@@ -1,8 +1,8 @@
 """Finding 1 of the security audit, on the worker: a registration the platform would now refuse,
 already stored or sent straight to a worker, still imports and calls nothing outside the allowed modules.
 
-Probes, producers and the trainer all load environments through
-``load_environment_class``; the gymnasium adapter checks its factory itself.
+Probes and producers (of episodes and of SFT demonstrations; the trainer loads none) all load
+environments through ``load_environment_class``; the gymnasium adapter checks its factory itself.
 """
 
 from __future__ import annotations

@@ -94,6 +94,8 @@
   const el = {
     status: document.getElementById("run-status"),
     statusReason: document.getElementById("run-status-reason"),
+    stalled: document.getElementById("run-stalled"),
+    stalledSince: document.getElementById("run-stalled-since"),
     step: document.getElementById("run-step"),
     policyVersion: document.getElementById("run-policy-version"),
     connection: document.getElementById("run-connection"),
@@ -485,6 +487,14 @@
       }
     }
     if (update.status_reason !== undefined) el.statusReason.textContent = update.status_reason;
+    // The progress watchdog's flag: set while the step stands still, null once it advances.
+    if (update.stalled_since !== undefined) {
+      el.stalled.hidden = update.stalled_since === null;
+      if (update.stalled_since !== null) {
+        el.stalledSince.dateTime = update.stalled_since;
+        el.stalledSince.textContent = update.stalled_since.replace("T", " ").slice(0, 19);
+      }
+    }
     // Versions only grow: a REST answer that left before a socket message must not
     // put an older version back on screen.
     const version = update.policy_version;

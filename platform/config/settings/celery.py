@@ -14,7 +14,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A trainer heartbeats every 2 s; a minute of silence means it is gone, not slow
 # (a checkpoint or a compile never blocks the loop that long).
 TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S = env_float("TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S", 60.0)
-# The reaper's period: a dead trainer's run is failed at most timeout + period after its last heartbeat.
+# The reaper's period: a dead trainer's run is restarted (or failed) at most timeout + period after
+# its last heartbeat. The progress watchdog runs as often.
 TANDEM_REAPER_INTERVAL_S = env_float("TANDEM_REAPER_INTERVAL_S", 10.0)
 # Celery beat (run embedded in the platform worker: `tandem platform-worker`,
 # which `tandem up` starts) sends the reaper and the environment health sweep,
@@ -22,6 +23,12 @@ TANDEM_REAPER_INTERVAL_S = env_float("TANDEM_REAPER_INTERVAL_S", 10.0)
 CELERY_BEAT_SCHEDULE = {
     "reap-dead-trainers": {
         "task": "tandem.platform.reap_dead_trainers",
+        "schedule": TANDEM_REAPER_INTERVAL_S,
+        "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": TANDEM_REAPER_INTERVAL_S},
+    },
+    # The progress watchdog: flags running runs whose step stopped advancing (config.stall_timeout_s).
+    "flag-stalled-runs": {
+        "task": "tandem.platform.flag_stalled_runs",
         "schedule": TANDEM_REAPER_INTERVAL_S,
         "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": TANDEM_REAPER_INTERVAL_S},
     },

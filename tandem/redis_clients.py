@@ -1,0 +1,62 @@
+"""Redis clients for Tandem's long-lived processes (trainer, producers): they ride out a Redis restart.
+
+A command that meets a dropped connection, a refused one or a Redis still loading its
+append-only file (``BusyLoadingError``) reconnects and runs again, with backoff, for as
+long as it takes: a restarted Redis costs the processes a wait, never a crash. The
+retries are logged, so that a Redis that stays away is seen, not a silent hang.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import AbstractBackoff, ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+logger = logging.getLogger(__name__)
+
+# Doubling from BASE up to CAP seconds between tries.
+RETRY_BASE_S = 0.1
+RETRY_CAP_S = 5.0
+RETRIED_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+class _LoggedBackoff(AbstractBackoff):
+    """The jittered exponential backoff, with a log line on the first failure and about every minute after."""
+
+    def __init__(self, url_label: str):
+        self._inner = ExponentialWithJitterBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S)
+        self._label = url_label
+
+    def reset(self) -> None:
+        self._inner.reset()
+
+    def compute(self, failures: int) -> float:
+        delay = self._inner.compute(failures)
+        if failures == 1 or failures % 12 == 0:
+            logger.warning("Redis at %s unreachable (%d failed tries); retrying", self._label, failures)
+        return delay
+
+
+def _retry_options(url: str, retry_class: type = Retry) -> dict:
+    # Credentials stay out of the log line.
+    label = url.rsplit("@", 1)[-1]
+    return {
+        "retry": retry_class(_LoggedBackoff(label), retries=-1, supported_errors=RETRIED_ERRORS),
+        "retry_on_error": list(RETRIED_ERRORS),
+        "health_check_interval": 15,
+        "socket_keepalive": True,
+    }
+
+
+def durable_redis(url: str, **options) -> redis.Redis:
+    """A client whose commands retry across Redis restarts (see the module's docstring)."""
+    return redis.Redis.from_url(url, **{**_retry_options(url), **options})
+
+
+def durable_async_redis(url: str, **options) -> aioredis.Redis:
+    """:func:`durable_redis` for asyncio code (the producers' episode loops)."""
+    return aioredis.from_url(url, **{**_retry_options(url, AsyncRetry), **options})

@@ -1,0 +1,87 @@
+"""`tandem up` supervises its processes (issue 15, finding 7).
+
+Before, killing the trainer with SIGKILL stopped the whole local stack, web included. Now a
+crashed process is started again with backoff, the restart is logged, and the rest runs on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import redis
+
+from tandem.local_ports import free_local_port
+from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
+
+
+def _pids(pattern: str) -> set[int]:
+    found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout.split()
+    return {int(pid) for pid in found}
+
+
+def _wait(predicate, *, timeout_s: float, what: str, up: subprocess.Popen, log) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert up.poll() is None, f"tandem up exited ({up.returncode}):\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/api/", timeout=2).status_code < 500
+    except httpx.TransportError:
+        return False
+
+
+def test_tandem_up_restarts_a_killed_trainer_and_a_crashed_web_server_while_the_rest_runs_on(tmp_path):
+    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + "/13"
+    redis.Redis.from_url(redis_url).flushdb()
+    port = free_local_port()
+    url = f"http://127.0.0.1:{port}"
+    output = tmp_path / "up.out"
+    with fresh_database() as database_url, output.open("wb") as out:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "tandem.cli", "up", "--port", str(port), "--workers", "1",
+             "--var-dir", str(tmp_path)],
+            env={**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url},
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        # Each process's command line names this test's own directory or port.
+        trainer_pattern = f"tandem.cli trainer --platform-url {url}"
+        web_pattern = f"config.asgi:application --host 127.0.0.1 --port {port}"
+        worker_pattern = "tandem.cli worker --name rollouts-0@"
+        supervisor_log = tmp_path / "logs" / "supervisor.log"
+        try:
+            _wait(lambda: b"Tandem is up" in output.read_bytes(), timeout_s=300, what="the stack", up=up, log=output)
+            (trainer,) = _pids(trainer_pattern)
+            workers_before = _pids(worker_pattern)
+
+            os.kill(trainer, signal.SIGKILL)
+            _wait(lambda: _pids(trainer_pattern) - {trainer}, timeout_s=60, what="a new trainer", up=up, log=output)
+            assert "trainer exited with code -9" in supervisor_log.read_text()
+            assert "restarted trainer (restart 1" in supervisor_log.read_text()
+            assert _answers(url), "the web server went down with the trainer"
+            assert _pids(worker_pattern) == workers_before, "the rollout worker was restarted too"
+
+            (web,) = _pids(web_pattern)
+            os.kill(web, signal.SIGKILL)
+            _wait(lambda: _answers(url) and _pids(web_pattern) - {web}, timeout_s=120, what="the web server back",
+                  up=up, log=output)
+            assert "restarted web (restart 1" in supervisor_log.read_text()
+            assert b"web exited with code -9: restarted" in output.read_bytes()
+        finally:
+            up.send_signal(signal.SIGTERM)
+            try:
+                assert up.wait(timeout=60) == 0, output.read_text()[-3000:]
+            finally:
+                if up.poll() is None:
+                    os.killpg(up.pid, signal.SIGKILL)
+        # Stopping `tandem up` stops what it supervises, restarted processes included.
+        time.sleep(1)
+        assert not _pids(trainer_pattern) and not _pids(web_pattern), "processes outlived tandem up"

@@ -1,0 +1,78 @@
+"""The long-lived processes' Redis clients ride out a Redis restart (a real redis-server of the test's own)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tandem.local_ports import free_local_port
+from tandem.redis_clients import durable_async_redis, durable_redis
+
+
+def _start(port: int, directory: Path) -> subprocess.Popen:
+    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+                                "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if redis.Redis(port=port, socket_connect_timeout=1).ping():
+                return process
+        except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def restartable_redis(tmp_path):
+    port = free_local_port()
+    servers = [_start(port, tmp_path)]
+
+    def restart_after(seconds: float) -> threading.Thread:
+        servers[-1].kill()
+        servers[-1].wait(timeout=10)
+        thread = threading.Timer(seconds, lambda: servers.append(_start(port, tmp_path)))
+        thread.start()
+        return thread
+
+    yield port, restart_after
+    for server in servers:
+        server.kill()
+        server.wait(timeout=10)
+
+
+def test_a_command_sent_while_redis_is_down_runs_once_it_is_back(restartable_redis, caplog):
+    """Before, a plain client raised ConnectionError: the trainer's stream read, and its run, died with it."""
+    port, restart_after = restartable_redis
+    client = durable_redis(f"redis://127.0.0.1:{port}/0")
+    client.set("before", "1")
+
+    restarted = restart_after(1.5)
+    assert client.set("during", "2")  # blocks until the server is back
+    restarted.join()
+
+    assert client.get("before") == b"1" and client.get("during") == b"2"  # the append-only file kept "before"
+    assert "unreachable" in caplog.text  # a Redis that stays away is logged, not a silent hang
+    client.close()
+
+
+def test_the_async_client_rides_out_the_restart_too(restartable_redis):
+    port, restart_after = restartable_redis
+
+    async def produce() -> bytes:
+        client = durable_async_redis(f"redis://127.0.0.1:{port}/0")
+        await client.xadd("stream", {"a": "1"})
+        restarted = restart_after(1.5)
+        await client.xadd("stream", {"a": "2"})
+        restarted.join()
+        length = await client.xlen("stream")
+        await client.aclose()
+        return length
+
+    assert asyncio.run(produce()) == 2

@@ -1,0 +1,38 @@
+"""Environments that need a secret setting, as one calling a paid API does; imported by workers by entrypoint.
+
+No Django and no pytest here: a rollout worker imports this module.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from environments.base import Environment, StepResult
+
+# What a registration sends as its secret setting; tests look for it in everything a user can read.
+API_KEY = "sk-test-3f9c1e7a-not-a-real-key"
+
+
+class KeyedEnvironment(Environment):
+    """Cannot be built without ``api_key``; rewards 1 only when it was given the right one."""
+
+    def __init__(self, *, api_key: str, greeting: str = "hello"):
+        self.api_key = api_key
+        self.greeting = greeting
+
+    def sample_task(self, rng: random.Random) -> dict[str, Any]:
+        return {}
+
+    async def reset(self, task: dict[str, Any]) -> str:
+        return f"{self.greeting}\n"
+
+    async def step(self, action: str) -> StepResult:
+        return StepResult("", 1.0 if self.api_key == API_KEY else 0.0, True)
+
+
+class KeyQuotingEnvironment(KeyedEnvironment):
+    """Fails every step with an error that quotes its key, as an API client's error may."""
+
+    async def step(self, action: str) -> StepResult:
+        raise RuntimeError(f"the upstream API refused key {self.api_key}")
