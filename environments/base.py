@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.contracts import EpisodeCloseReason
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -89,6 +91,31 @@ class Demonstration:
     turns: tuple[DemonstrationTurn, ...]
 
 
+DEMONSTRATION_ROLES = ("policy", "environment")
+
+
+def checked_demonstrations(value: Any, where: str = "demonstrations()") -> list[Demonstration]:
+    """``value`` as a list if it is demonstrations: each a :class:`Demonstration` of a str prompt
+    and turns of a known role and str text."""
+    if not isinstance(value, list | tuple):
+        raise MalformedOutputError(f"{where} returned a {type(value).__name__}, expected a list of Demonstration")
+    for index, demonstration in enumerate(value):
+        at = f"{where}[{index}]"
+        if not isinstance(demonstration, Demonstration):
+            raise MalformedOutputError(f"{at} is a {type(demonstration).__name__}, expected Demonstration")
+        if not isinstance(demonstration.prompt, str):
+            raise MalformedOutputError(f"{at}.prompt is a {type(demonstration.prompt).__name__}, expected str")
+        for turn_index, turn in enumerate(demonstration.turns):
+            if not isinstance(turn, DemonstrationTurn):
+                raise MalformedOutputError(f"{at}.turns[{turn_index}] is a {type(turn).__name__}, "
+                                           "expected DemonstrationTurn")
+            if turn.role not in DEMONSTRATION_ROLES or not isinstance(turn.text, str):
+                raise MalformedOutputError(f"{at}.turns[{turn_index}] is ({turn.role!r}, "
+                                           f"{type(turn.text).__name__}), expected a role of "
+                                           f"{' or '.join(DEMONSTRATION_ROLES)} and str text")
+    return list(value)
+
+
 class Environment(abc.ABC):
     """Subclass this to plug an environment into Tandem.
 
@@ -111,9 +138,24 @@ class Environment(abc.ABC):
     async def step(self, action: str) -> StepResult:
         """Apply the policy's action (its text, stripped of special tokens)."""
 
-    def demonstrations(self, count: int, rng: random.Random) -> list[Demonstration]:
-        """Demonstrations for an SFT warm-up; environments without any return []."""
+    def demonstrations(self, count: int, rng: random.Random
+                       ) -> list[Demonstration] | Awaitable[list[Demonstration]]:
+        """At most ``count`` demonstrations for an SFT warm-up; environments without any return [].
+
+        May be a coroutine function: a remote environment fetches its demonstrations.
+        """
         return []
+
+    async def close_episode(self, reason: EpisodeCloseReason) -> None:
+        """Tell the environment that its episode ended, and why; called once, just before ``close``.
+
+        The agent calls it after every episode that reached the environment,
+        whatever the outcome (``reason``), and the probe after its episode
+        (``EpisodeCloseReason.PROBE``); a remote environment passes it on to its
+        server, which may then release the episode's state. Its failure is
+        logged, never the episode's. The default does nothing.
+        """
+        return None
 
     async def close(self) -> None:
         """Release what the episode held (connections, threads); called once when it ends.

@@ -8,8 +8,15 @@ Any :class:`~environments.base.Environment` subclass can be served
 (one instance per episode; its tools answer ``/tool``), so an existing Python
 environment can run on another machine unchanged.
 
-``GET /stats`` (not part of the protocol) tells what clients did: requests
-per route and the connections they came on, for tests and benchmarks.
+``GET /stats`` (not part of the protocol) tells what clients did, for tests and
+benchmarks: requests per route, the connections they came on, and episodes:
+``{"reset": n, "closed": n, "open": n, "closed_unknown": n, "close_reasons": {reason: n}}``
+(``reset`` counts episode ids, not retried requests; ``open`` those reset and not
+closed yet; ``closed_unknown`` closes of an id that was not open: closed twice, or
+never reset).
+
+``POST /close`` ends the episode's environment (its ``close_episode`` and
+``close``); ``GET /demonstrations`` serves the environment's own ``demonstrations()``.
 
 ``--latency-ms`` delays every step and tool call, like an environment that
 runs code or drives a browser: the case where asynchronous rollouts pay off,
@@ -24,6 +31,10 @@ on the same server, e.g. ``http://127.0.0.1:8765/faults/garbage-json``:
 - ``huge-observation``: /reset answers a 1 MB observation
 - ``hang``: /reset never answers
 - ``flaky``: the first two /reset requests of each episode answer 503
+- ``hang-step``: /step never answers
+- ``minimal``: only the protocol's required routes: /close and /demonstrations answer 404,
+  and /schema does not advertise demonstrations
+- ``bad-demonstrations``: /demonstrations answers a turn of an unknown role
 """
 
 from __future__ import annotations
@@ -32,18 +43,23 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import inspect
 import json
 import random
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from environments.base import Environment
 from environments.builtin.calculator import CalculatorEnvironment
 
-FAULTS = ("garbage-json", "missing-field", "wrong-type", "huge-observation", "hang", "flaky")
+FAULTS = ("garbage-json", "missing-field", "wrong-type", "huge-observation", "hang", "flaky", "hang-step",
+          "minimal", "bad-demonstrations")
+# Most demonstrations one request may ask for.
+MAX_DEMONSTRATIONS = 1024
 
 
 class EnvironmentServer:
@@ -64,6 +80,10 @@ class EnvironmentServer:
         self.reset_attempts: dict[str, int] = {}
         self.requests: collections.Counter[str] = collections.Counter()
         self.client_addresses: set[tuple[str, int]] = set()
+        self.open_episode_ids: set[str] = set()  # reset, not closed yet
+        self.episodes_reset = 0
+        self.closed_unknown = 0
+        self.close_reasons: collections.Counter[str] = collections.Counter()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -91,7 +111,8 @@ class EnvironmentServer:
             fault, path = parts[2], "/" + (parts[3] if len(parts) > 3 else "")
         try:
             request = json.loads(body) if body else {}
-            status, payload = await self.handle(scope["method"], path, request, fault)
+            query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode()))
+            status, payload = await self.handle(scope["method"], path, request, fault, query)
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
             status, payload = 400, {"error": f"{type(exc).__name__}: {exc}"}
         raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -99,22 +120,49 @@ class EnvironmentServer:
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": raw})
 
-    async def handle(self, method: str, path: str, request: dict[str, Any], fault: str | None):
+    async def handle(self, method: str, path: str, request: dict[str, Any], fault: str | None,
+                     query: dict[str, str] | None = None):
         if fault is not None and fault not in FAULTS:
             return 404, {"error": f"unknown fault {fault!r}"}
         route = (method, path)
         if route == ("GET", "/health"):
             return 200, {"status": "ok"}
         if route == ("GET", "/stats"):
-            return 200, {"requests": dict(self.requests), "connections": len(self.client_addresses)}
+            return 200, {"requests": dict(self.requests), "connections": len(self.client_addresses),
+                         "episodes": {"reset": self.episodes_reset,
+                                      "closed": sum(self.close_reasons.values()) - self.closed_unknown,
+                                      "open": len(self.open_episode_ids), "closed_unknown": self.closed_unknown,
+                                      "close_reasons": dict(self.close_reasons)}}
         if route == ("GET", "/schema"):
-            return 200, {"name": self.name, "protocol_version": 1,
-                         "tools": [{"name": tool.name, "description": tool.description,
-                                    "parameters": tool.parameters} for tool in self._task_source.tools]}
+            schema = {"name": self.name, "protocol_version": 1,
+                      "tools": [{"name": tool.name, "description": tool.description,
+                                 "parameters": tool.parameters} for tool in self._task_source.tools]}
+            if fault != "minimal":
+                schema["demonstrations"] = True  # every environment has them, if only []
+            return 200, schema
+        if fault == "minimal" and path in ("/close", "/demonstrations"):
+            return 404, {"error": f"no route {method} {path}"}
+        if route == ("GET", "/demonstrations"):
+            return 200, {"demonstrations": await self._demonstrations(query or {}, fault)}
+        if route == ("POST", "/close"):
+            episode_id, reason = str(request["episode_id"]), str(request["reason"])
+            self.close_reasons[reason] += 1
+            if episode_id in self.open_episode_ids:
+                self.open_episode_ids.discard(episode_id)
+            else:
+                self.closed_unknown += 1
+            environment = self.episodes.pop(episode_id, None)
+            if environment is not None:
+                await environment.close_episode(reason)
+                await environment.close()
+            return 200, {}
         if route == ("POST", "/task"):
             return 200, {"task": self._task_source.sample_task(random.Random(int(request["seed"])))}
         if route == ("POST", "/reset"):
             episode_id = str(request["episode_id"])
+            if episode_id not in self.open_episode_ids:  # a retried reset is the same episode
+                self.open_episode_ids.add(episode_id)
+                self.episodes_reset += 1
             if fault == "hang":
                 await asyncio.sleep(3600)
             if fault == "flaky":
@@ -133,10 +181,9 @@ class EnvironmentServer:
             environment = self.episodes.get(str(request["episode_id"]))
             if environment is None:
                 return 404, {"error": "unknown episode_id"}
-            await asyncio.sleep(self.latency_s)
+            await asyncio.sleep(3600 if fault == "hang-step" else self.latency_s)
+            # Kept after done until /close (or evicted by max_episodes, for clients that never close).
             result = await environment.step(str(request["action"]))
-            if result.done:
-                self.episodes.pop(str(request["episode_id"]), None)
             payload = {"observation": result.observation, "reward": result.reward, "done": result.done,
                        "info": result.info}
             if fault == "garbage-json":
@@ -156,6 +203,21 @@ class EnvironmentServer:
             await asyncio.sleep(self.latency_s)
             return 200, {"result": await tool.run(dict(request["arguments"]))}
         return 404, {"error": f"no route {method} {path}"}
+
+    async def _demonstrations(self, query: dict[str, str], fault: str | None) -> list[dict[str, Any]]:
+        seed, count = int(query["seed"]), int(query["count"])
+        if not 0 <= count <= MAX_DEMONSTRATIONS:
+            raise ValueError(f"count must be between 0 and {MAX_DEMONSTRATIONS}, got {count}")
+        demonstrations = self._task_source.demonstrations(count, random.Random(seed))
+        if inspect.isawaitable(demonstrations):
+            demonstrations = await demonstrations
+        served = [{"prompt": demonstration.prompt,
+                   "turns": [{"role": turn.role, "text": turn.text} for turn in demonstration.turns]}
+                  for demonstration in demonstrations]
+        if fault == "bad-demonstrations":
+            for demonstration in served:
+                demonstration["turns"].append({"role": "narrator", "text": "and then"})
+        return served
 
 
 class ServerNotHealthyError(RuntimeError):

@@ -268,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from tandem.cli_client import register_subcommands  # login, runs, envs: the platform's API
     register_subcommands(commands)
+    from tandem.cli_datasets import register_dataset_subcommands  # datasets: SFT data
+    register_dataset_subcommands(commands)
     return parser
 
 

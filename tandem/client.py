@@ -116,6 +116,25 @@ class Environment(_Record):
         return (self.latest_version or {}).get("secret_setting_names", [])
 
 
+class Dataset(_Record):
+    """An SFT dataset of a project with its newest version (number, row_count, size_bytes, sha256 ...)."""
+
+    id: int
+    project: int | None = None
+    name: str
+    latest_version: dict[str, Any] | None = None
+    versions: list[dict[str, Any]] | None = None  # in the answers that carry them, newest first
+
+    @property
+    def version(self) -> int | None:
+        """The newest version's number."""
+        return (self.latest_version or {}).get("number")
+
+    @property
+    def row_count(self) -> int:
+        return (self.latest_version or {}).get("row_count", 0)
+
+
 class Run(_Record):
     id: int
     project: int
@@ -280,6 +299,59 @@ class EnvironmentsAPI:
             probes = self._transport.request("GET", version_path)["probes"]
             probe = next((item for item in probes if item["id"] == probe["id"]), probe)
         return probe
+
+
+class DatasetsAPI:
+    """SFT datasets of the caller's projects: JSONL files of chat conversations, in immutable versions."""
+
+    def __init__(self, transport: _Transport):
+        self._transport = transport
+
+    def list(self, *, project: int | None = None) -> Iterator[Dataset]:
+        for item in self._transport.paginate("/api/datasets/", {"project": project}):
+            yield Dataset.model_validate(item)
+
+    def get(self, name: str, *, project: int | None = None) -> Dataset:
+        for dataset in self.list(project=project):
+            if dataset.name == name:
+                return Dataset.model_validate(self._transport.request("GET", f"/api/datasets/{dataset.id}/"))
+        raise TandemAPIError(status_code=404, code=ErrorCode.NOT_FOUND,
+                             message=f"No dataset named {name!r} in your projects.",
+                             fields={"name": [f"No dataset named {name!r}."]})
+
+    def register(self, name: str, file: str | os.PathLike | None = None, *, path: str | None = None,
+                 project: int | None = None) -> Dataset:
+        """Upload the JSONL ``file`` (streamed) as the next version of ``name`` (1 for a new name).
+
+        Or ``path``: a file on the platform's host, under its operator's dataset roots.
+        A file with any bad row stores nothing; the error's ``fields["file"]`` names each
+        bad line and field (``line 17: messages.2.role: ...``).
+        """
+        if (file is None) == (path is None):
+            raise ValueError("give either file (to upload) or path (on the platform's host)")
+        fields = {"name": name, **({"project": str(project)} if project is not None else {})}
+        if path is not None:
+            body = self._transport.request("POST", "/api/datasets/", json={**fields, "path": path,
+                                                                           "project": project})
+            return Dataset.model_validate(body)
+        with open(file, "rb") as handle:
+            body = self._transport.request("POST", "/api/datasets/", data=fields,
+                                           files={"file": (Path(file).name, handle, "application/jsonl")})
+        return Dataset.model_validate(body)
+
+    def rows(self, name: str, *, version: int | None = None, project: int | None = None,
+             page_size: int = 500) -> Iterator[dict[str, Any]]:
+        """The rows of version ``version`` (default: the newest) of ``name``, in file order."""
+        dataset = self.get(name, project=project)
+        number = version or dataset.version
+        offset = 0
+        while True:
+            page = self._transport.request("GET", f"/api/datasets/{dataset.id}/versions/{number}/rows/",
+                                           params={"offset": offset, "limit": page_size})
+            yield from page["rows"]
+            offset += len(page["rows"])
+            if not page["rows"] or offset >= page["total"]:
+                return
 
 
 class RunsAPI:
@@ -517,7 +589,7 @@ def saved_login() -> tuple[str, str]:
 
 class TandemClient:
     """The platform's API for users: ``runs`` (with their metrics and sampled trajectories),
-    ``environments`` and ``projects``.
+    ``environments``, ``datasets`` and ``projects``.
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0):
@@ -525,6 +597,7 @@ class TandemClient:
         self.base_url = self._transport.base_url
         self.runs = RunsAPI(self._transport)
         self.environments = EnvironmentsAPI(self._transport)
+        self.datasets = DatasetsAPI(self._transport)
         self.projects = ProjectsAPI(self._transport)
 
     @classmethod
@@ -548,7 +621,7 @@ class TandemClient:
 
 
 __all__ = [
-    "EndpointUnavailable", "Environment", "LoginMissing", "MetricPoint", "MetricsPage", "Project", "Run", "RunEvent",
+    "Dataset", "EndpointUnavailable", "Environment", "LoginMissing", "MetricPoint", "MetricsPage", "Project", "Run", "RunEvent",
     "RunWaitTimeout", "StepMetrics", "TandemAPIError", "TandemClient", "login_path",
     "save_login", "saved_login",
 ]

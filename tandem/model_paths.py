@@ -54,8 +54,12 @@ def _within(path: Path, root: Path) -> bool:
 
 
 def check_model_path(path: str, *, roots: Iterable[Path] | None = None,
-                     refused_root: Path | None = None) -> Path:
+                     refused_root: Path | None = None, roots_setting: str = MODEL_ROOTS_SETTING,
+                     roots_name: str = "model roots") -> Path:
     """``path`` resolved, if it lies under one of ``roots`` and not under ``refused_root``.
+
+    ``roots_setting`` and ``roots_name``: how a refusal names the roots (another kind of
+    file the operator confines, such as SFT datasets, names its own).
 
     Raises:
       ModelPathRefused: it does not; the message names the setting that would allow it.
@@ -69,8 +73,8 @@ def check_model_path(path: str, *, roots: Iterable[Path] | None = None,
         raise ModelPathRefused(f"{path!r} lies in the checkpoint root {refused_root}")
     if not any(_within(resolved, root) for root in roots):
         raise ModelPathRefused(
-            f"{path!r} (resolved: {resolved}) is under none of the model roots in "
-            f"{MODEL_ROOTS_SETTING}: {', '.join(map(str, roots))}"
+            f"{path!r} (resolved: {resolved}) is under none of the {roots_name} in "
+            f"{roots_setting}: {', '.join(map(str, roots))}"
         )
     return resolved
 

@@ -21,6 +21,7 @@ from tandem.model_config import ModelConfig
 from tandem.optimizer_config import OptimizerConfig, ScheduleConfig
 from tandem.parallelism_config import LoRAConfig, MeshConfig
 from tandem.rollout_config import RolloutConfig, SamplingConfig, StreamConfig
+from tandem.sft_config import SFTConfig
 from tandem.weights_config import CheckpointConfig, WeightsConfig
 
 # Version 1 was the flat root (no schema_version); 2 groups it into sections.
@@ -65,6 +66,11 @@ class RunConfig(BaseModel):
         300, ge=0, le=100_000, description="Supervised steps on the environment's demonstrations before RL."
     )
     sft_batch_size: int = Field(32, ge=1, le=4096, description="Demonstrations per SFT step.")
+    sft: SFTConfig = Field(
+        default_factory=SFTConfig,
+        description="The SFT phase's data: uploaded datasets and the environment's demonstrations, by weight. "
+        "A run with sft_steps > 0 needs one of them (the platform refuses it otherwise).",
+    )
     rl_steps: int = Field(40, ge=0, le=1_000_000, description="RL trainer steps; the run finishes after them.")
     trajectory_samples_per_step: int = Field(
         2, ge=0, le=64,

@@ -66,7 +66,8 @@ class DemonstrationFeed:
 
     def __init__(self, *, redis_client: redis.Redis, celery_app: Celery, run_id: int, run_seed: int,
                  steps: int, count: int, tool_call_format: str, block_ms: int = 500,
-                 warn_every_s: float = 60.0, clock=time.monotonic):
+                 warn_every_s: float = 60.0, ask_again_after_s: float = 120.0, give_up_after_s: float = 1800.0,
+                 clock=time.monotonic):
         self._redis = redis_client
         self._celery = celery_app
         self._run_id = run_id
@@ -76,11 +77,15 @@ class DemonstrationFeed:
         self._tool_call_format = tool_call_format
         self._block_ms = block_ms
         self._warn_every_s = warn_every_s
+        # A request can be lost (a Redis that lost its data, a worker that hung on it): asked
+        # again this often, and past the last bound the run fails rather than wait for ever.
+        self._ask_again_after_s = ask_again_after_s
+        self._give_up_after_s = give_up_after_s
         self._clock = clock
         self.stream = demonstration_stream(run_id)
-        # Step -> id of this feed's request for it. Answers to any other request (an
-        # earlier trainer's of this run, before a resume) are deleted unread.
-        self._requests: dict[int, str] = {}
+        # Step -> ids of this feed's requests for it (asked again: more than one). Answers to any
+        # other request (an earlier trainer's of this run, before a resume) are deleted unread.
+        self._requests: dict[int, set[str]] = {}
         self._answers: dict[int, DemonstrationBatch] = {}
         # From the start: answers left in the stream are read (and dropped) too.
         self._last_entry_id = "0-0"
@@ -101,11 +106,18 @@ class DemonstrationFeed:
             self._request(step + 1)
         if step not in self._answers:
             with waiting or nullcontext():
-                started = last_said = self._clock()
+                started = last_said = last_asked = self._clock()
                 while step not in self._answers:
                     self._read()
                     between_reads()
                     now = self._clock()
+                    if step not in self._answers and now - started >= self._give_up_after_s:
+                        raise DemonstrationsFailedError(
+                            f"no producer answered the requests for SFT step {step + 1}'s demonstrations in "
+                            f"{now - started:.0f}s (is a rollout worker consuming {ROLLOUT_QUEUE!r}?)")
+                    if step not in self._answers and now - last_asked >= self._ask_again_after_s:
+                        last_asked = now
+                        self._request(step, again=True)
                     if step not in self._answers and now - last_said >= self._warn_every_s:
                         last_said = now
                         logger.warning(
@@ -120,11 +132,11 @@ class DemonstrationFeed:
             raise DemonstrationsFailedError(f"the demonstrations of SFT step {step + 1} failed: {batch.error}")
         return batch.messages
 
-    def _request(self, step: int) -> None:
-        if step in self._requests:
+    def _request(self, step: int, *, again: bool = False) -> None:
+        if step in self._requests and not again:
             return
         request_id = uuid.uuid4().hex
-        self._requests[step] = request_id
+        self._requests.setdefault(step, set()).add(request_id)
         self._celery.send_task(DEMONSTRATIONS_TASK_NAME, kwargs={
             "run_id": self._run_id, "step": step, "count": self._count,
             "seed": demonstration_seed(self._run_seed, step), "tool_call_format": self._tool_call_format,
@@ -145,5 +157,5 @@ class DemonstrationFeed:
                     raise DemonstrationsFailedError(
                         f"a producer's demonstrations could not be read (a producer of another version?): {exc}"
                     ) from exc
-                if self._requests.get(batch.step) == batch.request_id and batch.step not in self._answers:
+                if batch.request_id in self._requests.get(batch.step, ()) and batch.step not in self._answers:
                     self._answers[batch.step] = batch

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from tandem.contracts import (
     TRAINER_HEADER,
     CheckpointReport,
+    DatasetRowsPage,
     EnvironmentSpec,
     EpisodeSpan,
     RunStatus,
@@ -68,7 +69,25 @@ class ClaimedRun:
 RETRY_FIRST_DELAY_S = 0.5
 RETRY_MAX_DELAY_S = 30.0
 # Answers worth asking again: the platform restarting, overloaded, or behind a proxy that lost it.
-RETRIED_STATUS_CODES = frozenset({429, 500, 502, 503, 504})
+# These (and connection errors) are retried for as long as it takes ...
+UNAVAILABLE_STATUS_CODES = frozenset({429, 502, 503, 504})
+# ... and these a few times only: the same request failing on the server again and again is a
+# bug to report, not an outage to wait out.
+RETRIED_STATUS_CODES = UNAVAILABLE_STATUS_CODES | {500}
+SERVER_ERROR_RETRIES = 4
+
+
+def is_unavailable(exc: Exception) -> bool:
+    """Whether ``exc`` (from a request out of retries) says the platform is away: worth waiting out."""
+    if isinstance(exc, PlatformUnavailableError):
+        return True
+    return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in UNAVAILABLE_STATUS_CODES
+
+
+def is_retryable(exc: Exception) -> bool:
+    """:func:`is_unavailable`, or a server error: worth trying again later, not at once."""
+    return is_unavailable(exc) or (isinstance(exc, httpx.HTTPStatusError)
+                                   and exc.response.status_code in RETRIED_STATUS_CODES)
 
 
 def retry_delays(first_s: float = RETRY_FIRST_DELAY_S, cap_s: float = RETRY_MAX_DELAY_S):
@@ -96,6 +115,8 @@ class PlatformClient:
         )
         self.trainer_name = trainer_name
         self._retries = retries
+        # Telemetry bodies the platform refused as invalid (logged with their steps).
+        self.refused_posts = 0
 
     def close(self) -> None:
         self._http.close()
@@ -125,6 +146,8 @@ class PlatformClient:
                     _raise_for_status(response)
                     return response
                 trouble = f"HTTP {response.status_code}"
+                if response.status_code not in UNAVAILABLE_STATUS_CODES and attempt >= SERVER_ERROR_RETRIES:
+                    response.raise_for_status()
             if retries is not None and attempt >= retries:
                 if response is None:
                     raise PlatformUnavailableError(f"POST {path}: {trouble}")
@@ -136,6 +159,36 @@ class PlatformClient:
                                delay)
             attempt += 1
             time.sleep(delay)
+
+    def _get(self, path: str, params: dict) -> httpx.Response:
+        """GET, retried like :meth:`_post` (with the client's retries)."""
+        delays = retry_delays()
+        attempt = 0
+        while True:
+            try:
+                response = self._http.get(path, params=params)
+            except httpx.TransportError as exc:
+                trouble, response = f"{type(exc).__name__}: {exc}", None
+            else:
+                if response.status_code not in RETRIED_STATUS_CODES:
+                    _raise_for_status(response)
+                    return response
+                trouble = f"HTTP {response.status_code}"
+            if self._retries is not None and attempt >= self._retries:
+                if response is None:
+                    raise PlatformUnavailableError(f"GET {path}: {trouble}")
+                response.raise_for_status()
+            delay = next(delays)
+            if attempt == 0 or attempt % 10 == 0:
+                logger.warning("platform: GET %s failed (%s); retry %d in %.1fs", path, trouble, attempt + 1, delay)
+            attempt += 1
+            time.sleep(delay)
+
+    def dataset_rows(self, run_id: int, name: str, version: int, *, offset: int, limit: int) -> DatasetRowsPage:
+        """A page of the rows of dataset ``name@version``, which the run's config pins (sft.datasets)."""
+        response = self._get(f"/api/trainer/runs/{run_id}/datasets/{name}/versions/{version}/rows/",
+                             {"offset": offset, "limit": limit})
+        return DatasetRowsPage.model_validate(response.json())
 
     def claim(self, worker: str) -> ClaimedRun | None:
         response = self._post("/api/trainer/claim/", {"worker": worker})
@@ -173,19 +226,31 @@ class PlatformClient:
         of them, the rest following in :class:`StepEpisodes` chunks. Returns the last reply (the
         newest trace requests). A post of the same events again stores nothing twice.
         """
-        replies = [
-            TelemetryReply.model_validate(
-                self._post(f"/api/trainer/runs/{run_id}/telemetry/", body, retries=retries).json())
-            for body in telemetry_posts(events)
-        ]
-        return replies[-1]
+        reply = TelemetryReply(stored=0)
+        for body in telemetry_posts(events):
+            try:
+                response = self._post(f"/api/trainer/runs/{run_id}/telemetry/", body, retries=retries)
+            except httpx.HTTPStatusError as exc:
+                if is_retryable(exc):
+                    raise
+                # Refused as invalid: posting it again would be refused again. The bodies after it
+                # are still sent; what this one held is logged, never silently gone.
+                steps = sorted({event["step"] for event in body["events"]}
+                               | {chunk["step"] for chunk in body["episode_chunks"]})
+                logger.error("run %s: the platform refused the telemetry of steps %s: %s", run_id,
+                             steps, exc.response.text[:500])
+                self.refused_posts += 1
+                continue
+            reply = TelemetryReply.model_validate(response.json())
+        return reply
 
     def upload_trace(self, run_id: int, trace_id: int, *, first_step: int, last_step: int,
                      archive: Path | None, error: str = "") -> None:
         """Hand in a requested trace: the zipped trace directory, or why there is none."""
         fields = {"first_step": str(first_step), "last_step": str(last_step), "error": error}
         files = {"file": (archive.name, archive.read_bytes(), "application/zip")} if archive else {}
-        self._post(f"/api/trainer/runs/{run_id}/traces/{trace_id}/", fields, files=files)
+        # A few tries: it is sent from the training loop, which must not wait out an outage.
+        self._post(f"/api/trainer/runs/{run_id}/traces/{trace_id}/", fields, files=files, retries=3)
 
     def post_trajectory_samples(self, run_id: int, samples: list[TrajectorySample], *,
                                 timeout_s: float = 5.0) -> None:
@@ -235,14 +300,18 @@ def telemetry_posts(events: list[TrainerStepEvent], *, max_bytes: int = MAX_TELE
 
     def add(text: str, into: list[str]) -> None:
         nonlocal size
-        if size + len(text) + 64 > max_bytes or len(events_json) + len(chunks_json) >= max_events:
+        length = _wire_bytes(text)
+        if size + length + 64 > max_bytes or len(events_json) + len(chunks_json) >= max_events:
             close()
         into.append(text)
-        size += len(text) + 1
+        size += length + 1
 
     for event in events:
+        if event.timeline is None and event.episodes:
+            # The platform keeps episodes only for the timeline of a step it can draw.
+            event = event.model_copy(update={"episodes": []})
         text = event.model_dump_json()
-        if len(text) + 64 <= max_bytes:
+        if _wire_bytes(text) + 64 <= max_bytes:
             add(text, events_json)
             continue
         episodes = event.episodes
@@ -258,7 +327,7 @@ def telemetry_posts(events: list[TrainerStepEvent], *, max_bytes: int = MAX_TELE
 
 def _with_episodes_that_fit(bare: TrainerStepEvent, episodes: list[EpisodeSpan], max_bytes: int) -> TrainerStepEvent:
     """``bare`` with as many of ``episodes`` as fit in half a post, and ``episodes_total`` set."""
-    count = _count_that_fit(episodes, 0, max_bytes // 2 - len(bare.model_dump_json()))
+    count = _count_that_fit(episodes, 0, max_bytes // 2 - _wire_bytes(bare.model_dump_json()))
     return bare.model_copy(update={"episodes": episodes[:count], "episodes_total": len(episodes)})
 
 
@@ -274,11 +343,16 @@ def _episode_chunk(event: TrainerStepEvent, episodes: list[EpisodeSpan], offset:
 def _count_that_fit(episodes: list[EpisodeSpan], offset: int, budget: int) -> int:
     count, used = 0, 0
     for episode in episodes[offset:]:
-        used += len(episode.model_dump_json()) + 1
+        used += _wire_bytes(episode.model_dump_json()) + 1
         if used > budget:
             break
         count += 1
     return count
+
+
+def _wire_bytes(text: str) -> int:
+    """The bytes ``text`` (pydantic's JSON) takes on the wire: httpx sends UTF-8, not ASCII escapes."""
+    return len(text.encode())
 
 
 # Conflicts that mean the run is no longer this trainer's: another trainer holds it (this one

@@ -13,7 +13,7 @@ PERCENTILES = (50, 90, 99)
 
 
 def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
-    """Latency percentiles (total, generation, environment), error and truncation rates per environment.
+    """Latency percentiles (total, generation, environment, slot wait), error and truncation rates per environment.
 
     Series are named ``rollout/<environment>/<what>``; latencies are seconds.
     """
@@ -29,6 +29,8 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
             "generation": [r.timings.generation_s for r in episodes],
             # Tool calls are the environment's too (timed apart since EpisodeTimings.tool_s).
             "environment": [r.timings.environment_s + r.timings.tool_s for r in episodes],
+            # Waiting for a slot of the environment's max_concurrent_episodes, before the episode started.
+            "slot_wait": [r.timings.slot_wait_s for r in episodes],
         }
         for name, values in series.items():
             for percentile, value in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):

@@ -44,6 +44,7 @@ from tandem.contracts import (
 from tandem.model_paths import check_model_config_paths
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.checkpoints import RunCheckpointer, RunProgress
+from trainer.datasets import SFT_TOKENS_METRIC, SFTMix, load_dataset
 from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, parameter_count
 from trainer.losses import sft_loss
@@ -52,6 +53,7 @@ from trainer.platform_client import (
     PlatformClient,
     PlatformUnavailableError,
     RunTakenOverError,
+    is_retryable,
 )
 from trainer.profiling import StageRecorder
 from trainer.rollout_feed import RolloutFeed
@@ -213,6 +215,25 @@ class RunTrainer:
             self.redis.delete(*run_keys(self.run_id))
         self.redis.set(run_spec_key(self.run_id), spec.model_dump_json())
         try:
+            return self._train()
+        except RunTakenOverError:
+            # Another trainer holds the run now, or none does (it was queued again), even if
+            # this was learnt while letting go of it: touch nothing of it any more.
+            self._taken_over = True
+            raise
+        finally:
+            # A trace still running (the run ended within it) stops: the profiler is one per process.
+            self.traces.close(self.step)
+            if not self._taken_over:
+                # Producers stop starting episodes for a run this trainer lets go of.
+                self.redis.set(run_stop_key(self.run_id), "1")
+                self.checkpointer.wait_until_finished()
+                self._checkpoint_committed()
+            self.checkpointer.close()
+
+    def _train(self) -> str:
+        """The run's phases, and what letting go of it takes when it is cancelled, paused or failed."""
+        try:
             self._heartbeat(force=True)
             self._sft_phase()
             if self.algorithm.needs_reference and self.reference is None:
@@ -236,19 +257,6 @@ class RunTrainer:
             logger.info("run %s %s: checkpointed at step %d and released", self.run_id,
                         released.status, self.step)
             return released.status
-        except RunTakenOverError:
-            # Another trainer resumed the run: touch nothing of it any more.
-            self._taken_over = True
-            raise
-        finally:
-            # A trace still running (the run ended within it) stops: the profiler is one per process.
-            self.traces.close(self.step)
-            if not self._taken_over:
-                # Producers stop starting episodes for a run this trainer lets go of.
-                self.redis.set(run_stop_key(self.run_id), "1")
-                self.checkpointer.wait_until_finished()
-                self._checkpoint_committed()
-            self.checkpointer.close()
 
     def _resume_from_checkpoint(self) -> None:
         """Continue from the newest committed checkpoint, with policy versions that only go up."""
@@ -291,7 +299,7 @@ class RunTrainer:
             # trying), and learns of a cancel or a pause at the first heartbeat that gets through.
             status = self._report(RunStatus.RUNNING, retries=0)
         except (PlatformUnavailableError, httpx.HTTPStatusError) as exc:
-            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
+            if not is_retryable(exc):
                 raise
             logger.warning("run %s: heartbeat at step %d did not reach the platform (%s); training goes on",
                            self.run_id, self.step, exc)
@@ -328,26 +336,48 @@ class RunTrainer:
                          batch_size=self.config.sft_batch_size, length_buckets=self._buckets,
                          pad_id=self.tokenizer.pad_id)
 
+    def _sft_sources(self) -> SFTMix:
+        """The run's pinned datasets, read from the platform, mixed with the demonstrations by weight."""
+        sft = self.config.sft
+        datasets = [
+            load_dataset(self.platform, self.run_id, name=dataset.name, version=dataset.version,
+                         weight=dataset.weight, tool_call_format=self.prompt_layout.tool_call_format,
+                         between_pages=self._heartbeat)
+            for dataset in sft.datasets
+        ]
+        for dataset in datasets:
+            logger.info("run %s: SFT on dataset %s (%d rows, weight %g)", self.run_id, dataset.label,
+                        len(dataset.rows), dataset.weight)
+        return SFTMix.for_config(sft, run_seed=self.config.seed, batch_size=self.config.sft_batch_size,
+                                 datasets=datasets)
+
     def _sft_phase(self) -> None:
         if self._rl_steps_done:
             return  # resumed after SFT
+        if self.step >= self.config.sft_steps:
+            return
+        mix = self._sft_sources()
         demonstrations = DemonstrationFeed(
             redis_client=self.redis, celery_app=self.celery_app, run_id=self.run_id, run_seed=self.config.seed,
             steps=self.config.sft_steps, count=self.config.sft_batch_size,
             tool_call_format=self.prompt_layout.tool_call_format, block_ms=self.settings.stream_block_ms,
-        )
+        ) if mix.demonstrations_weight > 0 else None
         stage = self.stages.stage
         self.stages.start()
         while self.step < self.config.sft_steps:
             with stage("telemetry"):
                 self.traces.before_step(self.step + 1)
-            # Asked by step, so a run resumed from a checkpoint sees the same data; the next
-            # step's are made by a producer while this one trains. An answer with an error
-            # raises DemonstrationsFailedError, which fails the run with its reason.
-            messages = demonstrations.next_batch(self.step, waiting=stage(IDLE_STAGE),
-                                                 between_reads=self._heartbeat)
+            counts = mix.counts(self.step)
+            messages = []
+            if demonstrations is not None and counts[-1] > 0:
+                # Asked by step, so a run resumed from a checkpoint sees the same data; the next
+                # step's are made by a producer while this one trains. An answer with an error
+                # raises DemonstrationsFailedError, which fails the run with its reason.
+                messages = demonstrations.next_batch(self.step, waiting=stage(IDLE_STAGE),
+                                                     between_reads=self._heartbeat)[:counts[-1]]
+            demonstrations_used = len(messages)
             with stage("batch"):
-                batch = self._demonstration_batch(messages)
+                batch = self._demonstration_batch([*messages, *mix.dataset_examples(self.step, counts)])
             if batch is None:
                 logger.info("environment %s has no demonstrations; skipping SFT", self.claimed.environment.name)
                 break
@@ -359,12 +389,15 @@ class RunTrainer:
                 if self.step % self.config.checkpoint.every == 0:
                     self._checkpoint()
             timeline = self.stages.finish()
+            tokens = batch_tokens(batch)
             with stage("telemetry"):  # counted in the next step: this one's timeline is closed
                 self.telemetry.emit(TrainerStepEvent(
                     run_id=self.run_id, step=self.step, phase="sft", policy_version=max(self.policy_version, 0),
                     loss=loss, emitted_at=time.time(),
-                    algorithm_metrics={"sft/demonstration_tokens_cut": float(self._demonstration_tokens_cut)},
-                    **profile_fields(timeline, tokens=batch_tokens(batch), devices=self.devices),
+                    algorithm_metrics={"sft/demonstration_tokens_cut": float(self._demonstration_tokens_cut),
+                                       SFT_TOKENS_METRIC: float(tokens),
+                                       **mix.metrics(counts, demonstrations_used=demonstrations_used)},
+                    **profile_fields(timeline, tokens=tokens, devices=self.devices),
                 ))
                 self.traces.after_step(self.step)
                 self._heartbeat()

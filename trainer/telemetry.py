@@ -18,7 +18,12 @@ from tandem.contracts import (
     TrajectoryRecord,
 )
 from trainer.devices import DeviceMonitor
-from trainer.platform_client import PlatformClient, PlatformUnavailableError, retry_delays
+from trainer.platform_client import (
+    PlatformClient,
+    PlatformUnavailableError,
+    is_unavailable,
+    retry_delays,
+)
 from trainer.profiling import timeline_wall_s
 from trainer.trajectory_samples import TrajectorySampleBuffer
 
@@ -66,21 +71,18 @@ class StepEventBatcher:
         wait = wait or len(self.pending) >= MAX_BUFFERED_EVENTS
         if self.pending:
             try:
+                # Bodies the platform refuses as invalid are logged and skipped by post_events;
+                # what raises here is a platform that is away (or one that keeps failing).
                 reply = self.platform.post_events(self.run_id, self.pending, retries=None if wait else 0)
             except (PlatformUnavailableError, httpx.HTTPStatusError) as exc:
-                if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
-                    # Refused as invalid: posting them again would be refused again.
-                    logger.error("run %s: the platform refused %d step events (steps %d-%d): %s", self.run_id,
-                                 len(self.pending), self.pending[0].step, self.pending[-1].step,
-                                 exc.response.text[:500])
-                    self.pending = []
-                else:
-                    self._delays = self._delays or retry_delays()
-                    delay = next(self._delays)
-                    self.retry_at = time.monotonic() + delay
-                    logger.warning("run %s: platform unreachable (%s); %d step events kept, next post in %.1fs",
-                                   self.run_id, exc, len(self.pending), delay)
+                self._delays = self._delays or retry_delays()
+                delay = next(self._delays)
+                self.retry_at = time.monotonic() + delay
+                logger.warning("run %s: telemetry not posted (%s); %d step events kept, next post in %.1fs",
+                               self.run_id, exc, len(self.pending), delay)
                 self.last_flush = time.monotonic()
+                if wait and not is_unavailable(exc):
+                    raise  # the platform fails these events every time: a bug to report, not to wait out
                 return
             self.pending = []
             self._delays = None

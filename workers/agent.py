@@ -8,6 +8,7 @@ environment added. The session ends with the episode, whatever its outcome.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import uuid
@@ -31,13 +32,20 @@ from policy import (
     PromptLayout,
     Tokenizer,
 )
-from tandem.contracts import ConversationMessage, EpisodeTimings, TrajectoryRecord
+from tandem.contracts import (
+    ConversationMessage,
+    EpisodeCloseReason,
+    EpisodeTimings,
+    TrajectoryRecord,
+)
 from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy
 
 logger = logging.getLogger(__name__)
 # What a byte-layout policy's turn is read as: its own short calls, or <tool_call> blocks.
 TANDEM_PARSE_FORMATS = ("tandem", "qwen", "hermes")
+#: Closes (``close_episode`` or ``close``) that raised or timed out in this process, per environment name.
+environment_close_failures: collections.Counter[str] = collections.Counter()
 
 
 @dataclass(frozen=True)
@@ -73,13 +81,23 @@ async def _call_environment(awaitable, *, what: str, timeout_s: float, check=Non
         raise EnvironmentFault(f"{what} raised {type(exc).__name__}: {exc}") from exc
 
 
-async def _close_environment(environment: Environment, timeout_s: float) -> None:
-    # Closing releases connections or threads; its failure must not change the episode's outcome.
-    try:
-        await asyncio.wait_for(environment.close(), timeout_s)
-    except Exception as exc:  # noqa: BLE001
-        logger.warning("closing environment %s failed: %s: %s", type(environment).__name__,
-                       type(exc).__name__, exc)
+async def _close_environment(environment: Environment, reason: EpisodeCloseReason, *, environment_name: str,
+                             timeout_s: float, redact: Callable[[str], str] | None = None) -> None:
+    """Tell the environment why its episode ended, then release what it holds, each within ``timeout_s``.
+
+    A failure of either is logged and counted (:data:`environment_close_failures`), never the
+    episode's: its outcome is decided. ``close`` runs even when ``close_episode`` failed.
+    """
+    for what, closing in (("close_episode", lambda: environment.close_episode(reason)),
+                          ("close", environment.close)):
+        try:
+            await asyncio.wait_for(closing(), timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            environment_close_failures[environment_name] += 1
+            error = f"timed out after {timeout_s:g}s" if isinstance(exc, TimeoutError) \
+                else f"{type(exc).__name__}: {exc}"
+            logger.warning("environment %s: %s(%s) failed: %s", environment_name, what, reason,
+                           redact(error) if redact is not None else error)
 
 
 def _room_left(episode: EpisodeTokens, limits: EpisodeLimits, layout: PromptLayout) -> int:
@@ -126,16 +144,23 @@ async def run_episode(
     newest_version: int | None = None
     reward = 0.0
     status, failure_reason = "ok", ""
+    # What the environment is told when the episode ends; anything unforeseen is a failure.
+    close_reason = EpisodeCloseReason.FAILED
     environment_verdict: bool | None = None  # True: worked, False: faulted, None: unknown
     circuit_open_reason = breakers.admit(environment_name)
 
-    def truncated(reason: str) -> None:
-        nonlocal status, failure_reason
-        status, failure_reason = "truncated", reason
+    def truncated(reason: str, *, because: EpisodeCloseReason = EpisodeCloseReason.TRUNCATED) -> None:
+        nonlocal status, failure_reason, close_reason
+        status, failure_reason, close_reason = "truncated", reason, because
 
     def budget() -> str:
         return (f"{len(episode)} tokens in the conversation + max_new_tokens={limits.max_new_tokens}"
                 f"{' + 1 closing token' if layout.turn_overhead else ''} > max_seq_len={limits.max_seq_len}")
+
+    def overflow() -> str:
+        # The reply was not appended (it is cut out, never in part): the conversation is as before it.
+        return (f"{len(episode)} tokens in the conversation before it, and it would take the conversation "
+                f"past max_seq_len={limits.max_seq_len}")
 
     try:
         if circuit_open_reason is not None:
@@ -192,7 +217,7 @@ async def run_episode(
                     )})
                 tool_s += time.perf_counter() - began
                 if not _append(episode, layout, results, limits):
-                    truncated(f"the tool results after turn {turn + 1} do not fit: {budget()}")
+                    truncated(f"the tool results after turn {turn + 1} do not fit: {overflow()}")
                     break
                 continue
             result = await _call_environment(
@@ -202,30 +227,39 @@ async def run_episode(
             environment_s += time.perf_counter() - began
             reward += float(result.reward)
             if result.done:
+                close_reason = EpisodeCloseReason.DONE
                 break
             if not _append(episode, layout, [{"role": "user", "content": result.observation}], limits):
-                truncated(f"the environment's observation after turn {turn + 1} does not fit: {budget()}")
+                truncated(f"the environment's observation after turn {turn + 1} does not fit: {overflow()}")
                 break
         else:
-            truncated(f"reached max_turns={limits.max_turns} before the environment ended the episode")
+            truncated(f"reached max_turns={limits.max_turns} before the environment ended the episode",
+                      because=EpisodeCloseReason.MAX_TURNS)
         environment_verdict = True
     except EnvironmentFault as exc:
         status, failure_reason, reward = "failed", str(exc), 0.0
+        close_reason = EpisodeCloseReason.FAILED
         environment_verdict = False
     except EpisodeFailure as exc:
         status, failure_reason, reward = "failed", str(exc), 0.0
+        close_reason = EpisodeCloseReason.FAILED
+    except asyncio.CancelledError:
+        # The task was cancelled or ran past its time limit: the environment is still told.
+        close_reason = EpisodeCloseReason.CANCELLED
+        raise
     finally:
         if redact is not None:
             failure_reason = redact(failure_reason)
         policy.end_session(trajectory_id)
         if circuit_open_reason is None:
-            await _close_environment(environment, limits.environment_timeout_s)
             if environment_verdict is True:
                 breakers.record_success(environment_name)
             elif environment_verdict is False:
                 breakers.record_failure(environment_name, failure_reason)
             else:
                 breakers.release_probe(environment_name)
+            await _close_environment(environment, close_reason, environment_name=environment_name,
+                                     timeout_s=limits.environment_timeout_s, redact=redact)
 
     loss_mask = [0] * len(episode) if status == "failed" else episode.loss_mask
     return TrajectoryRecord(

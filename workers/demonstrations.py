@@ -15,11 +15,14 @@ not come.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
+from collections.abc import Awaitable
 from typing import get_args
 
 from environments import (
+    Environment,
     EnvironmentLoadError,
     ToolCallFormat,
     demonstration_messages,
@@ -35,6 +38,7 @@ from tandem.contracts import (
     run_stop_key,
 )
 from tandem.redis_clients import durable_redis
+from workers.episode_loop import process_episode_loop
 from workers.producer import load_environment_secrets
 from workers.secret_settings import SecretSettings
 
@@ -72,6 +76,10 @@ def demonstration_batch(spec: RunSpec, *, step: int, count: int, seed: int, tool
     try:
         environment = environment_class(**secrets.constructor_kwargs(environment_spec.settings))
         demonstrations = environment.demonstrations(count, random.Random(seed))
+        if inspect.isawaitable(demonstrations):
+            # A remote environment's (HTTP) are fetched, on the loop and session episodes use.
+            demonstrations = process_episode_loop.run(
+                _awaited(environment, demonstrations), timeout_s=spec.config.rollout.environment_timeout_s)
         messages = [
             [DemonstrationMessage.model_validate(message)
              for message in demonstration_messages(demonstration, environment.tools, tool_call_format)]
@@ -81,6 +89,17 @@ def demonstration_batch(spec: RunSpec, *, step: int, count: int, seed: int, tool
         return failed(f"environment {environment_spec.label}: demonstrations() raised "
                       f"{type(exc).__name__}: {exc}")
     return DemonstrationBatch(run_id=spec.run_id, step=step, request_id=request_id, messages=messages)
+
+
+async def _awaited(environment: Environment, demonstrations: Awaitable[list]) -> list:
+    try:
+        return await demonstrations
+    finally:
+        try:
+            await environment.close()
+        except Exception as exc:  # noqa: BLE001 - releasing it cannot undo the demonstrations
+            logger.warning("closing %s after its demonstrations failed: %s: %s", type(environment).__name__,
+                           type(exc).__name__, exc)
 
 
 def produce_demonstrations(*, redis_url: str, run_id: int, step: int, count: int, seed: int,

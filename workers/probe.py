@@ -5,7 +5,10 @@ and checks every answer's shape: the URL (for remote kinds), loading the class
 with the registered settings and secret settings, sampling a task, ``reset``,
 the declared tools, one ``step`` with :data:`~tandem.contracts.PROBE_ACTION`,
 whether the reset plus one turn fits a run's default conversation budget
-(``budget``, a warning only), and ``close``. Each check has its own timeout and
+(``budget``, a warning only), a few ``demonstrations`` (a remote environment's
+are fetched; none is fine, malformed ones fail), and ``close``, which tells the
+environment its episode ended (``EpisodeCloseReason.PROBE``; a remote server's
+``/close``) and releases it. Each check has its own timeout and
 its wall time is reported; its message never holds a secret setting's value.
 The first failing check ends the probe; the checks after it are reported as skipped.
 
@@ -35,15 +38,19 @@ import redis
 from environments import (
     Environment,
     MalformedOutputError,
+    checked_demonstrations,
     checked_json,
     checked_observation,
     checked_step_result,
+    demonstration_messages,
     load_environment_class,
 )
 from policy import ByteLayout, ByteTokenizer
 from tandem.contracts import (
     PROBE_ACTION,
+    DemonstrationMessage,
     EnvironmentSecrets,
+    EpisodeCloseReason,
     ProbeCheck,
     ProbeReport,
     ProbeRequest,
@@ -53,11 +60,14 @@ from tandem.contracts import (
 )
 from tandem.environment_urls import EnvironmentURLRefused, check_environment_url, resolve_host
 from tandem.run_config import RunConfig
+from workers.episode_slots import advertised_max_concurrent_episodes
 from workers.secret_settings import SecretSettings
 
 # Enough of a message to act on, not a whole HTML error page.
 _MESSAGE_CHARS = 500
 _PROBE_SEED = 0
+# Demonstrations the probe asks for: enough to see their shape.
+_PROBE_DEMONSTRATIONS = 2
 # Closing an environment whose reset failed, while the probe winds down: bounded, never reported.
 _RELEASE_TIMEOUT_S = 5.0
 
@@ -158,6 +168,35 @@ async def _cancel_other_tasks(release: Callable[[], Coroutine] | None) -> None:
     await asyncio.get_running_loop().shutdown_asyncgens()
 
 
+async def check_demonstrations(environment: Environment) -> str:
+    """A few of the environment's demonstrations (awaited when its ``demonstrations`` is async)
+    are well formed and become chat messages, as an SFT step's would (workers/demonstrations.py)."""
+    demonstrations = environment.demonstrations(_PROBE_DEMONSTRATIONS, random.Random(_PROBE_SEED))
+    if inspect.isawaitable(demonstrations):
+        demonstrations = await demonstrations
+    demonstrations = checked_demonstrations(demonstrations)
+    if len(demonstrations) > _PROBE_DEMONSTRATIONS:
+        raise CheckFailed(f"asked for {_PROBE_DEMONSTRATIONS} demonstrations, got {len(demonstrations)}")
+    if not demonstrations:
+        return "none: runs of this environment skip the SFT warm-up"
+    for demonstration in demonstrations:
+        for message in demonstration_messages(demonstration, getattr(environment, "tools", ()) or (), "tandem"):
+            DemonstrationMessage.model_validate(message)
+    turns = sum(len(demonstration.turns) for demonstration in demonstrations)
+    return f"{len(demonstrations)} demonstrations of {turns} turns"
+
+
+async def close_probe_episode(environment: Environment) -> str:
+    """``close_episode(PROBE)``, then ``close`` even if that failed; a failed close_episode is a warning."""
+    try:
+        await environment.close_episode(EpisodeCloseReason.PROBE)
+    except Exception as exc:  # noqa: BLE001 - reported, as an episode's would be logged
+        await environment.close()
+        raise CheckWarning(f"close_episode raised {_describe(exc)}; episodes are not failed for it") from None
+    await environment.close()
+    return "closed"
+
+
 def check_step_result(result: Any) -> str:
     checked_step_result(result)
     return f"reward {float(result.reward):g}, done {result.done}"
@@ -246,9 +285,11 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
         state["step_observation"] = result.observation
         return verdict
 
+    async def demonstrations() -> str:
+        return await check_demonstrations(state["environment"])
+
     async def close() -> str:
-        await state["environment"].close()
-        return "closed"
+        return await close_probe_episode(state["environment"])
 
     plan: list[tuple[str, Callable[[], Any], float]] = [
         ("url", check_url, timeouts.url),
@@ -259,6 +300,7 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
         ("step", step, timeouts.step),
         ("budget", lambda: check_budget(state["environment"], state["observation"], state["step_observation"]),
          timeouts.tools),
+        ("demonstrations", demonstrations, timeouts.demonstrations),
     ]
     failed = False
     for name, function, timeout_s in plan:
@@ -268,6 +310,12 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
             continue
         checks.append(_timed(name, function, timeout_s, loop, secrets.redact))
         failed = checks[-1].status == "failed"
+    # What the environment says it can serve (workers/episode_slots.py): read quietly, never a verdict.
+    capacity = None
+    if not failed:
+        with contextlib.suppress(Exception):
+            capacity = loop.run(advertised_max_concurrent_episodes(state["environment"], kind=spec.kind),
+                                timeouts.tools)
     if "environment" in state and state.get("reset"):
         # close() runs even after a failed step: it releases what reset took.
         checks.append(_timed("close", close, timeouts.close, loop, secrets.redact))
@@ -276,13 +324,14 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
                                  timeout_s=timeouts.close))
     # A reset that failed (a hang that timed out, say) may hold connections all the same.
     reset_failed = "environment" in state and state.get("reset_attempted") and not state.get("reset")
-    if not loop.stop(release=state["environment"].close if reset_failed else None):
+    release = (lambda: close_probe_episode(state["environment"])) if reset_failed else None
+    if not loop.stop(release=release):
         last = checks[-1]
         checks[-1] = last.model_copy(update={
             "message": f"{last.message}; the environment's thread is still blocked and was abandoned"})
     return ProbeReport(probe_id=request.probe_id, checks=tuple(checks),
                        worker=f"{socket.gethostname()}:{os.getpid()}",
-                       started_at=started_at, finished_at=time.time())
+                       started_at=started_at, finished_at=time.time(), max_concurrent_episodes=capacity)
 
 
 def _timed(name: str, function: Callable[[], Any], timeout_s: float,

@@ -26,6 +26,7 @@ from tandem.redis_clients import durable_async_redis, durable_redis
 from workers.activity import process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
+from workers.episode_slots import RunStoppedWaiting, episode_slots_for
 from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
 from workers.secret_settings import SecretSettings
 from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S
@@ -55,6 +56,8 @@ class ProductionSummary:
     run_id: int
     episodes: int
     failed: int
+    # True if the run had stopped before the task began, or stopped while episodes waited for
+    # their environment's slots (those never started and are not in ``episodes``).
     skipped_stopped: bool
     wall_s: float
     generation_s: float
@@ -114,6 +117,11 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
     ``redis_client``: a client of the running loop to stream with (the episode
     loop's); by default one of this call's own, closed at the end. ``secrets``: the
     environment's secret settings (load_environment_secrets), merged into its settings.
+
+    An environment with ``max_concurrent_episodes`` runs no more episodes at once, across
+    every producer (workers/episode_slots.py): an episode waits for a slot before its
+    reset, and holds it until it has ended; the wait is its ``timings.slot_wait_s``.
+    Episodes still waiting when the run stops never start.
     """
     config = runtime.config
     secrets = secrets or SecretSettings()
@@ -129,26 +137,38 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
     policy = BatchingPolicy(runtime, seed=group_task_seed(config.seed, first_group_index))
     stream = trajectory_stream(spec.run_id)
     client = redis_client if redis_client is not None else durable_async_redis(redis_url)
+    slots = episode_slots_for(spec.environment, client)
     started = time.perf_counter()
-    failed = 0
+    failed = not_started = 0
+
+    async def run_stopped() -> bool:
+        return bool(await client.exists(run_stop_key(spec.run_id)))
 
     async def one_episode(group_index: int, task: dict) -> None:
-        nonlocal failed
-        environment = environment_class(**environment_kwargs)
-        record = await run_episode(
-            run_id=spec.run_id,
-            group_id=f"{spec.run_id}-{group_index}",
-            group_size=config.rollout.group_size,
-            environment_name=spec.environment.name,
-            environment=environment,
-            task=task,
-            policy=policy,
-            limits=limits,
-            tokenizer=runtime.tokenizer,
-            layout=runtime.prompt_layout,
-            # Failure reasons are shown to the project's viewers; an environment's error may quote its key.
-            redact=secrets.redact,
-        )
+        nonlocal failed, not_started
+        try:
+            async with slots.held(stopped=run_stopped) as slot:
+                environment = environment_class(**environment_kwargs)
+                record = await run_episode(
+                    run_id=spec.run_id,
+                    group_id=f"{spec.run_id}-{group_index}",
+                    group_size=config.rollout.group_size,
+                    environment_name=spec.environment.name,
+                    environment=environment,
+                    task=task,
+                    policy=policy,
+                    limits=limits,
+                    tokenizer=runtime.tokenizer,
+                    layout=runtime.prompt_layout,
+                    # Failure reasons are shown to the project's viewers; an environment's error may quote its key.
+                    redact=secrets.redact,
+                )
+        except RunStoppedWaiting:
+            not_started += 1
+            return
+        if slot.wait_s:
+            record = record.model_copy(update={
+                "timings": record.timings.model_copy(update={"slot_wait_s": round(slot.wait_s, 6)})})
         if record.status == "failed":
             failed += 1
             logger.warning("run %s episode failed: %s", spec.run_id, record.failure_reason)
@@ -170,9 +190,9 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
             await client.aclose()
     return ProductionSummary(
         run_id=spec.run_id,
-        episodes=num_groups * config.rollout.group_size,
+        episodes=num_groups * config.rollout.group_size - not_started,
         failed=failed,
-        skipped_stopped=False,
+        skipped_stopped=not_started > 0,
         wall_s=time.perf_counter() - started,
         generation_s=policy.generation_s,
     )

@@ -3,11 +3,18 @@
 The protocol (version 1, JSON bodies; docs/environments.md has the details):
 
 - ``GET /health`` -> ``{"status": "ok"}``
-- ``GET /schema`` -> ``{"name": str, "tools": [{"name", "description", "parameters"}], "protocol_version": 1}``
+- ``GET /schema`` -> ``{"name": str, "tools": [{"name", "description", "parameters"}], "protocol_version": 1,
+  "demonstrations": bool}`` (``demonstrations`` optional, default false)
 - ``POST /task`` ``{"seed": int}`` -> ``{"task": {...}}``; must be deterministic in ``seed``
 - ``POST /reset`` ``{"task": {...}, "episode_id": str}`` -> ``{"observation": str, "info": {}}``
 - ``POST /step`` ``{"episode_id": str, "action": str}`` -> ``{"observation": str, "reward": float, "done": bool, "info": {}}``
 - ``POST /tool`` ``{"episode_id": str, "name": str, "arguments": {...}}`` -> ``{"result": str}``
+- ``POST /close`` ``{"episode_id": str, "reason": str}`` -> ``{}``; optional: sent once for every
+  episode whose ``/reset`` was sent, whatever ended it (``EpisodeCloseReason``). A server without
+  the route (404 or 405) is remembered and not asked again; a failed close never fails the episode.
+- ``GET /demonstrations?seed=<int>&count=<int>`` -> ``{"demonstrations": [{"prompt": str, "turns":
+  [{"role": "policy" | "environment", "text": str}]}]}``, at most ``count``; only asked of a server
+  whose schema says ``"demonstrations": true``
 
 ``reset`` reads the schema first (the name and tools). In a producer, the
 episodes of a process share one session's kept-alive connections and one
@@ -42,7 +49,15 @@ from typing import Any
 
 import aiohttp
 
-from environments.base import Environment, StepResult, Tool
+from environments.base import (
+    DEMONSTRATION_ROLES,
+    Demonstration,
+    DemonstrationTurn,
+    Environment,
+    StepResult,
+    Tool,
+)
+from tandem.contracts import EpisodeCloseReason
 from tandem.environment_urls import (
     EnvironmentURLRefused,
     check_connect_addresses,
@@ -51,6 +66,8 @@ from tandem.environment_urls import (
 )
 
 PROTOCOL_VERSION = 1
+# How a server that lacks an optional route answers it.
+_NO_ROUTE_STATUSES = (404, 405)
 _ERROR_BODY_CHARS = 200
 
 # Idle kept-alive connections close after 2 s, before common servers' own idle timeout (uvicorn's is
@@ -156,6 +173,16 @@ class SharedHTTPSession:
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
         self._schemas: dict[str, tuple[float, asyncio.Future]] = {}
+        self._without_close: dict[str, float] = {}  # URL: when it answered /close with 404 or 405
+
+    def lacks_close(self, url: str) -> bool:
+        """Whether ``url`` answered ``/close`` as a server without the route, within ``schema_ttl_s``
+        (a server redeployed with it is asked again after that time, as its schema is)."""
+        since = self._without_close.get(url)
+        return since is not None and self._clock() - since <= self.schema_ttl_s
+
+    def remember_no_close(self, url: str) -> None:
+        self._without_close[url] = self._clock()
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -181,6 +208,7 @@ class SharedHTTPSession:
     async def aclose(self) -> None:
         session, self._session = self._session, None
         self._schemas.clear()
+        self._without_close.clear()
         if session is not None:
             await session.close()
 
@@ -218,6 +246,9 @@ class RemoteHTTPEnvironment(Environment):
         self.backoff_s = backoff_s
         self.tools: tuple[Tool, ...] = ()
         self.name: str | None = None
+        # Whether the schema advertises GET /demonstrations.
+        self.serves_demonstrations = False
+        self._lacks_close = False  # this instance's server answered /close as one without the route
         self._episode_id: str | None = None
         self._own_session: aiohttp.ClientSession | None = None
         self._shared: SharedHTTPSession | None = None
@@ -241,8 +272,13 @@ class RemoteHTTPEnvironment(Environment):
             await session.close()
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
-                       idempotent: bool) -> dict[str, Any]:
-        where = f"{method} {path}"
+                       idempotent: bool, where: str | None = None) -> dict[str, Any]:
+        where = where or f"{method} {path}"
+        return self._decode(*await self._exchange(method, path, body, idempotent=idempotent, where=where), where)
+
+    async def _exchange(self, method: str, path: str, body: dict[str, Any] | None, *,
+                        idempotent: bool, where: str) -> tuple[int, bytes]:
+        """The status and body of the request's last attempt; retries as the module docstring says."""
         attempt = 0
         while True:
             try:
@@ -267,7 +303,7 @@ class RemoteHTTPEnvironment(Environment):
                 error = exc
             else:
                 if status < 500 or not idempotent:
-                    return self._decode(status, raw, where)
+                    return status, raw
                 error = RemoteEnvironmentError(f"{where}: HTTP {status}: {_body_excerpt(raw)}")
             if attempt >= self.retries:
                 raise RemoteEnvironmentError(
@@ -317,6 +353,8 @@ class RemoteHTTPEnvironment(Environment):
         if version != PROTOCOL_VERSION:
             raise RemoteEnvironmentError(f"{where}: protocol_version {version}, this client speaks {PROTOCOL_VERSION}")
         self.name = _require(payload, "name", str, where=where)
+        self.serves_demonstrations = _require(payload, "demonstrations", bool, where=where) \
+            if "demonstrations" in payload else False
         tools = []
         for index, declaration in enumerate(_require(payload, "tools", list, where=where)):
             at = f"{where} tools[{index}]"
@@ -372,3 +410,54 @@ class RemoteHTTPEnvironment(Environment):
         if not isinstance(info, dict):
             raise RemoteEnvironmentError(f"{where}: 'info' is {type(info).__name__}, expected an object")
         return StepResult(observation=observation, reward=float(reward), done=done, info=info)
+
+    async def close_episode(self, reason: EpisodeCloseReason) -> None:
+        """``POST /close`` for the episode whose ``/reset`` was sent, once; a server without the
+        route is remembered (per shared session and URL) and not asked again.
+
+        Raises RemoteEnvironmentError for any other failure: the agent logs and counts it.
+        """
+        episode_id, self._episode_id = self._episode_id, None
+        if episode_id is None or self._lacks_close or (self._shared is not None and self._shared.lacks_close(self.url)):
+            return
+        where = "POST /close"
+        # Idempotent: closing an episode again, or one the server never saw, is answered 200.
+        status, raw = await self._exchange("POST", "/close", {"episode_id": episode_id, "reason": str(reason)},
+                                           idempotent=True, where=where)
+        if status in _NO_ROUTE_STATUSES:
+            if self._shared is not None:
+                self._shared.remember_no_close(self.url)
+            self._lacks_close = True
+            return
+        if not 200 <= status < 300:  # the body of a success is the server's own
+            raise RemoteEnvironmentError(f"{where}: HTTP {status}: {_body_excerpt(raw)}")
+
+    async def demonstrations(self, count: int, rng: random.Random) -> list[Demonstration]:
+        """``GET /demonstrations`` with a seed drawn from ``rng``, when the schema advertises it; else []."""
+        await self.fetch_schema()  # its tools too: the demonstrations' tool calls are rewritten with them
+        if not self.serves_demonstrations or count < 1:
+            return []
+        seed = rng.randrange(2**31)
+        where = "GET /demonstrations"
+        payload = await self._request("GET", f"/demonstrations?seed={seed}&count={count}", idempotent=True,
+                                      where=where)
+        entries = _require(payload, "demonstrations", list, where=where)
+        if len(entries) > count:
+            raise RemoteEnvironmentError(f"{where}: {len(entries)} demonstrations, more than count={count}")
+        return [_demonstration(entry, f"{where} demonstrations[{index}]") for index, entry in enumerate(entries)]
+
+
+def _demonstration(entry: Any, where: str) -> Demonstration:
+    if not isinstance(entry, dict):
+        raise RemoteEnvironmentError(f"{where}: is {type(entry).__name__}, expected an object")
+    prompt = _require(entry, "prompt", str, where=where)
+    turns = []
+    for index, turn in enumerate(_require(entry, "turns", list, where=where)):
+        at = f"{where} turns[{index}]"
+        if not isinstance(turn, dict):
+            raise RemoteEnvironmentError(f"{at}: is {type(turn).__name__}, expected an object")
+        role = _require(turn, "role", str, where=at)
+        if role not in DEMONSTRATION_ROLES:
+            raise RemoteEnvironmentError(f"{at}: 'role' is {role!r}, expected {' or '.join(DEMONSTRATION_ROLES)}")
+        turns.append(DemonstrationTurn(role=role, text=_require(turn, "text", str, where=at)))
+    return Demonstration(prompt=prompt, turns=tuple(turns))

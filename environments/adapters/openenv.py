@@ -9,7 +9,12 @@ task is a seed passed to OpenEnv's ``reset``, so a GRPO group shares it when
 the server's environment honours seeds.
 
 One WebSocket session per episode: OpenEnv servers keep an environment
-instance per connection, so concurrent episodes never share state.
+instance per connection, so concurrent episodes never share state. ``close``
+ends it the way the server expects: it sends OpenEnv's ``{"type": "close"}``
+and waits for the server to close the connection, then closes its side.
+openenv-core's own client closes first, and its server, ending the session,
+then sends its close frame to a closed connection and logs the
+``WebSocketDisconnect`` traceback of every episode.
 
 The server's URL obeys the same policy as an HTTP environment's
 (:mod:`tandem.environment_urls`): checked as written when the adapter is
@@ -40,6 +45,8 @@ from tandem.environment_urls import (
 )
 
 _REPORTED_SEPARATELY = {"reward", "done", "metadata"}
+# How long close waits for the server to end the session (it answers a step in flight first).
+_CLOSE_WAIT_S = 5.0
 
 
 class OpenEnvError(RuntimeError):
@@ -80,6 +87,7 @@ def _checked_client_class() -> type:
     """openenv-core's generic client, connecting only through :func:`_checked_socket`."""
     from openenv.core.generic_client import GenericEnvClient
     from websockets.asyncio.client import connect as websocket_connect
+    from websockets.exceptions import ConnectionClosed
     from websockets.uri import parse_uri
 
     class CheckedEnvClient(GenericEnvClient):
@@ -106,6 +114,22 @@ def _checked_client_class() -> type:
             except Exception as exc:
                 raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
             return self
+
+        # Replaces EnvClient.disconnect (which close calls), which closed the connection first.
+        async def disconnect(self) -> None:
+            ws, self._ws = self._ws, None
+            if ws is None:
+                return
+            try:
+                await ws.send(json.dumps({"type": "close"}))
+                # The server ends the session and starts the closing handshake; a message still
+                # on its way (the answer to a cancelled step) is discarded with the connection.
+                async with asyncio.timeout(min(self._message_timeout, _CLOSE_WAIT_S)):
+                    await ws.wait_closed()
+            except (TimeoutError, ConnectionClosed):
+                pass  # a server that does not end it is closed on below; one that went away is gone
+            finally:
+                await ws.close()
 
     return CheckedEnvClient
 
@@ -167,6 +191,6 @@ class OpenEnvEnvironment(Environment):
                           dict(observation.get("metadata") or {}))
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()

@@ -23,6 +23,14 @@ from checkpoints.views import (
     TrainerCheckpointsView,
 )
 from config.api_root import ApiRootView
+from dataset_registry import pages as dataset_pages
+from dataset_registry.views import (
+    DatasetDetailView,
+    DatasetListCreateView,
+    DatasetVersionDetailView,
+    DatasetVersionRowsView,
+    TrainerDatasetRowsView,
+)
 from environment_registry import pages as environment_pages
 from environment_registry.views import (
     EnvironmentDetailView,
@@ -99,6 +107,8 @@ pages = [
         environment_pages.environment_version_probe_page,
         name="environment-version-probe-page",
     ),
+    path("datasets/", dataset_pages.dataset_list_page, name="dataset-list-page"),
+    path("datasets/<int:dataset_id>/", dataset_pages.dataset_page, name="dataset-page"),
     path("tokens/", account_pages.token_list_page, name="token-list-page"),
     path(
         "tokens/<int:token_id>/revoke/",
@@ -146,6 +156,18 @@ api = [
         "api/environments/<int:environment_id>/versions/<int:number>/probe/",
         EnvironmentVersionProbeView.as_view(),
         name="api-environment-version-probe",
+    ),
+    path("api/datasets/", DatasetListCreateView.as_view(), name="api-datasets"),
+    path("api/datasets/<int:dataset_id>/", DatasetDetailView.as_view(), name="api-dataset-detail"),
+    path(
+        "api/datasets/<int:dataset_id>/versions/<int:number>/",
+        DatasetVersionDetailView.as_view(),
+        name="api-dataset-version-detail",
+    ),
+    path(
+        "api/datasets/<int:dataset_id>/versions/<int:number>/rows/",
+        DatasetVersionRowsView.as_view(),
+        name="api-dataset-version-rows",
     ),
     path("api/runs/", RunListCreateView.as_view(), name="api-runs"),
     path("api/runs/<int:run_id>/", RunDetailView.as_view(), name="api-run-detail"),
@@ -223,6 +245,11 @@ trainer_api = [
         "api/trainer/runs/<int:run_id>/checkpoints/",
         TrainerCheckpointsView.as_view(),
         name="api-trainer-checkpoints",
+    ),
+    path(
+        "api/trainer/runs/<int:run_id>/datasets/<str:name>/versions/<int:number>/rows/",
+        TrainerDatasetRowsView.as_view(),
+        name="api-trainer-dataset-rows",
     ),
     path(
         "api/trainer/runs/<int:run_id>/traces/<int:trace_id>/",

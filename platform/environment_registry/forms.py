@@ -43,6 +43,11 @@ class EnvironmentRegisterForm(DomainErrorForm):
         json_type=list, required=False,
         help_text='[{"name": "calc", "description": "...", "parameters": {"type": "object", ...}}]',
     )
+    max_concurrent_episodes = forms.IntegerField(
+        required=False, min_value=1, label="Max concurrent episodes",
+        help_text="Across every worker; the others wait for a slot. Empty: no limit, unless the server "
+        "advertises one.",
+    )
 
     def __init__(self, *args, projects, **kwargs):
         super().__init__(*args, **kwargs)

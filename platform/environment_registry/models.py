@@ -62,10 +62,19 @@ class EnvironmentVersion(models.Model):
     secret_setting_names = models.JSONField(
         default=list, blank=True, help_text="Names of the write-only secret settings, sorted."
     )
+    max_concurrent_episodes = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Registered limit of episodes at once, across every producer; empty: no limit.",
+    )
     created_by = models.ForeignKey(
         django_settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # Not part of the definition: it follows the probes, like the status.
+    advertised_max_concurrent_episodes = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The concurrent episodes the environment said it can serve at its latest passed probe.",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     status_reason = models.TextField(blank=True, default="")
     status_changed_at = models.DateTimeField(auto_now_add=True)
@@ -83,6 +92,13 @@ class EnvironmentVersion(models.Model):
         return f"{self.environment.name}@{self.number}"
 
     @property
+    def episode_limit(self) -> int | None:
+        """The limit producers hold to: the registration's, or the advertised capacity when that is smaller."""
+        limits = [limit for limit in (self.max_concurrent_episodes, self.advertised_max_concurrent_episodes)
+                  if limit is not None]
+        return min(limits, default=None)
+
+    @property
     def is_dispatchable(self) -> bool:
         """Runs pinned to it may start and produce episodes."""
         return self.status == self.Status.READY
@@ -98,6 +114,7 @@ class EnvironmentVersion(models.Model):
             settings=self.settings,
             tools=self.tools,
             secret_setting_names=tuple(self.secret_setting_names),
+            max_concurrent_episodes=self.episode_limit,
         )
 
 

@@ -29,6 +29,11 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
         many=True, required=False, default=list,
         help_text="Tools the environment exposes, exactly; the probe checks them.",
     )
+    max_concurrent_episodes = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1, max_value=1_000_000,
+        help_text="At most this many episodes of the version at once, across every producer; the others "
+        "wait for a slot. Omitted or null: no limit, unless the server advertises one (the smaller wins).",
+    )
     # Write-only: no response, page or error message ever holds a value, only the names
     # (`secret_setting_names`). trim_whitespace off: a key is taken exactly as it is sent.
     secret_settings = serializers.DictField(
@@ -65,6 +70,7 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
             entrypoint=data["entrypoint"],
             settings=data["settings"],
             tools=tuple(ToolSchema(**tool) for tool in data["tools"]),
+            max_concurrent_episodes=data["max_concurrent_episodes"],
         )
 
     def secret_settings_sent(self) -> dict[str, str] | None:
@@ -98,10 +104,16 @@ class EnvironmentVersionStatusSerializer(serializers.ModelSerializer):
 
 class EnvironmentVersionSerializer(EnvironmentVersionStatusSerializer):
     created_by = serializers.CharField(source="created_by.username", default=None)
+    episode_limit = serializers.IntegerField(
+        read_only=True, allow_null=True,
+        help_text="The limit producers hold to: max_concurrent_episodes, or "
+        "advertised_max_concurrent_episodes when that is smaller; null: none.",
+    )
 
     class Meta(EnvironmentVersionStatusSerializer.Meta):
         fields = [*EnvironmentVersionStatusSerializer.Meta.fields, "kind", "entrypoint",
-                  "settings", "secret_setting_names", "tools", "created_by", "created_at"]
+                  "settings", "secret_setting_names", "tools", "max_concurrent_episodes",
+                  "advertised_max_concurrent_episodes", "episode_limit", "created_by", "created_at"]
 
 
 class EnvironmentVersionDetailSerializer(EnvironmentVersionSerializer):

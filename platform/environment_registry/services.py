@@ -171,6 +171,7 @@ def _version_create(
         settings=spec.settings,
         tools=[tool.model_dump(mode="json") for tool in spec.tools],
         secret_setting_names=sorted(secret_settings),
+        max_concurrent_episodes=spec.max_concurrent_episodes,
         created_by=user if user is not None and user.is_authenticated else None,
     )
     if secret_settings:
@@ -225,10 +226,26 @@ def environment_version_register(
     if secret_settings is None:
         secret_settings = {} if latest is None else environment_version_secret_settings(version=latest)
         kept_from = latest.number if secret_settings else None
+        if secret_settings and not _same_destination(latest, spec):
+            # Else any writer could point the environment at code or a server of their own and
+            # be handed a key they can never read.
+            raise InvalidInput.for_field("secret_settings", (
+                f"This version changes what runs or where it connects (kind, entrypoint, {', '.join(DESTINATION_SETTINGS)}"
+                f"): version {latest.number}'s secret settings are not carried over to it; send them again."))
     spec = spec.model_copy(update={"name": environment.name})
     return _version_create(environment=environment, spec=spec, user=user,
                            number=(latest.number if latest else 0) + 1,
                            secret_settings=secret_settings, secrets_kept_from=kept_from)
+
+
+# The settings that say where an environment connects or what it imports.
+DESTINATION_SETTINGS = ("url", "factory")
+
+
+def _same_destination(version: EnvironmentVersion, spec: EnvironmentSpec) -> bool:
+    """Whether ``spec`` runs the same code against the same server as ``version``."""
+    return (version.kind == spec.kind and version.entrypoint == spec.entrypoint
+            and all(version.settings.get(name) == spec.settings.get(name) for name in DESTINATION_SETTINGS))
 
 
 def _same_definition(version: EnvironmentVersion, spec: EnvironmentSpec) -> bool:
@@ -237,6 +254,7 @@ def _same_definition(version: EnvironmentVersion, spec: EnvironmentSpec) -> bool
         and version.entrypoint == spec.entrypoint
         and version.settings == spec.settings
         and version.tools == [tool.model_dump(mode="json") for tool in spec.tools]
+        and version.max_concurrent_episodes == spec.max_concurrent_episodes
     )
 
 
@@ -330,7 +348,7 @@ def environment_probe_record(*, report: ProbeReport) -> EnvironmentProbe:
     probe.save(update_fields=["status", "checks", "worker", "finished_at", "duration_s"])
     # The version's secret settings for the probe: gone once it is over, not at their TTL.
     transaction.on_commit(lambda: _probe_secrets_delete(probe.pk), robust=True)
-    _version_apply_probe(probe)
+    _version_apply_probe(probe, advertised_capacity=report.max_concurrent_episodes)
     if probe.purpose == Purpose.HEALTH:
         _health_history_trim(version_id=probe.version_id)
     return probe
@@ -347,9 +365,13 @@ def _health_history_trim(*, version_id: int) -> None:
     EnvironmentProbe.objects.filter(pk__in=list(old)).delete()
 
 
-def _version_apply_probe(probe: EnvironmentProbe) -> None:
+def _version_apply_probe(probe: EnvironmentProbe, *, advertised_capacity: int | None) -> None:
     version = EnvironmentVersion.objects.select_for_update().get(pk=probe.version_id)
     passed = probe.status == EnvironmentProbe.Status.PASSED
+    if passed and version.advertised_max_concurrent_episodes != advertised_capacity:
+        # What the environment says now; runs claimed from here on hold to it (EnvironmentSpec).
+        version.advertised_max_concurrent_episodes = advertised_capacity
+        version.save(update_fields=["advertised_max_concurrent_episodes"])
     if probe.purpose == Purpose.HEALTH:
         if version.status not in (Status.READY, Status.UNHEALTHY):
             return  # a health check never overrules the probe's own verdict

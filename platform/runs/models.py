@@ -51,6 +51,10 @@ class Run(models.Model):
     progress_at = models.DateTimeField(
         null=True, blank=True, help_text="When the trainer step last advanced (or the run started running)."
     )
+    progress_step = models.PositiveIntegerField(
+        default=0, help_text="The step the current attempt last reported: a resumed trainer trains steps again "
+        "from its checkpoint, below trainer_step, and that is progress too.",
+    )
     stalled_since = models.DateTimeField(
         null=True, blank=True,
         help_text="Set by the progress watchdog: the run runs but its step has not advanced for "

@@ -13,11 +13,13 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts.models import Membership
 from accounts.selectors import project_get_for_user, project_list, project_role
 from config.form_errors import error_placements
+from dataset_registry.models import Dataset
 from domain_errors import DomainError, Forbidden, NotFound
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_list, environment_version_last_probe_times
 from tandem.contracts import RELEASED_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
 from telemetry.charts import RUN_CHARTS
+from telemetry.selectors import metric_totals
 from telemetry.services import MAX_TRACE_STEPS, TRACE_REFUSED_STATUSES
 
 from .config_form import (
@@ -125,11 +127,42 @@ def run_page(request, run_id: int):
         "timeline_url": reverse("run-timeline-page", args=[run.pk]),
         "devices_url": reverse("devices-page"),
         "charts": RUN_CHARTS,
+        "sft_data": _sft_data(run),
         # Viewers see no cancel button; the cancel view refuses them anyway.
         "can_write": project_role(user=request.user, project=run.project)
         in Membership.WRITER_ROLES,
     }
     return render(request, "runs/detail.html", context)
+
+
+def _sft_data(run: Run) -> dict | None:
+    """What the SFT phase trains on (the pinned datasets, the demonstrations) and what it used so far.
+
+    From the config and the trainer's SFT step metrics (trainer/datasets.py), stored as the step
+    event's algorithm metrics are (``algorithm/sft/rows/<index>`` per dataset,
+    ``algorithm/sft/rows/demonstrations``, ``algorithm/sft/tokens``). None without an SFT phase.
+    """
+    config = run.config
+    if not config.get("sft_steps"):
+        return None
+    sft = config.get("sft") or {}
+    totals = {name.removeprefix("algorithm/"): total
+              for name, total in metric_totals(run=run, prefix="algorithm/sft/").items()}
+    datasets = sft.get("datasets", [])
+    ids = dict(Dataset.objects.filter(project=run.project, name__in=[entry["name"] for entry in datasets])
+               .values_list("name", "pk"))
+    sources = [{"label": f"{entry['name']}@{entry['version']}", "weight": entry["weight"],
+                "dataset_id": ids.get(entry["name"]), "version": entry["version"],
+                "rows": int(totals.get(f"sft/rows/{index}", (0, 0))[0])}
+               for index, entry in enumerate(datasets)]
+    weight = sft.get("demonstrations_weight")
+    weight = (0.0 if datasets else 1.0) if weight is None else weight
+    if weight > 0:
+        rows = totals.get("sft/rows/demonstrations")
+        sources.append({"label": f"demonstrations of {run.environment.name}", "weight": weight,
+                        "rows": int(rows[0]) if rows else None})
+    tokens, steps = totals.get("sft/tokens", (0.0, 0))
+    return {"sources": sources, "steps": steps, "steps_planned": config["sft_steps"], "tokens": int(tokens)}
 
 
 def run_actions_by_status(*, user, run: Run) -> dict[str, list[str]]:

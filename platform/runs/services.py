@@ -14,20 +14,24 @@ from django.utils import timezone
 
 from accounts.models import Project
 from accounts.permissions import project_require_writer
+from dataset_registry.selectors import dataset_versions_pin
 from domain_errors import Conflict, InvalidInput
-from environment_registry.models import EnvironmentVersion
+from environment_registry.models import EnvironmentProbe, EnvironmentVersion
 from environment_registry.selectors import (
     environment_version_pin,
     environment_version_secret_settings,
 )
 from tandem.config_changes import merge_changes
 from tandem.contracts import (
+    DEMONSTRATIONS_PROBE_CHECK,
     TERMINAL_RUN_STATUSES,
     TRAINER_HELD_RUN_STATUSES,
     EnvironmentSecrets,
     RunStatus,
     TrainerConflictCode,
     TrainerHeartbeat,
+    environment_declares_demonstrations,
+    probe_check_demonstrates,
     run_environment_secrets_key,
     run_keys,
     run_stop_key,
@@ -90,6 +94,50 @@ def run_config_normalise(config: dict[str, Any] | None) -> dict[str, Any]:
     return normalised
 
 
+def environment_version_demonstrates(version: EnvironmentVersion) -> bool | None:
+    """Whether ``version`` has demonstrations: as its kind or class declares, else as its probe found.
+
+    None: nobody has said (a class of the user's own, an HTTP server whose probe has not
+    reported on them).
+    """
+    declared = environment_declares_demonstrations(kind=version.kind, entrypoint=version.entrypoint)
+    if declared is not None:
+        return declared
+    probes = EnvironmentProbe.objects.filter(version=version).exclude(status=EnvironmentProbe.Status.PENDING)
+    for checks in probes.order_by("-requested_at", "-id").values_list("checks", flat=True)[:5]:
+        for check in checks:
+            if check.get("name") == DEMONSTRATIONS_PROBE_CHECK and check.get("status") != "skipped":
+                return probe_check_demonstrates(check)
+    return None
+
+
+def _sft_data_pin(*, project: Project, version: EnvironmentVersion, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its ``sft.datasets`` pinned to version numbers; refused if SFT would have no data.
+
+    A run with ``sft_steps`` > 0 trains on its datasets, or on the environment's
+    demonstrations, or both (by weight); one that has neither is a 400 naming
+    ``config.sft_steps``, never an SFT phase skipped without a word.
+    """
+    sft = config["sft"]
+    pinned = dataset_versions_pin(project=project, datasets=sft["datasets"], field="config.sft.datasets")
+    config = {**config, "sft": {**sft, "datasets": pinned}}
+    if config["sft_steps"] == 0 or pinned:
+        return config
+    weight = sft["demonstrations_weight"]
+    if weight == 0:
+        raise InvalidInput.for_field("config.sft_steps", (
+            f"{config['sft_steps']} SFT steps with sft.demonstrations_weight 0 and no sft.datasets: "
+            "there is nothing to train on. Name a dataset, or set sft_steps to 0."))
+    demonstrates = environment_version_demonstrates(version)
+    if not demonstrates:
+        known = "has no demonstrations" if demonstrates is False else "is not known to have demonstrations"
+        raise InvalidInput.for_field("config.sft_steps", (
+            f"Environment {version} {known}, and the config names no sft.datasets: {config['sft_steps']} "
+            "SFT steps would have nothing to train on. Register a dataset (tandem datasets register) and name "
+            "it in sft.datasets, or set sft_steps to 0."))
+    return config
+
+
 @transaction.atomic
 def run_create(
     *,
@@ -103,7 +151,7 @@ def run_create(
     project_require_writer(user=user, project=project)
     # `name` pins the latest version, `name@3` version 3; a failed probe is a Conflict.
     version = environment_version_pin(project=project, reference=environment_name)
-    normalised = run_config_normalise(config)
+    normalised = _sft_data_pin(project=project, version=version, config=run_config_normalise(config))
     cap = settings.TANDEM_RUN_QUOTAS.max_active_runs_per_project
     # Locks the project's row: two creations racing for the last place cannot both win.
     Project.objects.select_for_update().filter(pk=project.pk).first()
@@ -142,7 +190,7 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
         # The trainer lets go of the run, or is presumed dead: its attempt ends here.
         RunAttempt.objects.filter(run_id=run.pk, ended_at__isnull=True).update(
             ended_at=now, outcome=to_status, reason=reason,
-            trainer_step=Run.objects.filter(pk=run.pk).values_list("trainer_step", flat=True).get())
+            trainer_step=Run.objects.filter(pk=run.pk).values_list("progress_step", flat=True).get())
     run.status = to_status
     run.status_reason = reason
     update_fields = ["status", "status_reason"]
@@ -220,7 +268,8 @@ def run_clone(*, user: AbstractBaseUser, run: Run, config_changes: dict[str, Any
     """
     project_require_writer(user=user, project=run.project)
     config = merge_changes(run.config, upgrade_run_config(config_changes or {}))
-    normalised = run_config_normalise(config)
+    normalised = _sft_data_pin(project=run.project, version=run.environment_version,
+                               config=run_config_normalise(config))
     return Run.objects.create(
         project=run.project, environment=run.environment, environment_version=run.environment_version,
         config=normalised, name=name.strip() or f"{run.name} (clone)"[:200], created_at=timezone.now(),
@@ -318,7 +367,8 @@ def run_environment_secrets_publish_on_commit(run: Run) -> None:
 
     The trainer's claim carries only their names; producers read them from their own key
     (workers/producer.py), deleted when the run stops its producers and written again
-    at the next claim.
+    at the next claim. The key also expires after TANDEM_RELEASED_RUN_KEYS_RETENTION_S,
+    so that a deletion Redis missed does not keep a key there for good.
     """
     version = run.environment_version
     if not version.secret_setting_names:
@@ -326,7 +376,8 @@ def run_environment_secrets_publish_on_commit(run: Run) -> None:
     secrets = EnvironmentSecrets(version_id=version.pk,
                                  settings=environment_version_secret_settings(version=version))
     payload = secrets.model_dump_json()
-    _redis_on_commit(lambda client: client.set(run_environment_secrets_key(run.pk), payload),
+    retention_s = int(settings.TANDEM_RELEASED_RUN_KEYS_RETENTION_S)
+    _redis_on_commit(lambda client: client.set(run_environment_secrets_key(run.pk), payload, ex=retention_s),
                      f"could not write the secret settings of run {run.pk}'s environment")
 
 
@@ -380,8 +431,12 @@ def run_claim_next(*, worker: str) -> Run | None:
     """Start the oldest queued run on behalf of trainer ``worker``; None if none is queued.
 
     SKIP LOCKED lets two trainers claim at once without waiting on, or taking,
-    the same run.
+    the same run. A trainer that claims while it holds a run already (the reply to its
+    claim was lost, and it asked again) gets that run back, not a second one.
     """
+    held = Run.objects.filter(status__in=TRAINER_HELD_RUN_STATUSES, claimed_by=worker).order_by("id").first()
+    if held is not None:
+        return held
     run = (
         Run.objects.select_for_update(skip_locked=True)
         # A run waits while its environment version's probe is pending or it is unhealthy.
@@ -395,7 +450,8 @@ def run_claim_next(*, worker: str) -> Run | None:
     run.claimed_by = worker
     run.heartbeat_at = timezone.now()
     run.attempts += 1
-    run.save(update_fields=["claimed_by", "heartbeat_at", "attempts"])
+    run.progress_step = 0  # the new attempt's steps count from its checkpoint
+    run.save(update_fields=["claimed_by", "heartbeat_at", "attempts", "progress_step"])
     RunAttempt.objects.create(run=run, number=run.attempts, trainer=worker, started_at=run.heartbeat_at)
     run_environment_secrets_publish_on_commit(run)
     return run
@@ -455,16 +511,19 @@ def run_progress_record(*, run: Run, trainer_step: int, policy_version: int, at=
 def _advance_step(run: Run, trainer_step: int, now) -> list[str]:
     """Move ``run``'s step up to ``trainer_step`` (never back); the fields changed, for ``save``.
 
-    A step that advances restarts the progress watchdog's clock and clears its flag.
+    A step past the current attempt's last (``progress_step``) restarts the progress
+    watchdog's clock and clears its flag, though a resumed trainer's may lie below the
+    run's highest step.
     """
-    if trainer_step <= run.trainer_step:
+    if trainer_step <= run.progress_step:
         return []
     was_stalled = run.stalled_since is not None
-    run.trainer_step, run.progress_at, run.stalled_since = trainer_step, now, None
+    run.progress_step, run.progress_at, run.stalled_since = trainer_step, now, None
+    run.trainer_step = max(run.trainer_step, trainer_step)
     if was_stalled:
         logger.info("run %s advanced to step %d: no longer stalled", run.pk, trainer_step)
         run_broadcast_on_commit(run.pk, [_status_message(run)])
-    return ["trainer_step", "progress_at", "stalled_since"]
+    return ["trainer_step", "progress_step", "progress_at", "stalled_since"]
 
 
 def _status_message(run: Run) -> dict:

@@ -118,10 +118,13 @@ RUN_CHARTS: list[dict] = [
     {
         "id": "chart-latency", "title": "Rollout latency",
         "caption": "seconds per episode, p50 / p90 (dashed) / p99 (dotted)", "empty": "No rollout yet.",
-        "variants": [("latency", "episode"), ("generation", "generation"), ("environment", "environment")],
+        # slot wait: before the episode starts, waiting for its environment's max_concurrent_episodes.
+        "variants": [("latency", "episode"), ("generation", "generation"), ("environment", "environment"),
+                     ("slot_wait", "slot wait")],
         "kind": "lines", "smooth": True, "range_min": 0,
         "family": {
-            "pattern": r"^rollout/(?<environment>.+)/(?<variant>latency|generation|environment)_p(?<order>50|90|99)_s$",
+            "pattern": r"^rollout/(?<environment>.+)/(?<variant>latency|generation|environment|slot_wait)"
+                       r"_p(?<order>50|90|99)_s$",
             "label": "{environment} p{order}", "colour": "environment", "dash": {"90": [6, 4], "99": [2, 3]},
         },
     },

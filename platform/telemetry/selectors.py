@@ -370,3 +370,10 @@ def process_listing(*, user: AbstractBaseUser) -> ProcessListing | None:
     run_ids = {run_id for report in reports for run_id in report.run_ids}
     visible = run_list(user=user).filter(pk__in=run_ids).values_list("pk", flat=True) if run_ids else []
     return ProcessListing(reports=reports, visible_run_ids=frozenset(visible))
+
+
+def metric_totals(*, run: Run, prefix: str) -> dict[str, tuple[float, int]]:
+    """Per series whose name starts with ``prefix``: the sum of its values over the run, and its steps."""
+    totals = (MetricPoint.objects.filter(run=run, name__startswith=prefix).values("name")
+              .annotate(total=Sum("value"), steps=Count("id")).order_by("name"))
+    return {row["name"]: (row["total"] or 0.0, row["steps"]) for row in totals}

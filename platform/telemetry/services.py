@@ -175,8 +175,10 @@ def step_episodes_place(*, run: Run, chunks: Sequence[StepEpisodes]) -> int:
     """Place chunks of steps' episodes into the steps' timelines; returns the episodes placed.
 
     A chunk lands at its offset, so a chunk posted again replaces itself. It follows its
-    step's event (in the same post or an earlier one): a chunk of a step this run has not
-    stored, or one that would leave a gap or overrun the step's count, is refused, naming it.
+    step's event (in the same post or an earlier one). A chunk of a step the run does not
+    keep (pruned past TANDEM_TIMELINE_STEPS_KEPT, or with no timeline to draw) is not
+    placed, as its event's episodes were not; one that would leave a gap in, or overrun,
+    a kept step is refused, naming it.
     """
     placed = 0
     for index, chunk in enumerate(chunks):
@@ -185,8 +187,7 @@ def step_episodes_place(*, run: Run, chunks: Sequence[StepEpisodes]) -> int:
             raise InvalidInput.for_field(f"{field}.run_id", f"Chunk is for run {chunk.run_id}, posted to run {run.pk}.")
         record = StepTimelineRecord.objects.select_for_update().filter(run=run, step=chunk.step).first()
         if record is None:
-            raise InvalidInput.for_field(f"{field}.step", f"Run {run.pk} has no stored step {chunk.step}: "
-                                         "post its event first.")
+            continue
         end = chunk.offset + len(chunk.episodes)
         if chunk.offset > len(record.episodes) or end > record.episode_count:
             raise InvalidInput.for_field(f"{field}.offset", (

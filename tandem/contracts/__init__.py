@@ -7,12 +7,15 @@ One module per topic:
 - ``schema``: schema versions and the base of every versioned record;
 - ``errors``: the codes of the platform API's errors, trainer-facing conflicts among them;
 - ``keys``: Redis key and stream names; ``tasks``: Celery task names and queues;
-- ``environments``: the table of environment kinds and the spec of a registered version;
+- ``environments``: the table of environment kinds, the spec of a registered version and
+  the reasons an episode is closed with;
 - ``runs``: run statuses, the run spec producers read, the trainer's heartbeat
   and the platform's reply to it;
 - ``trajectories``: finished episodes on the stream; ``trajectory_samples``:
   the ones the trainer sends for people to read;
 - ``demonstrations``: an SFT step's demonstrations, made by a producer for the trainer;
+- ``datasets``: a row of an SFT dataset (a chat conversation), the trainer's pages of rows,
+  and which environments are known to have demonstrations;
 - ``stages``: the trainer's stages, in the order a step runs them;
 - ``telemetry``: step events, stage timelines, episode spans, device reports, traces;
 - ``probes``: environment conformance probes; ``checkpoints``: committed checkpoints;
@@ -32,6 +35,20 @@ from tandem.contracts.checkpoints import (
     CheckpointInfo,
     CheckpointReport,
 )
+from tandem.contracts.datasets import (
+    DATASET_ROW_MAX_MESSAGES,
+    DATASET_ROWS_PAGE_MAX,
+    DEMONSTRATIONS_PROBE_CHECK,
+    DatasetMessage,
+    DatasetRow,
+    DatasetRowError,
+    DatasetRowsPage,
+    DatasetToolCall,
+    environment_declares_demonstrations,
+    parse_dataset_line,
+    probe_check_demonstrates,
+    stored_row_messages,
+)
 from tandem.contracts.demonstrations import (
     DEMONSTRATION_ERROR_CHARS,
     DemonstrationBatch,
@@ -44,6 +61,7 @@ from tandem.contracts.environments import (
     EnvironmentKindDefinition,
     EnvironmentSecrets,
     EnvironmentSpec,
+    EpisodeCloseReason,
     RequiredSetting,
     SecretSettingValues,
     ToolSchema,
@@ -61,6 +79,7 @@ from tandem.contracts.keys import (
     consumed_trajectories_key,
     dead_letter_stream,
     demonstration_stream,
+    environment_episode_slots_key,
     environment_paused_key,
     lineage_stream,
     probe_environment_secrets_key,
@@ -75,6 +94,7 @@ from tandem.contracts.keys import (
     run_spec_key,
     run_stop_key,
     trajectory_stream,
+    unregistered_environment_episode_slots_key,
     weights_key,
 )
 from tandem.contracts.lineage import (
@@ -160,6 +180,18 @@ from tandem.contracts.trajectory_samples import (
 )
 
 __all__ = [
+    "DATASET_ROW_MAX_MESSAGES",
+    "DATASET_ROWS_PAGE_MAX",
+    "DEMONSTRATIONS_PROBE_CHECK",
+    "DatasetMessage",
+    "DatasetRow",
+    "DatasetRowError",
+    "DatasetRowsPage",
+    "DatasetToolCall",
+    "environment_declares_demonstrations",
+    "parse_dataset_line",
+    "probe_check_demonstrates",
+    "stored_row_messages",
     "SCHEMA_VERSION",
     "SchemaVersionError",
     "ErrorCode",
@@ -185,6 +217,8 @@ __all__ = [
     "probe_request_key",
     "probe_environment_secrets_key",
     "environment_paused_key",
+    "environment_episode_slots_key",
+    "unregistered_environment_episode_slots_key",
     "run_keys",
     "ROLLOUT_TASK_NAME",
     "ROLLOUT_QUEUE",
@@ -195,6 +229,7 @@ __all__ = [
     "PLATFORM_QUEUE",
     "RequiredSetting",
     "EnvironmentKindDefinition",
+    "EpisodeCloseReason",
     "ENVIRONMENT_KINDS",
     "EnvironmentKind",
     "ADAPTER_ENTRYPOINTS",

@@ -1,13 +1,25 @@
-"""Environment kinds and the spec of a registered environment version, as producers and probes read it."""
+"""Environment kinds, a registered environment version's spec (as producers and probes read it), episode close reasons."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, SecretStr, model_validator
 
 from tandem.contracts.schema import Record
+
+
+class EpisodeCloseReason(StrEnum):
+    """Why an episode ended, as an environment is told when it is closed (``POST /close``'s ``reason``)."""
+
+    DONE = "done"  # the environment answered done
+    TRUNCATED = "truncated"  # the conversation budget (max_seq_len) cut it off
+    MAX_TURNS = "max_turns"  # max_turns came before the environment ended it
+    FAILED = "failed"  # a fault: a call that raised, timed out or broke the interface, or generation
+    CANCELLED = "cancelled"  # its task was cancelled or ran past its time limit
+    PROBE = "probe"  # the conformance probe's one episode
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,11 @@ class EnvironmentSpec(Record):
     secret_setting_names: tuple[str, ...] = Field(
         (), description="Names of the version's secret settings (keyword arguments too); their values never "
         "travel in a spec, only to producers and probes (EnvironmentSecrets)."
+    )
+    max_concurrent_episodes: int | None = Field(
+        None, ge=1, description="At most this many episodes of the version run at once, across every "
+        "producer on every host (workers/episode_slots.py); an episode waits for a slot. None: no limit. "
+        "The registration's limit, or the server's advertised capacity when that is smaller."
     )
 
     @model_validator(mode="before")

@@ -132,6 +132,22 @@ def environment_paused_key(version_id: int) -> str:
     return f"{KEY_PREFIX}:environment_version:{version_id}:paused"
 
 
+def environment_episode_slots_key(version_id: int) -> str:
+    """Redis sorted set of the episodes holding a slot of an environment version: lease id -> expiry.
+
+    Scored by the lease's expiry in Redis's own clock (milliseconds), so that the
+    leases of a producer that died free its slots once they expire
+    (``workers/episode_slots.py``). Not one of :func:`run_keys`: every run of the
+    version shares its slots, on every host.
+    """
+    return f"{KEY_PREFIX}:environment_version:{version_id}:episode_slots"
+
+
+def unregistered_environment_episode_slots_key(name: str) -> str:
+    """:func:`environment_episode_slots_key` of an environment that is not from the registry (no version id)."""
+    return f"{KEY_PREFIX}:environment:{name}:episode_slots"
+
+
 def run_keys(run_id: int) -> tuple[str, ...]:
     """Every Redis key a run owns (Celery's own queue aside)."""
     return (

@@ -23,6 +23,8 @@ class ProbeTimeouts(BaseModel):
     # Reading the declared tools (a property may do I/O) and checking their schemas.
     tools: float = Field(10.0, gt=0)
     step: float = Field(20.0, gt=0)
+    # Asking for a few demonstrations; a remote environment's are fetched.
+    demonstrations: float = Field(20.0, gt=0)
     close: float = Field(10.0, gt=0)
 
 
@@ -49,7 +51,7 @@ class ProbeRequest(Record):
 class ProbeCheck(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(description="url, load, sample_task, reset, tools, step, budget or close.")
+    name: str = Field(description="url, load, sample_task, reset, tools, step, budget, demonstrations or close.")
     status: Literal["passed", "warning", "failed", "skipped"] = Field(
         description="warning: the environment works, but something about it needs attention (the message "
         "says what); it does not fail the probe."
@@ -67,6 +69,10 @@ class ProbeReport(Record):
     worker: str = Field("", description="`hostname:pid` of the worker that ran it.")
     started_at: float
     finished_at: float
+    max_concurrent_episodes: int | None = Field(
+        None, ge=1, description="The concurrent episodes the environment says it can serve (an HTTP server's "
+        "`/schema`, a class's `max_concurrent_episodes`); None: it says nothing."
+    )
 
     @property
     def passed(self) -> bool:

@@ -56,6 +56,10 @@ class EpisodeTimings(BaseModel):
     generation_s: float = Field(description="Seconds spent waiting for the policy to generate.")
     environment_s: float = Field(description="Seconds spent waiting on environment reset/step (tool calls excluded).")
     tool_s: float = Field(0.0, description="Seconds spent waiting on the environment's tool calls.")
+    slot_wait_s: float = Field(
+        0.0, ge=0.0, description="Seconds the episode waited, before started_at, for a slot of its "
+        "environment's max_concurrent_episodes; 0 when it has no limit."
+    )
 
 
 class TrajectoryRecord(Record):

@@ -41,7 +41,10 @@ class EchoEnvironment(Environment):
 
 
 class BrokenDemonstratorEnvironment(EchoEnvironment):
-    """Healthy episodes (the registration probe passes), demonstrations that raise."""
+    """Healthy episodes, and demonstrations that raise for a batch larger than the two the
+    registration probe asks for: the probe passes, the SFT phase meets the error."""
 
     def demonstrations(self, count: int, rng: random.Random) -> list[Demonstration]:
+        if count <= 2:
+            return [Demonstration(prompt="say hi\n", turns=(DemonstrationTurn("policy", "hi"),)) for _ in range(count)]
         raise RuntimeError("the demonstrator is broken")

@@ -19,9 +19,15 @@ SFT_ONLY = {"algorithm": {"name": "sft"}, "sft_steps": SFT_STEPS, "sft_batch_siz
 
 
 def _register_and_run(api, credentials, *, name: str, entrypoint: str) -> int:
-    api.post("/api/environments/", json={
+    registered = api.post("/api/environments/", json={
         "project": credentials.project_id, "name": name, "kind": "python", "entrypoint": entrypoint,
-    }).raise_for_status()
+    })
+    registered.raise_for_status()
+    # A class of the user's own demonstrates as its probe found: SFT without a dataset waits for it.
+    deadline = time.monotonic() + 60
+    while api.get(f"/api/environments/{registered.json()['id']}/").json()["latest_version"]["status"] == "pending":
+        assert time.monotonic() < deadline, "the environment's probe did not report"
+        time.sleep(0.5)
     created = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": name, "environment": name, "config": SFT_ONLY,
     })

@@ -9,6 +9,7 @@ fails this test until someone says how to make its object.
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass
 
@@ -58,11 +59,15 @@ KWARG_BUILDERS = {
     # With environment_id: the version of the world's environment its run is pinned to.
     "number": lambda world: world.run.environment_version.number,
     "step": lambda world: _reported_checkpoint(world.run),
+    # With number: a dataset of the world's project with that many versions.
+    "dataset_id": lambda world: _dataset(world),
+    # The trainer's dataset routes: a name no config pins (the trainer is refused before it matters).
+    "name": lambda world: "support",
 }
 # An id (or name) nothing has, to check the outsider's answer is that of a missing object.
 MISSING = {"run_id": 10**9, "project_id": 10**9, "token_id": 10**9, "username": "nobody-at-all",
            "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory",
-           "trace_id": 10**9, "step": 10**6}
+           "trace_id": 10**9, "step": 10**6, "dataset_id": 10**9, "name": "no-such-dataset"}
 
 # Routes of staff users who work on every project (the trainer): others get 403 on each.
 STAFF_ONLY = {
@@ -71,6 +76,7 @@ STAFF_ONLY = {
     "/api/trainer/runs/<int:run_id>/trajectories/",
     "/api/trainer/runs/<int:run_id>/traces/<int:trace_id>/",
     "/api/trainer/runs/<int:run_id>/checkpoints/",
+    "/api/trainer/runs/<int:run_id>/datasets/<str:name>/versions/<int:number>/rows/",
 }
 # Django's admin is for staff, who see everything by design; it has its own login.
 SKIPPED_NAMESPACES = {"admin"}
@@ -85,6 +91,17 @@ def _sampled_trajectory(run: Run) -> str:
     sample = calculator_sample(run.pk)
     trajectory_samples_record(run=run, samples=[sample])
     return sample.trajectory_id
+
+
+def _dataset(world: World) -> int:
+    """The id of a dataset of the world's project with as many versions as its environment has."""
+    from dataset_registry.services import dataset_upload
+
+    row = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+    for _ in range(world.run.environment_version.number):
+        version = dataset_upload(user=world.owner, project=world.project, name="support",
+                                 file=io.BytesIO(row), file_name="rows.jsonl")
+    return version.dataset_id
 
 
 def _reported_checkpoint(run: Run) -> int:

@@ -60,7 +60,8 @@ def test_secret_settings_are_never_returned_to_a_viewer(api, project, make_user,
                            {**{k: v for k, v in KEYED.items() if k != "name"},
                             "secret_settings": {"api_key": API_KEY}}, format="json")
     assert new_version.status_code == 201, new_version.json()
-    run = make_run(project, environment=EnvironmentVersion.objects.get(pk=version_id).environment)
+    run = make_run(project, environment=EnvironmentVersion.objects.get(pk=version_id).environment,
+                   config={"sft_steps": 0, "rl_steps": 2})  # keyed has no demonstrations
     viewer_api = client_for(viewer)
     page = Client()
     page.force_login(viewer)
@@ -94,7 +95,7 @@ def test_secret_settings_are_never_returned_to_a_viewer(api, project, make_user,
 def test_the_trainers_claim_names_the_secret_settings_without_their_values(
     trainer_api, project, keyed_version, django_capture_on_commit_callbacks, redis_client
 ):
-    run_create(user=project.owner, project=project, environment_name="keyed", config={})
+    run_create(user=project.owner, project=project, environment_name="keyed", config={"sft_steps": 0})
 
     with django_capture_on_commit_callbacks(execute=True):
         response = trainer_api.post("/api/trainer/claim/", {"worker": "gpu-box:1"}, format="json")
@@ -109,7 +110,7 @@ def test_the_trainers_claim_names_the_secret_settings_without_their_values(
 def test_a_claim_writes_the_secret_settings_for_producers_and_the_runs_end_deletes_them(
     project, keyed_version, django_capture_on_commit_callbacks, redis_client
 ):
-    run = run_create(user=project.owner, project=project, environment_name="keyed", config={})
+    run = run_create(user=project.owner, project=project, environment_name="keyed", config={"sft_steps": 0})
 
     with django_capture_on_commit_callbacks(execute=True):
         run_claim_next(worker="gpu-box:1")
@@ -194,3 +195,18 @@ def test_a_new_version_keeps_the_secret_settings_unless_it_sends_its_own(api, pr
     assert list(clashing_with_kept.json()["error"]["fields"]) == ["secret_settings.token"]
     assert b"other-secret" not in clashing_with_kept.content
     assert "kept from version 3" in clashing_with_kept.json()["error"]["message"]
+
+
+def test_secret_settings_are_not_carried_over_to_a_version_that_runs_other_code(api, project, keyed_version):
+    """Before, a writer could re-point the environment at code of their own and be handed the kept key."""
+    path = f"/api/environments/{keyed_version.environment_id}/versions/"
+    body = {k: v for k, v in KEYED.items() if k != "name"}
+    repointed = {**body, "entrypoint": "tests.workers.secret_environments:SomethingElse"}
+
+    refused = api.post(path, repointed, format="json")
+
+    assert refused.status_code == 400, refused.json()
+    assert list(refused.json()["error"]["fields"]) == ["secret_settings"]
+    assert "not carried over" in refused.json()["error"]["message"]
+    assert API_KEY.encode() not in refused.content
+    assert keyed_version.environment.versions.count() == 1

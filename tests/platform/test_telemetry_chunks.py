@@ -53,10 +53,12 @@ def test_a_chunk_must_follow_its_steps_stored_episodes_and_is_refused_naming_the
     gap = trainer_api.post(url, {"events": [], "episode_chunks": [_chunk(running_run.pk, 1, 2, 1)]}, format="json")
     overrun = trainer_api.post(url, {"events": [], "episode_chunks": [_chunk(running_run.pk, 1, 1, 3)]},
                                format="json")
-    unknown = trainer_api.post(url, {"events": [], "episode_chunks": [_chunk(running_run.pk, 9, 0, 1)]},
-                               format="json")
-    for refused, field in ((gap, "episode_chunks.0.offset"), (overrun, "episode_chunks.0.offset"),
-                           (unknown, "episode_chunks.0.step")):
+    # A step the run does not keep (pruned, or never drawn) takes its chunks and keeps nothing of them.
+    unkept = trainer_api.post(url, {"events": [], "episode_chunks": [_chunk(running_run.pk, 9, 0, 1)]},
+                              format="json")
+    assert unkept.status_code == 202, unkept.content
+    assert not StepTimelineRecord.objects.filter(run=running_run, step=9).exists()
+    for refused, field in ((gap, "episode_chunks.0.offset"), (overrun, "episode_chunks.0.offset")):
         assert refused.status_code == 400, refused.content
         assert list(refused.json()["error"]["fields"]) == [field]
 

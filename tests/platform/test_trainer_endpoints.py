@@ -64,13 +64,28 @@ def test_claims_take_runs_one_by_one_then_say_there_is_none(
     runs = {make_run(project, environment=environment).pk for _ in range(2)}
 
     claimed = {
-        trainer_api.post(CLAIM, {"worker": "w:1"}, format="json").json()["run"]["id"]
-        for _ in range(2)
+        trainer_api.post(CLAIM, {"worker": f"w:{index}"}, format="json").json()["run"]["id"]
+        for index in range(2)
     }
-    last = trainer_api.post(CLAIM, {"worker": "w:1"}, format="json")
+    last = trainer_api.post(CLAIM, {"worker": "w:9"}, format="json")
 
     assert claimed == runs
     assert last.status_code == 204 and last.content == b""
+
+
+def test_a_trainer_that_claims_again_gets_back_the_run_it_holds_not_a_second_one(
+    trainer_api, project, environment, make_run
+):
+    """The reply to a claim can be lost after it committed (a timeout, a proxy's 502) and the
+    trainer, which retries, asks again: before, that took a second run and left the first starting."""
+    first, second = (make_run(project, environment=environment) for _ in range(2))
+
+    claims = [trainer_api.post(CLAIM, {"worker": "w:1"}, format="json").json()["run"] for _ in range(2)]
+
+    assert [claim["id"] for claim in claims] == [first.pk, first.pk]
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.status, first.attempts, second.status) == ("starting", 1, "queued")
 
 
 def test_a_claim_needs_a_worker_name(trainer_api):

@@ -157,3 +157,36 @@ def test_a_trainer_without_producers_keeps_its_heartbeat_and_says_that_it_waits(
     assert len(waiting) == 2  # once a minute, not once a read
     assert "no producer has answered the request for SFT step 1's demonstrations in 60s" in waiting[0]
     assert "tandem worker" in waiting[0]
+
+
+def test_a_request_no_producer_answered_is_asked_again_and_its_answer_trains(
+    redis_client, redis_url, run_id, run_spec
+):
+    """A request can be lost (a Redis restarted without its data, a hung worker): before, the trainer waited for ever."""
+    clock = _Clock()
+    feed, courier = _feed(redis_client, redis_url, run_id, steps=1, clock=clock)
+    courier.delivering = False
+
+    def heartbeat():
+        clock.now += 50
+        if clock.now >= 150:
+            courier.held.clear()  # the first request was lost: only the second is delivered
+            courier.delivering = True
+
+    batch = feed.next_batch(0, between_reads=heartbeat)
+
+    assert courier.steps_requested == [0, 0]
+    assert len(batch) == 2
+
+
+def test_a_trainer_no_producer_ever_answers_fails_the_run_saying_so(redis_client, redis_url, run_id, run_spec):
+    clock = _Clock()
+    feed, courier = _feed(redis_client, redis_url, run_id, steps=1, clock=clock)
+    courier.delivering = False
+
+    def heartbeat():
+        clock.now += 300
+
+    with pytest.raises(DemonstrationsFailedError, match="no producer answered the requests for SFT step 1"):
+        feed.next_batch(0, between_reads=heartbeat)
+    assert len(courier.steps_requested) > 1  # asked again before giving up

@@ -10,6 +10,8 @@ from tandem.contracts import (
     TRAINER_HEADER,
     EpisodeSpan,
     RunStatus,
+    StageSpan,
+    StepTimeline,
     TrainerConflictCode,
     TrainerHeartbeat,
     TrainerStepEvent,
@@ -141,13 +143,15 @@ def test_a_platform_that_answers_503_is_asked_again_until_it_answers():
     assert len(attempts) == 4
 
 
-def _event_with_episodes(step: int, count: int) -> TrainerStepEvent:
+def _event_with_episodes(step: int, count: int, *, reason: str = "", timeline: bool = True) -> TrainerStepEvent:
     episodes = [EpisodeSpan(trajectory_id=f"t{step}-{index}", group_id=f"g{index // 8}", environment="calculator",
-                            status="ok", failure_reason="", started_at=1.0, finished_at=2.0, generation_s=0.5,
+                            status="ok", failure_reason=reason, started_at=1.0, finished_at=2.0, generation_s=0.5,
                             environment_s=0.25, policy_version=step, newest_policy_version=step,
                             reward=float(index % 2), outcome="trained") for index in range(count)]
+    spans = StepTimeline(spans=[StageSpan(name="compute", started_at=1.0, ended_at=2.0)]) if timeline else None
     return TrainerStepEvent(run_id=7, step=step, phase="rl", policy_version=step, wall_s=1.0, wait_s=0.0,
-                            compute_s=1.0, publish_s=0.0, other_s=0.0, loss=0.5, emitted_at=1.0, episodes=episodes)
+                            compute_s=1.0, publish_s=0.0, other_s=0.0, loss=0.5, emitted_at=1.0, episodes=episodes,
+                            timeline=spans)
 
 
 def test_a_step_of_thousands_of_episodes_goes_in_posts_the_platform_takes_with_every_episode_once():
@@ -170,3 +174,21 @@ def test_a_step_of_thousands_of_episodes_goes_in_posts_the_platform_takes_with_e
             placed[index] = episode["trajectory_id"]
     assert placed == {index: f"t2-{index}" for index in range(9000)}
     assert "episodes_total" not in sent_events[0] or sent_events[0]["episodes_total"] is None
+
+
+def test_posts_are_sized_in_the_bytes_they_take_on_the_wire():
+    """A failure reason in CJK takes three bytes a character: counted as characters, bodies overran the cap."""
+    events = [_event_with_episodes(1, 3000, reason="错误" * 80)]
+
+    bodies = telemetry_posts(events, max_bytes=MAX_TELEMETRY_POST_BYTES)
+
+    assert len(bodies) > 1
+    # As httpx sends it: compact, UTF-8.
+    sent = [json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode() for body in bodies]
+    assert all(len(body) <= MAX_TELEMETRY_POST_BYTES for body in sent)
+
+
+def test_a_step_without_a_timeline_sends_no_episodes_the_platform_would_not_keep():
+    (body,) = telemetry_posts([_event_with_episodes(1, 10, timeline=False)])
+
+    assert body["events"][0]["episodes"] == [] and body["episode_chunks"] == []

@@ -31,3 +31,17 @@ def test_latency_percentiles_and_error_rates_are_per_environment():
     assert metrics["rollout/calc/truncated_rate"] == 0.0
     assert metrics["rollout/remote/truncated_rate"] == 0.25
     assert metrics["rollout/remote/latency_p99_s"] == pytest.approx(10.0)
+
+
+def test_the_wait_for_an_environments_slot_has_percentiles_per_environment():
+    records = [_record("capped", total=1.0, generation=0.5) for _ in range(4)]
+    records = [record.model_copy(update={"timings": record.timings.model_copy(update={"slot_wait_s": wait})})
+               for record, wait in zip(records, (0.0, 1.0, 2.0, 3.0), strict=True)]
+    records.append(_record("free", total=1.0, generation=0.5))
+    metrics = rollout_metrics(records)
+    # numpy's linear interpolation over 0, 1, 2, 3: p50 1.5, p90 2.7.
+    assert metrics["rollout/capped/slot_wait_p50_s"] == pytest.approx(1.5)
+    assert metrics["rollout/capped/slot_wait_p90_s"] == pytest.approx(2.7)
+    assert metrics["rollout/free/slot_wait_p99_s"] == 0.0
+    # The wait comes before started_at: it is not part of the episode's latency.
+    assert metrics["rollout/capped/latency_p99_s"] == pytest.approx(1.0)

@@ -12,7 +12,7 @@ from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts
 from workers.probe import run_probe
 
 FAST = ProbeTimeouts(url=5, load=10, reset=1.5, tools=1.5, step=1.5, close=1.5)
-CHECKS = ["url", "load", "sample_task", "reset", "tools", "step", "budget", "close"]
+CHECKS = ["url", "load", "sample_task", "reset", "tools", "step", "budget", "demonstrations", "close"]
 
 
 def _probe(spec: EnvironmentSpec, **request):
@@ -86,7 +86,7 @@ def test_a_step_that_crashes_fails_the_step_and_still_closes():
     assert not report.passed
     assert _statuses(report) == {"url": "passed", "load": "passed", "sample_task": "passed",
                                  "reset": "passed", "tools": "passed", "step": "failed",
-                                 "budget": "skipped", "close": "passed"}
+                                 "budget": "skipped", "demonstrations": "skipped", "close": "passed"}
     assert _check(report, "step").message.startswith("ValueError: invalid literal for int()")
 
 

@@ -144,7 +144,7 @@ def test_a_worker_probes_good_broken_and_hanging_environments(
     probe = good.probes.get(purpose="registration")
     assert probe.status == "passed" and probe.worker.endswith(tuple("0123456789"))
     assert [check["name"] for check in probe.checks] == [
-        "url", "load", "sample_task", "reset", "tools", "step", "budget", "close"]
+        "url", "load", "sample_task", "reset", "tools", "step", "budget", "demonstrations", "close"]
     assert all(check["latency_s"] < 2.0 for check in probe.checks)
 
     broken = settled["broken"]

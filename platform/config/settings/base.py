@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "telemetry",
     "trajectories",
     "checkpoints",
+    "dataset_registry",
 ]
 
 MIDDLEWARE = [
@@ -130,6 +131,7 @@ TANDEM_AUTH_FAILURE_WINDOW_S = int(env_str("TANDEM_AUTH_FAILURE_WINDOW_S", "900"
 
 from .api import *  # noqa: E402,F403
 from .celery import *  # noqa: E402,F403
+from .datasets import *  # noqa: E402,F403
 from .environment_registry import *  # noqa: E402,F403
 from .realtime import *  # noqa: E402,F403
 from .runs import *  # noqa: E402,F403

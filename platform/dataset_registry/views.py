@@ -1,0 +1,147 @@
+"""API of SFT datasets: registering versions, reading them, and the trainer's pages of rows."""
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.generics import GenericAPIView, ListAPIView
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.permissions import IsTrainer
+from accounts.selectors import project_resolve_for_user
+from config.openapi import ErrorSerializer
+from config.query_params import project_query_param
+from runs.selectors import run_get_held_by
+from tandem.contracts import TRAINER_HEADER, DatasetRowsPage
+
+from .models import Dataset
+from .selectors import (
+    dataset_get_for_user,
+    dataset_list,
+    dataset_rows,
+    dataset_version_for_run,
+    dataset_version_get,
+)
+from .serializers import (
+    DatasetDetailSerializer,
+    DatasetRegisterSerializer,
+    DatasetRowSerializer,
+    DatasetSerializer,
+    DatasetVersionSerializer,
+    RowsQuerySerializer,
+)
+from .services import dataset_read_path, dataset_upload
+from .uploads import capped_upload_handlers
+
+
+@extend_schema(tags=["datasets"])
+class DatasetListCreateView(ListAPIView):
+    """``GET``: the datasets of your projects. ``POST``: a new version of a dataset (1 for a new name)."""
+
+    queryset = Dataset.objects.none()  # the model, for the schema
+    serializer_class = DatasetSerializer
+    parser_classes = [MultiPartParser, FormParser, JSONParser]
+    ordering_fields = {"name": "name", "created_at": "created_at", "id": "id"}
+    ordering = ["project__name", "project_id", "name"]
+
+    def initialize_request(self, request, *args, **kwargs):
+        # Before anything reads the body: an upload past the cap is refused while it streams.
+        if request.method == "POST":
+            request.upload_handlers = capped_upload_handlers(request)
+        return super().initialize_request(request, *args, **kwargs)
+
+    def get_queryset(self):
+        project = project_query_param(self.request)  # another's project is a 404
+        return dataset_list(user=self.request.user, project=project)
+
+    @extend_schema(
+        request={"multipart/form-data": DatasetRegisterSerializer, "application/json": DatasetRegisterSerializer},
+        responses={
+            201: DatasetDetailSerializer,
+            400: OpenApiResponse(ErrorSerializer, description="A row is invalid: each error names its line and field."),
+            413: OpenApiResponse(ErrorSerializer, description="The file is larger than TANDEM_DATASET_MAX_BYTES."),
+        },
+    )
+    def post(self, request):
+        serializer = DatasetRegisterSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        project = project_resolve_for_user(user=request.user, project_id=data.get("project"))
+        if "file" in data:
+            version = dataset_upload(user=request.user, project=project, name=data["name"],
+                                     file=data["file"], file_name=data["file"].name)
+        else:
+            version = dataset_read_path(user=request.user, project=project, name=data["name"], path=data["path"])
+        dataset = dataset_get_for_user(user=request.user, dataset_id=version.dataset_id)
+        return Response(DatasetDetailSerializer(dataset).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(tags=["datasets"])
+class DatasetDetailView(GenericAPIView):
+    serializer_class = DatasetDetailSerializer
+
+    def get(self, request, dataset_id: int):
+        dataset = dataset_get_for_user(user=request.user, dataset_id=dataset_id)
+        return Response(DatasetDetailSerializer(dataset).data)
+
+
+@extend_schema(tags=["datasets"])
+class DatasetVersionDetailView(GenericAPIView):
+    serializer_class = DatasetVersionSerializer
+
+    def get(self, request, dataset_id: int, number: int):
+        dataset = dataset_get_for_user(user=request.user, dataset_id=dataset_id)
+        return Response(DatasetVersionSerializer(dataset_version_get(dataset=dataset, number=number)).data)
+
+
+RowsPageSerializer = inline_serializer("DatasetRowsPage", {
+    "offset": serializers.IntegerField(),
+    "total": serializers.IntegerField(help_text="Rows of the version."),
+    "rows": DatasetRowSerializer(many=True),
+})
+TrainerRowsPageSerializer = inline_serializer("TrainerDatasetRowsPage", {
+    "schema_version": serializers.IntegerField(),
+    "dataset": serializers.CharField(),
+    "version": serializers.IntegerField(),
+    "offset": serializers.IntegerField(),
+    "total": serializers.IntegerField(),
+    "rows": serializers.ListField(child=serializers.DictField(), help_text="{messages, metadata} each."),
+})
+
+
+def _rows_page(version, request) -> dict:
+    query = RowsQuerySerializer(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    offset, limit = query.validated_data["offset"], query.validated_data["limit"]
+    rows = dataset_rows(version=version).filter(index__gte=offset)[:limit]
+    return {"offset": offset, "total": version.row_count, "rows": DatasetRowSerializer(rows, many=True).data}
+
+
+@extend_schema(tags=["datasets"])
+class DatasetVersionRowsView(APIView):
+    """``?offset=&limit=``: the version's rows in file order."""
+
+    reads_query_parameters = True
+
+    @extend_schema(parameters=[RowsQuerySerializer], responses={200: RowsPageSerializer})
+    def get(self, request, dataset_id: int, number: int):
+        dataset = dataset_get_for_user(user=request.user, dataset_id=dataset_id)
+        return Response(_rows_page(dataset_version_get(dataset=dataset, number=number), request))
+
+
+@extend_schema(tags=["trainer"])
+class TrainerDatasetRowsView(APIView):
+    """``?offset=&limit=``: rows of a dataset version the run's config pins, for its trainer (DatasetRowsPage)."""
+
+    permission_classes = [IsTrainer]
+    reads_query_parameters = True
+
+    @extend_schema(parameters=[RowsQuerySerializer], responses={200: TrainerRowsPageSerializer})
+    def get(self, request, run_id: int, name: str, number: int):
+        run = run_get_held_by(run_id=run_id, trainer=request.headers.get(TRAINER_HEADER, ""))
+        version = dataset_version_for_run(run_project=run.project, run_config=run.config, name=name,
+                                          number=number)
+        page = _rows_page(version, request)
+        rows = [{"messages": row["messages"], "metadata": row["metadata"]} for row in page["rows"]]
+        body = DatasetRowsPage(dataset=name, version=number, offset=page["offset"], total=page["total"], rows=rows)
+        return Response(body.model_dump(mode="json"))
