@@ -71,8 +71,13 @@ def summarise(points: list[dict], episodes_per_step: int) -> dict:
     by_step: dict[int, dict[str, float]] = {}
     for point in points:
         by_step.setdefault(point["step"], {})[point["name"]] = point["value"]
-    steps = [values for _, values in sorted(by_step.items()) if "samples_per_s" in values][1:]
+    rl_steps = [values for _, values in sorted(by_step.items()) if "samples_per_s" in values]
+    steps = rl_steps[1:]
     wall = sum(values["wall_s"] for values in steps)
+    # Over every RL step (the first too): episodes dropped as stale over episodes generated,
+    # those trained plus those dropped.
+    dropped = sum(values.get("staleness/trajectories_dropped", 0.0) for values in rl_steps)
+    generated = dropped + episodes_per_step * len(rl_steps)
 
     def mean_of(name: str) -> float | None:
         values = [v[name] for v in steps if name in v]
@@ -89,6 +94,7 @@ def summarise(points: list[dict], episodes_per_step: int) -> dict:
         # Where a measured step's wall time goes (seconds, means): waiting, the update, publishing.
         "step_s": {name: mean_of(name) for name in ("wall_s", "wait_s", "compute_s", "publish_s", "other_s")},
         "staleness_max": max((v.get("staleness_max", 0.0) for v in steps), default=None),
+        "stale_drop_fraction": round(dropped / generated, 3) if generated else None,
     }
 
 
@@ -231,6 +237,8 @@ def main() -> None:
             "sync_trainer_idle_fraction": median_of(sync_runs, "trainer_idle_fraction"),
             "async_producer_utilisation": median_of(async_runs, "producer_utilisation"),
             "sync_producer_utilisation": median_of(sync_runs, "producer_utilisation"),
+            "async_stale_drop_fraction": median_of(async_runs, "stale_drop_fraction"),
+            "sync_stale_drop_fraction": median_of(sync_runs, "stale_drop_fraction"),
             "async_staleness_max": max((r["staleness_max"] for r in async_runs if r.get("staleness_max") is not None),
                                        default=None),
             "statuses": sorted({r["status"] for r in async_runs + sync_runs}),

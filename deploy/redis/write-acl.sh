@@ -29,7 +29,7 @@ trainer=$(hash_of REDIS_TRAINER_PASSWORD)
 # remote-control and reply queues (*.pidbox) and the event queues (celeryev.*).
 celery_keys='~rollouts* ~probes* ~platform* ~_kombu.* ~unacked* ~*.pidbox ~celeryev*'
 # Tandem's keys other than the platform's own cache and Channels layer (tandem/contracts/keys.py).
-run_keys='~tandem:run:* ~tandem:rollout_task:* ~tandem:processes ~tandem:probe:* ~tandem:environment_version:*'
+run_keys='~tandem:run:* ~tandem:rollout_task:* ~tandem:processes ~tandem:probe:* ~tandem:environment_version:* ~tandem:environment:*'
 # Environments' secret settings (tandem:secrets:*) go to the platform, which writes them, and the
 # workers, whose producers and probes build the environments; never to the trainer.
 # Every application user: no command that wipes, reconfigures or inspects the whole server

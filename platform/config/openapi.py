@@ -60,6 +60,10 @@ class TandemAutoSchema(AutoSchema):
             codes += ["401", "403"]
         if "{" in self.path or self._names_a_project() or self._get_pagination_parameters():
             codes.append("404")
+        if self.path.startswith("/api/trainer/runs/"):
+            # Every trainer route of a run takes it only from the trainer holding it
+            # (TrainerConflictCode: run_held_by_another_trainer, run_not_claimed).
+            codes.append("409")
         return codes
 
     def _names_a_project(self) -> bool:

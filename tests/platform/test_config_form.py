@@ -41,7 +41,7 @@ def test_every_run_config_field_appears_once_with_its_dotted_name():
 def test_nested_models_are_sections_titled_and_described():
     sections = {section.path: section for section in config_sections()}
 
-    assert list(sections) == ["", "lora", "mesh", "algorithm", "model", "optimizer", "schedule",
+    assert list(sections) == ["", "lora", "mesh", "algorithm", "model", "optimizer", "schedule", "sft",
                               "sampling", "rollout", "stream", "checkpoint", "weights"]
     assert sections["rollout"].title == "Rollout"
     assert sections["algorithm"].title == "Algorithm"

@@ -45,10 +45,12 @@ def test_the_devices_page_shows_a_row_per_device_and_follows_new_reports(
     redis_client.hset(producers_key(running_run.pk), producer.worker, producer.model_dump_json())
     stranger_project = make_project(owner=make_user())
     their_run = make_run(stranger_project, environment=make_environment(stranger_project), name="not-alices")
-    assert run_claim_next(worker=TRAINER_NAME).pk == their_run.pk  # active too, but not alice's
+    assert run_claim_next(worker="trainer-host:9").pk == their_run.pk  # active too, but not alice's
     client = PlatformClient(server, trainer.raw_token, trainer_name=TRAINER_NAME)
+    their_trainer = PlatformClient(server, trainer.raw_token, trainer_name="trainer-host:9")
     _post(client, running_run.pk, 3)
-    _post(client, their_run.pk, 3)
+    _post(their_trainer, their_run.pk, 3)
+    their_trainer.close()
 
     # No ORM calls from here on: Playwright's sync API keeps an event loop running in this thread.
     page = chromium_page(server, "/devices/")

@@ -15,7 +15,6 @@ from tandem.contracts import (
 from telemetry.selectors import run_list_trainer_held
 
 from .builders import device_report, step_event
-from .conftest import TRAINER_NAME
 
 
 @pytest.fixture
@@ -33,6 +32,9 @@ def clean_producer_keys(redis_client):
 
 
 def _post_report(trainer_api, run, step: int = 3, **report) -> None:
+    # As the trainer holding the run (each trainer holds one run at a time).
+    trainer_api.credentials(HTTP_AUTHORIZATION=trainer_api._credentials["HTTP_AUTHORIZATION"],
+                            HTTP_X_TANDEM_TRAINER=run.claimed_by)
     response = trainer_api.post(f"/api/trainer/runs/{run.pk}/telemetry/",
                                 {"events": [step_event(run.pk, step, device=device_report(**report))]},
                                 format="json")
@@ -42,9 +44,9 @@ def _post_report(trainer_api, run, step: int = 3, **report) -> None:
 @pytest.fixture
 def second_running_run(make_run, project, environment, running_run):
     run = make_run(project, environment=environment, name="second")
-    claimed = run_claim_next(worker=TRAINER_NAME)  # the trainer of both runs
+    claimed = run_claim_next(worker="trainer-host:2")
     assert claimed.pk == run.pk
-    return run_heartbeat(run=claimed, heartbeat=TrainerHeartbeat(worker=TRAINER_NAME))
+    return run_heartbeat(run=claimed, heartbeat=TrainerHeartbeat(worker="trainer-host:2"))
 
 
 def test_only_active_runs_of_the_users_projects_are_listed(

@@ -1,11 +1,14 @@
 """Every list endpoint: paginated, filtered, ordered by named fields only, in a fixed number of queries."""
 
+import io
+import json
 from datetime import timedelta
 
 import pytest
 from django.urls import get_resolver
 
 from accounts.services import api_token_create, membership_add
+from dataset_registry.services import dataset_upload
 from environment_registry.builtin import CALCULATOR
 from runs.models import Run
 from tandem.contracts import TrainerStepEvent
@@ -13,6 +16,9 @@ from telemetry.services import metric_events_record
 
 from .builders import step_event
 from .route_walk import api_list_routes
+
+DATASET_ROW = json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                       {"role": "assistant", "content": "hello"}]}).encode() + b"\n"
 
 
 @pytest.fixture
@@ -30,6 +36,8 @@ def many(make_user, make_project, make_environment, make_run, user, project, env
             membership_add(project=project, user=make_user(), role="viewer")
             make_environment(project, CALCULATOR.model_copy(update={"name": f"calc-{index}"}))
             api_token_create(user=user, name=f"token-{index}")
+            dataset_upload(user=user, project=project, name=f"rows-{index}", file_name="rows.jsonl",
+                           file=io.BytesIO(DATASET_ROW))
 
     return add
 
@@ -43,6 +51,7 @@ def _list_paths(project):
         f"/api/runs/?project={project.pk}&status=queued",
         f"/api/projects/{project.pk}/members/",
         "/api/tokens/",
+        "/api/datasets/",
     ]
 
 
@@ -58,6 +67,7 @@ EXPECTED_QUERIES = {
     "/api/runs/?project={}&status=queued": 5,
     "/api/projects/{}/members/": 4,
     "/api/tokens/": 3,
+    "/api/datasets/": 4,  # and 1 prefetch of the datasets' versions
 }
 
 
@@ -106,6 +116,7 @@ def test_lists_are_paginated(api, project, many):
         "/api/runs/",
         "/api/projects/{}/members/",
         "/api/tokens/",
+        "/api/datasets/",
     ],
 )
 def test_an_unknown_ordering_field_is_400_naming_it(api, project, path):

@@ -26,8 +26,9 @@ from schemathesis.specs.openapi.checks import (
 
 from accounts.services import api_token_create, membership_add
 from checkpoints.services import checkpoints_report
+from dataset_registry.services import dataset_upload
 from runs.services import run_claim_next
-from tandem.contracts import CheckpointInfo, CheckpointReport
+from tandem.contracts import TRAINER_HEADER, CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from tests.browser import launch_chromium
 from trajectories.services import trajectory_samples_record
@@ -123,13 +124,17 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp
     sample = calculator_sample(claimed.pk)
     trajectory_samples_record(run=claimed, samples=[sample])
     trace = trace_request(user=user, run=claimed, steps=2)
+    dataset = dataset_upload(user=user, project=project, name="fuzzed-rows", file_name="rows.jsonl", file=io.BytesIO(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+        .encode() + b"\n"))
     # Checkpoint directories the fuzzer may delete (or export, queued to no worker).
     checkpoints_report(run=claimed, report=CheckpointReport(checkpoints=[
         CheckpointInfo(step=step, policy_version=step, path=str(tmp_path / f"run-{claimed.pk}" / str(step)),
                        size_bytes=1) for step in (1, 2)]))
     return {
         "base": server,
-        "headers": {"Authorization": f"Token {user.raw_token}"},
+        # The trainer's writes name it: as the holder of ``claimed``, they reach past the holder check.
+        "headers": {"Authorization": f"Token {user.raw_token}", TRAINER_HEADER: "fuzz:1"},
         # Real ids, so that fuzzed bodies and queries reach more than the 404 of a random id.
         "path_parameters": {
             "run_id": st.sampled_from([claimed.pk, queued.pk]),
@@ -139,6 +144,8 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp
             "environment_id": st.just(environment.pk),
             "trajectory_id": st.just(sample.trajectory_id),
             "trace_id": st.just(trace.pk),
+            "dataset_id": st.just(dataset.dataset_id),
+            "name": st.just("fuzzed-rows"),
             "number": st.sampled_from([1, 2]),
             "step": st.sampled_from([1, 2]),
         },

@@ -83,8 +83,10 @@ def test_max_turns_and_max_seq_len_end_episodes_truncated_with_the_reward_so_far
     (by_length,) = _episodes(redis_client, run_id + 1, _config(max_turns=10),
                              lambda: Talkative(feedback="x" * 60))
     assert by_length.status == "truncated" and len(by_length.token_ids) <= 128
-    assert "max_seq_len=128" in by_length.failure_reason and "max_new_tokens=8" in by_length.failure_reason
+    assert "max_seq_len=128" in by_length.failure_reason
     assert by_length.failure_reason.startswith(("no room for turn", "the environment's observation after turn"))
+    if by_length.failure_reason.startswith("no room for turn"):  # the next turn's budget is what did not fit
+        assert "max_new_tokens=8" in by_length.failure_reason
     # Nothing was cut mid-message: the record ends where its last message does.
     assert by_length.messages[-1].end == len(by_length.token_ids)
 
