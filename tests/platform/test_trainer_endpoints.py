@@ -46,6 +46,7 @@ def test_a_claim_starts_the_oldest_queued_run(trainer_api, project, environment,
         "settings": {},
         "tools": version.tools,
         "secret_setting_names": [],
+        "max_concurrent_episodes": None,
     }
     assert claimed["attempts"] == 1
     oldest.refresh_from_db()

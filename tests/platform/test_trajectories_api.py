@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from rest_framework.test import APIClient
+
 from runs.services import run_claim_next
 from trajectories.models import TrajectorySample
 
-from .conftest import TRAINER_NAME
 from .trajectory_builders import calculator_sample, post_body
+
+
+def _trainer_named(trainer, name: str) -> APIClient:
+    """The trainer's client as another trainer process (each holds one run at a time)."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {trainer.raw_token}", HTTP_X_TANDEM_TRAINER=name)
+    return client
 
 
 def _post(trainer_api, run_id: int, *samples):
@@ -33,13 +41,14 @@ def test_posted_samples_are_stored_once_and_read_back_turn_by_turn(trainer_api, 
     assert body["trained_tokens"] == 12 and body["num_tokens"] == 37
 
 
-def test_only_staff_post_samples_and_only_for_the_run_they_name(api, trainer_api, running_run, make_run):
+def test_only_staff_post_samples_and_only_for_the_run_they_name(api, trainer, trainer_api, running_run, make_run):
     other = make_run()
-    assert run_claim_next(worker=TRAINER_NAME).pk == other.pk  # this trainer holds both
+    assert run_claim_next(worker="trainer-host:2").pk == other.pk
     sample = calculator_sample(running_run.pk)
 
     assert _post(api, running_run.pk, sample).status_code == 403
-    wrong_run = _post(trainer_api, other.pk, sample)
+    # The trainer holding ``other`` posts a sample of another run to it.
+    wrong_run = _post(_trainer_named(trainer, "trainer-host:2"), other.pk, sample)
     assert wrong_run.status_code == 400
     assert list(wrong_run.json()["error"]["fields"]) == ["samples.0.run_id"]
     broken = post_body(sample)
@@ -65,12 +74,12 @@ def test_another_projects_run_and_its_trajectories_are_not_found(
 
 
 def test_a_trajectory_of_another_run_is_not_found_under_this_one(
-    api, trainer_api, running_run, make_run, project, environment
+    api, trainer, running_run, make_run, project, environment
 ):
     other_run = make_run(project, environment=environment)
-    assert run_claim_next(worker=TRAINER_NAME).pk == other_run.pk
+    assert run_claim_next(worker="trainer-host:2").pk == other_run.pk
     sample = calculator_sample(other_run.pk)
-    assert _post(trainer_api, other_run.pk, sample).status_code == 202
+    assert _post(_trainer_named(trainer, "trainer-host:2"), other_run.pk, sample).status_code == 202
 
     response = api.get(f"/api/runs/{running_run.pk}/trajectories/{sample.trajectory_id}/")
 
