@@ -13,9 +13,10 @@ import pytest
 import redis
 
 from environments import http_example_server
-from tandem.contracts import TrajectoryRecord
+from tandem.contracts import TERMINAL_RUN_STATUSES, TrajectoryRecord
 from tandem.local_ports import free_local_port
 from tandem.stack import Credentials, LocalStack, StackConfig
+from tests.polling import poll_until
 
 ADMIN_DATABASE_URL = os.environ.get("TANDEM_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 E2E_REDIS_URL = os.environ.get("TANDEM_E2E_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -89,10 +90,25 @@ def private_stack(tmp_path, *, redis_db: int, workers: int = 2, extra_env: dict[
     with fresh_database() as database_url:
         stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=free_local_port(),
                                        workers=workers, var_dir=tmp_path, extra_env=extra_env or {}))
-        yield stack
-        stack.stop()
-        if log_lines:
-            print_log_tails(stack, lines=log_lines)
+        try:
+            yield stack
+        finally:
+            # A failed test's stack too: left running, its processes would work on the next
+            # test's runs (the same Redis db, the same run ids).
+            stack.stop()
+            if log_lines:
+                print_log_tails(stack, lines=log_lines)
+
+
+def run_ended(stack: LocalStack, api: httpx.Client, run_id: int, *, timeout_s: float) -> dict:
+    """The run, once it finished, failed or was cancelled; every process of ``stack`` must live meanwhile."""
+
+    def ended() -> dict | None:
+        run = api.get(f"/api/runs/{run_id}/").json()
+        return run if run["status"] in TERMINAL_RUN_STATUSES else None
+
+    return poll_until(ended, timeout_s=timeout_s, interval_s=1.0, between=stack.check_alive,
+                      what=lambda: f"run {run_id} to end: {api.get(f'/api/runs/{run_id}/').json()}")
 
 
 def user_api(stack: LocalStack, credentials: Credentials) -> httpx.Client:

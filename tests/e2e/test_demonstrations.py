@@ -6,12 +6,11 @@ import the run's environment; these runs prove it asks the rollout workers inste
 
 from __future__ import annotations
 
-import time
-
 import redis
 
-from tests.e2e.conftest import user_api
+from tests.e2e.conftest import run_ended, user_api
 from tests.e2e.demonstration_environments import IMPORTERS_KEY
+from tests.polling import poll_until
 
 SFT_STEPS = 6
 SFT_ONLY = {"algorithm": {"name": "sft"}, "sft_steps": SFT_STEPS, "sft_batch_size": 4, "rl_steps": 0,
@@ -24,10 +23,8 @@ def _register_and_run(api, credentials, *, name: str, entrypoint: str) -> int:
     })
     registered.raise_for_status()
     # A class of the user's own demonstrates as its probe found: SFT without a dataset waits for it.
-    deadline = time.monotonic() + 60
-    while api.get(f"/api/environments/{registered.json()['id']}/").json()["latest_version"]["status"] == "pending":
-        assert time.monotonic() < deadline, "the environment's probe did not report"
-        time.sleep(0.5)
+    poll_until(lambda: api.get(f"/api/environments/{registered.json()['id']}/").json()["latest_version"]["status"]
+               != "pending", timeout_s=60, interval_s=0.5, what="the environment's probe to report")
     created = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": name, "environment": name, "config": SFT_ONLY,
     })
@@ -36,12 +33,7 @@ def _register_and_run(api, credentials, *, name: str, entrypoint: str) -> int:
 
 
 def _wait_until_ended(local, api, run_id: int) -> dict:
-    deadline = time.monotonic() + 300
-    while (run := api.get(f"/api/runs/{run_id}/").json())["status"] not in {"finished", "failed", "cancelled"}:
-        assert time.monotonic() < deadline, f"the run did not end: {run}"
-        local.check_alive()
-        time.sleep(1)
-    return run
+    return run_ended(local, api, run_id, timeout_s=300)
 
 
 def test_trainer_never_imports_the_environment_for_demonstrations(stack, credentials):

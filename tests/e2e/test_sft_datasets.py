@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
 
-from tests.e2e.conftest import user_api
+from tests.e2e.conftest import run_ended, user_api
 
 SFT_STEPS = 4
 
@@ -38,11 +37,7 @@ def test_a_run_trains_its_sft_steps_on_a_dataset_and_shows_it(stack, credentials
     run_id = created.json()["id"]
     assert created.json()["config"]["sft"]["datasets"] == [{"name": "e2e-calls", "version": 1, "weight": 1.0}]
 
-    deadline = time.monotonic() + 300
-    while (run := api.get(f"/api/runs/{run_id}/").json())["status"] not in {"finished", "failed", "cancelled"}:
-        assert time.monotonic() < deadline, f"the run did not end: {run}"
-        local.check_alive()
-        time.sleep(1)
+    run = run_ended(local, api, run_id, timeout_s=300)
     assert run["status"] == "finished", run["status_reason"]
 
     names = "loss,algorithm/sft/rows/0,algorithm/sft/tokens"

@@ -17,6 +17,7 @@ import redis
 
 from tandem.local_ports import free_local_port
 from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
+from tests.polling import poll_until
 
 
 def _pids(pattern: str) -> set[int]:
@@ -25,11 +26,11 @@ def _pids(pattern: str) -> set[int]:
 
 
 def _wait(predicate, *, timeout_s: float, what: str, up: subprocess.Popen, log) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
+    def up_runs() -> None:
         assert up.poll() is None, f"tandem up exited ({up.returncode}):\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}:\n{log.read_text()[-3000:]}"
-        time.sleep(0.2)
+
+    poll_until(predicate, timeout_s=timeout_s, interval_s=0.2, between=up_runs,
+               what=lambda: f"{what}:\n{log.read_text()[-3000:]}")
 
 
 def _answers(url: str) -> bool:

@@ -11,10 +11,8 @@ import asyncio
 import inspect
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,10 +20,10 @@ import redis
 
 from tandem.contracts import keys, trajectory_stream, weights_key
 from tandem.local_ports import free_local_port
+from tests.polling import poll_until
+from tests.redis_servers import start_redis_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-REDIS_SERVER = shutil.which("redis-server")
-pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server")
 
 PASSWORDS = {variable: secrets.token_hex(24) for variable in
              ("REDIS_PASSWORD", "REDIS_PLATFORM_PASSWORD", "REDIS_WORKER_PASSWORD", "REDIS_TRAINER_PASSWORD")}
@@ -44,21 +42,10 @@ def acl_redis(tmp_path_factory):
                              text=True, timeout=30)
     assert written.returncode == 0, written.stderr
     port = free_local_port()
-    server = subprocess.Popen(
-        [REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(directory), "--aclfile", str(acl_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    admin = _client(port, "admin")
+    server = start_redis_server(port, directory, "--save", "", "--appendonly", "no", "--aclfile", str(acl_file),
+                                ready=admin.ping)
     try:
-        admin = _client(port, "admin")
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                admin.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    pytest.fail("redis-server did not start with the ACL file")
-                time.sleep(0.05)
         yield port
     finally:
         server.terminate()
@@ -194,11 +181,12 @@ def test_a_rollout_worker_consumes_celery_tasks_under_its_user_with_no_denial(ac
             sender = Celery(broker=_url(acl_redis, user))
             sender.send_task("tandem.test.acl_probe", args=[1], queue=queue)
             sender.close()
-        deadline = time.monotonic() + 120
-        while admin.llen(ROLLOUT_QUEUE) or admin.llen(PROBE_QUEUE) or admin.hlen("unacked"):
-            if time.monotonic() > deadline or worker.poll() is not None:
-                pytest.fail(f"the worker did not consume the tasks:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        def worker_runs() -> None:
+            assert worker.poll() is None, f"the worker exited:\n{log.read_text()[-3000:]}"
+
+        poll_until(lambda: not (admin.llen(ROLLOUT_QUEUE) or admin.llen(PROBE_QUEUE) or admin.hlen("unacked")),
+                   timeout_s=120, interval_s=0.2, between=worker_runs,
+                   what=lambda: f"the worker to consume the tasks:\n{log.read_text()[-3000:]}")
     finally:
         worker.terminate()
         try:

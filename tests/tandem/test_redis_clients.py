@@ -5,28 +5,17 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from tandem.local_ports import free_local_port
 from tandem.redis_clients import durable_async_redis, durable_redis
+from tests.redis_servers import PERSISTENT, start_redis_server
 
 
 def _start(port: int, directory: Path) -> subprocess.Popen:
-    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-                                "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if redis.Redis(port=port, socket_connect_timeout=1).ping():
-                return process
-        except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
+    return start_redis_server(port, directory, *PERSISTENT)
 
 
 @pytest.fixture

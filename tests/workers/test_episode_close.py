@@ -11,7 +11,6 @@ import contextlib
 import logging
 import random
 import threading
-import time
 
 import httpx
 import pytest
@@ -36,6 +35,7 @@ from tandem.contracts import (
 from tandem.local_ports import free_local_port
 from tandem.rollout_config import RolloutConfig, SamplingConfig
 from tandem.run_config import ModelConfig, RunConfig
+from tests.polling import poll_until
 from workers.agent import EpisodeLimits, run_episode
 from workers.policy import BatchingPolicy, PolicyRuntime
 from workers.probe import run_probe
@@ -107,11 +107,7 @@ def _stats(url: str) -> dict:
 
 
 def _wait_for(condition, what: str):
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    poll_until(condition, timeout_s=SETTLE_TIMEOUT_S, interval_s=0.02, what=what)
 
 
 def _assert_each_reset_closed_once(url: str) -> dict[str, int]:

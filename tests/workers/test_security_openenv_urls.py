@@ -14,7 +14,6 @@ import contextlib
 import random
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -23,6 +22,7 @@ from aiohttp import web
 from environments.adapters.openenv import OpenEnvEnvironment, OpenEnvError
 from tandem.environment_urls import check_environment_url, resolve_host
 from tandem.local_ports import free_local_port
+from tests.polling import poll_until
 
 pytest.importorskip("openenv.core")
 
@@ -73,11 +73,11 @@ def _openenv_server(host: str) -> Iterator[tuple[int, list[str]]]:
     server = uvicorn.Server(uvicorn.Config(recording, host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail(f"the OpenEnv server on {host} did not start")
-        time.sleep(0.05)
+    def serving() -> None:
+        assert thread.is_alive(), f"the OpenEnv server on {host} exited"
+
+    poll_until(lambda: server.started, timeout_s=20, interval_s=0.05, between=serving,
+               what=f"the OpenEnv server on {host} to start")
     try:
         yield port, seen
     finally:

@@ -1,0 +1,34 @@
+"""redis-server processes of a test's own (a restart, an ACL file), on a free loopback port."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from tests.polling import poll_until
+
+# What a test restarting Redis needs of it: every write on disk before it is acknowledged.
+PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always", "--save", "", "--maxmemory-policy", "noeviction")
+
+
+def start_redis_server(port: int, directory: Path, *options: str,
+                       ready: Callable[[], object] | None = None) -> subprocess.Popen:
+    """redis-server on 127.0.0.1:``port`` with its files in ``directory``, once ``ready()`` (a ping) answers.
+
+    Its output goes to ``directory/redis.log``, shown if it exits before it is ready.
+    """
+    log = directory / "redis.log"
+    with log.open("ab") as output:
+        process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                    "--dir", str(directory), *options], stdout=output, stderr=subprocess.STDOUT)
+
+    def alive() -> None:
+        assert process.poll() is None, f"redis-server exited:\n{log.read_text(errors='replace')}"
+
+    # BusyLoadingError (still reading its append-only file) is a ConnectionError too.
+    poll_until(ready or (lambda: redis.Redis(port=port, socket_connect_timeout=1).ping()), timeout_s=30,
+               interval_s=0.05, between=alive, ignoring=(redis.ConnectionError,), what=f"redis-server on port {port}")
+    return process
