@@ -7,11 +7,14 @@ the fields it is about, so a caller can act on it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import pydantic
 
 from tandem.contracts import ErrorCode
+
+RecordT = TypeVar("RecordT", bound=pydantic.BaseModel)
 
 
 class DomainError(Exception):
@@ -69,3 +72,25 @@ class Forbidden(DomainError):
     """The caller may see the object but not change it."""
 
     code = ErrorCode.PERMISSION_DENIED
+
+
+def records_of(raw, *, field: str, record: type[RecordT], noun: str, at_most: int,
+               check: Callable[[RecordT, str], None] | None = None) -> list[RecordT]:
+    """``raw`` (a request's ``field``) validated as a list of at most ``at_most`` ``record``\\s.
+
+    Errors name the field, or the item and its field (``events.3.loss``); ``check(item, prefix)``
+    may refuse an item that validated, in turn with the others.
+    """
+    if not isinstance(raw, list):
+        raise InvalidInput.for_field(field, f"Expected a list of {record.__name__} objects.")
+    if len(raw) > at_most:
+        raise InvalidInput.for_field(field, f"At most {at_most} {noun} per post.")
+    records = []
+    for index, item in enumerate(raw):
+        try:
+            records.append(record.model_validate(item))
+        except pydantic.ValidationError as error:
+            raise InvalidInput.from_pydantic(error, prefix=f"{field}.{index}") from None
+        if check is not None:
+            check(records[-1], f"{field}.{index}")
+    return records

@@ -1,6 +1,5 @@
 """API of telemetry: the charts' backfill and range queries, traces on demand, and the trainer's posts."""
 
-import pydantic
 from django.conf import settings
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
@@ -21,7 +20,7 @@ from config.db_limits import require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
 from config.query_params import int_query_param
-from domain_errors import InvalidInput, NotFound
+from domain_errors import InvalidInput, NotFound, records_of
 from runs.selectors import run_get_for_user, run_get_held_by
 from tandem.contracts import TRAINER_HEADER, StepEpisodes, TelemetryReply, TrainerStepEvent
 
@@ -297,20 +296,6 @@ class TrainerTraceUploadView(GenericAPIView):
         return Response(TraceSerializer(trace, context={"request": request}).data)
 
 
-def _episode_chunks(raw_chunks) -> list[StepEpisodes]:
-    if not isinstance(raw_chunks, list):
-        raise InvalidInput.for_field("episode_chunks", "Expected a list of StepEpisodes objects.")
-    if len(raw_chunks) > MAX_EVENTS_PER_POST:
-        raise InvalidInput.for_field("episode_chunks", f"At most {MAX_EVENTS_PER_POST} chunks per post.")
-    chunks = []
-    for index, raw_chunk in enumerate(raw_chunks):
-        try:
-            chunks.append(StepEpisodes.model_validate(raw_chunk))
-        except pydantic.ValidationError as error:
-            raise InvalidInput.from_pydantic(error, prefix=f"episode_chunks.{index}") from None
-    return chunks
-
-
 class TrainerTelemetryView(APIView):
     """``{"events": [TrainerStepEvent, ...]}`` from the trainer; 202 with a :class:`TelemetryReply`.
 
@@ -346,21 +331,12 @@ class TrainerTelemetryView(APIView):
     )
     def post(self, request, run_id: int):
         run = run_get_held_by(run_id=run_id, trainer=request.headers.get(TRAINER_HEADER, ""))
-        raw_events = request.data.get("events") if isinstance(request.data, dict) else None
-        if not isinstance(raw_events, list):
-            raise InvalidInput.for_field("events", "Expected a list of TrainerStepEvent objects.")
-        if len(raw_events) > MAX_EVENTS_PER_POST:
-            raise InvalidInput.for_field(
-                "events", f"At most {MAX_EVENTS_PER_POST} events per post."
-            )
-        events = []
-        for index, raw_event in enumerate(raw_events):
-            try:
-                events.append(TrainerStepEvent.model_validate(raw_event))
-            except pydantic.ValidationError as error:
-                raise InvalidInput.from_pydantic(error, prefix=f"events.{index}") from None
-            _require_storable(events[-1], prefix=f"events.{index}")
-        chunks = _episode_chunks(request.data.get("episode_chunks", []))
+        body = request.data if isinstance(request.data, dict) else {}
+        events = records_of(body.get("events"), field="events", record=TrainerStepEvent, noun="events",
+                            at_most=MAX_EVENTS_PER_POST,
+                            check=lambda event, prefix: _require_storable(event, prefix=prefix))
+        chunks = records_of(body.get("episode_chunks", []), field="episode_chunks", record=StepEpisodes,
+                            noun="chunks", at_most=MAX_EVENTS_PER_POST)
         stored = metric_events_record(run=run, events=events, episode_chunks=chunks)
         reply = TelemetryReply(stored=stored, trace_requests=trace_requests_pending(run=run))
         return Response(reply.model_dump(mode="json"), status=status.HTTP_202_ACCEPTED)

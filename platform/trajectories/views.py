@@ -1,6 +1,5 @@
 """API of trajectory samples: the browser's list and detail, and the trainer's posts."""
 
-import pydantic
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView, ListAPIView
@@ -8,7 +7,7 @@ from rest_framework.response import Response
 
 from accounts.permissions import IsTrainer
 from config.pagination import PageNumberPagination
-from domain_errors import InvalidInput
+from domain_errors import records_of
 from runs.selectors import run_get_for_user, run_get_held_by
 from tandem.contracts import TRAINER_HEADER
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
@@ -64,15 +63,7 @@ class TrainerTrajectoriesView(GenericAPIView):
     def post(self, request, run_id: int):
         run = run_get_held_by(run_id=run_id, trainer=request.headers.get(TRAINER_HEADER, ""))
         raw_samples = request.data.get("samples") if isinstance(request.data, dict) else None
-        if not isinstance(raw_samples, list):
-            raise InvalidInput.for_field("samples", "Expected a list of TrajectorySample objects.")
-        if len(raw_samples) > MAX_SAMPLES_PER_POST:
-            raise InvalidInput.for_field("samples", f"At most {MAX_SAMPLES_PER_POST} samples per post.")
-        samples = []
-        for index, raw_sample in enumerate(raw_samples):
-            try:
-                samples.append(TrajectorySampleRecord.model_validate(raw_sample))
-            except pydantic.ValidationError as error:
-                raise InvalidInput.from_pydantic(error, prefix=f"samples.{index}") from None
+        samples = records_of(raw_samples, field="samples", record=TrajectorySampleRecord, noun="samples",
+                             at_most=MAX_SAMPLES_PER_POST)
         stored = trajectory_samples_record(run=run, samples=samples)
         return Response({"stored": stored}, status=status.HTTP_202_ACCEPTED)
