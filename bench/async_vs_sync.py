@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from environments import http_example_server  # noqa: E402
 from tandem.config_changes import merge_changes  # noqa: E402
 from tandem.contracts import TERMINAL_RUN_STATUSES, ProducerReport, producers_key  # noqa: E402
+from tandem.rollout_config import RolloutConfig  # noqa: E402
 from tandem.stack import LocalStack, StackConfig  # noqa: E402
 
 
@@ -142,10 +143,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each mode per latency")
-    parser.add_argument("--max-staleness", type=int, default=4,
-                        help="the run's rollout.max_staleness: async keeps this many steps + 1 of episodes requested, "
-                             "in flight or finished and waiting for their step, so with latency-bound episodes "
-                             "its gain over sync is at most about this + 1")
+    parser.add_argument("--max-staleness", type=int, default=None,
+                        help="the run's rollout.max_staleness and backlog_steps (default: the run config's "
+                             "defaults): async keeps this many steps + 1 of episodes requested, in flight or "
+                             "finished and waiting for their step, so with latency-bound episodes its gain over "
+                             "sync is at most about this + 1")
     parser.add_argument("--capacity-updates", type=int, default=0,
                         help="updates per batch of the trainer-bound 200 ms row; 0: no such row")
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="multi-turn")
@@ -153,8 +155,10 @@ def main() -> None:
     latencies = [int(value) for value in args.latencies.split(",")]
     workload = WORKLOADS[args.workload]
 
-    rollout = {"groups_per_step": 4, "group_size": 8, "groups_per_task": 1,
-               "backlog_steps": args.max_staleness, "max_staleness": args.max_staleness}
+    # The default config's rollout section, unless --max-staleness sets the bound and the backlog.
+    rollout = RolloutConfig().model_dump()
+    if args.max_staleness is not None:
+        rollout.update(backlog_steps=args.max_staleness, max_staleness=args.max_staleness)
     config = merge_changes({
         "sft_steps": 0, "rl_steps": args.rl_steps, "rollout": rollout,
         # The policy barely moves, so both modes run the same workload: a learning policy changes how
@@ -166,8 +170,9 @@ def main() -> None:
     redis.Redis.from_url(args.redis_url).flushdb()
     var_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
     # Enough task threads for async's whole staleness budget of episodes in flight:
-    # (max_staleness + 1) steps of groups, one group per task.
-    task_threads = -(-(rollout["max_staleness"] + 1) * rollout["groups_per_step"] // args.workers)
+    # (max_staleness + 1) steps of groups, groups_per_task groups per task.
+    tasks_in_flight = -(-(rollout["max_staleness"] + 1) * rollout["groups_per_step"] // rollout["groups_per_task"])
+    task_threads = -(-tasks_in_flight // args.workers)
     stack = LocalStack(StackConfig(redis_url=args.redis_url, port=args.port, var_dir=var_dir,
                                    workers=args.workers, worker_concurrency=task_threads,
                                    database_url=f"sqlite:///{var_dir / 'bench.sqlite3'}"))

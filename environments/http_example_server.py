@@ -17,6 +17,9 @@ never reset).
 
 ``POST /close`` ends the episode's environment (its ``close_episode`` and
 ``close``); ``GET /demonstrations`` serves the environment's own ``demonstrations()``.
+``--write-dataset N`` serves nothing and prints N of them as a JSONL chat dataset
+instead, the file to upload for a server that has no ``/demonstrations``
+(``/faults/minimal``).
 
 ``--latency-ms`` delays every step and tool call, like an environment that
 runs code or drives a browser: the case where asynchronous rollouts pay off,
@@ -220,6 +223,32 @@ class EnvironmentServer:
         return served
 
 
+def demonstrations_dataset(environment: Environment, *, count: int, seed: int) -> str:
+    """``count`` of ``environment``'s own demonstrations as a JSONL dataset in the common chat format.
+
+    What a user who has demonstrations of a remote environment uploads (``POST /api/datasets/``):
+    one conversation a line, its tool calls as OpenAI's ``tool_calls``, so that a run on a server
+    without ``/demonstrations`` can SFT on them. ``seed`` draws the tasks.
+    """
+    from environments.tool_calls import demonstration_messages
+
+    demonstrations = environment.demonstrations(count, random.Random(seed))
+    if inspect.isawaitable(demonstrations):
+        demonstrations = asyncio.run(demonstrations)
+    lines = []
+    for demonstration in demonstrations:
+        messages = []
+        for message in demonstration_messages(demonstration, environment.tools, "tandem"):
+            if message.get("tool_calls"):
+                # The call is the message: its text is written from tool_calls in the run's own format.
+                message = {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+                    for call in message["tool_calls"]]}
+            messages.append(message)
+        lines.append(json.dumps({"messages": messages}) + "\n")
+    return "".join(lines)
+
+
 class ServerNotHealthyError(RuntimeError):
     """A spawned example server did not answer ``/health`` in time."""
 
@@ -283,6 +312,9 @@ def main() -> None:
     parser.add_argument("--settings", "--params", dest="settings", default="{}",
                         help="JSON object of the environment's settings (its constructor's keyword arguments)")
     parser.add_argument("--name", help="the name /schema reports (default: the class's name)")
+    parser.add_argument("--write-dataset", type=int, metavar="N",
+                        help="serve nothing: print N of the environment's demonstrations as a JSONL chat dataset")
+    parser.add_argument("--seed", type=int, default=0, help="draws the tasks of --write-dataset")
     args = parser.parse_args()
     if args.environment:
         settings = json.loads(args.settings)
@@ -292,6 +324,9 @@ def main() -> None:
                                    latency_ms=args.latency_ms)
     else:
         server = EnvironmentServer(latency_ms=args.latency_ms)
+    if args.write_dataset is not None:
+        sys.stdout.write(demonstrations_dataset(server.environment_factory(), count=args.write_dataset, seed=args.seed))
+        return
     uvicorn.run(server, host=args.host, port=args.port,
                 # Hung requests (the "hang" fault) must not hold a shutdown forever.
                 log_level="warning", timeout_graceful_shutdown=1)

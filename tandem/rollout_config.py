@@ -80,9 +80,10 @@ class RolloutConfig(BaseModel):
         ge=0,
         le=64,
         description=(
-            "Policy versions a trajectory may lag the trainer: older groups are dropped whole before the "
-            "loss, and producers are never asked for more than (max_staleness + 1) steps of groups. "
-            "None: no bound."
+            "Policy versions a trajectory may lag the trainer: producers are never asked for more than "
+            "(max_staleness + 1) steps of groups beyond those trained on (the step in training among them), "
+            "so taken in order none arrives too stale; one that does all the same is dropped whole before "
+            "the loss. None: no bound."
         ),
     )
     timeout_s: float = Field(

@@ -449,17 +449,22 @@ class GroupAssembler:
         return sum(1 for entries in self._partial.values() if len(entries) >= entries[0].record.group_size)
 
     def take(self, num_groups: int) -> list[list[StreamEntry]]:
+        """Up to ``num_groups`` whole groups, those of the oldest policy first, then in order of arrival.
+
+        The oldest are the nearest to the staleness bound: taken later, they
+        might be dropped, while a newer group can wait a step and still train.
+        """
+        complete = [(group_id, entries) for group_id, entries in self._partial.items()
+                    if len(entries) >= entries[0].record.group_size]
+        complete.sort(key=lambda item: min(entry.record.policy_version for entry in item[1]))
         taken = []
-        for group_id, entries in list(self._partial.items()):
-            if len(taken) == num_groups:
-                break
+        for group_id, entries in complete[:num_groups]:
             group_size = entries[0].record.group_size
-            if len(entries) >= group_size:
-                del self._partial[group_id]
-                self._remember(self._trained, group_id)
-                # Extra copies of a group (redelivery) are dropped, not trained twice.
-                self.duplicates.extend(entry.entry_id for entry in entries[group_size:])
-                taken.append(entries[:group_size])
+            del self._partial[group_id]
+            self._remember(self._trained, group_id)
+            # Extra copies of a group (redelivery) are dropped, not trained twice.
+            self.duplicates.extend(entry.entry_id for entry in entries[group_size:])
+            taken.append(entries[:group_size])
         return taken
 
     def take_partial(self, predicate) -> list[list[StreamEntry]]:

@@ -111,10 +111,47 @@ def test_a_step_gets_whole_groups_assembled_across_reads_and_the_next_steps_requ
     assert taken.group_ids == [_group(run_id, 0), _group(run_id, 1)]
     assert [[record.group_id for record in group] for group in taken.trajectories] == [
         [_group(run_id, 0)] * 2, [_group(run_id, 1)] * 2]
-    # (backlog 1 + 1) steps of 2 groups before the wait; once 2 are consumed, the 2 after them.
+    # (backlog 1 + 1) steps of 2 groups before the wait. While the step trains, its groups still
+    # count against the backlog: the next ones are asked for once its update is published.
     assert reads == [4, 4]
-    assert celery.first_groups() == [0, 1, 2, 3, 4, 5]
+    assert celery.first_groups() == [0, 1, 2, 3]
     assert celery.sent[0] == (ROLLOUT_TASK_NAME, (run_id, 0, 1), ROLLOUT_QUEUE)
+    feed.trained(taken, kept=taken.records, step=1, policy_version=1)
+    _append(redis_client, run_id, *(_record(run_id, index, policy_version=1) for index in (2, 2, 3, 3)))
+    feed.next_step(after_step=1, policy_version=1)
+    assert celery.first_groups() == [0, 1, 2, 3, 4, 5]
+
+
+def test_with_producers_to_spare_no_group_is_requested_that_would_arrive_too_stale(redis_client, run_id):
+    """Producers that finish every requested group at once, with the newest published policy,
+    and a trainer that takes them in order: the staleness bound admits only groups it can train.
+
+    Counting the groups of the step being trained as already consumed, one step of groups too
+    many was requested during every update, each to be dropped three versions old.
+    """
+    max_staleness = 2
+    feed, celery = _feed(redis_client, run_id, groups_per_step=2, backlog_steps=max_staleness,
+                         max_staleness=max_staleness, rl_steps_left=12)
+    produced = 0
+    published = 0
+
+    def produce_what_was_asked():
+        nonlocal produced
+        for first in celery.first_groups()[produced:]:
+            _append(redis_client, run_id, *(_record(run_id, first, policy_version=published) for _ in range(2)))
+        produced = len(celery.sent)
+
+    staleness = []
+    for step in range(10):
+        taken = feed.next_step(after_step=step, policy_version=published, between_reads=produce_what_was_asked)
+        produce_what_was_asked()  # generated while the update runs, by the policy it starts from
+        staleness += [published - record.policy_version for record in taken.records]
+        published += 1
+        feed.trained(taken, kept=taken.records, step=step + 1, policy_version=published)
+        fields = feed.step_fields(wall_s=1.0)
+        assert fields["stale_groups_dropped"] == 0, f"step {step + 1}"
+    # The bound is used to the full: the last steps train on groups max_staleness versions old.
+    assert max(staleness) == max_staleness
 
 
 def test_the_sync_pipeline_requests_a_steps_groups_only_when_the_step_asks_for_them(redis_client, run_id):
@@ -224,21 +261,21 @@ def test_a_resumed_trainer_trains_again_what_no_checkpoint_held_and_counts_undel
         redis_client, run_id):
     first, _ = _feed(redis_client, run_id, consumer="trainer-a")
     _append(redis_client, run_id, *(_record(run_id, index) for index in (0, 0, 1, 1, 2, 2)))
-    taken = first.next_step(after_step=0, policy_version=0)  # groups 0-5 requested, 0-2 delivered
+    taken = first.next_step(after_step=0, policy_version=0)  # groups 0-3 requested, 0-2 delivered
     first.trained(taken, kept=taken.records, step=1, policy_version=1)
     # ... and the trainer dies before a checkpoint holds step 1.
 
     resumed, celery = _feed(redis_client, run_id, consumer="trainer-b")
     resumed.resume(step=0, policy_version=1)
     lost = [entry for entry in _lineage(redis_client, run_id) if entry.kind == "lost"]
-    assert [(entry.step, entry.group_ids) for entry in lost] == [(0, [_group(run_id, i) for i in (3, 4, 5)])]
+    assert [(entry.step, entry.group_ids) for entry in lost] == [(0, [_group(run_id, 3)])]
     # Late episodes of theirs are duplicates, to this trainer and to any that resumes the run later.
-    assert _consumed(redis_client, run_id, [_group(run_id, i) for i in range(6)]) == [False] * 3 + [True] * 3
+    assert _consumed(redis_client, run_id, [_group(run_id, i) for i in range(4)]) == [False] * 3 + [True]
     again = resumed.next_step(after_step=0, policy_version=1)
     assert [[entry.entry_id for entry in group] for group in again.groups] == [
         [entry.entry_id for entry in group] for group in taken.groups]
-    assert celery.first_groups()[0] == 6  # group ids are never reused
-    assert resumed.step_fields(wall_s=1.0)["episodes_lost"] == 3 * 2
+    assert celery.first_groups()[0] == 4  # group ids are never reused
+    assert resumed.step_fields(wall_s=1.0)["episodes_lost"] == 1 * 2
 
 
 def test_groups_the_algorithm_keeps_none_of_are_consumed_at_once_and_replaced(redis_client, run_id):

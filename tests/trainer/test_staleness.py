@@ -70,6 +70,22 @@ def test_stale_trajectories_are_dropped_before_the_loss_and_never_read_again(red
     assert fields["stale_drop_rate"] == 0.5
 
 
+def test_the_assembler_hands_out_the_groups_of_the_oldest_policy_first(run_id):
+    """A group that finished late but began early is the nearest to the bound: it goes first."""
+    assembler = GroupAssembler()
+    arrivals = [("newer", [6]), ("older", [4]), ("newer", [6]), ("newest", [7]), ("newest", [7]),
+                ("older", [5, 6])]
+    for index, (group, versions) in enumerate(arrivals):
+        assembler.add(StreamEntry(f"{index + 1}-0", _record(run_id, group, versions)))
+    first, second = assembler.take(1), assembler.take(1)
+    assert [[entry.record.group_id for entry in group] for group in first + second] == [
+        ["older", "older"], ["newer", "newer"]]
+    # Among groups of the same policy, the one that arrived first.
+    for index, group in enumerate(["b", "a", "b", "a"]):
+        assembler.add(StreamEntry(f"{index + 10}-0", _record(run_id, group, [7])))
+    assert [group[0].record.group_id for group in assembler.take(3)] == ["newest", "b", "a"]
+
+
 def test_stale_partial_groups_can_be_released_from_the_assembler(run_id):
     assembler = GroupAssembler()
     assembler.add(StreamEntry("1-0", _record(run_id, "old", [1])))
