@@ -21,6 +21,7 @@ them by name.
 
 from environments.adapters.http import SharedHTTPSession, shared_http_session
 from environments.base import (
+    EVALUATION_SEED_BASE,
     Demonstration,
     DemonstrationTurn,
     Environment,
@@ -31,6 +32,10 @@ from environments.base import (
     checked_json,
     checked_observation,
     checked_step_result,
+    draw_from_split,
+    evaluation_seed,
+    stable_fraction,
+    training_seed,
 )
 from environments.loading import EnvironmentLoadError, as_step_result, load_environment_class
 from environments.tool_calls import (
@@ -47,6 +52,7 @@ from environments.tool_calls import (
 )
 
 __all__ = [
+    "EVALUATION_SEED_BASE",
     "Demonstration",
     "DemonstrationTurn",
     "Environment",
@@ -64,12 +70,16 @@ __all__ = [
     "checked_observation",
     "checked_step_result",
     "demonstration_messages",
+    "draw_from_split",
+    "evaluation_seed",
     "format_tool_call",
     "load_environment_class",
     "parse_tool_call",
     "parse_tool_calls",
     "shared_http_session",
+    "stable_fraction",
     "tool_call_format_of_template",
     "tool_instructions",
     "tool_schemas",
+    "training_seed",
 ]

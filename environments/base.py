@@ -10,6 +10,7 @@ to ``step``. Anything the policy says that is not a tool call is an action for
 from __future__ import annotations
 
 import abc
+import hashlib
 import json
 import math
 import random
@@ -18,6 +19,45 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts import EpisodeCloseReason
+
+#: Task seeds are split in two: training draws below this, evaluation at or above it (up to
+#: 2**31). An environment whose tasks come from a seed (HTTP, OpenEnv, Gymnasium) keeps its
+#: evaluation tasks apart by drawing each split's seeds from its own range.
+EVALUATION_SEED_BASE = 2**30
+
+
+def training_seed(rng: random.Random) -> int:
+    """A task seed of the training split, drawn from ``rng``."""
+    return rng.randrange(EVALUATION_SEED_BASE)
+
+
+def evaluation_seed(rng: random.Random) -> int:
+    """A task seed of the held-out split, drawn from ``rng``: never one :func:`training_seed` draws."""
+    return EVALUATION_SEED_BASE + rng.randrange(2**31 - EVALUATION_SEED_BASE)
+
+
+def stable_fraction(value: Any) -> float:
+    """A number in [0, 1) fixed by ``value``'s JSON, the same in every process (no hash seed)."""
+    digest = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def draw_from_split(draw: Callable[[], dict[str, Any]], *, held_out: Callable[[dict[str, Any]], bool],
+                    evaluation: bool, attempts: int = 10_000) -> dict[str, Any]:
+    """A task from ``draw()`` that is in the evaluation split (``held_out``) if ``evaluation``, else not.
+
+    For an environment's own split of a task space it draws from: redraws until
+    the task falls on the wanted side.
+
+    Raises:
+      ValueError: no task of that split in ``attempts`` draws (the split is empty).
+    """
+    for _ in range(attempts):
+        task = draw()
+        if held_out(task) == evaluation:
+            return task
+    split = "evaluation" if evaluation else "training"
+    raise ValueError(f"no {split} task in {attempts} draws: the task space is too small to split")
 
 
 @dataclass(frozen=True)
@@ -128,7 +168,21 @@ class Environment(abc.ABC):
 
     @abc.abstractmethod
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        """A task drawn from ``rng``; all episodes of a GRPO group share it."""
+        """A training task drawn from ``rng``; all episodes of a GRPO group share it.
+
+        It must never be one :meth:`sample_evaluation_task` draws, if that is overridden.
+        """
+
+    def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
+        """A held-out task drawn from ``rng``, for evaluation only; never trained on.
+
+        By default :meth:`sample_task`, and Tandem keeps the split by the seeds it
+        gives ``rng``: evaluation seeds are at or above :data:`EVALUATION_SEED_BASE`,
+        training seeds below it. An environment whose tasks are few (so that two
+        seeds can draw the same task) overrides both methods with a split of its own,
+        as the built-in calculator does.
+        """
+        return self.sample_task(rng)
 
     @abc.abstractmethod
     async def reset(self, task: dict[str, Any]) -> str:

@@ -160,7 +160,10 @@ class EnvironmentServer:
                 await environment.close()
             return 200, {}
         if route == ("POST", "/task"):
-            return 200, {"task": self._task_source.sample_task(random.Random(int(request["seed"])))}
+            rng = random.Random(int(request["seed"]))
+            if request.get("split", "train") == "evaluation":
+                return 200, {"task": self._task_source.sample_evaluation_task(rng)}
+            return 200, {"task": self._task_source.sample_task(rng)}
         if route == ("POST", "/reset"):
             episode_id = str(request["episode_id"])
             if episode_id not in self.open_episode_ids:  # a retried reset is the same episode

@@ -5,8 +5,8 @@ subclass or any class with the same methods (``sample_task(rng)``, async
 ``reset(task)`` and async ``step(action)``) that never imported Tandem: a
 team's existing environment, unchanged. Such a class is wrapped: its ``step``
 may return a :class:`StepResult`, an ``(observation, reward, done, info)``
-tuple or a mapping with those keys, and its optional ``tools``, ``close`` and
-``demonstrations`` are used when it has them.
+tuple or a mapping with those keys, and its optional ``tools``, ``close``,
+``demonstrations`` and ``sample_evaluation_task`` are used when it has them.
 """
 
 from __future__ import annotations
@@ -94,6 +94,10 @@ def _conforming(cls: type) -> type[Environment]:
 
         def sample_task(self, rng: random.Random) -> dict[str, Any]:
             return self.wrapped.sample_task(rng)
+
+        def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
+            own = getattr(self.wrapped, "sample_evaluation_task", None)
+            return own(rng) if callable(own) else self.wrapped.sample_task(rng)
 
         async def reset(self, task: dict[str, Any]) -> str:
             return await self.wrapped.reset(task)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aioredis
 
-from environments import load_environment_class
+from environments import EVALUATION_SEED_BASE, load_environment_class
 from tandem.contracts import (
     EnvironmentSecrets,
     RunSpec,
@@ -105,7 +105,13 @@ def runtime_for(redis_url: str, spec: RunSpec) -> PolicyRuntime:
 
 
 def group_task_seed(run_seed: int, group_index: int) -> int:
-    return (run_seed * 1_000_003 + group_index) & 0x7FFFFFFF
+    """The seed a training group's task is drawn with: below EVALUATION_SEED_BASE, like every training seed."""
+    return (run_seed * 1_000_003 + group_index) % EVALUATION_SEED_BASE
+
+
+def evaluation_task_seed(task_index: int) -> int:
+    """The seed held-out task ``task_index`` is drawn with, the same in every run: evaluations compare."""
+    return EVALUATION_SEED_BASE + task_index % EVALUATION_SEED_BASE
 
 
 async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntime,

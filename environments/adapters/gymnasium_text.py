@@ -22,7 +22,7 @@ import importlib
 import random
 from typing import Any
 
-from environments.base import Environment, StepResult
+from environments.base import Environment, StepResult, evaluation_seed, training_seed
 from tandem.environment_modules import EnvironmentModuleRefused, check_environment_target
 
 
@@ -45,7 +45,10 @@ class GymnasiumTextEnvironment(Environment):
         self._env: Any = None
 
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        return {"seed": rng.randrange(2**31)}
+        return {"seed": training_seed(rng)}
+
+    def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
+        return {"seed": evaluation_seed(rng)}
 
     async def reset(self, task: dict[str, Any]) -> str:
         # Built here, not in __init__: producers create an instance just to sample a task.

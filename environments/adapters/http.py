@@ -56,6 +56,8 @@ from environments.base import (
     Environment,
     StepResult,
     Tool,
+    evaluation_seed,
+    training_seed,
 )
 from tandem.contracts import EpisodeCloseReason
 from tandem.environment_urls import (
@@ -379,12 +381,18 @@ class RemoteHTTPEnvironment(Environment):
         return run
 
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        return {"remote_seed": rng.randrange(2**31)}
+        return {"remote_seed": training_seed(rng)}
+
+    def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
+        return {"remote_seed": evaluation_seed(rng), "split": "evaluation"}
 
     async def reset(self, task: dict[str, Any]) -> str:
         await self.fetch_schema()
-        if set(task) == {"remote_seed"}:
-            payload = await self._request("POST", "/task", {"seed": task["remote_seed"]}, idempotent=True)
+        if set(task) <= {"remote_seed", "split"} and "remote_seed" in task:
+            # A server with a held-out set of its own serves it for "split": "evaluation"; any
+            # other keeps the split by the seed, which Tandem draws from a range of its own.
+            request = {"seed": task["remote_seed"], "split": task.get("split", "train")}
+            payload = await self._request("POST", "/task", request, idempotent=True)
             task = _require(payload, "task", dict, where="POST /task")
         # Any other task is the server's own, e.g. from an evaluation set, and is sent as it is.
         # A fresh id per episode makes reset safe to retry: a server sees the same episode again.

@@ -37,7 +37,7 @@ import socket
 from typing import Any
 
 from environments.adapters.http import EnvironmentAddressRefused, _CheckingResolver
-from environments.base import Environment, StepResult
+from environments.base import Environment, StepResult, evaluation_seed, training_seed
 from tandem.environment_urls import (
     EnvironmentURLRefused,
     check_environment_url,
@@ -155,7 +155,10 @@ class OpenEnvEnvironment(Environment):
         self._client: Any = None
 
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        return {"seed": rng.randrange(2**31)}
+        return {"seed": training_seed(rng)}
+
+    def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
+        return {"seed": evaluation_seed(rng)}
 
     def _text(self, observation: Any, where: str) -> str:
         if not isinstance(observation, dict):

@@ -19,7 +19,13 @@ import random
 import re
 from typing import Any
 
-from environments.base import Demonstration, DemonstrationTurn, Environment, StepResult
+from environments.base import (
+    EVALUATION_SEED_BASE,
+    Demonstration,
+    DemonstrationTurn,
+    Environment,
+    StepResult,
+)
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER_PREFIX = re.compile(r"^\s*A:\s*(.*?)\s*$", re.DOTALL)
@@ -51,7 +57,11 @@ class ReasoningGymEnvironment(Environment):
                  attempt_discount: float = 0.8, instruction: str = "Answer as A:<answer>.\n"):
         if size < 1 or max_attempts < 1 or not 0 < attempt_discount <= 1:
             raise ValueError("size and max_attempts must be positive, attempt_discount in (0, 1]")
-        self.dataset = _dataset(dataset, size, seed, json.dumps(dataset_kwargs or {}, sort_keys=True))
+        kwargs_json = json.dumps(dataset_kwargs or {}, sort_keys=True)
+        self.dataset = _dataset(dataset, size, seed, kwargs_json)
+        # Built when an evaluation first asks for it: another seed of reasoning-gym's own.
+        self._evaluation_dataset = functools.partial(_dataset, dataset, size, seed + EVALUATION_SEED_BASE,
+                                                     kwargs_json)
         self.size = size
         self.max_attempts = max_attempts
         self.attempt_discount = attempt_discount
@@ -62,11 +72,16 @@ class ReasoningGymEnvironment(Environment):
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
         return {"index": rng.randrange(self.size)}
 
+    def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
+        """An entry of the same task generated from another seed: reasoning-gym's held-out set."""
+        return {"index": rng.randrange(self.size), "split": "evaluation"}
+
     def _prompt(self, entry: dict[str, Any]) -> str:
         return f"{entry['question']}\n{self.instruction}"
 
     async def reset(self, task: dict[str, Any]) -> str:
-        self._entry = self.dataset[int(task["index"])]
+        dataset = self._evaluation_dataset() if task.get("split") == "evaluation" else self.dataset
+        self._entry = dataset[int(task["index"])]
         self._attempts = 0
         return self._prompt(self._entry)
 

@@ -7,6 +7,9 @@ policy that learns to use the tool is visibly better than one that guesses.
 ``prompt_style="chat"`` asks in words, for pretrained instruct models ("What
 is 37*58? ..."), and grades a reply as people read one: by the last number in
 it ("37 * 58 = 2146." is right).
+
+A tenth of the expressions, fixed by their hash, are held out: training and
+demonstrations never draw them, evaluation draws only them.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from environments.base import (
     Environment,
     StepResult,
     Tool,
+    draw_from_split,
+    stable_fraction,
 )
+
+#: Share of expressions held out for evaluation, chosen by each expression's stable hash.
+EVALUATION_FRACTION = 0.1
 
 _OPERATORS = {
     ast.Add: operator.add,
@@ -109,11 +117,22 @@ class CalculatorEnvironment(Environment):
         self.tool_use_fraction = tool_use_fraction
         self._answer: int | None = None
 
-    def sample_task(self, rng: random.Random) -> dict[str, Any]:
+    def _any_task(self, rng: random.Random) -> dict[str, Any]:
         a = rng.randint(self.min_operand, self.max_operand)
         b = rng.randint(self.min_operand, self.max_operand)
         op = rng.choice(self.operators)
         return {"expression": f"{a}{op}{b}"}
+
+    @staticmethod
+    def is_held_out(task: dict[str, Any]) -> bool:
+        """Whether ``task`` is one of the expressions kept for evaluation (a tenth of them)."""
+        return stable_fraction(task["expression"]) < EVALUATION_FRACTION
+
+    def sample_task(self, rng: random.Random) -> dict[str, Any]:
+        return draw_from_split(lambda: self._any_task(rng), held_out=self.is_held_out, evaluation=False)
+
+    def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
+        return draw_from_split(lambda: self._any_task(rng), held_out=self.is_held_out, evaluation=True)
 
     def _prompt(self, expression: str) -> str:
         if self.prompt_style == "chat":

@@ -5,6 +5,8 @@ The policy sees ``Guess 1-100.``, answers ``A:50``, reads ``higher`` or
 ``turn_discount`` per extra guess, so binary search (about log2(range)
 guesses) beats guessing at random, and only multi-turn credit assignment
 learns it.
+
+A fifth of the hidden numbers, fixed by their hash, are held out for evaluation.
 """
 
 from __future__ import annotations
@@ -13,7 +15,17 @@ import random
 import re
 from typing import Any
 
-from environments.base import Demonstration, DemonstrationTurn, Environment, StepResult
+from environments.base import (
+    Demonstration,
+    DemonstrationTurn,
+    Environment,
+    StepResult,
+    draw_from_split,
+    stable_fraction,
+)
+
+#: Share of hidden numbers held out for evaluation, chosen by each number's stable hash.
+EVALUATION_FRACTION = 0.2
 
 _GUESS = re.compile(r"^\s*A:\s*(-?\d+)\s*$")
 
@@ -44,8 +56,18 @@ class GuessingGameEnvironment(Environment):
     def _prompt(self) -> str:
         return f"Guess {self.low}-{self.high}.\n"
 
+    @staticmethod
+    def is_held_out(task: dict[str, Any]) -> bool:
+        """Whether ``task``'s number is one kept for evaluation (a fifth of them)."""
+        return stable_fraction(int(task["target"])) < EVALUATION_FRACTION
+
     def sample_task(self, rng: random.Random) -> dict[str, Any]:
-        return {"target": rng.randint(self.low, self.high)}
+        return draw_from_split(lambda: {"target": rng.randint(self.low, self.high)},
+                               held_out=self.is_held_out, evaluation=False)
+
+    def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
+        return draw_from_split(lambda: {"target": rng.randint(self.low, self.high)},
+                               held_out=self.is_held_out, evaluation=True)
 
     async def reset(self, task: dict[str, Any]) -> str:
         target = int(task["target"])
