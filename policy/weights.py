@@ -40,6 +40,7 @@ Callers depend on the two sides' protocols, :class:`WeightPublisher` and
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -194,8 +195,11 @@ class RedisWeightPublisher:
     """
 
     def __init__(self, client: redis.Redis, *, lora: LoRAConfig | None = None,
-                 publish_dtype: PublishDtype = "as_trained", chunk_bytes: int = REDIS_CHUNK_BYTES):
+                 publish_dtype: PublishDtype = "as_trained", chunk_bytes: int = REDIS_CHUNK_BYTES,
+                 key_of: Callable[[int], str] = weights_key):
         self._redis = client
+        # The hash of a run's weights: its live policy, or a version kept for an evaluation.
+        self._key_of = key_of
         self._lora_scale = lora.scale if lora is not None and lora.enabled else None
         self._publish_dtype = publish_dtype
         self._chunk_bytes = chunk_bytes
@@ -223,7 +227,7 @@ class RedisWeightPublisher:
             adapters, base = self._gather(run_id, adapters, base, lora=lora)
             if jax.process_index() != 0:
                 return 0
-        key = weights_key(run_id)
+        key = self._key_of(run_id)
         if not lora:
             blob = serialize_params(_cast_for_publishing(base, self._publish_dtype))
             fields = _chunk_fields(FULL_FIELD, version, blob, self._chunk_bytes)
@@ -292,13 +296,14 @@ class RedisWeightPublisher:
 class RedisWeightSubscriber:
     """Reads the newest published policy as plain-model parameters, caching a LoRA base."""
 
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, *, key_of: Callable[[int], str] = weights_key):
         self._redis = client
+        self._key_of = key_of
         # run_id -> (base_version, msgpack-restored base tree).
         self._bases: dict[int, tuple[int, dict]] = {}
 
     def latest_version(self, run_id: int) -> int | None:
-        version = self._redis.hget(weights_key(run_id), VERSION_FIELD)
+        version = self._redis.hget(self._key_of(run_id), VERSION_FIELD)
         return None if version is None else int(version)
 
     def fetch(self, run_id: int, like: nnx.State) -> tuple[int, nnx.State] | None:
@@ -307,7 +312,7 @@ class RedisWeightSubscriber:
         ``like`` is the parameter State of the plain model (no adapters);
         LoRA adapters come back folded into its kernels.
         """
-        key = weights_key(run_id)
+        key = self._key_of(run_id)
         fields = [VERSION_FIELD, PATH_FIELD, _chunks_field(FULL_FIELD), BASE_VERSION_FIELD,
                   _chunks_field(ADAPTERS_FIELD), LORA_SCALE_FIELD]
         # Another attempt covers chunks replaced by a newer version between the reads below.
@@ -347,7 +352,7 @@ class RedisWeightSubscriber:
         cached = self._bases.get(run_id)
         if cached is not None and cached[0] == base_version:
             return cached[1]
-        key = weights_key(run_id)
+        key = self._key_of(run_id)
         stored_version, chunks = self._redis.hmget(key, [BASE_VERSION_FIELD, _chunks_field(BASE_FIELD)])
         if stored_version is None or int(stored_version) != base_version or chunks is None:
             return None

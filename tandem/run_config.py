@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.algorithm_config import AlgorithmConfig
+from tandem.evaluation_config import EvaluationConfig
 from tandem.model_config import ModelConfig
 from tandem.optimizer_config import OptimizerConfig, ScheduleConfig
 from tandem.parallelism_config import LoRAConfig, MeshConfig
@@ -72,6 +73,11 @@ class RunConfig(BaseModel):
         "A run with sft_steps > 0 needs one of them (the platform refuses it otherwise).",
     )
     rl_steps: int = Field(40, ge=0, le=1_000_000, description="RL trainer steps; the run finishes after them.")
+    evaluation: EvaluationConfig | None = Field(
+        None,
+        description="Held-out evaluation of published policies on producers, beside training: every_steps, "
+        "tasks and samples per task, temperature (0: greedy), pass_k. null: no evaluation.",
+    )
     trajectory_samples_per_step: int = Field(
         2, ge=0, le=64,
         description="Trajectories of each RL step the trainer sends to the platform's trajectory browser: "

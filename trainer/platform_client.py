@@ -19,6 +19,7 @@ from tandem.contracts import (
     DatasetRowsPage,
     EnvironmentSpec,
     EpisodeSpan,
+    EvaluationReport,
     RunStatus,
     StepEpisodes,
     TelemetryReply,
@@ -262,6 +263,11 @@ class PlatformClient:
                 timeout=timeout_s,
             )
             _raise_for_status(response)
+
+    def post_evaluation(self, run_id: int, report: EvaluationReport, *, retries: int | None | Literal["default"] = 0
+                        ) -> None:
+        """Post an evaluation's results; the platform keeps one row per evaluation, so a repeat is harmless."""
+        self._post(f"/api/trainer/runs/{run_id}/evaluations/", report.model_dump(mode="json"), retries=retries)
 
     def report_checkpoints(self, run_id: int, report: CheckpointReport, *, timeout_s: float = 5.0) -> None:
         """Post the run's committed checkpoints once, without retrying: the next commit posts them again."""

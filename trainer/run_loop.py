@@ -21,6 +21,7 @@ from celery import Celery
 
 from environments import Tool
 from policy import (
+    RedisWeightPublisher,
     RedisWeightSubscriber,
     WeightPublisher,
     load_tokenizer,
@@ -47,6 +48,7 @@ from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.datasets import SFT_TOKENS_METRIC, SFTMix, load_dataset
 from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, parameter_count
+from trainer.evaluation import Evaluations
 from trainer.losses import sft_loss
 from trainer.platform_client import (
     ClaimedRun,
@@ -195,6 +197,15 @@ class RunTrainer:
             # of an earlier database that had the same id. Keep them, out of the way.
             checkpoint_dir.rename(checkpoint_dir.with_name(f"{checkpoint_dir.name}.stale-{int(time.time())}"))
         self.checkpointer = RunCheckpointer(checkpoint_dir, max_to_keep=self.config.checkpoint.kept)
+        # Held-out evaluations of the RL phase's policies, run by producers beside training.
+        self.evaluations: Evaluations | None = None
+        if self.config.evaluation is not None and self.config.algorithm.name != "sft":
+            self.evaluations = Evaluations(
+                redis_client=redis_client, celery_app=celery_app, run_id=self.run_id,
+                config=self.config.evaluation, environment=claimed.environment.label,
+                rl_steps=self.config.rl_steps, publish_kept=self._publish_kept)
+        # Evaluation results the platform did not take yet (it was away): posted again after the next step.
+        self._evaluation_reports_unsent: list = []
         # The committed step last reported to the platform, and when a failed report may be retried.
         self._reported_checkpoint_step: int | None = None
         self._checkpoint_report_retry_at = 0.0
@@ -438,6 +449,33 @@ class RunTrainer:
         self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=self._published_params())
         return time.perf_counter() - started
 
+    def _publish_kept(self, version: int, key: str) -> None:
+        """The published parameters again, as ``version``, in the hash ``key``: an evaluation's own copy."""
+        weights = self.config.weights
+        kept = RedisWeightPublisher(self.redis, lora=self.config.lora, publish_dtype=weights.publish_dtype,
+                                    key_of=lambda run_id: key)
+        kept.publish(run_id=self.run_id, version=version, params=self._published_params())
+
+    def _evaluate_if_due(self) -> None:
+        """Ask for the evaluation of the version just published, if this is one of the run's points."""
+        if self.evaluations is not None and self.evaluations.due(self._rl_steps_done):
+            self.evaluations.request(rl_steps_done=self._rl_steps_done, step=self.step,
+                                     policy_version=self.policy_version)
+
+    def _post_evaluations(self, reports: list, *, final: bool = False) -> None:
+        """Post evaluation results; while the platform is away they wait for the next step (or, at the
+        end of the run, are retried like the run's other final reports)."""
+        pending, self._evaluation_reports_unsent = self._evaluation_reports_unsent + reports, []
+        for report in pending:
+            try:
+                self.platform.post_evaluation(self.run_id, report, retries="default" if final else 0)
+            except (PlatformUnavailableError, httpx.HTTPError) as exc:
+                if not final and (isinstance(exc, PlatformUnavailableError) or is_retryable(exc)):
+                    self._evaluation_reports_unsent.append(report)
+                    continue
+                logger.error("run %s: evaluation %d could not be recorded (%s): %s", self.run_id,
+                             report.evaluation, exc, report.model_dump_json())
+
     def _checkpoint(self) -> None:
         if self.checkpointer.latest_step() == self.step:
             return  # the last periodic save already holds this step
@@ -490,6 +528,8 @@ class RunTrainer:
             feed.resume(step=self.step, policy_version=self.policy_version)
         updates = config.algorithm.updates_per_batch
         stage = self.stages.stage
+        if self._rl_steps_done == 0:
+            self._evaluate_if_due()  # the policy SFT left, before RL changes it
         self.stages.start()
         while self._rl_steps_done < config.rl_steps:
             with stage("telemetry"):
@@ -518,6 +558,8 @@ class RunTrainer:
                 self._publish()
             self.step += 1
             self._rl_steps_done += 1
+            with stage("publish"):
+                self._evaluate_if_due()
             self._last_acked_entry_id = taken.newest_entry_id
             self._trained_group_count += len(taken.groups)
             # Acknowledged once a checkpoint with this update is committed (see _checkpoint_committed).
@@ -535,8 +577,14 @@ class RunTrainer:
                     rollout=feed.step_fields(wall_s=profile["wall_s"]),
                 ))
                 self.traces.after_step(self.step)
+                if self.evaluations is not None:
+                    self._post_evaluations(self.evaluations.collect())
                 self._heartbeat()
 
+        if self.evaluations is not None:
+            # The one wait on evaluation: its last results, before the run is reported finished.
+            self._post_evaluations(self.evaluations.finish(timeout_s=config.evaluation.timeout_s,
+                                                           between=self._heartbeat), final=True)
         self._checkpoint()
         self.checkpointer.wait_until_finished()
         self._checkpoint_committed()

@@ -6,15 +6,18 @@ import dataclasses
 
 from tandem.contracts import (
     DEMONSTRATIONS_TASK_NAME,
+    EVALUATION_TASK_NAME,
     PLATFORM_QUEUE,
     PROBE_QUEUE,
     PROBE_REPORT_TASK_NAME,
     PROBE_TASK_NAME,
     ROLLOUT_QUEUE,
     ROLLOUT_TASK_NAME,
+    EvaluationRequest,
 )
 from workers.app import app
 from workers.demonstrations import produce_demonstrations
+from workers.evaluation import produce_evaluation
 from workers.probe import probe_by_id
 from workers.producer import RunNotReadyError, produce
 from workers.redelivery import crash_guard
@@ -85,6 +88,27 @@ def make_demonstrations(self, run_id: int, step: int, count: int, seed: int, too
     if batch is None:
         return {"run_id": run_id, "step": step, "skipped": True}
     return {"run_id": run_id, "step": step, "demonstrations": len(batch.messages), "error": batch.error}
+
+
+@app.task(
+    name=EVALUATION_TASK_NAME,
+    queue=ROLLOUT_QUEUE,
+    bind=True,
+    autoretry_for=(RunNotReadyError,),
+    retry_backoff=1,
+    retry_backoff_max=10,
+    max_retries=30,
+)
+def produce_evaluation_episodes(self, request: str) -> dict:
+    """Run one slice of a held-out evaluation (``request``: an EvaluationRequest as JSON)."""
+    evaluation = EvaluationRequest.model_validate_json(request)
+    with crash_guard(redis_url(), task_id=self.request.id, run_id=evaluation.run_id,
+                     what=f"evaluation {evaluation.evaluation} tasks {evaluation.first_task}.."
+                          f"{evaluation.first_task + evaluation.tasks - 1}") as guard:
+        if guard.dead_lettered:
+            return {"run_id": evaluation.run_id, "dead_lettered": True, "reason": guard.reason}
+        episodes = produce_evaluation(redis_url=redis_url(), request=evaluation)
+    return {"run_id": evaluation.run_id, "evaluation": evaluation.evaluation, "episodes": episodes}
 
 
 @app.task(

@@ -39,6 +39,7 @@ from environment_registry.views import (
     EnvironmentVersionDetailView,
     EnvironmentVersionProbeView,
 )
+from evaluations.views import RunEvaluationListView, TrainerEvaluationsView
 from runs import pages as run_pages
 from runs.views import (
     RunCancelView,
@@ -191,6 +192,11 @@ api = [
         RunMetricChartView.as_view(),
         name="api-run-metric-series",
     ),
+    path(
+        "api/runs/<int:run_id>/evaluations/",
+        RunEvaluationListView.as_view(),
+        name="api-run-evaluations",
+    ),
     path("api/runs/<int:run_id>/devices/", RunDevicesView.as_view(), name="api-run-devices"),
     path("api/runs/<int:run_id>/timeline/", RunTimelineView.as_view(), name="api-run-timeline"),
     path("api/runs/<int:run_id>/traces/", RunTraceListCreateView.as_view(), name="api-run-traces"),
@@ -245,6 +251,11 @@ trainer_api = [
         "api/trainer/runs/<int:run_id>/checkpoints/",
         TrainerCheckpointsView.as_view(),
         name="api-trainer-checkpoints",
+    ),
+    path(
+        "api/trainer/runs/<int:run_id>/evaluations/",
+        TrainerEvaluationsView.as_view(),
+        name="api-trainer-evaluations",
     ),
     path(
         "api/trainer/runs/<int:run_id>/datasets/<str:name>/versions/<int:number>/rows/",

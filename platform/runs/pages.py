@@ -1,6 +1,7 @@
 """The dashboard's run pages: server-rendered templates; charts fill in from run_page.js."""
 
 import json
+import re
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -17,6 +18,7 @@ from dataset_registry.models import Dataset
 from domain_errors import DomainError, Forbidden, NotFound
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_list, environment_version_last_probe_times
+from evaluations.selectors import evaluation_list
 from tandem.contracts import RELEASED_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
 from telemetry.charts import RUN_CHARTS
 from telemetry.selectors import metric_totals
@@ -128,11 +130,37 @@ def run_page(request, run_id: int):
         "devices_url": reverse("devices-page"),
         "charts": RUN_CHARTS,
         "sft_data": _sft_data(run),
+        "evaluation_table": _evaluation_table(run),
         # Viewers see no cancel button; the cancel view refuses them anyway.
         "can_write": project_role(user=request.user, project=run.project)
         in Membership.WRITER_ROLES,
     }
     return render(request, "runs/detail.html", context)
+
+
+_PASS_AT_K = re.compile(r"pass@(\d+)")
+
+
+def _evaluation_table(run: Run) -> dict | None:
+    """The run's evaluations as the page's table; None without any.
+
+    Success rate and mean reward, then a column per pass@k that any evaluation has
+    (smallest k first), each cell its value and the 95% interval where there is one.
+    """
+    evaluations = list(evaluation_list(run=run).defer("trajectory_ids"))  # up to 100,000 ids each
+    if not evaluations:
+        return None
+    pass_at_k = sorted({name for evaluation in evaluations for name in evaluation.metrics
+                        if _PASS_AT_K.fullmatch(name)}, key=lambda name: int(name.removeprefix("pass@")))
+    columns = [("success_rate", "Success rate"), ("mean_reward", "Mean reward"),
+               *((name, name) for name in pass_at_k)]
+    rows = [
+        {"evaluation": evaluation,
+         "cells": [{"value": evaluation.metrics.get(name), "interval": evaluation.intervals.get(name)}
+                   for name, _ in columns]}
+        for evaluation in evaluations
+    ]
+    return {"labels": [label for _, label in columns], "rows": rows}
 
 
 def _sft_data(run: Run) -> dict | None:

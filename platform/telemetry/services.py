@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -68,16 +68,7 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent],
     ]
     # A trainer resumed from a checkpoint trains the steps after it again: the
     # newest value of a step is the one its surviving parameters went through.
-    MetricPoint.objects.bulk_create(
-        points, update_conflicts=True, unique_fields=["run", "name", "step"],
-        update_fields=["value", "recorded_at"], batch_size=1000,
-    )
-    if points:
-        _buckets_recompute(
-            run_id=run.pk,
-            names=sorted({point.name for point in points}),
-            steps={point.step for point in points},
-        )
+    _points_store(run_id=run.pk, points=points)
 
     with_devices = [event for event in events if event.device is not None]
     if with_devices:
@@ -110,6 +101,41 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent],
         ],
     )
     return len(points)
+
+
+@transaction.atomic
+def metric_points_record(*, run: Run, step: int, values: Mapping[str, float]) -> int:
+    """Store ``values`` as the run's points at ``step``, for series that are no trainer step's telemetry.
+
+    An evaluation's metrics, say: charted and read like the step events' series, but
+    they move neither the run's progress nor its open pages. A value stored again
+    at its step replaces the old one, so a retried post adds nothing; a non-finite
+    one is not stored. Returns the number of points stored.
+    """
+    # Locked first, as metric_events_record does, so that the bucket recomputes take turns.
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    now = timezone.now()
+    points = [
+        MetricPoint(run=run, step=step, name=name, value=value, recorded_at=now)
+        for name, value in values.items() if math.isfinite(value)
+    ]
+    _points_store(run_id=run.pk, points=points)
+    return len(points)
+
+
+def _points_store(*, run_id: int, points: Sequence[MetricPoint]) -> None:
+    """Upsert the points on (run, name, step), then recompute the chart buckets holding them."""
+    if not points:
+        return
+    MetricPoint.objects.bulk_create(
+        points, update_conflicts=True, unique_fields=["run", "name", "step"],
+        update_fields=["value", "recorded_at"], batch_size=1000,
+    )
+    _buckets_recompute(
+        run_id=run_id,
+        names=sorted({point.name for point in points}),
+        steps={point.step for point in points},
+    )
 
 
 @transaction.atomic

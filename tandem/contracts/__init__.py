@@ -14,6 +14,7 @@ One module per topic:
 - ``trajectories``: finished episodes on the stream; ``trajectory_samples``:
   the ones the trainer sends for people to read;
 - ``demonstrations``: an SFT step's demonstrations, made by a producer for the trainer;
+- ``evaluations``: held-out evaluation requests, episodes and reports;
 - ``datasets``: a row of an SFT dataset (a chat conversation), the trainer's pages of rows,
   and which environments are known to have demonstrations;
 - ``stages``: the trainer's stages, in the order a step runs them;
@@ -72,6 +73,16 @@ from tandem.contracts.errors import (
     ErrorCode,
     TrainerConflictCode,
 )
+from tandem.contracts.evaluations import (
+    EVALUATION_METRICS,
+    EVALUATION_STATUSES,
+    MAX_EVALUATION_EPISODES,
+    EvaluationEpisode,
+    EvaluationReport,
+    EvaluationRequest,
+    EvaluationStatus,
+    evaluation_status_choices,
+)
 from tandem.contracts.keys import (
     KEY_PREFIX,
     TRAINER_CONSUMER_GROUP,
@@ -81,6 +92,8 @@ from tandem.contracts.keys import (
     demonstration_stream,
     environment_episode_slots_key,
     environment_paused_key,
+    evaluation_stream,
+    evaluation_weights_key,
     lineage_stream,
     probe_environment_secrets_key,
     probe_request_key,
@@ -141,6 +154,7 @@ from tandem.contracts.stages import (
 )
 from tandem.contracts.tasks import (
     DEMONSTRATIONS_TASK_NAME,
+    EVALUATION_TASK_NAME,
     PLATFORM_QUEUE,
     PROBE_QUEUE,
     PROBE_REPORT_TASK_NAME,
@@ -295,4 +309,15 @@ __all__ = [
     "ToolCallSample",
     "TrajectoryTurn",
     "TrajectorySample",
+    "EVALUATION_METRICS",
+    "EVALUATION_STATUSES",
+    "EVALUATION_TASK_NAME",
+    "EvaluationEpisode",
+    "EvaluationReport",
+    "EvaluationRequest",
+    "EvaluationStatus",
+    "MAX_EVALUATION_EPISODES",
+    "evaluation_status_choices",
+    "evaluation_stream",
+    "evaluation_weights_key",
 ]

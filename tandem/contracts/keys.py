@@ -36,6 +36,16 @@ def weights_key(run_id: int) -> str:
     return _run_key(run_id, "weights")
 
 
+def evaluation_stream(run_id: int) -> str:
+    """Redis stream of a run's evaluation episodes (EvaluationEpisode): never read for training."""
+    return _run_key(run_id, "evaluations")
+
+
+def evaluation_weights_key(run_id: int, version: int) -> str:
+    """Redis hash holding policy ``version`` of a run for its evaluation (laid out like weights_key)."""
+    return _run_key(run_id, f"evaluation_weights:{version}")
+
+
 def run_spec_key(run_id: int) -> str:
     """Redis string holding the :class:`RunSpec` JSON that producers read."""
     return _run_key(run_id, "spec")
@@ -162,4 +172,5 @@ def run_keys(run_id: int) -> tuple[str, ...]:
         lineage_stream(run_id),
         producers_key(run_id),
         demonstration_stream(run_id),
+        evaluation_stream(run_id),
     )

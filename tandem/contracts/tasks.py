@@ -11,6 +11,9 @@ ROLLOUT_QUEUE = "rollouts"
 # an environment. Keyword arguments: run_id, step, count, seed, tool_call_format,
 # request_id; the answer is a DemonstrationBatch on the run's demonstration stream.
 DEMONSTRATIONS_TASK_NAME = "tandem.demonstrations.produce"
+# Held-out evaluation episodes, also made where environment code runs. One keyword
+# argument, request: an EvaluationRequest as JSON; the episodes go to the run's evaluation stream.
+EVALUATION_TASK_NAME = "tandem.evaluations.produce"
 
 
 # Conformance probes of registered environments run where environments run (the

@@ -76,6 +76,7 @@ STAFF_ONLY = {
     "/api/trainer/runs/<int:run_id>/trajectories/",
     "/api/trainer/runs/<int:run_id>/traces/<int:trace_id>/",
     "/api/trainer/runs/<int:run_id>/checkpoints/",
+    "/api/trainer/runs/<int:run_id>/evaluations/",
     "/api/trainer/runs/<int:run_id>/datasets/<str:name>/versions/<int:number>/rows/",
 }
 # Django's admin is for staff, who see everything by design; it has its own login.

@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "trajectories",
     "checkpoints",
     "dataset_registry",
+    "evaluations",
 ]
 
 MIDDLEWARE = [

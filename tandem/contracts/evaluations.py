@@ -1,0 +1,90 @@
+"""Held-out evaluation: what the trainer asks producers for, what they stream back, what the platform stores.
+
+The trainer asks for an evaluation of a policy version it published
+(:class:`EvaluationRequest`, one Celery task per slice of the tasks). Producers
+run its episodes with exactly that version, on held-out tasks
+(``Environment.sample_evaluation_task``), and append each one to the run's
+evaluation stream (:class:`EvaluationEpisode`), never to its trajectory
+stream: nothing evaluated is ever trained on. The trainer gathers them
+without waiting, and once an evaluation's episodes are in, it posts an
+:class:`EvaluationReport`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import Field
+
+from tandem.contracts.schema import Record
+from tandem.contracts.trajectories import TrajectoryRecord
+from tandem.evaluation_config import MAX_EVALUATION_EPISODES
+
+#: complete: every episode came back; incomplete: the run ended (or its timeout passed)
+#: before all of them did, and the metrics are of those that came back (``reason`` says how many).
+EvaluationStatus = Literal["complete", "incomplete"]
+EVALUATION_STATUSES: tuple[str, ...] = get_args(EvaluationStatus)
+
+
+def evaluation_status_choices() -> list[tuple[str, str]]:
+    """``(value, label)`` of every evaluation status: the platform's choices. A callable, so that
+    migrations refer to it and a new status needs no migration."""
+    return [(status, status.capitalize()) for status in EVALUATION_STATUSES]
+
+#: What each evaluation measures, per environment (keys of EvaluationReport.metrics), besides
+#: ``pass@k`` and ``avg@k`` for each k of the run's ``evaluation.pass_k``.
+EVALUATION_METRICS: tuple[str, ...] = (
+    "mean_reward", "success_rate", "mean_turns", "tool_calls_per_episode", "truncation_rate", "failure_rate",
+)
+
+
+class EvaluationRequest(Record):
+    """One slice of an evaluation for a producer: tasks ``first_task`` .. ``first_task + tasks - 1``."""
+
+    run_id: int
+    evaluation: int = Field(ge=0, description="The evaluation's index in its run (0, 1, ...).")
+    policy_version: int = Field(ge=0, description="The published version to evaluate, and no other.")
+    first_task: int = Field(ge=0, description="Index of the slice's first held-out task.")
+    tasks: int = Field(ge=1)
+    samples_per_task: int = Field(ge=1)
+    temperature: float = Field(ge=0, description="0: greedy.")
+
+
+class EvaluationEpisode(Record):
+    """One evaluation episode, as a producer appends it to :func:`evaluation_stream`."""
+
+    evaluation: int = Field(ge=0)
+    policy_version: int = Field(ge=0, description="The version that generated every token of it.")
+    task_index: int = Field(ge=0)
+    sample_index: int = Field(ge=0)
+    record: TrajectoryRecord
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {"schema_version": str(self.schema_version), "payload": self.model_dump_json()}
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict) -> EvaluationEpisode:
+        payload = fields.get(b"payload", fields.get("payload"))
+        return cls.model_validate_json(payload)
+
+
+class EvaluationReport(Record):
+    """``POST /api/trainer/runs/<id>/evaluations/``: one evaluation of a run, posted again if retried."""
+
+    evaluation: int = Field(ge=0)
+    step: int = Field(ge=0, description="Trainer steps done when the version was published.")
+    policy_version: int = Field(ge=0)
+    environment: str = Field(description="The environment version's label, name@version.")
+    status: EvaluationStatus
+    reason: str = Field("", max_length=2000, description="Why it is incomplete; empty when complete.")
+    tasks: int = Field(ge=0)
+    samples_per_task: int = Field(ge=1)
+    temperature: float = Field(ge=0)
+    episodes: int = Field(ge=0, description="Episodes the metrics are of.")
+    metrics: dict[str, float] = Field(description="EVALUATION_METRICS, pass@k and avg@k, and wall_s: seconds "
+                                      "from the trainer's request to the last episode it read.")
+    intervals: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="95% intervals of the metrics that have one (Wilson for rates, "
+        "normal for means), over tasks.")
+    trajectory_ids: list[str] = Field(default_factory=list, max_length=MAX_EVALUATION_EPISODES,
+                                      description="Ids of its episodes: none of them is ever trained on.")

@@ -1,0 +1,254 @@
+"""Held-out evaluations: the trainer's reports, their metric series, the run's list and the run page's table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from evaluations.models import Evaluation
+from tandem.contracts import (
+    EVALUATION_STATUSES,
+    TRAINER_HEADER,
+    EvaluationReport,
+    TrainerConflictCode,
+)
+from telemetry.models import MetricBucket, MetricPoint
+
+
+def _trainer_evaluations(run_id: int) -> str:
+    return f"/api/trainer/runs/{run_id}/evaluations/"
+
+
+def _evaluations(run_id: int) -> str:
+    return f"/api/runs/{run_id}/evaluations/"
+
+
+def evaluation_report(index: int = 0, *, step: int = 20, **overrides) -> dict:
+    """An EvaluationReport as the trainer posts it: 8 tasks of 4 samples, pass@1 and pass@4."""
+    report = {
+        "evaluation": index,
+        "step": step,
+        "policy_version": step // 2,
+        "environment": "calculator@1",
+        "status": "complete",
+        "tasks": 8,
+        "samples_per_task": 4,
+        "temperature": 0.7,
+        "episodes": 32,
+        "metrics": {"success_rate": 0.625, "mean_reward": 0.5, "pass@1": 0.625, "pass@4": 0.875,
+                    "avg@4": 0.625, "mean_turns": 2.0},
+        "intervals": {"success_rate": [0.45, 0.77], "pass@4": [0.53, 0.98]},
+        "trajectory_ids": [f"eval-{index}-{episode}" for episode in range(32)],
+    }
+    report.update(overrides)
+    return EvaluationReport.model_validate(report).model_dump(mode="json")
+
+
+def _eval_points(run) -> list[tuple[str, int, float]]:
+    return sorted(MetricPoint.objects.filter(run=run, name__startswith="eval/")
+                  .values_list("name", "step", "value"))
+
+
+def test_an_evaluations_statuses_are_the_contracts():
+    assert [value for value, _ in Evaluation._meta.get_field("status").choices] == list(EVALUATION_STATUSES)
+
+
+def test_a_report_is_stored_and_its_retry_updates_the_same_evaluation_without_new_points(trainer_api, running_run):
+    first = trainer_api.post(_trainer_evaluations(running_run.pk), evaluation_report(), format="json")
+
+    assert first.status_code == 201, first.content
+    stored = first.json()
+    assert (stored["run"], stored["index"], stored["step"], stored["policy_version"]) == (running_run.pk, 0, 20, 10)
+    assert stored["metrics"]["pass@4"] == 0.875 and stored["intervals"]["pass@4"] == [0.53, 0.98]
+    assert stored["trajectory_ids"][:2] == ["eval-0-0", "eval-0-1"]
+    points = _eval_points(running_run)
+    assert ("eval/success_rate", 20, 0.625) in points and ("eval/pass@1", 20, 0.625) in points
+    assert len(points) == 6
+
+    retried = trainer_api.post(_trainer_evaluations(running_run.pk), evaluation_report(
+        status="incomplete", reason="the run ended with 30 of 32 episodes in", episodes=30,
+        metrics={**evaluation_report()["metrics"], "success_rate": 0.6}), format="json")
+
+    assert retried.status_code == 200, retried.content
+    assert retried.json()["status"] == "incomplete" and retried.json()["episodes"] == 30
+    evaluation = Evaluation.objects.get(run=running_run)
+    assert (evaluation.index, evaluation.status, evaluation.metrics["success_rate"]) == (0, "incomplete", 0.6)
+    assert evaluation.updated_at > evaluation.created_at
+    points = _eval_points(running_run)
+    assert len(points) == 6  # replaced, not added
+    assert ("eval/success_rate", 20, 0.6) in points and ("eval/success_rate", 20, 0.625) not in points
+
+
+def test_the_metrics_read_back_through_the_runs_metrics_and_chart_apis(api, trainer_api, running_run):
+    for index, (step, success_rate) in enumerate([(10, 0.25), (20, 0.5)]):
+        body = evaluation_report(index, step=step, metrics={"success_rate": success_rate, "pass@1": success_rate})
+        assert trainer_api.post(_trainer_evaluations(running_run.pk), body, format="json").status_code == 201
+
+    response = api.get(f"/api/runs/{running_run.pk}/metrics/?names=eval/success_rate")
+
+    assert response.status_code == 200, response.content
+    assert response.json()["points"] == [
+        {"step": 10, "name": "eval/success_rate", "value": 0.25},
+        {"step": 20, "name": "eval/success_rate", "value": 0.5},
+    ]
+    # Charts of long runs read the buckets, which the same post keeps up to date: one point asked
+    # is one bucket of both evaluations.
+    assert MetricBucket.objects.filter(run=running_run, name="eval/pass@1").exists()
+    chart = api.get(f"/api/runs/{running_run.pk}/metrics/series/?names=eval/pass@1&points=1").json()
+    assert chart["series"]["eval/pass@1"] == {
+        "first_step": [10], "last_step": [20], "count": [2], "min": [0.25], "max": [0.5], "mean": [0.375],
+    }
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"status": "done"}, "status"),
+    ({"metrics": None}, "metrics"),
+    ({"metrics": {"success_rate": "most"}}, "metrics.success_rate"),
+    ({"samples_per_task": 0}, "samples_per_task"),
+    ({"step": 2**31}, "step"),
+    ({"environment": "calc\x00ulator@1"}, "environment"),
+    ({"metrics": {"x" * 60: 0.5}}, f"metrics.{'x' * 60}"),  # eval/ and it are longer than a series name
+    ({"intervals": {"pass@1": [0.1]}}, "intervals.pass@1.1"),  # its missing upper bound
+    ({"shoe_size": 42}, "shoe_size"),
+])
+def test_a_bad_report_is_400_naming_the_field_and_stores_nothing(trainer_api, running_run, change, field):
+    body = {**evaluation_report(), **change}
+    if body["metrics"] is None:
+        del body["metrics"]
+
+    response = trainer_api.post(_trainer_evaluations(running_run.pk), json.dumps(body),
+                                content_type="application/json")
+
+    assert response.status_code == 400, response.content
+    fields = response.json()["error"]["fields"]
+    assert field in fields, fields
+    assert not Evaluation.objects.filter(run=running_run).exists()
+    assert _eval_points(running_run) == []
+
+
+def test_a_metric_too_large_for_a_double_is_400_naming_it(trainer_api, running_run):
+    """1e400 is valid JSON and reads as infinity, which neither jsonb nor a JSON answer can hold."""
+    body = json.dumps({**evaluation_report(), "metrics": {"pass@1": 123.25}}).replace("123.25", "1e400")
+
+    response = trainer_api.post(_trainer_evaluations(running_run.pk), body, content_type="application/json")
+
+    assert response.status_code == 400, response.content
+    assert list(response.json()["error"]["fields"]) == ["metrics.pass@1"]
+    assert not Evaluation.objects.filter(run=running_run).exists()
+
+
+def test_a_trainer_that_does_not_hold_the_run_is_409_and_stores_nothing(trainer, running_run):
+    stale = APIClient()
+    stale.credentials(HTTP_AUTHORIZATION=f"Token {trainer.raw_token}", HTTP_X_TANDEM_TRAINER="dead-host:9")
+
+    response = stale.post(_trainer_evaluations(running_run.pk), evaluation_report(), format="json")
+
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["code"] == TrainerConflictCode.RUN_HELD_BY_ANOTHER_TRAINER
+    assert not Evaluation.objects.filter(run=running_run).exists()
+
+
+def test_a_run_no_trainer_holds_is_409_run_not_claimed(trainer_api, make_run):
+    queued = make_run()
+
+    response = trainer_api.post(_trainer_evaluations(queued.pk), evaluation_report(), format="json")
+
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["code"] == TrainerConflictCode.RUN_NOT_CLAIMED
+
+
+def test_a_report_that_does_not_name_its_trainer_is_400_naming_the_header(client_for, trainer, running_run):
+    response = client_for(trainer).post(_trainer_evaluations(running_run.pk), evaluation_report(), format="json")
+
+    assert response.status_code == 400, response.content
+    assert list(response.json()["error"]["fields"]) == [TRAINER_HEADER]
+    assert not Evaluation.objects.filter(run=running_run).exists()
+
+
+def test_a_user_who_is_not_a_trainer_may_not_report(api, running_run):
+    response = api.post(_trainer_evaluations(running_run.pk), evaluation_report(), format="json",
+                        HTTP_X_TANDEM_TRAINER="trainer-host:1")
+
+    assert response.status_code == 403, response.content
+    assert not Evaluation.objects.filter(run=running_run).exists()
+
+
+def test_the_list_holds_the_runs_evaluations_by_index(api, trainer_api, running_run):
+    for index in (1, 0):
+        body = evaluation_report(index, step=10 * (index + 1))
+        assert trainer_api.post(_trainer_evaluations(running_run.pk), body, format="json").status_code == 201
+
+    response = api.get(_evaluations(running_run.pk))
+
+    assert response.status_code == 200, response.content
+    listed = response.json()
+    assert listed["count"] == 2
+    assert [(item["index"], item["step"]) for item in listed["results"]] == [(0, 10), (1, 20)]
+    assert listed["results"][0]["environment"] == "calculator@1"
+    assert listed["results"][0]["intervals"]["success_rate"] == [0.45, 0.77]
+
+
+def test_another_projects_user_gets_404_from_the_list(client_for, make_user, trainer_api, running_run):
+    assert trainer_api.post(_trainer_evaluations(running_run.pk), evaluation_report(), format="json").status_code == 201
+    outsider = client_for(make_user("outsider"))
+
+    response = outsider.get(_evaluations(running_run.pk))
+
+    assert response.status_code == 404, response.content
+    assert "calculator@1" not in response.content.decode()
+    assert outsider.get(_evaluations(10**9)).status_code == 404
+
+
+@pytest.mark.parametrize("count", [1, 12])
+def test_the_list_takes_a_fixed_number_of_queries(api, trainer_api, running_run, count, django_assert_num_queries):
+    for index in range(count):
+        assert trainer_api.post(_trainer_evaluations(running_run.pk), evaluation_report(index),
+                                format="json").status_code == 201
+    api.get("/api/projects/")  # records the token's last use, a write that happens once a minute
+    # Authentication, the run with its project check, then the page's count and rows.
+    with django_assert_num_queries(4):
+        response = api.get(_evaluations(running_run.pk))
+    assert len(response.json()["results"]) == count
+
+
+@pytest.fixture
+def browser(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_run_page_shows_the_evaluations_table_with_intervals(browser, trainer_api, running_run):
+    reports = [
+        evaluation_report(0, step=10, environment="<script>alert(1)</script>@1"),
+        evaluation_report(1, step=20, status="incomplete", reason="run ended", episodes=30,
+                          metrics={"success_rate": 0.5, "mean_reward": 0.25, "pass@1": 0.5, "pass@16": 0.75},
+                          intervals={}),
+    ]
+    for report in reports:
+        assert trainer_api.post(_trainer_evaluations(running_run.pk), report, format="json").status_code == 201
+
+    html = browser.get(f"/runs/{running_run.pk}/").content.decode()
+
+    assert 'id="evaluations-table"' in html
+    table = html[html.index('id="evaluations-table"'):html.index("</table>", html.index('id="evaluations-table"'))]
+    # One column per pass@k any evaluation has, smallest k first.
+    assert table.index("<th>pass@1</th>") < table.index("<th>pass@4</th>") < table.index("<th>pass@16</th>")
+    assert "<th>Success rate</th>" in table and "<th>Mean reward</th>" in table
+    first = table[table.index('data-evaluation="0"'):table.index('data-evaluation="1"')]
+    assert "0.625 <span" in first and "[0.450, 0.770]" in first  # success rate with its interval
+    assert "[0.530, 0.980]" in first  # pass@4's
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;@1" in first and "<script>alert" not in html
+    second = table[table.index('data-evaluation="1"'):]
+    assert "badge-evaluation-incomplete" in second and "run ended" in second
+    assert "<td>30</td>" in second and "<td>0.750</td>" in second and "<td>—</td>" in second  # no pass@4
+
+
+def test_a_run_without_evaluations_has_no_table(browser, running_run):
+    html = browser.get(f"/runs/{running_run.pk}/").content.decode()
+
+    assert 'id="run-status"' in html  # the page itself rendered
+    assert 'id="evaluations-table"' not in html

@@ -1,0 +1,83 @@
+"""Evaluation episodes on a real Redis and a real JAX engine: the kept version only, held-out tasks, greedy."""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from environments.builtin.calculator import CalculatorEnvironment
+from policy.model import Transformer, TransformerConfig, split_model
+from policy.tokenizer import VOCAB_SIZE
+from policy.weights import RedisWeightPublisher
+from tandem.contracts import (
+    EnvironmentSpec,
+    EvaluationEpisode,
+    EvaluationRequest,
+    RunSpec,
+    evaluation_stream,
+    evaluation_weights_key,
+    run_spec_key,
+    trajectory_stream,
+)
+from tandem.rollout_config import RolloutConfig, SamplingConfig
+from tandem.run_config import ModelConfig, RunConfig
+from workers.evaluation import produce_evaluation
+
+CONFIG = RunConfig(
+    model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
+    rollout=RolloutConfig(group_size=3, max_turns=2),
+    sampling=SamplingConfig(max_new_tokens=8),
+)
+
+
+def _params(seed: int):
+    return split_model(Transformer(TransformerConfig.from_model_config(CONFIG.model, VOCAB_SIZE),
+                                   rngs=nnx.Rngs(seed)))[1]
+
+
+def _set_up(redis_client, run_id: int) -> None:
+    # The live policy has moved on to version 9; version 4 is kept for its evaluation.
+    RedisWeightPublisher(redis_client).publish(run_id=run_id, version=9, params=_params(0))
+    RedisWeightPublisher(redis_client, key_of=lambda _: evaluation_weights_key(run_id, 4)).publish(
+        run_id=run_id, version=4, params=_params(1))
+    spec = RunSpec(run_id=run_id, config=CONFIG, environment=EnvironmentSpec(
+        name="calculator", kind="python", entrypoint="environments.builtin.calculator:CalculatorEnvironment"))
+    redis_client.set(run_spec_key(run_id), spec.model_dump_json())
+
+
+def _episodes(redis_client, run_id) -> list[EvaluationEpisode]:
+    return [EvaluationEpisode.from_stream_fields(fields)
+            for _, fields in redis_client.xrange(evaluation_stream(run_id))]
+
+
+def _request(run_id: int, **fields) -> EvaluationRequest:
+    return EvaluationRequest(**{"run_id": run_id, "evaluation": 2, "policy_version": 4, "first_task": 5,
+                                "tasks": 3, "samples_per_task": 2, "temperature": 0.0, **fields})
+
+
+def test_an_evaluation_runs_its_held_out_tasks_on_the_kept_version_only(redis_client, redis_url, run_id):
+    _set_up(redis_client, run_id)
+    assert produce_evaluation(redis_url=redis_url, request=_request(run_id)) == 6
+    episodes = _episodes(redis_client, run_id)
+    assert sorted((e.task_index, e.sample_index) for e in episodes) == [(t, s) for t in (5, 6, 7) for s in (0, 1)]
+    for episode in episodes:
+        assert episode.evaluation == 2 and episode.policy_version == 4
+        assert set(episode.record.policy_versions) == {4}  # never the live version 9
+        prompt = next(message.content for message in episode.record.messages if message.role == "user")
+        assert CalculatorEnvironment.is_held_out({"expression": prompt.split("=")[0]})
+    # Nothing reaches the trajectory stream the trainer trains from.
+    assert redis_client.xlen(trajectory_stream(run_id)) == 0
+    # Greedy: every sample of a task is the same episode, and so is a second evaluation of it.
+    by_task: dict[int, set] = {}
+    for episode in episodes:
+        by_task.setdefault(episode.task_index, set()).add(tuple(episode.record.token_ids))
+    assert all(len(samples) == 1 for samples in by_task.values())
+    redis_client.delete(evaluation_stream(run_id))
+    assert produce_evaluation(redis_url=redis_url, request=_request(run_id, evaluation=3)) == 6
+    again = {episode.task_index: tuple(episode.record.token_ids) for episode in _episodes(redis_client, run_id)}
+    assert again == {task: next(iter(samples)) for task, samples in by_task.items()}
+
+
+def test_an_evaluation_whose_kept_version_is_gone_runs_nothing(redis_client, redis_url, run_id):
+    _set_up(redis_client, run_id)
+    assert produce_evaluation(redis_url=redis_url, request=_request(run_id, policy_version=5)) == 0
+    assert redis_client.xlen(evaluation_stream(run_id)) == 0

@@ -1,0 +1,243 @@
+"""Held-out evaluation during training: asked for beside training, gathered without waiting.
+
+At each evaluation point (before the first RL step, every
+``evaluation.every_steps`` RL steps, and at the end) the trainer keeps the
+version it just published in a hash of its own, and sends producers the
+evaluation's tasks in slices (``EvaluationRequest``). Their episodes come back
+on the run's evaluation stream, which the rollout feed never reads, so nothing
+evaluated is ever trained on. :meth:`Evaluations.collect` reads what arrived
+between steps and returns the evaluations that are complete; only the run's
+end waits for the ones still out, up to ``evaluation.timeout_s``.
+
+No JAX here but what publishing the kept version needs (the publisher's).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import redis
+from celery import Celery
+
+from tandem.contracts import (
+    EVALUATION_TASK_NAME,
+    ROLLOUT_QUEUE,
+    EvaluationEpisode,
+    EvaluationReport,
+    EvaluationRequest,
+    TrajectoryRecord,
+    evaluation_stream,
+    evaluation_weights_key,
+)
+from tandem.evaluation_config import EvaluationConfig
+
+logger = logging.getLogger(__name__)
+
+# A kept version outlives the evaluation's slowest slice; it expires if the trainer dies.
+_KEPT_VERSION_TTL_S = 3 * 3600
+
+
+def succeeded(record: TrajectoryRecord) -> bool:
+    """Whether an episode counts as a success: it did not fail and earned a positive reward."""
+    return record.status != "failed" and record.reward > 0
+
+
+def pass_at_k(samples: int, successes: int, k: int) -> float:
+    """The unbiased estimate of pass@k from ``samples`` tries of a task with ``successes`` among them.
+
+    1 - C(n - c, k) / C(n, k) (Chen et al., 2021): the chance that k tries drawn without
+    replacement from the n include a success.
+    """
+    if not 0 <= successes <= samples or not 1 <= k <= samples:
+        raise ValueError(f"need 0 <= successes <= samples and 1 <= k <= samples, got {successes}, {samples}, {k}")
+    if samples - successes < k:
+        return 1.0
+    return 1.0 - math.comb(samples - successes, k) / math.comb(samples, k)
+
+
+def wilson_interval(successes: float, count: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson interval of a rate."""
+    if count == 0:
+        return (0.0, 1.0)
+    rate = successes / count
+    centre = (rate + z * z / (2 * count)) / (1 + z * z / count)
+    half = z * math.sqrt(rate * (1 - rate) / count + z * z / (4 * count * count)) / (1 + z * z / count)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mean_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """95% normal interval of a mean."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return (mean, mean)
+    half = z * statistics.stdev(values) / math.sqrt(len(values))
+    return (mean - half, mean + half)
+
+
+def tool_calls(record: TrajectoryRecord) -> int:
+    return sum(len(message.tool_calls) for message in record.messages if message.role == "assistant")
+
+
+def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequence[int]
+                       ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """The metrics of an evaluation's episodes, and the 95% intervals of those that have one.
+
+    pass@k and avg@k are per task, then averaged over tasks; only tasks with at
+    least k samples count for pass@k. The intervals of per-task quantities
+    (pass@k) are over tasks, those of rates over episodes.
+    """
+    if not episodes:
+        return {}, {}
+    by_task: dict[int, list[TrajectoryRecord]] = {}
+    for episode in episodes:
+        by_task.setdefault(episode.task_index, []).append(episode.record)
+    records = [episode.record for episode in episodes]
+    successes = sum(succeeded(record) for record in records)
+    count = len(records)
+    rewards = [record.reward for record in records]
+    metrics = {
+        "mean_reward": statistics.fmean(rewards),
+        "success_rate": successes / count,
+        "mean_turns": statistics.fmean(record.num_turns for record in records),
+        "tool_calls_per_episode": statistics.fmean(tool_calls(record) for record in records),
+        "truncation_rate": sum(record.status == "truncated" for record in records) / count,
+        "failure_rate": sum(record.status == "failed" for record in records) / count,
+    }
+    intervals = {"success_rate": wilson_interval(successes, count), "mean_reward": mean_interval(rewards)}
+    per_task_success = [sum(map(succeeded, task)) / len(task) for task in by_task.values()]
+    for k in pass_k:
+        per_task = [pass_at_k(len(task), sum(map(succeeded, task)), k) for task in by_task.values() if len(task) >= k]
+        if per_task:
+            metrics[f"pass@{k}"] = statistics.fmean(per_task)
+            intervals[f"pass@{k}"] = tuple(min(1.0, max(0.0, bound)) for bound in mean_interval(per_task))
+        # avg@k: the mean success of k tries, whose unbiased estimate from n >= k tries is c / n.
+        metrics[f"avg@{k}"] = statistics.fmean(per_task_success)
+    return metrics, intervals
+
+
+def evaluation_points(rl_steps: int, every_steps: int) -> list[int]:
+    """RL steps done at which the run evaluates: 0, every ``every_steps``, and its last."""
+    points = list(range(0, rl_steps + 1, every_steps))
+    if points[-1] != rl_steps:
+        points.append(rl_steps)
+    return points
+
+
+@dataclass
+class _Pending:
+    request: EvaluationRequest
+    step: int
+    requested_at: float = field(default_factory=time.monotonic)
+    episodes: dict[tuple[int, int], EvaluationEpisode] = field(default_factory=dict)
+    entry_ids: list[str] = field(default_factory=list)
+
+    @property
+    def expected(self) -> int:
+        return self.request.tasks * self.request.samples_per_task
+
+
+class Evaluations:
+    """A run's evaluations: asked for at their points, gathered as their episodes arrive.
+
+    ``publish_kept(version, key)`` writes the published parameters of ``version``
+    to the hash ``key`` (the trainer's publisher, pointed there).
+    """
+
+    def __init__(self, *, redis_client: redis.Redis, celery_app: Celery, run_id: int, config: EvaluationConfig,
+                 environment: str, rl_steps: int, publish_kept: Callable[[int, str], None]):
+        self._redis = redis_client
+        self._celery = celery_app
+        self._run_id = run_id
+        self._config = config
+        self._environment = environment
+        self._points = evaluation_points(rl_steps, config.every_steps)
+        self._publish_kept = publish_kept
+        self._pending: dict[int, _Pending] = {}
+        # Episodes are read from the newest entry when this trainer started: an earlier
+        # trainer's evaluations are asked for again at their points, not finished from its leftovers.
+        self._last_id = "$"
+
+    def due(self, rl_steps_done: int) -> bool:
+        return rl_steps_done in self._points
+
+    def request(self, *, rl_steps_done: int, step: int, policy_version: int) -> None:
+        """Evaluate ``policy_version`` (just published) as evaluation point ``rl_steps_done``."""
+        index = self._points.index(rl_steps_done)
+        if self._last_id == "$":
+            newest = self._redis.xrevrange(evaluation_stream(self._run_id), count=1)
+            self._last_id = newest[0][0].decode() if newest else "0-0"
+        key = evaluation_weights_key(self._run_id, policy_version)
+        self._publish_kept(policy_version, key)
+        self._redis.expire(key, _KEPT_VERSION_TTL_S)
+        config = self._config
+        request = EvaluationRequest(run_id=self._run_id, evaluation=index, policy_version=policy_version,
+                                    first_task=0, tasks=config.tasks, samples_per_task=config.samples_per_task,
+                                    temperature=config.temperature)
+        self._pending[index] = _Pending(request=request, step=step)
+        for first in range(0, config.tasks, config.tasks_per_request):
+            part = request.model_copy(update={"first_task": first,
+                                              "tasks": min(config.tasks_per_request, config.tasks - first)})
+            self._celery.send_task(EVALUATION_TASK_NAME, kwargs={"request": part.model_dump_json()},
+                                   queue=ROLLOUT_QUEUE)
+        logger.info("run %s: evaluation %d of version %d asked for (%d episodes)", self._run_id, index,
+                    policy_version, request.tasks * request.samples_per_task)
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def collect(self, *, block_ms: int | None = None) -> list[EvaluationReport]:
+        """Read what arrived; the reports of evaluations now complete (each returned once)."""
+        if not self._pending:
+            return []
+        replies = self._redis.xread({evaluation_stream(self._run_id): self._last_id}, count=10_000,
+                                    block=block_ms)
+        for _, entries in replies or []:
+            for entry_id, fields in entries:
+                self._last_id = entry_id.decode()
+                episode = EvaluationEpisode.from_stream_fields(fields)
+                pending = self._pending.get(episode.evaluation)
+                if pending is None or episode.policy_version != pending.request.policy_version:
+                    continue  # an evaluation of an earlier trainer of the run
+                pending.episodes[(episode.task_index, episode.sample_index)] = episode
+                pending.entry_ids.append(self._last_id)
+        done = [index for index, pending in self._pending.items() if len(pending.episodes) >= pending.expected]
+        return [self._report(self._pending.pop(index), status="complete") for index in done]
+
+    def finish(self, *, timeout_s: float, between: Callable[[], None] = lambda: None) -> list[EvaluationReport]:
+        """Wait up to ``timeout_s`` for the evaluations still out; the rest are reported incomplete."""
+        reports = []
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline:
+            reports += self.collect(block_ms=500)
+            between()
+        for index in list(self._pending):
+            pending = self._pending.pop(index)
+            reason = (f"{len(pending.episodes)} of {pending.expected} episodes came back within "
+                      f"evaluation.timeout_s ({timeout_s:g}s) of the run's end")
+            reports.append(self._report(pending, status="incomplete", reason=reason))
+        return reports
+
+    def _report(self, pending: _Pending, *, status: str, reason: str = "") -> EvaluationReport:
+        episodes = sorted(pending.episodes.values(), key=lambda e: (e.task_index, e.sample_index))
+        metrics, intervals = evaluation_metrics(episodes, pass_k=self._config.pass_k)
+        # What the evaluation cost: seconds from the request to its last episode read here.
+        metrics["wall_s"] = time.monotonic() - pending.requested_at
+        request = pending.request
+        if pending.entry_ids:
+            self._redis.xdel(evaluation_stream(self._run_id), *pending.entry_ids)
+        self._redis.delete(evaluation_weights_key(self._run_id, request.policy_version))
+        logger.info("run %s: evaluation %d %s: %s", self._run_id, request.evaluation, status,
+                    {name: round(value, 3) for name, value in metrics.items()})
+        return EvaluationReport(
+            evaluation=request.evaluation, step=pending.step, policy_version=request.policy_version,
+            environment=self._environment, status=status, reason=reason, tasks=request.tasks,
+            samples_per_task=request.samples_per_task, temperature=request.temperature,
+            episodes=len(episodes), metrics=metrics, intervals=intervals,
+            trajectory_ids=[episode.record.trajectory_id for episode in episodes],
+        )

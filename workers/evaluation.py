@@ -1,0 +1,170 @@
+"""Held-out evaluation episodes: a slice of an evaluation, on exactly the policy version it names.
+
+The trainer keeps the evaluated version in a hash of its own
+(``evaluation_weights_key``), so an evaluation's runtime loads it and nothing
+newer: every token of its episodes comes from that version, however far
+training has moved on meanwhile. Tasks are the environment's held-out ones
+(``sample_evaluation_task``), task ``i`` drawn from the same seed in every run.
+Each episode goes to the run's evaluation stream, which the trainer never
+trains from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+
+from environments import load_environment_class
+from policy import RedisWeightSubscriber
+from tandem.contracts import (
+    EvaluationEpisode,
+    EvaluationRequest,
+    RunSpec,
+    evaluation_stream,
+    evaluation_weights_key,
+    run_stop_key,
+)
+from tandem.redis_clients import durable_redis
+from tandem.run_config import RunConfig
+from workers.agent import EpisodeLimits, run_episode
+from workers.episode_loop import process_episode_loop
+from workers.episode_slots import RunStoppedWaiting, episode_slots_for
+from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
+from workers.producer import (
+    RunNotReadyError,
+    evaluation_task_seed,
+    load_environment_secrets,
+    load_run_spec,
+)
+from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S, task_concurrency
+
+logger = logging.getLogger(__name__)
+
+# Most KV-cache rows of an evaluation's engine.
+_MAX_EVALUATION_SLOTS = 256
+# Evaluation runtimes kept warm: (run, version) -> [runtime, tasks using it].
+_runtimes: OrderedDict[tuple[int, int], list] = OrderedDict()
+_runtimes_lock = threading.Lock()
+_KEPT_IDLE_RUNTIMES = 2
+
+
+def evaluation_config(config: RunConfig, request: EvaluationRequest) -> RunConfig:
+    """``config`` with the evaluation's sampling: temperature 0 is greedy (the most likely token)."""
+    greedy = request.temperature == 0
+    slots = min(_MAX_EVALUATION_SLOTS, request.tasks * request.samples_per_task * task_concurrency())
+    sampling = config.sampling.model_copy(update={
+        "temperature": 1.0 if greedy else request.temperature,
+        "top_k": 1 if greedy else config.sampling.top_k,
+        "top_p": 1.0 if greedy else config.sampling.top_p,
+        "inference_slots": max(slots, 1),
+    })
+    return config.model_copy(update={"sampling": sampling})
+
+
+@contextlib.contextmanager
+def evaluation_runtime(redis_url: str, spec: RunSpec, request: EvaluationRequest) -> Iterator[PolicyRuntime]:
+    """A runtime serving the request's version and no other, shared by the tasks of that version."""
+    key = (spec.run_id, request.policy_version)
+    with _runtimes_lock:
+        entry = _runtimes.get(key)
+        if entry is None:
+            client = durable_redis(redis_url)
+            subscriber = RedisWeightSubscriber(
+                client, key_of=lambda run_id: evaluation_weights_key(run_id, request.policy_version))
+            runtime = PolicyRuntime(run_id=spec.run_id, config=evaluation_config(spec.config, request),
+                                    redis_client=client, subscriber=subscriber)
+            entry = _runtimes[key] = [runtime, 0]
+        entry[1] += 1
+    runtime = entry[0]
+    try:
+        if runtime.params is None:
+            version = runtime.pin()
+            if version != request.policy_version:
+                raise RunNotReadyError(f"run {spec.run_id}: version {version} kept for evaluation, "
+                                       f"not {request.policy_version}")
+            runtime.warm_up()
+        yield runtime
+    finally:
+        with _runtimes_lock:
+            entry[1] -= 1
+            idle = [k for k, (_, users) in _runtimes.items() if users == 0]
+            for stale in idle[:-_KEPT_IDLE_RUNTIMES] if len(idle) > _KEPT_IDLE_RUNTIMES else []:
+                _runtimes.pop(stale)[0].close()
+
+
+async def _evaluate(*, redis_client, spec: RunSpec, runtime: PolicyRuntime, request: EvaluationRequest,
+                    secrets) -> int:
+    """Run the slice's episodes concurrently; returns how many went to the stream."""
+    config = spec.config
+    environment_class = load_environment_class(spec.environment)
+    environment_kwargs = secrets.constructor_kwargs(spec.environment.settings)
+    limits = EpisodeLimits(
+        max_turns=config.rollout.max_turns, max_seq_len=config.model.max_seq_len,
+        max_new_tokens=config.sampling.max_new_tokens, environment_timeout_s=config.rollout.environment_timeout_s,
+        max_observation_chars=config.rollout.max_observation_chars,
+    )
+    slots = episode_slots_for(spec.environment, redis_client)
+    stream = evaluation_stream(spec.run_id)
+    sent = 0
+
+    async def run_stopped() -> bool:
+        return bool(await redis_client.exists(run_stop_key(spec.run_id)))
+
+    async def one_episode(task_index: int, task: dict, sample_index: int) -> None:
+        nonlocal sent
+        # A policy of its own per sample: its seeds do not depend on how episodes interleave.
+        policy = BatchingPolicy(runtime, seed=(evaluation_task_seed(task_index) * 256 + sample_index) & 0x7FFFFFFF)
+        try:
+            async with slots.held(stopped=run_stopped):
+                record = await run_episode(
+                    run_id=spec.run_id, group_id=f"{spec.run_id}-evaluation{request.evaluation}-{task_index}",
+                    group_size=request.samples_per_task, environment_name=spec.environment.name,
+                    environment=environment_class(**environment_kwargs), task=task, policy=policy,
+                    limits=limits, tokenizer=runtime.tokenizer, layout=runtime.prompt_layout,
+                    redact=secrets.redact,
+                )
+        except RunStoppedWaiting:
+            return
+        finally:
+            await policy.close()
+        episode = EvaluationEpisode(evaluation=request.evaluation, policy_version=request.policy_version,
+                                    task_index=task_index, sample_index=sample_index, record=record)
+        await redis_client.xadd(stream, episode.to_stream_fields())
+        sent += 1
+
+    episodes = []
+    task_source = environment_class(**environment_kwargs)
+    for task_index in range(request.first_task, request.first_task + request.tasks):
+        task = task_source.sample_evaluation_task(random.Random(evaluation_task_seed(task_index)))
+        episodes += [one_episode(task_index, task, sample) for sample in range(request.samples_per_task)]
+    await asyncio.gather(*episodes)
+    return sent
+
+
+def produce_evaluation(*, redis_url: str, request: EvaluationRequest) -> int:
+    """Run one slice of an evaluation; returns the episodes streamed (fewer if the run stopped)."""
+    client = durable_redis(redis_url)
+    try:
+        if client.exists(run_stop_key(request.run_id)):
+            return 0
+        spec = load_run_spec(client, request.run_id)
+        if spec is None:
+            raise RunNotReadyError(f"run {request.run_id} has no spec in Redis")
+        secrets = load_environment_secrets(client, spec)
+        try:
+            with evaluation_runtime(redis_url, spec, request) as runtime:
+                return process_episode_loop.run(
+                    _evaluate(redis_client=process_episode_loop.redis(redis_url), spec=spec, runtime=runtime,
+                              request=request, secrets=secrets),
+                    timeout_s=min(spec.config.rollout.timeout_s, ROLLOUT_TASK_TIME_LIMIT_S))
+        except PolicyNotPublishedError as exc:
+            # The kept version expired or was deleted (its evaluation was given up on): nothing to do.
+            logger.warning("%s; evaluation %d skipped", exc, request.evaluation)
+            return 0
+    finally:
+        client.close()
