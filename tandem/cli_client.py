@@ -1,4 +1,4 @@
-"""``tandem login``, ``tandem runs ...`` and ``tandem envs ...``: the platform's API from a shell.
+"""``tandem login``, ``tandem runs ...``, ``tandem eval ...`` and ``tandem envs ...``: the platform's API from a shell.
 
 Built on :mod:`tandem.client`. Where to connect comes from ``$TANDEM_URL`` and
 ``$TANDEM_TOKEN`` when set, else from the file ``tandem login`` writes
@@ -239,6 +239,79 @@ def _status_of(line: str) -> str:
     return line[start + 1:end] if start >= 0 else ""
 
 
+def _metric_cell(evaluation, name: str) -> str:
+    value = evaluation.metrics.get(name)
+    if value is None:
+        return "-"
+    interval = evaluation.intervals.get(name)
+    return f"{value:.3f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
+def cmd_eval_list(args) -> int:
+    """A run's evaluations as a table: success rate, mean reward and pass@k with their 95% intervals."""
+    with _client() as client:
+        evaluations = client.runs.evaluations(args.run_id)
+    if args.json:
+        _print_json([evaluation.model_dump(mode="json") for evaluation in evaluations])
+        return 0
+    if not evaluations:
+        print(f"run {args.run_id} has no evaluations (its config has no evaluation section, or none ended yet)")
+        return 0
+    pass_k = sorted({name for e in evaluations for name in e.metrics if name.startswith("pass@")},
+                    key=lambda name: int(name.split("@")[1]))
+    columns = ["success_rate", "mean_reward", *pass_k]
+    rows = [("#", "STEP", "VERSION", "ENVIRONMENT", "STATUS", "EPISODES", *(name.upper() for name in columns))]
+    rows += [(str(e.index), str(e.step), f"v{e.policy_version}", e.environment, e.status, str(e.episodes),
+              *(_metric_cell(e, name) for name in columns)) for e in evaluations]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_eval_create(args) -> int:
+    """An evaluation-only run of a run's kept checkpoint; with --wait, a spinner until it ends, then its results."""
+    changes = parse_assignments(args.set or [], option="--set")
+    with _client() as client:
+        run = client.runs.evaluate(args.run_id, step=args.step, evaluation=changes or None, name=args.name)
+        print(f"run {run.id} {run.status}: evaluates run {args.run_id} step {run.config['start_from']['step']}: "
+              f"{run.urls.get('page', '')}")
+        if not args.wait:
+            return 0
+        interactive = sys.stdout.isatty()
+        frames = "|/-\\"
+        polls = 0
+        while not (run := client.runs.get(run.id)).ended:
+            if interactive:
+                sys.stdout.write(f"\r{frames[polls % len(frames)]} run {run.id} [{run.status}] evaluating")
+                sys.stdout.flush()
+            polls += 1
+            time.sleep(args.poll_s)
+        if interactive:
+            sys.stdout.write("\n")
+        print(f"run {run.id} {run.status}" + (f" ({run.status_reason})" if run.status_reason else ""))
+    if run.status != RunStatus.FINISHED:
+        return 1
+    return cmd_eval_list(argparse.Namespace(run_id=run.id, json=False))
+
+
+def cmd_eval_show(args) -> int:
+    with _client() as client:
+        evaluation = next((e for e in client.runs.evaluations(args.run_id) if e.index == args.index), None)
+    if evaluation is None:
+        raise CommandError(f"run {args.run_id} has no evaluation {args.index}")
+    if args.json:
+        _print_json(evaluation.model_dump(mode="json"))
+        return 0
+    print(f"run {args.run_id} evaluation {evaluation.index}: step {evaluation.step}, policy v{evaluation.policy_version}, "
+          f"{evaluation.environment}, {evaluation.status}" + (f" ({evaluation.reason})" if evaluation.reason else ""))
+    print(f"  {evaluation.tasks} tasks x {evaluation.samples_per_task} samples, temperature {evaluation.temperature:g}, "
+          f"{evaluation.episodes} episodes")
+    for name in sorted(evaluation.metrics):
+        print(f"  {name + ':':24}{_metric_cell(evaluation, name)}")
+    return 0
+
+
 def cmd_envs_register(args) -> int:
     settings = parse_assignments(args.setting or [], option="--setting")
     if args.settings:
@@ -374,6 +447,28 @@ def register_subcommands(commands: argparse._SubParsersAction) -> None:
     watch.add_argument("--poll-s", type=float, default=5.0,
                        help="ask the REST API after this long without a WebSocket message")
     watch.set_defaults(func=_handled(cmd_runs_watch))
+
+    evaluations = commands.add_parser("eval", help="a run's held-out evaluations")
+    evaluation_commands = evaluations.add_subparsers(dest="eval_command", required=True)
+    eval_list = evaluation_commands.add_parser("list", help="a run's evaluations, with their 95%% intervals")
+    eval_list.add_argument("run_id", type=int)
+    eval_list.add_argument("--json", action="store_true")
+    eval_list.set_defaults(func=_handled(cmd_eval_list))
+    eval_create = evaluation_commands.add_parser(
+        "create", help="evaluate a run's kept checkpoint in a run of its own, with no training")
+    eval_create.add_argument("run_id", type=int)
+    eval_create.add_argument("--step", type=int, help="the checkpoint's step (default: the newest kept one)")
+    eval_create.add_argument("--set", action="append", metavar="KEY=VALUE",
+                             help="an evaluation setting, e.g. tasks=64 or pass_k=[1,4] (default: the run's own)")
+    eval_create.add_argument("--name", default="")
+    eval_create.add_argument("--wait", action="store_true", help="wait for it to end, then show its results")
+    eval_create.add_argument("--poll-s", type=float, default=1.0, help=argparse.SUPPRESS)
+    eval_create.set_defaults(func=_handled(cmd_eval_create))
+    eval_show = evaluation_commands.add_parser("show", help="one evaluation's every metric")
+    eval_show.add_argument("run_id", type=int)
+    eval_show.add_argument("index", type=int)
+    eval_show.add_argument("--json", action="store_true")
+    eval_show.set_defaults(func=_handled(cmd_eval_show))
 
     envs = commands.add_parser("envs", help="register, list and probe environments")
     env_commands = envs.add_subparsers(dest="envs_command", required=True)

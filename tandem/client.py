@@ -163,6 +163,23 @@ class Run(_Record):
         return int(self.config.get("sft_steps", 0)) + int(self.config.get("rl_steps", 0))
 
 
+class Evaluation(_Record):
+    """One held-out evaluation of a run's policy version (tandem.contracts.EvaluationReport, as stored)."""
+
+    index: int
+    step: int
+    policy_version: int
+    environment: str
+    status: str
+    reason: str = ""
+    tasks: int
+    samples_per_task: int
+    temperature: float
+    episodes: int
+    metrics: dict[str, float]
+    intervals: dict[str, list[float]] = {}
+
+
 class MetricPoint(_Record):
     step: int
     name: str
@@ -388,6 +405,15 @@ class RunsAPI:
         body = {"config": config or {}, "name": name}
         return Run.model_validate(self._transport.request("POST", f"/api/runs/{run_id}/clone/", json=body))
 
+    def evaluate(self, run_id: int, *, step: int | None = None, evaluation: dict[str, Any] | None = None,
+                 name: str = "") -> Run:
+        """An evaluation-only run of the run's kept checkpoint ``step`` (None: the newest): no training.
+
+        ``evaluation``: the config's evaluation section (None: the run's own, or the defaults).
+        """
+        body = {"step": step, "evaluation": evaluation, "name": name}
+        return Run.model_validate(self._transport.request("POST", f"/api/runs/{run_id}/evaluate/", json=body))
+
     def wait(self, run_id: int, timeout: float | None = None, *, poll_interval_s: float = 1.0) -> Run:
         """Block until the run has ended (finished, failed or cancelled); :class:`RunWaitTimeout` otherwise."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -407,6 +433,11 @@ class RunsAPI:
             params["names"] = ",".join(names)
         return MetricsPage.model_validate(
             self._transport.request("GET", f"/api/runs/{run_id}/metrics/", params=params))
+
+    def evaluations(self, run_id: int) -> list[Evaluation]:
+        """The run's held-out evaluations, in the order they were asked for."""
+        return [Evaluation.model_validate(item)
+                for item in self._transport.paginate(f"/api/runs/{run_id}/evaluations/")]
 
     def trajectories(self, run_id: int, *, status: str | None = None, environment: str | None = None,
                      min_reward: float | None = None, max_reward: float | None = None,

@@ -23,7 +23,7 @@ from tandem.optimizer_config import OptimizerConfig, ScheduleConfig
 from tandem.parallelism_config import LoRAConfig, MeshConfig
 from tandem.rollout_config import RolloutConfig, SamplingConfig, StreamConfig
 from tandem.sft_config import SFTConfig
-from tandem.weights_config import CheckpointConfig, WeightsConfig
+from tandem.weights_config import CheckpointConfig, StartFromConfig, WeightsConfig
 
 # Version 1 was the flat root (no schema_version); 2 groups it into sections.
 # A stored or submitted config of an older version goes through
@@ -102,6 +102,12 @@ class RunConfig(BaseModel):
     )
     weights: WeightsConfig = Field(
         default_factory=WeightsConfig, description="How new policy versions reach the producers."
+    )
+    start_from: StartFromConfig | None = Field(
+        None,
+        description="A kept checkpoint of another run of the project to start from (its whole train state: "
+        "the model and optimizer sections must match that run's). Set by POST /api/runs/<id>/evaluate/ "
+        "(tandem eval create) for evaluation-only runs; never given directly.",
     )
     max_restarts: int = Field(
         3, ge=0, le=100,

@@ -24,6 +24,15 @@ class CheckpointConfig(BaseModel):
     )
 
 
+class StartFromConfig(BaseModel):
+    """A kept checkpoint of another run of the project that a run starts from, instead of initialising."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: int = Field(ge=1, description="The run whose checkpoint it is.")
+    step: int = Field(ge=0, description="Its step (the platform pins it when the run is created).")
+
+
 #: How new policy versions reach the producers (policy.weight_publisher builds each).
 WeightTransport = Literal["auto", "redis", "filesystem"]
 #: The dtype floating parameters travel in.

@@ -92,12 +92,15 @@ def _abstract(tree: Any) -> Any:
 class RunCheckpointer:
     """Saves asynchronously, so the step loop does not wait for disk."""
 
-    def __init__(self, directory: Path, *, max_to_keep: int | None = 3):
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: Path, *, max_to_keep: int | None = 3, read_only: bool = False):
+        """``read_only``: another run's checkpoints, to restore from and never to change."""
+        if not read_only:
+            directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self._manager = ocp.CheckpointManager(
             directory.resolve(),
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            options=ocp.CheckpointManagerOptions(max_to_keep=None if read_only else max_to_keep,
+                                                 create=not read_only, read_only=read_only),
         )
         # Seconds the most recent save blocked the caller.
         self.last_save_blocking_s = 0.0

@@ -74,6 +74,10 @@ class RunCancelledError(Exception):
     pass
 
 
+class StartFromError(RuntimeError):
+    """The checkpoint a run starts from could not be restored; the run fails with why."""
+
+
 class RunReleasedError(Exception):
     """The platform no longer wants this trainer to train the run (paused, or failed meanwhile)."""
 
@@ -220,6 +224,8 @@ class RunTrainer:
             # The stream, the consumed-ledger and the group counter carry over.
             self.redis.delete(run_stop_key(self.run_id))
         else:
+            if self.config.start_from is not None:
+                self._start_from_checkpoint()
             # A claimed run starts from nothing. Keys left under the same id by an
             # earlier platform database (ids restart when it is recreated) must not
             # feed this run stale trajectories or weights.
@@ -268,6 +274,26 @@ class RunTrainer:
             logger.info("run %s %s: checkpointed at step %d and released", self.run_id,
                         released.status, self.step)
             return released.status
+
+    def _start_from_checkpoint(self) -> None:
+        """Begin from another run's kept checkpoint (``start_from``, checked by the platform).
+
+        Its whole train state: the run was cloned from that one, so the structures match.
+        This run's own steps and versions still count from zero.
+        """
+        source = self.config.start_from
+        directory = self.settings.checkpoint_root / f"run-{source.run}"
+        try:
+            checkpointer = RunCheckpointer(directory, read_only=True)
+            try:
+                state, _ = checkpointer.restore(source.step, abstract_train_state=self.state)
+            finally:
+                checkpointer.close()
+        except Exception as exc:  # noqa: BLE001 - gone, unreadable, or another structure: the run fails saying so
+            raise StartFromError(f"checkpoint {source.step} of run {source.run} could not be restored "
+                                 f"from {directory}: {type(exc).__name__}: {exc}") from exc
+        self.state = shard_train_state(state, self.shardings)
+        logger.info("run %s starts from checkpoint %d of run %d", self.run_id, source.step, source.run)
 
     def _resume_from_checkpoint(self) -> None:
         """Continue from the newest committed checkpoint, with policy versions that only go up."""

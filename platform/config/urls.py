@@ -39,7 +39,7 @@ from environment_registry.views import (
     EnvironmentVersionDetailView,
     EnvironmentVersionProbeView,
 )
-from evaluations.views import RunEvaluationListView, TrainerEvaluationsView
+from evaluations.views import RunEvaluateView, RunEvaluationListView, TrainerEvaluationsView
 from runs import pages as run_pages
 from runs.views import (
     RunCancelView,
@@ -197,6 +197,7 @@ api = [
         RunEvaluationListView.as_view(),
         name="api-run-evaluations",
     ),
+    path("api/runs/<int:run_id>/evaluate/", RunEvaluateView.as_view(), name="api-run-evaluate"),
     path("api/runs/<int:run_id>/devices/", RunDevicesView.as_view(), name="api-run-devices"),
     path("api/runs/<int:run_id>/timeline/", RunTimelineView.as_view(), name="api-run-timeline"),
     path("api/runs/<int:run_id>/traces/", RunTraceListCreateView.as_view(), name="api-run-traces"),

@@ -17,3 +17,14 @@ class EvaluationSerializer(serializers.ModelSerializer):
         fields = ["run", "index", "step", "policy_version", "environment", "status", "reason", "tasks",
                   "samples_per_task", "temperature", "episodes", "metrics", "intervals", "trajectory_ids",
                   "created_at", "updated_at"]
+
+
+class EvaluationRunCreateSerializer(serializers.Serializer):
+    step = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=2**31 - 1,
+        help_text="A kept checkpoint's step; null: the newest kept one.")
+    evaluation = serializers.DictField(
+        required=False, allow_null=True, default=None,
+        help_text="The evaluation config section (every_steps aside, as for a run); null: the run's own, "
+        "or the defaults.")
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")

@@ -1,11 +1,19 @@
-"""Writes of evaluations: the trainer's reports."""
+"""Writes of evaluations: the trainer's reports, and evaluation-only runs of a kept checkpoint."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pydantic
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
+from checkpoints.models import Checkpoint
+from domain_errors import InvalidInput
 from runs.models import Run
+from runs.services import run_clone
 from tandem.contracts import EvaluationReport
+from tandem.evaluation_config import EvaluationConfig
 from telemetry.services import metric_points_record
 
 from .models import Evaluation
@@ -50,3 +58,30 @@ def evaluation_record(*, run: Run, report: EvaluationReport) -> tuple[Evaluation
         values={f"{EVALUATION_METRIC_PREFIX}{name}": value for name, value in report.metrics.items()},
     )
     return evaluation, created
+
+
+def evaluation_run_create(*, user: AbstractBaseUser, run: Run, step: int | None = None,
+                          evaluation: dict[str, Any] | None = None, name: str = "") -> Run:
+    """An evaluation-only run of ``run``'s kept checkpoint ``step`` (None: its newest): no training.
+
+    A clone of ``run`` (its environment version, model and optimizer, so its train
+    state restores) that starts from the checkpoint (``start_from``), trains no SFT
+    or RL step, and evaluates once, with ``evaluation`` (default ``run``'s own
+    section, else the defaults). The caller has checked that the user sees ``run``.
+    """
+    kept = Checkpoint.objects.filter(run=run, status=Checkpoint.Status.AVAILABLE)
+    checkpoint = kept.filter(step=step).first() if step is not None else kept.order_by("-step").first()
+    if checkpoint is None:
+        steps = sorted(kept.values_list("step", flat=True))
+        raise InvalidInput.for_field("step", (
+            f"Run {run.pk} has no kept checkpoint" + (f" of step {step}" if step is not None else "")
+            + (f"; its kept steps are {', '.join(map(str, steps))}." if steps else ".")))
+    section = evaluation if evaluation is not None else (run.config.get("evaluation") or {})
+    try:
+        section = EvaluationConfig.model_validate(section).model_dump()
+    except pydantic.ValidationError as error:
+        raise InvalidInput.from_pydantic(error, prefix="evaluation") from None
+    start_from = {"run": run.pk, "step": checkpoint.step}
+    changes = {"sft_steps": 0, "rl_steps": 0, "evaluation": section, "start_from": start_from}
+    return run_clone(user=user, run=run, config_changes=changes, checked_start_from=start_from,
+                     name=name or f"evaluation of {run.name} step {checkpoint.step}"[:200])

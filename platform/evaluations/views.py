@@ -15,13 +15,14 @@ from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
 from domain_errors import InvalidInput
 from runs.selectors import run_get_for_user, run_get_held_by
+from runs.serializers import RunSerializer
 from tandem.contracts import TRAINER_HEADER, EvaluationReport
 from telemetry.models import MetricPoint
 
 from .models import Evaluation
 from .selectors import evaluation_list
-from .serializers import EvaluationSerializer
-from .services import EVALUATION_METRIC_PREFIX, evaluation_record
+from .serializers import EvaluationRunCreateSerializer, EvaluationSerializer
+from .services import EVALUATION_METRIC_PREFIX, evaluation_record, evaluation_run_create
 
 _INTEGER_FIELDS = ("evaluation", "step", "policy_version", "tasks", "samples_per_task", "episodes")
 
@@ -74,6 +75,26 @@ class RunEvaluationListView(GenericAPIView):
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(evaluation_list(run=run), request, view=self)
         return paginator.get_paginated_response(EvaluationSerializer(page, many=True).data)
+
+
+@extend_schema(tags=["runs"])
+class RunEvaluateView(GenericAPIView):
+    """An evaluation-only run of one of the run's kept checkpoints: no training, one evaluation."""
+
+    serializer_class = EvaluationRunCreateSerializer
+
+    @extend_schema(request=EvaluationRunCreateSerializer, responses={
+        201: RunSerializer,
+        400: OpenApiResponse(ErrorSerializer, description="No such kept checkpoint (field `step`), or an "
+                             "invalid evaluation section (its field named)."),
+    })
+    def post(self, request, run_id: int):
+        serializer = EvaluationRunCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        run = evaluation_run_create(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id),
+                                    step=data["step"], evaluation=data["evaluation"], name=data["name"])
+        return Response(RunSerializer(run, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
 @extend_schema(tags=["trainer"])

@@ -152,6 +152,7 @@ def run_create(
     # `name` pins the latest version, `name@3` version 3; a failed probe is a Conflict.
     version = environment_version_pin(project=project, reference=environment_name)
     normalised = _sft_data_pin(project=project, version=version, config=run_config_normalise(config))
+    _refuse_unchecked_start_from(normalised, allowed=None)
     cap = settings.TANDEM_RUN_QUOTAS.max_active_runs_per_project
     # Locks the project's row: two creations racing for the last place cannot both win.
     Project.objects.select_for_update().filter(pk=project.pk).first()
@@ -256,20 +257,34 @@ def run_resume(*, user: AbstractBaseUser, run: Run) -> Run:
         return run_transition(run=run, to_status=RunStatus.QUEUED, reason=f"Resumed by {user}.")
 
 
+def _refuse_unchecked_start_from(config: dict[str, Any], *, allowed: dict[str, Any] | None) -> None:
+    """A run starts from another run's checkpoint only as a service that checked it made it so
+    (``evaluations.services.evaluation_run_create``: the same project, a kept checkpoint); a
+    config naming one itself could read any run's weights."""
+    if config.get("start_from") not in (None, allowed):
+        raise InvalidInput.for_field("config.start_from", (
+            "A run starts from another run's checkpoint through POST /api/runs/<id>/evaluate/ "
+            "(tandem eval create), which checks the checkpoint; it cannot be set in a config."))
+
+
 @transaction.atomic
 def run_clone(*, user: AbstractBaseUser, run: Run, config_changes: dict[str, Any] | None = None,
-              name: str = "") -> Run:
+              name: str = "", checked_start_from: dict[str, Any] | None = None) -> Run:
     """A new queued run of the same environment whose config differs from ``run``'s only by ``config_changes``.
 
     Changes merge into the original config key by key (nested sections too), so
     ``{"algorithm": {"epsilon_high": 0.3}}`` keeps every other algorithm setting.
     Changes without ``schema_version`` are upgraded like a new run's config; the
     original is in the current shape however it was stored (``RunConfigField``).
+    ``checked_start_from``: the ``start_from`` a caller checked and may set (a clone
+    otherwise keeps the original's, which was checked for the same project).
     """
     project_require_writer(user=user, project=run.project)
     config = merge_changes(run.config, upgrade_run_config(config_changes or {}))
     normalised = _sft_data_pin(project=run.project, version=run.environment_version,
                                config=run_config_normalise(config))
+    if normalised.get("start_from") != run.config.get("start_from"):
+        _refuse_unchecked_start_from(normalised, allowed=checked_start_from)
     return Run.objects.create(
         project=run.project, environment=run.environment, environment_version=run.environment_version,
         config=normalised, name=name.strip() or f"{run.name} (clone)"[:200], created_at=timezone.now(),

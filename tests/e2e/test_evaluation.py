@@ -1,4 +1,5 @@
-"""Held-out evaluation during a whole run: before RL, every so many steps, at the end; never trained on."""
+"""Held-out evaluation during a whole run (before RL, every so many steps, at the end; never trained on),
+and an evaluation-only run of its final checkpoint that reproduces its final evaluation."""
 
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ def test_a_run_evaluates_held_out_tasks_beside_training_and_never_trains_on_them
     run = run_ended(local, api, run_id, timeout_s=600)
     assert run["status"] == "finished", run["status_reason"]
 
-    evaluations = api.get(f"/api/runs/{run_id}/evaluations/").json()
-    evaluations = evaluations["results"] if isinstance(evaluations, dict) else evaluations
+    evaluations = api.get(f"/api/runs/{run_id}/evaluations/").json()["results"]
     # Before the first RL step (the SFT policy), after RL step 2, and at the end.
     assert [(e["index"], e["step"]) for e in evaluations] == [
         (0, SFT_STEPS), (1, SFT_STEPS + 2), (2, SFT_STEPS + RL_STEPS)]
@@ -50,3 +50,36 @@ def test_a_run_evaluates_held_out_tasks_beside_training_and_never_trains_on_them
     assert len(trained) == RL_STEPS * 32
     evaluated = {trajectory for evaluation in evaluations for trajectory in evaluation["trajectory_ids"]}
     assert len(evaluated) == 24 and not trained & evaluated
+
+    # An evaluation-only run of the final checkpoint reproduces the final in-training evaluation:
+    # the same parameters, the same held-out tasks, greedy.
+    checkpoints = api.get(f"/api/runs/{run_id}/checkpoints/").json()["results"]
+    final_step = max(checkpoint["step"] for checkpoint in checkpoints)
+    assert final_step == SFT_STEPS + RL_STEPS
+    replay = api.post(f"/api/runs/{run_id}/evaluate/", json={"step": final_step})
+    assert replay.status_code == 201, replay.text
+    replay_run = replay.json()
+    assert replay_run["config"]["start_from"] == {"run": run_id, "step": final_step}
+    assert (replay_run["config"]["sft_steps"], replay_run["config"]["rl_steps"]) == (0, 0)
+    ended = run_ended(local, api, replay_run["id"], timeout_s=600)
+    assert ended["status"] == "finished", ended["status_reason"]
+    (replayed,) = api.get(f"/api/runs/{replay_run['id']}/evaluations/").json()["results"]
+    final = evaluations[-1]
+    assert replayed["status"] == "complete" and replayed["episodes"] == final["episodes"]
+
+    def without_cost(metrics: dict) -> dict:
+        return {name: value for name, value in metrics.items() if name != "wall_s"}
+
+    assert without_cost(replayed["metrics"]) == without_cost(final["metrics"])
+    # The replay trained nothing.
+    replay_lineage = client.xrange(lineage_stream(replay_run["id"]))
+    assert not [fields for _, fields in replay_lineage
+                if LineageEntry.from_stream_fields(fields).kind == "trained"]
+
+
+def test_a_run_cannot_name_another_runs_checkpoint_itself(stack, credentials):
+    local, _ = stack
+    api = user_api(local, credentials)
+    refused = api.post("/api/runs/", json={"project": credentials.project_id, "environment": "calculator",
+                                           "config": {"start_from": {"run": 1, "step": 0}}})
+    assert refused.status_code == 400 and "config.start_from" in refused.text

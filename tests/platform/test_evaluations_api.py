@@ -252,3 +252,66 @@ def test_a_run_without_evaluations_has_no_table(browser, running_run):
 
     assert 'id="run-status"' in html  # the page itself rendered
     assert 'id="evaluations-table"' not in html
+
+
+def _keep_checkpoints(run, *steps, deleted=()):
+    from checkpoints.models import Checkpoint
+
+    for step in (*steps, *deleted):
+        Checkpoint.objects.create(run=run, step=step, policy_version=step, path=f"/ckpt/run-{run.pk}/{step}",
+                                  size_bytes=1, status="deleted" if step in deleted else "available")
+
+
+def test_an_evaluation_only_run_clones_the_run_from_its_newest_kept_checkpoint(api, running_run):
+    refused = api.post(f"/api/runs/{running_run.pk}/evaluate/", {}, format="json")
+    assert refused.status_code == 400 and "step" in refused.json()["error"]["fields"], refused.content
+
+    _keep_checkpoints(running_run, 20, 30, deleted=(10,))
+    created = api.post(f"/api/runs/{running_run.pk}/evaluate/", {"name": "replay"}, format="json")
+    assert created.status_code == 201, created.content
+    config = created.json()["config"]
+    assert config["start_from"] == {"run": running_run.pk, "step": 30}
+    assert (config["sft_steps"], config["rl_steps"]) == (0, 0)
+    assert config["evaluation"]["tasks"] == 32  # the run has no evaluation section: the defaults
+    assert config["model"] == running_run.config["model"] and created.json()["name"] == "replay"
+
+    pinned = api.post(f"/api/runs/{running_run.pk}/evaluate/", {"step": 20, "evaluation": {"tasks": 4}},
+                      format="json")
+    assert pinned.status_code == 201, pinned.content
+    assert pinned.json()["config"]["start_from"]["step"] == 20 and pinned.json()["config"]["evaluation"]["tasks"] == 4
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"step": 10}, "step"),  # deleted by retention
+    ({"step": 11}, "step"),
+    ({"evaluation": {"tasks": 0}}, "evaluation.tasks"),
+    ({"evaluation": {"samples_per_task": 2, "pass_k": [4]}}, "evaluation"),
+])
+def test_an_evaluation_only_run_of_no_kept_checkpoint_or_a_bad_section_is_refused_naming_the_field(
+        api, running_run, body, field):
+    _keep_checkpoints(running_run, 20, deleted=(10,))
+    refused = api.post(f"/api/runs/{running_run.pk}/evaluate/", body, format="json")
+    assert refused.status_code == 400, refused.content
+    assert field in refused.json()["error"]["fields"], refused.json()
+    if field == "step":
+        assert "kept steps are 20" in refused.json()["error"]["message"]
+
+
+def test_another_projects_user_cannot_evaluate_a_runs_checkpoint(client_for, make_user, running_run):
+    _keep_checkpoints(running_run, 20)
+    outsider = client_for(make_user("mallory"))
+    assert outsider.post(f"/api/runs/{running_run.pk}/evaluate/", {}, format="json").status_code == 404
+
+
+def test_a_config_cannot_start_from_a_checkpoint_it_names_itself(api, running_run, project, environment):
+    _keep_checkpoints(running_run, 20)
+    direct = api.post("/api/runs/", {"project": project.pk, "environment": environment.name,
+                                     "config": {"start_from": {"run": running_run.pk, "step": 20}}}, format="json")
+    assert direct.status_code == 400 and "config.start_from" in direct.json()["error"]["fields"], direct.content
+    cloned = api.post(f"/api/runs/{running_run.pk}/clone/",
+                      {"config": {"start_from": {"run": running_run.pk, "step": 20}}}, format="json")
+    assert cloned.status_code == 400 and "config.start_from" in cloned.json()["error"]["fields"], cloned.content
+    # A clone of an evaluation-only run keeps the checkpoint that was checked for it.
+    replay = api.post(f"/api/runs/{running_run.pk}/evaluate/", {}, format="json").json()
+    again = api.post(f"/api/runs/{replay['id']}/clone/", {"config": {"evaluation": {"tasks": 8}}}, format="json")
+    assert again.status_code == 201 and again.json()["config"]["start_from"] == replay["config"]["start_from"]

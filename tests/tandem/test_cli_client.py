@@ -196,3 +196,61 @@ def test_envs_register_list_and_probe(tandem):
     checks = {line.split()[0]: line.split()[1] for line in lines[1:]}
     assert checks["reset"] == "passed" and checks["tools"] == "failed" and checks["step"] == "skipped"
     assert "exposed but not declared" in probe.stdout
+
+
+def _evaluation_report(index: int, *, status: str = "complete") -> dict:
+    return {"evaluation": index, "step": 10 * index, "policy_version": 10 * index, "environment": "calculator@1",
+            "status": status, "reason": "" if status == "complete" else "3 of 8 episodes came back",
+            "tasks": 4, "samples_per_task": 2, "temperature": 0.0, "episodes": 8 if status == "complete" else 3,
+            "metrics": {"success_rate": 0.25 * (index + 1), "mean_reward": 0.5, "pass@1": 0.25, "pass@2": 0.5},
+            "intervals": {"success_rate": [0.1, 0.6]}}
+
+
+def test_eval_list_and_show_print_a_runs_evaluations_with_their_intervals(tandem, client, trainer):
+    assert client.environments.probe("calculator", wait_s=90)["status"] == "passed"  # claimable once probed
+    run = client.runs.create(environment="calculator", config={"sft_steps": 0, "rl_steps": 4,
+                                                               "evaluation": {"every_steps": 2}})
+    trainer.claim(run.id)
+    assert tandem("eval", "list", str(run.id)).stdout.startswith(f"run {run.id} has no evaluations")
+    for index, status in ((0, "complete"), (1, "incomplete")):
+        response = trainer.http.post(f"/api/trainer/runs/{run.id}/evaluations/", json=_evaluation_report(index, status=status))
+        assert response.status_code == 201, response.text
+
+    listed = tandem("eval", "list", str(run.id))
+    assert listed.returncode == 0, listed.stderr
+    header, first, second = listed.stdout.splitlines()
+    assert header.split() == ["#", "STEP", "VERSION", "ENVIRONMENT", "STATUS", "EPISODES", "SUCCESS_RATE",
+                              "MEAN_REWARD", "PASS@1", "PASS@2"]
+    assert first.split()[:7] == ["0", "0", "v0", "calculator@1", "complete", "8", "0.250"]
+    assert "[0.10, 0.60]" in first and second.split()[4] == "incomplete"
+    assert [row["index"] for row in json.loads(tandem("eval", "list", str(run.id), "--json").stdout)] == [0, 1]
+
+    shown = tandem("eval", "show", str(run.id), "1")
+    assert shown.returncode == 0, shown.stderr
+    assert "incomplete (3 of 8 episodes came back)" in shown.stdout and "pass@2:" in shown.stdout
+    missing = tandem("eval", "show", str(run.id), "7")
+    assert missing.returncode == 2 and f"run {run.id} has no evaluation 7" in missing.stderr
+    trainer.heartbeat(run.id, status="finished", trainer_step=4, policy_version=4)  # the trainer holds one run
+
+
+def test_eval_create_starts_an_evaluation_only_run_of_a_kept_checkpoint(tandem, platform, client, trainer):
+    assert client.environments.probe("calculator", wait_s=90)["status"] == "passed"
+    run = client.runs.create(environment="calculator", config={"sft_steps": 0, "rl_steps": 4})
+    trainer.claim(run.id)
+    root = platform.stack.config.var_dir / "checkpoints" / f"run-{run.id}"
+    reported = trainer.http.post(f"/api/trainer/runs/{run.id}/checkpoints/", json={"checkpoints": [
+        {"step": step, "policy_version": step, "path": str(root / str(step)), "size_bytes": 10} for step in (2, 4)]})
+    assert reported.status_code == 200, reported.text
+
+    created = tandem("eval", "create", str(run.id), "--set", "tasks=8", "--set", "pass_k=[1,2]",
+                     "--set", "samples_per_task=2")
+    assert created.returncode == 0, created.stderr
+    replay_id = int(created.stdout.split()[1])
+    assert f"evaluates run {run.id} step 4" in created.stdout
+    replay = client.runs.get(replay_id)
+    assert replay.config["start_from"] == {"run": run.id, "step": 4}
+    assert (replay.config["evaluation"]["tasks"], replay.config["evaluation"]["pass_k"]) == (8, [1, 2])
+
+    missing = tandem("eval", "create", str(run.id), "--step", "3")
+    assert missing.returncode == 1 and "step: Run" in missing.stderr and "kept steps are 2, 4" in missing.stderr
+    trainer.heartbeat(run.id, status="finished", trainer_step=4, policy_version=4)
