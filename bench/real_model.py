@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import functools
 import json
-import math
 import os
 import random
 import statistics
@@ -54,6 +53,7 @@ from policy import (  # noqa: E402
 )
 from tandem.demo_runs import SMOLLM2_DIR  # noqa: E402
 from tandem.run_config import RunConfig  # noqa: E402
+from trainer.evaluation import wilson_interval  # noqa: E402
 
 # The calculator as the learning part asks it; its untrained reward must lie in 0.05..0.5.
 ENVIRONMENT = "calculator-chat-bench"
@@ -61,15 +61,6 @@ ENVIRONMENT = "calculator-chat-bench"
 ENVIRONMENT_SETTINGS = {"prompt_style": "chat", "min_operand": 1, "max_operand": 9, "operators": "+"}
 # Held-out tasks come from seeds far from the run's (group_task_seed(seed, i) for small i).
 HELD_OUT_SEED = 10**9
-
-
-def wilson_interval(successes: float, count: int, z: float = 1.96) -> tuple[float, float]:
-    if count == 0:
-        return (0.0, 1.0)
-    p = successes / count
-    centre = (p + z * z / (2 * count)) / (1 + z * z / count)
-    half = z * math.sqrt(p * (1 - p) / count + z * z / (4 * count * count)) / (1 + z * z / count)
-    return (round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4))
 
 
 def real_model_config(**overrides) -> RunConfig:
@@ -125,7 +116,7 @@ def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int) -> 
     return {
         "policy_version": version,
         "mean": round(statistics.fmean(rewards), 4),
-        "ci95": wilson_interval(sum(rewards), len(rewards)),
+        "ci95": tuple(round(bound, 4) for bound in wilson_interval(sum(rewards), len(rewards))),
         "episodes": len(rewards),
         "episodes_calling_tools": tool_calls,
         "statuses": {status: sum(r.status == status for r in records) for status in ("ok", "truncated", "failed")},

@@ -23,16 +23,13 @@ from workers.producer import RunNotReadyError, produce
 from workers.redelivery import crash_guard
 from workers.settings import redis_url
 
+# Episodes of a run whose spec, weights or secret settings are not in Redis yet are tried
+# again, about a second to ten apart, for a few minutes.
+_RETRIED_UNTIL_THE_RUN_IS_READY = {"autoretry_for": (RunNotReadyError,), "retry_backoff": 1,
+                                   "retry_backoff_max": 10, "max_retries": 30}
 
-@app.task(
-    name=ROLLOUT_TASK_NAME,
-    queue=ROLLOUT_QUEUE,
-    bind=True,
-    autoretry_for=(RunNotReadyError,),
-    retry_backoff=1,
-    retry_backoff_max=10,
-    max_retries=30,
-)
+
+@app.task(name=ROLLOUT_TASK_NAME, queue=ROLLOUT_QUEUE, bind=True, **_RETRIED_UNTIL_THE_RUN_IS_READY)
 def produce_rollouts(self, run_id: int, first_group_index: int, num_groups: int) -> dict:
     """Run ``num_groups`` episode groups of run ``run_id``, starting at ``first_group_index``.
 
@@ -90,15 +87,7 @@ def make_demonstrations(self, run_id: int, step: int, count: int, seed: int, too
     return {"run_id": run_id, "step": step, "demonstrations": len(batch.messages), "error": batch.error}
 
 
-@app.task(
-    name=EVALUATION_TASK_NAME,
-    queue=ROLLOUT_QUEUE,
-    bind=True,
-    autoretry_for=(RunNotReadyError,),
-    retry_backoff=1,
-    retry_backoff_max=10,
-    max_retries=30,
-)
+@app.task(name=EVALUATION_TASK_NAME, queue=ROLLOUT_QUEUE, bind=True, **_RETRIED_UNTIL_THE_RUN_IS_READY)
 def produce_evaluation_episodes(self, request: str) -> dict:
     """Run one slice of a held-out evaluation (``request``: an EvaluationRequest as JSON)."""
     evaluation = EvaluationRequest.model_validate_json(request)
