@@ -57,6 +57,19 @@ def durable_redis(url: str, **options) -> redis.Redis:
     return redis.Redis.from_url(url, **{**_retry_options(url), **options})
 
 
-def durable_async_redis(url: str, **options) -> aioredis.Redis:
-    """:func:`durable_redis` for asyncio code (the producers' episode loops)."""
-    return aioredis.from_url(url, **{**_retry_options(url, AsyncRetry), **options})
+#: Connections one asyncio client opens at most; commands beyond them wait for a free one.
+ASYNC_MAX_CONNECTIONS = 128
+
+
+def durable_async_redis(url: str, *, max_connections: int = ASYNC_MAX_CONNECTIONS, **options) -> aioredis.Redis:
+    """:func:`durable_redis` for asyncio code (the producers' episode loops).
+
+    Its pool blocks when every connection is in use: the default pool raises
+    MaxConnectionsError past 100, which a producer running a few hundred episodes
+    at once (an evaluation beside training) reaches.
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=None, **{**_retry_options(url, AsyncRetry), **options})
+    client = aioredis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # closing the client closes its pool, as from_url's do
+    return client

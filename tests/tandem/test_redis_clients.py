@@ -65,3 +65,23 @@ def test_the_async_client_rides_out_the_restart_too(restartable_redis):
         return length
 
     assert asyncio.run(produce()) == 2
+
+
+def test_the_async_client_waits_for_a_connection_instead_of_refusing_past_its_pool(redis_url):
+    """A producer's episodes share one client: more commands at once than its pool has connections
+    (an evaluation's episodes beside training) wait their turn. redis-py's own pool raised
+    MaxConnectionsError past 100."""
+    client = durable_async_redis(redis_url)
+    key = f"tandem:test:empty-list:{free_local_port()}"
+
+    async def many() -> list:
+        # Each BLPOP holds a connection until its timeout: 150 of them at once need 150.
+        return await asyncio.gather(*[client.blpop(key, timeout=0.3) for _ in range(150)])
+
+    async def run() -> list:
+        try:
+            return await many()
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == [None] * 150
