@@ -243,8 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--loglevel", default="INFO")
     worker.add_argument("--concurrency", type=int, default=4,
                         help="rollout tasks this process runs at once (each runs many episodes)")
-    worker.add_argument("--queues", default="rollouts,probes",
-                        help="Celery queues to consume: rollouts (episodes) and probes (environment probes)")
+    worker.add_argument("--queues", default="rollouts,probes,evaluations",
+                        help="Celery queues to consume: rollouts (episodes), probes (environment probes) and "
+                        "evaluations (held-out evaluation episodes)")
     worker.set_defaults(func=cmd_worker)
 
     platform_worker = commands.add_parser(

@@ -25,8 +25,8 @@ import redis
 from celery import Celery
 
 from tandem.contracts import (
+    EVALUATION_QUEUE,
     EVALUATION_TASK_NAME,
-    ROLLOUT_QUEUE,
     EvaluationEpisode,
     EvaluationReport,
     EvaluationRequest,
@@ -183,7 +183,7 @@ class Evaluations:
             part = request.model_copy(update={"first_task": first,
                                               "tasks": min(config.tasks_per_request, config.tasks - first)})
             self._celery.send_task(EVALUATION_TASK_NAME, kwargs={"request": part.model_dump_json()},
-                                   queue=ROLLOUT_QUEUE)
+                                   queue=EVALUATION_QUEUE)
         logger.info("run %s: evaluation %d of version %d asked for (%d episodes)", self._run_id, index,
                     policy_version, request.tasks * request.samples_per_task)
 

@@ -15,6 +15,8 @@ from celery.signals import worker_ready, worker_shutdown
 
 from tandem.contracts import (
     DEMONSTRATIONS_TASK_NAME,
+    EVALUATION_QUEUE,
+    EVALUATION_TASK_NAME,
     PLATFORM_QUEUE,
     PROBE_QUEUE,
     PROBE_REPORT_TASK_NAME,
@@ -37,6 +39,7 @@ app.conf.update(
         # Conformance probes of environments (workers/probe.py); their reports go
         # to the platform's worker, which records them in the database.
         PROBE_TASK_NAME: {"queue": PROBE_QUEUE},
+        EVALUATION_TASK_NAME: {"queue": EVALUATION_QUEUE},
         PROBE_REPORT_TASK_NAME: {"queue": PLATFORM_QUEUE},
     },
     task_serializer="json",

@@ -34,7 +34,7 @@ from tandem.run_config import RunConfig
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
 from workers.episode_slots import RunStoppedWaiting, episode_slots_for
-from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
+from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime, inference_slots
 from workers.producer import (
     RunNotReadyError,
     evaluation_task_seed,
@@ -45,8 +45,6 @@ from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S, task_concurrency
 
 logger = logging.getLogger(__name__)
 
-# Most KV-cache rows of an evaluation's engine.
-_MAX_EVALUATION_SLOTS = 256
 # Evaluation runtimes kept warm: (run, version) -> [runtime, tasks using it].
 _runtimes: OrderedDict[tuple[int, int], list] = OrderedDict()
 _runtimes_lock = threading.Lock()
@@ -54,14 +52,18 @@ _KEPT_IDLE_RUNTIMES = 2
 
 
 def evaluation_config(config: RunConfig, request: EvaluationRequest) -> RunConfig:
-    """``config`` with the evaluation's sampling: temperature 0 is greedy (the most likely token)."""
+    """``config`` with the evaluation's sampling: temperature 0 is greedy (the most likely token).
+
+    Its engine has as many KV-cache rows as the run's training engine: the same shapes,
+    so it runs the programs that one compiled instead of compiling its own beside training
+    (a minute of both cores for the nano model). Episodes beyond the rows wait for one.
+    """
     greedy = request.temperature == 0
-    slots = min(_MAX_EVALUATION_SLOTS, request.tasks * request.samples_per_task * task_concurrency())
     sampling = config.sampling.model_copy(update={
         "temperature": 1.0 if greedy else request.temperature,
         "top_k": 1 if greedy else config.sampling.top_k,
         "top_p": 1.0 if greedy else config.sampling.top_p,
-        "inference_slots": max(slots, 1),
+        "inference_slots": inference_slots(config, task_concurrency()),
     })
     return config.model_copy(update={"sampling": sampling})
 

@@ -6,6 +6,7 @@ import dataclasses
 
 from tandem.contracts import (
     DEMONSTRATIONS_TASK_NAME,
+    EVALUATION_QUEUE,
     EVALUATION_TASK_NAME,
     PLATFORM_QUEUE,
     PROBE_QUEUE,
@@ -87,7 +88,7 @@ def make_demonstrations(self, run_id: int, step: int, count: int, seed: int, too
     return {"run_id": run_id, "step": step, "demonstrations": len(batch.messages), "error": batch.error}
 
 
-@app.task(name=EVALUATION_TASK_NAME, queue=ROLLOUT_QUEUE, bind=True, **_RETRIED_UNTIL_THE_RUN_IS_READY)
+@app.task(name=EVALUATION_TASK_NAME, queue=EVALUATION_QUEUE, bind=True, **_RETRIED_UNTIL_THE_RUN_IS_READY)
 def produce_evaluation_episodes(self, request: str) -> dict:
     """Run one slice of a held-out evaluation (``request``: an EvaluationRequest as JSON)."""
     evaluation = EvaluationRequest.model_validate_json(request)

@@ -154,6 +154,7 @@ from tandem.contracts.stages import (
 )
 from tandem.contracts.tasks import (
     DEMONSTRATIONS_TASK_NAME,
+    EVALUATION_QUEUE,
     EVALUATION_TASK_NAME,
     PLATFORM_QUEUE,
     PROBE_QUEUE,
@@ -311,6 +312,7 @@ __all__ = [
     "TrajectorySample",
     "EVALUATION_METRICS",
     "EVALUATION_STATUSES",
+    "EVALUATION_QUEUE",
     "EVALUATION_TASK_NAME",
     "EvaluationEpisode",
     "EvaluationReport",

@@ -13,7 +13,10 @@ ROLLOUT_QUEUE = "rollouts"
 DEMONSTRATIONS_TASK_NAME = "tandem.demonstrations.produce"
 # Held-out evaluation episodes, also made where environment code runs. One keyword
 # argument, request: an EvaluationRequest as JSON; the episodes go to the run's evaluation stream.
+# A queue of its own, so that an operator can give evaluation workers of its own
+# (`tandem worker --queues evaluations`) and keep them off the rollout workers.
 EVALUATION_TASK_NAME = "tandem.evaluations.produce"
+EVALUATION_QUEUE = "evaluations"
 
 
 # Conformance probes of registered environments run where environments run (the

@@ -10,8 +10,8 @@ import pytest
 
 from tandem.contracts import (
     EVALUATION_METRICS,
+    EVALUATION_QUEUE,
     EVALUATION_TASK_NAME,
-    ROLLOUT_QUEUE,
     ConversationMessage,
     EpisodeTimings,
     EvaluationEpisode,
@@ -122,7 +122,7 @@ def test_an_evaluation_is_asked_for_in_slices_and_reported_once_its_episodes_are
     assert kept == [(11, evaluation_weights_key(run_id, 11))]
     assert redis_client.ttl(evaluation_weights_key(run_id, 11)) > 0
     requests = [EvaluationRequest.model_validate_json(kwargs["request"]) for name, kwargs, queue in celery.sent
-                if name == EVALUATION_TASK_NAME and queue == ROLLOUT_QUEUE]
+                if name == EVALUATION_TASK_NAME and queue == EVALUATION_QUEUE]
     assert [(r.first_task, r.tasks) for r in requests] == [(0, 2), (2, 2), (4, 1)]
     assert {(r.evaluation, r.policy_version, r.samples_per_task, r.temperature) for r in requests} == {(1, 11, 2, 0.0)}
 
