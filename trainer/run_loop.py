@@ -299,7 +299,10 @@ class RunTrainer:
         """Continue from the newest committed checkpoint, with policy versions that only go up."""
         published = RedisWeightSubscriber(self.redis).latest_version(self.run_id)
         restored = self.checkpointer.restore_latest(self.state)
-        if restored is None:
+        if restored is None and self.config.start_from is not None:
+            # Nothing of its own yet (an evaluation-only run checkpoints only at its end).
+            self._start_from_checkpoint()
+        elif restored is None:
             logger.warning("run %s resumes with no checkpoint: training starts over", self.run_id)
         else:
             self.state, progress = restored
