@@ -39,6 +39,7 @@ from environment_registry.views import (
     EnvironmentVersionDetailView,
     EnvironmentVersionProbeView,
 )
+from evaluations import pages as evaluation_pages
 from evaluations.views import RunEvaluateView, RunEvaluationListView, TrainerEvaluationsView
 from runs import pages as run_pages
 from runs.views import (
@@ -108,6 +109,8 @@ pages = [
         environment_pages.environment_version_probe_page,
         name="environment-version-probe-page",
     ),
+    path("evaluations/", evaluation_pages.evaluation_list_page, name="evaluation-list-page"),
+    path("evaluations.csv", evaluation_pages.evaluation_csv, name="evaluation-csv"),
     path("datasets/", dataset_pages.dataset_list_page, name="dataset-list-page"),
     path("datasets/<int:dataset_id>/", dataset_pages.dataset_page, name="dataset-page"),
     path("tokens/", account_pages.token_list_page, name="token-list-page"),
