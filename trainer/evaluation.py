@@ -128,6 +128,14 @@ def evaluation_points(rl_steps: int, every_steps: int) -> list[int]:
     return points
 
 
+@dataclass(frozen=True)
+class FinishedEvaluation:
+    """An evaluation's report, and the episodes it is of (for the trajectory browser)."""
+
+    report: EvaluationReport
+    records: list[TrajectoryRecord]
+
+
 @dataclass
 class _Pending:
     request: EvaluationRequest
@@ -191,7 +199,7 @@ class Evaluations:
     def outstanding(self) -> int:
         return len(self._pending)
 
-    def collect(self, *, block_ms: int | None = None) -> list[EvaluationReport]:
+    def collect(self, *, block_ms: int | None = None) -> list[FinishedEvaluation]:
         """Read what arrived; the reports of evaluations now complete (each returned once)."""
         if not self._pending:
             return []
@@ -209,7 +217,7 @@ class Evaluations:
         done = [index for index, pending in self._pending.items() if len(pending.episodes) >= pending.expected]
         return [self._report(self._pending.pop(index), status="complete") for index in done]
 
-    def finish(self, *, timeout_s: float, between: Callable[[], None] = lambda: None) -> list[EvaluationReport]:
+    def finish(self, *, timeout_s: float, between: Callable[[], None] = lambda: None) -> list[FinishedEvaluation]:
         """Wait up to ``timeout_s`` for the evaluations still out; the rest are reported incomplete."""
         reports = []
         deadline = time.monotonic() + timeout_s
@@ -223,7 +231,7 @@ class Evaluations:
             reports.append(self._report(pending, status="incomplete", reason=reason))
         return reports
 
-    def _report(self, pending: _Pending, *, status: str, reason: str = "") -> EvaluationReport:
+    def _report(self, pending: _Pending, *, status: str, reason: str = "") -> FinishedEvaluation:
         episodes = sorted(pending.episodes.values(), key=lambda e: (e.task_index, e.sample_index))
         metrics, intervals = evaluation_metrics(episodes, pass_k=self._config.pass_k)
         # What the evaluation cost: seconds from the request to its last episode read here.
@@ -234,10 +242,11 @@ class Evaluations:
         self._redis.delete(evaluation_weights_key(self._run_id, request.policy_version))
         logger.info("run %s: evaluation %d %s: %s", self._run_id, request.evaluation, status,
                     {name: round(value, 3) for name, value in metrics.items()})
-        return EvaluationReport(
+        report = EvaluationReport(
             evaluation=request.evaluation, step=pending.step, policy_version=request.policy_version,
             environment=self._environment, status=status, reason=reason, tasks=request.tasks,
             samples_per_task=request.samples_per_task, temperature=request.temperature,
             episodes=len(episodes), metrics=metrics, intervals=intervals,
             trajectory_ids=[episode.record.trajectory_id for episode in episodes],
         )
+        return FinishedEvaluation(report=report, records=[episode.record for episode in episodes])

@@ -48,7 +48,7 @@ from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.datasets import SFT_TOKENS_METRIC, SFTMix, load_dataset
 from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, parameter_count
-from trainer.evaluation import Evaluations
+from trainer.evaluation import Evaluations, FinishedEvaluation
 from trainer.losses import sft_loss
 from trainer.platform_client import (
     ClaimedRun,
@@ -491,9 +491,14 @@ class RunTrainer:
             self.evaluations.request(rl_steps_done=self._rl_steps_done, step=self.step,
                                      policy_version=self.policy_version)
 
-    def _post_evaluations(self, reports: list, *, final: bool = False) -> None:
+    def _post_evaluations(self, finished: list[FinishedEvaluation], *, final: bool = False) -> None:
         """Post evaluation results; while the platform is away they wait for the next step (or, at the
-        end of the run, are retried like the run's other final reports)."""
+        end of the run, are retried like the run's other final reports). A few of each evaluation's
+        episodes go to the trajectory browser, as a step's do."""
+        for evaluation in finished:
+            self.telemetry.trajectories.add_step(step=evaluation.report.step, records=evaluation.records,
+                                                 purpose="evaluation")
+        reports = [evaluation.report for evaluation in finished]
         pending, self._evaluation_reports_unsent = self._evaluation_reports_unsent + reports, []
         for report in pending:
             try:

@@ -129,7 +129,7 @@ def _spans(tokenizer: Tokenizer, token_ids: Sequence[int], loss_mask: Sequence[i
 
 def trajectory_sample(
     record: TrajectoryRecord, *, step: int, selected_because: str, tokenizer: Tokenizer,
-    tools: Sequence[ToolSchema] = (),
+    tools: Sequence[ToolSchema] = (), purpose: str = "training",
 ) -> TrajectorySample:
     """``record`` as people read it; ``tools`` are the environment's, to recognise tool calls."""
     if record.messages:
@@ -137,7 +137,7 @@ def trajectory_sample(
     else:
         turns = tuple(_token_turns(record, tokenizer, tools))
     return TrajectorySample(
-        trajectory_id=record.trajectory_id, run_id=record.run_id, step=step,
+        trajectory_id=record.trajectory_id, run_id=record.run_id, step=step, purpose=purpose,
         selected_because=selected_because, group_id=record.group_id, environment=record.environment,
         reward=record.reward, status=record.status, failure_reason=record.failure_reason,
         policy_version=record.policy_version, policy_versions=list(record.policy_versions),
@@ -215,11 +215,13 @@ class TrajectorySampleBuffer:
     posted: int = 0
     lost: int = 0
 
-    def add_step(self, *, step: int, records: Sequence[TrajectoryRecord]) -> None:
+    def add_step(self, *, step: int, records: Sequence[TrajectoryRecord], purpose: str = "training") -> None:
+        """Sample ``records``: a trained step's, or (``purpose`` evaluation) an evaluation's of ``step``."""
         for why, record in select_samples(records, per_step=self.per_step):
             try:
                 self.pending.append(trajectory_sample(record, step=step, selected_because=why,
-                                                      tokenizer=self.tokenizer, tools=self.tools))
+                                                      tokenizer=self.tokenizer, tools=self.tools,
+                                                      purpose=purpose))
             except Exception:  # noqa: BLE001 - a view of the data must never stop training on it
                 logger.exception("run %s: trajectory %s could not be sampled", self.run_id,
                                  record.trajectory_id)

@@ -1,7 +1,7 @@
 from django.db import models
 from django.utils import timezone
 
-from tandem.contracts import episode_status_choices
+from tandem.contracts import episode_status_choices, sample_purpose_choices
 
 
 class TrajectorySample(models.Model):
@@ -20,6 +20,8 @@ class TrajectorySample(models.Model):
     trajectory_id = models.CharField(max_length=64)
     step = models.IntegerField(help_text="The trainer step whose update used it.")
     selected_because = models.CharField(max_length=16, help_text="best, worst or failed.")
+    purpose = models.CharField(max_length=16, choices=sample_purpose_choices, default="training",
+                               help_text="training: a step trained on it; evaluation: a held-out evaluation's.")
     environment = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=episode_status_choices)
     failure_reason = models.TextField(blank=True, default="")

@@ -16,6 +16,7 @@ from .models import TrajectorySample
 class TrajectoryFilters:
     status: str | None = None
     environment: str | None = None
+    purpose: str | None = None
     min_reward: float | None = None
     max_reward: float | None = None
 
@@ -32,6 +33,8 @@ def trajectory_sample_list(*, run: Run, filters: TrajectoryFilters = TrajectoryF
         samples = samples.filter(status=filters.status)
     if filters.environment is not None:
         samples = samples.filter(environment=filters.environment)
+    if filters.purpose is not None:
+        samples = samples.filter(purpose=filters.purpose)
     if filters.min_reward is not None:
         samples = samples.filter(reward__gte=filters.min_reward)
     if filters.max_reward is not None:

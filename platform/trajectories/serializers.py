@@ -1,6 +1,8 @@
 from django.urls import reverse
 from rest_framework import serializers
 
+from tandem.contracts import sample_purpose_choices
+
 from .models import TrajectorySample
 
 
@@ -17,6 +19,7 @@ class TrajectorySampleSummarySerializer(serializers.ModelSerializer):
             "run",
             "step",
             "selected_because",
+            "purpose",
             "environment",
             "status",
             "failure_reason",
@@ -57,5 +60,7 @@ class TrajectorySampleSerializer(TrajectorySampleSummarySerializer):
 class TrajectoryFiltersSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=TrajectorySample.Status.choices, required=False)
     environment = serializers.CharField(max_length=200, required=False)
+    purpose = serializers.ChoiceField(choices=sample_purpose_choices(), required=False,
+                                      help_text="training or evaluation (held-out, never trained on).")
     min_reward = serializers.FloatField(required=False)
     max_reward = serializers.FloatField(required=False)

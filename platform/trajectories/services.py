@@ -35,6 +35,7 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
             trajectory_id=sample.trajectory_id,
             step=sample.step,
             selected_because=sample.selected_because,
+            purpose=sample.purpose,
             environment=sample.environment,
             status=sample.status,
             failure_reason=sample.failure_reason,
@@ -50,6 +51,6 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
     }
     TrajectorySample.objects.bulk_create(
         rows.values(), update_conflicts=True, unique_fields=["run", "trajectory_id"],
-        update_fields=["step", "selected_because", "payload", "recorded_at"], batch_size=200,
+        update_fields=["step", "selected_because", "purpose", "payload", "recorded_at"], batch_size=200,
     )
     return len(samples)

@@ -187,11 +187,14 @@ from tandem.contracts.trajectories import (
     episode_status_choices,
 )
 from tandem.contracts.trajectory_samples import (
+    SAMPLE_PURPOSES,
+    SamplePurpose,
     TokenSpan,
     ToolCallSample,
     TrajectorySample,
     TrajectoryTurn,
     TurnRole,
+    sample_purpose_choices,
 )
 
 __all__ = [
@@ -322,4 +325,7 @@ __all__ = [
     "evaluation_status_choices",
     "evaluation_stream",
     "evaluation_weights_key",
+    "SAMPLE_PURPOSES",
+    "SamplePurpose",
+    "sample_purpose_choices",
 ]

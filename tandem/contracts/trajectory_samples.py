@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -10,6 +10,14 @@ from tandem.contracts.schema import Record
 from tandem.contracts.trajectories import EpisodeStatus, MessageToolCall
 
 TurnRole = Literal["prompt", "policy", "environment", "tool"]
+#: What a sampled episode was for: a trained step's, or a held-out evaluation's (never trained on).
+SamplePurpose = Literal["training", "evaluation"]
+SAMPLE_PURPOSES: tuple[str, ...] = get_args(SamplePurpose)
+
+
+def sample_purpose_choices() -> list[tuple[str, str]]:
+    """``(value, label)`` of every sample purpose: the platform's choices, referred to by migrations."""
+    return [(purpose, purpose.capitalize()) for purpose in SAMPLE_PURPOSES]
 
 
 class TokenSpan(BaseModel):
@@ -51,7 +59,10 @@ class TrajectorySample(Record):
 
     trajectory_id: str
     run_id: int
-    step: int = Field(description="The trainer step whose update used it.")
+    step: int = Field(description="The trainer step whose update used it; for an evaluation's, the step of "
+                                  "the version it evaluated.")
+    purpose: SamplePurpose = Field("training", description="training: a step trained on it; evaluation: a "
+                                   "held-out evaluation's episode, never trained on.")
     selected_because: Literal["best", "worst", "failed"] = Field(
         description="Why the trainer sent it: the step's best or worst reward, or a failed episode."
     )

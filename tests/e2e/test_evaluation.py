@@ -51,6 +51,15 @@ def test_a_run_evaluates_held_out_tasks_beside_training_and_never_trains_on_them
     evaluated = {trajectory for evaluation in evaluations for trajectory in evaluation["trajectory_ids"]}
     assert len(evaluated) == 24 and not trained & evaluated
 
+    # A few of each evaluation's episodes are in the trajectory browser, told apart from trained ones.
+    def sampled(purpose: str) -> set[str]:
+        body = api.get(f"/api/runs/{run_id}/trajectories/", params={"purpose": purpose, "page_size": 500}).json()
+        return {row["id"] for row in body["results"]}
+
+    evaluation_samples, training_samples = sampled("evaluation"), sampled("training")
+    assert evaluation_samples and evaluation_samples <= evaluated
+    assert training_samples and training_samples <= trained
+
     # An evaluation-only run of the final checkpoint reproduces the final in-training evaluation:
     # the same parameters, the same held-out tasks, greedy.
     checkpoints = api.get(f"/api/runs/{run_id}/checkpoints/").json()["results"]

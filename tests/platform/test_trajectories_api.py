@@ -135,3 +135,30 @@ def test_the_list_pages_with_a_fixed_number_of_queries(
     assert first["count"] == 7 and len(first["results"]) == 3 and first["next"] is not None
     assert [row["step"] for row in first["results"]] == [7, 6, 5]
     assert [row["step"] for row in last["results"]] == [1] and last["next"] is None
+
+
+def test_evaluation_episodes_are_told_apart_from_trained_ones_and_filtered(api, trainer_api, running_run, user):
+    from django.test import Client
+
+    from trajectories.models import TrajectorySample as Stored
+
+    trained = calculator_sample(running_run.pk, step=3)
+    evaluated = calculator_sample(running_run.pk, step=3).model_copy(update={"purpose": "evaluation"})
+    assert _post(trainer_api, running_run.pk, trained, evaluated).status_code == 202
+    url = f"/api/runs/{running_run.pk}/trajectories/"
+
+    def rows(**query):
+        response = api.get(url, query)
+        assert response.status_code == 200, response.content
+        return {row["id"]: row["purpose"] for row in response.json()["results"]}
+
+    assert rows() == {trained.trajectory_id: "training", evaluated.trajectory_id: "evaluation"}
+    assert rows(purpose="evaluation") == {evaluated.trajectory_id: "evaluation"}
+    assert rows(purpose="training") == {trained.trajectory_id: "training"}
+    assert api.get(url, {"purpose": "holdout"}).status_code == 400
+    assert Stored.objects.get(trajectory_id=evaluated.trajectory_id).payload["purpose"] == "evaluation"
+
+    browser = Client()
+    browser.force_login(user)
+    page = browser.get(f"/runs/{running_run.pk}/trajectories/?purpose=evaluation").content.decode()
+    assert 'data-purpose="evaluation"' in page and 'data-purpose="training"' not in page

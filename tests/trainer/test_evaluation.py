@@ -135,7 +135,9 @@ def test_an_evaluation_is_asked_for_in_slices_and_reported_once_its_episodes_are
         redis_client.xadd(stream, episode.to_stream_fields())
     assert evaluations.collect() == []
     redis_client.xadd(stream, arrived[-1].to_stream_fields())
-    (report,) = evaluations.collect()
+    (finished,) = evaluations.collect()
+    report = finished.report
+    assert sorted(record.trajectory_id for record in finished.records) == sorted(report.trajectory_ids)
     assert (report.evaluation, report.step, report.policy_version, report.status) == (1, 310, 11, "complete")
     assert report.episodes == 10 and report.environment == "calculator@1"
     assert report.metrics["success_rate"] == pytest.approx(4 / 10) and report.metrics["pass@2"] == pytest.approx(0.4)
@@ -152,7 +154,8 @@ def test_the_end_of_the_run_reports_what_has_not_come_back_as_incomplete(redis_c
     redis_client.xadd(evaluation_stream(run_id), _episode(run_id, 0, 0, evaluation=2, version=21,
                                                           reward=1.0).to_stream_fields())
     beats = []
-    (report,) = evaluations.finish(timeout_s=1.5, between=lambda: beats.append(1))
+    (finished,) = evaluations.finish(timeout_s=1.5, between=lambda: beats.append(1))
+    report = finished.report
     assert report.status == "incomplete" and report.episodes == 1
     assert "1 of 4 episodes" in report.reason and report.metrics["success_rate"] == 1.0
     assert beats  # the trainer's heartbeat ran while it waited
