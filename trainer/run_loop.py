@@ -201,13 +201,15 @@ class RunTrainer:
             # of an earlier database that had the same id. Keep them, out of the way.
             checkpoint_dir.rename(checkpoint_dir.with_name(f"{checkpoint_dir.name}.stale-{int(time.time())}"))
         self.checkpointer = RunCheckpointer(checkpoint_dir, max_to_keep=self.config.checkpoint.kept)
-        # Held-out evaluations of the RL phase's policies, run by producers beside training.
+        # Held-out evaluations of the run's policies, run by producers beside training; an SFT
+        # run's policy is evaluated once, at its end.
         self.evaluations: Evaluations | None = None
-        if self.config.evaluation is not None and self.config.algorithm.name != "sft":
+        if self.config.evaluation is not None:
             self.evaluations = Evaluations(
                 redis_client=redis_client, celery_app=celery_app, run_id=self.run_id,
                 config=self.config.evaluation, environment=claimed.environment.label,
-                rl_steps=self.config.rl_steps, publish_kept=self._publish_kept)
+                rl_steps=0 if self.config.algorithm.name == "sft" else self.config.rl_steps,
+                publish_kept=self._publish_kept)
         # Evaluation results the platform did not take yet (it was away): posted again after the next step.
         self._evaluation_reports_unsent: list = []
         # The committed step last reported to the platform, and when a failed report may be retried.
@@ -259,6 +261,10 @@ class RunTrainer:
             self._publish()
             if self.config.algorithm.name != "sft":
                 self._rl_phase()
+            elif self.evaluations is not None:
+                self._evaluate_if_due()
+                self._post_evaluations(self.evaluations.finish(timeout_s=self.config.evaluation.timeout_s,
+                                                               between=self._heartbeat), final=True)
             self._checkpoint()
             self.telemetry.flush(wait=True)
             self._report(RunStatus.FINISHED)

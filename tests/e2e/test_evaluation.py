@@ -92,3 +92,18 @@ def test_a_run_cannot_name_another_runs_checkpoint_itself(stack, credentials):
     refused = api.post("/api/runs/", json={"project": credentials.project_id, "environment": "calculator",
                                            "config": {"start_from": {"run": 1, "step": 0}}})
     assert refused.status_code == 400 and "config.start_from" in refused.text
+
+
+def test_an_sft_run_evaluates_the_policy_it_ends_with(stack, credentials):
+    local, _ = stack
+    api = user_api(local, credentials)
+    created = api.post("/api/runs/", json={"project": credentials.project_id, "name": "sft evaluated",
+                                           "environment": "calculator", "config": {
+        "algorithm": {"name": "sft"}, "sft_steps": 6, "rl_steps": 0,
+        "evaluation": {"tasks": 3, "samples_per_task": 1, "pass_k": [1]}}})
+    assert created.status_code == 201, created.text
+    run = run_ended(local, api, created.json()["id"], timeout_s=600)
+    assert run["status"] == "finished", run["status_reason"]
+    (evaluation,) = api.get(f"/api/runs/{run['id']}/evaluations/").json()["results"]
+    assert (evaluation["index"], evaluation["step"], evaluation["status"], evaluation["episodes"]) == (
+        0, 6, "complete", 3)
