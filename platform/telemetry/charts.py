@@ -24,7 +24,9 @@ script knows a metric or stage name of its own. A chart is a JSON object:
   in ``order``), and ``dash`` by ``order``. Series sort by environment, then by
   ``order`` as a number ("4+" after 4);
 - ``range`` (fixed y range), ``range_min`` (the y axis starts at or below it),
-  ``min_span`` (the smallest y span drawn).
+  ``min_span`` (the smallest y span drawn);
+- ``source``: ``evaluations`` for a chart of the run's held-out evaluations
+  (``eval/<metric>``, recorded when an evaluation ends, not by step events).
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ RUN_CHARTS: list[dict] = [
             {"name": "reward_mean", "label": "reward mean", "colour": 0},
             {"name": "success_rate", "label": "success rate", "colour": 2},
         ],
+    },
+    {
+        "id": "chart-evaluation", "title": "Held-out evaluation",
+        "caption": "success rate and pass@k on held-out tasks, never trained on; new evaluations show on reload",
+        "empty": "No evaluation yet: a run evaluates with an evaluation section in its config.",
+        "kind": "lines", "smooth": False, "range": [0, 1], "source": "evaluations",
+        "series": [{"name": "eval/success_rate", "label": "success rate", "colour": 2}],
+        "family": {"pattern": r"^eval/pass@(?<order>\d+)$", "label": "pass@{order}", "colour": "gradient"},
     },
     {
         "id": "chart-loss", "title": "Loss", "caption": "the objective the update minimised", "empty": "No step yet.",

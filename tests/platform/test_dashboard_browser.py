@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from runs.services import run_transition
-from tandem.contracts import TrainerStepEvent
+from tandem.contracts import EvaluationReport, TrainerStepEvent
 from telemetry.services import metric_events_record
 from tests.browser import launch_chromium, log_in
 from trainer.platform_client import PlatformClient
@@ -329,3 +329,27 @@ def test_every_run_chart_receives_live_points_and_a_trace_can_be_requested(
 
     page.screenshot(path=str(REPO_ROOT / "test-artifacts" / "run_page.png"), full_page=True)
     assert navigations == []
+
+
+def test_the_run_page_charts_held_out_evaluations_apart_from_the_training_reward(
+    server, chromium_page, running_run, trainer
+):
+    client = PlatformClient(server, trainer.raw_token, trainer_name=TRAINER_NAME)
+    client.post_events(running_run.pk, [full_rl_step_event(running_run.pk, step) for step in (1, 2)])
+    for index, (step, success) in enumerate(((0, 0.25), (2, 0.5))):
+        client.post_evaluation(running_run.pk, EvaluationReport(
+            evaluation=index, step=step, policy_version=step, environment="calculator@1", status="complete",
+            tasks=4, samples_per_task=4, temperature=0.0, episodes=16,
+            metrics={"success_rate": success, "mean_reward": success, "pass@1": success, "pass@4": success + 0.25},
+            intervals={"success_rate": (success - 0.2, success + 0.2)}))
+
+    page = chromium_page(server, f"/runs/{running_run.pk}/")
+    # Drawn once its series are laid out (redraws are coalesced).
+    page.wait_for_function("() => (window.tandemRunPage.chartSeries['chart-evaluation'] || []).length === 3")
+    assert page.evaluate("window.tandemRunPage.chartSeries")["chart-evaluation"] == [
+        "success rate", "pass@1", "pass@4"]
+    assert page.evaluate("window.tandemRunPage.chartPoints")["chart-evaluation"] > 0
+    assert page.is_hidden("[data-empty-for=chart-evaluation]")
+    # The training reward's chart holds the step events' series only.
+    assert "success rate" in page.evaluate("window.tandemRunPage.chartSeries")["chart-reward"]
+    assert page.locator("#chart-evaluation canvas").count() == 1
