@@ -3,6 +3,9 @@ from django.utils import timezone
 
 from tandem.contracts import episode_status_choices, sample_purpose_choices
 
+#: The contract's vocabulary (tandem.contracts.SamplePurpose), as the API schema names it.
+SAMPLE_PURPOSE_CHOICES = sample_purpose_choices()
+
 
 class TrajectorySample(models.Model):
     """A trajectory the trainer trained on and sent for people to read (tandem.contracts.TrajectorySample).

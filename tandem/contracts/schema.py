@@ -28,7 +28,11 @@ class Record(BaseModel):
     def _refuse_unknown_schema(cls, data):
         if isinstance(data, dict):
             version = data.get("schema_version", cls.model_fields["schema_version"].default)
-            if version not in cls.readable_schema_versions:
+            try:
+                readable = version in cls.readable_schema_versions
+            except TypeError:
+                return data  # not even hashable (a list, a dict): the field's own validation says so
+            if not readable:
                 raise SchemaVersionError(
                     f"{cls.__name__} schema_version {version} is not supported "
                     f"(this reader understands {sorted(cls.readable_schema_versions)})"

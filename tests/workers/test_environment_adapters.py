@@ -66,11 +66,18 @@ def producer(redis_url):
     runtime = PolicyRuntime(run_id=run_id, config=CONFIG, redis_client=client)
     runtime.refresh_weights(force=True)
 
-    def produce(environment: EnvironmentSpec) -> list[TrajectoryRecord]:
-        spec = RunSpec(run_id=run_id, config=CONFIG, environment=environment)
+    def produce(environment: EnvironmentSpec, *, environment_timeout_s: float | None = None) -> list[TrajectoryRecord]:
+        config = CONFIG if environment_timeout_s is None else CONFIG.model_copy(update={
+            "rollout": CONFIG.rollout.model_copy(update={"environment_timeout_s": environment_timeout_s})})
+        spec = RunSpec(run_id=run_id, config=config, environment=environment)
         client.set(run_spec_key(run_id), spec.model_dump_json())
-        asyncio.run(produce_groups(redis_url=redis_url, spec=spec, runtime=runtime,
-                                   first_group_index=0, num_groups=1))
+        # The episodes' limits come from the runtime's config (the run's, as producers load it).
+        runtime.config = config
+        try:
+            asyncio.run(produce_groups(redis_url=redis_url, spec=spec, runtime=runtime,
+                                       first_group_index=0, num_groups=1))
+        finally:
+            runtime.config = CONFIG
         records = [TrajectoryRecord.from_stream_fields(f) for _, f in client.xrange(trajectory_stream(run_id))]
         return [r for r in records if r.environment == environment.name]
 
@@ -349,7 +356,9 @@ def test_gymnasium_episodes_stream_through_the_producer(producer):
     spec = EnvironmentSpec(name="word-echo", kind="python",
                            entrypoint="environments.adapters.gymnasium_text:GymnasiumTextEnvironment",
                            settings={"factory": f"{__name__}:WordEcho"})
-    records = producer(spec)
+    # Its reset builds the environment in a thread: on a loaded CI machine that took more than
+    # the module's half second, which is for the fault tests.
+    records = producer(spec, environment_timeout_s=10.0)
     # An untrained policy rarely echoes the word: its episodes end, or are cut off with the reason.
     assert len(records) == 3 and all(
         r.status == "ok" or (r.status == "truncated" and ("max_turns" in r.failure_reason

@@ -53,6 +53,9 @@ SPECTACULAR_SETTINGS = {
         "EnvironmentVersionStatusEnum": "environment_registry.models.EnvironmentVersion.Status",
         "EnvironmentProbeStatusEnum": "environment_registry.models.EnvironmentProbe.Status",
         "TrajectoryStatusEnum": "trajectories.models.TrajectorySample.Status",
+        # Two fields named "purpose": an environment probe's and a trajectory sample's.
+        "EnvironmentProbePurposeEnum": "environment_registry.models.EnvironmentProbe.Purpose",
+        "TrajectoryPurposeEnum": "trajectories.models.SAMPLE_PURPOSE_CHOICES",
         # Two fields named "role": a project member's and a Tandem process's.
         "RoleEnum": "accounts.models.Membership.Role",
         "ProcessRoleEnum": "telemetry.serializers.PROCESS_ROLES",
