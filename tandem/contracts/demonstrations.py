@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tandem.contracts.schema import Record
+from tandem.contracts.schema import StreamRecord
 from tandem.contracts.trajectories import MessageRole, MessageToolCall
 
 #: Longest error reason a batch carries: it becomes the run's failure reason.
@@ -31,7 +31,7 @@ class DemonstrationMessage(BaseModel):
     )
 
 
-class DemonstrationBatch(Record):
+class DemonstrationBatch(StreamRecord):
     """The answer to one request for an SFT step's demonstrations, appended to :func:`demonstration_stream`.
 
     ``error`` set: the producer could not make them (the environment was refused
@@ -48,11 +48,3 @@ class DemonstrationBatch(Record):
     )
     error: str = Field("", max_length=DEMONSTRATION_ERROR_CHARS,
                        description="Why there are no demonstrations; empty when the producer made them.")
-
-    def to_stream_fields(self) -> dict[str, str]:
-        return {"schema_version": str(self.schema_version), "payload": self.model_dump_json()}
-
-    @classmethod
-    def from_stream_fields(cls, fields: dict) -> DemonstrationBatch:
-        payload = fields.get(b"payload", fields.get("payload"))
-        return cls.model_validate_json(payload)

@@ -16,7 +16,7 @@ from typing import Literal, get_args
 
 from pydantic import Field
 
-from tandem.contracts.schema import Record
+from tandem.contracts.schema import Record, StreamRecord
 from tandem.contracts.trajectories import TrajectoryRecord
 from tandem.evaluation_config import MAX_EVALUATION_EPISODES
 
@@ -50,7 +50,7 @@ class EvaluationRequest(Record):
     temperature: float = Field(ge=0, description="0: greedy.")
 
 
-class EvaluationEpisode(Record):
+class EvaluationEpisode(StreamRecord):
     """One evaluation episode, as a producer appends it to :func:`evaluation_stream`."""
 
     evaluation: int = Field(ge=0)
@@ -58,14 +58,6 @@ class EvaluationEpisode(Record):
     task_index: int = Field(ge=0)
     sample_index: int = Field(ge=0)
     record: TrajectoryRecord
-
-    def to_stream_fields(self) -> dict[str, str]:
-        return {"schema_version": str(self.schema_version), "payload": self.model_dump_json()}
-
-    @classmethod
-    def from_stream_fields(cls, fields: dict) -> EvaluationEpisode:
-        payload = fields.get(b"payload", fields.get("payload"))
-        return cls.model_validate_json(payload)
 
 
 class EvaluationReport(Record):

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from tandem.contracts.schema import Record
+from tandem.contracts.schema import StreamRecord
 
 
-class LineageEntry(Record):
+class LineageEntry(StreamRecord):
     """One decision of the trainer about consumed trajectories, appended to :func:`lineage_stream`.
 
     After a resume from a checkpoint the steps past it are trained again: the
@@ -26,11 +26,3 @@ class LineageEntry(Record):
     worker: str = Field(description="The trainer process (`hostname:pid`) that decided.")
     trajectory_ids: list[str] = Field(default_factory=list)
     group_ids: list[str] = Field(default_factory=list)
-
-    def to_stream_fields(self) -> dict[str, str]:
-        return {"schema_version": str(self.schema_version), "payload": self.model_dump_json()}
-
-    @classmethod
-    def from_stream_fields(cls, fields: dict) -> LineageEntry:
-        payload = fields.get(b"payload", fields.get("payload"))
-        return cls.model_validate_json(payload)

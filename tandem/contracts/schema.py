@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -38,3 +38,16 @@ class Record(BaseModel):
                     f"(this reader understands {sorted(cls.readable_schema_versions)})"
                 )
         return data
+
+
+class StreamRecord(Record):
+    """A record that travels as one Redis stream entry: its schema version and its JSON payload."""
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {"schema_version": str(self.schema_version), "payload": self.model_dump_json()}
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict) -> Self:
+        """The record of an entry as Redis returns it (field names as bytes) or as written (str)."""
+        payload = fields.get(b"payload", fields.get("payload"))
+        return cls.model_validate_json(payload)
