@@ -38,6 +38,7 @@ from tandem.contracts import (
     EpisodeTimings,
     TrajectoryRecord,
 )
+from tandem.run_config import RunConfig
 from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy
 
@@ -56,6 +57,14 @@ class EpisodeLimits:
     environment_timeout_s: float
     # Longest observation (reset, step or tool result) an environment may return.
     max_observation_chars: int = 8192
+
+    @classmethod
+    def of_run(cls, config: RunConfig) -> EpisodeLimits:
+        """The limits a run's config sets on each of its episodes."""
+        return cls(max_turns=config.rollout.max_turns, max_seq_len=config.model.max_seq_len,
+                   max_new_tokens=config.sampling.max_new_tokens,
+                   environment_timeout_s=config.rollout.environment_timeout_s,
+                   max_observation_chars=config.rollout.max_observation_chars)
 
 
 class EpisodeFailure(Exception):

@@ -102,14 +102,9 @@ def evaluation_runtime(redis_url: str, spec: RunSpec, request: EvaluationRequest
 async def _evaluate(*, redis_client, spec: RunSpec, runtime: PolicyRuntime, request: EvaluationRequest,
                     secrets) -> int:
     """Run the slice's episodes concurrently; returns how many went to the stream."""
-    config = spec.config
     environment_class = load_environment_class(spec.environment)
     environment_kwargs = secrets.constructor_kwargs(spec.environment.settings)
-    limits = EpisodeLimits(
-        max_turns=config.rollout.max_turns, max_seq_len=config.model.max_seq_len,
-        max_new_tokens=config.sampling.max_new_tokens, environment_timeout_s=config.rollout.environment_timeout_s,
-        max_observation_chars=config.rollout.max_observation_chars,
-    )
+    limits = EpisodeLimits.of_run(spec.config)
     slots = episode_slots_for(spec.environment, redis_client)
     stream = evaluation_stream(spec.run_id)
     sent = 0

@@ -133,13 +133,7 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
     secrets = secrets or SecretSettings()
     environment_class = load_environment_class(spec.environment)
     environment_kwargs = secrets.constructor_kwargs(spec.environment.settings)
-    limits = EpisodeLimits(
-        max_turns=config.rollout.max_turns,
-        max_seq_len=config.model.max_seq_len,
-        max_new_tokens=config.sampling.max_new_tokens,
-        environment_timeout_s=config.rollout.environment_timeout_s,
-        max_observation_chars=config.rollout.max_observation_chars,
-    )
+    limits = EpisodeLimits.of_run(config)
     policy = BatchingPolicy(runtime, seed=group_task_seed(config.seed, first_group_index))
     stream = trajectory_stream(spec.run_id)
     client = redis_client if redis_client is not None else durable_async_redis(redis_url)
