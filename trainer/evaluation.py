@@ -35,16 +35,12 @@ from tandem.contracts import (
     evaluation_weights_key,
 )
 from tandem.evaluation_config import EvaluationConfig
+from trainer.rollout_stats import succeeded
 
 logger = logging.getLogger(__name__)
 
 # A kept version outlives the evaluation's slowest slice; it expires if the trainer dies.
 _KEPT_VERSION_TTL_S = 3 * 3600
-
-
-def succeeded(record: TrajectoryRecord) -> bool:
-    """Whether an episode counts as a success: it did not fail and earned a positive reward."""
-    return record.status != "failed" and record.reward > 0
 
 
 def pass_at_k(samples: int, successes: int, k: int) -> float:

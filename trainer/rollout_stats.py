@@ -12,6 +12,12 @@ from tandem.contracts import TrajectoryRecord
 PERCENTILES = (50, 90, 99)
 
 
+def succeeded(record: TrajectoryRecord) -> bool:
+    """Whether an episode counts as a success (the success rates of steps and evaluations):
+    it did not fail and earned a positive reward."""
+    return record.status != "failed" and record.reward > 0
+
+
 def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
     """Latency percentiles (total, generation, environment, slot wait), error and truncation rates per environment.
 

@@ -25,6 +25,7 @@ from trainer.platform_client import (
     retry_delays,
 )
 from trainer.profiling import timeline_wall_s
+from trainer.rollout_stats import succeeded
 from trainer.trajectory_samples import TrajectorySampleBuffer
 
 logger = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ def rl_step_event(*, run_id: int, step: int, policy_version: int, records: Seque
         loss=metrics["loss"], **profile,
         samples_per_s=len(records) / wall_s if wall_s > 0 else None,
         reward_mean=float(batch_stats["reward_mean"]),
-        success_rate=float(np.mean([r.status != "failed" and r.reward > 0 for r in records])),
+        success_rate=float(np.mean([succeeded(record) for record in records])),
         failed_episodes=int(batch_stats.get("episodes_failed", 0)),
         **rollout,
         algorithm_metrics={
