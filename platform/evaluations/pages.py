@@ -82,7 +82,8 @@ def _spreadsheet_safe(value):
     return value
 
 
-def _cell(evaluation: Evaluation, name: str) -> dict:
+def metric_cell(evaluation: Evaluation, name: str) -> dict:
+    """A metric's cell of a table (``evaluations/_metric_value.html`` draws it): value and interval, or None."""
     return {"value": evaluation.metrics.get(name), "interval": evaluation.intervals.get(name)}
 
 
@@ -97,7 +98,7 @@ def _evaluations(request) -> tuple[list[Evaluation], list[str], Filters]:
 def evaluation_list_page(request):
     evaluations, columns, filters = _evaluations(request)
     rows = [{"evaluation": evaluation, "policy": policy_label(evaluation),
-             "cells": [_cell(evaluation, name) for name in columns],
+             "cells": [metric_cell(evaluation, name) for name in columns],
              "compared": evaluation.pk in filters.compared} for evaluation in evaluations]
     compared = [row for row in rows if row["compared"]]
     comparison = [{"metric": name, "cells": [row["cells"][index] for row in compared]}

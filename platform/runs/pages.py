@@ -18,6 +18,7 @@ from dataset_registry.models import Dataset
 from domain_errors import DomainError, Forbidden, NotFound
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_list, environment_version_last_probe_times
+from evaluations.pages import metric_cell
 from evaluations.selectors import evaluation_list
 from tandem.contracts import RELEASED_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
 from telemetry.charts import RUN_CHARTS
@@ -156,8 +157,7 @@ def _evaluation_table(run: Run) -> dict | None:
                *((name, name) for name in pass_at_k)]
     rows = [
         {"evaluation": evaluation,
-         "cells": [{"value": evaluation.metrics.get(name), "interval": evaluation.intervals.get(name)}
-                   for name, _ in columns]}
+         "cells": [metric_cell(evaluation, name) for name, _ in columns]}
         for evaluation in evaluations
     ]
     return {"labels": [label for _, label in columns], "rows": rows}
