@@ -152,7 +152,8 @@ class RolloutFeed:
                 self._groups_in_update += len(fresh)
         taken = StepGroups(groups=groups, policy_version=policy_version, taken_at=time.time())
         if rollout.pipeline == "async":
-            # The next steps' episodes generate while this one trains.
+            # Groups dropped as stale in the last take are replaced while this step trains; the
+            # next step's own are asked for once its update is published (next_step's first top-up).
             self._top_up()
         return taken
 
