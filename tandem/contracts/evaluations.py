@@ -60,6 +60,17 @@ class EvaluationEpisode(StreamRecord):
     record: TrajectoryRecord
 
 
+class EvaluationProgress(Record):
+    """How far one evaluation of a run has come, as its trainer saw it (``evaluation_progress_key``)."""
+
+    evaluation: int = Field(ge=0)
+    policy_version: int = Field(ge=0)
+    episodes_expected: int = Field(ge=0, description="Episodes (and held-out dataset rows) it asked for.")
+    episodes_received: int = Field(ge=0, description="Of them, those that came back so far.")
+    status: EvaluationStatus | Literal["running"] = Field(
+        "running", description="running until its report is made; then the report's status.")
+
+
 class EvaluationReport(Record):
     """``POST /api/trainer/runs/<id>/evaluations/``: one evaluation of a run, posted again if retried."""
 

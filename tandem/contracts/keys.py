@@ -46,6 +46,14 @@ def evaluation_weights_key(run_id: int, version: int) -> str:
     return _run_key(run_id, f"evaluation_weights:{version}")
 
 
+def evaluation_progress_key(run_id: int) -> str:
+    """Redis hash: evaluation index -> its :class:`EvaluationProgress` JSON, kept by the trainer as episodes arrive.
+
+    Read by the platform for progress bars; the record of an evaluation stays its report.
+    """
+    return _run_key(run_id, "evaluation_progress")
+
+
 def run_spec_key(run_id: int) -> str:
     """Redis string holding the :class:`RunSpec` JSON that producers read."""
     return _run_key(run_id, "spec")
@@ -173,4 +181,5 @@ def run_keys(run_id: int) -> tuple[str, ...]:
         producers_key(run_id),
         demonstration_stream(run_id),
         evaluation_stream(run_id),
+        evaluation_progress_key(run_id),
     )
