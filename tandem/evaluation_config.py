@@ -9,6 +9,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MAX_EVALUATION_EPISODES = 50_000
 
 
+class EvaluationDatasetConfig(BaseModel):
+    """A dataset of the run's project whose held-out rows each evaluation measures the policy's loss on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100, description="A dataset of the run's project.")
+    version: int | None = Field(
+        None, ge=1, description="Its version; null: the latest, pinned when the run is created.")
+
+
 class EvaluationConfig(BaseModel):
     """When the trainer asks producers to evaluate a published policy on held-out tasks, and how."""
 
@@ -33,6 +43,18 @@ class EvaluationConfig(BaseModel):
     tasks_per_request: int = Field(
         8, ge=1, le=10_000, description="Tasks one producer task runs, so that an evaluation spreads over producers."
     )
+    environment: bool = Field(
+        True, description="Evaluate on the run's environment's held-out tasks; false: on the datasets only.")
+    datasets: list[EvaluationDatasetConfig] = Field(
+        default_factory=list, max_length=16,
+        description="Datasets whose held-out rows (never trained on by SFT) each evaluation computes the "
+        "policy's loss, perplexity and token accuracy on, in the trainer, e.g. [{\"name\": \"support-chats\"}].",
+    )
+    dataset_rows: int = Field(
+        256, ge=1, le=100_000,
+        description="Held-out rows of each dataset an evaluation scores (the first ones of its split, the "
+        "same every time).",
+    )
     timeout_s: float = Field(
         600.0, gt=0, le=86_400,
         description="How long the end of the run waits for its evaluations still out; what has not come back by "
@@ -45,6 +67,11 @@ class EvaluationConfig(BaseModel):
         if too_large:
             raise ValueError(f"pass_k {too_large} must be between 1 and samples_per_task ({self.samples_per_task})")
         self.pass_k = sorted(set(self.pass_k))
+        if not self.environment and not self.datasets:
+            raise ValueError("an evaluation needs the environment or at least one dataset")
+        named = [(dataset.name, dataset.version) for dataset in self.datasets]
+        if len(set(named)) != len(named):
+            raise ValueError("a dataset version is listed twice in datasets")
         if self.episodes > MAX_EVALUATION_EPISODES:
             raise ValueError(f"tasks * samples_per_task is {self.episodes}, more than the "
                              f"{MAX_EVALUATION_EPISODES} episodes an evaluation may have")

@@ -8,6 +8,10 @@ chat messages (:func:`tandem.contracts.stored_row_messages`), with their tool
 calls written in the run's own tool-call format, so that they render exactly
 as a producer's demonstrations do.
 
+Each version's held-out rows (``dataset_rows_held_out``) are set apart when
+it is loaded: SFT never draws them, and held-out evaluation
+(``trainer/dataset_evaluation.py``) scores the policy on them.
+
 Each SFT step draws its ``sft_batch_size`` examples' sources by weight, then
 each dataset's examples uniformly (with replacement), from an RNG seeded by
 the run's seed and the step: a run resumed from a checkpoint draws what an
@@ -21,7 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from environments import format_tool_call
-from tandem.contracts import DATASET_ROWS_PAGE_MAX, DemonstrationMessage, stored_row_messages
+from tandem.contracts import (
+    DATASET_ROWS_PAGE_MAX,
+    DemonstrationMessage,
+    dataset_rows_held_out,
+    stored_row_messages,
+)
 from tandem.sft_config import SFTConfig
 from trainer.platform_client import PlatformClient
 
@@ -48,14 +57,23 @@ def with_written_calls(messages: Sequence[DemonstrationMessage], tool_call_forma
     return written
 
 
+Conversation = tuple[DemonstrationMessage, ...]
+
+
+class DatasetHasNoRowsError(ValueError):
+    """A dataset version has no row of the split a run needs (all held out, or none held out)."""
+
+
 @dataclass(frozen=True)
 class DatasetSource:
-    """One pinned dataset version's rows, ready to render."""
+    """One pinned dataset version's rows, ready to render: its training split, and its held-out split
+    (``tandem.contracts.dataset_rows_held_out``), which SFT never draws from."""
 
     name: str
     version: int
     weight: float
-    rows: tuple[tuple[DemonstrationMessage, ...], ...]
+    rows: tuple[Conversation, ...]
+    held_out_rows: tuple[Conversation, ...] = ()
 
     @property
     def label(self) -> str:
@@ -65,15 +83,42 @@ class DatasetSource:
 def load_dataset(platform: PlatformClient, run_id: int, *, name: str, version: int, weight: float,
                  tool_call_format: str, between_pages: Callable[[], None] = lambda: None,
                  page_size: int = DATASET_ROWS_PAGE_MAX) -> DatasetSource:
-    """Every row of ``name@version`` from the platform, page by page; ``between_pages`` runs after each."""
-    rows: list[tuple[DemonstrationMessage, ...]] = []
+    """Every row of ``name@version`` from the platform, page by page, split into training and held-out
+    rows; ``between_pages`` runs after each page."""
+    stored: list[dict] = []
     while True:
-        page = platform.dataset_rows(run_id, name, version, offset=len(rows), limit=page_size)
-        rows.extend(tuple(with_written_calls(stored_row_messages(row), tool_call_format)) for row in page.rows)
+        page = platform.dataset_rows(run_id, name, version, offset=len(stored), limit=page_size)
+        stored.extend(page.rows)
         between_pages()
-        if not page.rows or len(rows) >= page.total:
+        if not page.rows or len(stored) >= page.total:
             break
-    return DatasetSource(name=name, version=version, weight=weight, rows=tuple(rows))
+    training: list[Conversation] = []
+    held_out: list[Conversation] = []
+    for row, is_held_out in zip(stored, dataset_rows_held_out(stored), strict=True):
+        conversation = tuple(with_written_calls(stored_row_messages(row), tool_call_format))
+        (held_out if is_held_out else training).append(conversation)
+    return DatasetSource(name=name, version=version, weight=weight, rows=tuple(training),
+                         held_out_rows=tuple(held_out))
+
+
+def rendered_conversations(layout, tools, conversations: Sequence[Sequence[DemonstrationMessage]], *,
+                           max_len: int) -> tuple[list[list[int]], list[list[int]], int]:
+    """Token ids and loss masks of chat conversations, rendered by ``layout`` (a policy prompt layout)
+    as producers render episodes with ``tools`` described, each cut to ``max_len`` tokens; and how many
+    tokens were cut. Only the assistant's tokens are in the loss mask."""
+    sequences, masks, tokens_cut = [], [], 0
+    for conversation in conversations:
+        episode = layout.start(conversation[0].content, tools)
+        for message in conversation[1:]:
+            if message.role == "assistant":
+                layout.add_demonstrated(episode, message.content, tool_calls=[
+                    {"name": call.name, "arguments": call.arguments} for call in message.tool_calls])
+            else:
+                layout.add_messages(episode, [{"role": message.role, "content": message.content}])
+        tokens_cut += max(0, len(episode) - max_len)
+        sequences.append(episode.token_ids[:max_len])
+        masks.append(episode.loss_mask[:max_len])
+    return sequences, masks, tokens_cut
 
 
 class SFTMix:
@@ -91,6 +136,12 @@ class SFTMix:
     @classmethod
     def for_config(cls, sft: SFTConfig, *, run_seed: int, batch_size: int,
                    datasets: Sequence[DatasetSource]) -> SFTMix:
+        """Raises DatasetHasNoRowsError for a dataset whose every row is held out."""
+        for dataset in datasets:
+            if not dataset.rows:
+                raise DatasetHasNoRowsError(
+                    f"dataset {dataset.label} has no training rows: all {len(dataset.held_out_rows)} are "
+                    "held out for evaluation (metadata.split); SFT cannot train on it")
         return cls(run_seed=run_seed, batch_size=batch_size, datasets=datasets,
                    demonstrations_weight=sft.effective_demonstrations_weight)
 

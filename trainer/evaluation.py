@@ -28,10 +28,14 @@ from tandem.contracts import (
     EVALUATION_QUEUE,
     EVALUATION_TASK_NAME,
     EvaluationEpisode,
+    EvaluationProgress,
     EvaluationReport,
     EvaluationRequest,
+    EvaluationSliceFailure,
     TrajectoryRecord,
+    evaluation_progress_key,
     evaluation_stream,
+    evaluation_stream_record,
     evaluation_weights_key,
 )
 from tandem.evaluation_config import EvaluationConfig
@@ -139,10 +143,23 @@ class _Pending:
     requested_at: float = field(default_factory=time.monotonic)
     episodes: dict[tuple[int, int], EvaluationEpisode] = field(default_factory=dict)
     entry_ids: list[str] = field(default_factory=list)
+    # Slices producers gave up on: their (task, sample) keys, and why.
+    lost: set[tuple[int, int]] = field(default_factory=set)
+    failures: list[EvaluationSliceFailure] = field(default_factory=list)
 
     @property
     def expected(self) -> int:
         return self.request.tasks * self.request.samples_per_task
+
+    @property
+    def accounted_for(self) -> int:
+        """Episodes that came back, and those of given-up slices that did not."""
+        return len(self.episodes) + len(self.lost - self.episodes.keys())
+
+    def progress(self, status: str = "running") -> EvaluationProgress:
+        return EvaluationProgress(evaluation=self.request.evaluation, policy_version=self.request.policy_version,
+                                  episodes_expected=self.expected, episodes_received=len(self.episodes),
+                                  status=status)
 
 
 class Evaluations:
@@ -182,7 +199,8 @@ class Evaluations:
         request = EvaluationRequest(run_id=self._run_id, evaluation=index, policy_version=policy_version,
                                     first_task=0, tasks=config.tasks, samples_per_task=config.samples_per_task,
                                     temperature=config.temperature)
-        self._pending[index] = _Pending(request=request, step=step)
+        pending = self._pending[index] = _Pending(request=request, step=step)
+        self._record_progress(pending.progress())
         for first in range(0, config.tasks, config.tasks_per_request):
             part = request.model_copy(update={"first_task": first,
                                               "tasks": min(config.tasks_per_request, config.tasks - first)})
@@ -201,17 +219,37 @@ class Evaluations:
             return []
         replies = self._redis.xread({evaluation_stream(self._run_id): self._last_id}, count=10_000,
                                     block=block_ms)
+        advanced: set[int] = set()
         for _, entries in replies or []:
             for entry_id, fields in entries:
                 self._last_id = entry_id.decode()
-                episode = EvaluationEpisode.from_stream_fields(fields)
-                pending = self._pending.get(episode.evaluation)
-                if pending is None or episode.policy_version != pending.request.policy_version:
+                entry = evaluation_stream_record(fields)
+                pending = self._pending.get(entry.evaluation)
+                if pending is None or entry.policy_version != pending.request.policy_version:
                     continue  # an evaluation of an earlier trainer of the run
-                pending.episodes[(episode.task_index, episode.sample_index)] = episode
                 pending.entry_ids.append(self._last_id)
-        done = [index for index, pending in self._pending.items() if len(pending.episodes) >= pending.expected]
-        return [self._report(self._pending.pop(index), status="complete") for index in done]
+                advanced.add(entry.evaluation)
+                if isinstance(entry, EvaluationSliceFailure):
+                    pending.failures.append(entry)
+                    pending.lost.update((task, sample) for task in range(entry.first_task, entry.first_task + entry.tasks)
+                                        for sample in range(pending.request.samples_per_task))
+                else:
+                    pending.episodes[(entry.task_index, entry.sample_index)] = entry
+        done = [index for index, pending in self._pending.items() if pending.accounted_for >= pending.expected]
+        for index in advanced - set(done):
+            self._record_progress(self._pending[index].progress())
+        return [self._finish(self._pending.pop(index)) for index in done]
+
+    def _finish(self, pending: _Pending) -> FinishedEvaluation:
+        """The report of an evaluation whose every episode came back or was given up on."""
+        missing = pending.expected - len(pending.episodes)
+        if not missing:
+            return self._report(pending, status="complete")
+        reasons = "; ".join(f"tasks {failure.first_task}..{failure.first_task + failure.tasks - 1}: {failure.reason}"
+                            for failure in pending.failures)
+        return self._report(pending, status="incomplete",
+                            reason=f"{missing} of {pending.expected} episodes were given up on by producers "
+                                   f"({reasons})"[:2000])
 
     def finish(self, *, timeout_s: float, between: Callable[[], None] = lambda: None) -> list[FinishedEvaluation]:
         """Wait up to ``timeout_s`` for the evaluations still out; the rest are reported incomplete."""
@@ -227,6 +265,16 @@ class Evaluations:
             reports.append(self._report(pending, status="incomplete", reason=reason))
         return reports
 
+    def _record_progress(self, progress: EvaluationProgress) -> None:
+        """For progress bars (the platform reads it); a failed write never stops training."""
+        try:
+            key = evaluation_progress_key(self._run_id)
+            self._redis.hset(key, str(progress.evaluation), progress.model_dump_json())
+            self._redis.expire(key, _KEPT_VERSION_TTL_S)
+        except redis.RedisError:
+            logger.warning("run %s: evaluation %d's progress not recorded", self._run_id, progress.evaluation,
+                           exc_info=True)
+
     def _report(self, pending: _Pending, *, status: str, reason: str = "") -> FinishedEvaluation:
         episodes = sorted(pending.episodes.values(), key=lambda e: (e.task_index, e.sample_index))
         metrics, intervals = evaluation_metrics(episodes, pass_k=self._config.pass_k)
@@ -236,6 +284,7 @@ class Evaluations:
         if pending.entry_ids:
             self._redis.xdel(evaluation_stream(self._run_id), *pending.entry_ids)
         self._redis.delete(evaluation_weights_key(self._run_id, request.policy_version))
+        self._record_progress(pending.progress(status))
         logger.info("run %s: evaluation %d %s: %s", self._run_id, request.evaluation, status,
                     {name: round(value, 3) for name, value in metrics.items()})
         report = EvaluationReport(

@@ -45,10 +45,11 @@ from tandem.contracts import (
 from tandem.model_paths import check_model_config_paths
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.checkpoints import RunCheckpointer, RunProgress
-from trainer.datasets import SFT_TOKENS_METRIC, SFTMix, load_dataset
+from trainer.dataset_evaluation import DatasetEvaluations, held_out_token_statistics
+from trainer.datasets import SFT_TOKENS_METRIC, SFTMix, load_dataset, rendered_conversations
 from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, parameter_count
-from trainer.evaluation import Evaluations, FinishedEvaluation
+from trainer.evaluation import Evaluations, FinishedEvaluation, evaluation_points
 from trainer.losses import sft_loss
 from trainer.platform_client import (
     ClaimedRun,
@@ -203,13 +204,17 @@ class RunTrainer:
         self.checkpointer = RunCheckpointer(checkpoint_dir, max_to_keep=self.config.checkpoint.kept)
         # Held-out evaluations of the run's policies, run by producers beside training; an SFT
         # run's policy is evaluated once, at its end.
+        evaluation = self.config.evaluation
+        rl_steps = 0 if self.config.algorithm.name == "sft" else self.config.rl_steps
+        self._evaluation_points = evaluation_points(rl_steps, evaluation.every_steps) if evaluation else []
         self.evaluations: Evaluations | None = None
-        if self.config.evaluation is not None:
+        if evaluation is not None and evaluation.environment:
             self.evaluations = Evaluations(
                 redis_client=redis_client, celery_app=celery_app, run_id=self.run_id,
-                config=self.config.evaluation, environment=claimed.environment.label,
-                rl_steps=0 if self.config.algorithm.name == "sft" else self.config.rl_steps,
+                config=evaluation, environment=claimed.environment.label, rl_steps=rl_steps,
                 publish_kept=self._publish_kept)
+        # Scored by this trainer on its evaluation datasets' held-out rows; loaded at the first point.
+        self._dataset_evaluations: DatasetEvaluations | None = None
         # Evaluation results the platform did not take yet (it was away): posted again after the next step.
         self._evaluation_reports_unsent: list = []
         # The committed step last reported to the platform, and when a failed report may be retried.
@@ -261,10 +266,9 @@ class RunTrainer:
             self._publish()
             if self.config.algorithm.name != "sft":
                 self._rl_phase()
-            elif self.evaluations is not None:
+            elif self.config.evaluation is not None:
                 self._evaluate_if_due()
-                self._post_evaluations(self.evaluations.finish(timeout_s=self.config.evaluation.timeout_s,
-                                                               between=self._heartbeat), final=True)
+                self._finish_evaluations()
             self._checkpoint()
             self.telemetry.flush(wait=True)
             self._report(RunStatus.FINISHED)
@@ -359,28 +363,28 @@ class RunTrainer:
 
     def _demonstration_batch(self, demonstrations: list[list[DemonstrationMessage]]):
         """A padded SFT batch of producers' demonstrations (chat messages); None when there are none."""
-        layout, max_len = self.prompt_layout, self.config.model.max_seq_len
-        tools = self.environment_tools
-        sequences, masks = [], []
-        for demonstration in demonstrations:
-            episode = layout.start(demonstration[0].content, tools)
-            for message in demonstration[1:]:
-                if message.role == "assistant":
-                    layout.add_demonstrated(episode, message.content, tool_calls=[
-                        {"name": call.name, "arguments": call.arguments} for call in message.tool_calls])
-                else:
-                    layout.add_messages(episode, [{"role": message.role, "content": message.content}])
-            if len(episode) > max_len:
-                self._demonstration_tokens_cut += len(episode) - max_len
-                logger.warning("run %s: a demonstration of %d tokens is cut to model.max_seq_len=%d",
-                               self.run_id, len(episode), max_len)
-            sequences.append(episode.token_ids[:max_len])
-            masks.append(episode.loss_mask[:max_len])
+        sequences, masks, tokens_cut = rendered_conversations(
+            self.prompt_layout, self.environment_tools, demonstrations, max_len=self.config.model.max_seq_len)
+        if tokens_cut:
+            logger.warning("run %s: %d tokens of this step's demonstrations are cut to model.max_seq_len=%d",
+                           self.run_id, tokens_cut, self.config.model.max_seq_len)
+        self._demonstration_tokens_cut += tokens_cut
         if not sequences:
             return None
         return pad_batch(sequences, loss_masks=masks, behaviour_logprobs=None, advantages=None,
                          batch_size=self.config.sft_batch_size, length_buckets=self._buckets,
                          pad_id=self.tokenizer.pad_id)
+
+    def _held_out_batches(self, conversations):
+        """Held-out dataset rows as SFT-shaped batches (the shapes SFT compiled), with the tokens each cut."""
+        size = self.config.sft_batch_size
+        for first in range(0, len(conversations), size):
+            sequences, masks, tokens_cut = rendered_conversations(
+                self.prompt_layout, self.environment_tools, conversations[first:first + size],
+                max_len=self.config.model.max_seq_len)
+            yield pad_batch(sequences, loss_masks=masks, behaviour_logprobs=None, advantages=None,
+                            batch_size=size, length_buckets=self._buckets, pad_id=self.tokenizer.pad_id), tokens_cut
+
 
     def _sft_sources(self) -> SFTMix:
         """The run's pinned datasets, read from the platform, mixed with the demonstrations by weight."""
@@ -492,16 +496,48 @@ class RunTrainer:
         kept.publish(run_id=self.run_id, version=version, params=self._published_params())
 
     def _evaluate_if_due(self) -> None:
-        """Ask for the evaluation of the version just published, if this is one of the run's points."""
-        if self.evaluations is not None and self.evaluations.due(self._rl_steps_done):
+        """Evaluate the version just published, if this is one of the run's points: ask producers for its
+        episodes on the environment's held-out tasks, and score it on the datasets' held-out rows."""
+        if self._rl_steps_done not in self._evaluation_points:
+            return
+        if self.evaluations is not None:
             self.evaluations.request(rl_steps_done=self._rl_steps_done, step=self.step,
                                      policy_version=self.policy_version)
+        if self.config.evaluation.datasets:
+            index = self._evaluation_points.index(self._rl_steps_done)
+            self._post_evaluations(self._held_out_datasets().evaluate(
+                index=index, step=self.step, policy_version=self.policy_version))
+
+    def _held_out_datasets(self) -> DatasetEvaluations:
+        if self._dataset_evaluations is None:
+            datasets = [
+                load_dataset(self.platform, self.run_id, name=dataset.name, version=dataset.version, weight=1.0,
+                             tool_call_format=self.prompt_layout.tool_call_format, between_pages=self._heartbeat)
+                for dataset in self.config.evaluation.datasets
+            ]
+
+            def score(batch):
+                sharded = shard_batch(batch, self.shardings)
+                return jax.device_get(held_out_token_statistics(self.graphdef, self.state.params, sharded))
+
+            self._dataset_evaluations = DatasetEvaluations(
+                datasets=datasets, rows_per_dataset=self.config.evaluation.dataset_rows,
+                render=self._held_out_batches, score=score)
+        return self._dataset_evaluations
+
+    def _finish_evaluations(self) -> None:
+        """The one wait on evaluation: its last results, before the run is reported finished."""
+        if self.evaluations is not None:
+            self._post_evaluations(self.evaluations.finish(timeout_s=self.config.evaluation.timeout_s,
+                                                           between=self._heartbeat), final=True)
+        elif self._evaluation_reports_unsent:
+            self._post_evaluations([], final=True)
 
     def _post_evaluations(self, finished: list[FinishedEvaluation], *, final: bool = False) -> None:
         """Post evaluation results; while the platform is away they wait for the next step (or, at the
         end of the run, are retried like the run's other final reports). A few of each evaluation's
         episodes go to the trajectory browser, as a step's do."""
-        for evaluation in finished:
+        for evaluation in filter(lambda evaluation: evaluation.records, finished):
             self.telemetry.trajectories.add_step(step=evaluation.report.step, records=evaluation.records,
                                                  purpose="evaluation")
         reports = [evaluation.report for evaluation in finished]
@@ -621,10 +657,7 @@ class RunTrainer:
                     self._post_evaluations(self.evaluations.collect())
                 self._heartbeat()
 
-        if self.evaluations is not None:
-            # The one wait on evaluation: its last results, before the run is reported finished.
-            self._post_evaluations(self.evaluations.finish(timeout_s=config.evaluation.timeout_s,
-                                                           between=self._heartbeat), final=True)
+        self._finish_evaluations()
         self._checkpoint()
         self.checkpointer.wait_until_finished()
         self._checkpoint_committed()

@@ -24,6 +24,7 @@ from policy import RedisWeightSubscriber
 from tandem.contracts import (
     EvaluationEpisode,
     EvaluationRequest,
+    EvaluationSliceFailure,
     RunSpec,
     evaluation_stream,
     evaluation_weights_key,
@@ -49,6 +50,10 @@ logger = logging.getLogger(__name__)
 _runtimes: OrderedDict[tuple[int, int], list] = OrderedDict()
 _runtimes_lock = threading.Lock()
 _KEPT_IDLE_RUNTIMES = 2
+
+
+class EvaluationSliceError(RuntimeError):
+    """A slice failed past its episodes (its environment or engine would not start); secrets redacted."""
 
 
 def evaluation_config(config: RunConfig, request: EvaluationRequest) -> RunConfig:
@@ -163,5 +168,23 @@ def produce_evaluation(*, redis_url: str, request: EvaluationRequest) -> int:
             # The kept version expired or was deleted (its evaluation was given up on): nothing to do.
             logger.warning("%s; evaluation %d skipped", exc, request.evaluation)
             return 0
+        except (RunNotReadyError, EvaluationSliceError):
+            raise
+        except Exception as exc:
+            # Its message goes to the trainer and the platform: never with a secret setting in it.
+            raise EvaluationSliceError(secrets.redact(f"{type(exc).__name__}: {exc}")) from None
+    finally:
+        client.close()
+
+
+def report_slice_failure(*, redis_url: str, request: EvaluationRequest, reason: str) -> None:
+    """Tell the trainer that this slice's episodes will not come, and why (it reports the evaluation at once)."""
+    failure = EvaluationSliceFailure(evaluation=request.evaluation, policy_version=request.policy_version,
+                                     first_task=request.first_task, tasks=request.tasks, reason=reason[:2000])
+    logger.error("run %s: evaluation %d tasks %d..%d given up: %s", request.run_id, request.evaluation,
+                 request.first_task, request.first_task + request.tasks - 1, reason)
+    client = durable_redis(redis_url)
+    try:
+        client.xadd(evaluation_stream(request.run_id), failure.to_stream_fields())
     finally:
         client.close()

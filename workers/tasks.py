@@ -18,7 +18,7 @@ from tandem.contracts import (
 )
 from workers.app import app
 from workers.demonstrations import produce_demonstrations
-from workers.evaluation import produce_evaluation
+from workers.evaluation import EvaluationSliceError, produce_evaluation, report_slice_failure
 from workers.probe import probe_by_id
 from workers.producer import RunNotReadyError, produce
 from workers.redelivery import crash_guard
@@ -96,8 +96,18 @@ def produce_evaluation_episodes(self, request: str) -> dict:
                      what=f"evaluation {evaluation.evaluation} tasks {evaluation.first_task}.."
                           f"{evaluation.first_task + evaluation.tasks - 1}") as guard:
         if guard.dead_lettered:
+            report_slice_failure(redis_url=redis_url(), request=evaluation, reason=guard.reason)
             return {"run_id": evaluation.run_id, "dead_lettered": True, "reason": guard.reason}
-        episodes = produce_evaluation(redis_url=redis_url(), request=evaluation)
+        try:
+            episodes = produce_evaluation(redis_url=redis_url(), request=evaluation)
+        except Exception as exc:
+            # Retried while the run may still get ready; past that, or on any other error, the
+            # trainer hears of it now rather than at evaluation.timeout_s.
+            if isinstance(exc, RunNotReadyError) and self.request.retries < self.max_retries:
+                raise
+            reason = str(exc) if isinstance(exc, EvaluationSliceError) else f"{type(exc).__name__}: {exc}"
+            report_slice_failure(redis_url=redis_url(), request=evaluation, reason=reason)
+            raise
     return {"run_id": evaluation.run_id, "evaluation": evaluation.evaluation, "episodes": episodes}
 
 

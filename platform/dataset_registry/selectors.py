@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Prefetch, QuerySet
 
 from accounts.models import Project
 from domain_errors import InvalidInput, NotFound
+from tandem.contracts import (
+    DATASET_HELD_OUT_FRACTION,
+    DATASET_HELD_OUT_MIN_ROWS,
+    dataset_rows_held_out,
+)
 
 from .models import Dataset, DatasetRow, DatasetVersion
 
@@ -55,12 +61,24 @@ def dataset_version_resolve(*, project: Project, name: str, number: int | None) 
     return version
 
 
-def dataset_versions_pin(*, project: Project, datasets: Iterable[dict], field: str) -> list[dict]:
-    """``datasets`` (a run config's ``sft.datasets``) with each version resolved to its number.
+def dataset_version_split_counts(*, version: DatasetVersion) -> tuple[int, int]:
+    """``(training rows, held-out rows)`` of the version (``tandem.contracts.dataset_rows_held_out``)."""
+    rows = [{"messages": messages, "metadata": metadata} for messages, metadata in
+            DatasetRow.objects.filter(version=version).order_by("index").values_list("messages", "metadata")
+            .iterator(chunk_size=2000)]
+    held_out = sum(dataset_rows_held_out(rows))
+    return len(rows) - held_out, held_out
+
+
+def dataset_versions_pin(*, project: Project, datasets: Iterable[dict], field: str,
+                         split: Literal["training", "held_out"]) -> list[dict]:
+    """``datasets`` (a run config's ``sft.datasets`` or ``evaluation.datasets``) with each version resolved
+    to its number, each checked to have rows of ``split``: SFT trains on the training rows, evaluation
+    scores the held-out ones.
 
     Raises:
       InvalidInput: naming ``<field>.<index>.name`` (or ``.version``) of a dataset or version
-        the project does not have.
+        the project does not have, or whose ``split`` is empty.
     """
     pinned = []
     for index, entry in enumerate(datasets):
@@ -70,6 +88,17 @@ def dataset_versions_pin(*, project: Project, datasets: Iterable[dict], field: s
             part = "version" if entry.get("version") is not None and Dataset.objects.filter(
                 project=project, name=entry["name"]).exists() else "name"
             raise InvalidInput.for_field(f"{field}.{index}.{part}", error.message) from None
+        training, held_out = dataset_version_split_counts(version=version)
+        if split == "training" and not training:
+            raise InvalidInput.for_field(f"{field}.{index}.name", (
+                f"Dataset {version} has no training rows: all {held_out} are held out for evaluation "
+                "(their metadata.split says so)."))
+        if split == "held_out" and not held_out:
+            raise InvalidInput.for_field(f"{field}.{index}.name", (
+                f"Dataset {version} has no held-out rows to evaluate on: mark some with metadata.split "
+                f"'evaluation' (or 'validation', 'test'). Unmarked, about {DATASET_HELD_OUT_FRACTION:.0%} of "
+                f"a dataset's rows are held out by hash once it has {DATASET_HELD_OUT_MIN_ROWS} rows; none "
+                f"of its {training} is."))
         pinned.append({**entry, "version": version.number})
     return pinned
 
@@ -80,9 +109,11 @@ def dataset_rows(*, version: DatasetVersion) -> QuerySet[DatasetRow]:
 
 
 def dataset_version_for_run(*, run_project: Project, run_config: dict, name: str, number: int) -> DatasetVersion:
-    """Version ``number`` of ``name``, if the run's config pins it (``sft.datasets``); else NotFound."""
-    named = any(entry.get("name") == name and entry.get("version") == number
-                for entry in (run_config.get("sft") or {}).get("datasets", ()))
-    if not named:
-        raise NotFound(f"The run's config does not name dataset {name}@{number} (sft.datasets).")
+    """Version ``number`` of ``name``, if the run's config pins it (``sft.datasets`` or
+    ``evaluation.datasets``); else NotFound."""
+    pinned = [*(run_config.get("sft") or {}).get("datasets", ()),
+              *(run_config.get("evaluation") or {}).get("datasets", ())]
+    if not any(entry.get("name") == name and entry.get("version") == number for entry in pinned):
+        raise NotFound(f"The run's config does not name dataset {name}@{number} "
+                       "(sft.datasets or evaluation.datasets).")
     return dataset_version_resolve(project=run_project, name=name, number=number)

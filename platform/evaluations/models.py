@@ -1,6 +1,6 @@
 from django.db import models
 
-from tandem.contracts import evaluation_status_choices
+from tandem.contracts import evaluation_kind_choices, evaluation_status_choices
 
 
 class Evaluation(models.Model):
@@ -12,7 +12,11 @@ class Evaluation(models.Model):
     index = models.PositiveIntegerField(help_text="The evaluation's index in its run (0, 1, ...).")
     step = models.PositiveIntegerField(help_text="Trainer steps done when the version was published.")
     policy_version = models.PositiveIntegerField()
-    environment = models.CharField(max_length=200, help_text="The environment version's label, name@version.")
+    kind = models.CharField(max_length=16, choices=evaluation_kind_choices, default="environment",
+                            help_text="What it is of: an environment version's held-out tasks or a dataset "
+                            "version's held-out rows.")
+    environment = models.CharField(max_length=200, help_text="The environment or dataset version's label, "
+                                   "name@version.")
     status = models.CharField(max_length=16, choices=evaluation_status_choices)
     reason = models.TextField(blank=True, default="", help_text="Why it is incomplete; empty when complete.")
     tasks = models.PositiveIntegerField()
@@ -30,9 +34,16 @@ class Evaluation(models.Model):
 
     class Meta:
         constraints = [
-            # A retried post updates its evaluation; also the index the run's list reads in order.
-            models.UniqueConstraint(fields=["run", "index"], name="evaluation_unique_run_index"),
+            # A retried post updates its evaluation (one per environment or dataset at each point);
+            # also the index the run's list reads in order.
+            models.UniqueConstraint(fields=["run", "index", "kind", "environment"],
+                                    name="evaluation_unique_run_index_target"),
         ]
+
+    @property
+    def target_label(self) -> str:
+        """What it evaluated on, as tables show it: ``calculator@2``, or ``dataset support@1``."""
+        return f"dataset {self.environment}" if self.kind == "dataset" else self.environment
 
     def __str__(self) -> str:
         return f"evaluation {self.index} of run {self.run_id} (step {self.step})"

@@ -17,6 +17,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 
 from accounts.selectors import project_list
+from tandem.contracts import DATASET_EVALUATION_METRICS
 
 from .models import Evaluation
 from .selectors import evaluation_list_for_user
@@ -57,10 +58,12 @@ def policy_label(evaluation: Evaluation) -> str:
 
 
 def metric_columns(evaluations: list[Evaluation]) -> list[str]:
-    """Success rate and mean reward, then each pass@k and avg@k that any row has, by k."""
-    others = {name for evaluation in evaluations for name in evaluation.metrics
-              if name.startswith(("pass@", "avg@"))}
-    return [*LEADING_METRICS, *sorted(others, key=lambda name: (int(name.split("@")[1]), name))]
+    """Success rate and mean reward, then each pass@k and avg@k that any row has, by k, then the held-out
+    loss, perplexity and token accuracy if any row is of a dataset."""
+    names = {name for evaluation in evaluations for name in evaluation.metrics}
+    others = {name for name in names if name.startswith(("pass@", "avg@"))}
+    return [*LEADING_METRICS, *sorted(others, key=lambda name: (int(name.split("@")[1]), name)),
+            *(name for name in DATASET_EVALUATION_METRICS if name in names)]
 
 
 def _sorted(evaluations: list[Evaluation], filters: Filters) -> list[Evaluation]:
@@ -119,7 +122,7 @@ def evaluation_csv(request):
     evaluations, columns, _ = _evaluations(request)
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["project", "run", "run_name", "policy", "index", "step", "policy_version", "environment",
+    writer.writerow(["project", "run", "run_name", "policy", "index", "step", "policy_version", "kind", "environment",
                      "status", "episodes", "tasks", "samples_per_task", "temperature",
                      *(f"{name}{suffix}" for name in columns for suffix in ("", "_low", "_high"))])
     for evaluation in evaluations:
@@ -129,7 +132,7 @@ def evaluation_csv(request):
             values += [evaluation.metrics.get(name, ""), *interval]
         writer.writerow([_spreadsheet_safe(value) for value in (
             evaluation.run.project.name, evaluation.run_id, evaluation.run.name, policy_label(evaluation),
-            evaluation.index, evaluation.step, evaluation.policy_version, evaluation.environment,
+            evaluation.index, evaluation.step, evaluation.policy_version, evaluation.kind, evaluation.environment,
             evaluation.status, evaluation.episodes, evaluation.tasks, evaluation.samples_per_task,
             evaluation.temperature, *values)])
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")

@@ -20,7 +20,12 @@ from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_list, environment_version_last_probe_times
 from evaluations.pages import metric_cell
 from evaluations.selectors import evaluation_list
-from tandem.contracts import RELEASED_RUN_STATUSES, TERMINAL_RUN_STATUSES, RunStatus
+from tandem.contracts import (
+    DATASET_EVALUATION_METRICS,
+    RELEASED_RUN_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    RunStatus,
+)
 from telemetry.charts import RUN_CHARTS
 from telemetry.selectors import metric_totals
 from telemetry.services import MAX_TRACE_STEPS, TRACE_REFUSED_STATUSES
@@ -146,15 +151,18 @@ def _evaluation_table(run: Run) -> dict | None:
     """The run's evaluations as the page's table; None without any.
 
     Success rate and mean reward, then a column per pass@k that any evaluation has
-    (smallest k first), each cell its value and the 95% interval where there is one.
+    (smallest k first), then a dataset's held-out loss, perplexity and token accuracy if
+    any evaluation is of a dataset; each cell its value and the 95% interval where there is one.
     """
     evaluations = list(evaluation_list(run=run).defer("trajectory_ids"))  # up to 100,000 ids each
     if not evaluations:
         return None
     pass_at_k = sorted({name for evaluation in evaluations for name in evaluation.metrics
                         if _PASS_AT_K.fullmatch(name)}, key=lambda name: int(name.removeprefix("pass@")))
+    names = {name for evaluation in evaluations for name in evaluation.metrics}
     columns = [("success_rate", "Success rate"), ("mean_reward", "Mean reward"),
-               *((name, name) for name in pass_at_k)]
+               *((name, name) for name in pass_at_k),
+               *((name, f"Held-out {name.replace('_', ' ')}") for name in DATASET_EVALUATION_METRICS if name in names)]
     rows = [
         {"evaluation": evaluation,
          "cells": [metric_cell(evaluation, name) for name, _ in columns]}

@@ -112,15 +112,21 @@ def environment_version_demonstrates(version: EnvironmentVersion) -> bool | None
 
 
 def _sft_data_pin(*, project: Project, version: EnvironmentVersion, config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with its ``sft.datasets`` pinned to version numbers; refused if SFT would have no data.
+    """``config`` with its ``sft.datasets`` and ``evaluation.datasets`` pinned to version numbers; refused
+    if SFT would have no data, or a dataset no row of the split it is used for.
 
     A run with ``sft_steps`` > 0 trains on its datasets, or on the environment's
     demonstrations, or both (by weight); one that has neither is a 400 naming
     ``config.sft_steps``, never an SFT phase skipped without a word.
     """
     sft = config["sft"]
-    pinned = dataset_versions_pin(project=project, datasets=sft["datasets"], field="config.sft.datasets")
+    pinned = dataset_versions_pin(project=project, datasets=sft["datasets"], field="config.sft.datasets",
+                                  split="training")
     config = {**config, "sft": {**sft, "datasets": pinned}}
+    evaluation = config["evaluation"]
+    if evaluation is not None and evaluation["datasets"]:
+        config["evaluation"] = {**evaluation, "datasets": dataset_versions_pin(
+            project=project, datasets=evaluation["datasets"], field="config.evaluation.datasets", split="held_out")}
     if config["sft_steps"] == 0 or pinned:
         return config
     weight = sft["demonstrations_weight"]

@@ -20,7 +20,9 @@ environment's demonstrations.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pydantic
@@ -202,6 +204,44 @@ class DatasetRowsPage(Record):
     offset: int = Field(ge=0)
     total: int = Field(ge=0, description="Rows of the version.")
     rows: list[dict[str, Any]] = Field(description="As DatasetRow.stored writes them, in file order.")
+
+
+# -- the held-out split ------------------------------------------------------------------------
+#
+# Every dataset version has an evaluation split that SFT never trains on, so that a held-out loss
+# measures what a policy learnt, not what it memorised. A version whose rows say their split
+# (``metadata.split``: "evaluation", "validation" or "test" held out; anything else trained on)
+# keeps its own; otherwise a fixed twentieth of the rows is held out by a hash of each row's
+# messages: the same rows in every run and every version that contains them, and two rows with
+# the same messages always on the same side. A version of fewer than DATASET_HELD_OUT_MIN_ROWS
+# rows that declares no split holds none out: a twentieth of it would be no row or its only ones.
+
+#: ``metadata.split`` values that put a row in the held-out split.
+HELD_OUT_SPLIT_NAMES = frozenset({"evaluation", "validation", "test"})
+#: Share of rows held out by hash in a version whose rows declare no split.
+DATASET_HELD_OUT_FRACTION = 0.05
+#: Rows a version needs before any is held out by hash.
+DATASET_HELD_OUT_MIN_ROWS = 20
+
+
+def _declared_split(row: dict[str, Any]) -> str | None:
+    metadata = row.get("metadata") or {}
+    split = metadata.get("split") if isinstance(metadata, dict) else None
+    return split if isinstance(split, str) else None
+
+
+def _hashed_fraction(row: dict[str, Any]) -> float:
+    digest = hashlib.sha256(json.dumps(row["messages"], sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def dataset_rows_held_out(rows: Sequence[dict[str, Any]]) -> list[bool]:
+    """For each stored row of one dataset version (``DatasetRow.stored``), whether it is held out."""
+    if any(_declared_split(row) is not None for row in rows):
+        return [_declared_split(row) in HELD_OUT_SPLIT_NAMES for row in rows]
+    if len(rows) < DATASET_HELD_OUT_MIN_ROWS:
+        return [False] * len(rows)
+    return [_hashed_fraction(row) < DATASET_HELD_OUT_FRACTION for row in rows]
 
 
 # -- which environments have demonstrations -------------------------------------------------

@@ -12,7 +12,7 @@ without waiting, and once an evaluation's episodes are in, it posts an
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 from pydantic import Field
 
@@ -30,6 +30,20 @@ def evaluation_status_choices() -> list[tuple[str, str]]:
     """``(value, label)`` of every evaluation status: the platform's choices. A callable, so that
     migrations refer to it and a new status needs no migration."""
     return [(status, status.capitalize()) for status in EVALUATION_STATUSES]
+
+#: What an evaluation is of: an environment version's held-out tasks, run as episodes by producers,
+#: or a dataset version's held-out rows, scored by the trainer.
+EvaluationKind = Literal["environment", "dataset"]
+EVALUATION_KINDS: tuple[str, ...] = get_args(EvaluationKind)
+
+
+def evaluation_kind_choices() -> list[tuple[str, str]]:
+    return [(kind, kind.capitalize()) for kind in EVALUATION_KINDS]
+
+
+#: What an evaluation of a dataset measures on its held-out rows: the mean negative log-likelihood
+#: of their assistant tokens, its exponential, and the share of those tokens the policy ranks first.
+DATASET_EVALUATION_METRICS: tuple[str, ...] = ("loss", "perplexity", "token_accuracy")
 
 #: What each evaluation measures, per environment (keys of EvaluationReport.metrics), besides
 #: ``pass@k`` and ``avg@k`` for each k of the run's ``evaluation.pass_k``.
@@ -60,6 +74,34 @@ class EvaluationEpisode(StreamRecord):
     record: TrajectoryRecord
 
 
+class EvaluationSliceFailure(StreamRecord):
+    """A slice a producer gave up on (its run never became ready, its task failed or kept killing its
+    worker), appended to :func:`evaluation_stream` so that the trainer reports the evaluation at once,
+    incomplete with this reason, instead of waiting for episodes that will never come."""
+
+    evaluation: int = Field(ge=0)
+    policy_version: int = Field(ge=0)
+    first_task: int = Field(ge=0)
+    tasks: int = Field(ge=1)
+    reason: str = Field(max_length=2000)
+
+    #: The stream entry field that tells this record from an :class:`EvaluationEpisode`.
+    STREAM_KIND: ClassVar[str] = "slice_failure"
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {**super().to_stream_fields(), "kind": self.STREAM_KIND}
+
+
+def evaluation_stream_record(fields: dict) -> EvaluationEpisode | EvaluationSliceFailure:
+    """The record of an evaluation stream entry, as Redis returns it or as written."""
+    kind = fields.get(b"kind", fields.get("kind"))
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    if kind == EvaluationSliceFailure.STREAM_KIND:
+        return EvaluationSliceFailure.from_stream_fields(fields)
+    return EvaluationEpisode.from_stream_fields(fields)
+
+
 class EvaluationProgress(Record):
     """How far one evaluation of a run has come, as its trainer saw it (``evaluation_progress_key``)."""
 
@@ -77,15 +119,17 @@ class EvaluationReport(Record):
     evaluation: int = Field(ge=0)
     step: int = Field(ge=0, description="Trainer steps done when the version was published.")
     policy_version: int = Field(ge=0)
-    environment: str = Field(description="The environment version's label, name@version.")
+    kind: EvaluationKind = Field("environment", description="What it is of: environment or dataset.")
+    environment: str = Field(description="The environment or dataset version's label, name@version.")
     status: EvaluationStatus
     reason: str = Field("", max_length=2000, description="Why it is incomplete; empty when complete.")
     tasks: int = Field(ge=0)
     samples_per_task: int = Field(ge=1)
     temperature: float = Field(ge=0)
     episodes: int = Field(ge=0, description="Episodes the metrics are of.")
-    metrics: dict[str, float] = Field(description="EVALUATION_METRICS, pass@k and avg@k, and wall_s: seconds "
-                                      "from the trainer's request to the last episode it read.")
+    metrics: dict[str, float] = Field(description="EVALUATION_METRICS, pass@k and avg@k (an environment's), or "
+                                      "DATASET_EVALUATION_METRICS (a dataset's), and wall_s: seconds from the "
+                                      "trainer's request to the last episode it read.")
     intervals: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="95% intervals of the metrics that have one (Wilson for rates, "
         "normal for means), over tasks.")

@@ -34,7 +34,8 @@ TRAINER_STAGES: tuple[TrainerStageDefinition, ...] = (
         "optimizer update: the step is one fused XLA program; split into a gradient and an update program "
         "it ran 4-7% slower (CPU, nano model), so no separate optimizer stage is reported rather than a "
         "guessed one"),
-    TrainerStageDefinition("publish", "serialising and publishing weights"),
+    TrainerStageDefinition("publish", "serialising and publishing weights; at an evaluation point also keeping "
+                           "the evaluated version for producers and scoring held-out dataset rows"),
     TrainerStageDefinition("checkpoint", "starting an (asynchronous) checkpoint save"),
     TrainerStageDefinition("telemetry", "step bookkeeping, posting telemetry and traces"),
     TrainerStageDefinition("other", "whatever lies between the stages above"),

@@ -15,9 +15,12 @@ from tandem.contracts import (
     ConversationMessage,
     EpisodeTimings,
     EvaluationEpisode,
+    EvaluationProgress,
     EvaluationRequest,
+    EvaluationSliceFailure,
     MessageToolCall,
     TrajectoryRecord,
+    evaluation_progress_key,
     evaluation_stream,
     evaluation_weights_key,
 )
@@ -159,3 +162,45 @@ def test_the_end_of_the_run_reports_what_has_not_come_back_as_incomplete(redis_c
     assert report.status == "incomplete" and report.episodes == 1
     assert "1 of 4 episodes" in report.reason and report.metrics["success_rate"] == 1.0
     assert beats  # the trainer's heartbeat ran while it waited
+
+
+def test_a_slice_given_up_on_reports_its_evaluation_at_once_as_incomplete_with_why(redis_client, run_id):
+    evaluations, _, _ = _evaluations(redis_client, run_id, tasks=4, samples_per_task=2, tasks_per_request=2,
+                                     every_steps=10)
+    evaluations.request(rl_steps_done=10, step=310, policy_version=11)
+    stream = evaluation_stream(run_id)
+    for task, sample in [(0, 0), (0, 1), (1, 0)]:
+        redis_client.xadd(stream, _episode(run_id, task, sample, evaluation=1, version=11,
+                                           reward=1.0).to_stream_fields())
+    # Tasks 2..3 never ran: their producer gave up (an earlier trainer's failure does not count).
+    redis_client.xadd(stream, EvaluationSliceFailure(evaluation=1, policy_version=4, first_task=0, tasks=2,
+                                                     reason="not this one").to_stream_fields())
+    redis_client.xadd(stream, EvaluationSliceFailure(evaluation=1, policy_version=11, first_task=2, tasks=2,
+                                                     reason="EvaluationSliceError: no such tool").to_stream_fields())
+    assert evaluations.collect() == []  # task 1 sample 1 may still come
+    progress = EvaluationProgress.model_validate_json(redis_client.hget(evaluation_progress_key(run_id), "1"))
+    assert (progress.episodes_expected, progress.episodes_received, progress.status) == (8, 3, "running")
+
+    redis_client.xadd(stream, _episode(run_id, 1, 1, evaluation=1, version=11, reward=0.0).to_stream_fields())
+    (finished,) = evaluations.collect()
+    report = finished.report
+    assert (report.status, report.episodes) == ("incomplete", 4)
+    assert report.reason.startswith("4 of 8 episodes were given up on by producers")
+    assert "tasks 2..3: EvaluationSliceError: no such tool" in report.reason and "not this one" not in report.reason
+    assert report.metrics["success_rate"] == pytest.approx(3 / 4)
+    progress = EvaluationProgress.model_validate_json(redis_client.hget(evaluation_progress_key(run_id), "1"))
+    assert (progress.episodes_received, progress.status) == (4, "incomplete")
+    assert evaluations.outstanding == 0
+
+
+def test_an_evaluations_progress_is_kept_for_progress_bars_until_its_report(redis_client, run_id):
+    evaluations, _, _ = _evaluations(redis_client, run_id, tasks=1, samples_per_task=2, every_steps=10)
+    evaluations.request(rl_steps_done=0, step=300, policy_version=1)
+    progress = EvaluationProgress.model_validate_json(redis_client.hget(evaluation_progress_key(run_id), "0"))
+    assert (progress.policy_version, progress.episodes_expected, progress.episodes_received) == (1, 2, 0)
+    for sample in range(2):
+        redis_client.xadd(evaluation_stream(run_id), _episode(run_id, 0, sample, evaluation=0, version=1,
+                                                              reward=1.0).to_stream_fields())
+    (finished,) = evaluations.collect()
+    progress = EvaluationProgress.model_validate_json(redis_client.hget(evaluation_progress_key(run_id), "0"))
+    assert (progress.episodes_received, progress.status) == (2, "complete") == (2, finished.report.status)

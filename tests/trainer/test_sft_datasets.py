@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from tandem.contracts import DatasetRowsPage, DemonstrationMessage, MessageToolCall
+import pytest
+
+from tandem.contracts import (
+    DATASET_HELD_OUT_FRACTION,
+    DATASET_HELD_OUT_MIN_ROWS,
+    DatasetRowsPage,
+    DemonstrationMessage,
+    MessageToolCall,
+    dataset_rows_held_out,
+)
 from tandem.sft_config import SFTConfig
-from trainer.datasets import SFTMix, load_dataset, with_written_calls
+from trainer.datasets import DatasetHasNoRowsError, SFTMix, load_dataset, with_written_calls
 
 
-def _row(answer: str) -> dict:
+def _row(answer: str, *, split: str | None = None) -> dict:
     return {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say it."},
-                         {"role": "assistant", "content": answer}], "metadata": {}}
+                         {"role": "assistant", "content": answer}], "metadata": {"split": split} if split else {}}
 
 
 class FakePlatform:
@@ -23,13 +32,13 @@ class FakePlatform:
 
 
 def test_a_dataset_is_read_page_by_page_as_demonstration_messages():
-    platform = FakePlatform([_row(str(n)) for n in range(5)])
+    platform = FakePlatform([_row(str(n), split="train") for n in range(5)])
     beats = []
     dataset = load_dataset(platform, 7, name="support", version=2, weight=1.0, tool_call_format="hermes",
                            between_pages=lambda: beats.append(1), page_size=2)
 
     assert platform.asked == [(0, 2), (2, 2), (4, 2)] and len(beats) == 3
-    assert dataset.label == "support@2" and len(dataset.rows) == 5
+    assert dataset.label == "support@2" and len(dataset.rows) == 5 and dataset.held_out_rows == ()
     # The system message joins the prompt: the layouts open an episode with one prompt.
     assert dataset.rows[3][0] == DemonstrationMessage(role="user", content="Be brief.\n\nSay it.")
     assert dataset.rows[3][1].content == "3"
@@ -103,3 +112,39 @@ def test_dataset_rows_render_like_demonstrations_and_only_the_assistant_is_train
     trained = bytes(int(token) for token, kept in zip(tokens, mask, strict=True) if kept and int(token) < 256)
     # Both assistant turns, the call written in the run's format; never the prompt or the tool's answer.
     assert trained == b"calc(2*3)A:6"
+
+
+def test_sft_never_draws_a_held_out_row_and_the_split_is_the_same_in_every_run():
+    rows = [_row(f"answer {n}") for n in range(400)]
+    held_out = dataset_rows_held_out(rows)
+    # A fixed share by hash: about a twentieth, never none of 400, the same rows every time.
+    assert 0.02 < sum(held_out) / len(rows) < 0.09 and held_out == dataset_rows_held_out(list(rows))
+    assert DATASET_HELD_OUT_FRACTION == 0.05
+    # Too few rows to hold a twentieth out: none is.
+    assert dataset_rows_held_out(rows[:DATASET_HELD_OUT_MIN_ROWS - 1]) == [False] * (DATASET_HELD_OUT_MIN_ROWS - 1)
+    # A row keeps its side whatever the rows around it (another version, another order).
+    assert dataset_rows_held_out(rows[::-1]) == held_out[::-1]
+    dataset = _dataset("support", rows, 1.0)
+    held_out_answers = {row["messages"][-1]["content"] for row, out in zip(rows, held_out, strict=True) if out}
+    assert {conversation[-1].content for conversation in dataset.held_out_rows} == held_out_answers
+    assert len(dataset.rows) + len(dataset.held_out_rows) == 400
+
+    mix = SFTMix.for_config(SFTConfig(datasets=[{"name": "support"}]), run_seed=3, batch_size=64, datasets=[dataset])
+    drawn = {example[-1].content for step in range(200) for example in mix.dataset_examples(step, mix.counts(step))}
+    assert drawn and not drawn & held_out_answers
+    assert len(drawn) > 300  # it does draw from the rest
+
+
+def test_rows_that_declare_their_split_keep_it():
+    rows = [_row("a", split="train"), _row("b", split="evaluation"), _row("c"), _row("d", split="test"),
+            _row("e", split="validation")]
+    assert dataset_rows_held_out(rows) == [False, True, False, True, True]
+    dataset = _dataset("declared", rows, 1.0)
+    assert [row[-1].content for row in dataset.rows] == ["a", "c"]
+    assert [row[-1].content for row in dataset.held_out_rows] == ["b", "d", "e"]
+
+
+def test_a_dataset_whose_every_row_is_held_out_cannot_be_trained_on():
+    dataset = _dataset("exam", [_row("a", split="evaluation"), _row("b", split="test")], 1.0)
+    with pytest.raises(DatasetHasNoRowsError, match="exam@1 has no training rows: all 2 are held out"):
+        SFTMix.for_config(SFTConfig(datasets=[{"name": "exam"}]), run_seed=0, batch_size=4, datasets=[dataset])
