@@ -36,3 +36,10 @@ class KeyQuotingEnvironment(KeyedEnvironment):
 
     async def step(self, action: str) -> StepResult:
         raise RuntimeError(f"the upstream API refused key {self.api_key}")
+
+
+class EvaluationKeyQuotingEnvironment(KeyedEnvironment):
+    """Cannot draw a held-out task: its error quotes its key, so the whole evaluation slice fails."""
+
+    def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
+        raise RuntimeError(f"the task API refused key {self.api_key}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from flax import nnx
 
 from environments.builtin.calculator import CalculatorEnvironment
@@ -12,15 +13,21 @@ from tandem.contracts import (
     EnvironmentSpec,
     EvaluationEpisode,
     EvaluationRequest,
+    EvaluationSliceFailure,
     RunSpec,
     evaluation_stream,
+    evaluation_stream_record,
     evaluation_weights_key,
+    run_environment_secrets_key,
     run_spec_key,
     trajectory_stream,
 )
 from tandem.rollout_config import RolloutConfig, SamplingConfig
 from tandem.run_config import ModelConfig, RunConfig
-from workers.evaluation import produce_evaluation
+from tests.workers.secret_environments import API_KEY
+from tests.workers.test_security_secret_settings import _keyed_spec, _publish_run
+from workers.evaluation import EvaluationSliceError, produce_evaluation
+from workers.tasks import produce_evaluation_episodes
 
 CONFIG = RunConfig(
     model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
@@ -81,3 +88,27 @@ def test_an_evaluation_whose_kept_version_is_gone_runs_nothing(redis_client, red
     _set_up(redis_client, run_id)
     assert produce_evaluation(redis_url=redis_url, request=_request(run_id, policy_version=5)) == 0
     assert redis_client.xlen(evaluation_stream(run_id)) == 0
+
+
+def test_a_slice_that_fails_tells_the_trainer_why_and_never_quotes_a_secret(redis_client, redis_url, run_id,
+                                                                           monkeypatch):
+    _publish_run(redis_client, run_id, _keyed_spec("EvaluationKeyQuotingEnvironment"))
+    secrets_key = run_environment_secrets_key(run_id)
+    RedisWeightPublisher(redis_client, key_of=lambda _: evaluation_weights_key(run_id, 4)).publish(
+        run_id=run_id, version=4, params=_params(1))
+    request = _request(run_id)
+    monkeypatch.setenv("REDIS_URL", redis_url)  # the task reads it, as a worker does
+
+    try:
+        with pytest.raises(EvaluationSliceError) as raised:
+            produce_evaluation_episodes.apply(kwargs={"request": request.model_dump_json()}, throw=True)
+    finally:
+        redis_client.delete(secrets_key)
+
+    reason = "RuntimeError: the task API refused key [secret api_key]"
+    assert str(raised.value) == reason
+    (entry,) = [evaluation_stream_record(fields) for _, fields in redis_client.xrange(evaluation_stream(run_id))]
+    assert isinstance(entry, EvaluationSliceFailure)
+    assert (entry.evaluation, entry.policy_version, entry.first_task, entry.tasks, entry.reason) == (2, 4, 5, 3, reason)
+    assert all(API_KEY.encode() not in value for _, fields in redis_client.xrange(evaluation_stream(run_id))
+               for value in fields.values())
