@@ -17,6 +17,7 @@ from tandem.evaluation_config import EvaluationConfig
 from telemetry.services import metric_points_record
 
 from .models import Evaluation
+from .realtime import evaluation_broadcast_on_commit
 
 #: Prefix of the run's metric series that hold its evaluations' metrics: ``eval/success_rate``.
 EVALUATION_METRIC_PREFIX = "eval/"
@@ -57,6 +58,7 @@ def evaluation_record(*, run: Run, report: EvaluationReport) -> tuple[Evaluation
         step=report.step,
         values={f"{EVALUATION_METRIC_PREFIX}{name}": value for name, value in report.metrics.items()},
     )
+    evaluation_broadcast_on_commit(evaluation)
     return evaluation, created
 
 

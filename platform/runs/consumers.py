@@ -18,10 +18,10 @@ FORBIDDEN_CLOSE_CODE = 4403
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
-    """Forwards the run group's messages (``metrics`` and ``status``) to a member's browser.
+    """Forwards the run group's messages (``metrics``, ``status`` and ``evaluation``) to a member's browser.
 
     The socket is a notifier, never the record: a client that was away
-    backfills from ``/api/runs/<id>/metrics/``.
+    backfills from ``/api/runs/<id>/metrics/`` (and ``/evaluations/``).
     """
 
     group_name: str | None = None
@@ -74,5 +74,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(event)
 
     async def status(self, event):
+        if await self._allowed():
+            await self.send_json(event)
+
+    async def evaluation(self, event):
         if await self._allowed():
             await self.send_json(event)

@@ -5,11 +5,16 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from channels_redis.core import RedisChannelLayer
+from django.db import transaction
 from django.test import Client
 
 from config.asgi import application
+from evaluations.services import evaluation_record
+from runs.realtime import run_broadcast
+from tandem.contracts import EvaluationReport
 
 from .builders import POINTS_PER_STEP_EVENT, step_event
+from .test_evaluations_api import evaluation_report
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,6 +75,61 @@ def test_a_member_receives_the_metrics_the_trainer_posts(running_run, user, trai
     assert message["policy_version"] == 7 and message["phase"] == "rl"
     assert len(message["values"]) == POINTS_PER_STEP_EVENT
     assert message["values"]["trainer_idle_fraction"] == pytest.approx(0.25)
+
+
+def test_a_member_receives_each_evaluation_the_trainer_posts_and_its_retry(running_run, user, trainer_api):
+    url = f"/api/trainer/runs/{running_run.pk}/evaluations/"
+    first = evaluation_report(0, step=10)
+    retried = evaluation_report(0, step=10, status="incomplete", reason="run ended",
+                                metrics={"success_rate": 0.5, "mean_reward": 0.25}, intervals={})
+
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application, f"/ws/runs/{running_run.pk}/", headers=_headers(token=user.raw_token)
+        )
+        assert (await communicator.connect(timeout=5))[0]
+        messages = []
+        for report in (first, retried):
+            response = await sync_to_async(trainer_api.post)(url, report, format="json")
+            assert response.status_code in (200, 201), response.content
+            messages.append(await communicator.receive_json_from(timeout=5))
+        await communicator.disconnect()
+        return messages
+
+    new, updated = async_to_sync(scenario)()
+
+    assert new == {
+        "type": "evaluation", "run": running_run.pk, "index": 0, "step": 10, "policy_version": 5,
+        "kind": "environment", "environment": "calculator@1", "status": "complete", "reason": "", "episodes": 32,
+        "metrics": first["metrics"], "intervals": {"success_rate": [0.45, 0.77], "pass@4": [0.53, 0.98]},
+    }  # no trajectory ids: up to 100,000 of them
+    assert (updated["index"], updated["environment"], updated["status"]) == (0, "calculator@1", "incomplete")
+    assert updated["metrics"] == {"success_rate": 0.5, "mean_reward": 0.25} and updated["intervals"] == {}
+
+
+def test_an_evaluation_is_sent_only_once_its_transaction_commits(running_run, user):
+    report = EvaluationReport.model_validate(evaluation_report(3, step=30))
+
+    def record_then_mark():
+        with transaction.atomic():
+            evaluation_record(run=running_run, report=report)
+            # Sent at once, while the evaluation's transaction is still open: it must arrive first.
+            run_broadcast(running_run.pk, [{"type": "status", "run": running_run.pk, "status": "marker"}])
+
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application, f"/ws/runs/{running_run.pk}/", headers=_headers(token=user.raw_token)
+        )
+        assert (await communicator.connect(timeout=5))[0]
+        await sync_to_async(record_then_mark)()
+        received = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
+        await communicator.disconnect()
+        return received
+
+    marker, evaluation = async_to_sync(scenario)()
+
+    assert marker["status"] == "marker"
+    assert (evaluation["type"], evaluation["index"], evaluation["step"]) == ("evaluation", 3, 30)
 
 
 def test_a_member_sees_the_run_cancelled(running_run, user, api):

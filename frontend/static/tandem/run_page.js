@@ -8,8 +8,12 @@
 // Points are stored as they arrive; charts are redrawn at most every
 // REDRAW_INTERVAL_MS, however many messages came in between.
 //
+// A held-out evaluation arrives as one message: its row is upserted in the
+// Evaluations table, and the metrics of the run's environment join the
+// evaluation chart's points.
+//
 // Which charts there are, and which series each one draws, is the platform's
-// (telemetry/charts.py), given to the page as data: this script knows no metric name.
+// (telemetry/charts.py), given to the page as data: the charts' code knows no metric name.
 (function () {
   "use strict";
 
@@ -25,6 +29,9 @@
   const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second
   const CHART_HEIGHT = 220;
   const DRAWN_AT_KEPT = 5000; // steps whose draw time is kept for window.tandemRunPage.drawnAt
+  // The series of the evaluations of the run's environment, as evaluations.services names them:
+  // eval/<metric>. A dataset's are eval/dataset:<label>/<metric>, which no chart here draws.
+  const EVALUATION_SERIES_PREFIX = "eval/";
 
   const { STEP_INCREMENTS, colour, metricPages } = window.tandemCharts;
 
@@ -90,6 +97,7 @@
   const metricsUrl = root.dataset.metricsUrl;
   const runUrl = root.dataset.runUrl;
   const websocketPath = root.dataset.websocketPath;
+  const evaluationsUrl = root.dataset.evaluationsUrl;
   const actionsByStatus = JSON.parse(root.dataset.actions || "{}");
   const el = {
     status: document.getElementById("run-status"),
@@ -114,6 +122,7 @@
     socket: null,
     chartPoints: Object.fromEntries(CHARTS.map((spec) => [spec.id, 0])), // values each chart received
     chartSeries: {}, // chart id -> labels of the series it draws now
+    chartSteps: {}, // chart id -> how many steps it draws now
     redraws: 0, // coalesced: far fewer than messages when steps arrive quickly
     drawnAt: {}, // step -> Date.now() when the charts first drew it (the newest DRAWN_AT_KEPT steps)
     smoothing: el.smoothing ? Number(el.smoothing.value) : 0,
@@ -129,6 +138,12 @@
   const drawnOrder = [];
   let restCursor = -1; // last step the REST API returned: everything up to it is drawn
 
+  // The evaluation chart's points (its spec's source is "evaluations") are apart from the
+  // trainer's steps: an evaluation is recorded at its policy version's step, often after the
+  // trainer sent later steps, and a retried one replaces its values.
+  const evaluationSteps = [];
+  const evaluationColumns = new Map();
+
   // Per series name, the charts that draw it (memoised: names repeat at every step).
   const chartsOf = new Map();
   function chartsFor(name) {
@@ -140,9 +155,22 @@
     return found;
   }
   const stored = (name) => chartsFor(name).length > 0 || CHARTS.some((spec) => spec.share_of === name);
+  const isEvaluationSeries = (name) => chartsFor(name).some((chart) => chart.spec.source === "evaluations");
   const valueCounts = new Map(); // per stored series, its points that have a value
 
   function ingestStep(step, values) {
+    // A REST page holds the evaluation series too, at the steps they were recorded at.
+    const evaluationValues = {};
+    for (const name of Object.keys(values)) {
+      if (isEvaluationSeries(name)) evaluationValues[name] = values[name];
+    }
+    if (Object.keys(evaluationValues).length > 0) {
+      ingestEvaluationPoints(step, evaluationValues);
+      values = { ...values };
+      for (const name of Object.keys(evaluationValues)) delete values[name];
+      // Evaluations move neither the trainer's step nor its version on screen.
+      if (Object.keys(values).length === 0) return;
+    }
     if (seenSteps.has(step)) return;
     seenSteps.add(step);
     let index = steps.length;
@@ -172,6 +200,32 @@
       // Points that arrive by backfill (not the socket) carry the version too.
       if (values.policy_version !== undefined) showRun({ policy_version: values.policy_version });
     }
+    scheduleRedraw();
+  }
+
+  // Set (or replace) the evaluation series' values at `step`; each (series, step) counts once.
+  function ingestEvaluationPoints(step, values) {
+    const index = lowerBound(evaluationSteps, step);
+    if (evaluationSteps[index] !== step) {
+      evaluationSteps.splice(index, 0, step);
+      for (const column of evaluationColumns.values()) column.splice(index, 0, null);
+    }
+    for (const [name, value] of Object.entries(values)) {
+      if (!evaluationColumns.has(name)) {
+        names.add(name);
+        evaluationColumns.set(name, new Array(evaluationSteps.length).fill(null));
+        valueCounts.set(name, 0);
+        for (const chart of chartsFor(name)) chart.stale = true;
+      }
+      const column = evaluationColumns.get(name);
+      if (column[index] === null && value !== null) {
+        valueCounts.set(name, valueCounts.get(name) + 1);
+        page.pointCount += 1;
+        for (const chart of chartsFor(name)) page.chartPoints[chart.spec.id] += 1;
+      }
+      column[index] = value;
+    }
+    undrawnSteps.push(step);
     scheduleRedraw();
   }
 
@@ -382,7 +436,11 @@
     const hasData = chart.layout.some((desc) => valueCounts.get(desc.name) > 0);
     if (chart.empty) chart.empty.hidden = hasData;
     if (!hasData) return;
-    const { data, shown } = seriesData(chart.spec, chart.layout, steps, (name) => columns.get(name), page.smoothing);
+    const [stepColumn, columnOf] = chart.spec.source === "evaluations"
+      ? [evaluationSteps, (name) => evaluationColumns.get(name)]
+      : [steps, (name) => columns.get(name)];
+    const { data, shown } = seriesData(chart.spec, chart.layout, stepColumn, columnOf, page.smoothing);
+    page.chartSteps[chart.spec.id] = data[0].length;
     if (!chart.plot) {
       chart.plot = new uPlot(plotOptions(chart.spec, chart.layout, chartWidth(chart.container)), data, chart.container);
       chart.plot.tandemShown = shown;
@@ -513,6 +571,172 @@
     if (response.ok) showRun(await response.json());
   }
 
+  // --- evaluations -------------------------------------------------------------
+
+  // The table's metric columns as runs/pages.py (_evaluation_table) orders and labels them:
+  // success rate and mean reward, a column per pass@k by k, then a dataset's held-out metrics
+  // (tandem.contracts.DATASET_EVALUATION_METRICS), each only once some evaluation has it.
+  const EVALUATION_LEADING_METRICS = ["success_rate", "mean_reward"];
+  const PASS_AT_K = /^pass@(\d+)$/;
+  const DATASET_EVALUATION_METRICS = ["loss", "perplexity", "token_accuracy"];
+  const EVALUATION_FIXED_COLUMNS = ["#", "Step", "Policy version", "Environment", "Status", "Episodes"];
+
+  function evaluationColumnLabel(name) {
+    if (name === "success_rate") return "Success rate";
+    if (name === "mean_reward") return "Mean reward";
+    if (DATASET_EVALUATION_METRICS.includes(name)) return `Held-out ${name.replaceAll("_", " ")}`;
+    return name;
+  }
+
+  // Where a metric's column goes: [group, position in it]; null for a metric the table leaves out.
+  function evaluationColumnOrder(name) {
+    if (EVALUATION_LEADING_METRICS.includes(name)) return [0, EVALUATION_LEADING_METRICS.indexOf(name)];
+    const passAtK = PASS_AT_K.exec(name);
+    if (passAtK) return [1, Number(passAtK[1])];
+    if (DATASET_EVALUATION_METRICS.includes(name)) return [2, DATASET_EVALUATION_METRICS.indexOf(name)];
+    return null;
+  }
+
+  function showEvaluation(evaluation) {
+    upsertEvaluationRow(evaluation);
+    if (evaluation.kind === "dataset") return; // not the environment's series (see EVALUATION_SERIES_PREFIX)
+    const values = {};
+    for (const [metric, value] of Object.entries(evaluation.metrics)) {
+      const name = `${EVALUATION_SERIES_PREFIX}${metric}`;
+      if (isEvaluationSeries(name)) values[name] = value;
+    }
+    if (Object.keys(values).length > 0) ingestEvaluationPoints(evaluation.step, values);
+  }
+
+  function evaluationTable() {
+    const existing = document.getElementById("evaluations-table");
+    if (existing) return existing;
+    // The first evaluation of the page's life: the section runs/_evaluations.html would have drawn.
+    const section = document.createElement("section");
+    section.className = "card";
+    section.id = "evaluations";
+    const heading = document.createElement("h2");
+    heading.textContent = "Evaluations";
+    const note = document.createElement("p");
+    note.className = "muted";
+    note.textContent = "Held-out tasks, never trained on. In brackets: the 95% interval, where the metric has one.";
+    const table = document.createElement("table");
+    table.id = "evaluations-table";
+    table.className = "runs";
+    const headRow = table.createTHead().insertRow();
+    for (const label of [...EVALUATION_FIXED_COLUMNS, ...EVALUATION_LEADING_METRICS.map(evaluationColumnLabel)]) {
+      headRow.appendChild(document.createElement("th")).textContent = label;
+    }
+    table.createTBody();
+    section.append(heading, note, table);
+    document.querySelector("section.charts").after(section);
+    return table;
+  }
+
+  // Gives the table a column for each metric of `metrics` it shows and lacks, in order, with
+  // "—" in the rows before; returns the table's metric columns by name.
+  function addEvaluationColumns(table, metrics) {
+    const header = table.tHead.rows[0];
+    const labels = [...header.cells].slice(EVALUATION_FIXED_COLUMNS.length).map((cell) => cell.textContent);
+    const known = [...EVALUATION_LEADING_METRICS, ...Object.keys(metrics), ...DATASET_EVALUATION_METRICS];
+    const nameOf = new Map(known.map((name) => [evaluationColumnLabel(name), name]));
+    const shown = labels.map((label) => nameOf.get(label) ?? label);
+    const before = (a, b) => {
+      const [orderA, orderB] = [evaluationColumnOrder(a), evaluationColumnOrder(b)];
+      if (orderA === null || orderB === null) return false; // one the page drew and this script does not know
+      return orderA[0] < orderB[0] || (orderA[0] === orderB[0] && orderA[1] < orderB[1]);
+    };
+    for (const name of Object.keys(metrics)) {
+      if (evaluationColumnOrder(name) === null || shown.includes(name)) continue;
+      let position = shown.findIndex((other) => before(name, other));
+      if (position === -1) position = shown.length;
+      shown.splice(position, 0, name);
+      const at = EVALUATION_FIXED_COLUMNS.length + position;
+      header.insertBefore(document.createElement("th"), header.cells[at] || null).textContent =
+        evaluationColumnLabel(name);
+      for (const row of table.tBodies[0].rows) row.insertBefore(metricCell(null, null), row.cells[at] || null);
+    }
+    return shown;
+  }
+
+  // A metric's cell as evaluations/_metric_value.html draws it: value and, where it has one, its interval.
+  function metricCell(value, interval) {
+    const cell = document.createElement("td");
+    if (value === undefined || value === null) {
+      cell.textContent = "—";
+      return cell;
+    }
+    cell.textContent = value.toFixed(3);
+    if (interval) {
+      const bounds = document.createElement("span");
+      bounds.className = "muted small";
+      bounds.textContent = `[${interval[0].toFixed(3)}, ${interval[1].toFixed(3)}]`;
+      cell.append(" ", bounds);
+    }
+    return cell;
+  }
+
+  function evaluationRow(evaluation, columns) {
+    const row = document.createElement("tr");
+    row.dataset.evaluation = String(evaluation.index);
+    row.dataset.kind = evaluation.kind;
+    row.dataset.environment = evaluation.environment;
+    const text = (value) => {
+      row.insertCell().textContent = String(value);
+    };
+    text(evaluation.index);
+    text(evaluation.step);
+    text(evaluation.policy_version);
+    // As Evaluation.target_label has it.
+    text(evaluation.kind === "dataset" ? `dataset ${evaluation.environment}` : evaluation.environment);
+    const status = row.insertCell();
+    const badge = status.appendChild(document.createElement("span"));
+    badge.className = `badge badge-evaluation-${evaluation.status}`;
+    badge.textContent = evaluation.status;
+    if (evaluation.reason) {
+      const reason = document.createElement("span");
+      reason.className = "muted small";
+      reason.textContent = evaluation.reason;
+      status.append(" ", reason);
+    }
+    text(evaluation.episodes);
+    for (const name of columns) row.appendChild(metricCell(evaluation.metrics[name], evaluation.intervals[name]));
+    return row;
+  }
+
+  // A row per (index, kind, environment), in that order, the environment's before the datasets':
+  // a retried evaluation replaces its row.
+  function upsertEvaluationRow(evaluation) {
+    const table = evaluationTable();
+    const columns = addEvaluationColumns(table, evaluation.metrics);
+    const row = evaluationRow(evaluation, columns);
+    const key = (dataset) => [Number(dataset.evaluation), dataset.kind === "dataset" ? 1 : 0, dataset.environment];
+    const compare = (a, b) => {
+      for (let i = 0; i < a.length; i++) {
+        if (a[i] !== b[i]) return a[i] < b[i] ? -1 : 1;
+      }
+      return 0;
+    };
+    const own = key(row.dataset);
+    const rows = [...table.tBodies[0].rows];
+    const same = rows.find((other) => compare(key(other.dataset), own) === 0);
+    if (same) same.replaceWith(row);
+    else table.tBodies[0].insertBefore(row, rows.find((other) => compare(key(other.dataset), own) > 0) || null);
+  }
+
+  // Every evaluation of the run, page by page (GET /api/runs/<id>/evaluations/): after a
+  // reconnect, for those whose message the socket dropped while it was down.
+  async function backfillEvaluations() {
+    let url = `${evaluationsUrl}?page_size=200`;
+    while (url) {
+      const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      if (!response.ok) throw new Error(`evaluations of ${evaluationsUrl}: HTTP ${response.status}`);
+      const body = await response.json();
+      for (const evaluation of body.results) showEvaluation(evaluation);
+      url = body.next;
+    }
+  }
+
   // --- REST backfill ------------------------------------------------------
 
   let backfilling = null;
@@ -559,6 +783,7 @@
   // --- WebSocket ----------------------------------------------------------
 
   let retryMs = RETRY_MIN_MS;
+  let openedBefore = false; // the first open follows the page's render: its evaluations are on it
 
   function connect() {
     const scheme = window.location.protocol === "https:" ? "wss:" : "ws:";
@@ -571,6 +796,8 @@
       // Catch up on what happened while we were not subscribed.
       backfill().catch(console.error);
       refreshRun().catch(console.error);
+      if (openedBefore) backfillEvaluations().catch(console.error);
+      openedBefore = true;
     });
 
     socket.addEventListener("message", (event) => {
@@ -580,6 +807,8 @@
         showRun({ status: message.status, policy_version: message.policy_version });
       } else if (message.type === "status") {
         showRun(message);
+      } else if (message.type === "evaluation") {
+        showEvaluation(message);
       }
     });
 
