@@ -23,13 +23,25 @@ from .realtime import evaluation_broadcast_on_commit
 EVALUATION_METRIC_PREFIX = "eval/"
 
 
+def evaluation_series_name(*, kind: str, label: str, metric: str) -> str:
+    """The run's metric series of one metric of its evaluations of ``label``.
+
+    The run's environment's are ``eval/<metric>``; a dataset's ``eval/dataset:<name@version>/<metric>``,
+    so that several datasets, and a dataset named like the environment, chart apart.
+    """
+    if kind == "dataset":
+        return f"{EVALUATION_METRIC_PREFIX}dataset:{label}/{metric}"
+    return f"{EVALUATION_METRIC_PREFIX}{metric}"
+
+
 @transaction.atomic
 def evaluation_record(*, run: Run, report: EvaluationReport) -> tuple[Evaluation, bool]:
-    """Store the report as the run's evaluation ``report.evaluation``; True if it is new.
+    """Store the report as the run's evaluation ``report.evaluation`` of its environment or dataset; True
+    if it is new.
 
     A retried post (the trainer posts again when it got no answer) updates the
     same evaluation. Its metrics also become the run's metric points at
-    ``report.step``, named ``eval/<metric>``, so that they chart and read like
+    ``report.step`` (:func:`evaluation_series_name`), so that they chart and read like
     the trainer's other series; stored again, a point replaces itself.
     """
     # Locked before the evaluation is written, in the order the telemetry posts lock
@@ -38,10 +50,11 @@ def evaluation_record(*, run: Run, report: EvaluationReport) -> tuple[Evaluation
     evaluation, created = Evaluation.objects.update_or_create(
         run=run,
         index=report.evaluation,
+        kind=report.kind,
+        environment=report.environment,
         defaults={
             "step": report.step,
             "policy_version": report.policy_version,
-            "environment": report.environment,
             "status": report.status,
             "reason": report.reason,
             "tasks": report.tasks,
@@ -56,7 +69,8 @@ def evaluation_record(*, run: Run, report: EvaluationReport) -> tuple[Evaluation
     metric_points_record(
         run=run,
         step=report.step,
-        values={f"{EVALUATION_METRIC_PREFIX}{name}": value for name, value in report.metrics.items()},
+        values={evaluation_series_name(kind=report.kind, label=report.environment, metric=name): value
+                for name, value in report.metrics.items()},
     )
     evaluation_broadcast_on_commit(evaluation)
     return evaluation, created

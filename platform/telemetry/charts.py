@@ -26,7 +26,8 @@ script knows a metric or stage name of its own. A chart is a JSON object:
 - ``range`` (fixed y range), ``range_min`` (the y axis starts at or below it),
   ``min_span`` (the smallest y span drawn);
 - ``source``: ``evaluations`` for a chart of the run's held-out evaluations
-  (``eval/<metric>``, recorded when an evaluation ends, not by step events).
+  (``eval/<metric>``, and a dataset's ``eval/dataset:<name@version>/<metric>``,
+  recorded when an evaluation ends, not by step events).
 """
 
 from __future__ import annotations
@@ -69,11 +70,20 @@ RUN_CHARTS: list[dict] = [
     },
     {
         "id": "chart-evaluation", "title": "Held-out evaluation",
-        "caption": "success rate and pass@k on held-out tasks, never trained on; new evaluations show on reload",
+        "caption": "success rate and pass@k on held-out tasks, never trained on",
         "empty": "No evaluation yet: a run evaluates with an evaluation section in its config.",
         "kind": "lines", "smooth": False, "range": [0, 1], "source": "evaluations",
         "series": [{"name": "eval/success_rate", "label": "success rate", "colour": 2}],
         "family": {"pattern": r"^eval/pass@(?<order>\d+)$", "label": "pass@{order}", "colour": "gradient"},
+    },
+    {
+        "id": "chart-evaluation-datasets", "title": "Held-out dataset loss",
+        "caption": "the policy's loss (or token accuracy) on each evaluation dataset's held-out rows, never trained on",
+        "empty": "No dataset evaluation yet: name datasets in the config's evaluation.datasets.",
+        "variants": [("loss", "loss"), ("token_accuracy", "token accuracy")],
+        "kind": "lines", "smooth": False, "range_min": 0, "source": "evaluations",
+        "family": {"pattern": r"^eval/dataset:(?<environment>.+)/(?<variant>loss|token_accuracy)$",
+                   "label": "{environment}", "colour": "environment"},
     },
     {
         "id": "chart-loss", "title": "Loss", "caption": "the objective the update minimised", "empty": "No step yet.",

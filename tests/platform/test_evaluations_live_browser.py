@@ -135,6 +135,10 @@ def test_evaluations_reach_the_open_run_page_without_a_reload(server, running_ru
         assert _cells(page, 2, "support@1") == ["2", "30", "15", "dataset support@1", "complete", "40",
                                                 "—", "—", "—", "—", "—", "1.250 [1.000, 1.500]", "3.490", "0.500"]
         assert _cells(page, 2)[-3:] == ["—", "—", "—"]
+        # ... and its loss is charted on the held-out dataset chart, apart from the environment's.
+        _wait_for(page, 'p.chartSteps["chart-evaluation-datasets"] === 1')
+        assert page.evaluate('window.tandemRunPage.chartSeries["chart-evaluation-datasets"]') == ["support@1"]
+        assert page.evaluate(f'window.tandemRunPage.chartSteps["{CHART}"]') == 3
         browser.close()
 
     assert errors == []  # page errors, console errors and navigations (a reload) alike

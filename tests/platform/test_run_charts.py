@@ -8,7 +8,14 @@ import re
 import pytest
 from django.test import Client
 
-from tandem.contracts import EVALUATION_METRICS, IDLE_STAGE, TRAINER_STAGES, stage_metric_name
+from evaluations.services import evaluation_series_name
+from tandem.contracts import (
+    DATASET_EVALUATION_METRICS,
+    EVALUATION_METRICS,
+    IDLE_STAGE,
+    TRAINER_STAGES,
+    stage_metric_name,
+)
 from telemetry.charts import RUN_CHARTS, stage_styles
 
 from .builders import full_rl_step_event
@@ -52,8 +59,10 @@ def test_the_stage_chart_stacks_the_contracts_stages_in_the_order_a_step_runs_th
 
 def test_every_chart_finds_its_series_among_the_metrics_of_a_full_rl_step_or_an_evaluation(running_run):
     step_names = set(full_rl_step_event(running_run.pk, 1).metric_values())
-    # What an evaluation with pass@1 and pass@4 records (evaluations.services).
+    # What an evaluation with pass@1 and pass@4 records (evaluations.services), and a dataset's.
     evaluation_names = {f"eval/{name}" for name in (*EVALUATION_METRICS, "pass@1", "pass@4", "avg@1", "avg@4")}
+    evaluation_names |= {evaluation_series_name(kind="dataset", label="support@1", metric=name)
+                         for name in (*DATASET_EVALUATION_METRICS, "tokens", "tokens_cut", "wall_s")}
 
     for chart in RUN_CHARTS:
         names = evaluation_names if chart.get("source") == "evaluations" else step_names

@@ -29,9 +29,11 @@
   const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second
   const CHART_HEIGHT = 220;
   const DRAWN_AT_KEPT = 5000; // steps whose draw time is kept for window.tandemRunPage.drawnAt
-  // The series of the evaluations of the run's environment, as evaluations.services names them:
-  // eval/<metric>. A dataset's are eval/dataset:<label>/<metric>, which no chart here draws.
+  // The series of the run's evaluations, as evaluations.services.evaluation_series_name names them:
+  // eval/<metric> for its environment's, eval/dataset:<name@version>/<metric> for a dataset's.
   const EVALUATION_SERIES_PREFIX = "eval/";
+  const evaluationSeriesPrefix = (evaluation) => (evaluation.kind === "dataset"
+    ? `${EVALUATION_SERIES_PREFIX}dataset:${evaluation.environment}/` : EVALUATION_SERIES_PREFIX);
 
   const { STEP_INCREMENTS, colour, metricPages } = window.tandemCharts;
 
@@ -599,10 +601,9 @@
 
   function showEvaluation(evaluation) {
     upsertEvaluationRow(evaluation);
-    if (evaluation.kind === "dataset") return; // not the environment's series (see EVALUATION_SERIES_PREFIX)
     const values = {};
     for (const [metric, value] of Object.entries(evaluation.metrics)) {
-      const name = `${EVALUATION_SERIES_PREFIX}${metric}`;
+      const name = `${evaluationSeriesPrefix(evaluation)}${metric}`;
       if (isEvaluationSeries(name)) values[name] = value;
     }
     if (Object.keys(values).length > 0) ingestEvaluationPoints(evaluation.step, values);
