@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 #: Most episodes one evaluation may have: its report lists their trajectory ids, within a
 #: request body the platform takes (about 2.5 MiB).
 MAX_EVALUATION_EPISODES = 50_000
+
+
+#: An environment of the run's project: ``name`` or ``name@version``.
+EnvironmentReference = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^@\s]+(@\d+)?$")]
 
 
 class EvaluationDatasetConfig(BaseModel):
@@ -44,7 +50,14 @@ class EvaluationConfig(BaseModel):
         8, ge=1, le=10_000, description="Tasks one producer task runs, so that an evaluation spreads over producers."
     )
     environment: bool = Field(
-        True, description="Evaluate on the run's environment's held-out tasks; false: on the datasets only.")
+        True, description="Evaluate on the run's environment's held-out tasks; false: only on environments and "
+        "datasets named below.")
+    environments: list[EnvironmentReference] = Field(
+        default_factory=list, max_length=8,
+        description="Other environments of the run's project to evaluate each published policy on, on their "
+        "held-out tasks with the run's episode limits: 'name' (its latest version, pinned when the run is "
+        "created) or 'name@version', e.g. [\"calculator-hard\"]. Each gets rows, metrics and series of its own.",
+    )
     datasets: list[EvaluationDatasetConfig] = Field(
         default_factory=list, max_length=16,
         description="Datasets whose held-out rows (never trained on by SFT) each evaluation computes the "
@@ -67,8 +80,10 @@ class EvaluationConfig(BaseModel):
         if too_large:
             raise ValueError(f"pass_k {too_large} must be between 1 and samples_per_task ({self.samples_per_task})")
         self.pass_k = sorted(set(self.pass_k))
-        if not self.environment and not self.datasets:
-            raise ValueError("an evaluation needs the environment or at least one dataset")
+        if not self.environment and not self.environments and not self.datasets:
+            raise ValueError("an evaluation needs the run's environment, another environment or a dataset")
+        if len(set(self.environments)) != len(self.environments):
+            raise ValueError("an environment is listed twice in environments")
         named = [(dataset.name, dataset.version) for dataset in self.datasets]
         if len(set(named)) != len(named):
             raise ValueError("a dataset version is listed twice in datasets")

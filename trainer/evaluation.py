@@ -156,10 +156,9 @@ class _Pending:
         """Episodes that came back, and those of given-up slices that did not."""
         return len(self.episodes) + len(self.lost - self.episodes.keys())
 
-    def progress(self, status: str = "running") -> EvaluationProgress:
-        return EvaluationProgress(evaluation=self.request.evaluation, policy_version=self.request.policy_version,
-                                  episodes_expected=self.expected, episodes_received=len(self.episodes),
-                                  status=status)
+    @property
+    def target(self) -> tuple[int, str]:
+        return (self.request.evaluation, self.request.environment)
 
 
 class Evaluations:
@@ -170,15 +169,23 @@ class Evaluations:
     """
 
     def __init__(self, *, redis_client: redis.Redis, celery_app: Celery, run_id: int, config: EvaluationConfig,
-                 environment: str, rl_steps: int, publish_kept: Callable[[int, str], None]):
+                 environment: str, rl_steps: int, publish_kept: Callable[[int, str], None],
+                 other_environments: Sequence[str] = ()):
+        """``environment``: the run's own environment's label, evaluated if ``config.environment``;
+        ``other_environments``: the labels of the others it evaluates on (the run spec's)."""
         self._redis = redis_client
         self._celery = celery_app
         self._run_id = run_id
         self._config = config
         self._environment = environment
+        # What each point evaluates, as requests name them: "" is the run's own environment.
+        self._targets = ([""] if config.environment else []) + list(other_environments)
         self._points = evaluation_points(rl_steps, config.every_steps)
         self._publish_kept = publish_kept
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[tuple[int, str], _Pending] = {}
+        # Per evaluation index, per target: (episodes expected, received, status), for progress bars.
+        self._progress: dict[int, dict[str, tuple[int, int, str]]] = {}
+        self._versions: dict[int, int] = {}  # the policy version of each evaluation index asked for
         # Episodes are read from the newest entry when this trainer started: an earlier
         # trainer's evaluations are asked for again at their points, not finished from its leftovers.
         self._last_id = "$"
@@ -187,7 +194,7 @@ class Evaluations:
         return rl_steps_done in self._points
 
     def request(self, *, rl_steps_done: int, step: int, policy_version: int) -> None:
-        """Evaluate ``policy_version`` (just published) as evaluation point ``rl_steps_done``."""
+        """Evaluate ``policy_version`` (just published) as evaluation point ``rl_steps_done``, on every target."""
         index = self._points.index(rl_steps_done)
         if self._last_id == "$":
             newest = self._redis.xrevrange(evaluation_stream(self._run_id), count=1)
@@ -196,18 +203,21 @@ class Evaluations:
         self._publish_kept(policy_version, key)
         self._redis.expire(key, _KEPT_VERSION_TTL_S)
         config = self._config
-        request = EvaluationRequest(run_id=self._run_id, evaluation=index, policy_version=policy_version,
-                                    first_task=0, tasks=config.tasks, samples_per_task=config.samples_per_task,
-                                    temperature=config.temperature)
-        pending = self._pending[index] = _Pending(request=request, step=step)
-        self._record_progress(pending.progress())
-        for first in range(0, config.tasks, config.tasks_per_request):
-            part = request.model_copy(update={"first_task": first,
-                                              "tasks": min(config.tasks_per_request, config.tasks - first)})
-            self._celery.send_task(EVALUATION_TASK_NAME, kwargs={"request": part.model_dump_json()},
-                                   queue=EVALUATION_QUEUE)
-        logger.info("run %s: evaluation %d of version %d asked for (%d episodes)", self._run_id, index,
-                    policy_version, request.tasks * request.samples_per_task)
+        self._versions[index] = policy_version
+        for target in self._targets:
+            request = EvaluationRequest(run_id=self._run_id, evaluation=index, policy_version=policy_version,
+                                        first_task=0, tasks=config.tasks, samples_per_task=config.samples_per_task,
+                                        temperature=config.temperature, environment=target)
+            pending = self._pending[(index, target)] = _Pending(request=request, step=step)
+            self._track(pending)
+            for first in range(0, config.tasks, config.tasks_per_request):
+                part = request.model_copy(update={"first_task": first,
+                                                  "tasks": min(config.tasks_per_request, config.tasks - first)})
+                self._celery.send_task(EVALUATION_TASK_NAME, kwargs={"request": part.model_dump_json()},
+                                       queue=EVALUATION_QUEUE)
+            logger.info("run %s: evaluation %d of version %d on %s asked for (%d episodes)", self._run_id, index,
+                        policy_version, self._label(target), pending.expected)
+        self._record_progress(index)
 
     @property
     def outstanding(self) -> int:
@@ -219,26 +229,29 @@ class Evaluations:
             return []
         replies = self._redis.xread({evaluation_stream(self._run_id): self._last_id}, count=10_000,
                                     block=block_ms)
-        advanced: set[int] = set()
+        advanced: set[tuple[int, str]] = set()
         for _, entries in replies or []:
             for entry_id, fields in entries:
                 self._last_id = entry_id.decode()
                 entry = evaluation_stream_record(fields)
-                pending = self._pending.get(entry.evaluation)
+                pending = self._pending.get((entry.evaluation, entry.environment))
                 if pending is None or entry.policy_version != pending.request.policy_version:
                     continue  # an evaluation of an earlier trainer of the run
                 pending.entry_ids.append(self._last_id)
-                advanced.add(entry.evaluation)
+                advanced.add(pending.target)
                 if isinstance(entry, EvaluationSliceFailure):
                     pending.failures.append(entry)
                     pending.lost.update((task, sample) for task in range(entry.first_task, entry.first_task + entry.tasks)
                                         for sample in range(pending.request.samples_per_task))
                 else:
                     pending.episodes[(entry.task_index, entry.sample_index)] = entry
-        done = [index for index, pending in self._pending.items() if pending.accounted_for >= pending.expected]
-        for index in advanced - set(done):
-            self._record_progress(self._pending[index].progress())
-        return [self._finish(self._pending.pop(index)) for index in done]
+        for target in advanced:
+            self._track(self._pending[target])
+        done = [target for target, pending in self._pending.items() if pending.accounted_for >= pending.expected]
+        finished = [self._finish(self._pending.pop(target)) for target in done]
+        for index in {index for index, _ in advanced}:
+            self._record_progress(index)
+        return finished
 
     def _finish(self, pending: _Pending) -> FinishedEvaluation:
         """The report of an evaluation whose every episode came back or was given up on."""
@@ -258,22 +271,37 @@ class Evaluations:
         while self._pending and time.monotonic() < deadline:
             reports += self.collect(block_ms=500)
             between()
-        for index in list(self._pending):
-            pending = self._pending.pop(index)
+        for target in list(self._pending):
+            pending = self._pending.pop(target)
             reason = (f"{len(pending.episodes)} of {pending.expected} episodes came back within "
                       f"evaluation.timeout_s ({timeout_s:g}s) of the run's end")
             reports.append(self._report(pending, status="incomplete", reason=reason))
+            self._record_progress(pending.request.evaluation)
         return reports
 
-    def _record_progress(self, progress: EvaluationProgress) -> None:
-        """For progress bars (the platform reads it); a failed write never stops training."""
+    def _label(self, target: str) -> str:
+        return target or self._environment
+
+    def _track(self, pending: _Pending, status: str = "running") -> None:
+        self._progress.setdefault(pending.request.evaluation, {})[pending.request.environment] = (
+            pending.expected, len(pending.episodes), status)
+
+    def _record_progress(self, index: int) -> None:
+        """Evaluation ``index``'s progress over all its targets, for progress bars (the platform reads it);
+        a failed write never stops training."""
+        targets = self._progress.get(index, {}).values()
+        statuses = {status for _, _, status in targets}
+        status = "running" if "running" in statuses else "incomplete" if "incomplete" in statuses else "complete"
+        progress = EvaluationProgress(
+            evaluation=index, policy_version=self._versions[index],
+            episodes_expected=sum(expected for expected, _, _ in targets),
+            episodes_received=sum(received for _, received, _ in targets), status=status)
         try:
             key = evaluation_progress_key(self._run_id)
-            self._redis.hset(key, str(progress.evaluation), progress.model_dump_json())
+            self._redis.hset(key, str(index), progress.model_dump_json())
             self._redis.expire(key, _KEPT_VERSION_TTL_S)
         except redis.RedisError:
-            logger.warning("run %s: evaluation %d's progress not recorded", self._run_id, progress.evaluation,
-                           exc_info=True)
+            logger.warning("run %s: evaluation %d's progress not recorded", self._run_id, index, exc_info=True)
 
     def _report(self, pending: _Pending, *, status: str, reason: str = "") -> FinishedEvaluation:
         episodes = sorted(pending.episodes.values(), key=lambda e: (e.task_index, e.sample_index))
@@ -283,13 +311,15 @@ class Evaluations:
         request = pending.request
         if pending.entry_ids:
             self._redis.xdel(evaluation_stream(self._run_id), *pending.entry_ids)
-        self._redis.delete(evaluation_weights_key(self._run_id, request.policy_version))
-        self._record_progress(pending.progress(status))
-        logger.info("run %s: evaluation %d %s: %s", self._run_id, request.evaluation, status,
+        if not any(other.request.policy_version == request.policy_version for other in self._pending.values()):
+            self._redis.delete(evaluation_weights_key(self._run_id, request.policy_version))
+        self._track(pending, status)
+        label = self._label(request.environment)
+        logger.info("run %s: evaluation %d on %s %s: %s", self._run_id, request.evaluation, label, status,
                     {name: round(value, 3) for name, value in metrics.items()})
         report = EvaluationReport(
             evaluation=request.evaluation, step=pending.step, policy_version=request.policy_version,
-            environment=self._environment, status=status, reason=reason, tasks=request.tasks,
+            environment=label, status=status, reason=reason, tasks=request.tasks,
             samples_per_task=request.samples_per_task, temperature=request.temperature,
             episodes=len(episodes), metrics=metrics, intervals=intervals,
             trajectory_ids=[episode.record.trajectory_id for episode in episodes],

@@ -57,6 +57,8 @@ class ClaimedRun:
     name: str
     config: RunConfig  # validated once, here
     environment: EnvironmentSpec
+    # The other environments its evaluations run on (config.evaluation.environments), in that order.
+    evaluation_environments: tuple[EnvironmentSpec, ...] = ()
     # Times a trainer claimed the run, this claim included: past 1, resume from the checkpoint.
     attempt: int = 1
 
@@ -199,6 +201,8 @@ class PlatformClient:
         try:
             config = RunConfig.model_validate(run["config"])
             environment = EnvironmentSpec.model_validate(run["environment"])
+            evaluation_environments = tuple(EnvironmentSpec.model_validate(spec)
+                                            for spec in run.get("evaluation_environments", ()))
         except ValidationError as exc:
             # Claimed but unusable (say, a config stored before a rule it breaks): the run
             # fails with the reason, and the trainer goes on to the next one.
@@ -208,6 +212,7 @@ class PlatformClient:
             name=run["name"],
             config=config,
             environment=environment,
+            evaluation_environments=evaluation_environments,
             attempt=int(run.get("attempts", 1)),
         )
 

@@ -208,11 +208,12 @@ class RunTrainer:
         rl_steps = 0 if self.config.algorithm.name == "sft" else self.config.rl_steps
         self._evaluation_points = evaluation_points(rl_steps, evaluation.every_steps) if evaluation else []
         self.evaluations: Evaluations | None = None
-        if evaluation is not None and evaluation.environment:
+        if evaluation is not None and (evaluation.environment or claimed.evaluation_environments):
             self.evaluations = Evaluations(
                 redis_client=redis_client, celery_app=celery_app, run_id=self.run_id,
                 config=evaluation, environment=claimed.environment.label, rl_steps=rl_steps,
-                publish_kept=self._publish_kept)
+                publish_kept=self._publish_kept,
+                other_environments=[environment.label for environment in claimed.evaluation_environments])
         # Scored by this trainer on its evaluation datasets' held-out rows; loaded at the first point.
         self._dataset_evaluations: DatasetEvaluations | None = None
         # Evaluation results the platform did not take yet (it was away): posted again after the next step.
@@ -225,7 +226,8 @@ class RunTrainer:
 
     def run(self) -> str:
         """Train the run to its end (or until the platform releases it); returns the status."""
-        spec = RunSpec(run_id=self.run_id, config=self.config, environment=self.claimed.environment)
+        spec = RunSpec(run_id=self.run_id, config=self.config, environment=self.claimed.environment,
+                       evaluation_environments=self.claimed.evaluation_environments)
         if self.claimed.is_resume:
             self._resume_from_checkpoint()
             # The stream, the consumed-ledger and the group counter carry over.

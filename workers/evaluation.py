@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from environments import load_environment_class
 from policy import RedisWeightSubscriber
 from tandem.contracts import (
+    EnvironmentSpec,
     EvaluationEpisode,
     EvaluationRequest,
     EvaluationSliceFailure,
@@ -104,13 +105,13 @@ def evaluation_runtime(redis_url: str, spec: RunSpec, request: EvaluationRequest
                 _runtimes.pop(stale)[0].close()
 
 
-async def _evaluate(*, redis_client, spec: RunSpec, runtime: PolicyRuntime, request: EvaluationRequest,
-                    secrets) -> int:
-    """Run the slice's episodes concurrently; returns how many went to the stream."""
-    environment_class = load_environment_class(spec.environment)
-    environment_kwargs = secrets.constructor_kwargs(spec.environment.settings)
+async def _evaluate(*, redis_client, spec: RunSpec, environment: EnvironmentSpec, runtime: PolicyRuntime,
+                    request: EvaluationRequest, secrets) -> int:
+    """Run the slice's episodes on ``environment`` concurrently; returns how many went to the stream."""
+    environment_class = load_environment_class(environment)
+    environment_kwargs = secrets.constructor_kwargs(environment.settings)
     limits = EpisodeLimits.of_run(spec.config)
-    slots = episode_slots_for(spec.environment, redis_client)
+    slots = episode_slots_for(environment, redis_client)
     stream = evaluation_stream(spec.run_id)
     sent = 0
 
@@ -124,8 +125,9 @@ async def _evaluate(*, redis_client, spec: RunSpec, runtime: PolicyRuntime, requ
         try:
             async with slots.held(stopped=run_stopped):
                 record = await run_episode(
-                    run_id=spec.run_id, group_id=f"{spec.run_id}-evaluation{request.evaluation}-{task_index}",
-                    group_size=request.samples_per_task, environment_name=spec.environment.name,
+                    run_id=spec.run_id, group_id=f"{spec.run_id}-evaluation{request.evaluation}-{task_index}"
+                    + (f"-{environment.label}" if request.environment else ""),
+                    group_size=request.samples_per_task, environment_name=environment.name,
                     environment=environment_class(**environment_kwargs), task=task, policy=policy,
                     limits=limits, tokenizer=runtime.tokenizer, layout=runtime.prompt_layout,
                     redact=secrets.redact,
@@ -135,7 +137,8 @@ async def _evaluate(*, redis_client, spec: RunSpec, runtime: PolicyRuntime, requ
         finally:
             await policy.close()
         episode = EvaluationEpisode(evaluation=request.evaluation, policy_version=request.policy_version,
-                                    task_index=task_index, sample_index=sample_index, record=record)
+                                    task_index=task_index, sample_index=sample_index,
+                                    environment=request.environment, record=record)
         await redis_client.xadd(stream, episode.to_stream_fields())
         sent += 1
 
@@ -157,12 +160,15 @@ def produce_evaluation(*, redis_url: str, request: EvaluationRequest) -> int:
         spec = load_run_spec(client, request.run_id)
         if spec is None:
             raise RunNotReadyError(f"run {request.run_id} has no spec in Redis")
-        secrets = load_environment_secrets(client, spec)
+        environment = spec.evaluation_environment(request.environment)
+        if environment is None:
+            raise EvaluationSliceError(f"run {request.run_id} evaluates on no environment {request.environment!r}")
+        secrets = load_environment_secrets(client, spec, environment if request.environment else None)
         try:
             with evaluation_runtime(redis_url, spec, request) as runtime:
                 return process_episode_loop.run(
-                    _evaluate(redis_client=process_episode_loop.redis(redis_url), spec=spec, runtime=runtime,
-                              request=request, secrets=secrets),
+                    _evaluate(redis_client=process_episode_loop.redis(redis_url), spec=spec, environment=environment,
+                              runtime=runtime, request=request, secrets=secrets),
                     timeout_s=min(spec.config.rollout.timeout_s, ROLLOUT_TASK_TIME_LIMIT_S))
         except PolicyNotPublishedError as exc:
             # The kept version expired or was deleted (its evaluation was given up on): nothing to do.
@@ -180,7 +186,8 @@ def produce_evaluation(*, redis_url: str, request: EvaluationRequest) -> int:
 def report_slice_failure(*, redis_url: str, request: EvaluationRequest, reason: str) -> None:
     """Tell the trainer that this slice's episodes will not come, and why (it reports the evaluation at once)."""
     failure = EvaluationSliceFailure(evaluation=request.evaluation, policy_version=request.policy_version,
-                                     first_task=request.first_task, tasks=request.tasks, reason=reason[:2000])
+                                     first_task=request.first_task, tasks=request.tasks,
+                                     environment=request.environment, reason=reason[:2000])
     logger.error("run %s: evaluation %d tasks %d..%d given up: %s", request.run_id, request.evaluation,
                  request.first_task, request.first_task + request.tasks - 1, reason)
     client = durable_redis(redis_url)

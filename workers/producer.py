@@ -15,9 +15,11 @@ import redis.asyncio as aioredis
 from environments import EVALUATION_SEED_BASE, load_environment_class
 from tandem.contracts import (
     EnvironmentSecrets,
+    EnvironmentSpec,
     RunSpec,
     environment_paused_key,
     run_environment_secrets_key,
+    run_evaluation_secrets_key,
     run_spec_key,
     run_stop_key,
     trajectory_stream,
@@ -68,21 +70,27 @@ def load_run_spec(client: redis.Redis, run_id: int) -> RunSpec | None:
     return None if raw is None else RunSpec.model_validate_json(raw)
 
 
-def load_environment_secrets(client: redis.Redis, spec: RunSpec) -> SecretSettings:
-    """The secret settings of ``spec``'s environment, which the platform wrote when the run was claimed.
+def load_environment_secrets(client: redis.Redis, spec: RunSpec,
+                             evaluation_environment: EnvironmentSpec | None = None) -> SecretSettings:
+    """The secret settings of ``spec``'s environment (or of ``evaluation_environment``, one of the others
+    it evaluates on), which the platform wrote when the run was claimed.
 
     Raises RunNotReadyError while they are not there (the claim's Redis write is still
     on its way, or failed and is logged by the platform): an environment built without
     its API key would fail every episode.
     """
-    names = set(spec.environment.secret_setting_names)
+    environment = evaluation_environment or spec.environment
+    names = set(environment.secret_setting_names)
     if not names:
         return SecretSettings()
-    raw = client.get(run_environment_secrets_key(spec.run_id))
+    if evaluation_environment is None:
+        raw = client.get(run_environment_secrets_key(spec.run_id))
+    else:
+        raw = client.hget(run_evaluation_secrets_key(spec.run_id), str(environment.version_id))
     secrets = None if raw is None else EnvironmentSecrets.model_validate_json(raw)
-    if secrets is None or secrets.version_id != spec.environment.version_id or set(secrets.settings) != names:
+    if secrets is None or secrets.version_id != environment.version_id or set(secrets.settings) != names:
         raise RunNotReadyError(
-            f"run {spec.run_id}: the secret settings of {spec.environment.label} "
+            f"run {spec.run_id}: the secret settings of {environment.label} "
             f"({', '.join(sorted(names))}) are not in Redis"
         )
     return SecretSettings(secrets.revealed())

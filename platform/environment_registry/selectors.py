@@ -85,8 +85,8 @@ def environment_version_resolve(*, project: Project, reference: str) -> Environm
     return environment_version_get(environment=environment, number=int(number))
 
 
-def environment_version_pin(*, project: Project, reference: str) -> EnvironmentVersion:
-    """The version a new run named ``reference`` pins; refused if its probe failed.
+def environment_version_pin(*, project: Project, reference: str, field: str = "environment") -> EnvironmentVersion:
+    """The version a new run named ``reference`` pins; refused if its probe failed, naming ``field``.
 
     A version whose probe is pending, or that is unhealthy, may be pinned: the
     run waits in the queue until the version is ready (the trainer's claim
@@ -95,13 +95,13 @@ def environment_version_pin(*, project: Project, reference: str) -> EnvironmentV
     try:
         version = environment_version_resolve(project=project, reference=reference)
     except NotFound as error:
-        raise InvalidInput.for_field("environment", error.message) from None
+        raise InvalidInput.for_field(field, error.message) from None
     if version.status == EnvironmentVersion.Status.FAILED:
         message = (
             f"Environment {version} failed its probe, so no new run may use it: "
             f"{version.status_reason} Register a fixed version, or probe it again."
         )
-        raise Conflict(message, fields={"environment": [message]})
+        raise Conflict(message, fields={field: [message]})
     return version
 
 

@@ -23,14 +23,17 @@ from .realtime import evaluation_broadcast_on_commit
 EVALUATION_METRIC_PREFIX = "eval/"
 
 
-def evaluation_series_name(*, kind: str, label: str, metric: str) -> str:
+def evaluation_series_name(*, kind: str, label: str, metric: str, own: bool = True) -> str:
     """The run's metric series of one metric of its evaluations of ``label``.
 
-    The run's environment's are ``eval/<metric>``; a dataset's ``eval/dataset:<name@version>/<metric>``,
-    so that several datasets, and a dataset named like the environment, chart apart.
+    The run's own environment's are ``eval/<metric>``; another environment's (``own`` false)
+    ``eval/<name@version>/<metric>``; a dataset's ``eval/dataset:<name@version>/<metric>``, so that
+    several of them, and a dataset named like an environment, chart apart.
     """
     if kind == "dataset":
         return f"{EVALUATION_METRIC_PREFIX}dataset:{label}/{metric}"
+    if not own:
+        return f"{EVALUATION_METRIC_PREFIX}{label}/{metric}"
     return f"{EVALUATION_METRIC_PREFIX}{metric}"
 
 
@@ -46,7 +49,8 @@ def evaluation_record(*, run: Run, report: EvaluationReport) -> tuple[Evaluation
     """
     # Locked before the evaluation is written, in the order the telemetry posts lock
     # (the run, then its rows), and so that two posts of one evaluation take turns.
-    run = Run.objects.select_for_update().get(pk=run.pk)
+    run = (Run.objects.select_for_update(of=("self",)).select_related("environment_version__environment")
+           .get(pk=run.pk))
     evaluation, created = Evaluation.objects.update_or_create(
         run=run,
         index=report.evaluation,
@@ -66,10 +70,11 @@ def evaluation_record(*, run: Run, report: EvaluationReport) -> tuple[Evaluation
             "trajectory_ids": report.trajectory_ids,
         },
     )
+    own = report.environment == str(run.environment_version)
     metric_points_record(
         run=run,
         step=report.step,
-        values={evaluation_series_name(kind=report.kind, label=report.environment, metric=name): value
+        values={evaluation_series_name(kind=report.kind, label=report.environment, metric=name, own=own): value
                 for name, value in report.metrics.items()},
     )
     evaluation_broadcast_on_commit(evaluation)

@@ -7,6 +7,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
 from domain_errors import Conflict, InvalidInput, NotFound
+from environment_registry.models import EnvironmentVersion
+from environment_registry.selectors import environment_version_resolve
 from tandem.contracts import TRAINER_HEADER, TrainerConflictCode
 
 from .models import Run, RunAttempt
@@ -107,3 +109,9 @@ def run_search(
     if fields is None:
         raise InvalidInput.for_field("sort", f"Unknown sort '{sort}'; one of {', '.join(RUN_SORTS)}.")
     return runs.order_by(*(f"-{field}" if descending else field for field in fields))
+
+
+def run_evaluation_environments(run: Run) -> list[EnvironmentVersion]:
+    """The environment versions a run's evaluations run on besides its own, as its config pins them."""
+    references = (run.config.get("evaluation") or {}).get("environments") or []
+    return [environment_version_resolve(project=run.project, reference=reference) for reference in references]

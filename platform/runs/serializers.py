@@ -6,6 +6,7 @@ from environment_registry.serializers import EnvironmentVersionStatusSerializer
 
 from .models import Run, RunAttempt
 from .realtime import run_websocket_path
+from .selectors import run_evaluation_environments
 
 
 class RunAttemptSerializer(serializers.ModelSerializer):
@@ -98,6 +99,7 @@ class ClaimedRunSerializer(serializers.ModelSerializer):
     """A claimed run as the trainer needs it: config and the environment's contract spec."""
 
     environment = serializers.SerializerMethodField()
+    evaluation_environments = serializers.SerializerMethodField()
 
     class Meta:
         model = Run
@@ -107,6 +109,7 @@ class ClaimedRunSerializer(serializers.ModelSerializer):
             "name",
             "config",
             "environment",
+            "evaluation_environments",
             "policy_version",
             "trainer_step",
             "attempts",
@@ -114,3 +117,7 @@ class ClaimedRunSerializer(serializers.ModelSerializer):
 
     def get_environment(self, run: Run) -> dict:
         return run.environment_version.to_spec().model_dump(mode="json")
+
+    def get_evaluation_environments(self, run: Run) -> list[dict]:
+        """The contract specs of the other environments its evaluations run on (config.evaluation.environments)."""
+        return [version.to_spec().model_dump(mode="json") for version in run_evaluation_environments(run)]

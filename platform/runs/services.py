@@ -33,6 +33,7 @@ from tandem.contracts import (
     environment_declares_demonstrations,
     probe_check_demonstrates,
     run_environment_secrets_key,
+    run_evaluation_secrets_key,
     run_keys,
     run_stop_key,
 )
@@ -42,6 +43,7 @@ from tandem.run_quotas import QuotaExceeded, check_run_quotas
 
 from .models import Run, RunAttempt
 from .realtime import run_broadcast_on_commit
+from .selectors import run_evaluation_environments
 
 logger = logging.getLogger(__name__)
 
@@ -124,9 +126,14 @@ def _sft_data_pin(*, project: Project, version: EnvironmentVersion, config: dict
                                   split="training")
     config = {**config, "sft": {**sft, "datasets": pinned}}
     evaluation = config["evaluation"]
-    if evaluation is not None and evaluation["datasets"]:
-        config["evaluation"] = {**evaluation, "datasets": dataset_versions_pin(
-            project=project, datasets=evaluation["datasets"], field="config.evaluation.datasets", split="held_out")}
+    if evaluation is not None:
+        config["evaluation"] = {
+            **evaluation,
+            "datasets": dataset_versions_pin(project=project, datasets=evaluation["datasets"],
+                                             field="config.evaluation.datasets", split="held_out"),
+            "environments": _evaluation_environments_pin(project=project, version=version,
+                                                         references=evaluation["environments"]),
+        }
     if config["sft_steps"] == 0 or pinned:
         return config
     weight = sft["demonstrations_weight"]
@@ -142,6 +149,22 @@ def _sft_data_pin(*, project: Project, version: EnvironmentVersion, config: dict
             "SFT steps would have nothing to train on. Register a dataset (tandem datasets register) and name "
             "it in sft.datasets, or set sft_steps to 0."))
     return config
+
+
+def _evaluation_environments_pin(*, project: Project, version: EnvironmentVersion,
+                                 references: list[str]) -> list[str]:
+    """``evaluation.environments`` as pinned labels (``name@3``); refused naming the entry if the project
+    has no such version, its probe failed, or it is the run's own (evaluated by ``evaluation.environment``)."""
+    pinned = []
+    for index, reference in enumerate(references):
+        field = f"config.evaluation.environments.{index}"
+        other = environment_version_pin(project=project, reference=reference, field=field)
+        if other.pk == version.pk or str(other) in pinned:
+            raise InvalidInput.for_field(field, (
+                f"{other} is the run's own environment, which evaluation.environment evaluates"
+                if other.pk == version.pk else f"{other} is listed twice"))
+        pinned.append(str(other))
+    return pinned
 
 
 @transaction.atomic
@@ -378,7 +401,7 @@ def run_producers_stop_on_commit(run_id: int) -> None:
 
     def stop(client: redis.Redis) -> None:
         client.set(run_stop_key(run_id), "1")
-        client.delete(run_environment_secrets_key(run_id))
+        client.delete(run_environment_secrets_key(run_id), run_evaluation_secrets_key(run_id))
 
     _redis_on_commit(stop, f"could not tell producers to stop run {run_id}")
 
@@ -391,15 +414,28 @@ def run_environment_secrets_publish_on_commit(run: Run) -> None:
     at the next claim. The key also expires after TANDEM_RELEASED_RUN_KEYS_RETENTION_S,
     so that a deletion Redis missed does not keep a key there for good.
     """
-    version = run.environment_version
-    if not version.secret_setting_names:
-        return
-    secrets = EnvironmentSecrets(version_id=version.pk,
-                                 settings=environment_version_secret_settings(version=version))
-    payload = secrets.model_dump_json()
     retention_s = int(settings.TANDEM_RELEASED_RUN_KEYS_RETENTION_S)
-    _redis_on_commit(lambda client: client.set(run_environment_secrets_key(run.pk), payload, ex=retention_s),
-                     f"could not write the secret settings of run {run.pk}'s environment")
+    version = run.environment_version
+    if version.secret_setting_names:
+        payload = _secrets_payload(version)
+        _redis_on_commit(lambda client: client.set(run_environment_secrets_key(run.pk), payload, ex=retention_s),
+                         f"could not write the secret settings of run {run.pk}'s environment")
+    # Those of the other environments its evaluations run on, by version id, in one hash.
+    evaluated = {str(other.pk): _secrets_payload(other) for other in run_evaluation_environments(run)
+                 if other.secret_setting_names}
+    if evaluated:
+        key = run_evaluation_secrets_key(run.pk)
+
+        def write(client: redis.Redis) -> None:
+            with client.pipeline(transaction=True) as pipe:
+                pipe.delete(key).hset(key, mapping=evaluated).expire(key, retention_s).execute()
+
+        _redis_on_commit(write, f"could not write the secret settings of run {run.pk}'s evaluation environments")
+
+
+def _secrets_payload(version: EnvironmentVersion) -> str:
+    return EnvironmentSecrets(version_id=version.pk,
+                              settings=environment_version_secret_settings(version=version)).model_dump_json()
 
 
 def _redis_on_commit(write, failure: str) -> None:

@@ -26,8 +26,9 @@ script knows a metric or stage name of its own. A chart is a JSON object:
 - ``range`` (fixed y range), ``range_min`` (the y axis starts at or below it),
   ``min_span`` (the smallest y span drawn);
 - ``source``: ``evaluations`` for a chart of the run's held-out evaluations
-  (``eval/<metric>``, and a dataset's ``eval/dataset:<name@version>/<metric>``,
-  recorded when an evaluation ends, not by step events).
+  (``eval/<metric>``, another environment's ``eval/<name@version>/<metric>``, a
+  dataset's ``eval/dataset:<name@version>/<metric>``, recorded when an evaluation
+  ends, not by step events).
 """
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ RUN_CHARTS: list[dict] = [
         "kind": "lines", "smooth": False, "range": [0, 1], "source": "evaluations",
         "series": [{"name": "eval/success_rate", "label": "success rate", "colour": 2}],
         "family": {"pattern": r"^eval/pass@(?<order>\d+)$", "label": "pass@{order}", "colour": "gradient"},
+    },
+    {
+        "id": "chart-evaluation-environments", "title": "Held-out evaluation on other environments",
+        "caption": "success rate (or mean reward) on the held-out tasks of each of evaluation.environments",
+        "empty": "No evaluation on another environment: name them in the config's evaluation.environments.",
+        "variants": [("success_rate", "success rate"), ("mean_reward", "mean reward")],
+        "kind": "lines", "smooth": False, "range_min": 0, "source": "evaluations",
+        "family": {"pattern": r"^eval/(?!dataset:)(?<environment>[^/]+@\d+)/(?<variant>success_rate|mean_reward)$",
+                   "label": "{environment}", "colour": "environment"},
     },
     {
         "id": "chart-evaluation-datasets", "title": "Held-out dataset loss",

@@ -62,6 +62,8 @@ class EvaluationRequest(Record):
     tasks: int = Field(ge=1)
     samples_per_task: int = Field(ge=1)
     temperature: float = Field(ge=0, description="0: greedy.")
+    environment: str = Field("", max_length=200, description="The label of one of the run spec's "
+                             "evaluation_environments to run on; empty: the run's own environment.")
 
 
 class EvaluationEpisode(StreamRecord):
@@ -71,6 +73,7 @@ class EvaluationEpisode(StreamRecord):
     policy_version: int = Field(ge=0, description="The version that generated every token of it.")
     task_index: int = Field(ge=0)
     sample_index: int = Field(ge=0)
+    environment: str = Field("", max_length=200, description="As its request named it; empty: the run's own.")
     record: TrajectoryRecord
 
 
@@ -83,6 +86,7 @@ class EvaluationSliceFailure(StreamRecord):
     policy_version: int = Field(ge=0)
     first_task: int = Field(ge=0)
     tasks: int = Field(ge=1)
+    environment: str = Field("", max_length=200, description="As its request named it; empty: the run's own.")
     reason: str = Field(max_length=2000)
 
     #: The stream entry field that tells this record from an :class:`EvaluationEpisode`.

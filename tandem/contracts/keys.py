@@ -71,6 +71,13 @@ def run_environment_secrets_key(run_id: int) -> str:
     return f"{KEY_PREFIX}:secrets:run:{run_id}"
 
 
+def run_evaluation_secrets_key(run_id: int) -> str:
+    """Redis hash: environment version id -> :class:`EnvironmentSecrets` JSON, of the other environments
+    a run evaluates on (``evaluation.environments``); written and deleted with
+    :func:`run_environment_secrets_key`, under ``tandem:secrets:`` for the same reason."""
+    return f"{KEY_PREFIX}:secrets:run:{run_id}:evaluation"
+
+
 def probe_environment_secrets_key(probe_id: int) -> str:
     """Redis string holding the :class:`EnvironmentSecrets` JSON of the version a probe loads.
 

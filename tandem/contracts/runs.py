@@ -76,6 +76,15 @@ class RunSpec(Record):
     run_id: int
     config: RunConfig = Field(description="The run's config, validated once, when the spec is read.")
     environment: EnvironmentSpec
+    evaluation_environments: tuple[EnvironmentSpec, ...] = Field(
+        (), description="The other environments it evaluates on (config.evaluation.environments, pinned).")
+
+    def evaluation_environment(self, label: str) -> EnvironmentSpec | None:
+        """The environment an evaluation request names by label ("": the run's own); None if it has none such."""
+        if not label:
+            return self.environment
+        return next((environment for environment in self.evaluation_environments if environment.label == label),
+                    None)
 
     @model_validator(mode="before")
     @classmethod

@@ -205,3 +205,17 @@ def server(transactional_db, tmp_path):
         process.terminate()
         process.wait(timeout=10)
         print(log.read_text()[-4000:])  # shown when the test fails
+
+
+@pytest.fixture
+def keyed_version(project):
+    """A ready version of an environment with the secret setting ``api_key``
+    (tests.workers.secret_environments.KeyedEnvironment)."""
+    from tandem.contracts import EnvironmentSpec
+    from tests.workers.secret_environments import API_KEY
+
+    spec = EnvironmentSpec(name="keyed", kind="python", entrypoint="tests.workers.secret_environments:KeyedEnvironment",
+                           settings={"greeting": "hi"})
+    version = environment_register(user=project.owner, project=project, spec=spec, secret_settings={"api_key": API_KEY})
+    environment_probe_record(report=probe_report(version.probes.get()))
+    return version

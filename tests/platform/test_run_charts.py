@@ -63,6 +63,8 @@ def test_every_chart_finds_its_series_among_the_metrics_of_a_full_rl_step_or_an_
     evaluation_names = {f"eval/{name}" for name in (*EVALUATION_METRICS, "pass@1", "pass@4", "avg@1", "avg@4")}
     evaluation_names |= {evaluation_series_name(kind="dataset", label="support@1", metric=name)
                          for name in (*DATASET_EVALUATION_METRICS, "tokens", "tokens_cut", "wall_s")}
+    evaluation_names |= {evaluation_series_name(kind="environment", label="guess@2", metric=name, own=False)
+                         for name in (*EVALUATION_METRICS, "pass@1", "avg@1")}
 
     for chart in RUN_CHARTS:
         names = evaluation_names if chart.get("source") == "evaluations" else step_names
@@ -86,3 +88,20 @@ def test_the_timeline_page_is_given_the_stages_and_the_statuses_it_polls_in(brow
     assert set(_json_script(html, "timeline-active-statuses")) == {"queued", "starting", "running"}
     for stage in TRAINER_STAGES:
         assert f">{stage.name}" in html  # in the legend
+
+
+def test_each_evaluation_chart_draws_its_own_kind_of_evaluation_series_only():
+    own = evaluation_series_name(kind="environment", label="calculator@1", metric="success_rate")
+    other = evaluation_series_name(kind="environment", label="guess@2", metric="success_rate", own=False)
+    dataset = evaluation_series_name(kind="dataset", label="guess@2", metric="loss")
+    charts = {chart["id"]: chart for chart in RUN_CHARTS}
+
+    def draws(chart_id: str, name: str) -> bool:
+        chart = charts[chart_id]
+        family = chart.get("family")
+        return (name in {series["name"] for series in chart.get("series", ())}
+                or (family is not None and _python_pattern(family["pattern"]).match(name) is not None))
+
+    assert [draws("chart-evaluation", name) for name in (own, other, dataset)] == [True, False, False]
+    assert [draws("chart-evaluation-environments", name) for name in (own, other, dataset)] == [False, True, False]
+    assert [draws("chart-evaluation-datasets", name) for name in (own, other, dataset)] == [False, False, True]

@@ -14,7 +14,7 @@ from django.test import Client
 from accounts.models import Membership
 from accounts.services import membership_add
 from environment_registry.models import EnvironmentVersion
-from environment_registry.services import environment_probe_record, environment_register
+from environment_registry.services import environment_probe_record
 from runs.services import run_claim_next, run_create, run_transition
 from tandem.contracts import (
     EnvironmentSecrets,
@@ -31,8 +31,6 @@ from .conftest import probe_report
 
 KEYED = {"name": "keyed", "kind": "python", "entrypoint": "tests.workers.secret_environments:KeyedEnvironment",
          "settings": {"greeting": "hi"}}
-KEYED_SPEC = EnvironmentSpec(name="keyed", kind="python", entrypoint=KEYED["entrypoint"],
-                             settings={"greeting": "hi"})
 
 
 def _register(api, **overrides):
@@ -40,13 +38,6 @@ def _register(api, **overrides):
                     format="json")
 
 
-@pytest.fixture
-def keyed_version(project) -> EnvironmentVersion:
-    """A ready version of an environment with the secret setting ``api_key``."""
-    version = environment_register(user=project.owner, project=project, spec=KEYED_SPEC,
-                                   secret_settings={"api_key": API_KEY})
-    environment_probe_record(report=probe_report(version.probes.get()))
-    return version
 
 
 def test_secret_settings_are_never_returned_to_a_viewer(api, project, make_user, client_for, make_run):

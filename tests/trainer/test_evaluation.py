@@ -59,9 +59,9 @@ def _record(run_id: int, *, reward: float, status: str = "ok", turns: int = 1, c
     )
 
 
-def _episode(run_id, task, sample, *, evaluation=0, version=3, **record) -> EvaluationEpisode:
+def _episode(run_id, task, sample, *, evaluation=0, version=3, environment="", **record) -> EvaluationEpisode:
     return EvaluationEpisode(evaluation=evaluation, policy_version=version, task_index=task, sample_index=sample,
-                             record=_record(run_id, **record))
+                             environment=environment, record=_record(run_id, **record))
 
 
 def test_an_evaluations_metrics_match_a_hand_computation(run_id):
@@ -104,7 +104,7 @@ class _RecordingCelery:
         self.sent.append((name, kwargs, queue))
 
 
-def _evaluations(redis_client, run_id, **config):
+def _evaluations(redis_client, run_id, other_environments=(), **config):
     celery, kept = _RecordingCelery(), []
 
     def publish_kept(version, key):
@@ -113,7 +113,7 @@ def _evaluations(redis_client, run_id, **config):
 
     evaluations = Evaluations(redis_client=redis_client, celery_app=celery, run_id=run_id,
                               config=EvaluationConfig(**config), environment="calculator@1", rl_steps=20,
-                              publish_kept=publish_kept)
+                              publish_kept=publish_kept, other_environments=other_environments)
     return evaluations, celery, kept
 
 
@@ -204,3 +204,31 @@ def test_an_evaluations_progress_is_kept_for_progress_bars_until_its_report(redi
     (finished,) = evaluations.collect()
     progress = EvaluationProgress.model_validate_json(redis_client.hget(evaluation_progress_key(run_id), "0"))
     assert (progress.episodes_received, progress.status) == (2, "complete") == (2, finished.report.status)
+
+
+def test_each_point_evaluates_every_environment_apart_and_keeps_its_version_until_the_last_is_in(
+        redis_client, run_id):
+    evaluations, celery, _ = _evaluations(redis_client, run_id, other_environments=["guess@2"], tasks=2,
+                                          samples_per_task=1, every_steps=10)
+    evaluations.request(rl_steps_done=10, step=310, policy_version=11)
+    requests = [EvaluationRequest.model_validate_json(kwargs["request"]) for _, kwargs, _ in celery.sent]
+    assert sorted((r.environment, r.first_task, r.tasks) for r in requests) == [("", 0, 2), ("guess@2", 0, 2)]
+    stream = evaluation_stream(run_id)
+    for task in range(2):
+        redis_client.xadd(stream, _episode(run_id, task, 0, evaluation=1, version=11, environment="guess@2",
+                                           reward=0.0).to_stream_fields())
+    (guess,) = evaluations.collect()
+    assert (guess.report.environment, guess.report.episodes, guess.report.metrics["success_rate"]) == ("guess@2", 2, 0)
+    # The run's own environment's evaluation of the version is still out: its kept copy stays.
+    assert redis_client.exists(evaluation_weights_key(run_id, 11))
+    progress = EvaluationProgress.model_validate_json(redis_client.hget(evaluation_progress_key(run_id), "1"))
+    assert (progress.episodes_expected, progress.episodes_received, progress.status) == (4, 2, "running")
+
+    for task in range(2):
+        redis_client.xadd(stream, _episode(run_id, task, 0, evaluation=1, version=11, reward=1.0).to_stream_fields())
+    (own,) = evaluations.collect()
+    assert (own.report.environment, own.report.metrics["success_rate"]) == ("calculator@1", 1.0)
+    assert not set(own.report.trajectory_ids) & set(guess.report.trajectory_ids)
+    assert not redis_client.exists(evaluation_weights_key(run_id, 11))
+    progress = EvaluationProgress.model_validate_json(redis_client.hget(evaluation_progress_key(run_id), "1"))
+    assert (progress.episodes_received, progress.status) == (4, "complete")

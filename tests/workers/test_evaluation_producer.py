@@ -112,3 +112,21 @@ def test_a_slice_that_fails_tells_the_trainer_why_and_never_quotes_a_secret(redi
     assert (entry.evaluation, entry.policy_version, entry.first_task, entry.tasks, entry.reason) == (2, 4, 5, 3, reason)
     assert all(API_KEY.encode() not in value for _, fields in redis_client.xrange(evaluation_stream(run_id))
                for value in fields.values())
+
+
+def test_a_request_naming_another_environment_runs_that_ones_held_out_tasks(redis_client, redis_url, run_id):
+    _set_up(redis_client, run_id)
+    spec = RunSpec.model_validate_json(redis_client.get(run_spec_key(run_id)))
+    guessing = EnvironmentSpec(name="guess", version=2, version_id=77, kind="python",
+                               entrypoint="environments.builtin.guessing_game:GuessingGameEnvironment")
+    redis_client.set(run_spec_key(run_id), spec.model_copy(update={"evaluation_environments": (guessing,)})
+                     .model_dump_json())
+
+    assert produce_evaluation(redis_url=redis_url, request=_request(run_id, environment="guess@2", tasks=2)) == 4
+
+    episodes = _episodes(redis_client, run_id)
+    assert {(episode.environment, episode.record.environment) for episode in episodes} == {("guess@2", "guess")}
+    assert {episode.policy_version for episode in episodes} == {4}
+    # A label the run does not evaluate on is a failed slice, not a guess.
+    with pytest.raises(EvaluationSliceError, match="evaluates on no environment 'shout@1'"):
+        produce_evaluation(redis_url=redis_url, request=_request(run_id, environment="shout@1"))

@@ -30,10 +30,16 @@
   const CHART_HEIGHT = 220;
   const DRAWN_AT_KEPT = 5000; // steps whose draw time is kept for window.tandemRunPage.drawnAt
   // The series of the run's evaluations, as evaluations.services.evaluation_series_name names them:
-  // eval/<metric> for its environment's, eval/dataset:<name@version>/<metric> for a dataset's.
+  // eval/<metric> for its own environment's, eval/<name@version>/<metric> for another environment's,
+  // eval/dataset:<name@version>/<metric> for a dataset's.
   const EVALUATION_SERIES_PREFIX = "eval/";
-  const evaluationSeriesPrefix = (evaluation) => (evaluation.kind === "dataset"
-    ? `${EVALUATION_SERIES_PREFIX}dataset:${evaluation.environment}/` : EVALUATION_SERIES_PREFIX);
+  function evaluationSeriesPrefix(evaluation) {
+    if (evaluation.kind === "dataset") return `${EVALUATION_SERIES_PREFIX}dataset:${evaluation.environment}/`;
+    if (evaluation.environment !== root.dataset.environmentLabel) {
+      return `${EVALUATION_SERIES_PREFIX}${evaluation.environment}/`;
+    }
+    return EVALUATION_SERIES_PREFIX;
+  }
 
   const { STEP_INCREMENTS, colour, metricPages } = window.tandemCharts;
 

@@ -1,16 +1,31 @@
-"""Held-out evaluation on datasets, on the platform's side: runs pin the datasets they evaluate on,
-refused when a dataset has no held-out row (or, for SFT, no training row); the trainer reads their
-rows; a dataset's evaluation is stored beside the environment's of the same point, with series of its own."""
+"""What a run evaluates on besides its own environment, on the platform's side.
+
+Datasets: runs pin the datasets they evaluate on, refused when a dataset has no held-out row (or,
+for SFT, no training row); the trainer reads their rows; a dataset's evaluation is stored beside
+the environment's of the same point, with series of its own. Other environments: pinned too,
+their specs in the trainer's claim, their secret settings written for producers at the claim and
+deleted at the run's end, their evaluations on series of their own."""
 
 from __future__ import annotations
 
 import pytest
 
 from evaluations.models import Evaluation
-from tandem.contracts import DATASET_HELD_OUT_MIN_ROWS, dataset_rows_held_out
+from runs.models import Run
+from runs.services import run_transition
+from tandem.contracts import (
+    DATASET_HELD_OUT_MIN_ROWS,
+    EnvironmentSecrets,
+    EnvironmentSpec,
+    RunStatus,
+    dataset_rows_held_out,
+    run_evaluation_secrets_key,
+)
 from telemetry.models import MetricPoint
+from tests.platform.conftest import TRAINER_NAME
 from tests.platform.test_datasets_api import _held_run_on, conversation, jsonl, upload
 from tests.platform.test_evaluations_api import evaluation_report
+from tests.workers.secret_environments import API_KEY
 
 pytestmark = pytest.mark.django_db
 
@@ -82,3 +97,44 @@ def test_a_datasets_evaluation_is_stored_beside_the_environments_with_series_of_
     names = set(MetricPoint.objects.filter(run=running_run, step=30).values_list("name", flat=True))
     assert {"eval/dataset:exam@2/loss", "eval/dataset:exam@2/token_accuracy", "eval/success_rate"} <= names
     assert "eval/loss" not in names  # a dataset's loss is never the environment's series
+
+
+# -- other environments ------------------------------------------------------------------------
+
+def test_a_run_pins_the_other_environments_it_evaluates_on_and_its_claim_carries_their_specs(
+        api, trainer_api, project, environment, keyed_version, django_capture_on_commit_callbacks, redis_client):
+    refused = _create(api, project, {"sft_steps": 0, "evaluation": {"environments": ["keyed", "nope"]}})
+    assert refused.status_code == 400 and list(refused.json()["error"]["fields"]) == [
+        "config.evaluation.environments.1"]
+    own = _create(api, project, {"sft_steps": 0, "evaluation": {"environments": ["calculator"]}})
+    assert own.status_code == 400 and "is the run's own environment" in own.json()["error"]["message"]
+
+    created = _create(api, project, {"sft_steps": 0, "rl_steps": 1, "evaluation": {"environments": ["keyed"]}})
+    assert created.status_code == 201, created.json()
+    assert created.json()["config"]["evaluation"]["environments"] == [f"keyed@{keyed_version.number}"]
+    run_id = created.json()["id"]
+    with django_capture_on_commit_callbacks(execute=True):
+        claim = trainer_api.post("/api/trainer/claim/", {"worker": TRAINER_NAME}, format="json")
+    assert claim.status_code == 200, claim.content
+    (spec,) = [EnvironmentSpec.model_validate(raw) for raw in claim.json()["run"]["evaluation_environments"]]
+    assert (spec.label, spec.version_id, spec.secret_setting_names) == (
+        f"keyed@{keyed_version.number}", keyed_version.pk, ("api_key",))
+    assert API_KEY.encode() not in claim.content
+    # Producers get its secret settings by version id; the run's end deletes them.
+    stored = EnvironmentSecrets.model_validate_json(
+        redis_client.hget(run_evaluation_secrets_key(run_id), str(keyed_version.pk)))
+    assert stored.revealed() == {"api_key": API_KEY}
+    with django_capture_on_commit_callbacks(execute=True):
+        run_transition(run=Run.objects.get(pk=run_id), to_status=RunStatus.PAUSED, reason="paused")
+    assert not redis_client.exists(run_evaluation_secrets_key(run_id))
+
+
+def test_another_environments_evaluation_charts_on_series_of_its_own(trainer_api, running_run):
+    base = f"/api/trainer/runs/{running_run.pk}/evaluations/"
+    own_label = str(running_run.environment_version)
+    assert trainer_api.post(base, evaluation_report(0, step=5, environment=own_label), format="json").status_code == 201
+    assert trainer_api.post(base, evaluation_report(0, step=5, environment="guess@2"), format="json").status_code == 201
+
+    names = set(MetricPoint.objects.filter(run=running_run, step=5).values_list("name", flat=True))
+    assert {"eval/success_rate", "eval/guess@2/success_rate", "eval/guess@2/pass@4"} <= names
+    assert Evaluation.objects.filter(run=running_run, index=0).count() == 2
