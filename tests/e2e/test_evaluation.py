@@ -7,6 +7,7 @@ import redis
 
 from tandem.contracts import EVALUATION_METRICS, LineageEntry, lineage_stream
 from tests.e2e.conftest import run_ended, user_api
+from tests.polling import poll_until
 
 SFT_STEPS = 20
 RL_STEPS = 4
@@ -107,3 +108,34 @@ def test_an_sft_run_evaluates_the_policy_it_ends_with(stack, credentials):
     (evaluation,) = api.get(f"/api/runs/{run['id']}/evaluations/").json()["results"]
     assert (evaluation["index"], evaluation["step"], evaluation["status"], evaluation["episodes"]) == (
         0, 6, "complete", 3)
+
+
+def test_a_run_evaluates_other_environments_of_its_project_apart(stack, credentials):
+    local, _ = stack
+    api = user_api(local, credentials)
+    registered = api.post("/api/environments/", json={
+        "project": credentials.project_id, "name": "guess-evaluated", "kind": "python",
+        "entrypoint": "environments.builtin.guessing_game:GuessingGameEnvironment"})
+    assert registered.status_code == 201, registered.text
+    poll_until(lambda: api.get(f"/api/environments/{registered.json()['id']}/").json()["latest_version"]["status"]
+               == "ready", timeout_s=120, interval_s=0.5, what="the guessing game's probe to pass")
+    created = api.post("/api/runs/", json={"project": credentials.project_id, "name": "evaluated elsewhere",
+                                           "environment": "calculator", "config": {
+        "algorithm": {"name": "sft"}, "sft_steps": 4, "rl_steps": 0,
+        "evaluation": {"tasks": 3, "samples_per_task": 1, "pass_k": [1], "environments": ["guess-evaluated"]}}})
+    assert created.status_code == 201, created.text
+    assert created.json()["config"]["evaluation"]["environments"] == ["guess-evaluated@1"]
+    run = run_ended(local, api, created.json()["id"], timeout_s=600)
+    assert run["status"] == "finished", run["status_reason"]
+
+    evaluations = api.get(f"/api/runs/{run['id']}/evaluations/").json()["results"]
+    assert [(e["index"], e["kind"], e["environment"].split("@")[0]) for e in evaluations] == [
+        (0, "environment", "calculator"), (0, "environment", "guess-evaluated")]
+    for evaluation in evaluations:
+        assert (evaluation["status"], evaluation["episodes"]) == ("complete", 3), evaluation["reason"]
+    assert not set(evaluations[0]["trajectory_ids"]) & set(evaluations[1]["trajectory_ids"])
+    points = api.get(f"/api/runs/{run['id']}/metrics/", params={
+        "after_step": -1, "names": "eval/success_rate,eval/guess-evaluated@1/success_rate"}).json()["points"]
+    assert {point["name"]: point["value"] for point in points} == {
+        "eval/success_rate": evaluations[0]["metrics"]["success_rate"],
+        "eval/guess-evaluated@1/success_rate": evaluations[1]["metrics"]["success_rate"]}
