@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from tandem.client import (
     EndpointUnavailable,
+    EvaluationProgress,
     LoginMissing,
     Run,
     TandemAPIError,
@@ -269,27 +271,95 @@ def cmd_eval_list(args) -> int:
     return 0
 
 
-def cmd_eval_create(args) -> int:
-    """An evaluation-only run of a run's kept checkpoint; with --wait, a spinner until it ends, then its results."""
-    changes = parse_assignments(args.set or [], option="--set")
-    with _client() as client:
-        run = client.runs.evaluate(args.run_id, step=args.step, evaluation=changes or None, name=args.name)
+def evaluation_wait_line(run: Run, progress: list[EvaluationProgress] | None, *, bar: bool) -> str:
+    """The run's status and its newest evaluation's episodes: received of expected, and the share."""
+    parts = [f"run {run.id} [{run.status}]"]
+    if not progress:
+        # Queued, loading the model, or a platform that cannot say (its Redis is away).
+        parts.append("evaluation not asked for yet" if progress == [] else "evaluating")
+        return " ".join(parts)
+    current = progress[-1]
+    parts.append(f"evaluation {current.evaluation}")
+    if bar:
+        filled = round(BAR_WIDTH * current.fraction)
+        parts.append("[" + "#" * filled + "-" * (BAR_WIDTH - filled) + f"] {current.fraction:4.0%}")
+    else:
+        parts.append(f"{current.fraction:.0%}")
+    parts.append(f"{current.episodes_received}/{current.episodes_expected} episodes")
+    if current.status != "running":
+        parts.append(current.status)
+    return " ".join(parts)
+
+
+def _evaluation_progress(client: TandemClient, run_id: int) -> list[EvaluationProgress] | None:
+    try:
+        return client.runs.evaluation_progress(run_id)
+    except EndpointUnavailable:
+        return None  # an older platform: the wait shows the run's status alone
+
+
+def _wait_for_evaluation(client: TandemClient, run: Run, args) -> Run:
+    """Poll until ``run`` ends: one bar redrawn on a terminal, a line per change otherwise (logs, CI)."""
+    interactive = sys.stdout.isatty() if args.tty == "auto" else args.tty == "yes"
+    last_line = ""
+    while True:
+        run = client.runs.get(run.id)
+        line = evaluation_wait_line(run, _evaluation_progress(client, run.id), bar=interactive)
+        if line != last_line:
+            if interactive:
+                print("\r" + line.ljust(len(last_line)), end="", flush=True)
+            else:
+                print(line, flush=True)
+            last_line = line
+        if run.ended:
+            break
+        time.sleep(args.poll_s)
+    if interactive:
+        print()
+    return run
+
+
+def _create_evaluation_run(client: TandemClient, args) -> Run:
+    """An evaluation-only run of RUN_ID's kept checkpoint, or of the model in --model; says which it made."""
+    evaluation = parse_assignments(args.set or [], option="--set")
+    if args.run_id is not None and args.model is not None:
+        raise CommandError("give a RUN_ID or --model DIR, not both")
+    if args.run_id is None and args.model is None:
+        raise CommandError("give a RUN_ID (to evaluate one of its kept checkpoints) or --model DIR "
+                           "(to evaluate a model as it is)")
+    if args.model is None:
+        misplaced = [option for option, value in (("--environment", args.environment), ("--project", args.project),
+                                                   ("--config-set", args.config_set)) if value]
+        if misplaced:
+            raise CommandError(f"{', '.join(misplaced)}: only with --model (RUN_ID's evaluation keeps its environment, "
+                               "project and config)")
+        run = client.runs.evaluate(args.run_id, step=args.step, evaluation=evaluation or None, name=args.name)
         print(f"run {run.id} {run.status}: evaluates run {args.run_id} step {run.config['start_from']['step']}: "
               f"{run.urls.get('page', '')}")
+        return run
+    if args.environment is None:
+        raise CommandError("--model needs --environment NAME[@VERSION]: the environment to evaluate it on")
+    if args.step is not None:
+        raise CommandError("--step: only with RUN_ID (a model directory has no checkpoints)")
+    # The platform's hosts read the directory; a relative one means the caller's current directory.
+    model_dir = os.path.abspath(args.model)
+    run = client.runs.evaluate_model(model_dir, environment=args.environment, evaluation=evaluation,
+                                     config=parse_assignments(args.config_set or [], option="--config-set"),
+                                     project=args.project, name=args.name)
+    print(f"run {run.id} {run.status}: evaluates {model_dir} on {run.environment}: {run.urls.get('page', '')}")
+    return run
+
+
+def cmd_eval_create(args) -> int:
+    """An evaluation-only run of a run's kept checkpoint or of a model directory; with --wait, a progress bar
+    until it ends, then its results."""
+    with _client() as client:
+        run = _create_evaluation_run(client, args)
         if not args.wait:
             return 0
-        interactive = sys.stdout.isatty()
-        frames = "|/-\\"
-        polls = 0
-        while not (run := client.runs.get(run.id)).ended:
-            if interactive:
-                sys.stdout.write(f"\r{frames[polls % len(frames)]} run {run.id} [{run.status}] evaluating")
-                sys.stdout.flush()
-            polls += 1
-            time.sleep(args.poll_s)
-        if interactive:
-            sys.stdout.write("\n")
-        print(f"run {run.id} {run.status}" + (f" ({run.status_reason})" if run.status_reason else ""))
+        run = _wait_for_evaluation(client, run, args)
+    if run.status_reason:
+        print(f"run {run.id} {run.status}: {run.status_reason}")
     if run.status != RunStatus.FINISHED:
         return 1
     return cmd_eval_list(argparse.Namespace(run_id=run.id, json=False))
@@ -455,13 +525,29 @@ def register_subcommands(commands: argparse._SubParsersAction) -> None:
     eval_list.add_argument("--json", action="store_true")
     eval_list.set_defaults(func=_handled(cmd_eval_list))
     eval_create = evaluation_commands.add_parser(
-        "create", help="evaluate a run's kept checkpoint in a run of its own, with no training")
-    eval_create.add_argument("run_id", type=int)
-    eval_create.add_argument("--step", type=int, help="the checkpoint's step (default: the newest kept one)")
+        "create", help="evaluate a run's kept checkpoint, or a model directory, in a run of its own, with no training",
+        description="Give RUN_ID to evaluate one of its kept checkpoints, or --model DIR --environment NAME "
+        "to evaluate a Hugging Face model as it is.")
+    eval_create.add_argument("run_id", type=int, nargs="?", metavar="RUN_ID",
+                             help="the run whose kept checkpoint to evaluate")
+    eval_create.add_argument("--step", type=int, help="with RUN_ID: the checkpoint's step (default: the newest kept one)")
+    eval_create.add_argument("--model", metavar="DIR",
+                             help="a model directory on the platform's hosts, under the operator's TANDEM_MODEL_ROOTS "
+                             "(tandem models import puts models there); relative: from the current directory")
+    eval_create.add_argument("--environment", metavar="NAME[@VERSION]", help="with --model: the environment")
+    eval_create.add_argument("--project", type=int, help="with --model: the project (default: your only one)")
     eval_create.add_argument("--set", action="append", metavar="KEY=VALUE",
-                             help="an evaluation setting, e.g. tasks=64 or pass_k=[1,4] (default: the run's own)")
+                             help="an evaluation setting, e.g. tasks=64 or pass_k=[1,4] (default: the run's own, "
+                             "or the defaults); repeatable")
+    eval_create.add_argument("--config-set", action="append", metavar="KEY=VALUE",
+                             help="with --model: a run config value, dotted for nested keys "
+                             "(sampling.max_new_tokens=48); repeatable")
     eval_create.add_argument("--name", default="")
-    eval_create.add_argument("--wait", action="store_true", help="wait for it to end, then show its results")
+    eval_create.add_argument("--wait", action="store_true",
+                             help="show its progress until it ends, then its results (exit 0 if it finished)")
+    eval_create.add_argument("--tty", choices=["auto", "yes", "no"], default="auto",
+                             help="with --wait: redraw one progress bar (yes) or print a line per change (no); "
+                             "auto: bar on a terminal")
     eval_create.add_argument("--poll-s", type=float, default=1.0, help=argparse.SUPPRESS)
     eval_create.set_defaults(func=_handled(cmd_eval_create))
     eval_show = evaluation_commands.add_parser("show", help="one evaluation's every metric")

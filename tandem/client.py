@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from tandem.config_changes import merge_changes
 from tandem.contracts import TERMINAL_RUN_STATUSES, ErrorCode
 
 METRICS_PAGE_LIMIT = 5000  # the platform's maximum points per page
@@ -178,6 +179,25 @@ class Evaluation(_Record):
     episodes: int
     metrics: dict[str, float]
     intervals: dict[str, list[float]] = {}
+    trajectory_ids: list[str] = []
+
+
+class EvaluationProgress(_Record):
+    """How far one evaluation of a run has come, as its trainer keeps it (tandem.contracts.EvaluationProgress)."""
+
+    evaluation: int
+    policy_version: int
+    episodes_expected: int
+    episodes_received: int
+    # running until its report is made, then the report's status (complete or incomplete).
+    status: str
+
+    @property
+    def fraction(self) -> float:
+        """Of the episodes expected, the share received (1 when none were expected)."""
+        if not self.episodes_expected:
+            return 1.0
+        return min(self.episodes_received / self.episodes_expected, 1.0)
 
 
 class MetricPoint(_Record):
@@ -414,6 +434,23 @@ class RunsAPI:
         body = {"step": step, "evaluation": evaluation, "name": name}
         return Run.model_validate(self._transport.request("POST", f"/api/runs/{run_id}/evaluate/", json=body))
 
+    def evaluate_model(self, model_dir: str | os.PathLike, *, environment: str,
+                       evaluation: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                       project: int | None = None, name: str = "") -> Run:
+        """An evaluation-only run of the Hugging Face model in ``model_dir``, as it is: evaluated once, no training.
+
+        ``model_dir`` is a directory on the platform's hosts, under one of the operator's
+        TANDEM_MODEL_ROOTS (``tandem models import`` puts models there); it is both the
+        checkpoint and the tokenizer. ``environment``: a name, or ``name@version``.
+        ``evaluation``: the config's evaluation section (None: the defaults). ``config``: any
+        other run config values (``{"sampling": {"max_new_tokens": 48}}``), merged key by key.
+        """
+        directory = str(model_dir)
+        evaluation_only = {"model": {"hf_checkpoint": directory, "tokenizer": directory},
+                           "sft_steps": 0, "rl_steps": 0, "evaluation": evaluation or {}}
+        return self.create(environment=environment, config=merge_changes(config or {}, evaluation_only),
+                           name=name or f"evaluation of {Path(directory).name}"[:200], project=project)
+
     def wait(self, run_id: int, timeout: float | None = None, *, poll_interval_s: float = 1.0) -> Run:
         """Block until the run has ended (finished, failed or cancelled); :class:`RunWaitTimeout` otherwise."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -438,6 +475,18 @@ class RunsAPI:
         """The run's held-out evaluations, in the order they were asked for."""
         return [Evaluation.model_validate(item)
                 for item in self._transport.paginate(f"/api/runs/{run_id}/evaluations/")]
+
+    def evaluation_progress(self, run_id: int) -> list[EvaluationProgress] | None:
+        """How far each evaluation the run's trainer asked for has come, first one first.
+
+        None when the platform could not read it (its Redis is away). Raises
+        :class:`EndpointUnavailable` from a platform older than this client.
+        """
+        body = self._transport.request("GET", f"/api/runs/{run_id}/evaluations/progress/",
+                                       missing_route_is_unavailable=True)
+        if body["evaluations"] is None:
+            return None
+        return [EvaluationProgress.model_validate(item) for item in body["evaluations"]]
 
     def trajectories(self, run_id: int, *, status: str | None = None, environment: str | None = None,
                      min_reward: float | None = None, max_reward: float | None = None,
@@ -652,7 +701,7 @@ class TandemClient:
 
 
 __all__ = [
-    "Dataset", "EndpointUnavailable", "Environment", "LoginMissing", "MetricPoint", "MetricsPage", "Project", "Run", "RunEvent",
-    "RunWaitTimeout", "StepMetrics", "TandemAPIError", "TandemClient", "login_path",
+    "Dataset", "EndpointUnavailable", "Environment", "Evaluation", "EvaluationProgress", "LoginMissing",
+    "MetricPoint", "MetricsPage", "Project", "Run", "RunEvent", "RunWaitTimeout", "StepMetrics", "TandemAPIError", "TandemClient", "login_path",
     "save_login", "saved_login",
 ]

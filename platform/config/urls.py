@@ -40,7 +40,12 @@ from environment_registry.views import (
     EnvironmentVersionProbeView,
 )
 from evaluations import pages as evaluation_pages
-from evaluations.views import RunEvaluateView, RunEvaluationListView, TrainerEvaluationsView
+from evaluations.views import (
+    RunEvaluateView,
+    RunEvaluationListView,
+    RunEvaluationProgressView,
+    TrainerEvaluationsView,
+)
 from runs import pages as run_pages
 from runs.views import (
     RunCancelView,
@@ -199,6 +204,11 @@ api = [
         "api/runs/<int:run_id>/evaluations/",
         RunEvaluationListView.as_view(),
         name="api-run-evaluations",
+    ),
+    path(
+        "api/runs/<int:run_id>/evaluations/progress/",
+        RunEvaluationProgressView.as_view(),
+        name="api-run-evaluation-progress",
     ),
     path("api/runs/<int:run_id>/evaluate/", RunEvaluateView.as_view(), name="api-run-evaluate"),
     path("api/runs/<int:run_id>/devices/", RunDevicesView.as_view(), name="api-run-devices"),

@@ -1,5 +1,7 @@
 from rest_framework import serializers
 
+from tandem.contracts import EVALUATION_STATUSES, EvaluationProgress
+
 from .models import Evaluation
 
 
@@ -28,3 +30,24 @@ class EvaluationRunCreateSerializer(serializers.Serializer):
         help_text="The evaluation config section (every_steps aside, as for a run); null: the run's own, "
         "or the defaults.")
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+def _described(field: str) -> str:
+    return EvaluationProgress.model_fields[field].description or ""
+
+
+class EvaluationProgressSerializer(serializers.Serializer):
+    """One ``tandem.contracts.EvaluationProgress``, as the trainer keeps it."""
+
+    evaluation = serializers.IntegerField(min_value=0, help_text="The evaluation's index in its run (0, 1, ...).")
+    policy_version = serializers.IntegerField(min_value=0)
+    episodes_expected = serializers.IntegerField(min_value=0, help_text=_described("episodes_expected"))
+    episodes_received = serializers.IntegerField(min_value=0, help_text=_described("episodes_received"))
+    status = serializers.ChoiceField(choices=["running", *EVALUATION_STATUSES], help_text=_described("status"))
+
+
+class EvaluationProgressListSerializer(serializers.Serializer):
+    run = serializers.IntegerField()
+    evaluations = EvaluationProgressSerializer(
+        many=True, allow_null=True,
+        help_text="Each evaluation the trainer asked for, first one first; null when Redis could not be read.")

@@ -20,8 +20,12 @@ from tandem.contracts import TRAINER_HEADER, EvaluationReport
 from telemetry.models import MetricPoint
 
 from .models import Evaluation
-from .selectors import evaluation_list
-from .serializers import EvaluationRunCreateSerializer, EvaluationSerializer
+from .selectors import evaluation_list, evaluation_progress_list
+from .serializers import (
+    EvaluationProgressListSerializer,
+    EvaluationRunCreateSerializer,
+    EvaluationSerializer,
+)
 from .services import EVALUATION_METRIC_PREFIX, evaluation_record, evaluation_run_create
 
 _INTEGER_FIELDS = ("evaluation", "step", "policy_version", "tasks", "samples_per_task", "episodes")
@@ -75,6 +79,22 @@ class RunEvaluationListView(GenericAPIView):
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(evaluation_list(run=run), request, view=self)
         return paginator.get_paginated_response(EvaluationSerializer(page, many=True).data)
+
+
+@extend_schema(tags=["runs"])
+class RunEvaluationProgressView(APIView):
+    """How far each of the run's evaluations has come: episodes received of those expected, as its trainer
+    keeps them in Redis (for progress bars; the record of an evaluation is its report in the list).
+
+    Not paginated: a run has one row per evaluation point.
+    """
+
+    @extend_schema(responses={200: EvaluationProgressListSerializer})
+    def get(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        progress = evaluation_progress_list(run=run)
+        evaluations = None if progress is None else [item.model_dump(exclude={"schema_version"}) for item in progress]
+        return Response(EvaluationProgressListSerializer({"run": run.pk, "evaluations": evaluations}).data)
 
 
 @extend_schema(tags=["runs"])

@@ -12,8 +12,10 @@ from evaluations.models import Evaluation
 from tandem.contracts import (
     EVALUATION_STATUSES,
     TRAINER_HEADER,
+    EvaluationProgress,
     EvaluationReport,
     TrainerConflictCode,
+    evaluation_progress_key,
 )
 from telemetry.models import MetricBucket, MetricPoint
 
@@ -315,3 +317,85 @@ def test_a_config_cannot_start_from_a_checkpoint_it_names_itself(api, running_ru
     replay = api.post(f"/api/runs/{running_run.pk}/evaluate/", {}, format="json").json()
     again = api.post(f"/api/runs/{replay['id']}/clone/", {"config": {"evaluation": {"tasks": 8}}}, format="json")
     assert again.status_code == 201 and again.json()["config"]["start_from"] == replay["config"]["start_from"]
+
+
+# --- progress: what the trainer keeps in Redis while an evaluation's episodes come back --------------
+
+def _progress(run_id: int) -> str:
+    return f"/api/runs/{run_id}/evaluations/progress/"
+
+
+@pytest.fixture
+def progress_hash(redis_client):
+    """``write(run, progress...)`` sets the trainer's progress hash of ``run`` in the platform's Redis."""
+    written = []
+
+    def write(run, *progress: EvaluationProgress, raw: dict[str, str] | None = None) -> None:
+        key = evaluation_progress_key(run.pk)
+        written.append(key)
+        redis_client.delete(key)  # the same run id in an earlier test database
+        fields = {str(item.evaluation): item.model_dump_json() for item in progress} | (raw or {})
+        if fields:
+            redis_client.hset(key, mapping=fields)
+
+    yield write
+    if written:
+        redis_client.delete(*written)
+
+
+def _evaluation_progress(index: int, *, received: int, status: str = "running") -> EvaluationProgress:
+    return EvaluationProgress(evaluation=index, policy_version=10 * index, episodes_expected=32,
+                              episodes_received=received, status=status)
+
+
+def test_the_progress_of_each_evaluation_is_read_from_its_trainers_hash_first_one_first(
+        api, running_run, progress_hash):
+    progress_hash(running_run, _evaluation_progress(1, received=12), _evaluation_progress(0, received=32,
+                                                                                          status="complete"),
+                  raw={"2": '{"schema_version": 99}'})  # a newer trainer's shape: left out
+
+    response = api.get(_progress(running_run.pk))
+
+    assert response.status_code == 200, response.content
+    assert response.json() == {"run": running_run.pk, "evaluations": [
+        {"evaluation": 0, "policy_version": 0, "episodes_expected": 32, "episodes_received": 32,
+         "status": "complete"},
+        {"evaluation": 1, "policy_version": 10, "episodes_expected": 32, "episodes_received": 12,
+         "status": "running"},
+    ]}
+
+
+def test_a_run_whose_trainer_asked_for_no_evaluation_yet_has_no_progress(api, running_run, progress_hash):
+    progress_hash(running_run)
+
+    assert api.get(_progress(running_run.pk)).json() == {"run": running_run.pk, "evaluations": []}
+
+
+def test_the_progress_says_when_redis_cannot_be_read(api, running_run, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+
+    response = api.get(_progress(running_run.pk))
+
+    assert response.status_code == 200 and response.json() == {"run": running_run.pk, "evaluations": None}
+
+
+def test_another_projects_user_gets_404_from_the_progress(client_for, make_user, running_run, progress_hash):
+    progress_hash(running_run, _evaluation_progress(0, received=5))
+    outsider = client_for(make_user("outsider"))
+
+    response = outsider.get(_progress(running_run.pk))
+
+    assert response.status_code == 404, response.content
+    assert "episodes_received" not in response.content.decode()
+    assert outsider.get(_progress(10**9)).status_code == 404
+
+
+@pytest.mark.parametrize("count", [1, 12])
+def test_the_progress_takes_a_fixed_number_of_queries(api, running_run, progress_hash, count,
+                                                      django_assert_num_queries):
+    progress_hash(running_run, *(_evaluation_progress(index, received=index) for index in range(count)))
+    api.get("/api/projects/")  # records the token's last use, a write that happens once a minute
+    # Authentication, then the run with its project check; the progress itself is in Redis.
+    with django_assert_num_queries(2):
+        response = api.get(_progress(running_run.pk))
+    assert len(response.json()["evaluations"]) == count

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tandem.contracts import EvaluationProgress, evaluation_progress_key
 from tandem.stack import REPO_ROOT
 
 from .conftest import wait_until
@@ -254,3 +257,173 @@ def test_eval_create_starts_an_evaluation_only_run_of_a_kept_checkpoint(tandem, 
     missing = tandem("eval", "create", str(run.id), "--step", "3")
     assert missing.returncode == 1 and "step: Run" in missing.stderr and "kept steps are 2, 4" in missing.stderr
     trainer.heartbeat(run.id, status="finished", trainer_step=4, policy_version=4)
+
+
+@pytest.fixture
+def progress_keys(redis_client):
+    """``write(run_id, received, status)``: the trainer's progress of evaluation 0 of 8 episodes in its hash."""
+    written: set[str] = set()
+
+    def write(run_id: int, received: int, status: str = "running") -> None:
+        key = evaluation_progress_key(run_id)
+        if key not in written:
+            written.add(key)
+            redis_client.delete(key)  # the same run id in an earlier test database
+        progress = EvaluationProgress(evaluation=0, policy_version=0, episodes_expected=8,
+                                      episodes_received=received, status=status)
+        redis_client.hset(key, "0", progress.model_dump_json())
+
+    yield write
+    if written:
+        redis_client.delete(*written)
+
+
+def _finished_run_with_a_kept_checkpoint(platform, client, trainer) -> int:
+    """A run that finished with a kept checkpoint of step 4; the trainer holds nothing afterwards."""
+    assert client.environments.probe("calculator", wait_s=90)["status"] == "passed"
+    run = client.runs.create(environment="calculator", config={"sft_steps": 0, "rl_steps": 4})
+    trainer.claim(run.id)
+    path = platform.stack.config.var_dir / "checkpoints" / f"run-{run.id}" / "4"
+    reported = trainer.http.post(f"/api/trainer/runs/{run.id}/checkpoints/", json={"checkpoints": [
+        {"step": 4, "policy_version": 4, "path": str(path), "size_bytes": 10}]})
+    assert reported.status_code == 200, reported.text
+    trainer.heartbeat(run.id, status="finished", trainer_step=4, policy_version=4)
+    return run.id
+
+
+def _evaluate_to_the_end(trainer, progress_keys, run_id: int) -> None:
+    """The trainer's side of an evaluation-only run: every episode in, its report, the run finished."""
+    progress_keys(run_id, 8, "complete")
+    report = {**_evaluation_report(0), "episodes": 8}
+    assert trainer.http.post(f"/api/trainer/runs/{run_id}/evaluations/", json=report).status_code == 201
+    trainer.heartbeat(run_id, status="finished", trainer_step=0, policy_version=0)
+
+
+class _LineReader:
+    """The lines a process writes, read as they come; a line that never comes fails the test, not hangs it."""
+
+    def __init__(self, stream):
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.read: list[str] = []  # every line, in order
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in iter(stream.readline, ""):
+            self.read.append(line.rstrip("\n"))
+            self.lines.put(line)
+
+    def until(self, condition, *, what: str) -> str:
+        while True:
+            try:
+                line = self.lines.get(timeout=60)
+            except queue.Empty:
+                raise AssertionError(f"no line {what} came") from None
+            if condition(line):
+                return line
+
+    def all(self) -> list[str]:
+        """Every line, once the process closed its output."""
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), "the process never closed its output"
+        return self.read
+
+
+def test_eval_create_wait_prints_the_evaluations_progress_until_the_run_ends(platform, client, trainer,
+                                                                               progress_keys):
+    source = _finished_run_with_a_kept_checkpoint(platform, client, trainer)
+    wait = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "eval", "create", str(source), "--wait", "--tty", "no", "--poll-s", "0.05"],
+        cwd=REPO_ROOT, env=_env(platform, Path("/nonexistent"), login=True),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        output = _LineReader(wait.stdout)
+        created = output.until(lambda line: line.startswith("run "), what="saying which run it made")
+        run_id = int(created.split()[1])
+        output.until(lambda line: line.startswith(f"run {run_id} [queued] evaluation not asked for yet"),
+                     what="of the queued run")
+        trainer.claim(run_id)
+        # Without a terminal: a plain line per change, the share and the episodes, no bar.
+        for received in (0, 4):
+            progress_keys(run_id, received)
+            expected = f"run {run_id} [running] evaluation 0 {received / 8:.0%} {received}/8 episodes"
+            output.until(lambda line, expected=expected: line.rstrip("\n") == expected, what=repr(expected))
+        _evaluate_to_the_end(trainer, progress_keys, run_id)
+        lines = output.all()
+        wait.wait(timeout=60)
+    finally:
+        if wait.poll() is None:
+            wait.kill()
+            wait.wait()
+
+    assert wait.returncode == 0, wait.stderr.read()
+    assert not any("[#" in line or "\r" in line for line in lines), lines
+    assert f"run {run_id} [finished] evaluation 0 100% 8/8 episodes complete" in lines
+    # Then its results, as `tandem eval list` prints them.
+    assert lines[-2].split()[:2] == ["#", "STEP"] and lines[-1].split()[:5] == ["0", "0", "v0", "calculator@1",
+                                                                                "complete"]
+
+
+def test_eval_create_wait_on_a_terminal_redraws_one_progress_bar(tandem, platform, client, trainer, progress_keys):
+    source = _finished_run_with_a_kept_checkpoint(platform, client, trainer)
+    wait = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "eval", "create", str(source), "--wait", "--tty", "yes", "--poll-s", "0.05"],
+        cwd=REPO_ROOT, env=_env(platform, Path("/nonexistent"), login=True),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        created = wait.stdout.readline().decode()
+        run_id = int(created.split()[1])
+        trainer.claim(run_id)
+        progress_keys(run_id, 2)
+        _evaluate_to_the_end(trainer, progress_keys, run_id)
+        out, err = wait.communicate(timeout=60)
+    finally:
+        if wait.poll() is None:
+            wait.kill()
+            wait.wait()
+
+    assert wait.returncode == 0, err
+    waited = out.decode().split("\n", 1)[0]  # redrawn in place: one line break, after the last bar
+    assert waited.startswith("\r") and waited.count("\r") >= 2
+    final = waited.rsplit("\r", 1)[1].rstrip()
+    assert final == f"run {run_id} [finished] evaluation 0 [{'#' * 24}] 100% 8/8 episodes complete"
+
+
+def test_eval_create_of_a_model_directory_queues_an_evaluation_only_run_of_it(tandem, client, smollm2):
+    relative = os.path.relpath(smollm2, REPO_ROOT)  # the command runs in the repository: read from there
+
+    created = tandem("eval", "create", "--model", relative, "--environment", "calculator-chat", "--set", "tasks=4",
+                     "--set", "samples_per_task=2", "--config-set", "sampling.max_new_tokens=16", "--name", "as is")
+
+    assert created.returncode == 0, created.stderr
+    run = client.runs.get(int(created.stdout.split()[1]))
+    directory = str(REPO_ROOT / relative)
+    assert f"evaluates {directory} on calculator-chat" in created.stdout
+    assert (run.name, run.environment, run.config["sft_steps"], run.config["rl_steps"]) == (
+        "as is", "calculator-chat", 0, 0)
+    assert run.config["model"]["hf_checkpoint"] == run.config["model"]["tokenizer"] == directory
+    assert (run.config["evaluation"]["tasks"], run.config["evaluation"]["samples_per_task"]) == (4, 2)
+    assert run.config["sampling"]["max_new_tokens"] == 16 and run.config["start_from"] is None
+    client.runs.cancel(run.id)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "give a RUN_ID (to evaluate one of its kept checkpoints) or --model DIR"),
+    (["7", "--model", "var/models/x", "--environment", "calculator"], "not both"),
+    (["--model", "var/models/x"], "--model needs --environment"),
+    (["--model", "var/models/x", "--environment", "calculator", "--step", "3"], "--step: only with RUN_ID"),
+    (["7", "--environment", "calculator"], "--environment: only with --model"),
+])
+def test_eval_create_names_what_it_evaluates_exactly_once(tandem, args, message):
+    result = tandem("eval", "create", *args)
+
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_eval_create_of_a_directory_outside_the_model_roots_is_refused_naming_the_field(tandem, tmp_path):
+    result = tandem("eval", "create", "--model", str(tmp_path), "--environment", "calculator-chat")
+
+    assert result.returncode == 1
+    assert "config.model.hf_checkpoint" in result.stderr and "TANDEM_MODEL_ROOTS" in result.stderr

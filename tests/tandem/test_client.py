@@ -15,6 +15,7 @@ from tandem.client import (
     TandemClient,
     save_login,
 )
+from tandem.contracts import EvaluationProgress, evaluation_progress_key
 from tandem.local_ports import free_local_port
 from tandem.stack import LocalStack
 from tests.platform.builders import step_event
@@ -39,6 +40,34 @@ def test_a_run_is_created_shown_listed_and_cancelled(client):
     assert cancelled.status == "cancelled" and cancelled.ended
     assert run.id in {listed.id for listed in client.runs.list(status="cancelled")}
     assert run.id not in {listed.id for listed in client.runs.list(status="queued")}
+
+
+def test_a_model_directory_is_evaluated_in_a_run_that_trains_nothing_and_reports_its_progress(
+        client, smollm2, redis_client):
+    run = client.runs.evaluate_model(smollm2, environment="calculator-chat", evaluation={"tasks": 4},
+                                     config={"sampling": {"max_new_tokens": 16}, "rl_steps": 9})
+
+    # Evaluation-only whatever the other config says: no SFT or RL step.
+    assert (run.config["sft_steps"], run.config["rl_steps"], run.environment) == (0, 0, "calculator-chat")
+    assert run.config["model"]["hf_checkpoint"] == run.config["model"]["tokenizer"] == str(smollm2)
+    assert run.config["evaluation"]["tasks"] == 4 and run.config["sampling"]["max_new_tokens"] == 16
+    assert run.name == f"evaluation of {smollm2.name}"
+    key = evaluation_progress_key(run.id)
+    redis_client.delete(key)  # the same run id in an earlier test database
+    try:
+        assert client.runs.evaluation_progress(run.id) == []
+        for index, received, status in ((1, 3, "running"), (0, 8, "complete")):
+            redis_client.hset(key, str(index), EvaluationProgress(
+                evaluation=index, policy_version=index, episodes_expected=8, episodes_received=received,
+                status=status).model_dump_json())
+
+        progress = client.runs.evaluation_progress(run.id)
+    finally:
+        redis_client.delete(key)
+        client.runs.cancel(run.id)
+
+    assert [(item.evaluation, item.episodes_received, item.status, item.fraction) for item in progress] == [
+        (0, 8, "complete", 1.0), (1, 3, "running", 0.375)]
 
 
 def test_cancelling_an_ended_run_is_a_conflict(client):

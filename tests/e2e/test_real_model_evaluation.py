@@ -1,0 +1,79 @@
+"""An evaluation-only run of SmolLM2-135M-Instruct as ``make models`` imported it: no training, one evaluation.
+
+The run is created as a user creates one, with ``client.runs.evaluate_model``
+(what ``tandem eval create --model`` calls): the model directory under the
+operator's model roots, ``sft_steps`` and ``rl_steps`` 0, an evaluation
+section. Greedy sampling makes the evaluation a function of the model and the
+held-out tasks alone, so two such runs must agree on every metric and on every
+token of every episode, read back from the platform's trajectory samples.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.client import TandemClient
+from tests.e2e.conftest import run_ended, user_api
+
+EVALUATION = {"tasks": 4, "samples_per_task": 2, "pass_k": [1, 2], "temperature": 0}
+EPISODES = EVALUATION["tasks"] * EVALUATION["samples_per_task"]
+# Small limits keep an episode to a few decoding calls on a CPU; a Hermes tool call is about 30 tokens.
+# An engine of as many rows as the evaluation has episodes (not the default, sized for training).
+# Every episode of the evaluation is sent to the trajectory browser (8 < 16), so all can be compared.
+RUN_CONFIG = {"model": {"max_seq_len": 512}, "sampling": {"max_new_tokens": 40, "inference_slots": EPISODES},
+              "rollout": {"max_turns": 2}, "trajectory_samples_per_step": 16}
+
+
+# Two runs of a real model, each loading it and compiling its engine on a CPU: longer than the
+# suite's default limit on a loaded machine. A guard against a hang, not a measure of speed.
+@pytest.mark.timeout(1800)
+def test_an_evaluation_only_run_of_the_real_model_evaluates_it_once_and_reproducibly(stack, credentials, smollm2):
+    local, _ = stack
+    api = user_api(local, credentials)
+    outcomes = []
+    with TandemClient(local.config.platform_url, credentials.user_token, timeout=30) as client:
+        for attempt in range(2):
+            created = client.runs.evaluate_model(
+                smollm2.resolve(), environment="calculator-chat", evaluation=EVALUATION, config=RUN_CONFIG,
+                project=credentials.project_id, name=f"SmolLM2 evaluated as imported ({attempt})")
+            assert (created.config["sft_steps"], created.config["rl_steps"]) == (0, 0)
+            assert created.config["model"]["hf_checkpoint"] == str(smollm2.resolve())
+            ended = run_ended(local, api, created.id, timeout_s=1500)
+            assert ended["status"] == "finished", ended["status_reason"]
+            assert ended["trainer_step"] == 0  # nothing trained
+
+            (evaluation,) = client.runs.evaluations(created.id)
+            assert (evaluation.index, evaluation.status, evaluation.episodes) == (0, "complete", EPISODES), \
+                evaluation.reason
+            assert evaluation.environment.startswith("calculator-chat@") and evaluation.temperature == 0
+            trajectory_ids = evaluation.trajectory_ids
+            assert len(trajectory_ids) == EPISODES
+            outcomes.append((evaluation, _episodes_in_order(api, created.id, trajectory_ids)))
+
+    (first, first_episodes), (second, second_episodes) = outcomes
+
+    def without_cost(metrics: dict) -> dict:
+        return {name: value for name, value in metrics.items() if name != "wall_s"}
+
+    assert without_cost(first.metrics) == without_cost(second.metrics)
+    assert first.intervals == second.intervals
+    # The model really answered: every episode has a policy turn with tokens of its own.
+    for episode in first_episodes:
+        assert any(turn["role"] == "policy" and any(span["trained"] for span in turn["spans"])
+                   for turn in episode["turns"]), episode
+    assert first_episodes == second_episodes
+
+
+def _episodes_in_order(api, run_id: int, trajectory_ids: list[str]) -> list[dict]:
+    """The run's sampled evaluation episodes in the report's order (task, then sample), without what
+    names the run: their outcome and every turn's text, tokens and loss mask spans."""
+    listed = api.get(f"/api/runs/{run_id}/trajectories/", params={"purpose": "evaluation", "page_size": 500})
+    assert listed.status_code == 200, listed.text
+    sampled = {row["id"] for row in listed.json()["results"]}
+    assert sampled == set(trajectory_ids), "every episode of the evaluation should have been sampled"
+    episodes = []
+    for trajectory_id in trajectory_ids:
+        sample = api.get(f"/api/runs/{run_id}/trajectories/{trajectory_id}/").json()
+        episodes.append({name: sample[name] for name in ("reward", "status", "failure_reason", "num_tokens",
+                                                         "trained_tokens", "policy_versions", "turns")})
+    return episodes
