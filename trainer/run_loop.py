@@ -539,9 +539,10 @@ class RunTrainer:
         """Post evaluation results; while the platform is away they wait for the next step (or, at the
         end of the run, are retried like the run's other final reports). A few of each evaluation's
         episodes go to the trajectory browser, as a step's do."""
+        tools = {environment.label: environment.tools for environment in self.claimed.evaluation_environments}
         for evaluation in filter(lambda evaluation: evaluation.records, finished):
             self.telemetry.trajectories.add_step(step=evaluation.report.step, records=evaluation.records,
-                                                 purpose="evaluation")
+                                                 purpose="evaluation", tools=tools.get(evaluation.report.environment))
         reports = [evaluation.report for evaluation in finished]
         pending, self._evaluation_reports_unsent = self._evaluation_reports_unsent + reports, []
         for report in pending:

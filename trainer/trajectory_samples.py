@@ -215,12 +215,15 @@ class TrajectorySampleBuffer:
     posted: int = 0
     lost: int = 0
 
-    def add_step(self, *, step: int, records: Sequence[TrajectoryRecord], purpose: str = "training") -> None:
-        """Sample ``records``: a trained step's, or (``purpose`` evaluation) an evaluation's of ``step``."""
+    def add_step(self, *, step: int, records: Sequence[TrajectoryRecord], purpose: str = "training",
+                 tools: Sequence[ToolSchema] | None = None) -> None:
+        """Sample ``records``: a trained step's, or (``purpose`` evaluation) an evaluation's of ``step``;
+        ``tools``: those of the environment they ran in, when it is not the run's own."""
         for why, record in select_samples(records, per_step=self.per_step):
             try:
                 self.pending.append(trajectory_sample(record, step=step, selected_because=why,
-                                                      tokenizer=self.tokenizer, tools=self.tools,
+                                                      tokenizer=self.tokenizer,
+                                                      tools=self.tools if tools is None else tools,
                                                       purpose=purpose))
             except Exception:  # noqa: BLE001 - a view of the data must never stop training on it
                 logger.exception("run %s: trajectory %s could not be sampled", self.run_id,

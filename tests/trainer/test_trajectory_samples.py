@@ -162,3 +162,14 @@ def test_the_run_config_field_bounds_the_samples_per_step(per_step):
     assert RunConfig().trajectory_samples_per_step == 2
     records = [_record(reward=float(index), trajectory_id=f"r{index}") for index in range(6)]
     assert len(select_samples(records, per_step=per_step)) == per_step
+
+
+def test_an_evaluation_of_another_environment_is_read_with_that_environments_tools():
+    # The run's own environment has no calculator: its tools would read "calc(2+3)" as plain text.
+    buffer = TrajectorySampleBuffer(None, 7, TOKENIZER, per_step=1, tools=[ToolSchema(name="guess", parameters={"type": "object"})])
+    buffer.add_step(step=3, records=[_record()], purpose="evaluation")
+    buffer.add_step(step=3, records=[_record()], purpose="evaluation", tools=[CALC])
+
+    own, other = buffer.pending
+    assert own.turns[1].tool_calls == () and own.turns[2].role == "environment"
+    assert [call.name for call in other.turns[1].tool_calls] == ["calc"] and other.turns[2].role == "tool"
