@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 def evaluation_list(*, run: Run) -> QuerySet[Evaluation]:
     """The run's evaluations, first one first."""
-    return Evaluation.objects.filter(run=run).order_by("index")
+    # The environment rows of a point before its datasets', as the run page inserts live rows.
+    return Evaluation.objects.filter(run=run).order_by("index", "-kind", "environment")
 
 
 def evaluation_list_for_user(*, user: AbstractBaseUser, project_id: int | None = None,

@@ -16,7 +16,7 @@ class EvaluationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Evaluation
-        fields = ["run", "index", "step", "policy_version", "environment", "status", "reason", "tasks",
+        fields = ["run", "index", "step", "policy_version", "kind", "environment", "status", "reason", "tasks",
                   "samples_per_task", "temperature", "episodes", "metrics", "intervals", "trajectory_ids",
                   "created_at", "updated_at"]
 

@@ -26,7 +26,7 @@ from .serializers import (
     EvaluationRunCreateSerializer,
     EvaluationSerializer,
 )
-from .services import EVALUATION_METRIC_PREFIX, evaluation_record, evaluation_run_create
+from .services import evaluation_record, evaluation_run_create, evaluation_series_name
 
 _INTEGER_FIELDS = ("evaluation", "step", "policy_version", "tasks", "samples_per_task", "episodes")
 
@@ -54,7 +54,8 @@ def _require_storable(report: EvaluationReport) -> None:
     # JSON has no NaN or infinity, and a number too large for a double (1e400) reads as infinity.
     if not math.isfinite(report.temperature):
         raise InvalidInput.for_field("temperature", "Must be a finite number.")
-    longest_name = MetricPoint._meta.get_field("name").max_length - len(EVALUATION_METRIC_PREFIX)
+    longest_name = MetricPoint._meta.get_field("name").max_length - len(
+        evaluation_series_name(kind=report.kind, label=report.environment, metric="", own=False))
     for name, value in report.metrics.items():
         if len(name) > longest_name:
             raise InvalidInput.for_field(f"metrics.{name[:80]}", f"Metric names are at most {longest_name} characters.")
