@@ -27,6 +27,7 @@ from tandem.contracts import (
     EvaluationRequest,
     EvaluationSliceFailure,
     RunSpec,
+    environment_paused_key,
     evaluation_stream,
     evaluation_weights_key,
     run_stop_key,
@@ -38,6 +39,7 @@ from workers.episode_loop import process_episode_loop
 from workers.episode_slots import RunStoppedWaiting, episode_slots_for
 from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime, inference_slots
 from workers.producer import (
+    EnvironmentPausedError,
     RunNotReadyError,
     evaluation_task_seed,
     load_environment_secrets,
@@ -163,6 +165,11 @@ def produce_evaluation(*, redis_url: str, request: EvaluationRequest) -> int:
         environment = spec.evaluation_environment(request.environment)
         if environment is None:
             raise EvaluationSliceError(f"run {request.run_id} evaluates on no environment {request.environment!r}")
+        paused = client.get(environment_paused_key(environment.version_id)) if environment.version_id else None
+        if paused is not None:
+            # Retried while the version may recover; then the slice fails with this reason.
+            raise EnvironmentPausedError(
+                f"run {request.run_id}: environment {environment.label} is unhealthy: {paused.decode()}")
         secrets = load_environment_secrets(client, spec, environment if request.environment else None)
         try:
             with evaluation_runtime(redis_url, spec, request) as runtime:

@@ -15,6 +15,7 @@ from tandem.contracts import (
     EvaluationRequest,
     EvaluationSliceFailure,
     RunSpec,
+    environment_paused_key,
     evaluation_stream,
     evaluation_stream_record,
     evaluation_weights_key,
@@ -27,6 +28,7 @@ from tandem.run_config import ModelConfig, RunConfig
 from tests.workers.secret_environments import API_KEY
 from tests.workers.test_security_secret_settings import _keyed_spec, _publish_run
 from workers.evaluation import EvaluationSliceError, produce_evaluation
+from workers.producer import EnvironmentPausedError
 from workers.tasks import produce_evaluation_episodes
 
 CONFIG = RunConfig(
@@ -130,3 +132,25 @@ def test_a_request_naming_another_environment_runs_that_ones_held_out_tasks(redi
     # A label the run does not evaluate on is a failed slice, not a guess.
     with pytest.raises(EvaluationSliceError, match="evaluates on no environment 'shout@1'"):
         produce_evaluation(redis_url=redis_url, request=_request(run_id, environment="shout@1"))
+
+
+def test_an_evaluation_on_an_unhealthy_environment_waits_for_it_and_then_fails_its_slice_with_why(
+        redis_client, redis_url, run_id, monkeypatch):
+    _set_up(redis_client, run_id)
+    spec = RunSpec.model_validate_json(redis_client.get(run_spec_key(run_id)))
+    paused = spec.environment.model_copy(update={"version": 3, "version_id": 9_000_000 + run_id % 1000})
+    redis_client.set(run_spec_key(run_id), spec.model_copy(update={"environment": paused}).model_dump_json())
+    redis_client.set(environment_paused_key(paused.version_id), "its health check timed out", ex=60)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    request = _request(run_id)
+
+    with pytest.raises(EnvironmentPausedError, match="calculator@3 is unhealthy: its health check timed out"):
+        produce_evaluation(redis_url=redis_url, request=request)
+    assert redis_client.xlen(evaluation_stream(run_id)) == 0  # not given up on yet: retried
+    # Its retries spent, the slice is given up on with the reason.
+    with pytest.raises(EnvironmentPausedError):
+        produce_evaluation_episodes.apply(kwargs={"request": request.model_dump_json()}, throw=True,
+                                          retries=produce_evaluation_episodes.max_retries)
+    (entry,) = [evaluation_stream_record(fields) for _, fields in redis_client.xrange(evaluation_stream(run_id))]
+    assert isinstance(entry, EvaluationSliceFailure) and "is unhealthy: its health check timed out" in entry.reason
+    redis_client.delete(environment_paused_key(paused.version_id))
