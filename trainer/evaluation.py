@@ -169,7 +169,7 @@ class Evaluations:
     """
 
     def __init__(self, *, redis_client: redis.Redis, celery_app: Celery, run_id: int, config: EvaluationConfig,
-                 environment: str, rl_steps: int, publish_kept: Callable[[int, str], None],
+                 environment: str, publish_kept: Callable[[int, str], None],
                  other_environments: Sequence[str] = ()):
         """``environment``: the run's own environment's label, evaluated if ``config.environment``;
         ``other_environments``: the labels of the others it evaluates on (the run spec's)."""
@@ -180,7 +180,6 @@ class Evaluations:
         self._environment = environment
         # What each point evaluates, as requests name them: "" is the run's own environment.
         self._targets = ([""] if config.environment else []) + list(other_environments)
-        self._points = evaluation_points(rl_steps, config.every_steps)
         self._publish_kept = publish_kept
         self._pending: dict[tuple[int, str], _Pending] = {}
         # Per evaluation index, per target: (episodes expected, received, status), for progress bars.
@@ -190,12 +189,8 @@ class Evaluations:
         # trainer's evaluations are asked for again at their points, not finished from its leftovers.
         self._last_id = "$"
 
-    def due(self, rl_steps_done: int) -> bool:
-        return rl_steps_done in self._points
-
-    def request(self, *, rl_steps_done: int, step: int, policy_version: int) -> None:
-        """Evaluate ``policy_version`` (just published) as evaluation point ``rl_steps_done``, on every target."""
-        index = self._points.index(rl_steps_done)
+    def request(self, *, index: int, step: int, policy_version: int) -> None:
+        """Evaluate ``policy_version`` (just published) as the run's evaluation ``index``, on every target."""
         if self._last_id == "$":
             newest = self._redis.xrevrange(evaluation_stream(self._run_id), count=1)
             self._last_id = newest[0][0].decode() if newest else "0-0"

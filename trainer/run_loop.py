@@ -211,8 +211,7 @@ class RunTrainer:
         if evaluation is not None and (evaluation.environment or claimed.evaluation_environments):
             self.evaluations = Evaluations(
                 redis_client=redis_client, celery_app=celery_app, run_id=self.run_id,
-                config=evaluation, environment=claimed.environment.label, rl_steps=rl_steps,
-                publish_kept=self._publish_kept,
+                config=evaluation, environment=claimed.environment.label, publish_kept=self._publish_kept,
                 other_environments=[environment.label for environment in claimed.evaluation_environments])
         # Scored by this trainer on its evaluation datasets' held-out rows; loaded at the first point.
         self._dataset_evaluations: DatasetEvaluations | None = None
@@ -387,7 +386,6 @@ class RunTrainer:
             yield pad_batch(sequences, loss_masks=masks, behaviour_logprobs=None, advantages=None,
                             batch_size=size, length_buckets=self._buckets, pad_id=self.tokenizer.pad_id), tokens_cut
 
-
     def _sft_sources(self) -> SFTMix:
         """The run's pinned datasets, read from the platform, mixed with the demonstrations by weight."""
         sft = self.config.sft
@@ -502,11 +500,10 @@ class RunTrainer:
         episodes on the environment's held-out tasks, and score it on the datasets' held-out rows."""
         if self._rl_steps_done not in self._evaluation_points:
             return
+        index = self._evaluation_points.index(self._rl_steps_done)
         if self.evaluations is not None:
-            self.evaluations.request(rl_steps_done=self._rl_steps_done, step=self.step,
-                                     policy_version=self.policy_version)
+            self.evaluations.request(index=index, step=self.step, policy_version=self.policy_version)
         if self.config.evaluation.datasets:
-            index = self._evaluation_points.index(self._rl_steps_done)
             self._post_evaluations(self._held_out_datasets().evaluate(
                 index=index, step=self.step, policy_version=self.policy_version))
 

@@ -112,7 +112,7 @@ def _evaluations(redis_client, run_id, other_environments=(), **config):
         redis_client.hset(key, "version", version)
 
     evaluations = Evaluations(redis_client=redis_client, celery_app=celery, run_id=run_id,
-                              config=EvaluationConfig(**config), environment="calculator@1", rl_steps=20,
+                              config=EvaluationConfig(**config), environment="calculator@1",
                               publish_kept=publish_kept, other_environments=other_environments)
     return evaluations, celery, kept
 
@@ -120,8 +120,7 @@ def _evaluations(redis_client, run_id, other_environments=(), **config):
 def test_an_evaluation_is_asked_for_in_slices_and_reported_once_its_episodes_are_in(redis_client, run_id):
     evaluations, celery, kept = _evaluations(redis_client, run_id, tasks=5, samples_per_task=2,
                                              tasks_per_request=2, every_steps=10, pass_k=[1, 2])
-    assert evaluations.due(10) and not evaluations.due(5)
-    evaluations.request(rl_steps_done=10, step=310, policy_version=11)
+    evaluations.request(index=1, step=310, policy_version=11)
     assert kept == [(11, evaluation_weights_key(run_id, 11))]
     assert redis_client.ttl(evaluation_weights_key(run_id, 11)) > 0
     requests = [EvaluationRequest.model_validate_json(kwargs["request"]) for name, kwargs, queue in celery.sent
@@ -153,7 +152,7 @@ def test_an_evaluation_is_asked_for_in_slices_and_reported_once_its_episodes_are
 
 def test_the_end_of_the_run_reports_what_has_not_come_back_as_incomplete(redis_client, run_id):
     evaluations, _, _ = _evaluations(redis_client, run_id, tasks=2, samples_per_task=2, every_steps=10)
-    evaluations.request(rl_steps_done=20, step=320, policy_version=21)
+    evaluations.request(index=2, step=320, policy_version=21)
     redis_client.xadd(evaluation_stream(run_id), _episode(run_id, 0, 0, evaluation=2, version=21,
                                                           reward=1.0).to_stream_fields())
     beats = []
@@ -167,7 +166,7 @@ def test_the_end_of_the_run_reports_what_has_not_come_back_as_incomplete(redis_c
 def test_a_slice_given_up_on_reports_its_evaluation_at_once_as_incomplete_with_why(redis_client, run_id):
     evaluations, _, _ = _evaluations(redis_client, run_id, tasks=4, samples_per_task=2, tasks_per_request=2,
                                      every_steps=10)
-    evaluations.request(rl_steps_done=10, step=310, policy_version=11)
+    evaluations.request(index=1, step=310, policy_version=11)
     stream = evaluation_stream(run_id)
     for task, sample in [(0, 0), (0, 1), (1, 0)]:
         redis_client.xadd(stream, _episode(run_id, task, sample, evaluation=1, version=11,
@@ -195,7 +194,7 @@ def test_a_slice_given_up_on_reports_its_evaluation_at_once_as_incomplete_with_w
 
 def test_an_evaluations_progress_is_kept_for_progress_bars_until_its_report(redis_client, run_id):
     evaluations, _, _ = _evaluations(redis_client, run_id, tasks=1, samples_per_task=2, every_steps=10)
-    evaluations.request(rl_steps_done=0, step=300, policy_version=1)
+    evaluations.request(index=0, step=300, policy_version=1)
     progress = EvaluationProgress.model_validate_json(redis_client.hget(evaluation_progress_key(run_id), "0"))
     assert (progress.policy_version, progress.episodes_expected, progress.episodes_received) == (1, 2, 0)
     for sample in range(2):
@@ -210,7 +209,7 @@ def test_each_point_evaluates_every_environment_apart_and_keeps_its_version_unti
         redis_client, run_id):
     evaluations, celery, _ = _evaluations(redis_client, run_id, other_environments=["guess@2"], tasks=2,
                                           samples_per_task=1, every_steps=10)
-    evaluations.request(rl_steps_done=10, step=310, policy_version=11)
+    evaluations.request(index=1, step=310, policy_version=11)
     requests = [EvaluationRequest.model_validate_json(kwargs["request"]) for _, kwargs, _ in celery.sent]
     assert sorted((r.environment, r.first_task, r.tasks) for r in requests) == [("", 0, 2), ("guess@2", 0, 2)]
     stream = evaluation_stream(run_id)
