@@ -3,6 +3,7 @@
 import json
 import re
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -30,13 +31,9 @@ from telemetry.charts import RUN_CHARTS
 from telemetry.selectors import metric_totals
 from telemetry.services import MAX_TRACE_STEPS, TRACE_REFUSED_STATUSES
 
-from .config_form import (
-    algorithm_presets,
-    config_defaults,
-    config_flatten,
-    config_from_form,
-    config_sections,
-)
+from .config_form import config_form, config_from_form, form_state
+from .config_form_binding import ErrorEntry, bind_form, error_summary
+from .config_form_presets import config_review, form_presets, model_directories
 from .forms import RunCloneForm, RunCreateForm
 from .models import Run
 from .realtime import run_websocket_path
@@ -304,9 +301,12 @@ def run_compare_page(request):
 @login_required
 @require_http_methods(["GET", "POST"])
 def run_new_page(request):
-    """The new-run form generated from RunConfig's schema; ``?clone=<run id>`` prefills it from a run."""
-    sections = config_sections()
-    fields = [config_field for section in sections for config_field in section.fields]
+    """The new-run form generated from RunConfig's schema; ``?clone=<run id>`` prefills it from a run.
+
+    A POST creates the run through ``run_create``; when anything is wrong, every error comes
+    back at once (inputs that did not parse and RunConfig's verdict on the rest), each at its field.
+    """
+    form = config_form()
     writable = [project for project in project_list(user=request.user)
                 if project.role in Membership.WRITER_ROLES]
     if not writable:
@@ -316,65 +316,62 @@ def run_new_page(request):
     clone = None
     if request.GET.get("clone", "").isdigit():
         clone = _run_or_404(request, int(request.GET["clone"]))
-    values = config_defaults(fields)
-    raw: dict[str, str] = {}
+    state = form_state(form, clone.config if clone else None)
     errors: dict[str, list[str]] = {}
     form_errors: list[str] = []
     name = f"{clone.name} (clone)"[:200] if clone else ""
     picked = f"{clone.project_id}:{clone.environment.name}@{clone.environment_version.number}" if clone else ""
-    if clone:
-        values.update(config_flatten(clone.config, fields))
     if request.method == "POST":
         name = request.POST.get("name", "").strip()[:200]
         picked = request.POST.get("environment", "")
-        submitted = config_from_form(request.POST, fields)
-        raw, errors = submitted.raw, submitted.errors
+        submitted = config_from_form(request.POST, form)
+        state, errors = submitted.state, submitted.errors
         project_id, _, environment_name = picked.partition(":")
         if not project_id.isdigit() or not environment_name:
             errors.setdefault("environment", []).append("Pick an environment.")
-        if not errors:
-            try:
+        try:
+            if errors:
+                # Nothing is created, but RunConfig still names what else is wrong.
+                run_config_normalise(submitted.changes)
+            else:
                 project = project_get_for_user(user=request.user, project_id=int(project_id))
                 run = run_create(user=request.user, project=project, environment_name=environment_name,
                                  config=submitted.changes, name=name)
-            except Forbidden as error:
-                raise PermissionDenied(error.message) from None
-            except DomainError as error:
-                _errors_by_field(error, fields, errors, form_errors)
-            else:
+        except Forbidden as error:
+            raise PermissionDenied(error.message) from None
+        except DomainError as error:
+            _errors_by_field(error, form, submitted, errors, form_errors)
+        else:
+            if not errors:
                 messages.success(request, f"Run {run.name} queued.")
                 return redirect("run-page", run_id=run.pk)
     if not picked:
         picked = next((option["value"] for option in options if not option["disabled"]), "")
+    sections = bind_form(form, state, errors)
+    presets = form_presets(form, model_roots=settings.TANDEM_MODEL_ROOTS)
+    summary = [
+        *(ErrorEntry("Environment", "id_environment", message) for message in errors.get("environment", [])),
+        *(ErrorEntry("Name", "id_name", message) for message in errors.get("name", [])),
+        *error_summary(sections),
+    ]
     context = {
-        "sections": [
-            {
-                "section": section,
-                "errors": errors.get(section.path, []),
-                "rows": [
-                    {
-                        "field": config_field,
-                        "value": raw[config_field.path] if config_field.path in raw
-                        else config_field.render_value(values.get(config_field.path)),
-                        "errors": errors.get(config_field.path, []),
-                    }
-                    for config_field in section.fields
-                ],
-            }
-            for section in sections
-        ],
+        "basic": sections[0],
+        "advanced": sections[1:],
         "options": options,
         "picked": next((option for option in options if option["value"] == picked), None),
         "picked_value": picked,
         "environment_errors": errors.get("environment", []),
         "name_errors": errors.get("name", []),
         "form_errors": form_errors + errors.get("", []),
+        "error_summary": summary,
         "name": name,
         "clone": clone,
-        "error_count": sum(len(messages_) for messages_ in errors.values()) + len(form_errors),
+        "error_count": len(summary) + len(form_errors) + len(errors.get("", [])),
         "schema_url": reverse("api-run-config-schema"),
         "validate_url": reverse("run-new-validate-page"),
-        "algorithm_presets": algorithm_presets(),
+        "presets": presets,
+        "preset_inputs": {preset.key: {"label": preset.label, "inputs": preset.inputs} for preset in presets},
+        "model_choices": [str(path) for path in model_directories(settings.TANDEM_MODEL_ROOTS)],
     }
     return render(request, "runs/new.html", context, status=400 if errors or form_errors else 200)
 
@@ -384,19 +381,23 @@ def run_new_page(request):
 def run_new_validate_page(request):
     """The new-run form's config checked as a submit would check it, creating nothing.
 
-    The page calls it when a field loses focus, so rules across fields (num_heads must
-    divide d_model) show before the submit. ``{"errors": {<field path or section>: [...]},
-    "form_errors": [...]}``; the submit validates again.
+    The page calls it when a field loses focus and before its review step, so rules across
+    fields (num_heads must divide d_model) show before the submit. ``{"errors": {<field path
+    or section>: [...]}, "form_errors": [...], "review": [{"path", "label", "default",
+    "value"}, ...]}``: every error at once; the review (what differs from the defaults) only
+    when there is none. The submit validates again.
     """
-    fields = [config_field for section in config_sections() for config_field in section.fields]
-    submitted = config_from_form(request.POST, fields)
-    errors, form_errors = submitted.errors, []
-    if not errors:
-        try:
-            run_config_normalise(submitted.changes)
-        except DomainError as error:
-            _errors_by_field(error, fields, errors, form_errors)
-    return JsonResponse({"errors": errors, "form_errors": form_errors})
+    form = config_form()
+    submitted = config_from_form(request.POST, form)
+    errors, form_errors, review = submitted.errors, [], []
+    try:
+        normalised = run_config_normalise(submitted.changes)
+    except DomainError as error:
+        _errors_by_field(error, form, submitted, errors, form_errors)
+    else:
+        if not errors:
+            review = config_review(form, normalised)
+    return JsonResponse({"errors": errors, "form_errors": form_errors, "review": review})
 
 
 def _environment_options(environments) -> list[dict]:
@@ -419,19 +420,21 @@ def _environment_options(environments) -> list[dict]:
     return options
 
 
-def _errors_by_field(error: DomainError, fields, errors: dict[str, list[str]], form_errors: list[str]) -> None:
+def _errors_by_field(error: DomainError, form, submitted, errors: dict[str, list[str]], form_errors: list[str]) -> None:
     """Put a service error next to the input it names: ``config.algorithm.epsilon_high`` -> that field.
 
-    An error about a whole section (a model validator's, e.g. ``config.model``) shows on its fieldset;
-    one about the whole config, or a field not on the form, shows above the form.
+    An error about a section (a model validator's, e.g. ``config.model``) shows on its fieldset, one
+    about a row's cell (``config.sft.datasets.1.weight``) at that cell; one about the whole config,
+    or a field not on the form, shows above the form. A field that did not parse keeps its own
+    message: RunConfig only saw its default.
     """
-    paths = {config_field.path for config_field in fields}
-    sections = {path.rsplit(".", 1)[0] for path in paths if "." in path}
-    inputs = {f"config.{path}": path for path in paths | sections} | {"environment": "environment", "name": "name"}
+    paths = {node.path for node in form.walk() if node.path} | set(submitted.row_paths())
+    inputs = {f"config.{path}": path for path in paths} | {"environment": "environment", "name": "name"}
+    unparsed = set(submitted.errors)
     for input_name, message in error_placements(error, inputs=inputs):
         if input_name is None:
             form_errors.append(message)
-        else:
+        elif input_name not in unparsed:
             errors.setdefault(input_name, []).append(message)
 
 

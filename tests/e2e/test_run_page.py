@@ -30,11 +30,15 @@ def test_a_run_created_from_the_form_grows_its_charts_live_without_reloading(sta
         # from the newest policy, loaded from an Orbax checkpoint.
         page.select_option("#id_environment", f"{credentials.project_id}:calculator@1")
         page.fill("#id_name", "browser")
+        # The rollout and weights sections are folded until opened; the run starts from the review.
+        page.click("#config-section-rollout > summary")
+        page.click("#config-section-weights > summary")
         for field, value in {"sft_steps": "80", "rl_steps": "3", "rollout__groups_per_step": "2",
                              "rollout__group_size": "4", "rollout__groups_per_task": "1"}.items():
             page.fill(f"#id_config_{field}", value)
         page.select_option("#id_config_rollout__pipeline", "sync")
         page.select_option("#id_config_weights__transport", "filesystem")
+        page.click("#review-run")
         page.click("#start-run")
         page.wait_for_url(re.compile(r".*/runs/\d+/$"))
         run_id = int(page.url.rstrip("/").rsplit("/", 1)[1])

@@ -27,3 +27,19 @@ def test_what_no_input_shows_goes_above_the_form():
 
     assert error_placements(error, inputs=INPUTS) == [(None, "config.lora.rank: Too big."), (None, "Whole.")]
     assert error_placements(InvalidInput("Nothing fits."), inputs=INPUTS) == [(None, "Nothing fits.")]
+
+
+def test_several_errors_show_at_once_each_at_the_deepest_input_that_holds_its_path():
+    # The new-run form's inputs: a leaf, a row's cell, a list, and a section's rule.
+    inputs = {"config.rl_steps": "rl_steps", "config.sft.datasets": "sft.datasets",
+              "config.sft.datasets.1.weight": "sft.datasets.1.weight", "config.evaluation.pass_k": "evaluation.pass_k",
+              "config.sft": "sft"}
+    error = InvalidInput("bad", fields={
+        "config.rl_steps": ["Too many."], "config.sft.datasets.1.weight": ["Must be > 0."],
+        "config.sft.datasets.0": ["Unknown key."], "config.evaluation.pass_k.1": ["Too large."],
+        "config.sft": ["Listed twice."]})
+
+    assert error_placements(error, inputs=inputs) == [
+        ("rl_steps", "Too many."), ("sft.datasets.1.weight", "Must be > 0."),
+        ("sft.datasets", "config.sft.datasets.0: Unknown key."),
+        ("evaluation.pass_k", "config.evaluation.pass_k.1: Too large."), ("sft", "Listed twice.")]

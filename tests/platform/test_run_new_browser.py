@@ -26,12 +26,39 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PROBE_TIMEOUT_S = 180
 
 
-def test_the_generated_form_shows_an_inline_error_then_creates_the_run(
-    server, chromium_page, user, project, environment  # noqa: F811
+@pytest.fixture
+def console_errors():
+    """``watch(page)``: the page's console errors fail the test (its script errors already do)."""
+    errors: list[str] = []
+
+    def watch(page):
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        return page
+
+    yield watch
+    assert errors == [], errors
+
+
+def _in_view(page, selector: str) -> bool:
+    return page.evaluate("""(selector) => {
+        const box = document.querySelector(selector).getBoundingClientRect();
+        return box.top >= 0 && box.bottom <= window.innerHeight;
+    }""", selector)
+
+
+def _fill_folded(page, section: str, selector: str, value: str) -> None:
+    """Open a folded section, fill one of its fields, and fold it again."""
+    page.click(f"#config-section-{section} > summary")
+    page.fill(selector, value)
+    page.click(f"#config-section-{section} > summary")
+
+
+def test_the_form_folds_its_sections_fills_presets_edits_rows_flags_every_error_and_reviews_before_starting(
+    server, chromium_page, console_errors, user, project, environment  # noqa: F811
 ):
     environment_register(user=user, project=project, spec=CALCULATOR.model_copy(update={"name": "fresh"}))
     # No ORM calls from here on: Playwright's sync API keeps an event loop running in this thread.
-    page = chromium_page(server, "/runs/")
+    page = console_errors(chromium_page(server, "/runs/"))
     page.click("#new-run-link")
     page.wait_for_url("**/runs/new/")
     assert page.inner_text("#environment-health-status") == "Ready"
@@ -41,51 +68,107 @@ def test_the_generated_form_shows_an_inline_error_then_creates_the_run(
     assert page.inner_text("#environment-health-status") == "Probe pending"
     assert page.get_attribute("#environment-health-status", "class") == "badge badge-pending"
     page.select_option("#id_environment", f"{project.pk}:{environment.name}@1")
-    assert page.inner_text("#environment-health-status") == "Ready"
+
+    # The basics are open; every section of the config is folded, its fields out of sight.
+    assert page.is_visible("#id_config_rl_steps") and page.is_visible("#id_config_algorithm__name")
+    assert page.locator("#config-section-basics label[for=id_config_rl_learning_rate]").inner_text() == "RL learning rate"
+    folded = page.locator("details.config-section")
+    assert folded.count() == 13
+    assert page.evaluate("Array.from(document.querySelectorAll('details.config-section')).every((d) => !d.open)")
+    assert not page.is_visible("#id_config_rollout__group_size")
+    assert not page.is_visible("#id_config_evaluation__tasks")  # evaluation is off
     page.screenshot(path=str(SCREENSHOTS / "run_new_form.png"), full_page=True)
 
-    page.fill("#id_name", "from-the-form")
-    page.fill("#id_config_rl_steps", "5")
-    # Picking dapo shows its preset, which the user then changes.
+    # A preset fills its fields and says what it changed.
+    page.click("#preset-fast-demo")
+    assert page.input_value("#id_config_rl_steps") == "4" and page.input_value("#id_config_sft_steps") == "4"
+    summary = page.inner_text("#preset-summary")
+    assert summary.startswith("Fast demo: changed ")
+    assert "SFT steps 300 → 4" in summary and "Group size 8 → 4" in summary
+    assert page.inner_text("#config-section-rollout > summary .changed-count") == "3 changed"
+    # Picking an algorithm fills its section with its preset.
     page.select_option("#id_config_algorithm__name", "dapo")
     assert page.input_value("#id_config_algorithm__epsilon_high") == "0.28"
-    assert page.is_checked("#id_config_algorithm__dynamic_sampling")
-    assert json.loads(page.input_value("#id_config_algorithm__overlong"))["penalty_factor"] == 1.0
+    assert page.is_checked("#id_config_algorithm__dynamic_sampling") and page.is_checked("#id_config_algorithm__overlong")
+    assert "Algorithm grpo → dapo" in page.inner_text("#preset-summary")
+    # A field is checked on blur from the schema's bounds, before anything is sent.
+    page.click("#config-section-algorithm > summary")
     page.fill("#id_config_algorithm__epsilon_high", "12")
     page.locator("#id_config_algorithm__epsilon_high").blur()
-    # Checked on blur from the schema's bounds, before anything is sent.
     epsilon = page.locator(".config-field[data-path='algorithm.epsilon_high']")
     assert epsilon.locator(".client-error").inner_text() == "Must be at most 10."
-    page.check("#id_config_model__qk_norm")
-    # A rule across fields, checked by the server on blur before the submit.
-    page.fill("#id_config_model__num_heads", "3")
-    page.locator("#id_config_model__num_heads").blur()
-    model_error = page.locator("#config-section-model > .section-error")
-    model_error.wait_for()
-    assert "num_heads must divide d_model" in model_error.inner_text()
-    page.locator("#config-section-model").screenshot(path=str(SCREENSHOTS / "run_new_section_error.png"))
-    page.fill("#id_config_model__num_heads", "4")
-    page.locator("#id_config_model__num_heads").blur()
-    model_error.wait_for(state="detached")
-    page.click("#start-run")
-    page.wait_for_load_state()
-
-    # RunConfig's own verdict, inline at the field, with every input kept.
-    assert "/runs/new/" in page.url
-    assert "less than or equal to 10" in epsilon.locator(".field-error").inner_text()
-    assert "has-error" in epsilon.get_attribute("class")
-    assert page.input_value("#id_config_algorithm__epsilon_high") == "12"
-    assert page.input_value("#id_config_rl_steps") == "5"
-    assert page.input_value("#id_name") == "from-the-form"
-    assert page.is_checked("#id_config_model__qk_norm")
-    assert page.input_value("#id_config_algorithm__name") == "dapo"
-    assert page.is_checked("#id_config_algorithm__dynamic_sampling")
-    page.locator(".config-field[data-path='algorithm.epsilon_high']").scroll_into_view_if_needed()
-    page.screenshot(path=str(SCREENSHOTS / "run_new_inline_error.png"), full_page=True)
-
-    page.fill("#id_config_algorithm__epsilon_high", "0.3")
+    page.fill("#id_config_algorithm__epsilon_high", "0.28")
     page.locator("#id_config_algorithm__epsilon_high").blur()
     assert epsilon.locator(".field-error").count() == 0
+    page.click("#config-section-algorithm > summary")
+
+    # Dataset rows: added, filled, removed; the rows left are numbered again.
+    add = page.locator("[data-rows-add='sft.datasets']")
+    add.click()
+    add.click()
+    page.fill("#id_config_sft__datasets__0__name", "first")
+    page.fill("#id_config_sft__datasets__1__name", "second")
+    page.fill("#id_config_sft__datasets__1__weight", "3")
+    page.locator("[data-rows='sft.datasets'] .config-row").first.locator(".row-remove").click()
+    assert page.locator("[data-rows='sft.datasets'] .config-row").count() == 1
+    assert page.input_value("#id_config_sft__datasets__0__name") == "second"
+    assert page.get_attribute("#id_config_sft__datasets__0__weight", "name") == "config.sft.datasets.0.weight"
+    page.screenshot(path=str(SCREENSHOTS / "run_new_rows.png"), full_page=True)
+    page.locator("[data-rows='sft.datasets'] .row-remove").click()  # no such dataset here
+    assert page.locator("[data-rows='sft.datasets'] .config-row").count() == 0
+
+    # Two malformed fields in folded sections and a rule across fields: all flagged at once.
+    _fill_folded(page, "model", "#id_config_model__rope_scaling", "{oops")
+    _fill_folded(page, "model", "#id_config_model__num_heads", "3")
+    _fill_folded(page, "rollout", "#id_config_rollout__timeout_s", "soon")
+    page.evaluate("window.scrollTo(0, 0)")
+    page.click("#review-run")
+    page.locator("#form-error-summary").wait_for()
+    page.locator("#config-section-model > .section-error").wait_for()
+    rope = page.locator(".config-field[data-path='model.rope_scaling']")
+    timeout = page.locator(".config-field[data-path='rollout.timeout_s']")
+    assert rope.locator(".field-error").inner_text().startswith("Not valid JSON")
+    assert timeout.locator(".field-error").inner_text() == "Enter a number."
+    assert "num_heads must divide d_model" in page.inner_text("#config-section-model > .section-error")
+    assert page.inner_text("#form-error-count") == "3"
+    assert page.locator("#form-error-list a").all_inner_texts() == ["Model", "RoPE scaling", "Rollout timeout (s)"]
+    # The page went to the first one, opening the folded sections that hold them.
+    assert page.evaluate("window.scrollY") > 0
+    assert page.evaluate("document.getElementById('config-section-model').open")
+    assert page.evaluate("document.getElementById('config-section-rollout').open")
+    assert _in_view(page, "#config-section-model > .section-error")
+    assert not page.is_visible("#review")
+    page.screenshot(path=str(SCREENSHOTS / "run_new_every_error.png"), full_page=True)
+
+    # Fixing one field leaves the others flagged: the server's check reports every field still wrong.
+    page.fill("#id_config_model__rope_scaling", "")
+    page.locator("#id_config_model__rope_scaling").blur()
+    page.wait_for_function("document.querySelector(\".config-field[data-path='model.rope_scaling'] .field-error\") === null")
+    page.wait_for_function("document.getElementById('form-error-count').textContent === '2'")
+    assert timeout.locator(".field-error").inner_text() == "Enter a number."
+    assert page.locator("#config-section-model > .section-error").count() == 1
+    page.fill("#id_config_model__num_heads", "4")
+    page.fill("#id_config_rollout__timeout_s", "900")
+    page.fill("#id_name", "from-the-form")
+
+    # The review lists only what differs from the defaults.
+    page.click("#review-run")
+    page.locator("#review").wait_for()
+    assert not page.is_visible("#form-body")
+    changed = page.eval_on_selector_all("#review-table tbody tr", "rows => rows.map((row) => row.dataset.path)")
+    assert changed == ["algorithm.name", "sft_steps", "rl_steps", "sft_batch_size", "algorithm.epsilon_high",
+                       "algorithm.overlong", "algorithm.dynamic_sampling", "rollout.groups_per_step",
+                       "rollout.group_size", "rollout.groups_per_task"]
+    assert page.locator("#review-table tr[data-path='rl_steps'] td").all_inner_texts()[1:] == ["40", "4"]
+    assert page.inner_text("#review-name") == "from-the-form"
+    page.screenshot(path=str(SCREENSHOTS / "run_new_review.png"), full_page=True)
+    # Back to the form, one more change, and the review shows it.
+    page.click("#review-back")
+    page.fill("#id_config_rl_steps", "5")
+    page.click("#review-run")
+    page.locator("#review-table tr[data-path='rl_steps']").wait_for()
+    assert page.locator("#review-table tr[data-path='rl_steps'] td").last.inner_text() == "5"
+
     page.click("#start-run")
     page.wait_for_url(re.compile(r".*/runs/\d+/$"))
     run_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
@@ -95,7 +178,8 @@ def test_the_generated_form_shows_an_inline_error_then_creates_the_run(
                     headers={"Authorization": f"Token {user.raw_token}"}).json()
     assert run["name"] == "from-the-form"
     expected = RunConfig.model_validate({
-        "rl_steps": 5, "algorithm": {"name": "dapo", "epsilon_high": 0.3}, "model": {"qk_norm": True},
+        "sft_steps": 4, "sft_batch_size": 4, "rl_steps": 5, "algorithm": {"name": "dapo"},
+        "rollout": {"group_size": 4, "groups_per_step": 2, "groups_per_task": 1},
     }).model_dump(mode="json")
     assert run["config"] == expected
 

@@ -10,7 +10,7 @@ from django.test import Client
 from environment_registry.builtin import CALCULATOR
 from environment_registry.models import EnvironmentVersion
 from environment_registry.services import environment_probe_record, environment_register
-from runs.config_form import config_fields, config_sections
+from runs.config_form import config_fields, config_form, form_state
 from runs.models import Run
 from tandem.run_config import RunConfig
 
@@ -28,43 +28,91 @@ def browser(user) -> Client:
     return _logged_in(user)
 
 
-def _form_data(environment, name: str = "", **values) -> dict:
+def _form_data(environment, name: str = "", rows: dict | None = None, sections_on=(), **values) -> dict:
     """The form as the page renders it (every input at its default), with ``values`` changed."""
     data = {"environment": f"{environment.project_id}:{environment.name}@1", "name": name}
-    for field in config_fields():
-        if field.widget == "checkbox":
-            if field.default:
-                data[field.input_name] = "true"
-        else:
-            data[field.input_name] = field.render_value(field.default)
+    data.update(_config_inputs(form_state(config_form())))
+    for path in sections_on:
+        data["config." + path] = "on"
+    for path, items in (rows or {}).items():
+        for index, item in enumerate(items):
+            for cell, text in item.items():
+                data[f"config.{path}.{index}.{cell}"] = text
     for path, value in values.items():
         data["config." + path.replace("__", ".")] = value
     return data
 
 
+def _config_inputs(state) -> dict:
+    """What a browser posts for the inputs of ``state``: checked boxes only, toggles of sections that are on."""
+    fields = {field.path: field for field in config_fields()}
+    data = {}
+    for path, text in state.texts.items():
+        if fields[path].widget != "checkbox":
+            data["config." + path] = text
+        elif text == "true":
+            data["config." + path] = "true"
+    data.update({"config." + path: "on" for path, on in state.sections_on.items() if on})
+    for path, items in state.rows.items():
+        for index, item in enumerate(items):
+            data.update({f"config.{path}.{index}.{cell}": text for cell, text in item.items()})
+    return data
+
+
 def _field_block(html: str, path: str) -> str:
     """The rendered block of one config field (label, input, help, errors)."""
-    match = re.search(rf'<div class="config-field[^"]*" data-path="{re.escape(path)}">(.*?)</div>', html, re.S)
+    match = re.search(rf'<div class="config-field[^"]*" data-path="{re.escape(path)}"[^>]*>(.*?)</div>', html, re.S)
     assert match, f"no field {path} on the page"
     return match.group(0)
 
 
-def test_the_page_renders_every_section_and_field(browser, environment):
+def test_the_page_renders_the_basics_open_and_every_section_folded_with_every_field(browser, environment):
     response = browser.get("/runs/new/")
     html = response.content.decode()
 
     assert response.status_code == 200
-    for section in config_sections():
-        assert f'id="{section.html_id}"' in html
+    form = config_form()
+    assert '<fieldset class="config-section basic" id="config-section-basics"' in html
+    for section in form.advanced:
+        # Folded: a <details> without "open".
+        assert re.search(rf'<details class="config-section" id="{section.html_id}" data-path="{section.path}">', html)
+    for section in form.optional_sections:
+        assert f'name="{section.input_name}" id="{section.input_id}" value="on" data-section-toggle>' in html
     for field in config_fields():
-        assert f'name="{field.input_name}"' in html
+        if field.widget == "rows":
+            assert f'data-rows="{field.path}"' in html
+        else:
+            assert f'name="{field.input_name}"' in html
     epsilon = _field_block(html, "algorithm.epsilon_low")
     assert 'data-exclusive-min="0"' in epsilon and 'data-exclusive-max="1"' in epsilon
-    assert "Epsilon Low" in epsilon and "Lower clip range" in epsilon and "default 0.2" in epsilon
+    assert "Epsilon low" in epsilon and "Lower clip range" in epsilon and "default 0.2" in epsilon
+    assert "RL learning rate" in _field_block(html, "rl_learning_rate")
     name = _field_block(html, "algorithm.name")
     assert '<option value="dapo"' in name and '<option value="grpo" selected>' in name
     assert 'type="checkbox" name="config.lora.enabled"' in _field_block(html, "lora.enabled")
-    assert "<textarea" in _field_block(html, "sampling.stop_strings")
+    # Lists of scalars are text, one per line or comma-separated; no JSON boxes but free-form dicts.
+    assert 'data-list="line"' in _field_block(html, "sampling.stop_strings")
+    assert 'data-list="comma"' in _field_block(html, "evaluation.pass_k")
+    assert html.count('data-json="true"') == 2
+    # Repeatable rows: a template for a new row, and a button that adds one.
+    assert 'name="config.sft.datasets.__index__.weight"' in html
+    assert 'data-rows-add="sft.datasets"' in html and 'data-rows-add="evaluation.datasets"' in html
+    # Presets: each algorithm and the fast demo (no SmolLM2 under this test's model roots).
+    for key in ("algorithm-dapo", "algorithm-ppo", "fast-demo"):
+        assert f'id="preset-{key}"' in html
+    assert 'id="review-run"' in html and 'id="start-run"' in html
+
+
+def test_the_real_model_preset_is_offered_where_smollm2_is_installed(browser, environment, settings, tmp_path):
+    model = tmp_path / "smollm2-135m-instruct"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    settings.TANDEM_MODEL_ROOTS = (tmp_path,)
+
+    html = browser.get("/runs/new/").content.decode()
+
+    assert 'id="preset-real-model"' in html and "Real model (SmolLM2-135M-Instruct)" in html
+    assert f'<option value="{model}">' in html  # offered for model.hf_checkpoint too
 
 
 def test_the_runs_list_links_to_the_new_run_page(browser, environment):
@@ -96,8 +144,53 @@ def test_a_sections_own_rule_shows_on_its_fieldset(browser, environment):
     html = response.content.decode()
 
     assert response.status_code == 400
-    section = html.split('id="config-section-model"', 1)[1].split("</legend>", 1)[1]
-    assert section.lstrip().split("<div", 1)[0].count("num_heads must divide d_model") == 1
+    section = html.split('id="config-section-model"', 1)[1]
+    assert section.split(">", 1)[0].endswith(" open")  # a folded section with an error opens
+    assert section.split("</summary>", 1)[1].split('<div class="section-body"', 1)[0].count(
+        "num_heads must divide d_model") == 1
+
+
+def test_every_error_comes_back_at_once_each_at_its_field_and_listed_by_label(browser, environment):
+    response = browser.post("/runs/new/", _form_data(
+        environment, sections_on=["evaluation"], name="several",
+        model__rope_scaling="{oops", evaluation__pass_k="1, two", algorithm__epsilon_high="11",
+        rl_learning_rate="5", model__num_heads="3", rl_steps="8"))
+    html = response.content.decode()
+
+    assert response.status_code == 400 and not Run.objects.exists()
+    # The inputs that did not parse, and RunConfig's verdict on all the rest, together.
+    assert "Not valid JSON" in _field_block(html, "model.rope_scaling")
+    assert "two: not a whole number." in _field_block(html, "evaluation.pass_k")
+    assert "less than or equal to 10" in _field_block(html, "algorithm.epsilon_high")
+    assert "less than or equal to 1" in _field_block(html, "rl_learning_rate")
+    for path in ("model.rope_scaling", "evaluation.pass_k", "algorithm.epsilon_high", "rl_learning_rate"):
+        assert 'class="config-field has-error"' in _field_block(html, path), path
+    assert "has-error" not in _field_block(html, "rl_steps") and 'value="8"' in _field_block(html, "rl_steps")
+    summary = html.split('id="form-error-list"', 1)[1].split("</ul>", 1)[0]
+    assert '<span id="form-error-count">5</span> errors' in html
+    for label, target in (("RL learning rate", "id_config_rl_learning_rate"), ("pass@k", "id_config_evaluation__pass_k"),
+                          ("RoPE scaling", "id_config_model__rope_scaling"), ("Model", "config-section-model"),
+                          ("Epsilon high", "id_config_algorithm__epsilon_high")):
+        assert f'<a href="#{target}" data-target="{target}">{label}</a>: ' in summary, label
+    # The folded sections holding them open; the others stay folded.
+    assert re.search(r'<details class="config-section" id="config-section-algorithm" data-path="algorithm" open>', html)
+    assert re.search(r'<details class="config-section" id="config-section-rollout" data-path="rollout">', html)
+
+
+def test_a_rows_error_shows_at_its_cell_and_a_rule_over_rows_on_the_section(browser, environment):
+    rows = {"sft.datasets": [{"name": "chats", "version": "", "weight": "1"},
+                             {"name": "other", "version": "", "weight": "0"}]}
+    response = browser.post("/runs/new/", _form_data(environment, rows=rows))
+    twice = browser.post("/runs/new/", _form_data(environment, rows={"sft.datasets": [
+        {"name": "chats", "version": "", "weight": "1"}, {"name": "chats", "version": "", "weight": "2"}]}))
+    html = response.content.decode()
+
+    assert response.status_code == 400
+    cell = _field_block(html, "sft.datasets.1.weight")
+    assert "has-error" in cell and "greater than 0" in cell and 'value="0"' in cell
+    assert "has-error" not in _field_block(html, "sft.datasets.0.weight")
+    assert "SFT datasets, row 2: Weight</a>" in html
+    assert "listed twice" in twice.content.decode().split('id="config-section-sft"', 1)[1].split("section-body", 1)[0]
 
 
 def test_a_good_form_creates_a_run_that_stores_only_the_changes_over_defaults(browser, environment):
@@ -128,7 +221,7 @@ def test_clone_prefills_the_form_from_a_run(browser, make_run, project, environm
     assert 'value="base (clone)"' in html
     assert 'value="9"' in _field_block(html, "rl_steps")
     assert 'value="128"' in _field_block(html, "model.d_model")
-    assert "[&quot;END&quot;]" in _field_block(html, "sampling.stop_strings")
+    assert ">END</textarea>" in _field_block(html, "sampling.stop_strings")
     assert f'value="{project.pk}:{environment.name}@1" data-status="ready"' in html
     assert re.search(rf'value="{project.pk}:{environment.name}@1"[^>]*selected', html)
     # The JSON clone page leads to this form, and back.
@@ -139,17 +232,10 @@ def test_clone_prefills_the_form_from_a_run(browser, make_run, project, environm
 def test_a_cloned_form_posted_as_is_creates_the_same_config(browser, make_run, project, environment):
     source = make_run(project, environment=environment,
                       config={"rl_steps": 9, "algorithm": {"name": "dapo", "epsilon_high": 0.2},
-                              "lora": {"enabled": True}})
-    values = {}
-    for field in config_fields():
-        node = source.config
-        for part in field.path.split("."):
-            node = node[part]
-        values[field.path.replace(".", "__")] = "true" if node is True else field.render_value(node)
-    data = _form_data(environment, **values)
-    for field in config_fields():
-        if field.widget == "checkbox" and data.get(field.input_name) != "true":
-            data.pop(field.input_name, None)
+                              "lora": {"enabled": True}, "evaluation": {"pass_k": [1, 2]},
+                              "sampling": {"stop_strings": ["</answer>", "a, b"]}})
+    data = {"environment": f"{environment.project_id}:{environment.name}@1", "name": "copy",
+            **_config_inputs(form_state(config_form(), source.config))}
 
     browser.post(f"/runs/new/?clone={source.pk}", data)
 
@@ -215,17 +301,29 @@ def test_the_validation_endpoint_names_fields_and_sections_and_creates_nothing(b
     bad_field = browser.post("/runs/new/validate/", _form_data(environment, algorithm__epsilon_high="11"))
     bad_section = browser.post("/runs/new/validate/", _form_data(environment, model__num_heads="3"))
     good = browser.post("/runs/new/validate/", _form_data(environment, rl_steps="3"))
-    bad_json = browser.post("/runs/new/validate/", _form_data(environment, sampling__stop_strings="[x"))
     bad_rollout = browser.post("/runs/new/validate/", _form_data(environment, rollout__groups_per_task="100"))
 
     assert bad_field.status_code == 200
     assert list(bad_field.json()["errors"]) == ["algorithm.epsilon_high"]
     assert "less than or equal to 10" in bad_field.json()["errors"]["algorithm.epsilon_high"][0]
+    assert bad_field.json()["review"] == []
     assert "num_heads must divide d_model" in bad_section.json()["errors"]["model"][0]
-    assert good.json() == {"errors": {}, "form_errors": []}
-    assert list(bad_json.json()["errors"]) == ["sampling.stop_strings"]
+    assert good.json() == {"errors": {}, "form_errors": [], "review": [
+        {"path": "rl_steps", "label": "RL steps", "default": "40", "value": "3"}]}
     assert "rollout.groups_per_task must be at most" in bad_rollout.json()["errors"]["rollout"][0]
     assert not Run.objects.exists()
+
+
+def test_a_malformed_json_field_does_not_hide_the_other_errors(browser, environment):
+    # The bug of issue 18: one bad JSON field was the only error reported, and fields flagged
+    # before came back unmarked.
+    response = browser.post("/runs/new/validate/", _form_data(
+        environment, model__rope_scaling="[x", model__chat_template_kwargs="{", algorithm__epsilon_high="11",
+        model__num_heads="3"))
+
+    errors = response.json()["errors"]
+    assert sorted(errors) == ["algorithm.epsilon_high", "model", "model.chat_template_kwargs", "model.rope_scaling"]
+    assert errors["model.rope_scaling"][0].startswith("Not valid JSON")
 
 
 def test_the_validation_endpoint_needs_a_login(client, environment):
