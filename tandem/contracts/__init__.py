@@ -21,7 +21,8 @@ One module per topic:
 - ``telemetry``: step events, stage timelines, episode spans, device reports, traces;
 - ``probes``: environment conformance probes; ``checkpoints``: committed checkpoints;
 - ``lineage``: what became of consumed trajectories; ``processes``: what producers
-  and other processes say of themselves.
+  and other processes say of themselves;
+- ``run_logs``: the log records a run's trainer and producers ship to it.
 
 Each record carries ``schema_version`` so that a reader can refuse a record
 written by a newer, incompatible writer instead of misreading it. A new optional
@@ -116,6 +117,7 @@ from tandem.contracts.keys import (
     run_evaluation_secrets_key,
     run_group_counter_key,
     run_keys,
+    run_log_stream,
     run_spec_key,
     run_stop_key,
     trajectory_stream,
@@ -138,6 +140,16 @@ from tandem.contracts.processes import (
     ProcessReport,
     ProcessRole,
     ProducerReport,
+)
+from tandem.contracts.run_logs import (
+    RUN_LOG_LEVELS,
+    RUN_LOG_MESSAGE_CHARS,
+    RUN_LOG_STREAM_MAX_ENTRIES,
+    RUN_LOG_TRACEBACK_CHARS,
+    RunLogLevel,
+    RunLogRecord,
+    RunLogRole,
+    run_log_level_name,
 )
 from tandem.contracts.runs import (
     ACTIVE_RUN_STATUSES,
@@ -245,6 +257,15 @@ __all__ = [
     "consumed_trajectories_key",
     "producers_key",
     "lineage_stream",
+    "run_log_stream",
+    "RUN_LOG_LEVELS",
+    "RUN_LOG_MESSAGE_CHARS",
+    "RUN_LOG_STREAM_MAX_ENTRIES",
+    "RUN_LOG_TRACEBACK_CHARS",
+    "RunLogLevel",
+    "RunLogRecord",
+    "RunLogRole",
+    "run_log_level_name",
     "demonstration_stream",
     "process_reports_key",
     "process_report_field",

@@ -129,6 +129,15 @@ def lineage_stream(run_id: int) -> str:
     return _run_key(run_id, "lineage")
 
 
+def run_log_stream(run_id: int) -> str:
+    """Redis stream of :class:`RunLogRecord`: what the run's trainer and producers logged for it.
+
+    Bounded (``RUN_LOG_STREAM_MAX_ENTRIES``); the platform drains it into its database and
+    deletes what it stored.
+    """
+    return _run_key(run_id, "logs")
+
+
 def process_reports_key() -> str:
     """Redis hash: every Tandem process (:func:`process_report_field`) -> its latest :class:`ProcessReport` JSON.
 
@@ -189,4 +198,5 @@ def run_keys(run_id: int) -> tuple[str, ...]:
         demonstration_stream(run_id),
         evaluation_stream(run_id),
         evaluation_progress_key(run_id),
+        run_log_stream(run_id),
     )
