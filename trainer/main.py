@@ -15,6 +15,7 @@ from policy import enable_compilation_cache
 from tandem.contracts import RunStatus, TrainerHeartbeat
 from tandem.process_reports import start_process_reporter, stop_process_reporter
 from tandem.redis_clients import durable_redis
+from tandem.run_logs import process_run_log_scope, start_run_log_shipping, stop_run_log_shipping
 from trainer.platform_client import PlatformClient, RunTakenOverError, UnusableClaimError
 from trainer.run_loop import RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed
@@ -43,43 +44,49 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     # The run this trainer holds, for its process report (read from the reporter's thread).
     working_on: list[int] = []
     start_process_reporter(redis_url=redis_url, role="trainer", run_ids=lambda: list(working_on))
+    # What this process logs while it holds a run goes to the run's log too (tandem/run_logs.py).
+    start_run_log_shipping(redis_url=redis_url, role="trainer")
     logger.info("trainer %s waiting for runs at %s", consumer, platform_url)
     try:
         while max_runs is None or trained < max_runs:
             try:
                 claimed = platform.claim(consumer)
             except UnusableClaimError as exc:
-                logger.error("run %s cannot be trained: %s", exc.run_id, exc.reason)
-                _report_failure(platform, exc.run_id, consumer, f"trainer cannot train it: {exc.reason}")
+                with process_run_log_scope(exc.run_id):
+                    logger.error("run %s cannot be trained: %s", exc.run_id, exc.reason)
+                    _report_failure(platform, exc.run_id, consumer, f"trainer cannot train it: {exc.reason}")
                 trained += 1
                 continue
             if claimed is None:
                 time.sleep(poll_s)
                 continue
             working_on[:] = [claimed.run_id]
-            logger.info("claimed run %s (%s)%s", claimed.run_id, claimed.name,
-                        f", attempt {claimed.attempt}: resuming" if claimed.is_resume else "")
-            liveness = LivenessBeat(platform_url=platform_url, token=token, run_id=claimed.run_id,
-                                    worker=consumer, interval_s=settings.heartbeat_interval_s)
-            liveness.start()
-            try:
-                status = RunTrainer(claimed, settings=settings, platform=platform,
-                                    redis_client=redis_client, celery_app=celery_app).run()
-                logger.info("run %s ended: %s", claimed.run_id, status)
-            except RunTakenOverError as exc:
-                logger.warning("run %s: %s; this trainer stops working on it", claimed.run_id, exc)
-            except KeyboardInterrupt:
-                # Stopped by the operator: say so, rather than leave the run "running" forever.
-                _report_failure(platform, claimed.run_id, consumer, "trainer process was stopped")
-                raise
-            except Exception as exc:
-                logger.exception("run %s failed", claimed.run_id)
-                _report_failure(platform, claimed.run_id, consumer, f"trainer error: {type(exc).__name__}: {exc}")
-            finally:
-                liveness.stop()
-                working_on.clear()
+            # Every thread of the trainer works for this run until it lets go: all of it is the run's log.
+            with process_run_log_scope(claimed.run_id):
+                logger.info("claimed run %s (%s)%s", claimed.run_id, claimed.name,
+                            f", attempt {claimed.attempt}: resuming" if claimed.is_resume else "")
+                liveness = LivenessBeat(platform_url=platform_url, token=token, run_id=claimed.run_id,
+                                        worker=consumer, interval_s=settings.heartbeat_interval_s)
+                liveness.start()
+                try:
+                    status = RunTrainer(claimed, settings=settings, platform=platform,
+                                        redis_client=redis_client, celery_app=celery_app).run()
+                    logger.info("run %s ended: %s", claimed.run_id, status)
+                except RunTakenOverError as exc:
+                    logger.warning("run %s: %s; this trainer stops working on it", claimed.run_id, exc)
+                except KeyboardInterrupt:
+                    # Stopped by the operator: say so, rather than leave the run "running" forever.
+                    _report_failure(platform, claimed.run_id, consumer, "trainer process was stopped")
+                    raise
+                except Exception as exc:
+                    logger.exception("run %s failed", claimed.run_id)
+                    _report_failure(platform, claimed.run_id, consumer, f"trainer error: {type(exc).__name__}: {exc}")
+                finally:
+                    liveness.stop()
+                    working_on.clear()
             trained += 1
     finally:
+        stop_run_log_shipping()
         stop_process_reporter()
         platform.close()
         redis_client.close()

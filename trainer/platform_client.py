@@ -6,7 +6,7 @@ import json
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -61,6 +61,8 @@ class ClaimedRun:
     evaluation_environments: tuple[EnvironmentSpec, ...] = ()
     # Times a trainer claimed the run, this claim included: past 1, resume from the checkpoint.
     attempt: int = 1
+    # Unix time of the claim: the run's log lines of this claim are the ones from then on.
+    claimed_at: float = field(default_factory=time.time)
 
     @property
     def is_resume(self) -> bool:

@@ -39,6 +39,7 @@ from tandem.contracts import (
     TrainerHeartbeat,
     TrainerStepEvent,
     run_keys,
+    run_log_stream,
     run_spec_key,
     run_stop_key,
 )
@@ -236,8 +237,11 @@ class RunTrainer:
                 self._start_from_checkpoint()
             # A claimed run starts from nothing. Keys left under the same id by an
             # earlier platform database (ids restart when it is recreated) must not
-            # feed this run stale trajectories or weights.
-            self.redis.delete(*run_keys(self.run_id))
+            # feed this run stale trajectories or weights. Its log keeps what this
+            # trainer has logged for it since the claim (stream ids are times in ms).
+            log_stream = run_log_stream(self.run_id)
+            self.redis.delete(*(key for key in run_keys(self.run_id) if key != log_stream))
+            self.redis.xtrim(log_stream, minid=f"{int(self.claimed.claimed_at * 1000)}-0", approximate=False)
         self.redis.set(run_spec_key(self.run_id), spec.model_dump_json())
         try:
             return self._train()

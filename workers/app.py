@@ -25,6 +25,8 @@ from tandem.contracts import (
     ROLLOUT_TASK_NAME,
 )
 from tandem.process_reports import start_process_reporter, stop_process_reporter
+from tandem.run_logs import start_run_log_shipping, stop_run_log_shipping
+from workers import run_logs as _run_log_scopes  # noqa: F401 - connects the task signals that scope records
 from workers.activity import process_activity
 from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S, redis_url
 
@@ -76,9 +78,12 @@ def _start_process_report(sender, **_):
     if sender.app is app:
         start_process_reporter(redis_url=redis_url(), role="rollout_worker", name=sender.hostname,
                                run_ids=process_activity.running_run_ids)
+        # What a task logs goes to its run's log too (workers/run_logs.py scopes each task).
+        start_run_log_shipping(redis_url=redis_url(), role="rollout_worker")
 
 
 @worker_shutdown.connect
 def _stop_process_report(sender, **_):
     if sender.app is app:
+        stop_run_log_shipping()
         stop_process_reporter()

@@ -45,6 +45,7 @@ from workers.producer import (
     load_environment_secrets,
     load_run_spec,
 )
+from workers.run_logs import redact_run_logs_with
 from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S, task_concurrency
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ def produce_evaluation(*, redis_url: str, request: EvaluationRequest) -> int:
             raise EnvironmentPausedError(
                 f"run {request.run_id}: environment {environment.label} is unhealthy: {paused.decode()}")
         secrets = load_environment_secrets(client, spec, environment if request.environment else None)
+        redact_run_logs_with(secrets)
         try:
             with evaluation_runtime(redis_url, spec, request) as runtime:
                 return process_episode_loop.run(

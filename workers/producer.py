@@ -30,6 +30,7 @@ from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
 from workers.episode_slots import RunStoppedWaiting, episode_slots_for
 from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
+from workers.run_logs import redact_run_logs_with
 from workers.secret_settings import SecretSettings
 from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S
 
@@ -222,6 +223,8 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
                     f"run {run_id}: environment {spec.environment.label} is unhealthy: {reason.decode()}"
                 )
         secrets = load_environment_secrets(client, spec)
+        # The run's log is shown to its viewers; an environment's error may quote its key.
+        redact_run_logs_with(secrets)
         summary = None
         process_activity.task_started(run_id=run_id)
         try:
