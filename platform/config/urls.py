@@ -46,6 +46,7 @@ from evaluations.views import (
     RunEvaluationProgressView,
     TrainerEvaluationsView,
 )
+from run_logs.views import RunLogDownloadView, RunLogListView
 from runs import pages as run_pages
 from runs.views import (
     RunCancelView,
@@ -211,6 +212,8 @@ api = [
         name="api-run-evaluation-progress",
     ),
     path("api/runs/<int:run_id>/evaluate/", RunEvaluateView.as_view(), name="api-run-evaluate"),
+    path("api/runs/<int:run_id>/logs/", RunLogListView.as_view(), name="api-run-logs"),
+    path("api/runs/<int:run_id>/logs.txt", RunLogDownloadView.as_view(), name="api-run-logs-download"),
     path("api/runs/<int:run_id>/devices/", RunDevicesView.as_view(), name="api-run-devices"),
     path("api/runs/<int:run_id>/timeline/", RunTimelineView.as_view(), name="api-run-timeline"),
     path("api/runs/<int:run_id>/traces/", RunTraceListCreateView.as_view(), name="api-run-traces"),

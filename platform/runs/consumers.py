@@ -18,7 +18,7 @@ FORBIDDEN_CLOSE_CODE = 4403
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
-    """Forwards the run group's messages (``metrics``, ``status`` and ``evaluation``) to a member's browser.
+    """Forwards the run group's messages (``metrics``, ``status``, ``evaluation`` and ``logs``) to a member's browser.
 
     The socket is a notifier, never the record: a client that was away
     backfills from ``/api/runs/<id>/metrics/`` (and ``/evaluations/``).
@@ -78,5 +78,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(event)
 
     async def evaluation(self, event):
+        if await self._allowed():
+            await self.send_json(event)
+
+    async def logs(self, event):
+        """New lines of the run's log were stored (run_logs.realtime); the page fetches them over REST."""
         if await self._allowed():
             await self.send_json(event)

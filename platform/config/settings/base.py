@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "checkpoints",
     "dataset_registry",
     "evaluations",
+    "run_logs",
 ]
 
 MIDDLEWARE = [
@@ -135,5 +136,6 @@ from .celery import *  # noqa: E402,F403
 from .datasets import *  # noqa: E402,F403
 from .environment_registry import *  # noqa: E402,F403
 from .realtime import *  # noqa: E402,F403
+from .run_logs import *  # noqa: E402,F403
 from .runs import *  # noqa: E402,F403
 from .telemetry import *  # noqa: E402,F403

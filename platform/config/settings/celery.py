@@ -17,6 +17,9 @@ TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S = env_float("TANDEM_TRAINER_HEARTBEAT_TIMEOUT
 # The reaper's period: a dead trainer's run is restarted (or failed) at most timeout + period after
 # its last heartbeat. The progress watchdog runs as often.
 TANDEM_REAPER_INTERVAL_S = env_float("TANDEM_REAPER_INTERVAL_S", 10.0)
+# How often the platform stores what the runs' trainers and producers logged: the lag of the run
+# page's live log (one XINFO and XRANGE per run that may still log).
+TANDEM_RUN_LOG_DRAIN_INTERVAL_S = env_float("TANDEM_RUN_LOG_DRAIN_INTERVAL_S", 2.0)
 # Celery beat (run embedded in the platform worker: `tandem platform-worker`,
 # which `tandem up` starts) sends the reaper and the environment health sweep,
 # which probes every version in use again and marks failures unhealthy.
@@ -31,6 +34,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "tandem.platform.flag_stalled_runs",
         "schedule": TANDEM_REAPER_INTERVAL_S,
         "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": TANDEM_REAPER_INTERVAL_S},
+    },
+    "drain-run-logs": {
+        "task": "tandem.platform.drain_run_logs",
+        "schedule": TANDEM_RUN_LOG_DRAIN_INTERVAL_S,
+        "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": TANDEM_RUN_LOG_DRAIN_INTERVAL_S},
     },
     "environment-health-sweep": {
         "task": "tandem.environments.health_sweep",
