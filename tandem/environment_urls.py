@@ -14,6 +14,11 @@ allowed except link-local and cloud metadata ones. With one, a URL is allowed
 only if its host name is listed or every address it resolves to is in a
 listed network; a listed name that resolves into the refused ranges is still
 refused unless a listed network holds that address.
+
+Alert webhooks (``platform/alerts``) are URLs the platform itself posts to, chosen
+by users: they go through the same checks under their own allow-list
+(``TANDEM_WEBHOOK_ALLOWED_HOSTS``), which is always given, so that nothing is
+reached that the operator did not list.
 """
 
 from __future__ import annotations
@@ -120,12 +125,17 @@ def private_addresses_refused() -> bool:
     return os.environ.get(PRIVATE_SETTING, "allow").strip().lower() == "refuse"
 
 
+ENVIRONMENT_URL_SCHEMES = frozenset({"http", "https", "ws", "wss"})
+
+
 def check_environment_url(
     url: str,
     *,
     allowlist: Iterable[str] | None = None,
     resolve: Callable[[str], list[Address]] | None = None,
     refuse_private: bool | None = None,
+    schemes: frozenset[str] = ENVIRONMENT_URL_SCHEMES,
+    allowlist_setting: str | None = None,
 ) -> None:
     """Raise EnvironmentURLRefused unless ``url`` may be used.
 
@@ -133,10 +143,13 @@ def check_environment_url(
     does); None checks the URL as written only (the platform, which may not
     see the same DNS as the workers). ``refuse_private``: refuse private and
     loopback addresses too unless listed; None: as ``TANDEM_ENVIRONMENT_URL_PRIVATE`` says.
+    ``schemes``: the schemes the URL may have. ``allowlist_setting``: the operator setting
+    that holds ``allowlist``, named in refusals (``TANDEM_ENVIRONMENT_URL_ALLOWLIST`` by default).
     """
     parts = urlsplit(url)
-    if parts.scheme not in {"http", "https", "ws", "wss"}:
-        raise EnvironmentURLRefused(f"{url!r} must start with http://, https://, ws:// or wss://")
+    if parts.scheme not in schemes:
+        written = ", ".join(f"{scheme}://" for scheme in sorted(schemes))
+        raise EnvironmentURLRefused(f"{url!r} must start with one of {written}")
     host = (parts.hostname or "").lower().rstrip(".")
     if not host:
         raise EnvironmentURLRefused(f"{url!r} has no host")
@@ -171,28 +184,31 @@ def check_environment_url(
         return
     check_addresses(host, addresses, networks=networks, name_allowed=name_allowed,
                     listed=allowlist is not None,
-                    refuse_private=private_addresses_refused() if refuse_private is None else refuse_private)
+                    refuse_private=private_addresses_refused() if refuse_private is None else refuse_private,
+                    allowlist_setting=allowlist_setting)
 
 
 def check_addresses(host: str, addresses: Iterable[Address], *, networks: list, name_allowed: bool,
-                    listed: bool, refuse_private: bool = False) -> None:
+                    listed: bool, refuse_private: bool = False, allowlist_setting: str | None = None) -> None:
     """Raise EnvironmentURLRefused if any address ``host`` reaches is one environments may not use."""
+    setting = allowlist_setting or URL_ALLOWLIST_VARIABLE
     for address in addresses:
         # ::ffff:169.254.169.254 reaches the same service as 169.254.169.254, and so on.
         address = effective_address(address)
         if any(address in network for network in networks):
             continue
         if listed and not name_allowed:
-            raise EnvironmentURLRefused(f"{host} ({address}) is not on the environment URL allow-list")
+            listed_in = "the environment URL allow-list" if allowlist_setting is None else setting
+            raise EnvironmentURLRefused(f"{host} ({address}) is not on {listed_in}")
         if any(address in network for network in REFUSED_NETWORKS):
             raise EnvironmentURLRefused(
                 f"{host} ({address}) is a link-local or cloud-metadata address; "
-                "list it in TANDEM_ENVIRONMENT_URL_ALLOWLIST to allow it"
+                f"list it in {setting} to allow it"
             )
         if refuse_private and not listed and any(address in network for network in PRIVATE_NETWORKS):
             raise EnvironmentURLRefused(
                 f"{host} ({address}) is a private or loopback address, refused on this deployment; "
-                "list it in TANDEM_ENVIRONMENT_URL_ALLOWLIST to allow it"
+                f"list it in {setting} to allow it"
             )
 
 
@@ -209,7 +225,7 @@ def configured_allowlist() -> list[str] | None:
 
 
 def check_connect_addresses(host: str, addresses: Iterable[Address], *,
-                            allowlist: Iterable[str] | None) -> None:
+                            allowlist: Iterable[str] | None, allowlist_setting: str | None = None) -> None:
     """:func:`check_environment_url`'s address rules for the addresses a connection to ``host`` is about to use.
 
     Called by the HTTP adapter's resolver at connect time, so a name that
@@ -220,4 +236,5 @@ def check_connect_addresses(host: str, addresses: Iterable[Address], *,
     host = host.lower().rstrip(".")
     check_addresses(host, addresses, networks=networks,
                     name_allowed=allowlist is None or _name_listed(host, names),
-                    listed=allowlist is not None, refuse_private=private_addresses_refused())
+                    listed=allowlist is not None, refuse_private=private_addresses_refused(),
+                    allowlist_setting=allowlist_setting)
