@@ -26,13 +26,15 @@ class RolloutBacklog:
 
     ``config.max_staleness`` (policy versions; None: no bound) caps the
     outstanding groups; the config has checked that one task fits within it.
-    ``clock`` (monotonic seconds) times the requests :meth:`expire` gives up on; injectable for tests.
+    ``clock`` (monotonic seconds) times the requests :meth:`expire` gives up on, ``wall_clock`` (unix
+    seconds) stamps them for idle attribution; both injectable for tests.
     """
 
     def __init__(self, *, celery_app: Celery, redis_client: redis.Redis, run_id: int, config: RolloutConfig,
-                 groups_needed: int, clock=time.monotonic):
+                 groups_needed: int, clock=time.monotonic, wall_clock=time.time):
         self._celery = celery_app
         self._clock = clock
+        self._wall_clock = wall_clock
         self._redis = redis_client
         self._run_id = run_id
         self._config = config
@@ -42,6 +44,8 @@ class RolloutBacklog:
         self.tasks_sent = 0
         # Group index -> when it was requested, until it is settled (consumed) or expires as lost.
         self._unsettled: OrderedDict[int, float] = OrderedDict()
+        # The same, in unix time (comparable with episodes' timings), for the groups this trainer requested.
+        self._requested_at: dict[int, float] = {}
         self.groups_lost = 0
         self.max_staleness = config.max_staleness
 
@@ -88,9 +92,10 @@ class RolloutBacklog:
             )
             requested = end
             sent += 1
-            now = self._clock()
+            now, wall_now = self._clock(), self._wall_clock()
             for group_index in range(first, end):
                 self._unsettled[group_index] = now
+                self._requested_at[group_index] = wall_now
         self.tasks_sent += sent
         return sent
 
@@ -107,10 +112,15 @@ class RolloutBacklog:
         for group_index in group_indices:
             self._unsettled[group_index] = now
 
+    def requested_at(self, group_id: str) -> float | None:
+        """When (unix time) this trainer requested the group; None for one it did not, or settled."""
+        return self._requested_at.get(group_index_of(group_id))
+
     def settle(self, group_ids) -> None:
         """Groups that were consumed (trained on or dropped) are no longer at risk of being lost."""
         for group_id in group_ids:
             self._unsettled.pop(group_index_of(group_id), None)
+            self._requested_at.pop(group_index_of(group_id), None)
 
     def expire(self, *, timeout_s: float, now: float | None = None) -> list[str]:
         """Group ids requested over ``timeout_s`` ago and never consumed: lost with a dead producer.
@@ -123,6 +133,7 @@ class RolloutBacklog:
         lost = [index for index, requested_at in self._unsettled.items() if now - requested_at > timeout_s]
         for index in lost:
             del self._unsettled[index]
+            self._requested_at.pop(index, None)
         self.groups_lost += len(lost)
         self.extend(groups=len(lost))
         return [f"{self._run_id}-{index}" for index in lost]

@@ -189,16 +189,19 @@ from tandem.contracts.tasks import (
 )
 from tandem.contracts.telemetry import (
     EPISODE_SPAN_REASON_CHARS,
+    IDLE_CAUSES,
     DeviceReport,
     DeviceSample,
     EpisodeOutcome,
     EpisodeSpan,
+    IdleCause,
     StageSpan,
     StepEpisodes,
     StepTimeline,
     TelemetryReply,
     TraceRequest,
     TrainerStepEvent,
+    idle_metric_name,
 )
 from tandem.contracts.trajectories import (
     EPISODE_STATUSES,
@@ -327,6 +330,9 @@ __all__ = [
     "EpisodeSpan",
     "DeviceReport",
     "TrainerStepEvent",
+    "IDLE_CAUSES",
+    "IdleCause",
+    "idle_metric_name",
     "TraceRequest",
     "TelemetryReply",
     "ProbeTimeouts",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -218,6 +218,27 @@ class DeviceReport(BaseModel):
         return values
 
 
+#: What the trainer waited on when it waited for data (``TrainerStepEvent.idle_seconds``), taken from
+#: the episode that completed the step's batch: the last one to arrive.
+IdleCause = Literal["generation", "environment", "tool", "capacity", "queue"]
+IDLE_CAUSES: dict[str, str] = {
+    "generation": "the episode's policy turns: the inference engine generating",
+    "environment": "the episode's environment resets and steps",
+    "tool": "the episode's tool calls",
+    "capacity": "producers at capacity: its rollout task waited for a free producer, or the episode for a "
+                "slot of its environment's max_concurrent_episodes",
+    "queue": "time in queue: before its group was requested (the backlog and staleness bound held it back), "
+             "and from its end until the trainer read and assembled it",
+}
+if tuple(IDLE_CAUSES) != get_args(IdleCause):
+    raise AssertionError("IDLE_CAUSES and IdleCause must list the same causes, in the same order")
+
+
+def idle_metric_name(environment: str, cause: str) -> str:
+    """The series of the trainer's idle seconds spent waiting on ``environment``'s ``cause``: ``idle/shout/environment_s``."""
+    return f"idle/{environment}/{cause}_s"
+
+
 class TrainerStepEvent(Record):
     """Telemetry of one trainer step, posted to the platform.
 
@@ -306,6 +327,11 @@ class TrainerStepEvent(Record):
         "trainers older than this field. Not turned into metric values: the platform keeps them for "
         "its timeline.",
     )
+    idle_seconds: dict[str, dict[IdleCause, float]] = Field(
+        default_factory=dict,
+        description="The step's wait for data (wait_s) by what it waited on: environment -> cause -> seconds "
+        "(IDLE_CAUSES), from the episode on the critical path of each wait (the last to arrive).",
+    )
     episodes_total: int | None = Field(
         None, ge=0,
         description="Set when the step's episodes are too many for one post: how many it consumed. "
@@ -338,6 +364,9 @@ class TrainerStepEvent(Record):
             "episodes_lost": float(self.episodes_lost),
         }
         values.update(self.rollout_metrics)
+        for environment, causes in self.idle_seconds.items():
+            for cause, seconds in causes.items():
+                values[idle_metric_name(environment, cause)] = seconds
         if self.producer_utilisation is not None:
             values["producers/utilisation"] = self.producer_utilisation
         values["producers/reporting"] = float(self.producers_reporting)
