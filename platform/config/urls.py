@@ -15,6 +15,16 @@ from accounts.views import (
     ProjectDetailView,
     ProjectListCreateView,
 )
+from alerts import pages as alert_pages
+from alerts.views import (
+    AlertRuleDeliveryListView,
+    AlertRuleDetailView,
+    AlertRuleListCreateView,
+    NotificationListView,
+    NotificationReadView,
+    NotificationsReadAllView,
+    NotificationUnreadCountView,
+)
 from checkpoints.views import (
     RunCheckpointDetailView,
     RunCheckpointDownloadView,
@@ -120,6 +130,15 @@ pages = [
     path("datasets/", dataset_pages.dataset_list_page, name="dataset-list-page"),
     path("datasets/<int:dataset_id>/", dataset_pages.dataset_page, name="dataset-page"),
     path("tokens/", account_pages.token_list_page, name="token-list-page"),
+    path("alerts/", alert_pages.alert_rule_list_page, name="alert-rule-list-page"),
+    path("alerts/<int:rule_id>/delete/", alert_pages.alert_rule_delete_page, name="alert-rule-delete-page"),
+    path("notifications/", alert_pages.notification_list_page, name="notification-list-page"),
+    path("notifications/read-all/", alert_pages.notifications_read_all_page, name="notifications-read-all-page"),
+    path(
+        "notifications/<int:notification_id>/read/",
+        alert_pages.notification_read_page,
+        name="notification-read-page",
+    ),
     path(
         "tokens/<int:token_id>/revoke/",
         account_pages.token_revoke_page,
@@ -245,6 +264,25 @@ api = [
     path("api/devices/", ActiveRunDevicesView.as_view(), name="api-devices"),
     path("api/processes/", ProcessListView.as_view(), name="api-processes"),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
+    path("api/alert-rules/", AlertRuleListCreateView.as_view(), name="api-alert-rules"),
+    path("api/alert-rules/<int:rule_id>/", AlertRuleDetailView.as_view(), name="api-alert-rule-detail"),
+    path(
+        "api/alert-rules/<int:rule_id>/deliveries/",
+        AlertRuleDeliveryListView.as_view(),
+        name="api-alert-rule-deliveries",
+    ),
+    path("api/notifications/", NotificationListView.as_view(), name="api-notifications"),
+    path(
+        "api/notifications/unread-count/",
+        NotificationUnreadCountView.as_view(),
+        name="api-notifications-unread-count",
+    ),
+    path("api/notifications/read-all/", NotificationsReadAllView.as_view(), name="api-notifications-read-all"),
+    path(
+        "api/notifications/<int:notification_id>/read/",
+        NotificationReadView.as_view(),
+        name="api-notification-read",
+    ),
 ]
 
 trainer_api = [

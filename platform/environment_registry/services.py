@@ -18,6 +18,7 @@ from jsonschema.exceptions import SchemaError
 
 from accounts.models import Project
 from accounts.permissions import project_require_writer
+from alerts.services import alerts_probe_recorded
 from config.celery import app as celery_app
 from domain_errors import Conflict, InvalidInput, NotFound
 from tandem.contracts import (
@@ -349,6 +350,7 @@ def environment_probe_record(*, report: ProbeReport) -> EnvironmentProbe:
     # The version's secret settings for the probe: gone once it is over, not at their TTL.
     transaction.on_commit(lambda: _probe_secrets_delete(probe.pk), robust=True)
     _version_apply_probe(probe, advertised_capacity=report.max_concurrent_episodes)
+    alerts_probe_recorded(probe=probe)
     if probe.purpose == Purpose.HEALTH:
         _health_history_trim(version_id=probe.version_id)
     return probe

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Project
 from accounts.permissions import project_require_writer
+from alerts.services import alerts_progress_check, alerts_run_status_changed
 from dataset_registry.selectors import dataset_versions_pin
 from domain_errors import Conflict, InvalidInput
 from environment_registry.models import EnvironmentProbe, EnvironmentVersion
@@ -246,6 +247,7 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
     if to_status in TERMINAL_RUN_STATUSES or to_status == RunStatus.PAUSED:
         run_producers_stop_on_commit(run.pk)
     run_keys_retain_on_commit(run.pk, to_status)
+    alerts_run_status_changed(run=run)
 
     run_broadcast_on_commit(run.pk, [_status_message(run)])
     return run
@@ -388,6 +390,8 @@ def runs_flag_stalled(*, now=None) -> list[Run]:
                            run.trainer_step, run.progress_at, timeout_s)
             run_broadcast_on_commit(run.pk, [_status_message(run)])
             flagged.append(run)
+    # The no_progress alert rules keep minutes of their own, apart from each run's stall_timeout_s.
+    alerts_progress_check(now=now)
     return flagged
 
 

@@ -14,6 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.permissions import project_require_writer
+from alerts.services import alerts_step_events_recorded
 from domain_errors import Conflict, InvalidInput
 from runs.models import Run
 from runs.realtime import run_broadcast_on_commit
@@ -84,6 +85,7 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent],
 
     run = run_progress_record(run=run, trainer_step=max(event.step for event in events),
                               policy_version=max(event.policy_version for event in events), at=now)
+    alerts_step_events_recorded(run=run, events=events)
 
     run_broadcast_on_commit(
         run.pk,

@@ -22,6 +22,8 @@ from django.urls import get_resolver
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, Project
+from alerts.models import AlertRule, Notification
+from alerts.services import alert_fire, alert_rule_create
 from checkpoints.models import Checkpoint
 from checkpoints.services import checkpoints_report
 from config.asgi import application
@@ -63,11 +65,15 @@ KWARG_BUILDERS = {
     "dataset_id": lambda world: _dataset(world),
     # The trainer's dataset routes: a name no config pins (the trainer is refused before it matters).
     "name": lambda world: "support",
+    "rule_id": lambda world: _alert_rule(world).pk,
+    # One of the owner's notifications: a firing of a rule of the world's project.
+    "notification_id": lambda world: _notification(world),
 }
 # An id (or name) nothing has, to check the outsider's answer is that of a missing object.
 MISSING = {"run_id": 10**9, "project_id": 10**9, "token_id": 10**9, "username": "nobody-at-all",
            "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory",
-           "trace_id": 10**9, "step": 10**6, "dataset_id": 10**9, "name": "no-such-dataset"}
+           "trace_id": 10**9, "step": 10**6, "dataset_id": 10**9, "name": "no-such-dataset",
+           "rule_id": 10**9, "notification_id": 10**9}
 
 # Routes of staff users who work on every project (the trainer): others get 403 on each.
 STAFF_ONLY = {
@@ -103,6 +109,17 @@ def _dataset(world: World) -> int:
         version = dataset_upload(user=world.owner, project=world.project, name="support",
                                  file=io.BytesIO(row), file_name="rows.jsonl")
     return version.dataset_id
+
+
+def _alert_rule(world: World) -> AlertRule:
+    return alert_rule_create(user=world.owner, project=world.project, name=f"failures {world.run.pk}",
+                             kind=AlertRule.Kind.RUN_FAILED)
+
+
+def _notification(world: World) -> int:
+    firing = alert_fire(rule=_alert_rule(world), subject=f"run:{world.run.pk}", text="Run failed.", details={},
+                        run_id=world.run.pk)
+    return Notification.objects.get(firing=firing, user=world.owner).pk
 
 
 def _reported_checkpoint(run: Run) -> int:
@@ -173,6 +190,8 @@ def _snapshot(world: World) -> tuple:
         sorted(EnvironmentVersion.objects.filter(environment=world.run.environment_id)
                .values_list("number", flat=True)),
         sorted(Checkpoint.objects.filter(run=world.run).values_list("step", "status", "export_status")),
+        sorted(AlertRule.objects.filter(project=world.project).values_list("name", "kind", "enabled")),
+        sorted(Notification.objects.filter(firing__project=world.project).values_list("pk", "read_at")),
     )
 
 

@@ -25,6 +25,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from accounts.services import api_token_create, membership_add
+from alerts.services import alert_fire, alert_rule_create
 from checkpoints.services import checkpoints_report
 from dataset_registry.services import dataset_upload
 from runs.services import run_claim_next
@@ -131,6 +132,8 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp
     checkpoints_report(run=claimed, report=CheckpointReport(checkpoints=[
         CheckpointInfo(step=step, policy_version=step, path=str(tmp_path / f"run-{claimed.pk}" / str(step)),
                        size_bytes=1) for step in (1, 2)]))
+    rule = alert_rule_create(user=user, project=project, name="fuzzed failures", kind="run_failed")
+    firing = alert_fire(rule=rule, subject=f"run:{claimed.pk}", text="Run failed.", details={}, run_id=claimed.pk)
     return {
         "base": server,
         # The trainer's writes name it: as the holder of ``claimed``, they reach past the holder check.
@@ -148,6 +151,8 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp
             "name": st.just("fuzzed-rows"),
             "number": st.sampled_from([1, 2]),
             "step": st.sampled_from([1, 2]),
+            "rule_id": st.just(rule.pk),
+            "notification_id": st.just(firing.notifications.get(user=user).pk),
         },
     }
 

@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "dataset_registry",
     "evaluations",
     "run_logs",
+    "alerts",
 ]
 
 MIDDLEWARE = [
@@ -131,6 +132,7 @@ CACHES = {
 TANDEM_AUTH_FAILURES_ALLOWED = int(env_str("TANDEM_AUTH_FAILURES_ALLOWED", "10"))
 TANDEM_AUTH_FAILURE_WINDOW_S = int(env_str("TANDEM_AUTH_FAILURE_WINDOW_S", "900"))
 
+from .alerts import *  # noqa: E402,F403
 from .api import *  # noqa: E402,F403
 from .celery import *  # noqa: E402,F403
 from .datasets import *  # noqa: E402,F403

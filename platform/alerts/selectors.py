@@ -1,0 +1,53 @@
+"""Reads of alerts: a project's rules and their webhook deliveries, a user's notifications."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
+
+from accounts.models import Project
+from domain_errors import NotFound
+
+from .models import AlertRule, Notification, WebhookDelivery
+
+
+def alert_rule_list(*, user: AbstractBaseUser, project: Project | None = None) -> QuerySet[AlertRule]:
+    """The rules of the user's projects (of ``project`` only, if given)."""
+    rules = AlertRule.objects.filter(project__memberships__user=user).select_related("project")
+    if project is not None:
+        rules = rules.filter(project=project)
+    return rules.order_by("project__name", "project_id", "name", "id")
+
+
+def alert_rule_get_for_user(*, user: AbstractBaseUser, rule_id: int) -> AlertRule:
+    """One rule of the user's projects; another project's is reported as missing."""
+    rule = alert_rule_list(user=user).filter(pk=rule_id).first()
+    if rule is None:
+        raise NotFound(f"Alert rule {rule_id} not found.")
+    return rule
+
+
+def webhook_delivery_list(*, rule: AlertRule) -> QuerySet[WebhookDelivery]:
+    """The rule's deliveries, newest first, each with its attempts."""
+    return (WebhookDelivery.objects.filter(rule=rule).select_related("firing")
+            .prefetch_related("attempt_log").order_by("-created_at", "-id"))
+
+
+def notification_list(*, user: AbstractBaseUser, unread: bool | None = None) -> QuerySet[Notification]:
+    """The user's notifications, newest first; ``unread``: only those not yet read (or only read ones)."""
+    notifications = Notification.objects.filter(user=user).select_related("firing", "firing__project")
+    if unread is not None:
+        notifications = notifications.filter(read_at__isnull=unread)
+    return notifications.order_by("-created_at", "-id")
+
+
+def notification_get_for_user(*, user: AbstractBaseUser, notification_id: int) -> Notification:
+    notification = notification_list(user=user).filter(pk=notification_id).first()
+    if notification is None:
+        raise NotFound(f"Notification {notification_id} not found.")
+    return notification
+
+
+def notification_unread_count(*, user: AbstractBaseUser) -> int:
+    """What the navigation's badge shows."""
+    return Notification.objects.filter(user=user, read_at__isnull=True).count()

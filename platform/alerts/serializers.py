@@ -1,0 +1,106 @@
+"""The API's shapes of alert rules, notifications and webhook deliveries.
+
+A rule's webhook secret is write-only: it is accepted on create and update and never
+returned; ``webhook_secret_set`` says whether the rule has one.
+"""
+
+from rest_framework import serializers
+
+from .models import AlertRule, Notification, WebhookAttempt, WebhookDelivery
+
+
+class AlertRuleSerializer(serializers.ModelSerializer):
+    webhook_secret_set = serializers.SerializerMethodField(help_text="Whether the webhook has a signing secret.")
+
+    class Meta:
+        model = AlertRule
+        fields = ["id", "project", "name", "kind", "enabled", "metric", "comparison", "threshold", "steps",
+                  "minutes", "webhook_url", "webhook_secret_set", "created_at", "updated_at"]
+
+    def get_webhook_secret_set(self, rule: AlertRule) -> bool:
+        return bool(rule.webhook_secret)
+
+
+class AlertRuleWriteSerializer(serializers.Serializer):
+    """A rule's definition; which settings a kind uses is checked by alerts.services."""
+
+    project = serializers.IntegerField(
+        required=False, help_text="The project (on create); optional when you belong to one project only.")
+    name = serializers.CharField(max_length=100)
+    kind = serializers.ChoiceField(choices=AlertRule.Kind.choices)
+    enabled = serializers.BooleanField(required=False, default=True)
+    metric = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default="",
+        help_text="metric_threshold: the series, as charted (reward_mean, loss, algorithm/kl ...).")
+    comparison = serializers.ChoiceField(
+        choices=AlertRule.Comparison.choices, required=False, allow_blank=True, default="",
+        help_text="metric_threshold: fire when the metric is above or below the threshold.")
+    threshold = serializers.FloatField(
+        required=False, allow_null=True, default=None,
+        help_text="metric_threshold: the bound; trainer_idle: the idle fraction of a step, 0 to 1.")
+    steps = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1, max_value=1_000_000,
+        help_text="metric_threshold: consecutive steps past the threshold before the rule fires.")
+    minutes = serializers.FloatField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=100_000,
+        help_text="trainer_idle: how long the trainer stays idle; no_progress: how long the step stands still.")
+    webhook_url = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, default="",
+        help_text="Posted Slack-compatible JSON on each firing; its host must be on TANDEM_WEBHOOK_ALLOWED_HOSTS.")
+    # trim_whitespace off: a secret is taken exactly as sent.
+    webhook_secret = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, write_only=True, trim_whitespace=False,
+        help_text="Key of the X-Tandem-Signature header (sha256=<hex HMAC-SHA256 of the body>); never "
+        "returned. Left out on update: kept.")
+
+    def validate(self, data):
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
+        return data
+
+    def changes(self) -> dict:
+        """What a PATCH sent (defaults left out), for alert_rule_update."""
+        return {key: value for key, value in self.validated_data.items()
+                if key in self.initial_data and key != "project"}
+
+
+class NotificationSerializer(serializers.ModelSerializer):
+    rule = serializers.IntegerField(source="firing.rule_id", allow_null=True, help_text="Null once deleted.")
+    rule_name = serializers.CharField(source="firing.rule_name")
+    kind = serializers.CharField(source="firing.kind")
+    project = serializers.IntegerField(source="firing.project_id")
+    project_name = serializers.CharField(source="firing.project.name")
+    run = serializers.IntegerField(source="firing.run_id", allow_null=True)
+    environment_version = serializers.IntegerField(source="firing.environment_version_id", allow_null=True)
+    text = serializers.CharField(source="firing.text")
+    details = serializers.JSONField(source="firing.details")
+    fired_at = serializers.DateTimeField(source="firing.fired_at")
+
+    class Meta:
+        model = Notification
+        fields = ["id", "rule", "rule_name", "kind", "project", "project_name", "run", "environment_version",
+                  "text", "details", "fired_at", "read_at"]
+
+
+class UnreadCountSerializer(serializers.Serializer):
+    unread = serializers.IntegerField(help_text="The caller's unread notifications.")
+
+
+class MarkedReadSerializer(serializers.Serializer):
+    marked = serializers.IntegerField(help_text="Notifications newly marked read.")
+
+
+class WebhookAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WebhookAttempt
+        fields = ["number", "outcome", "response_code", "error", "attempted_at", "duration_s"]
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    attempt_log = WebhookAttemptSerializer(many=True, help_text="Every attempt, first first.")
+    text = serializers.CharField(source="firing.text")
+
+    class Meta:
+        model = WebhookDelivery
+        fields = ["id", "firing", "text", "url", "status", "attempts", "created_at", "finished_at", "attempt_log"]
