@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.contracts import IDLE_CAUSES, EpisodeTimings, TrainerStepEvent, TrajectoryRecord, trajectory_stream
+from tandem.contracts import (
+    IDLE_CAUSES,
+    EpisodeTimings,
+    TrainerStepEvent,
+    TrajectoryRecord,
+    trajectory_stream,
+)
 from tandem.rollout_config import RolloutConfig
 from tandem.run_config import RunConfig
 from trainer.idle_attribution import IdleAttribution, wait_attribution
