@@ -74,6 +74,7 @@ from telemetry.views import (
     ActiveRunDevicesView,
     ProcessListView,
     RunDevicesView,
+    RunIdleView,
     RunMetricChartView,
     RunMetricsView,
     RunTimelineView,
@@ -235,6 +236,7 @@ api = [
     path("api/runs/<int:run_id>/logs.txt", RunLogDownloadView.as_view(), name="api-run-logs-download"),
     path("api/runs/<int:run_id>/devices/", RunDevicesView.as_view(), name="api-run-devices"),
     path("api/runs/<int:run_id>/timeline/", RunTimelineView.as_view(), name="api-run-timeline"),
+    path("api/runs/<int:run_id>/idle/", RunIdleView.as_view(), name="api-run-idle"),
     path("api/runs/<int:run_id>/traces/", RunTraceListCreateView.as_view(), name="api-run-traces"),
     path(
         "api/runs/<int:run_id>/traces/<int:trace_id>/download/",

@@ -28,7 +28,7 @@ from tandem.contracts import (
     RunStatus,
 )
 from telemetry.charts import RUN_CHARTS
-from telemetry.selectors import metric_totals
+from telemetry.selectors import idle_summary, metric_totals
 from telemetry.services import MAX_TRACE_STEPS, TRACE_REFUSED_STATUSES
 
 from .config_form import config_form, config_from_form, form_state
@@ -134,6 +134,8 @@ def run_page(request, run_id: int):
         "charts": RUN_CHARTS,
         "sft_data": _sft_data(run),
         "evaluation_table": _evaluation_table(run),
+        # What the trainer waited on, in words; the page asks again as steps come.
+        "idle": idle_summary(run=run),
         # Viewers see no cancel button; the cancel view refuses them anyway.
         "can_write": project_role(user=request.user, project=run.project)
         in Membership.WRITER_ROLES,

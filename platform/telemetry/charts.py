@@ -33,7 +33,7 @@ script knows a metric or stage name of its own. A chart is a JSON object:
 
 from __future__ import annotations
 
-from tandem.contracts import IDLE_STAGE, TRAINER_STAGES, stage_metric_name
+from tandem.contracts import IDLE_CAUSES, IDLE_STAGE, TRAINER_STAGES, stage_metric_name
 
 # One colour per trainer stage, on the run page's stage chart and the timeline alike.
 # The timeline hatches the idle stage instead (a pattern in this colour's red).
@@ -165,6 +165,15 @@ RUN_CHARTS: list[dict] = [
         "variants": [("error", "failed"), ("truncated", "truncated")],
         "kind": "lines", "smooth": True, "range_min": 0, "min_span": 0.1,
         "family": {"pattern": r"^rollout/(?<environment>.+)/(?<variant>error|truncated)_rate$",
+                   "label": "{environment}", "colour": "environment"},
+    },
+    {
+        "id": "chart-idle", "title": "What the trainer waited on",
+        "caption": "share of each step spent waiting for data, by environment and cause (from the episode that "
+                   "ended each wait); the run page's sentence sums the last 50 steps",
+        "empty": "No RL step yet.",
+        "kind": "stacked", "share_of": "wall_s", "percent": True,
+        "family": {"pattern": rf"^idle/(?<environment>.+/({'|'.join(IDLE_CAUSES)}))_s$",
                    "label": "{environment}", "colour": "environment"},
     },
     {

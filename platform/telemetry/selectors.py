@@ -27,6 +27,7 @@ from domain_errors import NotFound
 from runs.models import Run
 from runs.selectors import run_list
 from tandem.contracts import (
+    IDLE_CAUSES,
     TRAINER_HELD_RUN_STATUSES,
     ProcessReport,
     ProducerReport,
@@ -377,3 +378,69 @@ def metric_totals(*, run: Run, prefix: str) -> dict[str, tuple[float, int]]:
     totals = (MetricPoint.objects.filter(run=run, name__startswith=prefix).values("name")
               .annotate(total=Sum("value"), steps=Count("id")).order_by("name"))
     return {row["name"]: (row["total"] or 0.0, row["steps"]) for row in totals}
+
+
+# Each cause's words in the idle sentence, after "x%" ({environment}: where it names the environment).
+_IDLE_CAUSE_WORDS = {"generation": "on {environment}generation", "environment": "on {environment}environment steps",
+                     "tool": "on {environment}tool calls", "capacity": "on {environment}producers at capacity",
+                     "queue": "in {environment}queue"}
+if set(_IDLE_CAUSE_WORDS) != set(IDLE_CAUSES):
+    raise AssertionError("every idle cause needs its words in the idle sentence")
+
+
+@dataclass(frozen=True)
+class IdleShare:
+    environment: str
+    cause: str
+    fraction: float  # of the steps' wall time
+
+
+@dataclass(frozen=True)
+class IdleSummary:
+    """What the trainer waited on over its last ``steps`` steps (``trainer/idle_attribution.py``)."""
+
+    steps: int
+    idle_fraction: float
+    shares: list[IdleShare]  # largest first
+
+    @property
+    def sentence(self) -> str:
+        """"trainer idle 31% over the last 50 steps: 24% waiting on `shout` environment steps, 5% on
+        generation, 2% in queue"; shares under half a percent are left out, and the environment is named
+        where it matters (its steps and tools, or when there are several)."""
+        head = f"trainer idle {self.idle_fraction:.0%} over the last {self.steps} step{'s' if self.steps != 1 else ''}"
+        several = len({share.environment for share in self.shares}) > 1
+        parts = []
+        for share in self.shares:
+            if share.fraction < 0.005:
+                continue
+            named = share.cause in ("environment", "tool") or several
+            what = _IDLE_CAUSE_WORDS[share.cause].format(environment=f"`{share.environment}` " if named else "")
+            parts.append(f"{share.fraction:.0%} {'waiting ' if not parts else ''}{what}")
+        return head + (": " + ", ".join(parts) if parts else "")
+
+
+def idle_summary(*, run: Run, last_steps: int = 50) -> IdleSummary | None:
+    """The run's trainer idle share over its newest ``last_steps`` steps and what it waited on; None
+    before its first step."""
+    steps = list(MetricPoint.objects.filter(run=run, name="wall_s").order_by("-step")
+                 .values_list("step", flat=True)[:last_steps])
+    if not steps:
+        return None
+    totals = dict(MetricPoint.objects.filter(run=run, step__gte=min(steps), step__lte=max(steps))
+                  .filter(name__in=("wall_s", "wait_s")).values("name").annotate(total=Sum("value"))
+                  .values_list("name", "total"))
+    wall = totals.get("wall_s") or 0.0
+    if wall <= 0:
+        return None
+    idle = (MetricPoint.objects.filter(run=run, step__gte=min(steps), step__lte=max(steps),
+                                       name__startswith="idle/")
+            .values("name").annotate(total=Sum("value")).values_list("name", "total"))
+    shares = []
+    for name, total in idle:
+        environment, _, cause = name.removeprefix("idle/").rpartition("/")
+        cause = cause.removesuffix("_s")
+        if environment and cause in _IDLE_CAUSE_WORDS:
+            shares.append(IdleShare(environment=environment, cause=cause, fraction=(total or 0.0) / wall))
+    shares.sort(key=lambda share: (-share.fraction, share.environment, share.cause))
+    return IdleSummary(steps=len(steps), idle_fraction=(totals.get("wait_s") or 0.0) / wall, shares=shares)

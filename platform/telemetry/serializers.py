@@ -8,7 +8,14 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tandem.contracts import EPISODE_STATUSES, EpisodeOutcome, EpisodeSpan, ProcessRole, StageSpan
+from tandem.contracts import (
+    EPISODE_STATUSES,
+    IDLE_CAUSES,
+    EpisodeOutcome,
+    EpisodeSpan,
+    ProcessRole,
+    StageSpan,
+)
 
 from .models import Trace
 from .services import MAX_TRACE_STEPS
@@ -237,6 +244,27 @@ class TimelineStepSerializer(serializers.Serializer):
     episodes = TimelineEpisodeSerializer(many=True, help_text="Every episode the step consumed.")
 
 
+class IdleShareSerializer(serializers.Serializer):
+    environment = serializers.CharField()
+    cause = serializers.ChoiceField(choices=list(IDLE_CAUSES), help_text=" ".join(
+        f"{cause}: {meaning}." for cause, meaning in IDLE_CAUSES.items()))
+    fraction = serializers.FloatField(help_text="Of the steps' wall time.")
+
+
+class IdleSummarySerializer(serializers.Serializer):
+    """What the trainer waited on over its newest steps (telemetry.selectors.idle_summary)."""
+
+    steps = serializers.IntegerField(help_text="The steps it is over: the run's newest, up to 50.")
+    idle_fraction = serializers.FloatField(help_text="The trainer's wait for data, of their wall time.")
+    shares = IdleShareSerializer(many=True, help_text="That wait by environment and cause, largest first.")
+    sentence = serializers.CharField(help_text="All of it in words, as the run and timeline pages show it.")
+
+
+class RunIdleSerializer(serializers.Serializer):
+    run = serializers.IntegerField()
+    idle = IdleSummarySerializer(allow_null=True, help_text="Null before the run's first step.")
+
+
 class TimelineSerializer(serializers.Serializer):
     run = serializers.IntegerField()
     status = serializers.CharField(help_text="The run's status: a page polls while it can still train.")
@@ -253,3 +281,5 @@ class TimelineSerializer(serializers.Serializer):
     started_at = serializers.FloatField(allow_null=True, help_text="The window: its first step's start.")
     ended_at = serializers.FloatField(allow_null=True, help_text="Its last step's end.")
     steps = TimelineStepSerializer(many=True, help_text="Oldest first.")
+    idle = IdleSummarySerializer(allow_null=True, help_text="What the trainer waited on over the run's newest "
+                                 "steps; null before its first step.")

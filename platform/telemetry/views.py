@@ -28,6 +28,7 @@ from .device_listings import active_run_devices, tandem_processes
 from .models import MetricPoint, Trace
 from .selectors import (
     device_snapshot_get,
+    idle_summary,
     metric_chart,
     metric_points_after,
     step_timeline_recent,
@@ -37,8 +38,10 @@ from .selectors import (
 )
 from .serializers import (
     ActiveRunDevicesSerializer,
+    IdleSummarySerializer,
     MetricChartQuerySerializer,
     ProcessListSerializer,
+    RunIdleSerializer,
     TimelineQuerySerializer,
     TimelineSerializer,
     TraceRequestSerializer,
@@ -164,7 +167,22 @@ class RunTimelineView(APIView):
                  "episodes": step.episodes}
                 for step in steps
             ],
+            "idle": _idle(run),
         })
+
+
+def _idle(run) -> dict | None:
+    summary = idle_summary(run=run)
+    return None if summary is None else IdleSummarySerializer(summary).data
+
+
+class RunIdleView(APIView):
+    """What the trainer waited on over the run's newest 50 steps: its idle share by environment and cause."""
+
+    @extend_schema(summary="What the trainer waited on", responses={200: RunIdleSerializer})
+    def get(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        return Response({"run": run.pk, "idle": _idle(run)})
 
 
 class NonFiniteJSONParser(JSONParser):

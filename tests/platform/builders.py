@@ -96,6 +96,7 @@ def full_rl_step_event(run_id: int, step: int) -> TrainerStepEvent:
     and tokens/s are set as ``trainer.telemetry.profile_fields`` sets them.
     """
     from tests.platform.trajectory_builders import calculator_record
+    from trainer.idle_attribution import IdleAttribution
     from trainer.profiling import StageRecorder
     from trainer.rollout_stats import rollout_metrics
     from trainer.staleness import StalenessRecorder
@@ -111,6 +112,10 @@ def full_rl_step_event(run_id: int, step: int) -> TrainerStepEvent:
         })
         for index, record in enumerate(records)
     ]
+    # The step's 0.2 s wait ended with its last episode: the attribution the feed makes of it.
+    idle = IdleAttribution()
+    last = max(record.timings.finished_at for record in records)
+    idle.waited(waited_from=last - 0.2, waited_until=last, records=records, requested_at={})
     staleness = StalenessRecorder()
     # policy_version 3..4 in the records: staleness grows with the step, so buckets come and go.
     staleness.trained(records, policy_version=4 + step % 3)
@@ -130,7 +135,7 @@ def full_rl_step_event(run_id: int, step: int) -> TrainerStepEvent:
         other_s=wall_s - seconds["data_wait"] - seconds["compute"] - seconds["publish"], timeline=timeline,
         loss=1.0 / (step + 1), reward_mean=0.1 * step, success_rate=0.75,
         samples_per_s=len(records) / wall_s, samples_produced_per_s=1.2 * len(records) / wall_s,
-        tokens_per_s=4096 / wall_s, rollout_metrics=rollout_metrics(records),
+        tokens_per_s=4096 / wall_s, rollout_metrics=rollout_metrics(records), idle_seconds=idle.take(),
         algorithm_metrics={"kl": 0.01 * step, "entropy": 2.0 - 0.05 * step, "clip_fraction": 0.1},
         **staleness.step_fields(), emitted_at=time.time(),
     )

@@ -130,6 +130,7 @@
     socket: null,
     chartPoints: Object.fromEntries(CHARTS.map((spec) => [spec.id, 0])), // values each chart received
     chartSeries: {}, // chart id -> labels of the series it draws now
+    idleRefreshes: 0, // times the idle sentence was read again
     chartSteps: {}, // chart id -> how many steps it draws now
     redraws: 0, // coalesced: far fewer than messages when steps arrive quickly
     drawnAt: {}, // step -> Date.now() when the charts first drew it (the newest DRAWN_AT_KEPT steps)
@@ -605,6 +606,28 @@
     return null;
   }
 
+  // The sentence of what the trainer waited on, asked again at most every IDLE_REFRESH_MS while steps come.
+  const IDLE_REFRESH_MS = 5000;
+  let idleRefreshDue = null;
+  function refreshIdle() {
+    const idle = document.getElementById("run-idle");
+    if (!idle || idleRefreshDue !== null) return;
+    idleRefreshDue = setTimeout(async () => {
+      try {
+        const response = await fetch(idle.dataset.idleUrl, { credentials: "same-origin" });
+        if (!response.ok) return;
+        const summary = (await response.json()).idle;
+        idle.textContent = summary ? summary.sentence : "";
+        idle.hidden = !summary;
+        page.idleRefreshes += 1;
+      } catch (error) {
+        console.warn("the idle summary could not be read", error);
+      } finally {
+        idleRefreshDue = null;
+      }
+    }, page.idleRefreshes === 0 ? 0 : IDLE_REFRESH_MS);
+  }
+
   function showEvaluation(evaluation) {
     upsertEvaluationRow(evaluation);
     const values = {};
@@ -812,6 +835,7 @@
       if (message.type === "metrics") {
         ingestStep(message.step, message.values);
         showRun({ status: message.status, policy_version: message.policy_version });
+        refreshIdle();
       } else if (message.type === "status") {
         showRun(message);
       } else if (message.type === "evaluation") {

@@ -95,6 +95,10 @@
     statusBadge.textContent = body.status;
     statusBadge.className = `badge badge-${body.status}`;
     document.getElementById("timeline-steps-kept").textContent = String(body.steps_kept);
+    // What the trainer waited on, in words (telemetry.selectors.idle_summary).
+    const idle = document.getElementById("timeline-idle");
+    idle.textContent = body.idle ? body.idle.sentence : "";
+    idle.hidden = !body.idle;
     state.polls += 1;
     updated.textContent = `updated ${new Date().toLocaleTimeString()}`;
   }
