@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import threading
@@ -20,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from environments import load_environment_class
-from policy import RedisWeightSubscriber
+from policy import Completion, RedisWeightSubscriber
 from tandem.contracts import (
     EnvironmentSpec,
     EvaluationEpisode,
@@ -108,6 +109,55 @@ def evaluation_runtime(redis_url: str, spec: RunSpec, request: EvaluationRequest
                 _runtimes.pop(stale)[0].close()
 
 
+class SharedGreedyTurns:
+    """The greedy turns of one evaluation slice, shared by its episodes.
+
+    Greedy decoding gives one answer to one prompt, so the samples of a task
+    make one request between them for as long as their conversations are the
+    same (all of them, with an environment that answers alike), and requests of
+    their own once they differ. A turn asked for while its twin is being
+    generated waits for that one instead of queueing a second.
+    """
+
+    def __init__(self) -> None:
+        self._turns: dict[tuple[int, ...], asyncio.Future[Completion]] = {}
+        self.requests = 0  # turns generated; the others were shared
+
+    def policy(self, policy: BatchingPolicy) -> _SharedGreedyPolicy:
+        return _SharedGreedyPolicy(policy, self)
+
+    async def generate(self, policy: BatchingPolicy, prompt: list[int], session_id) -> Completion:
+        key = tuple(prompt)
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = asyncio.get_running_loop().create_future()
+            self.requests += 1
+            try:
+                turn.set_result(await policy.generate(prompt, session_id=session_id))
+            except BaseException as exc:
+                del self._turns[key]  # the next twin asks again
+                turn.set_exception(exc)
+                turn.exception()  # retrieved: only the twins waiting on it see it
+                raise
+        completion = await asyncio.shield(turn)
+        return dataclasses.replace(completion, token_ids=list(completion.token_ids),
+                                   logprobs=list(completion.logprobs))
+
+
+class _SharedGreedyPolicy:
+    """A sample's policy whose turns come from :class:`SharedGreedyTurns`."""
+
+    def __init__(self, policy: BatchingPolicy, turns: SharedGreedyTurns):
+        self._policy = policy
+        self._turns = turns
+
+    async def generate(self, prompt: list[int], *, session_id=None) -> Completion:
+        return await self._turns.generate(self._policy, prompt, session_id)
+
+    def end_session(self, session_id) -> None:
+        self._policy.end_session(session_id)
+
+
 async def _evaluate(*, redis_client, spec: RunSpec, environment: EnvironmentSpec, runtime: PolicyRuntime,
                     request: EvaluationRequest, secrets) -> int:
     """Run the slice's episodes on ``environment`` concurrently; returns how many went to the stream."""
@@ -117,6 +167,7 @@ async def _evaluate(*, redis_client, spec: RunSpec, environment: EnvironmentSpec
     slots = episode_slots_for(environment, redis_client)
     stream = evaluation_stream(spec.run_id)
     sent = 0
+    shared = SharedGreedyTurns() if request.temperature == 0 else None
 
     async def run_stopped() -> bool:
         return bool(await redis_client.exists(run_stop_key(spec.run_id)))
@@ -131,7 +182,8 @@ async def _evaluate(*, redis_client, spec: RunSpec, environment: EnvironmentSpec
                     run_id=spec.run_id, group_id=f"{spec.run_id}-evaluation{request.evaluation}-{task_index}"
                     + (f"-{environment.label}" if request.environment else ""),
                     group_size=request.samples_per_task, environment_name=environment.name,
-                    environment=environment_class(**environment_kwargs), task=task, policy=policy,
+                    environment=environment_class(**environment_kwargs), task=task,
+                    policy=policy if shared is None else shared.policy(policy),
                     limits=limits, tokenizer=runtime.tokenizer, layout=runtime.prompt_layout,
                     redact=secrets.redact,
                 )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from flax import nnx
 
 from environments.builtin.calculator import CalculatorEnvironment
+from policy import Completion
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
@@ -27,7 +30,7 @@ from tandem.rollout_config import RolloutConfig, SamplingConfig
 from tandem.run_config import ModelConfig, RunConfig
 from tests.workers.secret_environments import API_KEY
 from tests.workers.test_security_secret_settings import _keyed_spec, _publish_run
-from workers.evaluation import EvaluationSliceError, produce_evaluation
+from workers.evaluation import EvaluationSliceError, SharedGreedyTurns, produce_evaluation
 from workers.producer import EnvironmentPausedError
 from workers.tasks import produce_evaluation_episodes
 
@@ -154,3 +157,49 @@ def test_an_evaluation_on_an_unhealthy_environment_waits_for_it_and_then_fails_i
     (entry,) = [evaluation_stream_record(fields) for _, fields in redis_client.xrange(evaluation_stream(run_id))]
     assert isinstance(entry, EvaluationSliceFailure) and "is unhealthy: its health check timed out" in entry.reason
     redis_client.delete(environment_paused_key(paused.version_id))
+
+
+class _CountingPolicy:
+    """Stands in for the engine's policy: one answer per prompt, after a yield, counting its requests."""
+
+    def __init__(self, fail_on: tuple[int, ...] = ()):
+        self.prompts: list[tuple[int, ...]] = []
+        self.ended: list[str] = []
+        self.fail_on = fail_on
+
+    async def generate(self, prompt, *, session_id=None):
+        self.prompts.append(tuple(prompt))
+        await asyncio.sleep(0)  # its twins ask while it is being generated
+        if tuple(prompt) == self.fail_on:
+            raise RuntimeError("the engine stopped")
+        return Completion(token_ids=[sum(prompt) % 7], logprobs=[-0.5], finished=True, stop_reason="eos")
+
+    def end_session(self, session_id):
+        self.ended.append(session_id)
+
+
+def test_greedy_samples_of_a_task_share_their_turns_until_their_conversations_differ():
+    async def scenario():
+        turns, policy = SharedGreedyTurns(), _CountingPolicy(fail_on=(9, 9))
+        samples = [turns.policy(policy) for _ in range(4)]
+        first = await asyncio.gather(*(sample.generate([1, 2, 3], session_id=f"s{i}")
+                                       for i, sample in enumerate(samples)))
+        # Four samples, one conversation: one request, four equal turns of their own.
+        assert policy.prompts == [(1, 2, 3)] and turns.requests == 1
+        assert {tuple(turn.token_ids) for turn in first} == {(6,)} and first[0].token_ids is not first[1].token_ids
+        # One sample's environment answered otherwise: its next turn is a request of its own.
+        await asyncio.gather(samples[0].generate([1, 2, 3, 6, 4], session_id="s0"),
+                             samples[1].generate([1, 2, 3, 6, 5], session_id="s1"),
+                             samples[2].generate([1, 2, 3, 6, 5], session_id="s2"))
+        assert sorted(policy.prompts[1:]) == [(1, 2, 3, 6, 4), (1, 2, 3, 6, 5)] and turns.requests == 3
+        # A failed turn fails its twins waiting on it, and is asked again next time.
+        results = await asyncio.gather(samples[0].generate([9, 9]), samples[1].generate([9, 9]),
+                                       return_exceptions=True)
+        assert [type(result) for result in results] == [RuntimeError, RuntimeError]
+        with pytest.raises(RuntimeError):
+            await samples[2].generate([9, 9])
+        assert policy.prompts.count((9, 9)) == 2
+        samples[3].end_session("s3")
+        assert policy.ended == ["s3"]
+
+    asyncio.run(scenario())
