@@ -83,6 +83,11 @@ class RunConfig(BaseModel):
         description="Trajectories of each RL step the trainer sends to the platform's trajectory browser: "
         "the best and worst rewards (half each), plus up to as many failed episodes. 0: none.",
     )
+    trajectory_sample_groups_per_step: int = Field(
+        1, ge=0, le=8,
+        description="Whole groups of each RL step the trainer also sends to the trajectory browser, every "
+        "episode (failed ones too) with its advantage: the groups with the widest reward range first. 0: none.",
+    )
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig,
         description="What producers sample each policy turn from (temperature, top-p/k, stop strings, "

@@ -154,6 +154,7 @@ class RunTrainer:
                                           trajectories=TrajectorySampleBuffer(
                                               platform, self.run_id, self.tokenizer,
                                               per_step=self.config.trajectory_samples_per_step,
+                                              groups_per_step=self.config.trajectory_sample_groups_per_step,
                                               tools=claimed.environment.tools))
         # Every second of the training loop goes to one stage of one step (see trainer/profiling.py).
         self.stages = StageRecorder()
@@ -644,7 +645,12 @@ class RunTrainer:
             self._trained_group_count += len(taken.groups)
             # Acknowledged once a checkpoint with this update is committed (see _checkpoint_committed).
             feed.trained(taken, kept=prepared.records, step=self.step, policy_version=self.policy_version)
-            self.telemetry.trajectories.add_step(step=self.step, records=taken.records)
+            # GAE's advantages are per token, computed in the update: the browser shows none for them.
+            episode_advantages = {} if self.algorithm.needs_value_head else {
+                record.trajectory_id: float(advantage)
+                for record, advantage in zip(prepared.records, prepared.advantages, strict=True)}
+            self.telemetry.trajectories.add_step(step=self.step, records=taken.records,
+                                                 advantages=episode_advantages)
             with stage("checkpoint"):
                 if self.step % config.checkpoint.every == 0:
                     self._checkpoint()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -20,8 +20,21 @@ def sample_purpose_choices() -> list[tuple[str, str]]:
     return [(purpose, purpose.capitalize()) for purpose in SAMPLE_PURPOSES]
 
 
+#: Schema 2 added whole sampled groups (``selected_because`` "group", ``group_size``, ``advantage``)
+#: and per-token values on spans (``pieces``, ``logprobs``, ``advantages``, ``token_values``).
+TRAJECTORY_SAMPLE_SCHEMA_VERSION = 2
+#: Whether a sample's spans carry per-token values. ``not_recorded``: a sample stored before
+#: schema 2; ``left_out_for_size``: the trainer dropped them to keep its posts bounded.
+TokenValues = Literal["included", "left_out_for_size", "not_recorded"]
+SelectedBecause = Literal["best", "worst", "failed", "group"]
+
+
 class TokenSpan(BaseModel):
-    """A run of consecutive tokens of a turn that the loss either trained on or masked out."""
+    """A run of consecutive tokens of a turn that the loss either trained on or masked out.
+
+    ``pieces``, ``logprobs`` and ``advantages`` are per token of the span, all empty when the
+    sample's ``token_values`` is not ``included``.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -29,6 +42,21 @@ class TokenSpan(BaseModel):
                       "(<|im_end|>), or for the byte tokenizer as ⟨bos⟩, ⟨eos⟩, ⟨pad⟩.")
     tokens: int = Field(ge=1, description="How many tokens the span has.")
     trained: bool = Field(description="True: the loss mask is 1 on every token of it (policy tokens).")
+    pieces: tuple[str, ...] = Field((), description="Each token decoded on its own (a piece of a multi-byte "
+                                    "character may be �); empty when per-token values were not sent.")
+    logprobs: tuple[float, ...] = Field((), description="Each token's behaviour log-probability (the "
+                                        "sampling policy's); 0.0 for tokens the policy did not generate.")
+    advantages: tuple[float, ...] = Field((), description="Each token's advantage in the update that trained "
+                                          "it (GRPO's: the episode's, on every trained token); 0.0 on masked "
+                                          "tokens; empty when unknown (GAE's are per token, computed on device).")
+
+    @model_validator(mode="after")
+    def _per_token_values_match_the_tokens(self):
+        for name in ("pieces", "logprobs", "advantages"):
+            values = getattr(self, name)
+            if values and len(values) != self.tokens:
+                raise ValueError(f"{name} has {len(values)} values for {self.tokens} tokens")
+        return self
 
 
 #: A tool call a policy turn made, as the producer parsed it.
@@ -63,10 +91,23 @@ class TrajectorySample(Record):
                                   "the version it evaluated.")
     purpose: SamplePurpose = Field("training", description="training: a step trained on it; evaluation: a "
                                    "held-out evaluation's episode, never trained on.")
-    selected_because: Literal["best", "worst", "failed"] = Field(
-        description="Why the trainer sent it: the step's best or worst reward, or a failed episode."
+    schema_version: int = TRAJECTORY_SAMPLE_SCHEMA_VERSION
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, TRAJECTORY_SAMPLE_SCHEMA_VERSION})
+
+    selected_because: SelectedBecause = Field(
+        description="Why the trainer sent it: the step's best or worst reward, a failed episode, or "
+        "a member of a whole group it sampled."
     )
     group_id: str
+    group_size: int | None = Field(None, ge=1, description="Episodes of its group; None before schema 2.")
+    advantage: float | None = Field(
+        None, description="Its advantage in the update that trained it, when the algorithm's is per episode "
+        "(GRPO, Dr. GRPO, RLOO). None: not trained on (failed, dropped by dynamic sampling, an evaluation's) "
+        "or per token (GAE)."
+    )
+    token_values: TokenValues = Field(
+        "included", description="Whether the spans carry per-token pieces, log-probabilities and advantages."
+    )
     environment: str
     reward: float
     status: EpisodeStatus
@@ -82,6 +123,15 @@ class TrajectorySample(Record):
         False, description="True: turns are the producer's messages (their text without the template's "
         "markup, which their spans keep); False: turns told apart by the loss mask (older records)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade_schema_1(cls, data):
+        """A sample stored before schema 2 has no per-token values: it is read as such."""
+        if isinstance(data, dict) and data.get("schema_version") == 1:
+            data = {**data, "schema_version": TRAJECTORY_SAMPLE_SCHEMA_VERSION,
+                    "token_values": "not_recorded"}
+        return data
 
     @model_validator(mode="after")
     def _spans_cover_the_tokens(self):

@@ -51,7 +51,8 @@ def test_the_basics_come_first_and_the_configs_sections_follow_folded():
     run = form.advanced[0]
     assert run.title == "Run" and run.html_id == "config-section-run"
     assert [field.path for field in run.fields] == [
-        "seed", "sft_batch_size", "trajectory_samples_per_step", "max_restarts", "stall_timeout_s"]
+        "seed", "sft_batch_size", "trajectory_samples_per_step", "trajectory_sample_groups_per_step", "max_restarts",
+        "stall_timeout_s"]
     sections = {section.path: section for section in form.advanced}
     assert sections["lora"].title == "LoRA" and sections["sft"].title == "SFT"
     assert sections["model"].description == "Policy architecture."

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from policy.byte_layout import Conversation
@@ -9,7 +11,12 @@ from policy.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 from tandem.contracts import EpisodeTimings, ToolSchema, TrajectoryRecord, TrajectorySample
 from tandem.local_ports import free_local_port
 from trainer.platform_client import PlatformClient
-from trainer.trajectory_samples import TrajectorySampleBuffer, select_samples, trajectory_sample
+from trainer.trajectory_samples import (
+    TrajectorySampleBuffer,
+    sample_posts,
+    select_samples,
+    trajectory_sample,
+)
 
 TOKENIZER = ByteTokenizer()
 CALC = ToolSchema(
@@ -173,3 +180,110 @@ def test_an_evaluation_of_another_environment_is_read_with_that_environments_too
     own, other = buffer.pending
     assert own.turns[1].tool_calls == () and own.turns[2].role == "environment"
     assert [call.name for call in other.turns[1].tool_calls] == ["calc"] and other.turns[2].role == "tool"
+
+
+def _group(group_id: str, rewards, *, failed: int = 0) -> list[TrajectoryRecord]:
+    members = [_record(reward=reward, trajectory_id=f"{group_id}-{index}") for index, reward in enumerate(rewards)]
+    members += [_record(status="failed", reward=0.0, trajectory_id=f"{group_id}-failed{index}")
+                for index in range(failed)]
+    return [member.model_copy(update={"group_id": group_id, "group_size": len(members)}) for member in members]
+
+
+def test_whole_groups_are_sampled_widest_reward_range_first_failed_members_included():
+    flat = _group("flat", [1.0, 1.0, 1.0])
+    narrow = _group("narrow", [0.25, 0.5])
+    wide = _group("wide", [0.0, 1.0], failed=1)
+    records = flat + narrow + wide
+
+    chosen = select_samples(records, per_step=0, groups_per_step=2)
+
+    assert [(why, record.trajectory_id) for why, record in chosen] == [
+        ("group", "wide-0"), ("group", "wide-1"), ("group", "wide-failed0"),
+        ("group", "narrow-0"), ("group", "narrow-1"),
+    ]
+    # The best and worst episodes come on top, each record once: the best is in no sampled group.
+    with_extremes = select_samples(records, per_step=2, groups_per_step=1)
+    assert [(why, record.trajectory_id) for why, record in with_extremes] == [
+        ("group", "wide-0"), ("group", "wide-1"), ("group", "wide-failed0"), ("best", "flat-0"),
+    ]
+
+
+def test_every_token_carries_its_text_its_behaviour_logprob_and_its_episodes_advantage():
+    record = _record()
+
+    sample = trajectory_sample(record, step=2, selected_because="group", tokenizer=TOKENIZER, tools=[CALC],
+                               advantage=0.75)
+
+    spans = [span for turn in sample.turns for span in turn.spans]
+    assert sample.token_values == "included" and sample.advantage == 0.75 and sample.group_size == 4
+    # By hand, span by span: the prompt (24 tokens, logprob 0: not the policy's), the call (10 at -0.5),
+    # the tool's "5", the answer (2 at -0.25); the advantage on trained tokens only.
+    assert [span.logprobs for span in spans] == [(0.0,) * 24, (-0.5,) * 10, (0.0,), (-0.25,) * 2]
+    assert [span.advantages for span in spans] == [(0.0,) * 24, (0.75,) * 10, (0.0,), (0.75,) * 2]
+    assert spans[1].pieces == tuple("calc(2+3)") + ("⟨eos⟩",)
+    assert all("".join(span.pieces) == span.text for span in spans)
+    flat_logprobs = [logprob for span in spans for logprob in span.logprobs]
+    assert flat_logprobs == list(record.behaviour_logprobs)
+    assert TrajectorySample.model_validate_json(sample.model_dump_json()) == sample
+
+
+def test_an_episode_without_a_per_episode_advantage_has_logprobs_but_no_advantages():
+    sample = trajectory_sample(_record(), step=2, selected_because="best", tokenizer=TOKENIZER, tools=[CALC])
+
+    spans = [span for turn in sample.turns for span in turn.spans]
+    assert sample.advantage is None and all(span.advantages == () for span in spans)
+    assert all(len(span.logprobs) == span.tokens for span in spans)
+
+
+def test_a_sample_too_large_for_its_token_values_goes_without_them_and_says_so():
+    record = _record()
+    full = trajectory_sample(record, step=2, selected_because="best", tokenizer=TOKENIZER, tools=[CALC])
+
+    small = trajectory_sample(record, step=2, selected_because="best", tokenizer=TOKENIZER, tools=[CALC],
+                              max_bytes=len(full.model_dump_json()) - 1)
+
+    assert small.token_values == "left_out_for_size"
+    assert all(span.pieces == span.logprobs == span.advantages == () for turn in small.turns for span in turn.spans)
+    assert [turn.text for turn in small.turns] == [turn.text for turn in full.turns]
+    assert len(small.model_dump_json()) < len(full.model_dump_json())
+
+
+def test_posts_of_samples_stay_under_the_byte_limit_and_a_sample_too_large_for_any_is_left_out():
+    samples = [trajectory_sample(_record(trajectory_id=f"t{index}"), step=1, selected_because="group",
+                                 tokenizer=TOKENIZER, tools=[CALC]) for index in range(5)]
+    one = len(json.dumps(samples[0].model_dump(mode="json")))
+
+    posts, left_out = sample_posts(samples, max_bytes=2 * one + 200)
+
+    assert [[sample.trajectory_id for sample in post] for post in posts] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert left_out == 0
+    for post in posts:
+        body = json.dumps({"samples": [sample.model_dump(mode="json") for sample in post]})
+        assert len(body) <= 2 * one + 200
+    assert sample_posts(samples, max_bytes=one // 2) == ([], 5)
+    assert [len(post) for post in sample_posts(samples, max_samples=2)[0]] == [2, 2, 1]
+
+
+def test_a_buffer_sends_the_advantages_it_is_given_with_whole_groups():
+    buffer = TrajectorySampleBuffer(None, 7, TOKENIZER, per_step=0, groups_per_step=1, tools=[CALC])
+    group = _group("g", [0.0, 1.0], failed=1)
+
+    buffer.add_step(step=5, records=group, advantages={"g-0": -1.0, "g-1": 1.0})
+
+    assert [(sample.trajectory_id, sample.advantage, sample.selected_because) for sample in buffer.pending] == [
+        ("g-0", -1.0, "group"), ("g-1", 1.0, "group"), ("g-failed0", None, "group"),
+    ]
+
+
+def test_a_sample_stored_before_per_token_values_reads_as_not_recorded():
+    stored = trajectory_sample(_record(), step=1, selected_because="best", tokenizer=TOKENIZER,
+                               tools=[CALC]).model_dump(mode="json")
+    stored["schema_version"] = 1
+    for field_name in ("group_size", "advantage", "token_values"):
+        del stored[field_name]
+    for turn in stored["turns"]:
+        turn["spans"] = [{key: span[key] for key in ("text", "tokens", "trained")} for span in turn["spans"]]
+
+    sample = TrajectorySample.model_validate(stored)
+
+    assert sample.schema_version == 2 and sample.token_values == "not_recorded" and sample.advantage is None
