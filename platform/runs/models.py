@@ -63,6 +63,9 @@ class Run(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # People's own labels, edited on the run list (runs.services.run_annotate); nothing reads them.
+    tags = models.JSONField(default=list, blank=True, help_text="Short labels, unique, in the order given.")
+    notes = models.TextField(blank=True, default="", help_text="Free text about the run.")
 
     class Meta:
         ordering = ["-created_at", "-id"]

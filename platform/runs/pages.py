@@ -10,6 +10,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.models import Membership
@@ -47,6 +48,7 @@ from .services import (
     run_pause,
     run_resume,
 )
+from .summaries import run_list_summarised, run_summary
 
 RUNS_SHOWN = 100
 
@@ -93,10 +95,15 @@ def run_list_page(request):
         {"key": key, "label": label, "sort": key if sort != key else f"-{key}",
          "arrow": "▲" if sort == key else "▼" if sort == f"-{key}" else ""}
         for key, label in (("name", "Run"), ("environment", "Environment"), ("status", "Status"),
-                           ("step", "Step"), ("policy", "Policy"), ("created", "Created"))
+                           ("step", "Progress"), ("policy", "Policy"), ("created", "Created"))
     ]
+    writable_project_ids = [project.pk for project in project_list(user=request.user)
+                            if project.role in Membership.WRITER_ROLES]
+    now = timezone.now()
     context = {
-        "runs": runs[:RUNS_SHOWN],
+        "rows": [{"run": run, "summary": run_summary(run, now=now), "can_write": run.project_id in writable_project_ids}
+                 for run in run_list_summarised(runs)[:RUNS_SHOWN]],
+        "writable_project_ids": writable_project_ids,
         "form": form,
         "filters": filters,
         "statuses": Run.Status.values,

@@ -47,6 +47,8 @@ class RunSerializer(serializers.ModelSerializer):
             "created_at",
             "started_at",
             "finished_at",
+            "tags",
+            "notes",
             "urls",
         ]
 
@@ -61,6 +63,20 @@ class RunSerializer(serializers.ModelSerializer):
             "page": request.build_absolute_uri(page),
             "websocket": f"{scheme}://{request.get_host()}{websocket}",
         }
+
+
+class RunAnnotationSerializer(serializers.Serializer):
+    """A PATCH of a run: its tags and notes, either or both (runs.services.run_annotate checks them)."""
+
+    tags = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False,
+        help_text="Replaces the run's tags: short labels, repeats and blanks dropped.",
+    )
+    notes = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+
+    def validate(self, attrs: dict) -> dict:
+        require_no_nul(attrs, "run")  # PostgreSQL text and jsonb cannot hold one
+        return attrs
 
 
 class RunCreateSerializer(serializers.Serializer):

@@ -288,6 +288,41 @@ def run_resume(*, user: AbstractBaseUser, run: Run) -> Run:
         return run_transition(run=run, to_status=RunStatus.QUEUED, reason=f"Resumed by {user}.")
 
 
+RUN_TAGS_MAX = 20
+RUN_TAG_LENGTH_MAX = 40
+RUN_NOTES_LENGTH_MAX = 10_000
+
+
+@transaction.atomic
+def run_annotate(*, user: AbstractBaseUser, run: Run, tags: list[str] | None = None,
+                 notes: str | None = None) -> Run:
+    """Replace the run's tags and/or notes (None leaves one as it is); a writer's change, at any status.
+
+    Tags are stripped, blank ones dropped and repeats removed, first spelling kept.
+    """
+    project_require_writer(user=user, project=run.project)
+    changed = []
+    if tags is not None:
+        kept: list[str] = []
+        for tag in (tag.strip() for tag in tags):
+            if len(tag) > RUN_TAG_LENGTH_MAX:
+                raise InvalidInput.for_field("tags", f"A tag has at most {RUN_TAG_LENGTH_MAX} characters: '{tag}'.")
+            if tag and tag.casefold() not in {seen.casefold() for seen in kept}:
+                kept.append(tag)
+        if len(kept) > RUN_TAGS_MAX:
+            raise InvalidInput.for_field("tags", f"A run has at most {RUN_TAGS_MAX} tags.")
+        run.tags = kept
+        changed.append("tags")
+    if notes is not None:
+        if len(notes) > RUN_NOTES_LENGTH_MAX:
+            raise InvalidInput.for_field("notes", f"Notes have at most {RUN_NOTES_LENGTH_MAX} characters.")
+        run.notes = notes.strip()
+        changed.append("notes")
+    if changed:
+        run.save(update_fields=changed)
+    return run
+
+
 def _refuse_unchecked_start_from(config: dict[str, Any], *, allowed: dict[str, Any] | None) -> None:
     """A run starts from another run's checkpoint only as a service that checked it made it so
     (``evaluations.services.evaluation_run_create``: the same project, a kept checkpoint); a

@@ -22,12 +22,14 @@ from .models import Run
 from .selectors import run_get, run_get_for_user, run_list
 from .serializers import (
     ClaimedRunSerializer,
+    RunAnnotationSerializer,
     RunCloneSerializer,
     RunCreateSerializer,
     RunSerializer,
     TrainerClaimSerializer,
 )
 from .services import (
+    run_annotate,
     run_cancel,
     run_claim_next,
     run_clone,
@@ -89,6 +91,15 @@ class RunDetailView(GenericAPIView):
 
     def get(self, request, run_id: int):
         run = run_get_for_user(user=request.user, run_id=run_id)
+        return Response(RunSerializer(run, context={"request": request}).data)
+
+    @extend_schema(request=RunAnnotationSerializer, responses={200: RunSerializer},
+                   summary="Edit a run's tags and notes (a writer of its project)")
+    def patch(self, request, run_id: int):
+        serializer = RunAnnotationSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        run = run_annotate(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id),
+                           tags=serializer.validated_data.get("tags"), notes=serializer.validated_data.get("notes"))
         return Response(RunSerializer(run, context={"request": request}).data)
 
 

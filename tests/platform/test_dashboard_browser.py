@@ -246,9 +246,9 @@ def test_the_run_list_filters_sorts_updates_live_and_compares(
     )
 
     assert page.is_disabled("#compare-button")
-    page.check(f"tr[data-run-id='{runs['alpha'].pk}'] .compare-select")
+    page.check(f"tr[data-run-id='{runs['alpha'].pk}'] .run-select")
     assert page.is_disabled("#compare-button")
-    page.check(f"tr[data-run-id='{runs['beta'].pk}'] .compare-select")
+    page.check(f"tr[data-run-id='{runs['beta'].pk}'] .run-select")
     page.screenshot(path=str(SCREENSHOTS / "run_list.png"), full_page=True)
     page.click("#compare-button")
     page.wait_for_url("**/runs/compare/?runs=**")
