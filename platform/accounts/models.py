@@ -75,3 +75,31 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class MetricExplorerLayout(models.Model):
+    """A user's metric explorer on one kind of page: the panels they added and each panel's options.
+
+    One per user and page, whatever the run: the same panels open on every run (or comparison), as a
+    workspace does. ``layout`` is ``{"smoothing": float, "panels": [{pattern, x_axis, log_scale, y_min,
+    y_max}]}``, validated by ``MetricExplorerLayoutSerializer`` before it is stored.
+    """
+
+    class Page(models.TextChoices):
+        RUN = "run", "Run page"
+        COMPARE = "compare", "Comparison"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="metric_explorer_layouts"
+    )
+    page = models.CharField(max_length=16, choices=Page.choices)
+    layout = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "page"], name="metric_explorer_layout_unique_per_page"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user}'s metric explorer on the {self.page} page"

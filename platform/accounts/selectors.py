@@ -9,7 +9,7 @@ from django.db.models import OuterRef, QuerySet, Subquery
 
 from domain_errors import InvalidInput, NotFound
 
-from .models import ApiToken, Membership, Project
+from .models import ApiToken, Membership, MetricExplorerLayout, Project
 from .tokens import token_digest
 
 
@@ -109,3 +109,9 @@ TRAINER_GROUP = "tandem-trainers"
 
 def user_is_trainer(*, user: AbstractBaseUser) -> bool:
     return user.groups.filter(name=TRAINER_GROUP).exists()
+
+
+def metric_explorer_layout_get(*, user: AbstractBaseUser, page: str) -> dict:
+    """The user's explorer layout on ``page`` (``MetricExplorerLayout.Page``); no panels before they add one."""
+    layout = MetricExplorerLayout.objects.filter(user=user, page=page).values_list("layout", flat=True).first()
+    return layout if layout is not None else {"smoothing": 0.6, "panels": []}

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from domain_errors import Conflict, InvalidInput
 
-from .models import ApiToken, Membership, Project
+from .models import ApiToken, Membership, MetricExplorerLayout, Project
 from .permissions import project_require_owner
 from .realtime import user_access_changed_on_commit
 from .selectors import TRAINER_GROUP, auth_failure_key
@@ -239,3 +239,10 @@ def user_make_trainer(*, user: AbstractBaseUser) -> None:
     """Let ``user`` act as a trainer: the ``tandem-trainers`` group (idempotent)."""
     group, _ = Group.objects.get_or_create(name=TRAINER_GROUP)
     user.groups.add(group)
+
+
+@transaction.atomic
+def metric_explorer_layout_save(*, user: AbstractBaseUser, page: str, layout: dict) -> MetricExplorerLayout:
+    """Replaces the user's explorer layout on ``page`` with ``layout`` (already validated)."""
+    saved, _ = MetricExplorerLayout.objects.update_or_create(user=user, page=page, defaults={"layout": layout})
+    return saved

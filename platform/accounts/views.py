@@ -1,20 +1,23 @@
 """API of projects, their members, and the caller's API tokens."""
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
+from rest_framework.views import APIView
 
 from config.openapi import ErrorSerializer
+from domain_errors import InvalidInput
 
 from .filters import ApiTokenFilter, MembershipFilter, ProjectFilter
-from .models import ApiToken, Membership, Project
+from .models import ApiToken, Membership, MetricExplorerLayout, Project
 from .selectors import (
     api_token_get_for_user,
     api_token_list,
     membership_get,
     membership_list,
+    metric_explorer_layout_get,
     project_get_for_user,
     project_list,
 )
@@ -25,6 +28,7 @@ from .serializers import (
     MembershipCreateSerializer,
     MembershipSerializer,
     MembershipUpdateSerializer,
+    MetricExplorerLayoutSerializer,
     ProjectCreateSerializer,
     ProjectSerializer,
 )
@@ -34,6 +38,7 @@ from .services import (
     membership_change_role,
     membership_create,
     membership_remove,
+    metric_explorer_layout_save,
     project_create,
 )
 
@@ -175,3 +180,28 @@ class ApiTokenDetailView(GenericAPIView):
         """Revoke the token: the next request that presents it gets 401."""
         api_token_revoke(token=api_token_get_for_user(user=request.user, token_id=token_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema(tags=["dashboard"])
+class MetricExplorerLayoutView(APIView):
+    """``GET ?page=run|compare``, ``PUT {page, smoothing, panels}``: your metric explorer's panels on that page."""
+
+    reads_query_parameters = True
+
+    @extend_schema(summary="Your metric explorer layout", parameters=[
+        OpenApiParameter("page", str, enum=MetricExplorerLayout.Page.values, default="run"),
+    ], responses={200: MetricExplorerLayoutSerializer})
+    def get(self, request):
+        page = request.query_params.get("page", MetricExplorerLayout.Page.RUN)
+        if page not in MetricExplorerLayout.Page.values:
+            raise InvalidInput.for_field("page", f"One of {', '.join(MetricExplorerLayout.Page.values)}.")
+        return Response({"page": page, **metric_explorer_layout_get(user=request.user, page=page)})
+
+    @extend_schema(summary="Save your metric explorer layout", request=MetricExplorerLayoutSerializer,
+                   responses={200: MetricExplorerLayoutSerializer})
+    def put(self, request):
+        serializer = MetricExplorerLayoutSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        page = serializer.validated_data.pop("page")
+        metric_explorer_layout_save(user=request.user, page=page, layout=serializer.validated_data)
+        return Response({"page": page, **serializer.validated_data})

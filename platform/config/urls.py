@@ -12,6 +12,7 @@ from accounts.views import (
     ApiTokenListCreateView,
     MembershipDetailView,
     MembershipListCreateView,
+    MetricExplorerLayoutView,
     ProjectDetailView,
     ProjectListCreateView,
 )
@@ -72,10 +73,13 @@ from runs.views import (
 from telemetry import pages as telemetry_pages
 from telemetry.views import (
     ActiveRunDevicesView,
+    MetricCompareExportView,
     ProcessListView,
     RunDevicesView,
     RunIdleView,
     RunMetricChartView,
+    RunMetricExportView,
+    RunMetricNamesView,
     RunMetricsView,
     RunTimelineView,
     RunTraceDownloadView,
@@ -86,6 +90,7 @@ from telemetry.views import (
 from trajectories import pages as trajectory_pages
 from trajectories.views import (
     RunTrajectoryDetailView,
+    RunTrajectoryGroupView,
     RunTrajectoryListView,
     TrainerTrajectoriesView,
 )
@@ -113,6 +118,11 @@ pages = [
         "runs/<int:run_id>/trajectories/<str:trajectory_id>/",
         trajectory_pages.trajectory_page,
         name="trajectory-page",
+    ),
+    path(
+        "runs/<int:run_id>/trajectory-groups/<str:group_id>/",
+        trajectory_pages.trajectory_group_page,
+        name="trajectory-group-page",
     ),
     path("devices/", telemetry_pages.devices_page, name="devices-page"),
     path("environments/", environment_pages.environment_list_page, name="environment-list-page"),
@@ -206,6 +216,10 @@ api = [
     path("api/runs/<int:run_id>/resume/", RunResumeView.as_view(), name="api-run-resume"),
     path("api/runs/<int:run_id>/clone/", RunCloneView.as_view(), name="api-run-clone"),
     path("api/runs/<int:run_id>/metrics/", RunMetricsView.as_view(), name="api-run-metrics"),
+    path("api/runs/<int:run_id>/metrics/names/", RunMetricNamesView.as_view(), name="api-run-metric-names"),
+    path("api/runs/<int:run_id>/metrics/export/", RunMetricExportView.as_view(), name="api-run-metric-export"),
+    path("api/metrics/export/", MetricCompareExportView.as_view(), name="api-metric-compare-export"),
+    path("api/metric-explorer/layout/", MetricExplorerLayoutView.as_view(), name="api-metric-explorer-layout"),
     path(
         "api/runs/<int:run_id>/trajectories/",
         RunTrajectoryListView.as_view(),
@@ -215,6 +229,11 @@ api = [
         "api/runs/<int:run_id>/trajectories/<str:trajectory_id>/",
         RunTrajectoryDetailView.as_view(),
         name="api-run-trajectory-detail",
+    ),
+    path(
+        "api/runs/<int:run_id>/trajectory-groups/<str:group_id>/",
+        RunTrajectoryGroupView.as_view(),
+        name="api-run-trajectory-group",
     ),
     path(
         "api/runs/<int:run_id>/metrics/series/",

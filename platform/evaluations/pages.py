@@ -17,6 +17,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 
 from accounts.selectors import project_list
+from config.spreadsheet import spreadsheet_safe
 from tandem.contracts import DATASET_EVALUATION_METRICS
 
 from .models import Evaluation
@@ -78,13 +79,6 @@ def _sorted(evaluations: list[Evaluation], filters: Filters) -> list[Evaluation]
     return sorted(having, key=lambda e: e.metrics[filters.sort], reverse=filters.descending) + missing
 
 
-def _spreadsheet_safe(value):
-    """A text cell a spreadsheet would run as a formula (=, +, -, @), quoted so it stays text."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
-
-
 def metric_cell(evaluation: Evaluation, name: str) -> dict:
     """A metric's cell of a table (``evaluations/_metric_value.html`` draws it): value and interval, or None."""
     return {"value": evaluation.metrics.get(name), "interval": evaluation.intervals.get(name)}
@@ -130,7 +124,7 @@ def evaluation_csv(request):
         for name in columns:
             interval = evaluation.intervals.get(name) or ("", "")
             values += [evaluation.metrics.get(name, ""), *interval]
-        writer.writerow([_spreadsheet_safe(value) for value in (
+        writer.writerow([spreadsheet_safe(value) for value in (
             evaluation.run.project.name, evaluation.run_id, evaluation.run.name, policy_label(evaluation),
             evaluation.index, evaluation.step, evaluation.policy_version, evaluation.kind, evaluation.environment,
             evaluation.status, evaluation.episodes, evaluation.tasks, evaluation.samples_per_task,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 import pydantic
 import redis
@@ -444,3 +445,70 @@ def idle_summary(*, run: Run, last_steps: int = 50) -> IdleSummary | None:
             shares.append(IdleShare(environment=environment, cause=cause, fraction=(total or 0.0) / wall))
     shares.sort(key=lambda share: (-share.fraction, share.environment, share.cause))
     return IdleSummary(steps=len(steps), idle_fraction=(totals.get("wait_s") or 0.0) / wall, shares=shares)
+
+
+def metric_names(*, run: Run) -> list[str]:
+    """Every series the run has logged, by name: one row per series, read from its coarsest buckets."""
+    return list(
+        MetricBucket.objects.filter(run=run, resolution=MetricBucket.BUCKET_RESOLUTIONS[-1])
+        .order_by("name").values_list("name", flat=True).distinct()
+    )
+
+
+def metric_names_matching(*, run: Run, patterns: Sequence[str]) -> list[str]:
+    """The run's series named by ``patterns``: exact names or globs (``rollout/*/latency_p90_s``; ``*``
+    crosses ``/``), by name."""
+    return [name for name in metric_names(run=run) if any(fnmatchcase(name, pattern) for pattern in patterns)]
+
+
+# The series the x-axes other than the trainer step are summed from (TrainerStepEvent.metric_values()).
+_STEP_WALL_SERIES = "wall_s"
+_SAMPLES_RATE_SERIES = "samples_per_s"
+
+
+@dataclass(frozen=True)
+class MetricTable:
+    """Series side by side, one row per step where any of them has a point, with every x-axis a chart offers.
+
+    ``rl_step`` is the step counted from the end of the SFT phase (the trainer numbers SFT steps 1 to
+    ``sft_steps``, so RL starts at 1 and SFT steps are 0 or less): runs with and without SFT line up at
+    its 0. ``wall_time_s`` sums the steps' ``wall_s`` up to and including each step; ``samples_trained``
+    sums ``samples_per_s * wall_s`` (the trajectories each step trained on). A value is None where its
+    series has no point at that step.
+    """
+
+    sft_steps: int
+    names: list[str]
+    steps: list[int]
+    rl_step: list[int]
+    wall_time_s: list[float]
+    samples_trained: list[float]
+    values: dict[str, list[float | None]]
+
+
+def metric_table(*, run: Run, names: Sequence[str]) -> MetricTable:
+    """The series ``names`` of ``run`` with their x-axes (one query)."""
+    names = list(dict.fromkeys(names))
+    sft_steps = int(run.config.get("sft_steps") or 0)
+    rows = (MetricPoint.objects.filter(run=run, name__in={*names, _STEP_WALL_SERIES, _SAMPLES_RATE_SERIES})
+            .order_by("step").values_list("step", "name", "value"))
+    by_step: dict[int, dict[str, float]] = {}
+    for step, name, value in rows:
+        by_step.setdefault(step, {})[name] = value
+    wanted = set(names)
+    table = MetricTable(sft_steps=sft_steps, names=names, steps=[], rl_step=[], wall_time_s=[],
+                        samples_trained=[], values={name: [] for name in names})
+    wall_time = samples = 0.0
+    for step, values in by_step.items():  # by step: the rows came ordered
+        wall = values.get(_STEP_WALL_SERIES, 0.0)
+        wall_time += wall
+        samples += values.get(_SAMPLES_RATE_SERIES, 0.0) * wall
+        if wanted.isdisjoint(values):
+            continue
+        table.steps.append(step)
+        table.rl_step.append(step - sft_steps)
+        table.wall_time_s.append(wall_time)
+        table.samples_trained.append(samples)
+        for name in names:
+            table.values[name].append(values.get(name))
+    return table

@@ -22,6 +22,8 @@ from .services import MAX_TRACE_STEPS
 
 MAX_CHART_POINTS = 10_000
 MAX_CHART_SERIES = 50
+# Runs one comparison overlays (issue 18): more lines than this no longer read apart on one chart.
+MAX_COMPARED_RUNS = 10
 # A window's steps each carry every episode they consumed: a few hundred steps of large
 # groups are already megabytes.
 MAX_TIMELINE_STEPS = 200
@@ -49,6 +51,38 @@ class MetricChartQuerySerializer(serializers.Serializer):
         if from_step is not None and to_step is not None and to_step < from_step:
             raise serializers.ValidationError({"to_step": ["Must not be less than from_step."]})
         return attrs
+
+
+class MetricExportQuerySerializer(serializers.Serializer):
+    """``?names=a,rollout/*/latency_p90_s&format=csv|json`` of a download: series names or globs."""
+
+    names = serializers.CharField(help_text="Comma-separated series names or globs (`*` crosses `/`).")
+    format = serializers.ChoiceField(choices=["csv", "json"], default="json")
+
+    def validate_names(self, value: str) -> list[str]:
+        patterns = [pattern.strip() for pattern in value.split(",") if pattern.strip()]
+        if not patterns:
+            raise serializers.ValidationError("Name at least one series.")
+        if len(patterns) > MAX_CHART_SERIES:
+            raise serializers.ValidationError(f"At most {MAX_CHART_SERIES} names or globs.")
+        if any(len(pattern) > 200 for pattern in patterns):
+            raise serializers.ValidationError("A name or glob has at most 200 characters.")
+        return patterns
+
+
+class MetricCompareExportQuerySerializer(MetricExportQuerySerializer):
+    """A download of the same series of several runs: ``?runs=1,2,3`` besides the names."""
+
+    runs = serializers.CharField(help_text=f"Comma-separated run ids, at most {MAX_COMPARED_RUNS}.")
+
+    def validate_runs(self, value: str) -> list[int]:
+        try:
+            run_ids = list(dict.fromkeys(int(raw) for raw in value.split(",") if raw.strip()))
+        except ValueError:
+            raise serializers.ValidationError("Run ids are whole numbers.") from None
+        if not 1 <= len(run_ids) <= MAX_COMPARED_RUNS:
+            raise serializers.ValidationError(f"Name 1 to {MAX_COMPARED_RUNS} runs.")
+        return run_ids
 
 
 class TraceRequestSerializer(serializers.Serializer):

@@ -1,7 +1,7 @@
 """API of telemetry: the charts' backfill and range queries, traces on demand, and the trainer's posts."""
 
 from django.conf import settings
-from django.http import FileResponse
+from django.http import FileResponse, HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -21,16 +21,20 @@ from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
 from config.query_params import int_query_param
 from domain_errors import InvalidInput, NotFound, records_of
-from runs.selectors import run_get_for_user, run_get_held_by
+from runs.selectors import run_get_for_user, run_get_held_by, run_list
 from tandem.contracts import TRAINER_HEADER, StepEpisodes, TelemetryReply, TrainerStepEvent
 
 from .device_listings import active_run_devices, tandem_processes
+from .metric_exports import CSVOrJSONDownload, metric_table_json, metric_tables_csv
 from .models import MetricPoint, Trace
 from .selectors import (
     device_snapshot_get,
     idle_summary,
     metric_chart,
+    metric_names,
+    metric_names_matching,
     metric_points_after,
+    metric_table,
     step_timeline_recent,
     trace_get,
     trace_list,
@@ -40,6 +44,8 @@ from .serializers import (
     ActiveRunDevicesSerializer,
     IdleSummarySerializer,
     MetricChartQuerySerializer,
+    MetricCompareExportQuerySerializer,
+    MetricExportQuerySerializer,
     ProcessListSerializer,
     RunIdleSerializer,
     TimelineQuerySerializer,
@@ -136,6 +142,84 @@ class RunMetricChartView(APIView):
                 "series": {name: vars(series) for name, series in chart.series.items()},
             }
         )
+
+
+@extend_schema(tags=["runs"])
+class RunMetricNamesView(APIView):
+    """Every series the run has logged, by name: what the metric explorer finds panels among."""
+
+    @extend_schema(summary="The run's series names", responses={200: inline_serializer("MetricNames", {
+        "run": serializers.IntegerField(),
+        "names": serializers.ListField(child=serializers.CharField()),
+    })})
+    def get(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        return Response({"run": run.pk, "names": metric_names(run=run)})
+
+
+def _metric_download(tables: list, *, file_format: str, filename: str, body) -> HttpResponse | Response:
+    if file_format == "json":
+        response = Response(body)
+    else:
+        response = HttpResponse(metric_tables_csv(tables), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}.{file_format}"'
+    return response
+
+
+_EXPORT_RESPONSES = {
+    (200, "application/json"): OpenApiTypes.OBJECT,
+    (200, "text/csv"): OpenApiTypes.STR,
+}
+
+
+@extend_schema(tags=["runs"])
+class RunMetricExportView(CSVOrJSONDownload, APIView):
+    """``?names=a,rollout/*/latency_p90_s&format=csv|json``: the series, every point, with each x-axis.
+
+    CSV: ``run, run_name, step, rl_step, wall_time_s, samples_trained`` and a column per series, a row
+    per step; JSON: the same as parallel columns. See the README.
+    """
+
+    reads_query_parameters = True
+
+    @extend_schema(summary="Download series as CSV or JSON", parameters=[MetricExportQuerySerializer],
+                   responses=_EXPORT_RESPONSES)
+    def get(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        query = MetricExportQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        table = metric_table(run=run, names=metric_names_matching(run=run, patterns=query.validated_data["names"]))
+        return _metric_download([(run, table)], file_format=query.validated_data["format"],
+                                filename=f"run-{run.pk}-metrics", body=metric_table_json(run, table))
+
+
+@extend_schema(tags=["runs"])
+class MetricCompareExportView(CSVOrJSONDownload, APIView):
+    """``?runs=1,2,3&names=...&format=csv|json``: the same series of several of your runs in one file.
+
+    CSV: the runs' rows one after another (the ``run`` column tells them apart); JSON: ``{"runs": [...]}``,
+    each as the one-run download. A run that is not yours is a 404.
+    """
+
+    reads_query_parameters = True
+
+    @extend_schema(summary="Download several runs' series as CSV or JSON",
+                   parameters=[MetricCompareExportQuerySerializer], responses=_EXPORT_RESPONSES)
+    def get(self, request):
+        query = MetricCompareExportQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        run_ids = query.validated_data["runs"]
+        runs = {run.pk: run for run in run_list(user=request.user).filter(pk__in=run_ids)}
+        missing = [run_id for run_id in run_ids if run_id not in runs]
+        if missing:
+            raise NotFound(f"Run {missing[0]} not found.")
+        tables = []
+        for run_id in run_ids:
+            run = runs[run_id]
+            names = metric_names_matching(run=run, patterns=query.validated_data["names"])
+            tables.append((run, metric_table(run=run, names=names)))
+        return _metric_download(tables, file_format=query.validated_data["format"], filename="compared-metrics",
+                                body={"runs": [metric_table_json(run, table) for run, table in tables]})
 
 
 @extend_schema(tags=["runs"])
