@@ -22,7 +22,7 @@ class TrajectorySample(models.Model):
     )
     trajectory_id = models.CharField(max_length=64)
     step = models.IntegerField(help_text="The trainer step whose update used it.")
-    selected_because = models.CharField(max_length=16, help_text="best, worst or failed.")
+    selected_because = models.CharField(max_length=16, help_text="best, worst, failed, or group (a whole group).")
     purpose = models.CharField(max_length=16, choices=sample_purpose_choices, default="training",
                                help_text="training: a step trained on it; evaluation: a held-out evaluation's.")
     environment = models.CharField(max_length=200)
@@ -33,6 +33,15 @@ class TrajectorySample(models.Model):
     num_turns = models.IntegerField()
     num_tokens = models.IntegerField()
     trained_tokens = models.IntegerField()
+    group_id = models.CharField(max_length=128, blank=True, default="",
+                                help_text="The GRPO group it was sampled with; the group view reads it.")
+    group_size = models.IntegerField(null=True, help_text="Episodes of its group (None: a schema 1 sample).")
+    advantage = models.FloatField(null=True, help_text="Its per-episode advantage in the update that trained it.")
+    search_text = models.TextField(
+        blank=True, default="",
+        help_text="Its turns' text, one turn a line: what the browser's search matches (icontains). On "
+        "PostgreSQL a trigram index on UPPER(search_text) serves it (migration 0004).",
+    )
     payload = models.JSONField(help_text="The TrajectorySample record as the trainer posted it.")
     recorded_at = models.DateTimeField(default=timezone.now)
 
@@ -44,6 +53,8 @@ class TrajectorySample(models.Model):
         indexes = [
             # Lists read a run's samples newest step first.
             models.Index(fields=["run", "-step", "-id"], name="trajectory_sample_run_step_idx"),
+            # The group view reads one group's samples of a run.
+            models.Index(fields=["run", "group_id"], name="trajectory_sample_group_idx"),
         ]
 
     def __str__(self) -> str:

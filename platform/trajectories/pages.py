@@ -11,10 +11,11 @@ from runs.selectors import run_get_for_user
 from .selectors import (
     TrajectoryFilters,
     trajectory_environments,
+    trajectory_group_get,
     trajectory_sample_get,
     trajectory_sample_list,
 )
-from .serializers import TrajectoryFiltersSerializer
+from .serializers import TrajectoryFiltersSerializer, stored_sample
 
 SAMPLES_PER_PAGE = 50
 
@@ -42,7 +43,8 @@ def trajectory_list_page(request, run_id: int):
     context = {
         "run": run,
         "page": page,
-        "filters": {key: request.GET.get(key, "") for key in ("status", "environment", "min_reward", "max_reward")},
+        "filters": {key: request.GET.get(key, "")
+                    for key in ("status", "purpose", "environment", "min_reward", "max_reward", "q")},
         "filter_errors": errors,
         "environments": trajectory_environments(run=run),
         "query": query.urlencode(),
@@ -57,24 +59,63 @@ def trajectory_page(request, run_id: int, trajectory_id: str):
         sample = trajectory_sample_get(run=run, trajectory_id=trajectory_id)
     except NotFound as error:
         raise Http404(error.message) from None
-    payload = sample.payload
-    # Samples of conversations with messages (chat templates) show each message's text, their
-    # tokens folded away; older samples and the byte layout show the tokens themselves.
-    by_message = bool(payload.get("by_message"))
-    turns = [
-        {**turn, "message": by_message, "tokens": sum(span["tokens"] for span in turn["spans"]),
-         "trained_tokens": sum(span["tokens"] for span in turn["spans"] if span["trained"])}
-        for turn in payload.get("turns", [])
-    ]
+    record = stored_sample(sample)
     context = {
         "run": run,
         "sample": sample,
-        "turns": turns,
-        "policy_versions": payload.get("policy_versions", []),
-        "group_id": payload.get("group_id", ""),
-        "duration_s": payload.get("finished_at", 0) - payload.get("started_at", 0),
+        "record": record,
+        "turns": _turns(record),
+        "token_values": record.token_values,
+        "policy_versions": record.policy_versions,
+        "group_id": record.group_id,
+        "duration_s": record.finished_at - record.started_at,
     }
     return render(request, "trajectories/detail.html", context)
+
+
+@login_required
+def trajectory_group_page(request, run_id: int, group_id: str):
+    run = _run_or_404(request, run_id)
+    try:
+        samples = trajectory_group_get(run=run, group_id=group_id)
+    except NotFound as error:
+        raise Http404(error.message) from None
+    episodes = [{"sample": sample, "record": (record := stored_sample(sample)), "turns": _turns(record)}
+                for sample in samples]
+    context = {
+        "run": run,
+        "group_id": group_id,
+        "group_size": next((sample.group_size for sample in samples if sample.group_size), None),
+        "steps": sorted({sample.step for sample in samples}),
+        "episodes": episodes,
+        "token_values": "included" if any(episode["record"].token_values == "included" for episode in episodes)
+        else episodes[0]["record"].token_values,
+    }
+    return render(request, "trajectories/group.html", context)
+
+
+def _turns(record) -> list[dict]:
+    """The sample's turns as the templates show them, each token with its values when it has them.
+
+    Samples of conversations with messages (chat templates) show each message's text, their
+    tokens folded away; older samples and the byte layout show the tokens themselves.
+    """
+    turns = []
+    for turn in record.turns:
+        spans = [{"text": span.text, "tokens": span.tokens, "trained": span.trained,
+                  # Values as data attributes, written without the locale's formatting.
+                  "token_values": [
+                      {"text": piece, "logprob": f"{span.logprobs[index]:.6g}",
+                       "advantage": f"{span.advantages[index]:.6g}" if span.advantages else ""}
+                      for index, piece in enumerate(span.pieces)]}
+                 for span in turn.spans]
+        turns.append({
+            "role": turn.role, "text": turn.text, "policy_version": turn.policy_version,
+            "tool_calls": turn.tool_calls, "spans": spans, "message": record.by_message,
+            "tokens": sum(span.tokens for span in turn.spans),
+            "trained_tokens": sum(span.tokens for span in turn.spans if span.trained),
+        })
+    return turns
 
 
 def _run_or_404(request, run_id: int):

@@ -19,6 +19,8 @@ class TrajectoryFilters:
     purpose: str | None = None
     min_reward: float | None = None
     max_reward: float | None = None
+    # Text in any of its turns, any case.
+    text: str | None = None
 
 
 def trajectory_sample_list(*, run: Run, filters: TrajectoryFilters = TrajectoryFilters()) -> QuerySet[TrajectorySample]:
@@ -39,7 +41,9 @@ def trajectory_sample_list(*, run: Run, filters: TrajectoryFilters = TrajectoryF
         samples = samples.filter(reward__gte=filters.min_reward)
     if filters.max_reward is not None:
         samples = samples.filter(reward__lte=filters.max_reward)
-    return samples.defer("payload").order_by("-step", "-id")
+    if filters.text:
+        samples = samples.filter(search_text__icontains=filters.text)
+    return samples.defer("payload", "search_text").order_by("-step", "-id")
 
 
 def trajectory_sample_get(*, run: Run, trajectory_id: str) -> TrajectorySample:
@@ -55,3 +59,16 @@ def trajectory_environments(*, run: Run) -> list[str]:
         TrajectorySample.objects.filter(run=run).order_by("environment")
         .values_list("environment", flat=True).distinct()
     )
+
+
+def trajectory_group_get(*, run: Run, group_id: str) -> list[TrajectorySample]:
+    """The sampled episodes of one group of ``run``, highest advantage (then reward) first.
+
+    Failed episodes, which have no advantage, come last. A group with no sample is not found.
+    """
+    samples = list(TrajectorySample.objects.filter(run=run, group_id=group_id).defer("search_text"))
+    if not samples:
+        raise NotFound(f"Group {group_id} of run {run.pk} has no sampled trajectories.")
+    samples.sort(key=lambda sample: (sample.advantage is None, -(sample.advantage or 0.0), -sample.reward,
+                                     sample.trajectory_id))
+    return samples

@@ -1,6 +1,7 @@
 from django.urls import reverse
 from rest_framework import serializers
 
+from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 from tandem.contracts import sample_purpose_choices
 
 from .models import TrajectorySample
@@ -28,6 +29,9 @@ class TrajectorySampleSummarySerializer(serializers.ModelSerializer):
             "num_turns",
             "num_tokens",
             "trained_tokens",
+            "group_id",
+            "group_size",
+            "advantage",
             "recorded_at",
             "url",
         ]
@@ -40,21 +44,33 @@ class TrajectorySampleSerializer(TrajectorySampleSummarySerializer):
     """The whole sample: the summary, ``policy_versions`` and ``turns`` with their token spans."""
 
     policy_versions = serializers.SerializerMethodField()
+    token_values = serializers.SerializerMethodField(
+        help_text="included: spans carry per-token pieces, logprobs and advantages; left_out_for_size: the "
+        "trainer dropped them to keep its posts small; not_recorded: a sample stored before they were sent.")
     turns = serializers.SerializerMethodField()
 
     class Meta(TrajectorySampleSummarySerializer.Meta):
-        fields = [*TrajectorySampleSummarySerializer.Meta.fields, "policy_versions", "group_id", "turns"]
-
-    group_id = serializers.SerializerMethodField()
+        fields = [*TrajectorySampleSummarySerializer.Meta.fields, "policy_versions", "token_values", "turns"]
 
     def get_policy_versions(self, sample: TrajectorySample) -> list[int]:
         return sample.payload.get("policy_versions", [])
 
-    def get_group_id(self, sample: TrajectorySample) -> str:
-        return sample.payload.get("group_id", "")
+    def get_token_values(self, sample: TrajectorySample) -> str:
+        return stored_sample(sample).token_values
 
     def get_turns(self, sample: TrajectorySample) -> list[dict]:
-        return sample.payload.get("turns", [])
+        return stored_sample(sample).model_dump(mode="json")["turns"]
+
+
+def stored_sample(sample: TrajectorySample) -> TrajectorySampleRecord:
+    """The stored payload read through the contract, so a schema 1 sample comes out upgraded.
+
+    Cached on the row: a serializer reads it for several fields.
+    """
+    record = getattr(sample, "_record", None)
+    if record is None:
+        record = sample._record = TrajectorySampleRecord.model_validate(sample.payload)
+    return record
 
 
 class TrajectoryFiltersSerializer(serializers.Serializer):
@@ -64,3 +80,21 @@ class TrajectoryFiltersSerializer(serializers.Serializer):
                                       help_text="training or evaluation (held-out, never trained on).")
     min_reward = serializers.FloatField(required=False)
     max_reward = serializers.FloatField(required=False)
+    q = serializers.CharField(max_length=200, required=False, trim_whitespace=True,
+                              help_text="Text in any of its turns, any case.")
+
+    def validate(self, attrs):
+        # The selector's filter is named for what it matches; ``q`` is the query string's name for it.
+        if "q" in attrs:
+            attrs["text"] = attrs.pop("q")
+        return attrs
+
+
+class TrajectoryGroupSerializer(serializers.Serializer):
+    """A group's sampled episodes side by side, each a whole sample, highest advantage first."""
+
+    run = serializers.IntegerField()
+    group_id = serializers.CharField()
+    group_size = serializers.IntegerField(allow_null=True, help_text="Episodes of the group; null for old samples.")
+    steps = serializers.ListField(child=serializers.IntegerField(), help_text="Steps that trained on them.")
+    episodes = TrajectorySampleSerializer(many=True)

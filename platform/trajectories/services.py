@@ -14,6 +14,11 @@ from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 from .models import TrajectorySample
 
 
+def trajectory_search_text(sample: TrajectorySampleRecord) -> str:
+    """What the browser's search matches: the turns' text, one turn a line (the spans' markup left out)."""
+    return "\n".join(turn.text for turn in sample.turns)
+
+
 @transaction.atomic
 def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRecord]) -> int:
     """Store the samples of ``run``; a retried post stores each once, the newest copy winning.
@@ -44,6 +49,10 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
             num_turns=len(sample.policy_versions),
             num_tokens=sample.num_tokens,
             trained_tokens=sample.trained_tokens,
+            group_id=sample.group_id,
+            group_size=sample.group_size,
+            advantage=sample.advantage,
+            search_text=trajectory_search_text(sample),
             payload=sample.model_dump(mode="json"),
             recorded_at=now,
         )
@@ -51,6 +60,7 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
     }
     TrajectorySample.objects.bulk_create(
         rows.values(), update_conflicts=True, unique_fields=["run", "trajectory_id"],
-        update_fields=["step", "selected_because", "purpose", "payload", "recorded_at"], batch_size=200,
+        update_fields=["step", "selected_because", "purpose", "group_id", "group_size", "advantage", "search_text",
+                       "payload", "recorded_at"], batch_size=200,
     )
     return len(samples)

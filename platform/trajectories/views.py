@@ -12,9 +12,10 @@ from runs.selectors import run_get_for_user, run_get_held_by
 from tandem.contracts import TRAINER_HEADER
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 
-from .selectors import TrajectoryFilters, trajectory_sample_get, trajectory_sample_list
+from .selectors import TrajectoryFilters, trajectory_group_get, trajectory_sample_get, trajectory_sample_list
 from .serializers import (
     TrajectoryFiltersSerializer,
+    TrajectoryGroupSerializer,
     TrajectorySampleSerializer,
     TrajectorySampleSummarySerializer,
 )
@@ -25,7 +26,8 @@ MAX_SAMPLES_PER_POST = 200
 
 @extend_schema(tags=["trajectories"], parameters=[TrajectoryFiltersSerializer])
 class RunTrajectoryListView(ListAPIView):
-    """``?status=ok|failed&environment=&min_reward=&max_reward=``: the run's samples, newest step first."""
+    """``?status=ok|failed&environment=&min_reward=&max_reward=&q=``: the run's samples, newest step first;
+    ``q``: text in any of their turns."""
 
     serializer_class = TrajectorySampleSummarySerializer
     pagination_class = PageNumberPagination
@@ -46,6 +48,22 @@ class RunTrajectoryDetailView(GenericAPIView):
         run = run_get_for_user(user=request.user, run_id=run_id)
         sample = trajectory_sample_get(run=run, trajectory_id=trajectory_id)
         return Response(TrajectorySampleSerializer(sample).data)
+
+
+@extend_schema(tags=["trajectories"], responses=TrajectoryGroupSerializer)
+class RunTrajectoryGroupView(GenericAPIView):
+    """The sampled episodes of one GRPO group, with their rewards and advantages, highest advantage first."""
+
+    serializer_class = TrajectoryGroupSerializer
+
+    def get(self, request, run_id: int, group_id: str):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        episodes = trajectory_group_get(run=run, group_id=group_id)
+        group_size = next((sample.group_size for sample in episodes if sample.group_size), None)
+        return Response(TrajectoryGroupSerializer({
+            "run": run.pk, "group_id": group_id, "group_size": group_size,
+            "steps": sorted({sample.step for sample in episodes}), "episodes": episodes,
+        }).data)
 
 
 @extend_schema(tags=["trainer"])

@@ -57,6 +57,7 @@ KWARG_BUILDERS = {
     "username": lambda world: world.member.username,
     "environment_id": lambda world: world.run.environment_id,
     "trajectory_id": lambda world: _sampled_trajectory(world.run),
+    "group_id": lambda world: _sampled_group(world.run),
     "trace_id": lambda world: trace_request(user=world.owner, run=world.run, steps=2).pk,
     # With environment_id: the version of the world's environment its run is pinned to.
     "number": lambda world: world.run.environment_version.number,
@@ -71,7 +72,7 @@ KWARG_BUILDERS = {
 }
 # An id (or name) nothing has, to check the outsider's answer is that of a missing object.
 MISSING = {"run_id": 10**9, "project_id": 10**9, "token_id": 10**9, "username": "nobody-at-all",
-           "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory",
+           "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory", "group_id": "no-such-group",
            "trace_id": 10**9, "step": 10**6, "dataset_id": 10**9, "name": "no-such-dataset",
            "rule_id": 10**9, "notification_id": 10**9}
 
@@ -98,6 +99,13 @@ def _sampled_trajectory(run: Run) -> str:
     sample = calculator_sample(run.pk)
     trajectory_samples_record(run=run, samples=[sample])
     return sample.trajectory_id
+
+
+def _sampled_group(run: Run) -> str:
+    """The group id of a new trajectory sample of ``run``."""
+    sample = calculator_sample(run.pk)
+    trajectory_samples_record(run=run, samples=[sample])
+    return sample.group_id
 
 
 def _dataset(world: World) -> int:

@@ -162,3 +162,118 @@ def test_evaluation_episodes_are_told_apart_from_trained_ones_and_filtered(api, 
     browser.force_login(user)
     page = browser.get(f"/runs/{running_run.pk}/trajectories/?purpose=evaluation").content.decode()
     assert 'data-purpose="evaluation"' in page and 'data-purpose="training"' not in page
+
+
+def test_the_search_finds_text_in_any_turn_in_any_case_and_pages(api, trainer_api, running_run):
+    addition = calculator_sample(running_run.pk, step=1, question="What is 2+3?", expression="2+3", answer="5")
+    product = calculator_sample(running_run.pk, step=2, question="What is 6*7?", expression="6*7", answer="42")
+    other_product = calculator_sample(running_run.pk, step=3, question="Multiply 6*7 please", expression="6*7",
+                                      answer="42")
+    assert _post(trainer_api, running_run.pk, addition, product, other_product).status_code == 202
+    url = f"/api/runs/{running_run.pk}/trajectories/"
+
+    def ids(**query):
+        response = api.get(url, query)
+        assert response.status_code == 200, response.content
+        return [row["id"] for row in response.json()["results"]]
+
+    assert ids(q="6*7") == [other_product.trajectory_id, product.trajectory_id]
+    assert ids(q="MULTIPLY") == [other_product.trajectory_id]  # any case
+    assert ids(q="42", status="ok") == [other_product.trajectory_id, product.trajectory_id]  # a tool turn's text
+    assert ids(q="nowhere in any turn") == []
+    paged = api.get(url, {"q": "6*7", "page_size": 1}).json()
+    assert paged["count"] == 2 and len(paged["results"]) == 1 and paged["next"] is not None
+    assert api.get(url, {"q": "x" * 201}).json()["error"]["fields"].keys() == {"q"}
+
+
+def test_a_search_costs_the_same_queries_as_the_plain_list(api, trainer_api, running_run, django_assert_num_queries):
+    samples = [calculator_sample(running_run.pk, step=step) for step in range(1, 6)]
+    assert _post(trainer_api, running_run.pk, *samples).status_code == 202
+    api.get("/api/projects/")  # records the token's last use, a write that happens once a minute
+
+    with django_assert_num_queries(4):
+        found = api.get(f"/api/runs/{running_run.pk}/trajectories/", {"q": "what is", "page_size": 2}).json()
+
+    assert found["count"] == 5 and len(found["results"]) == 2
+
+
+def test_the_group_endpoint_gives_every_sampled_episode_with_rewards_and_advantages(
+    api, trainer_api, running_run, django_assert_num_queries
+):
+    group = f"{running_run.pk}-7"
+    winner = calculator_sample(running_run.pk, step=4, why="group", group_id=group, reward=1.0, advantage=1.2)
+    loser = calculator_sample(running_run.pk, step=4, why="group", group_id=group, reward=0.0, advantage=-0.4)
+    middling = calculator_sample(running_run.pk, step=4, why="group", group_id=group, reward=0.5, advantage=0.1)
+    failed = calculator_sample(running_run.pk, step=4, why="group", group_id=group, status="failed")
+    elsewhere = calculator_sample(running_run.pk, step=4, group_id=f"{running_run.pk}-8")
+    assert _post(trainer_api, running_run.pk, winner, loser, middling, failed, elsewhere).status_code == 202
+    api.get("/api/projects/")  # records the token's last use, a write that happens once a minute
+
+    # The token, the run and the group's samples.
+    with django_assert_num_queries(3):
+        response = api.get(f"/api/runs/{running_run.pk}/trajectory-groups/{group}/")
+
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["group_id"] == group and body["group_size"] == 4 and body["steps"] == [4]
+    # Highest advantage first; the failed episode, never trained on, has none and comes last.
+    assert [(row["id"], row["reward"], row["advantage"]) for row in body["episodes"]] == [
+        (winner.trajectory_id, 1.0, 1.2), (middling.trajectory_id, 0.5, 0.1), (loser.trajectory_id, 0.0, -0.4),
+        (failed.trajectory_id, 0.0, None),
+    ]
+    first_policy_span = body["episodes"][0]["turns"][1]["spans"][0]
+    assert first_policy_span["advantages"] == [1.2] * first_policy_span["tokens"]
+    assert api.get(f"/api/runs/{running_run.pk}/trajectory-groups/no-such-group/").status_code == 404
+
+
+def test_another_projects_user_does_not_find_a_group(trainer_api, client_for, make_user, running_run):
+    sample = calculator_sample(running_run.pk)
+    _post(trainer_api, running_run.pk, sample)
+    stranger = client_for(make_user("mallory"))
+
+    response = stranger.get(f"/api/runs/{running_run.pk}/trajectory-groups/{sample.group_id}/")
+
+    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+def test_a_sample_stored_before_per_token_values_is_still_served_without_them(api, running_run, user):
+    from django.test import Client
+
+    from trajectories.services import trajectory_samples_record
+
+    from .trajectory_builders import schema_1_payload
+
+    sample = calculator_sample(running_run.pk, step=2)
+    trajectory_samples_record(run=running_run, samples=[sample])
+    TrajectorySample.objects.filter(trajectory_id=sample.trajectory_id).update(payload=schema_1_payload(sample))
+
+    body = api.get(f"/api/runs/{running_run.pk}/trajectories/{sample.trajectory_id}/").json()
+
+    assert body["token_values"] == "not_recorded"
+    assert [span["text"] for turn in body["turns"] for span in turn["spans"]][1] == "calc(2+3)⟨eos⟩"
+    assert all(span["logprobs"] == [] and span["pieces"] == [] for turn in body["turns"] for span in turn["spans"])
+    browser = Client()
+    browser.force_login(user)
+    page = browser.get(f"/runs/{running_run.pk}/trajectories/{sample.trajectory_id}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="token-values-note"' in html and 'class="tok"' not in html and "calc(2+3)" in html
+
+
+def test_the_pages_search_and_link_a_sample_to_its_group(api, trainer_api, running_run, user):
+    from django.test import Client
+
+    found = calculator_sample(running_run.pk, question="What is 6*7?", expression="6*7", answer="42",
+                              why="group", advantage=0.5)
+    missed = calculator_sample(running_run.pk)
+    assert _post(trainer_api, running_run.pk, found, missed).status_code == 202
+    browser = Client()
+    browser.force_login(user)
+
+    listing = browser.get(f"/runs/{running_run.pk}/trajectories/", {"q": "6*7"}).content.decode()
+    group = browser.get(f"/runs/{running_run.pk}/trajectory-groups/{found.group_id}/")
+
+    assert found.trajectory_id[:10] in listing and missed.trajectory_id[:10] not in listing
+    assert f"/runs/{running_run.pk}/trajectory-groups/{found.group_id}/" in listing
+    assert group.status_code == 200 and group.content.decode().count('class="group-episode card"') == 2
+    assert browser.get(f"/runs/{running_run.pk}/trajectory-groups/nothing/").status_code == 404

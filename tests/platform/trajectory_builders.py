@@ -18,7 +18,7 @@ CALC = ToolSchema(
 
 def calculator_record(
     run_id: int, *, reward: float = 1.0, status: str = "ok", environment: str = "calculator",
-    question: str = "What is 2+3?", expression: str = "2+3", answer: str = "5",
+    question: str = "What is 2+3?", expression: str = "2+3", answer: str = "5", group_id: str | None = None,
 ) -> TrajectoryRecord:
     """An episode that calls the calculator, reads the result and answers."""
     conversation = Conversation.start(TOKENIZER, tool_names=["calc"], prompt=question)
@@ -29,7 +29,7 @@ def calculator_record(
     conversation.add_policy_tokens(reply, [-0.25] * len(reply))
     failed = status == "failed"
     return TrajectoryRecord(
-        trajectory_id=uuid.uuid4().hex, run_id=run_id, group_id=f"{run_id}-0", group_size=4,
+        trajectory_id=uuid.uuid4().hex, run_id=run_id, group_id=group_id or f"{run_id}-0", group_size=4,
         environment=environment, policy_version=3, policy_versions=[3, 4],
         token_ids=list(conversation.token_ids), behaviour_logprobs=list(conversation.behaviour_logprobs),
         loss_mask=[0] * len(conversation.loss_mask) if failed else list(conversation.loss_mask),
@@ -65,9 +65,21 @@ def chat_calculator_record(run_id: int, tokenizer, *, status: str = "ok", reason
     )
 
 
-def calculator_sample(run_id: int, *, step: int = 1, why: str = "best", **record_fields) -> TrajectorySample:
+def calculator_sample(run_id: int, *, step: int = 1, why: str = "best", advantage: float | None = None,
+                      **record_fields) -> TrajectorySample:
     return trajectory_sample(calculator_record(run_id, **record_fields), step=step, selected_because=why,
-                             tokenizer=TOKENIZER, tools=[CALC])
+                             tokenizer=TOKENIZER, tools=[CALC], advantage=advantage)
+
+
+def schema_1_payload(sample: TrajectorySample) -> dict:
+    """``sample`` as a trainer before per-token values and groups posted it (schema 1)."""
+    payload = sample.model_dump(mode="json")
+    payload["schema_version"] = 1
+    for field_name in ("group_size", "advantage", "token_values"):
+        del payload[field_name]
+    for turn in payload["turns"]:
+        turn["spans"] = [{key: span[key] for key in ("text", "tokens", "trained")} for span in turn["spans"]]
+    return payload
 
 
 def post_body(*samples: TrajectorySample) -> dict:
