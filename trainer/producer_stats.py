@@ -45,11 +45,14 @@ class ProducerStats:
         now = self._clock()
         reports = self._reports()
         shares = []
+        # Each process's own figures, kept by the platform as series of their own (producer_metric_name).
+        processes: dict[str, dict[str, float]] = {report.worker: {} for report in reports}
         for report in reports:
             busy, uptime = report.busy_and_uptime_at(now)
             previous = self._previous.get(report.worker)
             if previous is not None and uptime > previous[1]:
                 shares.append(min(max((busy - previous[0]) / (uptime - previous[1]), 0.0), 1.0))
+                processes[report.worker]["utilisation"] = shares[-1]
             self._previous[report.worker] = (busy, uptime)
         circuit_open: dict[str, int] = {}
         for report in reports:
@@ -68,17 +71,19 @@ class ProducerStats:
             "producer_utilisation": sum(shares) / len(shares) if shares else None,
             "producers_reporting": len(reports),
             "circuit_breakers_open": circuit_open,
-            "producer_timings": self._timings(reports),
+            "producer_timings": self._timings(reports, processes),
+            "producer_processes": {worker: figures for worker, figures in processes.items() if figures},
         }
 
-    def _timings(self, reports: list[ProducerReport]) -> dict[str, float]:
+    def _timings(self, reports: list[ProducerReport], processes: dict[str, dict[str, float]]) -> dict[str, float]:
         """Where producers' time went since the previous step, over processes seen at both ends.
 
         A producer's work time for the run is its episodes' time plus appending
         them to the stream; ``*_share`` are parts of that: generation, environment
         (reset/step), tools and ``stream_put`` (blocked on XADD: back-pressure).
         ``stream_put_s`` is those seconds, summed over processes; ``cpu_cores``
-        and ``rss_bytes`` the processes' CPU use (cores) and resident memory.
+        and ``rss_bytes`` the processes' CPU use (cores) and resident memory, summed,
+        and each process's own added to ``processes``.
         Reports are written at task boundaries, so a step without one has none of these.
         """
         deltas = {"episode_s": 0.0, "generation_s": 0.0, "environment_s": 0.0, "tool_s": 0.0, "stream_put_s": 0.0}
@@ -88,6 +93,7 @@ class ProducerStats:
         for report in reports:
             if report.rss_bytes is not None:
                 rss_bytes = (rss_bytes or 0) + report.rss_bytes
+                processes[report.worker]["rss_bytes"] = float(report.rss_bytes)
             previous = self._previous_reports.get(report.worker)
             self._previous_reports[report.worker] = report
             if previous is None or report.reported_at <= previous.reported_at:
@@ -96,8 +102,9 @@ class ProducerStats:
             for name in deltas:
                 deltas[name] += max(getattr(report, name) - getattr(previous, name), 0.0)
             if report.cpu_s is not None and previous.cpu_s is not None:
-                cpu_cores = (cpu_cores or 0.0) + max(report.cpu_s - previous.cpu_s, 0.0) / (
-                    report.reported_at - previous.reported_at)
+                process_cores = max(report.cpu_s - previous.cpu_s, 0.0) / (report.reported_at - previous.reported_at)
+                processes[report.worker]["cpu_cores"] = process_cores
+                cpu_cores = (cpu_cores or 0.0) + process_cores
         timings: dict[str, float] = {}
         work_s = deltas["episode_s"] + deltas["stream_put_s"]
         if changed:

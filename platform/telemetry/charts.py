@@ -60,6 +60,62 @@ def stage_styles() -> list[dict]:
     ]
 
 
+# Devices, host and processes over time, from the DeviceReport of every device_report_interval_s and the
+# producers' reports differenced at every step; metric points of the run, so kept after it ends.
+SYSTEM_CHARTS: list[dict] = [
+    {
+        "id": "chart-device-use", "title": "Device use", "empty": "No device report yet.",
+        "caption": "duty cycle (compute / wall), MFU, and each GPU's NVML busy share where reported",
+        "kind": "lines", "smooth": False, "range_min": 0, "min_span": 0.1,
+        "series": [
+            {"name": "device/duty_cycle", "label": "duty cycle", "colour": 0},
+            {"name": "device/mfu", "label": "MFU", "colour": 1, "optional": True},
+            {"name": "device/tpu_duty_cycle", "label": "TPU duty cycle", "colour": 3, "optional": True},
+        ],
+        "family": {"pattern": r"^device/(?<environment>\d+)/nvml_utilisation$", "label": "device {environment} busy",
+                   "colour": "environment"},
+    },
+    {
+        "id": "chart-device-memory", "title": "Device memory", "empty": "No device memory reported (CPU has none).",
+        "caption": "bytes in use by XLA's allocator, per device and summed, with the peak and the limit",
+        "kind": "lines", "smooth": False, "range_min": 0,
+        "series": [
+            {"name": "device/memory_in_use_bytes", "label": "in use, all devices", "colour": 0, "optional": True},
+            {"name": "device/memory_peak_bytes", "label": "peak", "colour": 5, "optional": True},
+            {"name": "device/memory_limit_bytes", "label": "limit", "colour": 6, "optional": True},
+        ],
+        "family": {"pattern": r"^device/(?<environment>\d+)/memory_in_use_bytes$", "label": "device {environment}",
+                   "colour": "environment"},
+    },
+    {
+        "id": "chart-host", "title": "Host and trainer CPU", "empty": "No device report yet.",
+        "caption": "the trainer host's CPU use (%) and the trainer process's cores (right axis)",
+        "kind": "lines", "smooth": False, "range_min": 0,
+        "series": [
+            {"name": "host/cpu_percent", "label": "host CPU %", "colour": 0},
+            {"name": "trainer/cpu_cores", "label": "trainer cores (right axis)", "colour": 1, "scale": "cores"},
+        ],
+    },
+    {
+        "id": "chart-host-memory", "title": "Host and process memory", "empty": "No device report yet.",
+        "caption": "the trainer host's memory in use, the trainer's and the producers' resident memory",
+        "kind": "lines", "smooth": False, "range_min": 0,
+        "series": [
+            {"name": "host/memory_used_bytes", "label": "host in use", "colour": 0},
+            {"name": "trainer/rss_bytes", "label": "trainer RSS", "colour": 1},
+            {"name": "producers/rss_bytes", "label": "producers RSS", "colour": 2, "optional": True},
+        ],
+    },
+    {
+        "id": "chart-producers", "title": "Producer processes", "empty": "No producer report yet.",
+        "caption": "each rollout producer process (worker@host:pid) over the steps",
+        "variants": [["utilisation", "busy share"], ["cpu_cores", "CPU cores"], ["rss_bytes", "resident memory"]],
+        "kind": "lines", "smooth": False, "range_min": 0,
+        "family": {"pattern": r"^producers/(?<environment>.+)/(?<variant>utilisation|cpu_cores|rss_bytes)$",
+                   "label": "{environment}", "colour": "environment"},
+    },
+]
+
 RUN_CHARTS: list[dict] = [
     {
         "id": "chart-reward", "title": "Reward", "caption": "reward_mean, success_rate", "empty": "No RL step yet.",
@@ -181,4 +237,5 @@ RUN_CHARTS: list[dict] = [
         "kind": "lines", "smooth": False, "range_min": 0, "min_span": 1,
         "series": [{"name": "policy_version", "label": "policy version", "colour": 0}],
     },
+    *SYSTEM_CHARTS,
 ]

@@ -190,6 +190,7 @@ from tandem.contracts.tasks import (
 from tandem.contracts.telemetry import (
     EPISODE_SPAN_REASON_CHARS,
     IDLE_CAUSES,
+    PRODUCER_FIGURES,
     DeviceReport,
     DeviceSample,
     EpisodeOutcome,
@@ -202,6 +203,7 @@ from tandem.contracts.telemetry import (
     TraceRequest,
     TrainerStepEvent,
     idle_metric_name,
+    producer_metric_name,
 )
 from tandem.contracts.trajectories import (
     EPISODE_STATUSES,
@@ -333,6 +335,8 @@ __all__ = [
     "IDLE_CAUSES",
     "IdleCause",
     "idle_metric_name",
+    "producer_metric_name",
+    "PRODUCER_FIGURES",
     "TraceRequest",
     "TelemetryReply",
     "ProbeTimeouts",

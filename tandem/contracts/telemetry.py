@@ -215,7 +215,30 @@ class DeviceReport(BaseModel):
             values["trainer/cpu_cores"] = self.process_cpu_cores
         if self.process_rss_bytes is not None:
             values["trainer/rss_bytes"] = float(self.process_rss_bytes)
+        # Per device too, so that one device running out of memory or idling shows over time.
+        for device in self.devices:
+            for name in ("memory_in_use_bytes", "nvml_utilisation"):
+                value = getattr(device, name)
+                if value is not None:
+                    values[f"device/{device.id}/{name}"] = float(value)
         return values
+
+
+#: What each producer process's series records (``producers/<worker>/<figure>``), per trainer step.
+PRODUCER_FIGURES = ("utilisation", "cpu_cores", "rss_bytes")
+_METRIC_NAME_LENGTH_MAX = 64  # the platform's MetricPoint.name
+
+
+def producer_metric_name(worker: str, figure: str) -> str:
+    """The series of one producer process's figure: ``producers/rollouts-1@gpu-host-2:311/cpu_cores``.
+
+    A worker name too long for the platform's 64 characters keeps its end, where ``host:pid`` tells
+    processes apart, after a ``~``.
+    """
+    room = _METRIC_NAME_LENGTH_MAX - len("producers//") - len(figure)
+    if len(worker) > room:
+        worker = "~" + worker[-(room - 1):]
+    return f"producers/{worker}/{figure}"
 
 
 #: What the trainer waited on when it waited for data (``TrainerStepEvent.idle_seconds``), taken from
@@ -317,7 +340,14 @@ class TrainerStepEvent(Record):
     producer_timings: dict[str, float] = Field(
         default_factory=dict,
         description="Producers' time over the step: generation/environment/tool/stream_put shares of their "
-        "episode time, and stream_put_s (seconds blocked appending trajectories: back-pressure).",
+        "episode time, and stream_put_s (seconds blocked appending trajectories: back-pressure); "
+        "cpu_cores and rss_bytes summed over processes.",
+    )
+    producer_processes: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Each producer process's figures over the step (worker -> figure of PRODUCER_FIGURES -> "
+        "value): its share of the step with a rollout task running, CPU cores, resident memory. Stored "
+        "as producer_metric_name's series, so they outlive the process and the run.",
     )
     device: DeviceReport | None = Field(None, description="Present on the steps that carry a device sample.")
     episodes: list[EpisodeSpan] = Field(
@@ -394,6 +424,9 @@ class TrainerStepEvent(Record):
                 values[stage_metric_name(stage)] = seconds
         for name, value in self.producer_timings.items():
             values[f"producers/{name}"] = value
+        for worker, figures in self.producer_processes.items():
+            for figure, value in figures.items():
+                values[producer_metric_name(worker, figure)] = value
         if self.device is not None:
             values.update(self.device.metric_values())
         return values

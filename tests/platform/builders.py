@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tandem.contracts import TrainerStepEvent
+from tandem.contracts import DeviceReport, TrainerStepEvent
 
 
 def step_event(run_id: int, step: int, **overrides) -> dict:
@@ -138,4 +138,8 @@ def full_rl_step_event(run_id: int, step: int) -> TrainerStepEvent:
         tokens_per_s=4096 / wall_s, rollout_metrics=rollout_metrics(records), idle_seconds=idle.take(),
         algorithm_metrics={"kl": 0.01 * step, "entropy": 2.0 - 0.05 * step, "clip_fraction": 0.1},
         **staleness.step_fields(), emitted_at=time.time(),
+        device=DeviceReport.model_validate(device_report()),
+        producer_timings={"cpu_cores": 3.5, "rss_bytes": 3.0 * 2**30},
+        producer_processes={"rollouts-1@gpu-host-2:311": {"utilisation": 0.8, "cpu_cores": 3.5,
+                                                          "rss_bytes": 3.0 * 2**30}},
     )

@@ -127,3 +127,34 @@ def test_the_trainer_charts_where_producers_time_went_during_the_step(redis_clie
     assert timings["cpu_cores"] >= 0.0 and timings["rss_bytes"] > 0
     # No new report since: no new work to share out, but the memory is still charted.
     assert stats.step_fields()["producer_timings"].keys() == {"rss_bytes"}
+
+
+def test_each_producer_process_gets_its_own_utilisation_cpu_and_memory_figures(redis_client):
+    run_id = 43
+    clock = Clock(now=1000.0)
+    redis_client.delete(producers_key(run_id))
+
+    def report(worker: str, *, at: float, busy_s: float, cpu_s: float, rss_bytes: int) -> None:
+        # Idle at the moment of its report (no running task), so its busy time is what it says.
+        written = ProducerReport(worker=worker, reported_at=at, uptime_s=at - 900.0, busy_s=busy_s, running_tasks=0,
+                                 cpu_s=cpu_s, rss_bytes=rss_bytes)
+        redis_client.hset(producers_key(run_id), worker, written.model_dump_json())
+
+    report("rollouts@gpu-host-2:311", at=1000.0, busy_s=50.0, cpu_s=80.0, rss_bytes=2**30)
+    report("rollouts@gpu-host-3:7", at=1000.0, busy_s=10.0, cpu_s=5.0, rss_bytes=2**29)
+    stats = ProducerStats(redis_client, run_id, clock=clock)
+    assert stats.step_fields()["producer_processes"] == {
+        "rollouts@gpu-host-2:311": {"rss_bytes": float(2**30)},
+        "rollouts@gpu-host-3:7": {"rss_bytes": float(2**29)},
+    }  # nothing to difference yet
+
+    clock.now = 1010.0
+    report("rollouts@gpu-host-2:311", at=1010.0, busy_s=58.0, cpu_s=110.0, rss_bytes=3 * 2**29)
+    report("rollouts@gpu-host-3:7", at=1010.0, busy_s=11.0, cpu_s=6.0, rss_bytes=2**29)
+    processes = stats.step_fields()["producer_processes"]
+
+    # 8 of 10 s busy with 30 CPU seconds; 1 of 10 s with 1.
+    assert processes["rollouts@gpu-host-2:311"] == pytest.approx(
+        {"utilisation": 0.8, "cpu_cores": 3.0, "rss_bytes": 3 * 2**29})
+    assert processes["rollouts@gpu-host-3:7"] == pytest.approx(
+        {"utilisation": 0.1, "cpu_cores": 0.1, "rss_bytes": 2**29})
