@@ -12,7 +12,12 @@ from runs.selectors import run_get_for_user, run_get_held_by
 from tandem.contracts import TRAINER_HEADER
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 
-from .selectors import TrajectoryFilters, trajectory_group_get, trajectory_sample_get, trajectory_sample_list
+from .selectors import (
+    TrajectoryFilters,
+    trajectory_group_get,
+    trajectory_sample_get,
+    trajectory_sample_list,
+)
 from .serializers import (
     TrajectoryFiltersSerializer,
     TrajectoryGroupSerializer,
