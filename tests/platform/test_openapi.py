@@ -27,6 +27,7 @@ from schemathesis.specs.openapi.checks import (
 from accounts.services import api_token_create, membership_add
 from alerts.services import alert_fire, alert_rule_create
 from checkpoints.services import checkpoints_report
+from config.operation_docs import OPERATION_DOCS
 from dataset_registry.services import dataset_upload
 from runs.services import run_claim_next
 from tandem.contracts import TRAINER_HEADER, CheckpointInfo, CheckpointReport
@@ -52,8 +53,9 @@ RESPONSE_CHECKS = [
 ]
 
 
-def test_the_schema_lists_every_api_route_with_the_error_shape(client, db):
-    response = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+def test_the_schema_lists_every_api_route_with_the_error_shape(client_for, trainer):
+    # A trainer's schema: only trainers see the trainer's routes.
+    response = client_for(trainer).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
 
     assert response.status_code == 200
     schema = json.loads(response.content)
@@ -88,6 +90,58 @@ def test_the_schema_lists_every_api_route_with_the_error_shape(client, db):
     assert "-created_at" in ordering["description"]
     security = schema["components"]["securitySchemes"]["tokenAuth"]
     assert security == {**security, "type": "apiKey", "in": "header", "name": "Authorization"}
+
+
+def _schema(client) -> dict:
+    response = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    return json.loads(response.content)
+
+
+def _operations(schema: dict) -> dict[tuple[str, str], dict]:
+    return {(method.upper(), path): operation for path, operations in schema["paths"].items()
+            for method, operation in operations.items()}
+
+
+def test_every_operation_has_a_short_summary_and_a_description(client_for, trainer):
+    operations = _operations(_schema(client_for(trainer)))
+
+    assert len(operations) >= 50
+    for key, operation in operations.items():
+        assert operation.get("summary"), key
+        assert len(operation["summary"]) <= 80, key
+        assert operation.get("description"), key
+    # Every entry of the table names an operation that exists (no typo leaves one undocumented).
+    assert set(OPERATION_DOCS) <= set(operations), set(OPERATION_DOCS) - set(operations)
+
+
+def test_the_methods_of_one_path_each_have_their_own_summary_and_description(api):
+    operations = _operations(_schema(api))
+
+    listing, creating = operations[("GET", "/api/runs/")], operations[("POST", "/api/runs/")]
+    assert (listing["summary"], creating["summary"]) == ("List runs", "Start a run")
+    assert listing["description"] != creating["description"]
+    assert "Queue a new run" in creating["description"]
+    paths = {path for _, path in operations}
+    for path in paths:
+        methods = [operation for (_, other), operation in operations.items() if other == path]
+        assert len({operation["summary"] for operation in methods}) == len(methods), path
+        assert len({operation["description"] for operation in methods}) == len(methods), path
+
+
+def test_trainer_routes_are_in_a_trainers_schema_only(client_for, api, trainer, make_user, client):
+    staff = make_user("operator", is_staff=True)
+
+    def trainer_paths(schema: dict) -> set[str]:
+        return {path for path in schema["paths"] if path.startswith("/api/trainer/")}
+
+    assert trainer_paths(_schema(api)) == set()
+    assert trainer_paths(_schema(client)) == set()  # nobody signed in
+    assert trainer_paths(_schema(client_for(staff))) == set()  # staff are not trainers
+    for_trainer = trainer_paths(_schema(client_for(trainer)))
+    assert {"/api/trainer/claim/", "/api/trainer/runs/{run_id}/telemetry/"} <= for_trainer
+    # The users' routes stay in everyone's schema.
+    assert "/api/runs/" in _schema(api)["paths"]
 
 
 def test_the_schema_generates_without_a_warning_and_validates(db):

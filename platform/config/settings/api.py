@@ -40,6 +40,13 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     # The schema describes the API, not the server's own schema endpoints.
     "SERVE_INCLUDE_SCHEMA": False,
+    # After the enum naming: each operation's summary and own description (config/operation_docs.py),
+    # and no trainer routes in the schema of someone who is not a trainer.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.operation_docs.describe_operations",
+        "config.operation_docs.hide_trainer_operations",
+    ],
     # Swagger UI's assets come from the drf-spectacular-sidecar package: no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
