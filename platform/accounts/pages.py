@@ -5,8 +5,10 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
+from config.confirmation import action_confirmed, confirmation_page
 from domain_errors import DomainError, NotFound
 
 from .forms import ApiTokenCreateForm
@@ -40,6 +42,11 @@ def token_revoke_page(request, token_id: int):
         token = api_token_get_for_user(user=request.user, token_id=token_id)
     except NotFound as error:
         raise Http404(error.message) from None
+    if not action_confirmed(request):
+        return confirmation_page(
+            request, question=f"Revoke token '{token.name}'?",
+            consequence="Every client that uses it is refused from its next request on. This cannot be undone.",
+            confirm_label="Revoke token", back_url=reverse("token-list-page"))
     api_token_revoke(token=token)
     messages.success(request, f"Token '{token.name}' revoked.")
     return redirect("token-list-page")

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.models import Membership
 from accounts.selectors import project_get_for_user, project_list, project_role
+from config.confirmation import action_confirmed, confirmation_page
 from config.form_errors import error_placements
 from dataset_registry.models import Dataset
 from domain_errors import DomainError, Forbidden, NotFound
@@ -26,11 +27,12 @@ from tandem.contracts import (
     DATASET_EVALUATION_METRICS,
     RELEASED_RUN_STATUSES,
     TERMINAL_RUN_STATUSES,
+    TRAINER_HELD_RUN_STATUSES,
     RunStatus,
 )
 from telemetry.charts import RUN_CHARTS
 from telemetry.selectors import idle_summary, metric_totals
-from telemetry.services import MAX_TRACE_STEPS, TRACE_REFUSED_STATUSES
+from telemetry.services import MAX_TRACE_STEPS
 
 from .config_form import config_form, config_from_form, form_state
 from .config_form_binding import ErrorEntry, bind_form, error_summary
@@ -217,7 +219,8 @@ def run_actions_by_status(*, user, run: Run) -> dict[str, list[str]]:
         offered[status] = [action for action, to_status in _ACTION_TRANSITIONS if to_status in allowed
                            and (action != "resume" or status in RELEASED_RUN_STATUSES)]
         offered[status].append("clone")
-        if status not in TRACE_REFUSED_STATUSES:
+        # A trace is of the trainer's next steps: only a run a trainer holds has them for sure.
+        if status in TRAINER_HELD_RUN_STATUSES:
             offered[status].append("trace")
     return offered
 
@@ -258,6 +261,14 @@ def _run_action_page(request, run_id: int, service, done: str):
 @login_required
 @require_POST
 def run_cancel_page(request, run_id: int):
+    if not action_confirmed(request):
+        run = _run_or_404(request, run_id)
+        if project_role(user=request.user, project=run.project) not in Membership.WRITER_ROLES:
+            raise PermissionDenied("Viewers cannot cancel runs.")
+        return confirmation_page(
+            request, question=f"Cancel run {run.name} #{run.pk}?",
+            consequence="It stops for good: a cancelled run cannot be resumed (clone it to train again).",
+            confirm_label="Cancel run", back_url=reverse("run-page", args=[run.pk]))
     return _run_action_page(request, run_id, run_cancel, "cancelled")
 
 

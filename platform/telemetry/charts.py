@@ -19,7 +19,8 @@ script knows a metric or stage name of its own. A chart is a JSON object:
 - ``family``: series found among the metric names as they come, for metrics
   named per environment or per bucket: ``pattern`` (a JavaScript regular
   expression with named groups ``environment``, ``variant``, ``order``),
-  ``label`` (a template of those groups), ``colour`` (``environment``: one
+  ``label`` (a template of those groups; ``label_one`` instead where ``order`` is 1,
+  for "1 version" beside "2 versions"), ``colour`` (``environment``: one
   colour per environment, the same on every chart; ``gradient``: green to red
   in ``order``), and ``dash`` by ``order``. Series sort by environment, then by
   ``order`` as a number ("4+" after 4);
@@ -199,7 +200,7 @@ RUN_CHARTS: list[dict] = [
         "kind": "stacked",
         # Fresh data green, staler data towards red.
         "family": {"pattern": r"^staleness/(?<variant>total|in_queue|in_flight)/(?<order>\d+\+?)$",
-                   "label": "{order} versions", "colour": "gradient"},
+                   "label": "{order} versions", "label_one": "{order} version", "colour": "gradient"},
     },
     {
         "id": "chart-latency", "title": "Rollout latency",

@@ -218,7 +218,7 @@ def test_the_tokens_page_creates_shows_once_lists_and_revokes(user):
 
     revoked = browser.post(
         f"/tokens/{token.pk}/revoke/",
-        {"csrfmiddlewaretoken": _csrf_token_of(browser)},
+        {"csrfmiddlewaretoken": _csrf_token_of(browser), "confirmed": "yes"},
         follow=True,
     )
     assert "Token &#x27;notebook&#x27; revoked." in revoked.content.decode()

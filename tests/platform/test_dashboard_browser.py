@@ -297,13 +297,13 @@ def test_every_run_chart_receives_live_points_and_a_trace_can_be_requested(
     # Series discovered from the names: per environment, per percentile, per staleness bucket, per stage.
     assert series["chart-latency"] == [f"{env} p{p}" for env in ("calculator", "echo-http") for p in (50, 90, 99)]
     assert series["chart-errors"] == ["calculator", "echo-http"]
-    assert series["chart-staleness"] == ["1 versions", "2 versions", "3 versions", "4 versions"]
+    assert series["chart-staleness"] == ["1 version", "2 versions", "3 versions", "4 versions"]
     assert series["chart-stages"] == ["data wait", "batch", "host to device", "compute", "publish", "checkpoint",
                                       "telemetry"]
     assert series["chart-kl-entropy"] == ["KL", "entropy (right axis)"]
     page.select_option("select[data-chart-variant=chart-latency]", "generation")
     page.select_option("select[data-chart-variant=chart-staleness]", "in_flight")
-    page.wait_for_function("() => window.tandemRunPage.chartSeries['chart-staleness'][0] === '1 versions' && "
+    page.wait_for_function("() => window.tandemRunPage.chartSeries['chart-staleness'][0] === '1 version' && "
                            "window.tandemRunPage.chartSeries['chart-staleness'].length === 2")
     # The raw series is drawn faint behind the smoothed one; the legend lists the smoothed one only.
     rows = page.locator("#chart-reward .u-legend .u-series:visible")

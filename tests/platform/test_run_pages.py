@@ -118,7 +118,12 @@ def test_another_users_run_page_is_not_found(browser, make_run):
 
 
 def test_the_cancel_button_cancels_and_a_second_cancel_says_why_not(browser, running_run):
-    response = browser.post(f"/runs/{running_run.pk}/cancel/", follow=True)
+    asked = browser.post(f"/runs/{running_run.pk}/cancel/")
+    assert asked.status_code == 200 and 'id="confirmation-form"' in asked.content.decode()
+    running_run.refresh_from_db()
+    assert running_run.status == "running"  # not until confirmed
+
+    response = browser.post(f"/runs/{running_run.pk}/cancel/", {"confirmed": "yes"}, follow=True)
 
     running_run.refresh_from_db()
     assert running_run.status == "cancelled"
@@ -126,7 +131,7 @@ def test_the_cancel_button_cancels_and_a_second_cancel_says_why_not(browser, run
     assert 'id="cancel-form"' not in response.content.decode()
     assert 'id="trace-form"' not in response.content.decode()  # no next steps to trace
 
-    again = browser.post(f"/runs/{running_run.pk}/cancel/", follow=True)
+    again = browser.post(f"/runs/{running_run.pk}/cancel/", {"confirmed": "yes"}, follow=True)
     assert "it cannot become cancelled" in again.content.decode()
 
 

@@ -1,4 +1,5 @@
-// What the dashboard's charts share: the palette, whole-step axis ticks, and paging
+// What the dashboard's charts share: the palette, whole-step axis ticks, y ranges and points
+// that read true for constant series and single points, and paging
 // through a run's metric history (GET /api/runs/<id>/metrics/, by a step cursor).
 // Loaded before run_page.js and run_compare.js, which find it at window.tandemCharts.
 (function () {
@@ -12,6 +13,27 @@
   // A series colour as the platform gives it: an index into the palette, or a CSS colour.
   function colour(ref) {
     return typeof ref === "number" ? PALETTE[ref % PALETTE.length] : ref;
+  }
+
+  // A y scale's range (uPlot's `scales.y.range`). uPlot's own puts an all-zero series on a
+  // 0 to 100 axis and a constant one at the edge of its axis: a constant gets room either side.
+  function yRange(u, min, max) {
+    if (min === null || max === null) return [0, 1];
+    if (min === max) {
+      const half = min === 0 ? 1 : Math.abs(min) / 10;
+      return [min - half, max + half];
+    }
+    return uPlot.rangeNum(min, max, 0.1, true); // what uPlot does by default
+  }
+
+  // A series' `points.show`: lines alone, except where a series has one value, which no line
+  // can draw. Stops counting at the second value, so long series cost two looks.
+  function pointsWhenAlone(u, seriesIndex) {
+    let values = 0;
+    for (const value of u.data[seriesIndex]) {
+      if (value !== null && value !== undefined && ++values > 1) return false;
+    }
+    return true;
   }
 
   // Every metric point after `afterStep`, page by page, until a page comes back empty.
@@ -34,5 +56,5 @@
     }
   }
 
-  window.tandemCharts = { PALETTE, STEP_INCREMENTS, colour, metricPages };
+  window.tandemCharts = { PALETTE, STEP_INCREMENTS, colour, metricPages, yRange, pointsWhenAlone };
 })();

@@ -55,7 +55,8 @@
       const row = body.insertRow();
       row.dataset.step = checkpoint.step;
       cell(row, checkpoint.step);
-      cell(row, checkpoint.policy_version);
+      // -1: saved before the trainer published any policy, i.e. during SFT.
+      cell(row, checkpoint.policy_version < 0 ? "none yet (SFT)" : checkpoint.policy_version);
       cell(row, megabytes(checkpoint.size_bytes));
       cell(row, checkpoint.status === "deleted" ? `deleted (${checkpoint.deleted_reason})` : "available");
       const exportCell = cell(row, checkpoint.export_status === "failed"

@@ -11,8 +11,9 @@
   if (!root || series.length === 0) return;
 
   const METRICS = ["reward_mean", "success_rate", "loss"];
-  const { STEP_INCREMENTS, colour, metricPages } = window.tandemCharts;
-  const state = (window.tandemCompare = { loaded: 0, points: {}, charts: 0 });
+  const { STEP_INCREMENTS, colour, metricPages, yRange, pointsWhenAlone } = window.tandemCharts;
+  // yRanges: metric -> [min, max] of its chart's y axis.
+  const state = (window.tandemCompare = { loaded: 0, points: {}, charts: 0, yRanges: {} });
 
   series.forEach((run, index) => {
     const swatch = document.querySelector(`#compare-runs li[data-run-id="${run.id}"] .swatch`);
@@ -45,7 +46,7 @@
         {
           width: Math.max(container.clientWidth, 300),
           height: 240,
-          scales: { x: { time: false } },
+          scales: { x: { time: false }, y: { range: yRange } },
           series: [
             { label: "step" },
             ...series.map((run, index) => ({
@@ -53,11 +54,13 @@
               stroke: colour(index),
               width: 2,
               spanGaps: true,
-              points: { show: false },
+              points: { show: pointsWhenAlone },
             })),
           ],
           // Steps are whole numbers: no tick at 1.5.
           axes: [{ label: "step", incrs: STEP_INCREMENTS }, {}],
+          // uPlot sets its scales as it draws, after a microtask.
+          hooks: { draw: [(u) => { state.yRanges[metric] = [u.scales.y.min, u.scales.y.max]; }] },
         },
         [steps, ...columns],
         container,

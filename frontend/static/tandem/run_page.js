@@ -41,7 +41,7 @@
     return EVALUATION_SERIES_PREFIX;
   }
 
-  const { STEP_INCREMENTS, colour, metricPages } = window.tandemCharts;
+  const { STEP_INCREMENTS, colour, metricPages, yRange, pointsWhenAlone } = window.tandemCharts;
 
   // What each chart draws. `match` picks the series it stores and counts; `layout`
   // turns the names seen so far into its series, so environments and buckets
@@ -84,7 +84,9 @@
     found.sort((a, b) => (a.environment < b.environment ? -1 : a.environment > b.environment ? 1 : a.order - b.order));
     return found.map(({ name, groups }, index) => ({
       name,
-      label: family.label.replace(/\{(\w+)\}/g, (_, key) => groups[key] ?? ""),
+      // "1 version", "2 versions": a family may name its label for an order of exactly 1.
+      label: (groups.order === "1" && family.label_one ? family.label_one : family.label)
+        .replace(/\{(\w+)\}/g, (_, key) => groups[key] ?? ""),
       color: family.colour === "environment" ? environmentColor(groups.environment)
         : family.colour === "gradient"
           ? `hsl(${Math.round(140 - (140 * index) / Math.max(found.length - 1, 1))}, 65%, 50%)`
@@ -132,6 +134,7 @@
     chartSeries: {}, // chart id -> labels of the series it draws now
     idleRefreshes: 0, // times the idle sentence was read again
     chartSteps: {}, // chart id -> how many steps it draws now
+    chartYRange: {}, // chart id -> [min, max] of its left axis now
     redraws: 0, // coalesced: far fewer than messages when steps arrive quickly
     drawnAt: {}, // step -> Date.now() when the charts first drew it (the newest DRAWN_AT_KEPT steps)
     smoothing: el.smoothing ? Number(el.smoothing.value) : 0,
@@ -288,7 +291,7 @@
     const series = [{ label: "step" }];
     const raw = []; // indices of faint raw series, hidden from the legend
     for (const desc of layout) {
-      const common = { scale: desc.scale || "y", spanGaps: true, points: { show: false } };
+      const common = { scale: desc.scale || "y", spanGaps: true, points: { show: pointsWhenAlone } };
       if (spec.kind === "stacked") {
         series.push({
           ...common, label: desc.label, stroke: desc.color, fill: desc.color, width: 1,
@@ -354,10 +357,12 @@
     const { series, raw } = uplotSeries(spec, layout);
     // Areas and rates start at 0, so their sizes read true.
     const floor = spec.kind === "stacked" ? 0 : spec.range_min;
+    // All at the floor (no error, no sample yet): a unit of room above it, not a sliver.
     const yScale = spec.range ? { range: spec.range }
       : floor !== undefined ? { range: (u, min, max) => (min === null ? [floor, 1]
-        : [Math.min(floor, min), Math.max(max * 1.05, floor + (spec.min_span || 1e-3))]) }
-        : {};
+        : max <= floor ? [Math.min(floor, min), floor + (spec.min_span || 1)]
+          : [Math.min(floor, min), Math.max(max * 1.05, floor + (spec.min_span || 1e-3))]) }
+        : { range: yRange };
     const scales = { x: { time: false }, y: yScale };
     const axes = [
       { label: "step", incrs: STEP_INCREMENTS },
@@ -365,7 +370,7 @@
     ];
     // A series on a scale of its own gets an axis on the right.
     for (const scale of new Set(layout.map((desc) => desc.scale).filter((scale) => scale && scale !== "y"))) {
-      scales[scale] = {};
+      scales[scale] = { range: yRange };
       axes.push({ scale, side: 1, grid: { show: false }, values: tickValues });
     }
     const bands = [];
@@ -451,15 +456,19 @@
     const { data, shown } = seriesData(chart.spec, chart.layout, stepColumn, columnOf, page.smoothing);
     page.chartSteps[chart.spec.id] = data[0].length;
     if (!chart.plot) {
-      chart.plot = new uPlot(plotOptions(chart.spec, chart.layout, chartWidth(chart.container)), data, chart.container);
+      // uPlot sets its scales as it draws, after a microtask when the plot is new.
+      const recordYRange = (u) => {
+        page.chartYRange[chart.spec.id] = [u.scales.y.min, u.scales.y.max];
+      };
+      chart.plot = new uPlot(plotOptions(chart.spec, chart.layout, chartWidth(chart.container), { draw: [recordYRange] }),
+        data, chart.container);
       chart.plot.tandemShown = shown;
       chart.plot.over.addEventListener("mouseleave", () => showNewest(chart.plot));
-      showNewest(chart.plot);
-      return;
+    } else {
+      chart.plot.tandemShown = shown;
+      // batch(): draw now, not in a microtask, so that drawnAt is stamped after the drawing.
+      chart.plot.batch((u) => u.setData(data));
     }
-    chart.plot.tandemShown = shown;
-    // batch(): draw now, not in a microtask, so that drawnAt is stamped after the drawing.
-    chart.plot.batch((u) => u.setData(data));
     showNewest(chart.plot);
   }
 
@@ -544,6 +553,7 @@
       el.status.textContent = update.status;
       el.status.className = `badge badge-${update.status}`;
       if (TERMINAL.has(update.status) && el.cancelForm) el.cancelForm.remove();
+      if (TERMINAL.has(update.status)) showRunEnded();
       // A claimed run's environment passed its probe: the wait is over.
       const waiting = document.getElementById("run-environment-reason");
       if (waiting && !WAITING.has(update.status)) waiting.remove();
@@ -572,7 +582,13 @@
   }
 
   function showConnection(text) {
-    el.connection.textContent = text;
+    if (TERMINAL.has(page.status)) showRunEnded();
+    else el.connection.textContent = text;
+  }
+
+  // An ended run sends nothing more: an open socket is no reason to say "live" (runs/detail.html says the same).
+  function showRunEnded() {
+    el.connection.textContent = `none, the run has ended (${page.status})`;
   }
 
   async function refreshRun() {
@@ -847,7 +863,7 @@
       if (page.socket !== socket) return;
       page.socket = null;
       if (TERMINAL.has(page.status)) {
-        showConnection(`run ${page.status}`);
+        showRunEnded();
         backfill().catch(console.error);
         return;
       }

@@ -28,6 +28,8 @@
   const DENSITY_H = 26;
   const LANE_GAP = 16;
   const MAX_PRODUCER_H = 560;
+  const GUTTER_LINE_H = 12;
+  const COUNT = new Intl.NumberFormat("en");
 
   const canvas = document.getElementById("timeline-canvas");
   const chart = document.getElementById("timeline-chart");
@@ -55,6 +57,16 @@
     status: root.dataset.status,
     lastError: null,
   });
+
+  // A label of the left gutter, right-aligned against the plot; kept in `labels` with its
+  // horizontal extent, so that tests can see that none is cut off at the canvas's left edge.
+  function gutterText(c, labels, text, y, colour) {
+    c.textAlign = "right";
+    c.fillStyle = colour;
+    c.fillText(text, PAD_LEFT - 8, y);
+    const width = c.measureText(text).width;
+    labels.push({ text, left: PAD_LEFT - 8 - width, right: PAD_LEFT - 8 });
+  }
 
   let steps = new Map(); // step number -> step, from the API
   let hits = []; // what the pointer can hover: {x0, x1, y0, y1, kind, item, step}
@@ -225,7 +237,8 @@
     const trainerTop = AXIS_H + STEP_LABEL_H;
     const densityTop = trainerTop + TRAINER_H + LANE_GAP;
     const producerTop = densityTop + DENSITY_H + LANE_GAP;
-    const height = producerTop + Math.max(rows, 1) * (rowH + rowGap) + 8;
+    // At least as tall as the producers' gutter labels (three lines), however few rows there are.
+    const height = producerTop + Math.max(Math.max(rows, 1) * (rowH + rowGap), GUTTER_LINE_H * 3) + 8;
     layout = { start, end, plotW, height };
 
     const ratio = window.devicePixelRatio || 1;
@@ -254,16 +267,14 @@
       c.textAlign = "center";
       c.fillText(label, Math.min(Math.max(x, PAD_LEFT + half), width - half - 2), AXIS_H / 2);
     }
-    c.textAlign = "right";
-    c.fillStyle = "#374151";
-    c.fillText("trainer", PAD_LEFT - 8, trainerTop + TRAINER_H / 2);
-    c.fillText("running", PAD_LEFT - 8, densityTop + DENSITY_H / 2 - 6);
-    c.fillStyle = "#9ca3af";
-    c.fillText("episodes", PAD_LEFT - 8, densityTop + DENSITY_H / 2 + 6);
-    c.fillStyle = "#374151";
-    c.fillText("producers", PAD_LEFT - 8, producerTop + 6);
-    c.fillStyle = "#9ca3af";
-    c.fillText(`${episodes.length} episodes`, PAD_LEFT - 8, producerTop + 20);
+    const gutter = [];
+    gutterText(c, gutter, "trainer", trainerTop + TRAINER_H / 2, "#374151");
+    gutterText(c, gutter, "running", densityTop + DENSITY_H / 2 - 6, "#374151");
+    gutterText(c, gutter, "episodes", densityTop + DENSITY_H / 2 + 6, "#9ca3af");
+    gutterText(c, gutter, "producers", producerTop + 6, "#374151");
+    // The count on a line of its own: "1,680 episodes" is wider than the gutter.
+    gutterText(c, gutter, COUNT.format(episodes.length), producerTop + 6 + GUTTER_LINE_H, "#9ca3af");
+    gutterText(c, gutter, "episodes", producerTop + 6 + 2 * GUTTER_LINE_H, "#9ca3af");
 
     // Everything from here on stays inside the plot, however far a zoomed-out bar reaches.
     c.save();
@@ -389,11 +400,9 @@
       c.strokeRect(a + 0.5, 0.5, b - a - 1, height - 1);
     }
     c.restore();
-    c.textAlign = "right";
-    c.fillStyle = "#9ca3af";
-    c.fillText(`(peak ${peak})`, PAD_LEFT - 8, densityTop + DENSITY_H / 2 + 18);
+    gutterText(c, gutter, `(peak ${COUNT.format(peak)})`, densityTop + DENSITY_H / 2 + 18, "#9ca3af");
     zoomReset.hidden = zoom === null;
-    Object.assign(state, counts);
+    Object.assign(state, counts, { gutter });
     state.draws += 1;
     summarise(visible, episodes, counts);
   }
