@@ -134,7 +134,11 @@ class SharedGreedyTurns:
             self.requests += 1
             try:
                 turn.set_result(await policy.generate(prompt, session_id=session_id))
-            except BaseException as exc:
+            except asyncio.CancelledError:
+                del self._turns[key]
+                turn.cancel()  # the slice is being cancelled: its twins with it
+                raise
+            except Exception as exc:
                 del self._turns[key]  # the next twin asks again
                 turn.set_exception(exc)
                 turn.exception()  # retrieved: only the twins waiting on it see it
