@@ -32,8 +32,10 @@ from tandem.contracts import (
 )
 from telemetry.charts import RUN_CHARTS
 from telemetry.selectors import idle_summary, metric_totals
+from telemetry.serializers import MAX_COMPARED_RUNS
 from telemetry.services import MAX_TRACE_STEPS
 
+from .config_diff import config_differences
 from .config_form import config_form, config_from_form, form_state
 from .config_form_binding import ErrorEntry, bind_form, error_summary
 from .config_form_presets import config_review, form_presets, model_directories
@@ -148,8 +150,18 @@ def run_page(request, run_id: int):
         # Viewers see no cancel button; the cancel view refuses them anyway.
         "can_write": project_role(user=request.user, project=run.project)
         in Membership.WRITER_ROLES,
+        "explorer": _metric_explorer("run", [run]),
     }
     return render(request, "runs/detail.html", context)
+
+
+def _metric_explorer(page: str, runs: list[Run]) -> dict:
+    """What runs/_metric_explorer.html gives metric_explorer.js: the page's kind and each run's URLs."""
+    return {"page": page, "runs": [
+        {"id": run.pk, "name": run.name, "names_url": reverse("api-run-metric-names", args=[run.pk]),
+         "export_url": reverse("api-run-metric-export", args=[run.pk])}
+        for run in runs
+    ]}
 
 
 _PASS_AT_K = re.compile(r"pass@(\d+)")
@@ -304,18 +316,25 @@ def run_clone_page(request, run_id: int):
 
 @login_required
 def run_compare_page(request):
-    """Overlaid charts of the runs named by ``?runs=1,2,3`` (the user's runs only)."""
+    """Overlaid charts of the runs named by ``?runs=1,2,3`` (the user's runs only, the first
+    ``MAX_COMPARED_RUNS``), and the keys of their configs that differ."""
     requested = []
     for raw in request.GET.get("runs", "").split(","):
         if raw.strip().isdigit() and int(raw) not in requested:
             requested.append(int(raw))
+    left_out = requested[MAX_COMPARED_RUNS:]
+    requested = requested[:MAX_COMPARED_RUNS]
     runs = list(run_list(user=request.user).filter(pk__in=requested))
     runs.sort(key=lambda run: requested.index(run.pk))
     series = [
         {"id": run.pk, "name": run.name, "metrics_url": reverse("api-run-metrics", args=[run.pk])}
         for run in runs
     ]
-    return render(request, "runs/compare.html", {"runs": runs, "series": series})
+    return render(request, "runs/compare.html", {
+        "runs": runs, "series": series, "runs_left_out": len(left_out), "max_compared_runs": MAX_COMPARED_RUNS,
+        "config_differences": config_differences([run.config for run in runs]) if len(runs) > 1 else [],
+        "explorer": _metric_explorer("compare", runs),
+    })
 
 
 @login_required
