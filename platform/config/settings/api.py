@@ -66,5 +66,9 @@ SPECTACULAR_SETTINGS = {
         # Two fields named "role": a project member's and a Tandem process's.
         "RoleEnum": "accounts.models.Membership.Role",
         "ProcessRoleEnum": "telemetry.serializers.PROCESS_ROLES",
+        # Three fields named "kind": an environment version's, an evaluation's and an alert rule's.
+        "EnvironmentKindEnum": "environment_registry.models.EnvironmentVersion.Kind",
+        "EvaluationKindEnum": "tandem.contracts.EVALUATION_KINDS",
+        "AlertRuleKindEnum": "alerts.models.AlertRule.Kind",
     },
 }
