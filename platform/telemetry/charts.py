@@ -117,6 +117,17 @@ SYSTEM_CHARTS: list[dict] = [
     },
 ]
 
+# The same figures on the devices page, as metric explorer panels of one picked run (a glob per panel,
+# `*` crossing `/`): one unit per panel, so that the trainer's and every producer's cores share an axis.
+DEVICE_HISTORY_PANELS: list[dict] = [
+    {"pattern": pattern, "x_axis": "step"}
+    for pattern in (
+        "device/*duty_cycle", "device/*/nvml_utilisation", "device/mfu", "device/*/memory_in_use_bytes",
+        "device/memory_*", "host/cpu_percent", "host/memory_used_bytes", "producers/*utilisation",
+        "*/cpu_cores", "*/rss_bytes",
+    )
+]
+
 RUN_CHARTS: list[dict] = [
     {
         "id": "chart-reward", "title": "Reward", "caption": "reward_mean, success_rate", "empty": "No RL step yet.",

@@ -10,19 +10,22 @@ import psutil
 import pytest
 from playwright.sync_api import expect
 
-from runs.services import run_claim_next
+from runs.services import run_claim_next, run_transition
 from tandem.contracts import (
     ProcessReport,
     ProducerReport,
+    RunStatus,
     TrainerStepEvent,
     process_reports_key,
     producers_key,
 )
+from telemetry.services import metric_events_record
 from trainer.platform_client import PlatformClient
 
-from .builders import device_report, step_event
+from .builders import device_report, full_rl_step_event, step_event
 from .conftest import TRAINER_NAME
 from .test_dashboard_browser import chromium_page  # noqa: F401 - the fixture
+from .test_dashboard_fixes_browser import open_page  # noqa: F401 - the fixture (fails on console errors too)
 from .test_run_page_browser import REPO_ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -176,3 +179,48 @@ def test_the_devices_page_lists_every_tandem_process_and_follows_new_ones(
     finally:
         redis_client.hdel(process_reports_key(), *fields)
         redis_client.delete(producers_key(running_run.pk))
+
+
+PRODUCER = "rollouts-1@gpu-host-2:311"  # the producer process of builders.full_rl_step_event
+
+
+def _panel(page, pattern: str) -> dict:
+    return page.evaluate("""(pattern) => { const p = window.tandemExplorer.panels.find((p) => p.pattern === pattern);
+        return {names: p.names, points: p.points, drawn: p.plot !== null}; }""", pattern)
+
+
+def test_a_finished_runs_devices_host_and_producers_are_charted_over_time(
+    server, open_page, running_run, make_run, project, environment,  # noqa: F811
+):
+    metric_events_record(run=running_run, events=[full_rl_step_event(running_run.pk, step) for step in (1, 2, 3)])
+    run_transition(run=running_run, to_status=RunStatus.FINISHED, reason="done")
+    queued = make_run(project, environment=environment, name="waiting")  # newer, and active: picked first
+
+    # No ORM calls from here on: Playwright's sync API keeps an event loop running in this thread.
+    page = open_page(server, "/devices/")
+    picker = page.locator("#device-history-run")
+    options = picker.locator("option")
+    assert options.evaluate_all("options => options.map(o => [o.value, o.dataset.active, o.selected])") == [
+        [str(queued.pk), "true", True], [str(running_run.pk), "false", False]]
+    assert options.nth(0).inner_text().startswith("● waiting")
+
+    # Picking the finished run shows its charts; the live snapshot of active runs stays on the page.
+    picker.select_option(str(running_run.pk))
+    page.wait_for_url(f"**/devices/?run={running_run.pk}")
+    page.wait_for_function("() => window.tandemExplorer && window.tandemExplorer.ready")
+    expect(page.locator("#devices-empty")).to_be_visible()  # no run is on a trainer now
+    assert page.locator(".explorer-panel").count() == 10
+    use = _panel(page, "device/*/nvml_utilisation")
+    assert use["names"] == [f"device/{index}/nvml_utilisation" for index in range(4)]
+    assert use["points"] == [3, 3, 3, 3] and use["drawn"]
+    memory = _panel(page, "device/*/memory_in_use_bytes")
+    assert memory["names"] == [f"device/{index}/memory_in_use_bytes" for index in range(4)] and memory["drawn"]
+    assert _panel(page, "host/cpu_percent")["points"] == [3]
+    cores = _panel(page, "*/cpu_cores")
+    assert cores["names"] == ["producers/cpu_cores", f"producers/{PRODUCER}/cpu_cores", "trainer/cpu_cores"]
+    assert cores["points"] == [3, 3, 3]
+    assert _panel(page, "producers/*utilisation")["names"] == [f"producers/{PRODUCER}/utilisation"]
+    assert f"producers/{PRODUCER}/rss_bytes" in _panel(page, "*/rss_bytes")["names"]
+    # The devices page's panels are its own: nothing is saved over the user's run-page layout.
+    assert page.evaluate("window.tandemExplorer.savesAsked") == 0
+    page.screenshot(path=str(SCREENSHOT.with_name("devices_over_time.png")), full_page=True)

@@ -219,3 +219,74 @@ def test_the_page_shows_the_processes(client, user, process_reports):
 
     assert 321 in [process["pid"] for process in _our_processes(page.context["processes"])]
     assert b'id="processes-initial"' in page.content and b'id="processes-root"' in page.content
+
+
+def _history_runs(page) -> list[tuple[int, bool, bool]]:
+    return [(run["id"], run["active"], run["picked"]) for run in page.context["history_runs"]]
+
+
+def test_the_picker_lists_the_users_runs_newest_first_and_picks_the_newest_active_one(
+    client, user, make_run, make_project, make_environment, make_user, project, environment, running_run,
+):
+    finished = make_run(project, environment=environment, name="finished")
+    run_transition(run=finished, to_status="failed", reason="trainer error")
+    stranger_project = make_project(owner=make_user())
+    their_run = make_run(stranger_project, environment=make_environment(stranger_project), name="not-alices")
+    client.force_login(user)
+
+    page = client.get("/devices/")
+
+    # The finished run is newer, but the running one is picked; the stranger's run is not listed.
+    assert _history_runs(page) == [(finished.pk, False, False), (running_run.pk, True, True)]
+    assert their_run.pk not in [run["id"] for run in page.context["history_runs"]]
+    assert page.context["explorer"]["runs"][0]["export_url"] == f"/api/runs/{running_run.pk}/metrics/export/"
+    assert b'id="explorer-fixed-panels"' in page.content and b"\xe2\x97\x8f " in page.content  # the active mark
+
+
+def test_without_an_active_run_the_newest_run_is_picked_and_any_run_can_be_asked_for(
+    client, user, make_run, project, environment,
+):
+    older = make_run(project, environment=environment, name="older")
+    newer = make_run(project, environment=environment, name="newer")
+    for run in (older, newer):
+        run_transition(run=run, to_status="cancelled", reason="by alice")
+    client.force_login(user)
+
+    assert _history_runs(client.get("/devices/")) == [(newer.pk, False, True), (older.pk, False, False)]
+    assert _history_runs(client.get(f"/devices/?run={older.pk}")) == [(newer.pk, False, False), (older.pk, False, True)]
+
+
+def test_another_projects_run_in_the_query_string_is_a_404(
+    client, user, make_run, make_project, make_environment, make_user, running_run,
+):
+    stranger_project = make_project(owner=make_user())
+    their_run = make_run(stranger_project, environment=make_environment(stranger_project))
+    client.force_login(user)
+
+    assert client.get(f"/devices/?run={their_run.pk}").status_code == 404
+    assert client.get("/devices/?run=first").status_code == 404
+
+
+def test_a_user_without_runs_gets_the_page_without_charts(client, make_user):
+    client.force_login(make_user())
+
+    page = client.get("/devices/")
+
+    assert page.status_code == 200
+    assert page.context["history_runs"] == [] and page.context["explorer"] is None
+    assert b'id="metric-explorer"' not in page.content
+
+
+def test_the_page_takes_the_same_queries_for_any_number_of_runs(
+    client, user, make_run, project, environment, running_run, django_assert_num_queries, settings,
+):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # no live process listing: its one query depends on Redis
+    client.force_login(user)
+    client.get("/devices/")
+    for index in range(5):
+        make_run(project, environment=environment, name=f"more-{index}")
+
+    # Session and user, the trainer-held runs, the picker's runs with their projects, the notifications badge.
+    with django_assert_num_queries(5):
+        page = client.get("/devices/")
+    assert len(page.context["history_runs"]) == 6

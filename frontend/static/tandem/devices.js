@@ -1,5 +1,6 @@
 // The devices page: a table of devices per active run, drawn from /api/devices/, and a table of every
-// Tandem process, drawn from /api/processes/; both redrawn every few seconds.
+// Tandem process, drawn from /api/processes/; both redrawn every few seconds. The "Over time" section's
+// charts of one picked run are metric_explorer.js's (fixed panels); this script only submits its picker.
 //
 // Polling one endpoint for every run (not a WebSocket per run): the trainer
 // reports devices every device_report_interval_s, and processes report every
@@ -9,6 +10,9 @@
 
   const root = document.getElementById("devices-root");
   if (!root) return;
+  // Picking another run shows its charts at once (the form's own button does the same without JavaScript).
+  const historyPicker = document.getElementById("device-history-run");
+  if (historyPicker) historyPicker.addEventListener("change", () => historyPicker.form.submit());
   const container = document.getElementById("device-runs");
   const empty = document.getElementById("devices-empty");
   const updated = document.getElementById("devices-updated");

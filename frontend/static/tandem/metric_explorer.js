@@ -11,6 +11,10 @@
   const root = document.getElementById("metric-explorer");
   if (!root) return;
   const runs = JSON.parse(document.getElementById("explorer-runs").textContent);
+  // A page that sets its own panels (the devices page): they are shown as given and nothing is saved,
+  // so that the user's layouts of the run and comparison pages stay theirs.
+  const fixedPanelsScript = document.getElementById("explorer-fixed-panels");
+  const fixedPanels = fixedPanelsScript ? JSON.parse(fixedPanelsScript.textContent) : null;
   const charts = window.tandemCharts;
   const X_AXES = { rl_step: "RL step", step: "trainer step", wall_time_s: "wall time (s)", samples_trained: "samples trained" };
   const csrf = root.querySelector("[name=csrfmiddlewaretoken]").value;
@@ -57,6 +61,7 @@
   let saveTimer = null;
   let savePending = false; // a change waits for its debounced save
   function saveLayout() {
+    if (fixedPanels) return;
     clearTimeout(saveTimer);
     savePending = state.saving = true;
     saveTimer = setTimeout(() => {
@@ -225,6 +230,11 @@
     return [...found];
   }
 
+  // Tick labels short enough for the axis: uPlot's own ("10,737,418,240") are cut to "0,000".
+  const compact = new Intl.NumberFormat("en", { notation: "compact", maximumFractionDigits: 1 });
+  const tickValues = (u, ticks) => ticks.map((tick) => (Math.abs(tick) >= 1000 ? compact.format(tick)
+    : String(Number(tick.toPrecision(6)))));
+
   function yRangeOf(panel) {
     return (u, min, max) => {
       let auto;
@@ -289,7 +299,7 @@
             points: { show: charts.pointsWhenAlone || false },
           })),
         ],
-        axes: [{ label: X_AXES[panel.xAxis], incrs: panel.xAxis.endsWith("step") ? charts.STEP_INCREMENTS : undefined }, {}],
+        axes: [{ label: X_AXES[panel.xAxis], incrs: panel.xAxis.endsWith("step") ? charts.STEP_INCREMENTS : undefined }, { values: tickValues }],
         hooks: {
           draw: [
             drawBoundaries(panel),
@@ -384,7 +394,7 @@
 
   async function start() {
     const [layout, ...nameLists] = await Promise.all([
-      getJSON(`${root.dataset.layoutUrl}?page=${root.dataset.page}`),
+      fixedPanels ? { smoothing: 0, panels: fixedPanels } : getJSON(`${root.dataset.layoutUrl}?page=${root.dataset.page}`),
       ...runs.map((run) => getJSON(run.names_url)),
     ]);
     state.names = [...new Set(nameLists.flatMap((body) => body.names))].sort();
