@@ -159,7 +159,10 @@ def _metric_explorer(page: str, runs: list[Run]) -> dict:
     """What runs/_metric_explorer.html gives metric_explorer.js: the page's kind and each run's URLs."""
     return {"page": page, "runs": [
         {"id": run.pk, "name": run.name, "names_url": reverse("api-run-metric-names", args=[run.pk]),
-         "export_url": reverse("api-run-metric-export", args=[run.pk])}
+         "export_url": reverse("api-run-metric-export", args=[run.pk]),
+         "series_url": reverse("api-run-metric-series", args=[run.pk]),
+         # The RL-step axis of a bucketed panel is its trainer step less these (as metric_table counts it).
+         "sft_steps": int(run.config.get("sft_steps") or 0)}
         for run in runs
     ]}
 

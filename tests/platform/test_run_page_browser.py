@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -12,12 +13,26 @@ from tandem.contracts import TRAINER_HEADER, TrainerStepEvent
 from telemetry.services import metric_events_record
 from tests.browser import launch_chromium, log_in
 
-from .builders import POINTS_PER_STEP_EVENT, step_event
+from .builders import step_event
 from .conftest import TRAINER_NAME
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _charted_per_step_event() -> int:
+    """The points of one step event that a chart of the run page draws: what the page counts and backfills."""
+    from telemetry.charts import RUN_CHARTS
+
+    names = TrainerStepEvent.model_validate(step_event(1, 1)).metric_values()
+    fixed = {series["name"] for chart in RUN_CHARTS for series in chart.get("series", [])}
+    fixed |= {chart["share_of"] for chart in RUN_CHARTS if chart.get("share_of")}
+    families = [re.compile(chart["family"]["pattern"].replace("(?<", "(?P<")) for chart in RUN_CHARTS if "family" in chart]
+    return sum(1 for name in names if name in fixed or any(family.search(name) for family in families))
+
+
+CHARTED_PER_STEP_EVENT = _charted_per_step_event()
 
 
 def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
@@ -56,14 +71,14 @@ def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
         page.on("framenavigated", lambda frame: navigations.append(frame.url))
 
         # History over REST.
-        wait_for(page, f"p.pointCount === {3 * POINTS_PER_STEP_EVENT} && p.lastStep === 3")
+        wait_for(page, f"p.pointCount === {3 * CHARTED_PER_STEP_EVENT} && p.lastStep === 3")
         page.wait_for_function(
             "() => document.querySelector('#run-connection').textContent === 'live'"
         )
 
         # Live over the WebSocket.
         post_step(4)
-        wait_for(page, f"p.lastStep === 4 && p.pointCount === {4 * POINTS_PER_STEP_EVENT}")
+        wait_for(page, f"p.lastStep === 4 && p.pointCount === {4 * CHARTED_PER_STEP_EVENT}")
         assert page.inner_text("#run-step") == "4"
         assert page.inner_text("#run-policy-version") == "4"
 
@@ -72,7 +87,7 @@ def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
         post_step(5)
         wait_for(
             page,
-            f"p.reconnects >= 1 && p.lastStep === 5 && p.pointCount === {5 * POINTS_PER_STEP_EVENT}",
+            f"p.reconnects >= 1 && p.lastStep === 5 && p.pointCount === {5 * CHARTED_PER_STEP_EVENT}",
         )
 
         # Status changes arrive live too.
@@ -90,6 +105,6 @@ def test_the_run_page_backfills_goes_live_and_misses_nothing_across_a_reconnect(
         final_count = page.evaluate("window.tandemRunPage.pointCount")
         browser.close()
 
-    assert final_count == 5 * POINTS_PER_STEP_EVENT
+    assert final_count == 5 * CHARTED_PER_STEP_EVENT
     assert navigations == [], f"the page reloaded: {navigations}"
     assert errors == []

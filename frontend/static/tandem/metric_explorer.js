@@ -2,9 +2,14 @@
 // comparison (runs/_metric_explorer.html). Each panel has its x-axis (RL step, trainer step, wall
 // time, samples trained), log scale, y-range, reset zoom, the SFT → RL boundary, and its downloads.
 //
-// A panel's data is the export endpoint's JSON (GET /api/runs/<id>/metrics/export/?names=<glob>),
-// which expands the glob and carries every x-axis, so this script computes none of them. The layout
-// (panels, their options, the smoothing) is the user's, saved over the API at each change.
+// On the step axes (trainer step, RL step) a panel reads its series bucketed (GET .../metrics/series/,
+// about one bucket per pixel of its width, each drawn at its mean), so a series of 100,000 points costs
+// what one of a thousand does. On the run page the panels then follow the run live: each "metrics"
+// message of the page's WebSocket (run_page.js passes it on as a "tandem:run-metrics" event) joins the
+// newest bucket of the series it names, and the panels it changed are redrawn once per animation frame.
+// The other x-axes (wall time, samples trained) are sums over every step that only the export endpoint
+// (GET /api/runs/<id>/metrics/export/?names=<glob>) computes: those panels read it, raw, and stay still.
+// The layout (panels, their options, the smoothing) is the user's, saved over the API at each change.
 (function () {
   "use strict";
 
@@ -29,7 +34,17 @@
   };
   // What the browser tests read: each panel's drawn state, and how many layouts were saved.
   // saving: a change is not yet stored (its save is debounced, or on its way).
-  const state = (window.tandemExplorer = { names: [], panels: [], saves: 0, savesAsked: 0, saving: false, ready: false });
+  // And what bench/dashboard.py times (performance.now() milliseconds, from the navigation): startedMs
+  // when this script ran, drawnMs once every panel of the saved layout has drawn, and each coalesced
+  // live redraw's duration (redrawMs, the newest REDRAW_TIMES_KEPT; lastRedrawMs).
+  const state = (window.tandemExplorer = window.tandemMetricExplorer = {
+    names: [], panels: [], saves: 0, savesAsked: 0, saving: false, ready: false,
+    startedMs: performance.now(), drawnMs: null, redrawMs: [], lastRedrawMs: null, redraws: 0, liveSteps: 0,
+  });
+  const REDRAW_TIMES_KEPT = 10000;
+  const MAX_SERIES_PER_QUERY = 50; // the series endpoint's limit (telemetry MAX_CHART_SERIES)
+  const BUCKETED_AXES = new Set(["step", "rl_step"]);
+  const runNames = runs.map(() => new Set()); // each run's series names, as its names endpoint and socket say
   let smoothing = 0;
 
   function getJSON(url) {
@@ -112,7 +127,7 @@
     axis.className = "explorer-x-axis";
     axis.setAttribute("aria-label", `${panel.pattern}: x-axis`);
     for (const [value, label] of Object.entries(X_AXES)) axis.add(new Option(label, value, false, value === panel.xAxis));
-    axis.addEventListener("change", () => { panel.xAxis = axis.value; draw(panel); saveLayout(); });
+    axis.addEventListener("change", () => { panel.xAxis = axis.value; refresh(panel); saveLayout(); });
 
     const logLabel = document.createElement("label");
     const log = document.createElement("input");
@@ -179,16 +194,74 @@
     return `${runs[0].export_url}?${query}`;
   }
 
-  // Each run's table, as the export endpoint answers it (every x-axis, each series by step).
+  // "buckets" on the step axes, "export" on the summed ones (see the top of this file).
+  function sourceFor(panel) {
+    return BUCKETED_AXES.has(panel.xAxis) && runs.every((run) => run.series_url) ? "buckets" : "export";
+  }
+
+  // Buckets asked of the series endpoint: it answers between this and twice as many, so about one per
+  // pixel of the panel's width. Fewer would show the eye less than the canvas can; more costs drawing.
+  function bucketsWanted(panel) {
+    const width = panel.element.querySelector(".chart").clientWidth || 600;
+    return Math.max(100, Math.ceil(width / 2));
+  }
+
+  // One run's series of the panel, bucketed: {first_step, last_step, count, mean} columns per series,
+  // and the answer's resolution (steps per bucket; 1: raw points), which live points are binned by.
+  async function loadBuckets(panel, run, runIndex) {
+    const matcher = globMatcher(panel.pattern);
+    const names = [...runNames[runIndex]].filter((name) => matcher.test(name)).sort();
+    const table = { run: run.id, name: run.name, sft_steps: run.sft_steps, names, resolution: 1, buckets: {} };
+    const points = bucketsWanted(panel);
+    for (let start = 0; start < names.length; start += MAX_SERIES_PER_QUERY) {
+      const query = new URLSearchParams({ names: names.slice(start, start + MAX_SERIES_PER_QUERY).join(","), points });
+      const body = await getJSON(`${run.series_url}?${query}`);
+      table.resolution = Math.max(table.resolution, body.resolution);
+      for (const [name, series] of Object.entries(body.series)) {
+        table.buckets[name] = { first: series.first_step, last: series.last_step, count: series.count, mean: series.mean };
+      }
+    }
+    return table;
+  }
+
+  // Each run's table: bucketed, or as the export endpoint answers it (every x-axis, each series by step).
   async function load(panel) {
-    const query = new URLSearchParams({ names: panel.pattern, format: "json" });
-    panel.tables = await Promise.all(runs.map((run) => getJSON(`${run.export_url}?${query}`)));
+    const source = sourceFor(panel);
+    if (source === "buckets") {
+      panel.tables = await Promise.all(runs.map((run, runIndex) => loadBuckets(panel, run, runIndex)));
+    } else {
+      const query = new URLSearchParams({ names: panel.pattern, format: "json" });
+      panel.tables = await Promise.all(runs.map((run) => getJSON(`${run.export_url}?${query}`)));
+    }
+    panel.source = source;
     panel.loaded = true;
+  }
+
+  // A panel whose axis moved between the step axes and the summed ones reads its series again.
+  async function refresh(panel) {
+    if (panel.source !== sourceFor(panel)) {
+      panel.loaded = false;
+      await load(panel);
+    }
+    draw(panel);
   }
 
   // A table's x column for an axis (the export calls the trainer step's column `steps`).
   function xColumn(table, axis) {
     return axis === "step" ? table.steps : table[axis];
+  }
+
+  // A table's series as {name, x, y}: a bucket sits at the middle of the steps its points are at.
+  function tableSeries(panel, table) {
+    if (panel.source !== "buckets") {
+      const x = xColumn(table, panel.xAxis);
+      return table.names.map((name) => ({ name, x, y: table.series[name] }));
+    }
+    const offset = panel.xAxis === "rl_step" ? table.sft_steps : 0;
+    return table.names.filter((name) => table.buckets[name]).map((name) => {
+      const { first, last, mean } = table.buckets[name];
+      return { name, x: first.map((step, i) => (step + last[i]) / 2 - offset), y: mean };
+    });
   }
 
   // uPlot data: one x column merged over the runs, a y column per run and series (null where absent).
@@ -197,11 +270,10 @@
     const xs = new Set();
     const columns = [];
     panel.tables.forEach((table, runIndex) => {
-      const x = xColumn(table, panel.xAxis);
-      for (const name of table.names) {
+      for (const { name, x, y } of tableSeries(panel, table)) {
         // One value per x: several SFT steps share a samples-trained value (none trained), the last wins.
         const byX = new Map();
-        table.series[name].forEach((value, i) => {
+        y.forEach((value, i) => {
           if (value === null || (panel.logScale && value <= 0)) return;
           byX.set(x[i], value);
         });
@@ -268,6 +340,23 @@
     };
   }
 
+  // A live redraw: new data into the same plot when its series are the same, else a new plot. The x
+  // range follows the newest step unless the user zoomed in (then it stays where they put it).
+  function redrawLive(panel) {
+    if (!panel.loaded) return;
+    const { data, columns } = chartData(panel);
+    const key = columns.map((column) => column.label).join("|");
+    if (!panel.plot || key !== panel.plotKey) {
+      draw(panel);
+      return;
+    }
+    const u = panel.plot;
+    const oldXs = u.data[0];
+    const zoomed = oldXs.length > 0 && (u.scales.x.min > oldXs[0] || u.scales.x.max < oldXs[oldXs.length - 1]);
+    panel.points = data.slice(1).map((column) => column.filter((value) => value !== null).length);
+    u.batch(() => u.setData(data, !zoomed));
+  }
+
   function draw(panel) {
     if (!panel.loaded) return;
     const container = panel.element.querySelector(".chart");
@@ -281,6 +370,7 @@
     empty.hidden = columns.length > 0;
     empty.textContent = `No series of ${runs.length > 1 ? "these runs" : "this run"} matches ${panel.pattern}.`;
     if (columns.length === 0) return;
+    panel.plotKey = columns.map((column) => column.label).join("|");
     panel.plot = new uPlot(
       {
         width: Math.max(container.clientWidth, 300),
@@ -357,6 +447,7 @@
 
   function removePanel(panel) {
     if (panel.plot) panel.plot.destroy();
+    panel.loaded = false; // a live redraw already asked for draws nothing
     panel.element.remove();
     state.panels.splice(state.panels.indexOf(panel), 1);
     saveLayout();
@@ -402,8 +493,83 @@
     smoothing = layout.smoothing;
     el.smoothing.value = String(smoothing);
     el.smoothingValue.textContent = smoothing.toFixed(2);
+    nameLists.forEach((body, runIndex) => body.names.forEach((name) => runNames[runIndex].add(name)));
     await Promise.all(layout.panels.map(addPanel));
+    // A new plot draws in a microtask, a redraw in the frame after: every panel has drawn by this frame's end.
+    await new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve)));
+    state.drawnMs = performance.now();
     state.ready = true;
+  }
+
+  // ---- live: the run page's WebSocket ---------------------------------------------------------
+
+  const panelsToRedraw = new Set();
+  let redrawFrame = null;
+
+  // One point of a series joins its newest bucket while it is at that bucket's steps (the resolution
+  // the panel was read at), else starts the next one: live steps keep the density the panel was read at.
+  function appendPoint(buckets, resolution, step, value) {
+    const newest = buckets.first.length - 1;
+    if (newest >= 0 && step <= buckets.last[newest]) return false; // read already, or older than the chart
+    if (newest >= 0 && Math.floor(step / resolution) === Math.floor(buckets.first[newest] / resolution)) {
+      const count = buckets.count[newest];
+      buckets.mean[newest] = (buckets.mean[newest] * count + value) / (count + 1);
+      buckets.count[newest] = count + 1;
+      buckets.last[newest] = step;
+    } else {
+      buckets.first.push(step);
+      buckets.last.push(step);
+      buckets.count.push(1);
+      buckets.mean.push(value);
+    }
+    return true;
+  }
+
+  function ingestLive(step, values) {
+    state.liveSteps += 1;
+    for (const name of Object.keys(values)) {
+      if (runNames[0].has(name)) continue;
+      runNames[0].add(name);
+      state.names.push(name);
+      el.names.append(new Option(name));
+    }
+    for (const panel of state.panels) {
+      if (!panel.loaded || panel.source !== "buckets") continue;
+      const table = panel.tables[0];
+      const matcher = panel.matcher || (panel.matcher = globMatcher(panel.pattern));
+      for (const [name, value] of Object.entries(values)) {
+        if (value === null || !Number.isFinite(value) || !matcher.test(name)) continue;
+        if (!table.buckets[name]) {
+          table.names.push(name);
+          table.buckets[name] = { first: [], last: [], count: [], mean: [] };
+        }
+        if (appendPoint(table.buckets[name], table.resolution, step, value)) panelsToRedraw.add(panel);
+      }
+    }
+    if (panelsToRedraw.size > 0 && redrawFrame === null) redrawFrame = requestAnimationFrame(redrawChanged);
+  }
+
+  function redrawChanged() {
+    redrawFrame = null;
+    const started = performance.now();
+    for (const panel of panelsToRedraw) redrawLive(panel);
+    panelsToRedraw.clear();
+    state.lastRedrawMs = performance.now() - started;
+    state.redrawMs.push(state.lastRedrawMs);
+    if (state.redrawMs.length > REDRAW_TIMES_KEPT) state.redrawMs.shift();
+    state.redraws += 1;
+  }
+
+  // Only a single run's page is live (comparison has no socket). A reconnect may have dropped
+  // messages: the bucketed panels read their series again, as the run page backfills its charts.
+  if (runs.length === 1) {
+    window.addEventListener("tandem:run-metrics", (event) => {
+      if (state.ready) ingestLive(event.detail.step, event.detail.values);
+    });
+    window.addEventListener("tandem:run-reconnected", () => {
+      if (!state.ready) return;
+      for (const panel of state.panels) if (panel.source === "buckets") load(panel).then(() => draw(panel));
+    });
   }
 
   start();

@@ -124,7 +124,7 @@
 
   // What browser tests, the dashboard bench and curious people in the console can read.
   const page = (window.tandemRunPage = {
-    pointCount: 0, // metric points received, over REST and WebSocket, each counted once
+    pointCount: 0, // points of charted series received, over REST and WebSocket, each counted once
     lastStep: -1, // highest step received
     policyVersion: -1, // newest policy version shown
     status: root.dataset.status,
@@ -204,7 +204,7 @@
     for (const name in values) {
       for (const chart of chartsFor(name)) page.chartPoints[chart.spec.id] += 1;
     }
-    page.pointCount += Object.keys(values).length;
+    page.pointCount += Object.keys(values).filter(stored).length; // what the backfill reads too
     undrawnSteps.push(step);
     if (step > page.lastStep) {
       page.lastStep = step;
@@ -806,9 +806,21 @@
     return backfilling;
   }
 
+  // The series the charts draw, of those the run logged. A run also logs series only the metric
+  // explorer shows (it reads them bucketed): paging through their raw points here would read
+  // millions of them on a long run, to keep none.
+  async function chartedNames() {
+    const response = await fetch(`${metricsUrl}names/`, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error(`series names of ${metricsUrl}: HTTP ${response.status}`);
+    return (await response.json()).names.filter(stored);
+  }
+
   async function drainMetrics() {
+    const names = await chartedNames();
+    if (names.length === 0) return; // nothing charted logged yet; the socket brings the first steps
     await metricPages(metricsUrl, {
       afterStep: restCursor,
+      names,
       onPage: (points, nextAfterStep) => {
         let step = null;
         let values = {};
@@ -842,7 +854,10 @@
       // Catch up on what happened while we were not subscribed.
       backfill().catch(console.error);
       refreshRun().catch(console.error);
-      if (openedBefore) backfillEvaluations().catch(console.error);
+      if (openedBefore) {
+        backfillEvaluations().catch(console.error);
+        window.dispatchEvent(new CustomEvent("tandem:run-reconnected")); // messages may have been dropped
+      }
       openedBefore = true;
     });
 
@@ -850,6 +865,8 @@
       const message = JSON.parse(event.data);
       if (message.type === "metrics") {
         ingestStep(message.step, message.values);
+        // The metric explorer's panels follow the run on this socket rather than a second one of their own.
+        window.dispatchEvent(new CustomEvent("tandem:run-metrics", { detail: { step: message.step, values: message.values } }));
         showRun({ status: message.status, policy_version: message.policy_version });
         refreshIdle();
       } else if (message.type === "status") {
