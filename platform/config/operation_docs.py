@@ -84,7 +84,19 @@ OPERATION_DOCS: dict[tuple[str, str], tuple[str, str | None]] = {
         "Start a run",
         "Queue a new run of an environment with a config; 201 with the run. Members and owners only.",
     ),
+    # The metric explorer's saved layouts
+    ("GET", "/api/metric-explorer/layout/"): (
+        "Get your metric explorer layout",
+        "Your saved panels and smoothing of one page: the run page (``?page=run``) or the comparison (``?page=compare``).",
+    ),
+    ("PUT", "/api/metric-explorer/layout/"): (
+        "Save your metric explorer layout",
+        "Replace your saved panels and smoothing of one page (``page``: run or compare).",
+    ),
     ("GET", "/api/runs/{run_id}/"): ("Get a run", "One run: status, progress, config and attempts."),
+    ("PATCH", "/api/runs/{run_id}/"): (
+        "Edit a run's tags and notes", "Set the run's tags and notes; writers of its project only.",
+    ),
     ("POST", "/api/runs/{run_id}/cancel/"): ("Cancel a run", "End the run for good; its trainer learns so at its next heartbeat."),
     ("POST", "/api/runs/{run_id}/pause/"): (
         "Pause a run", "Its trainer checkpoints and lets go of it; resume it later.",
@@ -104,6 +116,7 @@ OPERATION_DOCS: dict[tuple[str, str], tuple[str, str | None]] = {
     ("GET", "/api/runs/{run_id}/trajectories/{trajectory_id}/"): (
         "Get a trajectory", "One sampled trajectory: its turns, tokens, trained mask and reward.",
     ),
+    ("GET", "/api/runs/{run_id}/trajectory-groups/{group_id}/"): ("Get a sampled GRPO group", None),
     ("GET", "/api/runs/{run_id}/devices/"): ("Read a run's devices", None),
     ("GET", "/api/runs/{run_id}/timeline/"): ("Read a run's step timeline", None),
     ("GET", "/api/runs/{run_id}/traces/"): ("List a run's traces", "The run's profiler traces, newest first."),

@@ -207,6 +207,7 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp
             "step": st.sampled_from([1, 2]),
             "rule_id": st.just(rule.pk),
             "notification_id": st.just(firing.notifications.get(user=user).pk),
+            "group_id": st.just(sample.group_id),
         },
     }
 

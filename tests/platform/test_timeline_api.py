@@ -153,8 +153,9 @@ def test_a_window_takes_a_fixed_number_of_queries(api, running_run, django_asser
     metric_events_record(run=running_run, events=events)
     api.get("/api/projects/")  # records the token's last use first
 
-    # The token with its user, the run (its project and environment joined), the episode counts, the steps.
-    with django_assert_num_queries(4):
+    # The token with its user, the run (its project and environment joined), the episode counts, the steps,
+    # and the idle summary's three: the newest steps, their wall and wait totals, their idle series.
+    with django_assert_num_queries(7):
         response = api.get(f"/api/runs/{running_run.pk}/timeline/?last=30")
     assert sum(len(step["episodes"]) for step in response.json()["steps"]) == 120
 
