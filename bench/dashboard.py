@@ -12,8 +12,18 @@ machine's. Then it times the run page's chart code drawing 100,000 points
 (``tandemRunPage.timeRender``: two series, each raw and smoothed, setData plus
 drawing, the median of several fresh data sets).
 
-Prints one JSON line with ``metric_to_browser_p50_ms``, ``metric_to_browser_p95_ms``
-and ``render_100k_points_ms``. The trainer's own telemetry buffer
+Then the metric explorer: 50 series of 100,000 points each are stored on the run
+(inserted in bulk, then bucketed by the platform's own ``metric_buckets_rebuild``),
+the user's layout is saved through the API as 50 panels (one per series, trainer-step
+axis), and the run page is loaded again: ``explorer_50x100k_draw_ms`` is the time from
+the navigation to every panel drawn (``tandemMetricExplorer.drawnMs``, the median of
+``--explorer-repeats`` loads). Then step events carrying all 50 series are posted live
+and ``explorer_live_redraw_p95_ms`` is the p95 of the explorer's coalesced redraws
+(``tandemMetricExplorer.redrawMs``: every changed panel's setData and drawing, in one
+animation frame).
+
+Prints one JSON line with ``metric_to_browser_p50_ms``, ``metric_to_browser_p95_ms``,
+``render_100k_points_ms``, ``explorer_50x100k_draw_ms`` and ``explorer_live_redraw_p95_ms``. The trainer's own telemetry buffer
 (``telemetry_interval_s``) comes on top of the first figure when steps are
 faster than that interval.
 
@@ -25,7 +35,9 @@ unless ``--database-url`` is given).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -68,6 +80,46 @@ def claim_when_ready(trainer: PlatformClient, run_id: int, *, stack: LocalStack,
     raise TimeoutError(f"run {run_id} was not claimable within {timeout_s}s (environment probe?)")
 
 
+EXPLORER_SERIES = "algorithm/bench_{:02d}"  # a name no run page chart draws: only the explorer shows it
+
+
+def explorer_value(series: int, step: int) -> float:
+    """A wavy, noisy curve per series, so that a bucket's mean moves."""
+    return math.sin(step / 2000 + series) + ((step * 2654435761 + series) % 1000) * 1e-4
+
+
+def store_explorer_series(stack: LocalStack, run_id: int, *, series: int, points: int) -> float:
+    """Store ``series`` series of ``points`` steps (1 to ``points``) on the run; returns the seconds taken.
+
+    The points go in with one bulk INSERT per series (the trainer's route would take minutes for five
+    million); the chart buckets are then built by the platform's own ``metric_buckets_rebuild``.
+    """
+    os.environ.update(stack.env())
+    os.environ["DJANGO_DEBUG"] = "0"  # no query log growing over a five-million-row load
+    import django
+
+    django.setup()
+    from django.db import connection, transaction
+
+    from runs.models import Run
+    from telemetry.models import MetricPoint
+    from telemetry.services import metric_buckets_rebuild
+
+    started = time.perf_counter()
+    table = MetricPoint._meta.db_table
+    recorded_at = "2026-01-01 00:00:00+00:00"
+    with transaction.atomic(), connection.cursor() as cursor:
+        for index in range(series):
+            name = EXPLORER_SERIES.format(index)
+            cursor.executemany(
+                f"INSERT INTO {table} (run_id, name, step, value, recorded_at) VALUES (%s, %s, %s, %s, %s)",
+                [(run_id, name, step, explorer_value(index, step), recorded_at) for step in range(1, points + 1)],
+            )
+    metric_buckets_rebuild(run=Run.objects.get(pk=run_id))
+    connection.close()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=150, help="step events measured")
@@ -75,6 +127,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="events posted first and not measured")
     parser.add_argument("--render-points", type=int, default=100_000)
     parser.add_argument("--render-repeats", type=int, default=7)
+    parser.add_argument("--explorer-series", type=int, default=50, help="explorer panels, one series each")
+    parser.add_argument("--explorer-points", type=int, default=100_000, help="points per explorer series")
+    parser.add_argument("--explorer-repeats", type=int, default=3, help="page loads timed")
+    parser.add_argument("--explorer-live-steps", type=int, default=100, help="live steps posted to the explorer")
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temporary directory")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
@@ -99,11 +155,11 @@ def main() -> None:
         api = httpx.Client(base_url=base, headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
         created = api.post("/api/runs/", json={
             "project": credentials.project_id, "name": "dashboard bench", "environment": "calculator",
-            "config": {"rl_steps": 100_000},
+            "config": {"rl_steps": 1_000_000},
         })
         created.raise_for_status()
         run_id = created.json()["id"]
-        trainer = PlatformClient(base, credentials.trainer_token)
+        trainer = PlatformClient(base, credentials.trainer_token, trainer_name="bench-dashboard:1")
         claim_when_ready(trainer, run_id, stack=stack, timeout_s=180)
 
         with sync_playwright() as playwright:
@@ -136,6 +192,43 @@ def main() -> None:
                 "([points, repeats]) => window.tandemRunPage.timeRender(points, repeats)",
                 [args.render_points, args.render_repeats],
             )
+
+            # The metric explorer: 50 panels of 100,000-point series, loaded, then live.
+            # In a thread of its own: Django refuses the ORM where Playwright's event loop runs.
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                store_s = pool.submit(store_explorer_series, stack, run_id, series=args.explorer_series,
+                                      points=args.explorer_points).result()
+            layout = api.put("/api/metric-explorer/layout/", json={"page": "run", "smoothing": 0, "panels": [
+                {"pattern": EXPLORER_SERIES.format(index), "x_axis": "step"} for index in range(args.explorer_series)
+            ]})
+            layout.raise_for_status()
+            explorer_loads = []
+            for _ in range(args.explorer_repeats):
+                page.goto(f"{base}/runs/{run_id}/")
+                page.wait_for_function("() => window.tandemMetricExplorer && window.tandemMetricExplorer.drawnMs !== null",
+                                       timeout=120_000)
+                explorer_loads.append(page.evaluate("""(() => { const e = window.tandemMetricExplorer;
+                    return {drawn_ms: e.drawnMs, started_ms: e.startedMs, panels: e.panels.filter((p) => p.plot).length,
+                            points_per_panel: Math.max(...e.panels.map((p) => p.points[0]))}; })()"""))
+            page.wait_for_function("() => document.querySelector('#run-connection').textContent === 'live'")
+            page.evaluate("() => { window.tandemMetricExplorer.redrawMs = []; }")
+            live_started = time.monotonic()
+            first_live_step = args.explorer_points + 1
+            for offset in range(args.explorer_live_steps):
+                step = first_live_step + offset
+                event = full_rl_step_event(run_id, step)
+                event = event.model_copy(update={"emitted_at": time.time(), "algorithm_metrics": {
+                    **event.algorithm_metrics,
+                    **{f"bench_{index:02d}": explorer_value(index, step) for index in range(args.explorer_series)},
+                }})
+                trainer.post_events(run_id, [event])
+                time.sleep(max(0.0, live_started + (offset + 1) * interval - time.monotonic()))
+            # Every step reached the explorer; the frames after it hold the last redraws.
+            page.wait_for_function(f"() => window.tandemMetricExplorer.liveSteps >= {args.explorer_live_steps}",
+                                   timeout=30_000)
+            page.wait_for_timeout(500)
+            explorer_redraws = page.evaluate("window.tandemMetricExplorer.redrawMs")
+            explorer_live_steps = page.evaluate("window.tandemMetricExplorer.liveSteps")
             chromium_version = browser.version
             browser.close()
         trainer.close()
@@ -150,6 +243,10 @@ def main() -> None:
         "metric_to_browser_under_500ms_p95": percentile(latencies, 95) < 500,
         "render_100k_points_ms": round(statistics.median(render["ms"]), 1),
         "render_under_1s": statistics.median(render["ms"]) < 1000,
+        "explorer_50x100k_draw_ms": round(statistics.median(load["drawn_ms"] for load in explorer_loads), 1),
+        "explorer_live_redraw_p95_ms": round(percentile(explorer_redraws, 95), 1),
+        "explorer_draw_under_2s": statistics.median(load["drawn_ms"] for load in explorer_loads) <= 2000,
+        "explorer_redraw_under_50ms_p95": percentile(explorer_redraws, 95) <= 50,
         "details": {
             "events_measured": len(latencies),
             "events_missing": missing,
@@ -160,6 +257,14 @@ def main() -> None:
             "render_series": render["series"],
             "render_ms": [round(ms, 1) for ms in render["ms"]],
             "render_create_ms": round(render["create_ms"], 1),
+            "explorer_panels": args.explorer_series,
+            "explorer_points_per_series": args.explorer_points,
+            "explorer_store_s": round(store_s, 1),
+            "explorer_loads": [{key: round(value, 1) for key, value in load.items()} for load in explorer_loads],
+            "explorer_redraws": len(explorer_redraws),
+            "explorer_redraw_p50_ms": round(statistics.median(explorer_redraws), 1),
+            "explorer_redraw_max_ms": round(max(explorer_redraws), 1),
+            "explorer_live_steps_received": explorer_live_steps,
             "page_errors": errors,
             "chromium": chromium_version,
             "cpus": os.cpu_count(),
