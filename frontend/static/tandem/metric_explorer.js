@@ -304,8 +304,9 @@
 
   // Tick labels short enough for the axis: uPlot's own ("10,737,418,240") are cut to "0,000".
   const compact = new Intl.NumberFormat("en", { notation: "compact", maximumFractionDigits: 1 });
-  const tickValues = (u, ticks) => ticks.map((tick) => (Math.abs(tick) >= 1000 ? compact.format(tick)
-    : String(Number(tick.toPrecision(6)))));
+  // uPlot passes null for the ticks it leaves unlabelled (a log axis's minor ones).
+  const tickValues = (u, ticks) => ticks.map((tick) => (tick === null ? null
+    : Math.abs(tick) >= 1000 ? compact.format(tick) : String(Number(tick.toPrecision(6)))));
 
   function yRangeOf(panel) {
     return (u, min, max) => {
