@@ -625,9 +625,14 @@
   // The sentence of what the trainer waited on, asked again at most every IDLE_REFRESH_MS while steps come.
   const IDLE_REFRESH_MS = 5000;
   let idleRefreshDue = null;
+  let idleRefreshAgain = false; // a step came while a read was due or under way: read once more after it
   function refreshIdle() {
     const idle = document.getElementById("run-idle");
-    if (!idle || idleRefreshDue !== null) return;
+    if (!idle) return;
+    if (idleRefreshDue !== null) {
+      idleRefreshAgain = true;
+      return;
+    }
     idleRefreshDue = setTimeout(async () => {
       try {
         const response = await fetch(idle.dataset.idleUrl, { credentials: "same-origin" });
@@ -640,6 +645,10 @@
         console.warn("the idle summary could not be read", error);
       } finally {
         idleRefreshDue = null;
+        if (idleRefreshAgain) {
+          idleRefreshAgain = false;
+          refreshIdle();
+        }
       }
     }, page.idleRefreshes === 0 ? 0 : IDLE_REFRESH_MS);
   }
