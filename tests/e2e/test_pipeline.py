@@ -175,7 +175,10 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     rl_steps = range(SMALL_RUN["sft_steps"] + 1, SMALL_RUN["sft_steps"] + SMALL_RUN["rl_steps"] + 1)
     assert {sample["step"] for sample in samples["results"]} == set(rl_steps), samples
     assert all(sample["environment"] == "calculator" for sample in samples["results"])
-    best = next(sample for sample in samples["results"] if sample["selected_because"] == "best")
+    # The best episode of a step, sent as "best", or as a member of a whole sampled group ("group").
+    assert {sample["selected_because"] for sample in samples["results"]} & {"best", "group"}
+    best = max((sample for sample in samples["results"] if sample["status"] != "failed"),
+               key=lambda sample: sample["reward"])
     detail = client.get(best["url"]).json()
     assert detail["turns"][0]["role"] == "prompt" and detail["turns"][1]["role"] == "policy"
     trained = sum(span["tokens"] for turn in detail["turns"] for span in turn["spans"] if span["trained"])

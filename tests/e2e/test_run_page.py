@@ -114,6 +114,7 @@ def test_a_trace_captured_from_the_run_page_is_listed_and_downloads_as_a_zip_wit
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "run_page_trace.png"), full_page=True)
 
+        page.once("dialog", lambda dialog: dialog.accept())  # "Cancel run ...?": destructive, so it asks
         page.click("#cancel-form button")
         page.wait_for_function("() => document.querySelector('#run-status').textContent === 'cancelled'")
         assert page.is_hidden("#trace-form")  # a cancelled run has no next steps to trace
