@@ -212,16 +212,45 @@
     const matcher = globMatcher(panel.pattern);
     const names = [...runNames[runIndex]].filter((name) => matcher.test(name)).sort();
     const table = { run: run.id, name: run.name, sft_steps: run.sft_steps, names, resolution: 1, buckets: {} };
-    const points = bucketsWanted(panel);
-    for (let start = 0; start < names.length; start += MAX_SERIES_PER_QUERY) {
-      const query = new URLSearchParams({ names: names.slice(start, start + MAX_SERIES_PER_QUERY).join(","), points });
-      const body = await getJSON(`${run.series_url}?${query}`);
-      table.resolution = Math.max(table.resolution, body.resolution);
-      for (const [name, series] of Object.entries(body.series)) {
+    const body = await bucketedSeries(run, names, bucketsWanted(panel));
+    table.resolution = body.resolution;
+    for (const name of names) {
+      const series = body.series[name];
+      if (series) {
         table.buckets[name] = { first: series.first_step, last: series.last_step, count: series.count, mean: series.mean };
       }
     }
     return table;
+  }
+
+  // The panels that load in the same turn of the event loop (a page's saved layout) ask for their
+  // series together: one request of up to MAX_SERIES_PER_QUERY series, not one per panel, which
+  // the platform would answer one after the other.
+  const bucketBatches = new Map(); // series URL and bucket count -> {names, answer}
+  function bucketedSeries(run, names, points) {
+    const key = `${run.series_url}|${points}`;
+    let batch = bucketBatches.get(key);
+    if (!batch) {
+      batch = { names: new Set() };
+      bucketBatches.set(key, batch);
+      batch.answer = new Promise((resolve) => setTimeout(resolve, 0)).then(async () => {
+        bucketBatches.delete(key);
+        const wanted = [...batch.names].sort();
+        const bodies = [];
+        for (let start = 0; start < wanted.length; start += MAX_SERIES_PER_QUERY) {
+          const query = new URLSearchParams({ names: wanted.slice(start, start + MAX_SERIES_PER_QUERY).join(","), points });
+          bodies.push(getJSON(`${run.series_url}?${query}`));
+        }
+        const answer = { resolution: 1, series: {} };
+        for (const body of await Promise.all(bodies)) {
+          answer.resolution = Math.max(answer.resolution, body.resolution);
+          Object.assign(answer.series, body.series);
+        }
+        return answer;
+      });
+    }
+    names.forEach((name) => batch.names.add(name));
+    return batch.answer;
   }
 
   // Each run's table: bucketed, or as the export endpoint answers it (every x-axis, each series by step).
