@@ -204,7 +204,10 @@ class MetricCompareExportView(CSVOrJSONDownload, APIView):
     reads_query_parameters = True
 
     @extend_schema(summary="Download several runs' series as CSV or JSON",
-                   parameters=[MetricCompareExportQuerySerializer], responses=_EXPORT_RESPONSES)
+                   parameters=[MetricCompareExportQuerySerializer], responses={
+                       **_EXPORT_RESPONSES,
+                       404: OpenApiResponse(ErrorSerializer, description="A run of ``runs`` that is not yours."),
+                   })
     def get(self, request):
         query = MetricCompareExportQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
