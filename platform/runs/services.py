@@ -114,7 +114,7 @@ def environment_version_demonstrates(version: EnvironmentVersion) -> bool | None
     return None
 
 
-def _sft_data_pin(*, project: Project, version: EnvironmentVersion, config: dict[str, Any]) -> dict[str, Any]:
+def _config_references_pin(*, project: Project, version: EnvironmentVersion, config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with its ``sft.datasets`` and ``evaluation.datasets`` pinned to version numbers; refused
     if SFT would have no data, or a dataset no row of the split it is used for.
 
@@ -181,7 +181,7 @@ def run_create(
     project_require_writer(user=user, project=project)
     # `name` pins the latest version, `name@3` version 3; a failed probe is a Conflict.
     version = environment_version_pin(project=project, reference=environment_name)
-    normalised = _sft_data_pin(project=project, version=version, config=run_config_normalise(config))
+    normalised = _config_references_pin(project=project, version=version, config=run_config_normalise(config))
     _refuse_unchecked_start_from(normalised, allowed=None)
     cap = settings.TANDEM_RUN_QUOTAS.max_active_runs_per_project
     # Locks the project's row: two creations racing for the last place cannot both win.
@@ -347,7 +347,7 @@ def run_clone(*, user: AbstractBaseUser, run: Run, config_changes: dict[str, Any
     """
     project_require_writer(user=user, project=run.project)
     config = merge_changes(run.config, upgrade_run_config(config_changes or {}))
-    normalised = _sft_data_pin(project=run.project, version=run.environment_version,
+    normalised = _config_references_pin(project=run.project, version=run.environment_version,
                                config=run_config_normalise(config))
     if normalised.get("start_from") != run.config.get("start_from"):
         _refuse_unchecked_start_from(normalised, allowed=checked_start_from)
