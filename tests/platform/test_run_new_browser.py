@@ -16,6 +16,7 @@ import pytest
 from environment_registry.builtin import CALCULATOR
 from environment_registry.services import environment_register
 from tandem.run_config import RunConfig
+from tests.polling import poll_until
 from tests.workers.test_probe_worker import processes  # noqa: F401 - the real worker processes
 
 from .test_dashboard_browser import SCREENSHOTS, chromium_page  # noqa: F401 - the browser fixture
@@ -218,11 +219,13 @@ def test_an_environment_registered_in_the_ui_shows_its_probe_report_and_health_i
     # been asked for since, with no checks yet, and the older ones are folded. Reload until the
     # newest has its checks.
     newest = "#version-1 details.probe[open] .probe-checks"
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
-    while not any(checks := page.locator(f"{newest} tbody tr td:first-child").all_inner_texts()):
-        assert time.monotonic() < deadline, page.inner_text("#version-1")
-        time.sleep(1)
-        page.reload()
+
+    def newest_checks() -> list[str]:
+        texts = page.locator(f"{newest} tbody tr td:first-child").all_inner_texts()
+        return texts if any(texts) else []
+
+    checks = poll_until(newest_checks, timeout_s=PROBE_TIMEOUT_S, interval_s=1, between=page.reload,
+                        what=lambda: f"the newest probe's checks: {page.inner_text('#version-1')}")
     assert {"load", "reset", "tools", "step"} <= set(checks)
     assert page.locator(f"{newest} .badge-passed").count() == len(checks)
     page.screenshot(path=str(SCREENSHOTS / "environment_probed.png"), full_page=True)
