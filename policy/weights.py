@@ -40,6 +40,7 @@ Callers depend on the two sides' protocols, :class:`WeightPublisher` and
 from __future__ import annotations
 
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -69,6 +70,9 @@ BASE_VERSION_FIELD = "base_version"
 ADAPTERS_FIELD = "adapters"
 LORA_SCALE_FIELD = "lora_scale"
 PATH_FIELD = "path"
+# The host name of the trainer that wrote the filesystem transport's directory, for the error a
+# producer on another host gives when it cannot see the directory.
+WRITTEN_ON_FIELD = "written_on"
 _TREES = (FULL_FIELD, BASE_FIELD, ADAPTERS_FIELD)
 
 #: The largest Redis value a publisher writes: far under Redis's 512 MB per value and
@@ -237,7 +241,7 @@ class RedisWeightPublisher:
                 pipe.multi()
                 self._write(pipe, key, {VERSION_FIELD: version, **fields})
                 pipe.hdel(key, *stale, _chunks_field(BASE_FIELD), _chunks_field(ADAPTERS_FIELD),
-                          BASE_VERSION_FIELD, LORA_SCALE_FIELD, PATH_FIELD)
+                          BASE_VERSION_FIELD, LORA_SCALE_FIELD, PATH_FIELD, WRITTEN_ON_FIELD)
 
             self._redis.transaction(write_full, key)
             return len(blob)
@@ -263,7 +267,7 @@ class RedisWeightPublisher:
             stale = _stale_fields(pipe.hkeys(key), set(fields), kept_trees)
             pipe.multi()
             self._write(pipe, key, fields)
-            pipe.hdel(key, *stale, _chunks_field(FULL_FIELD), PATH_FIELD)
+            pipe.hdel(key, *stale, _chunks_field(FULL_FIELD), PATH_FIELD, WRITTEN_ON_FIELD)
 
         # Retried if the hash changes between the check and the write.
         self._redis.transaction(write_lora, key)
@@ -291,6 +295,23 @@ class RedisWeightPublisher:
             gathered = multihost_utils.process_allgather(base, tiled=True)
             self._host_bases[run_id] = gathered if jax.process_index() == 0 else None
         return adapters, self._host_bases[run_id]
+
+
+class WeightsNotVisibleError(RuntimeError):
+    """The filesystem transport's directory is not on this host: producers cannot load the policy.
+
+    Not a passing state to wait out: the trainer writes its weights on a storage this host does not
+    mount, so every try would fail the same way.
+    """
+
+    def __init__(self, *, path: str, written_on: str, read_on: str):
+        self.path, self.written_on, self.read_on = path, written_on, read_on
+        super().__init__(
+            f"weights.transport is 'filesystem', but {path}, which the trainer on host {written_on!r} wrote, "
+            f"does not exist on producer host {read_on!r}: the hosts share no storage at that path. Mount the "
+            "same storage at that path on every producer host (weights.dir / TANDEM_WEIGHT_DIR), or use "
+            "weights.transport 'redis'"
+        )
 
 
 class RedisWeightSubscriber:
@@ -321,7 +342,12 @@ class RedisWeightSubscriber:
             if version is None:
                 return None
             if path is not None:
-                return int(version), load_params_from_directory(Path(path.decode()), like)
+                directory = Path(path.decode())
+                if not directory.is_dir():
+                    written_on = self._redis.hget(key, WRITTEN_ON_FIELD)
+                    raise WeightsNotVisibleError(path=str(directory), read_on=socket.gethostname(),
+                                                 written_on=written_on.decode() if written_on else "unknown")
+                return int(version), load_params_from_directory(directory, like)
             if full_chunks is not None:
                 blob = self._read_chunks(key, FULL_FIELD, full_chunks)
                 if blob is not None:
@@ -407,7 +433,8 @@ class FilesystemWeightPublisher:
         self._checkpointer.wait_until_finished()
         if jax.process_index() == 0:
             with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hset(weights_key(run_id), mapping={VERSION_FIELD: version, PATH_FIELD: str(directory)})
+                pipe.hset(weights_key(run_id), mapping={VERSION_FIELD: version, PATH_FIELD: str(directory),
+                                                        WRITTEN_ON_FIELD: socket.gethostname()})
                 stale = _stale_fields(self._redis.hkeys(weights_key(run_id)), set(), _TREES)
                 pipe.hdel(weights_key(run_id), *stale, *map(_chunks_field, _TREES), BASE_VERSION_FIELD,
                           LORA_SCALE_FIELD)

@@ -13,6 +13,9 @@ In between, the feed keeps its promises to the rest of the system:
   loss; a group a dead producer took with it expires as lost, its stragglers
   are refused, and a replacement is requested;
 - every decision is appended to the run's lineage stream;
+- a fault that keeps every producer from ever serving the run (the filesystem
+  weight transport's directory missing on their host) fails the run with the
+  producer's reason, instead of a wait for episodes that cannot come;
 - data that was trained on is acknowledged only once a checkpoint holding its
   update is committed (:meth:`~RolloutFeed.checkpoint_committed`). A crash
   before that leaves it pending, so the resumed trainer trains it again from
@@ -35,7 +38,13 @@ import numpy as np
 import redis
 from celery import Celery
 
-from tandem.contracts import LineageEntry, TrajectoryRecord, lineage_stream
+from tandem.contracts import (
+    LineageEntry,
+    ProducerFault,
+    TrajectoryRecord,
+    lineage_stream,
+    producer_fault_key,
+)
 from tandem.run_config import RunConfig
 from trainer.backlog import RolloutBacklog, group_index_of
 from trainer.idle_attribution import IdleAttribution
@@ -49,6 +58,14 @@ logger = logging.getLogger(__name__)
 
 # Entries kept in a run's lineage stream (about one per step).
 _LINEAGE_MAXLEN = 100_000
+
+
+class ProducerFaultError(RuntimeError):
+    """Producers reported that they can never serve the run as it is configured."""
+
+    def __init__(self, fault: ProducerFault):
+        super().__init__(f"producer {fault.producer}: {fault.reason}")
+        self.fault = fault
 
 
 @dataclass(frozen=True)
@@ -121,6 +138,9 @@ class RolloutFeed:
         self._idle = IdleAttribution()
         self._episodes_lost = 0
         self._last_trained: StepGroups | None = None
+        # The newest step and policy version the feed was told of, where decisions at the end are recorded.
+        self._last_step = 0
+        self._last_policy_version = 0
         self._producers = ProducerStats(redis_client, run_id)
         self._producers.step_fields()  # the baseline the first step's utilisation is measured from
         self._appended_before = self._entries_appended()
@@ -139,6 +159,7 @@ class RolloutFeed:
         """
         rollout = self._rollout
         wanted = rollout.groups_per_step
+        self._last_step, self._last_policy_version = after_step, policy_version
         # The previous step's update is published: policy_version is the newest policy.
         self._groups_in_update = 0
         self._top_up()
@@ -180,6 +201,7 @@ class RolloutFeed:
         once a checkpoint of ``step`` or later is committed.
         """
         records = taken.records
+        self._last_step, self._last_policy_version = step, policy_version
         self._reader.restart_position = taken.newest_entry_id
         self._episodes.consumed(records, trained=kept)
         self._staleness.trained(records, policy_version=taken.policy_version, consumed_at=taken.taken_at)
@@ -281,13 +303,23 @@ class RolloutFeed:
         if leftovers:
             self._reader.ack_consumed(leftovers)
             logger.info("run %s: %d surplus episode groups left untrained", self._run_id, len(leftovers))
+            # Recorded like every other consumed trajectory, so the stream reconciles by id.
+            self._log("dropped", step=self._last_step, policy_version=self._last_policy_version,
+                      trajectory_ids=[entry.record.trajectory_id for group in leftovers for entry in group],
+                      group_ids=[group[0].record.group_id for group in leftovers])
         self._reader.ack(self._assembler.take_duplicates())
         self._reader.trim(approximate=False)
 
     # -- the parts of a step -------------------------------------------------
 
     def _read(self, *, after_step: int, policy_version: int) -> None:
-        """One read of the stream into the groups, and what can never be trained put out of the way."""
+        """One read of the stream into the groups, and what can never be trained put out of the way.
+
+        Raises ProducerFaultError if a producer found that no episode of the run can ever be made.
+        """
+        fault = self._redis.get(producer_fault_key(self._run_id))
+        if fault is not None:
+            raise ProducerFaultError(ProducerFault.model_validate_json(fault))
         for entry in self._reader.read(block_ms=self._block_ms):
             self._assembler.add(entry)
         self._reader.ack(self._assembler.take_duplicates())

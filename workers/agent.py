@@ -39,6 +39,7 @@ from tandem.contracts import (
     TrajectoryRecord,
 )
 from tandem.run_config import RunConfig
+from workers.activity import WORKER_NAME
 from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy
 
@@ -277,6 +278,7 @@ async def run_episode(
         group_id=group_id,
         group_size=group_size,
         environment=environment_name,
+        producer=WORKER_NAME,
         policy_version=min(policy_versions) if policy_versions else 0,
         policy_versions=policy_versions,
         newest_policy_version=newest_version,

@@ -13,11 +13,14 @@ import redis
 import redis.asyncio as aioredis
 
 from environments import EVALUATION_SEED_BASE, load_environment_class
+from policy import WeightsNotVisibleError
 from tandem.contracts import (
     EnvironmentSecrets,
     EnvironmentSpec,
+    ProducerFault,
     RunSpec,
     environment_paused_key,
+    producer_fault_key,
     run_environment_secrets_key,
     run_evaluation_secrets_key,
     run_spec_key,
@@ -25,7 +28,7 @@ from tandem.contracts import (
     trajectory_stream,
 )
 from tandem.redis_clients import durable_async_redis, durable_redis
-from workers.activity import process_activity, report_activity
+from workers.activity import WORKER_NAME, process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
 from workers.episode_slots import RunStoppedWaiting, episode_slots_for
@@ -207,6 +210,12 @@ async def produce_groups(*, redis_url: str, spec: RunSpec, runtime: PolicyRuntim
     )
 
 
+def report_producer_fault(client: redis.Redis, run_id: int, fault: ProducerFault) -> None:
+    """Record why producers cannot serve ``run_id``; the first producer to find a fault names it."""
+    logger.error("run %s cannot be served by producer %s: %s", run_id, fault.producer, fault.reason)
+    client.set(producer_fault_key(run_id), fault.model_dump_json(), nx=True)
+
+
 def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: int) -> ProductionSummary:
     """Synchronous entry point of a rollout task."""
     client = durable_redis(redis_url)
@@ -234,6 +243,12 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
                 runtime.refresh_weights(force=True)
             except PolicyNotPublishedError as exc:
                 raise RunNotReadyError(str(exc)) from exc
+            except WeightsNotVisibleError as exc:
+                # Every try, here or on any host without that storage, fails alike: the trainer
+                # fails the run with this reason rather than wait for episodes that cannot come.
+                report_producer_fault(client, run_id, ProducerFault(
+                    kind="weights_not_visible", reason=str(exc), producer=WORKER_NAME))
+                raise
             runtime.warm_up()
             time_limit_s = min(runtime.config.rollout.timeout_s, ROLLOUT_TASK_TIME_LIMIT_S)
             try:

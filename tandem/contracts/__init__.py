@@ -111,6 +111,7 @@ from tandem.contracts.keys import (
     probe_request_key,
     process_report_field,
     process_reports_key,
+    producer_fault_key,
     producers_key,
     rollout_task_crashes_key,
     run_environment_secrets_key,
@@ -139,6 +140,8 @@ from tandem.contracts.processes import (
     CircuitBreakerReport,
     ProcessReport,
     ProcessRole,
+    ProducerFault,
+    ProducerFaultKind,
     ProducerReport,
 )
 from tandem.contracts.run_logs import (
@@ -262,6 +265,7 @@ __all__ = [
     "consumed_trajectories_key",
     "producers_key",
     "lineage_stream",
+    "producer_fault_key",
     "run_log_stream",
     "RUN_LOG_LEVELS",
     "RUN_LOG_MESSAGE_CHARS",
@@ -352,6 +356,8 @@ __all__ = [
     "DemonstrationMessage",
     "DemonstrationBatch",
     "CircuitBreakerReport",
+    "ProducerFault",
+    "ProducerFaultKind",
     "ProducerReport",
     "ProcessRole",
     "ProcessReport",

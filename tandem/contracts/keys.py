@@ -124,6 +124,15 @@ def demonstration_stream(run_id: int) -> str:
     return _run_key(run_id, "demonstrations")
 
 
+def producer_fault_key(run_id: int) -> str:
+    """Redis string: why producers cannot serve the run at all (the first fault a producer found).
+
+    A :class:`ProducerFault` JSON, written once (SET NX) by a producer that can never produce for
+    the run as it is configured; the trainer fails the run with its reason instead of waiting.
+    """
+    return _run_key(run_id, "producer_fault")
+
+
 def lineage_stream(run_id: int) -> str:
     """Redis stream of :class:`LineageEntry`: what became of the trajectories the trainer consumed."""
     return _run_key(run_id, "lineage")
@@ -194,6 +203,7 @@ def run_keys(run_id: int) -> tuple[str, ...]:
         run_stop_key(run_id),
         run_group_counter_key(run_id),
         lineage_stream(run_id),
+        producer_fault_key(run_id),
         producers_key(run_id),
         demonstration_stream(run_id),
         evaluation_stream(run_id),

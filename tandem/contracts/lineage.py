@@ -19,7 +19,7 @@ class LineageEntry(StreamRecord):
 
     kind: Literal["trained", "dropped", "lost"] = Field(
         description="trained: the update of `step` used them; dropped: consumed untrained (too stale, "
-        "or no reward variance under dynamic sampling); lost: groups given up on (their producer died)."
+        "no reward variance under dynamic sampling, or surplus when the run ended); lost: groups given up on (their producer died)."
     )
     step: int = Field(description="Trainer step: the update's own for `trained`, the last one before otherwise.")
     policy_version: int = Field(description="Policy version published by the trainer at that point.")

@@ -18,6 +18,23 @@ class CircuitBreakerReport(Record):
     last_failure_reason: str = ""
 
 
+ProducerFaultKind = Literal["weights_not_visible"]
+
+
+class ProducerFault(Record):
+    """Why producers can never serve a run as it is configured; at :func:`producer_fault_key`.
+
+    The trainer fails the run with ``reason`` instead of waiting for episodes that cannot come.
+    """
+
+    kind: ProducerFaultKind = Field(
+        description="weights_not_visible: the filesystem weight transport's directory, written on the "
+        "trainer's host, does not exist on the producer's host (no storage shared between them)."
+    )
+    reason: str = Field(description="For people: what is wrong, naming the path and the hosts, and what to do.")
+    producer: str = Field(description="`hostname:pid` of the producer process that found it.")
+
+
 class ProducerReport(Record):
     """What a producer process says of itself; written to :func:`producers_key` at each task's start and end."""
 

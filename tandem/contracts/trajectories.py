@@ -76,6 +76,10 @@ class TrajectoryRecord(Record):
     group_id: str = Field(description="Episodes of one group share a task; GRPO compares them.")
     group_size: int = Field(description="How many episodes the group has in total.")
     environment: str
+    producer: str = Field(
+        "", description="`hostname:pid` of the producer process that ran the episode; empty in records "
+        "from before this field.",
+    )
     policy_version: int = Field(
         description="Oldest policy version that generated any of its tokens; staleness is measured from it."
     )

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,7 @@ from policy.weights import (
     FilesystemWeightPublisher,
     RedisWeightPublisher,
     RedisWeightSubscriber,
+    WeightsNotVisibleError,
     WeightsTooLargeForRedisError,
     publication_bytes,
     weight_publisher,
@@ -134,3 +137,30 @@ def test_redis_asked_for_more_than_its_limit_is_refused_naming_the_other_transpo
     with pytest.raises(WeightsTooLargeForRedisError, match="weights.transport to 'filesystem'") as refused:
         weight_publisher(redis_client, transport="redis", parameter_bytes=3 * 2**30, redis_max_bytes=2**30)
     assert "3072 MiB" in str(refused.value)
+
+
+def test_a_producer_that_cannot_see_the_filesystem_transport_s_directory_is_told_the_path_and_both_hosts(
+        redis_client, run_id, tmp_path):
+    params = _params(64, 5)
+    FilesystemWeightPublisher(redis_client, tmp_path / "weights").publish(run_id=run_id, version=3, params=params)
+    subscriber = RedisWeightSubscriber(redis_client)
+    version, loaded = subscriber.fetch(run_id, params)  # this host sees the directory
+    assert version == 3
+    np.testing.assert_array_equal(np.asarray(loaded["kernel"][...]), np.asarray(params["kernel"][...]))
+
+    # A producer host without the trainer's storage: the written path is not there.
+    written = (tmp_path / "weights" / f"run-{run_id}" / "v3").resolve()
+    written.rename(tmp_path / "elsewhere")
+    with pytest.raises(WeightsNotVisibleError) as refused:
+        subscriber.fetch(run_id, params)
+    assert refused.value.path == str(written)
+    assert refused.value.written_on == refused.value.read_on == socket.gethostname()
+    assert str(written) in str(refused.value) and "weights.transport 'redis'" in str(refused.value)
+
+
+def test_the_redis_transport_leaves_no_filesystem_pointer_behind(redis_client, run_id, tmp_path):
+    params = _params(64, 6)
+    FilesystemWeightPublisher(redis_client, tmp_path).publish(run_id=run_id, version=0, params=params)
+    RedisWeightPublisher(redis_client).publish(run_id=run_id, version=1, params=params)
+    assert not {b"path", b"written_on"} & set(redis_client.hkeys(weights_key(run_id)))
+    assert RedisWeightSubscriber(redis_client).fetch(run_id, params)[0] == 1

@@ -7,20 +7,24 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tandem.contracts import (
     ROLLOUT_QUEUE,
     ROLLOUT_TASK_NAME,
     TRAINER_CONSUMER_GROUP,
     EpisodeTimings,
     LineageEntry,
+    ProducerFault,
     TrajectoryRecord,
     consumed_groups_key,
     lineage_stream,
+    producer_fault_key,
     trajectory_stream,
 )
 from tandem.rollout_config import RolloutConfig
 from tandem.run_config import RunConfig
-from trainer.rollout_feed import RolloutFeed
+from trainer.rollout_feed import ProducerFaultError, RolloutFeed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -310,3 +314,19 @@ def test_at_the_end_of_the_run_surplus_episodes_are_consumed_and_the_stream_trim
     assert _pending(redis_client, run_id) == set()
     assert redis_client.xlen(trajectory_stream(run_id)) == 0
     assert _consumed(redis_client, run_id, [_group(run_id, 2)]) == [True]
+    # Every appended trajectory has its decision in the lineage: the surplus one too.
+    surplus = _lineage(redis_client, run_id)[-1]
+    assert (surplus.kind, surplus.step, surplus.group_ids) == ("dropped", 1, [_group(run_id, 2)])
+    decided = {trajectory for entry in _lineage(redis_client, run_id) for trajectory in entry.trajectory_ids}
+    assert len(decided) == 5
+
+
+def test_a_fault_a_producer_reports_fails_the_wait_for_episodes_with_its_reason(redis_client, run_id):
+    feed, celery = _feed(redis_client, run_id)
+    fault = ProducerFault(kind="weights_not_visible", producer="host-b:41",
+                          reason="weights.transport is 'filesystem', but /var/weights/run-1/v0 ... 'host-b'")
+    redis_client.set(producer_fault_key(run_id), fault.model_dump_json())
+    with pytest.raises(ProducerFaultError, match="host-b:41: weights.transport is 'filesystem'") as failed:
+        feed.next_step(after_step=0, policy_version=0)
+    assert failed.value.fault == fault
+    assert celery.sent  # the fault was found while waiting for the episodes asked for
