@@ -95,6 +95,11 @@ class ReferencePolicy:
     # Its parameters; never updated.
     params: nnx.State
 
+    def logprobs(self, batch: TrainBatch, *, temperature: float) -> jax.Array:
+        """:func:`reference_logprobs` of ``batch`` (the leader of a multi-process trainer overrides it to
+        announce the call, which is a collective: trainer/lockstep.py)."""
+        return reference_logprobs(self.graphdef, self.params, batch, temperature=temperature)
+
 
 @dataclass(frozen=True)
 class PreparedEpisodes:
@@ -332,9 +337,7 @@ class Algorithm:
                     token_rewards[row, policy_slots[-1]] = reward
             extras[TOKEN_REWARDS] = jnp.asarray(token_rewards)
         if self.needs_reference:
-            extras[REFERENCE_LOGPROBS] = reference_logprobs(
-                reference.graphdef, reference.params, batch, temperature=self.temperature
-            )
+            extras[REFERENCE_LOGPROBS] = reference.logprobs(batch, temperature=self.temperature)
         return batch.replace(extras=extras)
 
 

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import jax
 from celery import Celery
 
 from policy import enable_compilation_cache
@@ -16,6 +17,8 @@ from tandem.contracts import RunStatus, TrainerHeartbeat
 from tandem.process_reports import start_process_reporter, stop_process_reporter
 from tandem.redis_clients import durable_redis
 from tandem.run_logs import process_run_log_scope, start_run_log_shipping, stop_run_log_shipping
+from trainer.follower import follow
+from trainer.lockstep import SINGLE_PROCESS, Leader, Lockstep
 from trainer.platform_client import PlatformClient, RunTakenOverError, UnusableClaimError
 from trainer.run_loop import RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed
@@ -25,10 +28,17 @@ logger = logging.getLogger("tandem.trainer")
 
 def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Path,
           poll_s: float = 1.0, max_runs: int | None = None) -> int:
-    """Claim and train runs until interrupted (or ``max_runs`` were trained); returns runs trained."""
+    """Claim and train runs until interrupted (or ``max_runs`` were trained); returns runs trained.
+
+    In a multi-process trainer (docs/multi_host.md) only process 0 does this; the others follow
+    it (trainer/follower.py) and return the runs they followed when it stops.
+    """
     # Joins a multi-host JAX job when TANDEM_COORDINATOR_ADDRESS etc. are set; a no-op on one host.
     initialize_distributed()
     enable_compilation_cache()
+    if jax.process_index() != 0:
+        return follow(redis_url=redis_url)
+    lockstep: Lockstep = Leader() if jax.process_count() > 1 else SINGLE_PROCESS
     consumer = f"{socket.gethostname()}:{os.getpid()}"
     # Retries for as long as it takes: at first boot the platform may still be migrating.
     platform = PlatformClient(platform_url, token, trainer_name=consumer)
@@ -58,6 +68,7 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                 trained += 1
                 continue
             if claimed is None:
+                lockstep.keep_alive()
                 time.sleep(poll_s)
                 continue
             working_on[:] = [claimed.run_id]
@@ -69,8 +80,8 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                                         worker=consumer, interval_s=settings.heartbeat_interval_s)
                 liveness.start()
                 try:
-                    status = RunTrainer(claimed, settings=settings, platform=platform,
-                                        redis_client=redis_client, celery_app=celery_app).run()
+                    status = RunTrainer(claimed, settings=settings, platform=platform, redis_client=redis_client,
+                                        celery_app=celery_app, lockstep=lockstep).run()
                     logger.info("run %s ended: %s", claimed.run_id, status)
                 except RunTakenOverError as exc:
                     logger.warning("run %s: %s; this trainer stops working on it", claimed.run_id, exc)
@@ -86,6 +97,10 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                     working_on.clear()
             trained += 1
     finally:
+        try:
+            lockstep.quit()
+        except Exception:  # noqa: BLE001 - the followers are gone already: nothing to release
+            logger.warning("trainer processes following this one could not be told it stops", exc_info=True)
         stop_run_log_shipping()
         stop_process_reporter()
         platform.close()

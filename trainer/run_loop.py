@@ -44,13 +44,14 @@ from tandem.contracts import (
     run_stop_key,
 )
 from tandem.model_paths import check_model_config_paths
-from trainer.algorithms import ReferencePolicy, build_algorithm
+from trainer.algorithms import build_algorithm
 from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.dataset_evaluation import DatasetEvaluations, held_out_token_statistics
 from trainer.datasets import SFT_TOKENS_METRIC, SFTMix, load_dataset, rendered_conversations
 from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, parameter_count
 from trainer.evaluation import Evaluations, FinishedEvaluation, evaluation_points
+from trainer.lockstep import SINGLE_PROCESS, AnnouncedReference, Lockstep, OrderKind
 from trainer.losses import sft_loss
 from trainer.platform_client import (
     ClaimedRun,
@@ -61,7 +62,7 @@ from trainer.platform_client import (
 )
 from trainer.profiling import StageRecorder
 from trainer.rollout_feed import RolloutFeed
-from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings
+from trainer.sharding import host_copy, make_mesh, shard_batch, shard_train_state, step_shardings
 from trainer.telemetry import StepEventBatcher, profile_fields, rl_step_event
 from trainer.tracing import CapturedTrace, TraceCapture
 from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
@@ -129,8 +130,11 @@ class RunTrainer:
     """The learner of one claimed run; its RL phase takes episodes from a :class:`RolloutFeed`."""
 
     def __init__(self, claimed: ClaimedRun, *, settings: TrainerSettings, platform: PlatformClient,
-                 redis_client: redis.Redis, celery_app: Celery):
+                 redis_client: redis.Redis, celery_app: Celery, lockstep: Lockstep = SINGLE_PROCESS):
+        """``lockstep``: the other processes of a multi-process trainer, told of every collective
+        before it is made (trainer/lockstep.py); by default there are none."""
         self.claimed = claimed
+        self.lockstep = lockstep
         self.run_id = claimed.run_id
         self.config = claimed.config
         self.settings = settings
@@ -178,32 +182,27 @@ class RunTrainer:
         self.state = shard_train_state(state, self.shardings)
         # Chosen now, so weights too large for the run's transport fail the run before anything is sent.
         weights = self.config.weights
+        weights_directory = settings.weight_dir or settings.checkpoint_root / "weights"
         self.publisher: WeightPublisher = weight_publisher(
             redis_client, transport=weights.transport,
-            directory=settings.weight_dir or settings.checkpoint_root / "weights",
+            directory=weights_directory,
             lora=self.config.lora, publish_dtype=weights.publish_dtype,
             parameter_bytes=publication_bytes(self._published_params(), weights.publish_dtype),
             redis_max_bytes=weights.redis_max_mb * 2**20,
         )
         self.devices = DeviceMonitor(parameters=parameter_count(self.state.params),
                                      interval_s=settings.device_report_interval_s)
-        self._sft_step = make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss),
-                                         shardings=self.shardings)
-        self._rl_step = make_train_step(self.graphdef, self.optimizer, self.algorithm.loss_fn,
-                                        shardings=self.shardings)
+        self._train_steps = {
+            "sft": make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss), shardings=self.shardings),
+            "rl": make_train_step(self.graphdef, self.optimizer, self.algorithm.loss_fn, shardings=self.shardings),
+        }
         self._last_acked_entry_id: str | None = None
         self._trained_group_count = 0
         self._rl_steps_done = 0
         # The RL phase's episodes; it acknowledges them as checkpoints commit (see _checkpoint_committed).
         self._feed: RolloutFeed | None = None
         self._taken_over = False
-        self.reference: ReferencePolicy | None = None
-        checkpoint_dir = settings.checkpoint_root / f"run-{self.run_id}"
-        if not claimed.is_resume and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
-            # A freshly claimed run has never trained here: these belong to a run
-            # of an earlier database that had the same id. Keep them, out of the way.
-            checkpoint_dir.rename(checkpoint_dir.with_name(f"{checkpoint_dir.name}.stale-{int(time.time())}"))
-        self.checkpointer = RunCheckpointer(checkpoint_dir, max_to_keep=self.config.checkpoint.kept)
+        self.reference: AnnouncedReference | None = None
         # Held-out evaluations of the run's policies, run by producers beside training; an SFT
         # run's policy is evaluated once, at its end.
         evaluation = self.config.evaluation
@@ -222,11 +221,31 @@ class RunTrainer:
         # The committed step last reported to the platform, and when a failed report may be retried.
         self._reported_checkpoint_step: int | None = None
         self._checkpoint_report_retry_at = 0.0
+        checkpoint_dir = settings.checkpoint_root / f"run-{self.run_id}"
+        if not claimed.is_resume and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
+            # A freshly claimed run has never trained here: these belong to a run
+            # of an earlier database that had the same id. Keep them, out of the way.
+            checkpoint_dir.rename(checkpoint_dir.with_name(f"{checkpoint_dir.name}.stale-{int(time.time())}"))
+        # Last, so that nothing between a follower's start and the run's end can fail: from here on,
+        # the other processes of a multi-process trainer build the same state and follow (run() ends them).
+        self.lockstep.announce(OrderKind.START, {
+            "run_id": self.run_id, "config": self.config.model_dump(mode="json"),
+            "vocab_size": self.tokenizer.vocab_size, "checkpoint_directory": str(checkpoint_dir.resolve()),
+            "weights_directory": str(weights_directory.resolve())})
+        self.checkpointer = RunCheckpointer(checkpoint_dir, max_to_keep=self.config.checkpoint.kept)
 
     # -- lifecycle ---------------------------------------------------------
 
     def run(self) -> str:
         """Train the run to its end (or until the platform releases it); returns the status."""
+        try:
+            return self._run()
+        finally:
+            # Every process of the trainer closes the checkpointer together (Orbax's barriers).
+            self.lockstep.announce(OrderKind.END)
+            self.checkpointer.close()
+
+    def _run(self) -> str:
         spec = RunSpec(run_id=self.run_id, config=self.config, environment=self.claimed.environment,
                        evaluation_environments=self.claimed.evaluation_environments)
         if self.claimed.is_resume:
@@ -257,9 +276,8 @@ class RunTrainer:
             if not self._taken_over:
                 # Producers stop starting episodes for a run this trainer lets go of.
                 self.redis.set(run_stop_key(self.run_id), "1")
-                self.checkpointer.wait_until_finished()
+                self._wait_for_checkpoints()
                 self._checkpoint_committed()
-            self.checkpointer.close()
 
     def _train(self) -> str:
         """The run's phases, and what letting go of it takes when it is cancelled, paused or failed."""
@@ -268,7 +286,8 @@ class RunTrainer:
             self._sft_phase()
             if self.algorithm.needs_reference and self.reference is None:
                 # The reference policy of the KL penalty is the policy RL starts from.
-                self.reference = ReferencePolicy(self.graphdef, jax.tree.map(jnp.copy, self.state.params))
+                self.lockstep.announce(OrderKind.REFERENCE)
+                self.reference = self._reference_policy(jax.tree.map(jnp.copy, self.state.params))
             self._publish()
             if self.config.algorithm.name != "sft":
                 self._rl_phase()
@@ -299,6 +318,8 @@ class RunTrainer:
         """
         source = self.config.start_from
         directory = self.settings.checkpoint_root / f"run-{source.run}"
+        self.lockstep.announce(OrderKind.START_FROM, {"directory": str(directory), "step": source.step})
+        state, error = None, None
         try:
             checkpointer = RunCheckpointer(directory, read_only=True)
             try:
@@ -306,22 +327,27 @@ class RunTrainer:
             finally:
                 checkpointer.close()
         except Exception as exc:  # noqa: BLE001 - gone, unreadable, or another structure: the run fails saying so
+            error = exc
+        # Every process of the trainer restored it, or none goes on from it.
+        if not self.lockstep.agree(error is None):
+            reason = f"{type(error).__name__}: {error}" if error else "another trainer process could not read it"
             raise StartFromError(f"checkpoint {source.step} of run {source.run} could not be restored "
-                                 f"from {directory}: {type(exc).__name__}: {exc}") from exc
+                                 f"from {directory}: {reason}") from error
         self.state = shard_train_state(state, self.shardings)
         logger.info("run %s starts from checkpoint %d of run %d", self.run_id, source.step, source.run)
 
     def _resume_from_checkpoint(self) -> None:
         """Continue from the newest committed checkpoint, with policy versions that only go up."""
         published = RedisWeightSubscriber(self.redis).latest_version(self.run_id)
-        restored = self.checkpointer.restore_latest(self.state)
-        if restored is None and self.config.start_from is not None:
+        latest = self.checkpointer.latest_step()
+        if latest is None and self.config.start_from is not None:
             # Nothing of its own yet (an evaluation-only run checkpoints only at its end).
             self._start_from_checkpoint()
-        elif restored is None:
+        elif latest is None:
             logger.warning("run %s resumes with no checkpoint: training starts over", self.run_id)
         else:
-            self.state, progress = restored
+            self.lockstep.announce(OrderKind.RESTORE, {"step": latest})
+            self.state, progress = self.checkpointer.restore(latest, abstract_train_state=self.state)
             self.state = shard_train_state(self.state, self.shardings)
             self.step = progress.step
             self._rl_steps_done = progress.rl_steps
@@ -329,8 +355,9 @@ class RunTrainer:
             self._last_acked_entry_id = progress.last_acked_entry_id
             self.policy_version = progress.policy_version
             if progress.has_reference:
-                reference = self.checkpointer.restore_reference(progress.step, abstract_params=self.state.params)
-                self.reference = ReferencePolicy(self.graphdef, reference)
+                self.lockstep.announce(OrderKind.RESTORE_REFERENCE, {"step": progress.step})
+                self.reference = self._reference_policy(
+                    self.checkpointer.restore_reference(progress.step, abstract_params=self.state.params))
             logger.info("run %s resumes from its checkpoint of step %d (%d RL steps)", self.run_id,
                         self.step, self._rl_steps_done)
         # Versions published after the checkpoint stay behind us: the next one is newer still.
@@ -346,6 +373,8 @@ class RunTrainer:
         )
 
     def _heartbeat(self, *, force: bool = False) -> None:
+        # Called between the reads of every wait: followers hear from the leader meanwhile.
+        self.lockstep.keep_alive()
         self._checkpoint_committed()
         if not force and time.monotonic() - self._last_heartbeat < self.settings.heartbeat_interval_s:
             return
@@ -436,9 +465,8 @@ class RunTrainer:
             if batch is None:
                 logger.info("environment %s has no demonstrations; skipping SFT", self.claimed.environment.name)
                 break
-            set_learning_rate(self.state, self.config.schedule.learning_rate_at(
-                base=self.config.learning_rate, step=self.step, total_steps=self.config.sft_steps))
-            loss = self._train_on(self._sft_step, batch)["loss"]
+            loss = self._train_on("sft", batch, learning_rate=self.config.schedule.learning_rate_at(
+                base=self.config.learning_rate, step=self.step, total_steps=self.config.sft_steps))["loss"]
             self.step += 1
             with stage("checkpoint"):
                 if self.step % self.config.checkpoint.every == 0:
@@ -459,8 +487,9 @@ class RunTrainer:
 
     # -- profiling ---------------------------------------------------------
 
-    def _train_on(self, train_step, batch, *, updates: int = 1) -> dict[str, float]:
-        """``updates`` updates on ``batch``, its transfer and its compute timed apart; their mean scalar metrics.
+    def _train_on(self, phase: str, batch, *, learning_rate: float, updates: int = 1) -> dict[str, float]:
+        """``updates`` updates of ``phase`` ("sft" or "rl") at ``learning_rate`` on ``batch``, its transfer
+        and its compute timed apart; their mean scalar metrics.
 
         Both end in ``block_until_ready``: the transfer so that it is not billed
         to compute, the compute on the new state too, not only on the loss, so
@@ -469,11 +498,16 @@ class RunTrainer:
         """
         stage = self.stages.stage
         with stage("host_to_device"):
+            self.lockstep.announce_batch(OrderKind.TRAIN, batch, {
+                "phase": phase, "step": self.step + 1, "learning_rate": learning_rate, "updates": updates})
+            set_learning_rate(self.state, learning_rate)
             sharded = jax.block_until_ready(shard_batch(batch, self.shardings))
         with stage("compute"):
-            self.state, per_update = train_updates(train_step, self.state, sharded, updates=updates)
+            self.state, per_update = train_updates(self._train_steps[phase], self.state, sharded, updates=updates)
             jax.block_until_ready(self.state)
-            return {name: float(np.mean([metrics[name] for metrics in per_update])) for name in per_update[0]}
+            metrics = {name: float(np.mean([metrics[name] for metrics in per_update])) for name in per_update[0]}
+        self.lockstep.trained(step=self.step + 1, phase=phase, loss=metrics["loss"])
+        return metrics
 
     def _upload_trace(self, captured: CapturedTrace) -> None:
         self.platform.upload_trace(self.run_id, captured.request.id, first_step=captured.first_step,
@@ -487,9 +521,13 @@ class RunTrainer:
         # Producers only ever sample: a PPO critic stays on the trainer.
         return policy_params(self.state.params) if self.algorithm.needs_value_head else self.state.params
 
+    def _reference_policy(self, params) -> AnnouncedReference:
+        return AnnouncedReference(self.graphdef, params, lockstep=self.lockstep)
+
     def _publish(self) -> float:
         started = time.perf_counter()
         self.policy_version += 1
+        self.lockstep.announce(OrderKind.PUBLISH, {"version": self.policy_version})
         self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=self._published_params())
         return time.perf_counter() - started
 
@@ -498,6 +536,7 @@ class RunTrainer:
         weights = self.config.weights
         kept = RedisWeightPublisher(self.redis, lora=self.config.lora, publish_dtype=weights.publish_dtype,
                                     key_of=lambda run_id: key)
+        self.lockstep.announce(OrderKind.PUBLISH_KEPT, {"version": version, "key": key})
         kept.publish(run_id=self.run_id, version=version, params=self._published_params())
 
     def _evaluate_if_due(self) -> None:
@@ -521,8 +560,9 @@ class RunTrainer:
             ]
 
             def score(batch):
+                self.lockstep.announce_batch(OrderKind.SCORE, batch)
                 sharded = shard_batch(batch, self.shardings)
-                return jax.device_get(held_out_token_statistics(self.graphdef, self.state.params, sharded))
+                return host_copy(held_out_token_statistics(self.graphdef, self.state.params, sharded))
 
             self._dataset_evaluations = DatasetEvaluations(
                 datasets=datasets, rows_per_dataset=self.config.evaluation.dataset_rows,
@@ -560,16 +600,19 @@ class RunTrainer:
     def _checkpoint(self) -> None:
         if self.checkpointer.latest_step() == self.step:
             return  # the last periodic save already holds this step
-        self.checkpointer.save(
-            self.step,
-            train_state=self.state,
-            progress=RunProgress(
-                step=self.step, policy_version=self.policy_version, run_id=self.run_id,
-                last_acked_entry_id=self._last_acked_entry_id, trained_group_count=self._trained_group_count,
-                rl_steps=self._rl_steps_done,
-            ),
-            reference_params=self.reference.params if self.reference is not None else None,
+        progress = RunProgress(
+            step=self.step, policy_version=self.policy_version, run_id=self.run_id,
+            last_acked_entry_id=self._last_acked_entry_id, trained_group_count=self._trained_group_count,
+            rl_steps=self._rl_steps_done,
         )
+        self.lockstep.announce(OrderKind.CHECKPOINT, {"step": self.step, "progress": progress.model_dump(mode="json"),
+                                                      "with_reference": self.reference is not None})
+        self.checkpointer.save(self.step, train_state=self.state, progress=progress,
+                               reference_params=self.reference.params if self.reference is not None else None)
+
+    def _wait_for_checkpoints(self) -> None:
+        self.lockstep.announce(OrderKind.WAIT_FOR_CHECKPOINTS)
+        self.checkpointer.wait_until_finished()
 
     def _report_checkpoints(self, committed: int | None) -> None:
         """Tell the platform which checkpoints are on disk once a new one (``committed``) is committed.
@@ -631,8 +674,7 @@ class RunTrainer:
                 )
             learning_rate = config.schedule.learning_rate_at(
                 base=config.rl_learning_rate, step=self._rl_steps_done, total_steps=config.rl_steps)
-            set_learning_rate(self.state, learning_rate)
-            metrics = self._train_on(self._rl_step, batch, updates=updates)
+            metrics = self._train_on("rl", batch, learning_rate=learning_rate, updates=updates)
             metrics["learning_rate"] = learning_rate
 
             with stage("publish"):
@@ -669,6 +711,6 @@ class RunTrainer:
 
         self._finish_evaluations()
         self._checkpoint()
-        self.checkpointer.wait_until_finished()
+        self._wait_for_checkpoints()
         self._checkpoint_committed()
         feed.finish()

@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -86,13 +87,16 @@ def initialize_distributed(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
+    heartbeat_timeout_s: int | None = None,
 ) -> bool:
     """Join a multi-host JAX job when one is configured; returns whether it did.
 
     Arguments default to the environment variables ``TANDEM_COORDINATOR_ADDRESS``
     (``host:port`` of process 0), ``TANDEM_NUM_PROCESSES`` and
-    ``TANDEM_PROCESS_ID``. With neither a coordinator nor more than one
-    process configured this is a no-op (single host). Must run before
+    ``TANDEM_PROCESS_ID``, and ``heartbeat_timeout_s`` to
+    ``TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S`` (JAX's default when unset). With
+    neither a coordinator nor more than one process configured this is a no-op
+    (single host). Must run before
     anything touches a JAX device; calling it again is a no-op.
     """
     if coordinator_address is None:
@@ -105,10 +109,14 @@ def initialize_distributed(
         return False
     if jax.distributed.is_initialized():
         return True
+    if heartbeat_timeout_s is None and os.environ.get("TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S"):
+        heartbeat_timeout_s = int(os.environ["TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S"])
     jax.distributed.initialize(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
+        # JAX's default, 100 s: how long a process that stops answering (its host gone) takes to end the job.
+        **({"heartbeat_timeout_seconds": heartbeat_timeout_s} if heartbeat_timeout_s else {}),
     )
     logger.info(
         "joined JAX job: process %d of %d, %d global devices",
@@ -194,15 +202,27 @@ def step_shardings(mesh: Mesh, state: TrainState) -> StepShardings:
 def _put(tree: Any, shardings: Any) -> Any:
     if jax.process_count() == 1:
         return jax.device_put(tree, shardings)
-    # Across hosts every process holds the whole value; each builds the shards
-    # its own devices need.
-    return jax.tree.map(
-        lambda leaf, sharding: jax.make_array_from_callback(
-            np.shape(leaf), sharding, lambda index, leaf=leaf: np.asarray(leaf)[index]
-        ),
-        tree,
-        shardings,
-    )
+    return jax.tree.map(_put_across_hosts, tree, shardings)
+
+
+def _put_across_hosts(leaf: Any, sharding: NamedSharding) -> jax.Array:
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        # Already spread over the hosts (restored from a checkpoint, computed by a collective):
+        # kept as it is, or laid out anew by a collective every process makes.
+        return leaf if leaf.sharding == sharding else jax.device_put(leaf, sharding)
+    # Every process holds the whole value; each builds the shards its own devices need.
+    return jax.make_array_from_callback(np.shape(leaf), sharding, lambda index: np.asarray(leaf)[index])
+
+
+def host_copy(tree: Any) -> Any:
+    """``tree``'s arrays whole on this host, however they are sharded.
+
+    Across hosts this gathers the shards of every process: a collective, so each
+    process calls it at the same point.
+    """
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def shard_train_state(state: TrainState, shardings: StepShardings) -> TrainState:

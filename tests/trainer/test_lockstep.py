@@ -1,0 +1,147 @@
+"""The leader's orders to the other processes of a multi-process trainer (trainer/lockstep.py).
+
+Two processes need a JAX job of their own, which this pytest process (JAX
+started, one device) cannot join: as in test_sharding.py, each test runs this
+file as a script in fresh interpreters, which print one JSON line each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from jax.experimental import multihost_utils
+
+from tandem.local_ports import free_local_port
+from trainer.lockstep import (
+    FIRST_BLOCK_BYTES,
+    SINGLE_PROCESS,
+    Order,
+    OrderKind,
+    arrays_batch,
+    batch_arrays,
+    decode,
+    encode,
+)
+from trainer.train_step import pad_batch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _batch(rows: int, length: int):
+    rng = np.random.default_rng(rows * 1000 + length)
+    sequences = [rng.integers(1, 64, size=length - 2).tolist() for _ in range(rows)]
+    batch = pad_batch(sequences, loss_masks=[[0] + [1] * (length - 3)] * rows, behaviour_logprobs=None,
+                      advantages=[0.5] * rows, batch_size=rows, length_buckets=(length,), pad_id=0)
+    return batch.replace(extras={"reference_logprobs": rng.normal(size=(rows, length)).astype(np.float32)})
+
+
+# Orders of every size class: empty, fields only, just under and just over the first block, and a
+# batch of about 160 kB that takes a second block.
+def _orders() -> list[Order]:
+    return [
+        Order(OrderKind.IDLE),
+        Order(OrderKind.CHECKPOINT, {"step": 6, "progress": {"step": 6, "trained_group_ids": ["a", "b"]}}),
+        Order(OrderKind.SCORE, {}, {"bytes": np.arange(FIRST_BLOCK_BYTES - 200, dtype=np.uint8)}),
+        Order(OrderKind.SCORE, {}, {"bytes": np.arange(FIRST_BLOCK_BYTES, dtype=np.uint8)}),
+        Order(OrderKind.TRAIN, {"phase": "rl", "step": 7, "learning_rate": 1e-5, "updates": 2},
+              batch_arrays(_batch(16, 384))),
+        Order(OrderKind.QUIT),
+    ]
+
+
+def _digest(order: Order) -> dict:
+    return {"kind": str(order.kind), "fields": order.fields,
+            "arrays": {name: [str(array.dtype), list(array.shape), array.tobytes().hex()[:64],
+                              float(np.sum(array.astype(np.float64)))]
+                       for name, array in sorted(order.arrays.items())}}
+
+
+def _processes(role: str, port: int) -> list[subprocess.Popen]:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    return [subprocess.Popen([sys.executable, "-m", "tests.trainer.test_lockstep", role, str(process_id), str(port)],
+                             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for process_id in (0, 1)]
+
+
+def _report(stdout: str) -> dict:
+    # Gloo writes progress lines to stdout; the report is the last line.
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_orders_of_every_size_reach_the_follower_exactly():
+    leader, follower = _processes("orders", free_local_port())
+    reports = []
+    for child in (leader, follower):
+        stdout, stderr = child.communicate(timeout=180)
+        assert child.returncode == 0, stderr[-4000:]
+        reports.append(_report(stdout))
+    expected = [_digest(decode(encode(order))) for order in _orders()]
+    assert reports[0] == {"sent": len(expected)}
+    assert reports[1]["received"] == expected
+
+
+def test_a_follower_whose_leader_dies_exits_with_an_error_instead_of_waiting_forever():
+    leader, follower = _processes("leader_dies", free_local_port())
+    leader.communicate(timeout=180)
+    assert leader.returncode == -signal.SIGKILL
+    # Bounded by the broadcast failing (the leader's connection resets) or, at worst, by the
+    # JAX job's heartbeat timeout (10 s here); never by this timeout.
+    stdout, stderr = follower.communicate(timeout=120)
+    assert follower.returncode != 0
+    assert "received idle" in stdout, stderr[-4000:]
+
+
+def test_a_single_process_trainer_announces_nothing(monkeypatch):
+    def no_broadcast(*args, **kwargs):
+        raise AssertionError("a single process broadcast an order")
+
+    monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", no_broadcast)
+    monkeypatch.setattr(multihost_utils, "process_allgather", no_broadcast)
+    SINGLE_PROCESS.announce(OrderKind.START, {"run_id": 1})
+    SINGLE_PROCESS.announce_batch(OrderKind.TRAIN, _batch(2, 32))
+    SINGLE_PROCESS.keep_alive()
+    assert SINGLE_PROCESS.agree(True) and not SINGLE_PROCESS.agree(False)
+
+
+def test_a_batch_crosses_as_arrays_and_comes_back_the_same():
+    batch = _batch(4, 48)
+    again = arrays_batch(decode(encode(Order(OrderKind.TRAIN, {}, batch_arrays(batch)))).arrays)
+    for name in ("tokens", "positions", "attention_mask", "loss_mask", "advantages", "behaviour_logprobs"):
+        assert np.array_equal(np.asarray(getattr(again, name)), np.asarray(getattr(batch, name))), name
+        assert np.asarray(getattr(again, name)).dtype == np.asarray(getattr(batch, name)).dtype, name
+    assert np.array_equal(again.extras["reference_logprobs"], batch.extras["reference_logprobs"])
+
+
+def _child(role: str, process_id: int, port: int) -> dict:
+    from trainer.lockstep import Leader, receive
+    from trainer.sharding import initialize_distributed
+
+    assert initialize_distributed(f"127.0.0.1:{port}", 2, process_id, heartbeat_timeout_s=10)
+    if role == "orders":
+        if process_id == 0:
+            leader = Leader()
+            for order in _orders():
+                leader.announce(order.kind, order.fields, order.arrays)
+            return {"sent": len(_orders())}
+        received = []
+        while not received or received[-1]["kind"] != OrderKind.QUIT:
+            received.append(_digest(receive()))
+        return {"received": received}
+    # leader_dies
+    if process_id == 0:
+        Leader().announce(OrderKind.IDLE)
+        os.kill(os.getpid(), signal.SIGKILL)
+    print(f"received {receive().kind}", flush=True)
+    receive()  # never answered: the leader is dead
+    return {"unexpected": "the follower received an order from a dead leader"}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))), flush=True)

@@ -1,0 +1,173 @@
+"""A trainer process other than process 0: it follows the leader's orders (trainer/lockstep.py).
+
+A follower never talks to the platform, Redis or Celery, and reads no stream:
+it needs only the JAX job's coordinator. It holds its share of the run's
+train state, and makes each collective the leader announces (train steps,
+weight gathers, checkpoint saves and restores) with the values the order
+carries. Orbax writes each process's shards from that process, so the
+checkpoint directory the leader names must be the same storage here.
+
+A follower whose leader is gone cannot go on (the job cannot lose a process):
+its broadcast fails, or the JAX job's heartbeats end it, and it exits non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import redis
+
+from policy import RedisWeightPublisher, WeightPublisher, publication_bytes, weight_publisher
+from tandem.run_config import RunConfig
+from trainer.algorithms import ReferencePolicy, build_algorithm
+from trainer.checkpoints import RunCheckpointer, RunProgress
+from trainer.dataset_evaluation import held_out_token_statistics
+from trainer.lockstep import Order, OrderKind, arrays_batch, log_trained, receive
+from trainer.lockstep import agree as all_agree
+from trainer.losses import sft_loss
+from trainer.sharding import host_copy, make_mesh, shard_batch, shard_train_state, step_shardings
+from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
+from trainer.train_step import make_train_step, on_logits, train_updates
+from trainer.value_head import policy_params
+
+logger = logging.getLogger(__name__)
+
+
+class FollowedRun:
+    """This process's part of the run the leader trains: built by its START order."""
+
+    def __init__(self, fields: dict, *, unused_redis: redis.Redis):
+        self.run_id = fields["run_id"]
+        self.config = config = RunConfig.model_validate(fields["config"])
+        self.algorithm = build_algorithm(
+            config.algorithm, temperature=config.sampling.temperature,
+            max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns)
+        optimizer = make_optimizer(config.learning_rate, config.optimizer)
+        # Built as the leader builds it (RunTrainer), from the same config and seed.
+        self.graphdef, state = initial_train_state(config, vocab_size=fields["vocab_size"],
+                                                   needs_value_head=self.algorithm.needs_value_head,
+                                                   optimizer=optimizer)
+        self.shardings = step_shardings(make_mesh(config.mesh), state)
+        self.state = shard_train_state(state, self.shardings)
+        self.steps = {
+            "sft": make_train_step(self.graphdef, optimizer, on_logits(sft_loss), shardings=self.shardings),
+            "rl": make_train_step(self.graphdef, optimizer, self.algorithm.loss_fn, shardings=self.shardings),
+        }
+        weights = config.weights
+        # The same transport the leader chose; off process 0 a publisher only gathers (a collective)
+        # and never touches Redis, so its client never connects.
+        self._redis = unused_redis
+        self.publisher: WeightPublisher = weight_publisher(
+            unused_redis, transport=weights.transport, directory=Path(fields["weights_directory"]),
+            lora=config.lora, publish_dtype=weights.publish_dtype,
+            parameter_bytes=publication_bytes(self._published_params(), weights.publish_dtype),
+            redis_max_bytes=weights.redis_max_mb * 2**20)
+        self.reference: ReferencePolicy | None = None
+        self.checkpointer = RunCheckpointer(Path(fields["checkpoint_directory"]),
+                                            max_to_keep=config.checkpoint.kept)
+        logger.info("process %d follows run %s on a %s mesh", jax.process_index(), self.run_id,
+                    dict(self.shardings.batch.mesh.shape))
+
+    def _published_params(self):
+        return policy_params(self.state.params) if self.algorithm.needs_value_head else self.state.params
+
+    def obey(self, order: Order) -> None:
+        """Make the call ``order`` announces, as the leader makes it (see RunTrainer)."""
+        fields = order.fields
+        match order.kind:
+            case OrderKind.IDLE:
+                pass
+            case OrderKind.TRAIN:
+                set_learning_rate(self.state, fields["learning_rate"])
+                sharded = shard_batch(arrays_batch(order.arrays), self.shardings)
+                self.state, per_update = train_updates(self.steps[fields["phase"]], self.state, sharded,
+                                                       updates=fields["updates"])
+                loss = sum(metrics["loss"] for metrics in per_update) / len(per_update)
+                log_trained(step=fields["step"], phase=fields["phase"], loss=loss)
+            case OrderKind.PUBLISH:
+                self.publisher.publish(run_id=self.run_id, version=fields["version"], params=self._published_params())
+            case OrderKind.PUBLISH_KEPT:
+                key = fields["key"]
+                kept = RedisWeightPublisher(self._redis, lora=self.config.lora,
+                                            publish_dtype=self.config.weights.publish_dtype,
+                                            key_of=lambda run_id: key)
+                kept.publish(run_id=self.run_id, version=fields["version"], params=self._published_params())
+            case OrderKind.REFERENCE:
+                self.reference = ReferencePolicy(self.graphdef, jax.tree.map(jnp.copy, self.state.params))
+            case OrderKind.REFERENCE_LOGPROBS:
+                self.reference.logprobs(arrays_batch(order.arrays), temperature=fields["temperature"])
+            case OrderKind.SCORE:
+                host_copy(held_out_token_statistics(self.graphdef, self.state.params,
+                                                    shard_batch(arrays_batch(order.arrays), self.shardings)))
+            case OrderKind.CHECKPOINT:
+                self.checkpointer.save(
+                    fields["step"], train_state=self.state, progress=RunProgress.model_validate(fields["progress"]),
+                    reference_params=self.reference.params if fields["with_reference"] else None)
+            case OrderKind.WAIT_FOR_CHECKPOINTS:
+                self.checkpointer.wait_until_finished()
+            case OrderKind.RESTORE:
+                state, _ = self.checkpointer.restore(fields["step"], abstract_train_state=self.state)
+                self.state = shard_train_state(state, self.shardings)
+                logger.info("process %d restored run %s at step %d", jax.process_index(), self.run_id,
+                            fields["step"])
+            case OrderKind.RESTORE_REFERENCE:
+                reference = self.checkpointer.restore_reference(fields["step"], abstract_params=self.state.params)
+                self.reference = ReferencePolicy(self.graphdef, reference)
+            case OrderKind.START_FROM:
+                self._start_from(fields)
+            case _:
+                raise ValueError(f"order {order.kind} does not belong in a run")
+
+    def _start_from(self, fields: dict) -> None:
+        """Another run's checkpoint; every process says whether it could, as the leader does."""
+        restored = None
+        try:
+            checkpointer = RunCheckpointer(Path(fields["directory"]), read_only=True)
+            try:
+                restored, _ = checkpointer.restore(fields["step"], abstract_train_state=self.state)
+            finally:
+                checkpointer.close()
+        except Exception:  # noqa: BLE001 - the leader fails the run, with its own reason
+            logger.exception("process %d could not restore checkpoint %s of %s", jax.process_index(),
+                             fields["step"], fields["directory"])
+        if all_agree(restored is not None):
+            self.state = shard_train_state(restored, self.shardings)
+
+    def close(self) -> None:
+        self.checkpointer.close()
+
+
+def follow(*, redis_url: str) -> int:
+    """Follow the leader's orders until it quits; returns the runs followed.
+
+    ``redis_url`` only builds a client that a follower's publishers hold and never use.
+
+    Raises:
+      jax.errors.JaxRuntimeError: the leader is gone; the process must exit (non-zero).
+    """
+    unused_redis = redis.Redis.from_url(redis_url)
+    logger.info("trainer process %d of %d follows process 0", jax.process_index(), jax.process_count())
+    run: FollowedRun | None = None
+    followed = 0
+    # Any error ends the process: a follower that missed a collective cannot catch up, and the job
+    # (the leader too, when its next collective fails) must start again together.
+    while True:
+        order = receive()
+        if order.kind == OrderKind.QUIT:
+            logger.info("process 0 stopped; so does process %d", jax.process_index())
+            return followed
+        if order.kind == OrderKind.START:
+            run = FollowedRun(order.fields, unused_redis=unused_redis)
+            followed += 1
+        elif order.kind == OrderKind.END:
+            if run is not None:
+                run.close()
+                logger.info("process %d: run %s ended at the leader", jax.process_index(), run.run_id)
+            run = None
+        elif run is not None:
+            run.obey(order)
+        elif order.kind != OrderKind.IDLE:
+            raise RuntimeError(f"order {order.kind} came outside a run: the processes are out of step")
