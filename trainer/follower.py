@@ -30,7 +30,7 @@ from trainer.lockstep import agree as all_agree
 from trainer.losses import sft_loss
 from trainer.sharding import host_copy, make_mesh, shard_batch, shard_train_state, step_shardings
 from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
-from trainer.train_step import make_train_step, on_logits, train_updates
+from trainer.train_step import make_train_step, mean_metrics, on_logits, train_updates
 from trainer.value_head import policy_params
 
 logger = logging.getLogger(__name__)
@@ -85,8 +85,7 @@ class FollowedRun:
                 sharded = shard_batch(arrays_batch(order.arrays), self.shardings)
                 self.state, per_update = train_updates(self.steps[fields["phase"]], self.state, sharded,
                                                        updates=fields["updates"])
-                loss = sum(metrics["loss"] for metrics in per_update) / len(per_update)
-                log_trained(step=fields["step"], phase=fields["phase"], loss=loss)
+                log_trained(step=fields["step"], phase=fields["phase"], metrics=mean_metrics(per_update))
             case OrderKind.PUBLISH:
                 self.publisher.publish(run_id=self.run_id, version=fields["version"], params=self._published_params())
             case OrderKind.PUBLISH_KEPT:

@@ -45,8 +45,10 @@ logger = logging.getLogger(__name__)
 FIRST_BLOCK_BYTES = 4096
 _LENGTH_BYTES = 4
 # Followers wait inside a broadcast while the leader has nothing to announce (no run claimed,
-# a step waiting for trajectories). The leader announces IDLE at least this often meanwhile,
-# so that no broadcast waits for long: the follower then learns soon when the leader is gone.
+# a step waiting for trajectories). The leader announces IDLE at least this often meanwhile, so
+# that no collective waits for long: how long Gloo's (or a GPU library's) collectives wait is not
+# ours to set. On CPU a broadcast waited 700 s and still completed; a dead leader is noticed at
+# once either way (its connections reset, or the JAX job's heartbeats stop).
 KEEP_ALIVE_S = 10.0
 
 
@@ -160,8 +162,8 @@ class Lockstep:
         """Whether every process's ``ok`` is true (a collective with followers)."""
         return ok
 
-    def trained(self, *, step: int, phase: str, loss: float) -> None:
-        """Log a step's loss when several processes train it (each logs its own; they must agree)."""
+    def trained(self, *, step: int, phase: str, metrics: dict[str, float]) -> None:
+        """Log a step's metrics when several processes train it (each logs its own; they must agree)."""
 
     def quit(self) -> None:
         """Release the followers: the leader stops."""
@@ -196,8 +198,8 @@ class Leader(Lockstep):
     def agree(self, ok: bool) -> bool:
         return agree(ok)
 
-    def trained(self, *, step: int, phase: str, loss: float) -> None:
-        log_trained(step=step, phase=phase, loss=loss)
+    def trained(self, *, step: int, phase: str, metrics: dict[str, float]) -> None:
+        log_trained(step=step, phase=phase, metrics=metrics)
 
     def quit(self) -> None:
         self.announce(OrderKind.QUIT)
@@ -209,10 +211,10 @@ def agree(ok: bool) -> bool:
     return bool(np.all(flags))
 
 
-def log_trained(*, step: int, phase: str, loss: float) -> None:
-    # repr: the exact float, so that two processes' lines can be compared.
-    logger.info("process %d of %d trained step %d (%s): loss %r", jax.process_index(), jax.process_count(),
-                step, phase, loss)
+def log_trained(*, step: int, phase: str, metrics: dict[str, float]) -> None:
+    # Exact floats (JSON writes their repr), so that two processes' lines can be compared.
+    logger.info("process %d of %d trained step %d (%s): loss %r, metrics %s", jax.process_index(),
+                jax.process_count(), step, phase, metrics["loss"], json.dumps(metrics, sort_keys=True))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import redis
 from celery import Celery
 
@@ -66,7 +65,14 @@ from trainer.sharding import host_copy, make_mesh, shard_batch, shard_train_stat
 from trainer.telemetry import StepEventBatcher, profile_fields, rl_step_event
 from trainer.tracing import CapturedTrace, TraceCapture
 from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
-from trainer.train_step import batch_tokens, make_train_step, on_logits, pad_batch, train_updates
+from trainer.train_step import (
+    batch_tokens,
+    make_train_step,
+    mean_metrics,
+    on_logits,
+    pad_batch,
+    train_updates,
+)
 from trainer.trajectory_samples import TrajectorySampleBuffer
 from trainer.value_head import policy_params
 
@@ -505,8 +511,8 @@ class RunTrainer:
         with stage("compute"):
             self.state, per_update = train_updates(self._train_steps[phase], self.state, sharded, updates=updates)
             jax.block_until_ready(self.state)
-            metrics = {name: float(np.mean([metrics[name] for metrics in per_update])) for name in per_update[0]}
-        self.lockstep.trained(step=self.step + 1, phase=phase, loss=metrics["loss"])
+            metrics = mean_metrics(per_update)
+        self.lockstep.trained(step=self.step + 1, phase=phase, metrics=metrics)
         return metrics
 
     def _upload_trace(self, captured: CapturedTrace) -> None:

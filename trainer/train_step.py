@@ -282,6 +282,11 @@ def train_updates(train_step: TrainStep, state: TrainState, batch: TrainBatch, *
     return state, [{name: float(value) for name, value in metrics.items()} for metrics in fetched]
 
 
+def mean_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:
+    """Each scalar metric's mean over the updates of one step (as :func:`train_updates` returns them)."""
+    return {name: float(np.mean([metrics[name] for metrics in per_update])) for name in per_update[0]}
+
+
 def batch_tokens(batch: TrainBatch) -> int:
     """Tokens the batch trains on (its attention mask), counted on the host.
 

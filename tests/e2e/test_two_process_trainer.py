@@ -1,0 +1,179 @@
+"""A trainer of two processes trains one run over a mesh that spans both, and both resume it exactly.
+
+Real processes throughout (web, the platform's reaper, two rollout workers, and two
+``tandem trainer`` processes joined into one JAX job by ``jax.distributed``, two CPU
+devices each), real Redis and PostgreSQL. The stack's usual single trainer is not started.
+
+Where each trainer process runs is :class:`TrainerHosts`: both on loopback here; moving
+process 1 to a host of its own (a network namespace) changes only that value.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tandem.local_ports import free_local_port
+from tandem.stack import Credentials, LocalStack
+from tests.e2e.conftest import private_stack, run_ended, user_api
+from tests.polling import poll_until
+
+# checkpoint.every 3 and RL steps of two groups of 4 episodes: the batch (8 rows, and SFT's 4)
+# splits over data x fsdp = 4 devices. Twelve RL steps leave room to kill the trainer after its
+# first RL checkpoint and still have steps to train after the resume.
+SFT_STEPS, RL_STEPS, CHECKPOINT_EVERY, GROUP_SIZE, GROUPS_PER_STEP = 2, 12, 3, 4, 2
+RUN_CONFIG = {
+    "sft_steps": SFT_STEPS, "sft_batch_size": 4, "rl_steps": RL_STEPS, "checkpoint": {"every": CHECKPOINT_EVERY},
+    "mesh": {"data": 2, "fsdp": 2},
+    "rollout": {"group_size": GROUP_SIZE, "groups_per_step": GROUPS_PER_STEP, "groups_per_task": 1, "timeout_s": 60},
+}
+TRAINED = re.compile(r"process (\d) of 2 trained step (\d+) \((sft|rl)\): loss \S+, metrics (\{.*\})")
+
+
+@dataclass(frozen=True)
+class TrainerHosts:
+    """Where the two trainer processes run, and how process 1 reaches process 0.
+
+    ``coordinator_host``: process 0's address as every process dials it (JAX's coordinator
+    listens on all of process 0's addresses). ``launchers``: what each process's command is
+    started through, e.g. ``("ip", "netns", "exec", "host1")`` for a host of its own. Only
+    process 0 reaches the platform and Redis, at the stack's own (loopback) addresses.
+    """
+
+    coordinator_host: str = "127.0.0.1"
+    launchers: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+
+HOSTS = TrainerHosts()
+
+
+class TwoProcessTrainer:
+    """``tandem trainer`` twice, as LocalStack.start_trainer starts it, joined into one JAX job."""
+
+    def __init__(self, stack: LocalStack, credentials: Credentials, hosts: TrainerHosts):
+        self.stack, self.credentials, self.hosts = stack, credentials, hosts
+        self.attempt = 0
+
+    def start(self) -> tuple[subprocess.Popen, subprocess.Popen]:
+        self.attempt += 1
+        coordinator = f"{self.hosts.coordinator_host}:{free_local_port()}"
+        processes = []
+        for process_id in (0, 1):
+            name = self.log_name(process_id)
+            env = {**self.stack.env(), "TANDEM_TRAINER_TOKEN": self.credentials.trainer_token,
+                   "TANDEM_COORDINATOR_ADDRESS": coordinator, "TANDEM_NUM_PROCESSES": "2",
+                   "TANDEM_PROCESS_ID": str(process_id), "JAX_PLATFORMS": "cpu",
+                   "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+                   "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+            command = [*self.hosts.launchers[process_id], sys.executable, "-m", "tandem.cli", "trainer",
+                       "--platform-url", self.stack.config.platform_url,
+                       "--checkpoint-dir", str(self.stack.config.var_dir / "checkpoints")]
+            with open(self.stack.log_dir / f"{name}.log", "ab") as log:
+                # The stack stops (and the test kills) it by its process group, as it does its own.
+                process = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2], env=env, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+            self.stack.processes[name] = process
+            processes.append(process)
+        return processes[0], processes[1]
+
+    def log_name(self, process_id: int, attempt: int | None = None) -> str:
+        return f"trainer-{attempt or self.attempt}-process-{process_id}"
+
+    def log(self, process_id: int, attempt: int | None = None) -> str:
+        return (self.stack.log_dir / f"{self.log_name(process_id, attempt)}.log").read_text(errors="replace")
+
+    def metrics(self, process_id: int, attempt: int) -> dict[int, str]:
+        """Step -> the metrics this process logged for it (loss, grad norm...; exact floats, as written)."""
+        found = {}
+        for match in TRAINED.finditer(self.log(process_id, attempt)):
+            assert int(match.group(1)) == process_id
+            found[int(match.group(2))] = match.group(4)
+        return found
+
+    def kill(self) -> None:
+        for process_id in (0, 1):
+            process = self.stack.processes.pop(self.log_name(process_id))
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+def _checkpoint_steps(api: httpx.Client, run_id: int) -> list[int]:
+    listed = api.get(f"/api/runs/{run_id}/checkpoints/?page_size=100").json()["results"]
+    return sorted(checkpoint["step"] for checkpoint in listed)
+
+
+def _committed_on_disk(stack: LocalStack, run_id: int) -> list[int]:
+    """Steps Orbax committed (a save in flight is a temporary directory with a suffix)."""
+    directory = stack.config.var_dir / "checkpoints" / f"run-{run_id}"
+    return sorted(int(path.name) for path in directory.iterdir() if path.name.isdigit())
+
+
+@pytest.mark.timeout(1500)
+def test_two_trainer_processes_train_one_run_over_one_mesh_and_resume_it_exactly(tmp_path):
+    with private_stack(tmp_path, redis_db=11, log_lines=40,
+                       extra_env={"TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S": "10", "TANDEM_REAPER_INTERVAL_S": "1"}) as stack:
+        credentials = stack.prepare()
+        stack.start_web()
+        stack.start_platform_worker()
+        stack.start_workers()
+        trainer = TwoProcessTrainer(stack, credentials, HOSTS)
+        leader, follower = trainer.start()
+        api = user_api(stack, credentials)
+        created = api.post("/api/runs/", json={"project": credentials.project_id, "name": "two processes",
+                                               "environment": "calculator", "config": RUN_CONFIG})
+        assert created.status_code == 201, created.text
+        run_id = created.json()["id"]
+
+        # Killed once a checkpoint of an RL step is committed (the platform lists only committed
+        # ones) and before the run ends: both processes at once, as a lost job would go.
+        def rl_checkpoint() -> list[int] | None:
+            steps = [step for step in _checkpoint_steps(api, run_id) if step > SFT_STEPS]
+            return steps or None
+
+        poll_until(rl_checkpoint, timeout_s=900, interval_s=0.5, between=stack.check_alive,
+                   what=lambda: f"an RL checkpoint: {api.get(f'/api/runs/{run_id}/').json()}")
+        assert api.get(f"/api/runs/{run_id}/").json()["status"] == "running"
+        trainer.kill()
+        committed = _committed_on_disk(stack, run_id)
+        first_metrics = [trainer.metrics(process_id, attempt=1) for process_id in (0, 1)]
+
+        # One trainer claimed the run: process 0, by its host and pid; process 1 never talked to the platform.
+        run = api.get(f"/api/runs/{run_id}/").json()
+        assert [attempt["trainer"] for attempt in run["attempt_history"]] == [f"{socket.gethostname()}:{leader.pid}"]
+        assert "follows process 0" in trainer.log(1, attempt=1) and "claimed run" not in trainer.log(1, attempt=1)
+        # Both processes trained every step up to the checkpoint and beyond, and computed the same
+        # loss for each (the kill may fall between the two processes' lines of the last step).
+        both = set(first_metrics[0]) & set(first_metrics[1])
+        assert {step: first_metrics[0][step] for step in both} == {step: first_metrics[1][step] for step in both}
+        assert sorted(first_metrics[0]) == list(range(1, max(first_metrics[0]) + 1))
+        assert set(range(1, committed[-1] + 1)) <= both and committed[-1] > SFT_STEPS
+
+        # The reaper queues the silent run again; both processes start again and resume it.
+        poll_until(lambda: api.get(f"/api/runs/{run_id}/").json()["restarts"] == 1, timeout_s=120,
+                   what="the reaper to restart the run", between=stack.check_alive)
+        trainer.start()
+        run = run_ended(stack, api, run_id, timeout_s=900)
+        assert run["status"] == "finished", run["status_reason"]
+        assert run["attempts"] == 2 and run["trainer_step"] == SFT_STEPS + RL_STEPS
+        assert [attempt["outcome"] for attempt in run["attempt_history"]] == ["queued", "finished"]
+        assert run["attempt_history"][1]["trainer"] == f"{socket.gethostname()}:{stack.processes[trainer.log_name(0)].pid}"
+
+        # Exactly from the newest committed checkpoint: both processes restored it, and the first
+        # step they trained after it is the next one.
+        resumed_from = committed[-1]
+        assert f"resumes from its checkpoint of step {resumed_from} " in trainer.log(0)
+        assert f"process 1 restored run {run_id} at step {resumed_from}" in trainer.log(1)
+        second_metrics = [trainer.metrics(process_id, attempt=2) for process_id in (0, 1)]
+        assert second_metrics[0] == second_metrics[1]
+        assert sorted(second_metrics[0]) == list(range(resumed_from + 1, SFT_STEPS + RL_STEPS + 1))
+        # The checkpoints the run kept are listed, the last one the final step's.
+        assert _checkpoint_steps(api, run_id)[-1] == SFT_STEPS + RL_STEPS
