@@ -213,10 +213,14 @@ class LocalStack:
 
     def start_workers(self) -> None:
         for index in range(self.config.workers):
-            self._spawn(f"worker-{index}", [
-                sys.executable, "-m", "tandem.cli", "worker", "--name", f"rollouts-{index}@%h",
-                "--concurrency", str(self.config.worker_concurrency),
-            ])
+            self.start_worker(index)
+
+    def start_worker(self, index: int) -> None:
+        """Rollout worker ``worker-{index}`` (one more producer process; ``start_workers`` starts them all)."""
+        self._spawn(f"worker-{index}", [
+            sys.executable, "-m", "tandem.cli", "worker", "--name", f"rollouts-{index}@%h",
+            "--concurrency", str(self.config.worker_concurrency),
+        ])
 
     def start_trainer(self, *, trainer_token: str, name: str = "trainer") -> None:
         # The token goes in the environment: a process's argv is readable by every local user.
