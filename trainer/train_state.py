@@ -41,9 +41,13 @@ def set_learning_rate(state, rate: float) -> None:
     current = state.opt_state.hyperparams["learning_rate"]
     if np.isclose(float(current), rate, rtol=1e-6, atol=0.0):
         return
-    # Placed like the array it replaces, so the jitted step sees the same input sharding.
-    state.opt_state.hyperparams["learning_rate"] = jax.device_put(
-        jnp.asarray(rate, dtype=current.dtype), current.sharding)
+    value = np.asarray(rate, dtype=current.dtype)
+    # Placed like the array it replaces, so the jitted step sees the same input sharding. Across
+    # hosts, device_put would first check that every process passes the same value (a collective
+    # of its own, made only where the rate changed); each process places its own copy instead.
+    state.opt_state.hyperparams["learning_rate"] = (
+        jax.device_put(jnp.asarray(value), current.sharding) if current.is_fully_addressable
+        else jax.make_array_from_callback((), current.sharding, lambda index: value))
 
 
 def initial_train_state(config: RunConfig, *, vocab_size: int, needs_value_head: bool,

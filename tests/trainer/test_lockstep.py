@@ -62,10 +62,11 @@ def _digest(order: Order) -> dict:
                        for name, array in sorted(order.arrays.items())}}
 
 
-def _processes(role: str, port: int) -> list[subprocess.Popen]:
+def _processes(role: str, port: int, *args: str) -> list[subprocess.Popen]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    return [subprocess.Popen([sys.executable, "-m", "tests.trainer.test_lockstep", role, str(process_id), str(port)],
+    return [subprocess.Popen([sys.executable, "-m", "tests.trainer.test_lockstep", role, str(process_id), str(port),
+                              *args],
                              cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for process_id in (0, 1)]
 
@@ -98,6 +99,24 @@ def test_a_follower_whose_leader_dies_exits_with_an_error_instead_of_waiting_for
     assert "received idle" in stdout, stderr[-4000:]
 
 
+def test_a_follower_obeys_every_order_of_a_run_and_computes_what_the_leader_computes(tmp_path):
+    """SFT, the KL reference and its log-probabilities, held-out scoring, a checkpoint, a restore of it
+    (with the reference) and an RL step with a learning rate that changes: the leader makes each call as
+    RunTrainer makes it, the follower as FollowedRun does, and both log the same metrics for each step."""
+    leader, follower = _processes("run", free_local_port(), str(tmp_path))
+    reports = []
+    for child in (leader, follower):
+        stdout, stderr = child.communicate(timeout=300)
+        assert child.returncode == 0, stderr[-4000:]
+        reports.append((_report(stdout), stdout + stderr))
+    (led, leader_log), (_, follower_log) = reports
+    trained = [[line.split(" trained ", 1)[1] for line in log.splitlines() if " trained step " in line]
+               for log in (leader_log, follower_log)]
+    assert len(trained[0]) == 3 and trained[0] == trained[1], trained
+    assert led["restored_step"] == 1 and led["scored_rows"] == 4
+    assert "process 1 restored run 1 at step 1" in follower_log
+
+
 def test_a_single_process_trainer_announces_nothing(monkeypatch):
     def no_broadcast(*args, **kwargs):
         raise AssertionError("a single process broadcast an order")
@@ -119,11 +138,91 @@ def test_a_batch_crosses_as_arrays_and_comes_back_the_same():
     assert np.array_equal(again.extras["reference_logprobs"], batch.extras["reference_logprobs"])
 
 
-def _child(role: str, process_id: int, port: int) -> dict:
+def _leader_of_a_run(directory: Path) -> dict:
+    """Process 0 of the "run" test: RunTrainer's calls, in its order, without the platform or Redis."""
+    import jax
+    import jax.numpy as jnp
+
+    from tandem.run_config import RunConfig
+    from trainer.algorithms import build_algorithm
+    from trainer.checkpoints import RunCheckpointer, RunProgress
+    from trainer.dataset_evaluation import held_out_token_statistics
+    from trainer.lockstep import AnnouncedReference, Leader
+    from trainer.losses import sft_loss
+    from trainer.sharding import (
+        host_copy,
+        make_mesh,
+        shard_batch,
+        shard_train_state,
+        step_shardings,
+    )
+    from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
+    from trainer.train_step import make_train_step, mean_metrics, on_logits, train_updates
+
+    lockstep = Leader()
+    config = RunConfig.model_validate({"mesh": {"data": 2, "fsdp": 2}, "algorithm": {"kl": {}},
+                                       "model": {"max_seq_len": 64}})
+    algorithm = build_algorithm(config.algorithm, temperature=config.sampling.temperature,
+                                max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns)
+    optimizer = make_optimizer(config.learning_rate, config.optimizer)
+    graphdef, state = initial_train_state(config, vocab_size=64, needs_value_head=False, optimizer=optimizer)
+    shardings = step_shardings(make_mesh(config.mesh), state)
+    state = shard_train_state(state, shardings)
+    steps = {"sft": make_train_step(graphdef, optimizer, on_logits(sft_loss), shardings=shardings),
+             "rl": make_train_step(graphdef, optimizer, algorithm.loss_fn, shardings=shardings)}
+    lockstep.announce(OrderKind.START, {"run_id": 1, "config": config.model_dump(mode="json"), "vocab_size": 64,
+                                        "checkpoint_directory": str(directory / "run-1"),
+                                        "weights_directory": str(directory / "weights")})
+    checkpointer = RunCheckpointer(directory / "run-1")
+
+    def train(phase, batch, step, learning_rate):
+        nonlocal state
+        lockstep.announce_batch(OrderKind.TRAIN, batch, {"phase": phase, "step": step,
+                                                         "learning_rate": learning_rate, "updates": 1})
+        set_learning_rate(state, learning_rate)
+        state, per_update = train_updates(steps[phase], state, shard_batch(batch, shardings), updates=1)
+        lockstep.trained(step=step, phase=phase, metrics=mean_metrics(per_update))
+
+    train("sft", _batch(4, 32), 1, 1e-3)
+    lockstep.announce(OrderKind.REFERENCE)
+    reference = AnnouncedReference(graphdef, jax.tree.map(jnp.copy, state.params), lockstep=lockstep)
+    base = _batch(4, 32).replace(extras={})
+    rl_batch = base.replace(extras={"reference_logprobs": reference.logprobs(base, temperature=1.0)})
+    lockstep.announce_batch(OrderKind.SCORE, base)
+    scored = host_copy(held_out_token_statistics(graphdef, state.params, shard_batch(base, shardings)))
+    lockstep.announce(OrderKind.CHECKPOINT, {"step": 1, "progress": RunProgress(step=1).model_dump(mode="json"),
+                                             "with_reference": True})
+    checkpointer.save(1, train_state=state, progress=RunProgress(step=1), reference_params=reference.params)
+    lockstep.announce(OrderKind.WAIT_FOR_CHECKPOINTS)
+    checkpointer.wait_until_finished()
+    train("sft", _batch(4, 32), 2, 5e-4)  # moved on from the checkpoint, then back to it
+    lockstep.announce(OrderKind.RESTORE, {"step": 1})
+    state, progress = checkpointer.restore(1, abstract_train_state=state)
+    state = shard_train_state(state, shardings)
+    lockstep.announce(OrderKind.RESTORE_REFERENCE, {"step": 1})
+    reference = AnnouncedReference(graphdef, checkpointer.restore_reference(1, abstract_params=state.params),
+                                   lockstep=lockstep)
+    train("rl", rl_batch, 2, 2e-4)
+    lockstep.announce(OrderKind.END)
+    checkpointer.close()
+    lockstep.quit()
+    return {"restored_step": progress.step, "scored_rows": len(scored[0])}
+
+
+def _child(role: str, process_id: int, port: int, *args: str) -> dict:
+    import logging
+
     from trainer.lockstep import Leader, receive
     from trainer.sharding import initialize_distributed
 
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
     assert initialize_distributed(f"127.0.0.1:{port}", 2, process_id, heartbeat_timeout_s=10)
+    if role == "run":
+        if process_id == 0:
+            return _leader_of_a_run(Path(args[0]))
+        from trainer.follower import follow
+
+        return {"followed": follow(redis_url="redis://127.0.0.1:1/0")}
     if role == "orders":
         if process_id == 0:
             leader = Leader()
@@ -144,4 +243,4 @@ def _child(role: str, process_id: int, port: int) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))), flush=True)
+    print(json.dumps(_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])), flush=True)
