@@ -489,5 +489,11 @@ def weight_publisher(
     if transport == "filesystem":
         if directory is None:
             raise ValueError("the filesystem weight transport needs a directory")
+        if jax.process_count() > 1:
+            # Its writer reads the parameters as one host's arrays; across hosts it would fail mid-run.
+            raise ValueError(
+                f"weights.transport 'filesystem' (chosen for {parameter_bytes / 2**20:.0f} MiB of weights) is not "
+                f"supported by a trainer of {jax.process_count()} processes yet: set weights.transport to "
+                "'redis' (raise weights.redis_max_mb, or publish in bfloat16 with weights.publish_dtype)")
         return FilesystemWeightPublisher(client, directory)
     raise ValueError(f"unknown weight transport {transport!r}; expected 'auto', 'redis' or 'filesystem'")

@@ -8,6 +8,10 @@ with :meth:`Host.command`: in its namespace, under its own host name (a UTS
 namespace), and optionally in a mount namespace of their own, where some
 directories are hidden behind an empty tmpfs (storage that host does not share).
 
+Every host resolves every host's name to its address (``/etc/netns/<namespace>/hosts``, which
+``ip netns exec`` mounts over ``/etc/hosts``), as a network's DNS would: programs that look up
+their own host name (Gloo, for JAX's collectives between processes) find their address.
+
 Pulling a host's cable (:meth:`Network.unplug`) sets the switch's end of its
 pair down: the host keeps its address and routes, and its packets are dropped,
 as on a real partition. Everything is removed on exit, cable ends included
@@ -20,6 +24,7 @@ import contextlib
 import ipaddress
 import os
 import shlex
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
@@ -27,6 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+# Files here are mounted over /etc's by ``ip netns exec <namespace>``.
+NETNS_CONFIG_ROOT = Path("/etc/netns")
 
 
 class NetworkSetupError(RuntimeError):
@@ -134,11 +142,17 @@ def network(host_names: Sequence[str]) -> Iterator[Network]:
             _ip("-n", namespace, "link", "set", "eth0", "up")
             _ip("-n", namespace, "link", "set", "lo", "up")
             result.hosts[name] = Host(name=name, namespace=namespace, address=address, switch_port=port)
+        names = "".join(f"{host.address} {host.name}\n" for host in result.hosts.values())
+        for host in result.hosts.values():
+            config_dir = NETNS_CONFIG_ROOT / host.namespace
+            config_dir.mkdir(parents=True, exist_ok=True)
+            (config_dir / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
         yield result
     except NetworkSetupError as exc:
         pytest.fail(f"could not build the test's network: {exc}")
     finally:
         for namespace in reversed(made):
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+            shutil.rmtree(NETNS_CONFIG_ROOT / namespace, ignore_errors=True)
         # Gone with the switch's namespace, unless that was never made.
         subprocess.run(["ip", "link", "del", outside_here], capture_output=True, timeout=30)

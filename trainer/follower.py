@@ -14,6 +14,7 @@ its broadcast fails, or the JAX job's heartbeats end it, and it exits non-zero.
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 
 import jax
@@ -148,7 +149,8 @@ def follow(*, redis_url: str) -> int:
       jax.errors.JaxRuntimeError: the leader is gone; the process must exit (non-zero).
     """
     unused_redis = redis.Redis.from_url(redis_url)
-    logger.info("trainer process %d of %d follows process 0", jax.process_index(), jax.process_count())
+    logger.info("trainer process %d of %d on host %s follows process 0", jax.process_index(), jax.process_count(),
+                socket.gethostname())
     run: FollowedRun | None = None
     followed = 0
     # Any error ends the process: a follower that missed a collective cannot catch up, and the job

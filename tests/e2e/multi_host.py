@@ -71,14 +71,16 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 def multi_host_stack(tmp_path: Path, *, producer_hosts: Sequence[str] = ("host-b", "host-c"),
                      worker_concurrency: int = 4, environment_latency_ms: float = 0.0,
                      environment: str | None = None, environment_settings: dict | None = None,
+                     extra_hosts: Sequence[str] = (), extra_env: dict[str, str] | None = None,
                      log_lines: int = 60) -> Iterator[tuple[MultiHostStack, str]]:
     """The stack on hosts A (platform, Redis), the producer hosts and D (trainer), not started yet.
 
     Also serves the example HTTP environment on host A with ``environment_latency_ms`` (the
     calculator, or ``environment``, ``module:Class`` built with ``environment_settings``); yields
-    the stack and that environment's URL.
+    the stack and that environment's URL. ``extra_hosts``: more hosts on the network, with nothing
+    started on them.
     """
-    names = [PLATFORM_HOST, *producer_hosts, TRAINER_HOST]
+    names = [PLATFORM_HOST, *producer_hosts, TRAINER_HOST, *extra_hosts]
     with network(names) as net, fresh_database() as database_url:
         platform_host = net[PLATFORM_HOST]
         database_name = database_url.rsplit("/", 1)[1]
@@ -111,6 +113,7 @@ def multi_host_stack(tmp_path: Path, *, producer_hosts: Sequence[str] = ("host-b
                     "ALLOWED_HOSTS": platform_host.address,
                     # Environments may live on this network's hosts, and nowhere else.
                     "TANDEM_ENVIRONMENT_URL_ALLOWLIST": str(net.subnet),
+                    **(extra_env or {}),
                 },
             )
             stack = MultiHostStack(net, config, producer_hosts=producer_hosts)

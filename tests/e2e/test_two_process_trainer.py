@@ -1,11 +1,10 @@
 """A trainer of two processes trains one run over a mesh that spans both, and both resume it exactly.
 
-Real processes throughout (web, the platform's reaper, two rollout workers, and two
+Real processes throughout, each on its host of a test network (tests/e2e/multi_host.py):
+web, the platform's reaper and Redis on host A, a rollout worker on host B, and two
 ``tandem trainer`` processes joined into one JAX job by ``jax.distributed``, two CPU
-devices each), real Redis and PostgreSQL. The stack's usual single trainer is not started.
-
-Where each trainer process runs is :class:`TrainerHosts`: both on loopback here; moving
-process 1 to a host of its own (a network namespace) changes only that value.
+devices each: process 0 on host D, process 1 on host E, which reaches only process 0
+(the coordinator, and Gloo's collectives). The stack's usual single trainer is not started.
 """
 
 from __future__ import annotations
@@ -13,10 +12,8 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -24,7 +21,9 @@ import pytest
 
 from tandem.local_ports import free_local_port
 from tandem.stack import Credentials, LocalStack
-from tests.e2e.conftest import private_stack, run_ended, user_api
+from tests.e2e.conftest import run_ended, user_api
+from tests.e2e.multi_host import TRAINER_HOST, multi_host_stack
+from tests.network_hosts import Host
 from tests.polling import poll_until
 
 # checkpoint.every 3 and RL steps of two groups of 4 episodes: the batch (8 rows, and SFT's 4)
@@ -39,44 +38,33 @@ RUN_CONFIG = {
 TRAINED = re.compile(r"process (\d) of 2 trained step (\d+) \((sft|rl)\): loss \S+, metrics (\{.*\})")
 
 
-@dataclass(frozen=True)
-class TrainerHosts:
-    """Where the two trainer processes run, and how process 1 reaches process 0.
-
-    ``coordinator_host``: process 0's address as every process dials it (JAX's coordinator
-    listens on all of process 0's addresses). ``launchers``: what each process's command is
-    started through, e.g. ``("ip", "netns", "exec", "host1")`` for a host of its own. Only
-    process 0 reaches the platform and Redis, at the stack's own (loopback) addresses.
-    """
-
-    coordinator_host: str = "127.0.0.1"
-    launchers: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
-
-
-HOSTS = TrainerHosts()
+FOLLOWER_HOST = "host-e"
 
 
 class TwoProcessTrainer:
     """``tandem trainer`` twice, as LocalStack.start_trainer starts it, joined into one JAX job."""
 
-    def __init__(self, stack: LocalStack, credentials: Credentials, hosts: TrainerHosts):
+    def __init__(self, stack: LocalStack, credentials: Credentials, hosts: tuple[Host, Host]):
         self.stack, self.credentials, self.hosts = stack, credentials, hosts
         self.attempt = 0
 
     def start(self) -> tuple[subprocess.Popen, subprocess.Popen]:
         self.attempt += 1
-        coordinator = f"{self.hosts.coordinator_host}:{free_local_port()}"
+        # JAX's coordinator listens on process 0's host; the port is free there (a namespace of its own).
+        coordinator = f"{self.hosts[0].address}:{free_local_port()}"
         processes = []
         for process_id in (0, 1):
             name = self.log_name(process_id)
-            env = {**self.stack.env(), "TANDEM_TRAINER_TOKEN": self.credentials.trainer_token,
+            env = {**{name: value for name, value in self.stack.env().items() if name != "DATABASE_URL"},
+                   "TANDEM_TRAINER_TOKEN": self.credentials.trainer_token,
                    "TANDEM_COORDINATOR_ADDRESS": coordinator, "TANDEM_NUM_PROCESSES": "2",
                    "TANDEM_PROCESS_ID": str(process_id), "JAX_PLATFORMS": "cpu",
                    "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
                    "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-            command = [*self.hosts.launchers[process_id], sys.executable, "-m", "tandem.cli", "trainer",
-                       "--platform-url", self.stack.config.platform_url,
-                       "--checkpoint-dir", str(self.stack.config.var_dir / "checkpoints")]
+            command = self.hosts[process_id].command([
+                sys.executable, "-m", "tandem.cli", "trainer", "--platform-url", self.stack.config.platform_url,
+                # The same path on both hosts: Orbax writes each host's shards and commits once.
+                "--checkpoint-dir", str(self.stack.config.var_dir / "checkpoints")])
             with open(self.stack.log_dir / f"{name}.log", "ab") as log:
                 # The stack stops (and the test kills) it by its process group, as it does its own.
                 process = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2], env=env, stdout=log,
@@ -119,13 +107,15 @@ def _committed_on_disk(stack: LocalStack, run_id: int) -> list[int]:
 
 @pytest.mark.timeout(1500)
 def test_two_trainer_processes_train_one_run_over_one_mesh_and_resume_it_exactly(tmp_path):
-    with private_stack(tmp_path, redis_db=11, log_lines=40,
-                       extra_env={"TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S": "10", "TANDEM_REAPER_INTERVAL_S": "1"}) as stack:
+    with multi_host_stack(tmp_path, producer_hosts=("host-b",), extra_hosts=(FOLLOWER_HOST,), log_lines=40,
+                          extra_env={"TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S": "10",
+                                     "TANDEM_REAPER_INTERVAL_S": "1"}) as (stack, _):
         credentials = stack.prepare()
         stack.start_web()
         stack.start_platform_worker()
         stack.start_workers()
-        trainer = TwoProcessTrainer(stack, credentials, HOSTS)
+        hosts = (stack.net[TRAINER_HOST], stack.net[FOLLOWER_HOST])
+        trainer = TwoProcessTrainer(stack, credentials, hosts)
         leader, follower = trainer.start()
         api = user_api(stack, credentials)
         created = api.post("/api/runs/", json={"project": credentials.project_id, "name": "two processes",
@@ -148,8 +138,9 @@ def test_two_trainer_processes_train_one_run_over_one_mesh_and_resume_it_exactly
 
         # One trainer claimed the run: process 0, by its host and pid; process 1 never talked to the platform.
         run = api.get(f"/api/runs/{run_id}/").json()
-        assert [attempt["trainer"] for attempt in run["attempt_history"]] == [f"{socket.gethostname()}:{leader.pid}"]
-        assert "follows process 0" in trainer.log(1, attempt=1) and "claimed run" not in trainer.log(1, attempt=1)
+        assert [attempt["trainer"] for attempt in run["attempt_history"]] == [f"{TRAINER_HOST}:{leader.pid}"]
+        assert f"of 2 on host {FOLLOWER_HOST} follows process 0" in trainer.log(1, attempt=1)
+        assert "claimed run" not in trainer.log(1, attempt=1)
         # Both processes trained every step up to the checkpoint and beyond, and computed the same
         # loss for each (the kill may fall between the two processes' lines of the last step).
         both = set(first_metrics[0]) & set(first_metrics[1])
@@ -165,7 +156,7 @@ def test_two_trainer_processes_train_one_run_over_one_mesh_and_resume_it_exactly
         assert run["status"] == "finished", run["status_reason"]
         assert run["attempts"] == 2 and run["trainer_step"] == SFT_STEPS + RL_STEPS
         assert [attempt["outcome"] for attempt in run["attempt_history"]] == ["queued", "finished"]
-        assert run["attempt_history"][1]["trainer"] == f"{socket.gethostname()}:{stack.processes[trainer.log_name(0)].pid}"
+        assert run["attempt_history"][1]["trainer"] == f"{TRAINER_HOST}:{stack.processes[trainer.log_name(0)].pid}"
 
         # Exactly from the newest committed checkpoint: both processes restored it, and the first
         # step they trained after it is the next one.

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from policy.lora import apply_lora
 from policy.model import Transformer, TransformerConfig
-from policy.weights import RedisWeightPublisher
+from policy.weights import RedisWeightPublisher, weight_publisher
 from tandem.contracts import weights_key
 from tandem.parallelism_config import LoRAConfig, MeshConfig
 from trainer.checkpoints import RunCheckpointer, RunProgress
@@ -175,6 +175,8 @@ def test_two_processes_join_one_mesh_and_only_process_zero_publishes(redis_url, 
     base_and_adapters, adapters_only = reports[0]["published_bytes"]
     assert 0 < adapters_only < base_and_adapters
     assert reports[1]["published_bytes"] == [0, 0]
+    # The filesystem transport cannot gather across hosts yet: refused before anything is written.
+    assert all("not supported by a trainer of 2 processes" in report["filesystem_refused"] for report in reports)
 
 
 def test_initialize_distributed_is_a_no_op_on_a_single_host(monkeypatch):
@@ -304,9 +306,14 @@ def _one_of_two_processes(process_id: int, port: int, run_id: int, redis_url: st
     publisher = RedisWeightPublisher(redis.Redis.from_url(redis_url), lora=lora)
     published = [publisher.publish(run_id=run_id, version=version, params=state.params)
                  for version in range(2)]
+    try:
+        weight_publisher(redis.Redis.from_url(redis_url), transport="filesystem", directory=Path("/nonexistent"))
+        filesystem_refused = ""
+    except ValueError as refused:
+        filesystem_refused = str(refused)
     return {"process": jax.process_index(), "devices": jax.device_count(),
             "local_devices": jax.local_device_count(), "loss": float(metrics["loss"]),
-            "published_bytes": published}
+            "published_bytes": published, "filesystem_refused": filesystem_refused}
 
 
 if __name__ == "__main__":
