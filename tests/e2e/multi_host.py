@@ -125,7 +125,8 @@ def multi_host_stack(tmp_path: Path, *, producer_hosts: Sequence[str] = ("host-b
         finally:
             if stack is not None:
                 stack.stop()
-                print_log_tails(stack, lines=log_lines)
+                if log_lines:
+                    print_log_tails(stack, lines=log_lines)
             for process in (environment_server, redis_server):
                 process.terminate()
                 try:
