@@ -78,7 +78,11 @@ class StreamRecorder(threading.Thread):
                     last_id = entry_id.decode()
                     self.entries.append((last_id, TrajectoryRecord.from_stream_fields(fields)))
 
-    def stop(self) -> None:
+    def __enter__(self) -> StreamRecorder:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
         self._stopping.set()
         self.join(timeout=10)
         self._client.close()
@@ -104,12 +108,8 @@ def test_a_run_created_from_outside_finishes_on_producers_that_get_its_weights_o
     client = redis.Redis.from_url(stack.config.redis_url)
     run_id = _create_run(api, credentials.project_id, "four hosts",
                          {"sft_steps": 0, "rl_steps": 4, "rollout": ROLLOUT})
-    recorder = StreamRecorder(stack.config.redis_url, run_id)
-    recorder.start()
-    try:
+    with StreamRecorder(stack.config.redis_url, run_id) as recorder:
         run = run_ended(stack, api, run_id, timeout_s=600)
-    finally:
-        recorder.stop()
     assert run["status"] == "finished", run["status_reason"]
     assert run["trainer_step"] == 4
     assert {_host(attempt["trainer"]) for attempt in run["attempt_history"]} == {TRAINER_HOST}
@@ -155,10 +155,7 @@ def test_a_partitioned_producer_loses_only_its_episodes_and_rejoins_when_its_lin
     # B's groups are counted lost.
     run_id = _create_run(api, credentials.project_id, "partition", {
         "sft_steps": 0, "rl_steps": RL_STEPS_CUT_OFF, "rollout": {**ROLLOUT, "timeout_s": 20}})
-    recorder = StreamRecorder(stack.config.redis_url, run_id)
-    recorder.start()
-    unplugged = []
-    try:
+    with StreamRecorder(stack.config.redis_url, run_id) as recorder:
         def producer_running(host: str) -> ProducerReport | None:
             for field, value in client.hgetall(producers_key(run_id)).items():
                 report = ProducerReport.model_validate_json(value)
@@ -171,14 +168,12 @@ def test_a_partitioned_producer_loses_only_its_episodes_and_rejoins_when_its_lin
         report_b = poll_until(lambda: producer_running("host-b"), timeout_s=300, interval_s=0.2,
                               between=stack.check_alive, what="host-b to run a rollout task")
         net.unplug(host_b)
-        unplugged.append(host_b)
-        version_b_had = int(client.hget(weights_key(run_id), "version"))
-        # Its groups are counted lost after rollout.timeout_s, asked for again, and the run finishes on C.
-        run = run_ended(stack, api, run_id, timeout_s=1200)
-    finally:
-        recorder.stop()
-        for host in unplugged:
-            net.plug(host)
+        try:
+            version_b_had = int(client.hget(weights_key(run_id), "version"))
+            # Its groups are counted lost after rollout.timeout_s, asked for again, and the run finishes on C.
+            run = run_ended(stack, api, run_id, timeout_s=1200)
+        finally:
+            net.plug(host_b)
     assert run["status"] == "finished", run["status_reason"]
     assert run["trainer_step"] == RL_STEPS_CUT_OFF
 
@@ -217,12 +212,8 @@ def test_a_partitioned_producer_loses_only_its_episodes_and_rejoins_when_its_lin
     try:
         rejoin_run_id = _create_run(api, credentials.project_id, "after the partition",
                                     {"sft_steps": 0, "rl_steps": 2, "rollout": {**ROLLOUT, "timeout_s": 20}})
-        rejoin_recorder = StreamRecorder(stack.config.redis_url, rejoin_run_id)
-        rejoin_recorder.start()
-        try:
+        with StreamRecorder(stack.config.redis_url, rejoin_run_id) as rejoin_recorder:
             rejoin_run = run_ended(stack, api, rejoin_run_id, timeout_s=1200)
-        finally:
-            rejoin_recorder.stop()
     finally:
         net.plug(host_c)
     assert rejoin_run["status"] == "finished", rejoin_run["status_reason"]
