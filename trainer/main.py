@@ -87,7 +87,10 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                     logger.warning("run %s: %s; this trainer stops working on it", claimed.run_id, exc)
                 except KeyboardInterrupt:
                     # Stopped by the operator: say so, rather than leave the run "running" forever.
-                    _report_failure(platform, claimed.run_id, consumer, "trainer process was stopped")
+                    # Promptly: a stack that stops takes its web server down too, and a supervisor
+                    # gives a stopping process seconds; the reaper fails a run whose heartbeats end.
+                    _report_failure(platform, claimed.run_id, consumer, "trainer process was stopped",
+                                    retries=STOPPED_REPORT_RETRIES)
                     raise
                 except Exception as exc:
                     logger.exception("run %s failed", claimed.run_id)
@@ -145,13 +148,16 @@ class LivenessBeat(threading.Thread):
 # A failure report is retried this often before the trainer gives up on it and goes on: the
 # reaper then fails the run when its heartbeats stop.
 FAILURE_REPORT_RETRIES = 8
+# Of the report that the operator stopped the trainer: a second or so of tries.
+STOPPED_REPORT_RETRIES = 2
 
 
-def _report_failure(platform: PlatformClient, run_id: int, worker: str, message: str) -> None:
+def _report_failure(platform: PlatformClient, run_id: int, worker: str, message: str, *,
+                    retries: int = FAILURE_REPORT_RETRIES) -> None:
     """Tell the platform the run failed; never raises, so that the trainer goes on to the next run."""
     try:
         platform.heartbeat(run_id, TrainerHeartbeat(status=RunStatus.FAILED, message=message, worker=worker),
-                           retries=FAILURE_REPORT_RETRIES)
+                           retries=retries)
     except RunTakenOverError:
         pass  # another trainer holds the run now, or none does: its failure is not ours to report
     except Exception:

@@ -1,5 +1,7 @@
 """The filesystem weight transport: Orbax checkpoints on a shared path, a pointer in Redis."""
 
+import socket
+
 import jax
 import numpy as np
 from flax import nnx
@@ -36,7 +38,9 @@ def test_producers_follow_the_pointer_to_the_newest_checkpoint(redis_client, run
     # Only the newest `keep` versions stay on disk.
     assert sorted(p.name for p in (tmp_path / f"run-{run_id}").iterdir()) == ["v1", "v2"]
     # Redis holds a pointer, not the weights.
-    assert set(redis_client.hkeys(f"tandem:run:{run_id}:weights")) == {b"version", b"path"}
+    assert set(redis_client.hkeys(f"tandem:run:{run_id}:weights")) == {b"version", b"path", b"written_on"}
+    # The host that wrote it, for the error of a producer host that cannot see the path.
+    assert redis_client.hget(f"tandem:run:{run_id}:weights", "written_on").decode() == socket.gethostname()
 
 
 def test_a_producer_runtime_loads_weights_published_on_the_filesystem(redis_client, run_id, tmp_path):
