@@ -37,6 +37,7 @@ from tandem.contracts import (
     RunStatus,
     TrainerHeartbeat,
     TrainerStepEvent,
+    producer_fault_key,
     run_keys,
     run_log_stream,
     run_spec_key,
@@ -256,8 +257,9 @@ class RunTrainer:
                        evaluation_environments=self.claimed.evaluation_environments)
         if self.claimed.is_resume:
             self._resume_from_checkpoint()
-            # The stream, the consumed-ledger and the group counter carry over.
-            self.redis.delete(run_stop_key(self.run_id))
+            # The stream, the consumed-ledger and the group counter carry over; a producer's fault
+            # that failed the last attempt is the operator's to have mended before resuming.
+            self.redis.delete(run_stop_key(self.run_id), producer_fault_key(self.run_id))
         else:
             if self.config.start_from is not None:
                 self._start_from_checkpoint()
