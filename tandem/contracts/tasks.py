@@ -27,3 +27,11 @@ PROBE_TASK_NAME = "tandem.environments.probe"
 PROBE_QUEUE = "probes"
 PROBE_REPORT_TASK_NAME = "tandem.environments.record_probe_report"
 PLATFORM_QUEUE = "platform"
+# Platform work that waits on the outside world or on a big file runs on queues and workers of its
+# own (`tandem platform-worker --queues ...`), so that probe reports, the reaper and log drains
+# (PLATFORM_QUEUE) are never behind it: webhook posts to operators' receivers, and dataset
+# uploads stored in batches with their derived statistics.
+WEBHOOKS_QUEUE = "platform-webhooks"
+DATASETS_QUEUE = "platform-datasets"
+#: Every queue the platform's own workers consume, each by a worker of its own.
+PLATFORM_QUEUES = (PLATFORM_QUEUE, WEBHOOKS_QUEUE, DATASETS_QUEUE)
