@@ -180,10 +180,10 @@ from tandem.contracts.stages import (
     stage_metric_name,
 )
 from tandem.contracts.tasks import (
+    DATASETS_QUEUE,
     DEMONSTRATIONS_TASK_NAME,
     EVALUATION_QUEUE,
     EVALUATION_TASK_NAME,
-    DATASETS_QUEUE,
     PLATFORM_QUEUE,
     PLATFORM_QUEUES,
     PROBE_QUEUE,
