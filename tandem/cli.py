@@ -63,7 +63,9 @@ def cmd_worker(args) -> int:
 
 
 def cmd_platform_worker(args) -> int:
-    """The platform's Celery worker with Celery beat inside: probe reports, health sweeps, the run reaper."""
+    """A platform Celery worker: by default the one with Celery beat inside (probe reports, health
+    sweeps, the run reaper); with ``--queues platform-webhooks`` or ``platform-datasets``, a prefork
+    worker of its own for the work that waits on the outside world or on big files."""
     platform_dir = Path(__file__).resolve().parents[1] / "platform"
     sys.path.insert(0, str(platform_dir))
     os.environ["REDIS_URL"] = _redis_url(args)
@@ -74,13 +76,20 @@ def cmd_platform_worker(args) -> int:
     from config.celery import app
     from tandem.contracts import PLATFORM_QUEUE
 
-    schedule = Path(args.schedule_file)
-    schedule.parent.mkdir(parents=True, exist_ok=True)
-    # Solo pool: its tasks are short database writes. Beat runs inside this process,
-    # so run exactly one platform worker (a second would double every health sweep).
-    argv = ["worker", "--pool", "solo", "--queues", PLATFORM_QUEUE, "--loglevel", args.loglevel,
+    queues = args.queues or PLATFORM_QUEUE
+    # The platform queue's tasks are short database writes: a solo pool. Other queues' tasks may
+    # wait (on a receiver, on a big file): prefork, whose parent enforces the tasks' time limits by
+    # killing a stuck child, which a solo pool cannot do.
+    pool = args.pool or ("solo" if queues == PLATFORM_QUEUE else "prefork")
+    argv = ["worker", "--pool", pool, "--queues", queues, "--loglevel", args.loglevel,
             "--without-gossip", "--without-mingle", "--hostname", args.name]
-    if not args.no_beat:
+    if pool != "solo":
+        argv += ["--concurrency", str(args.concurrency)]
+    # Beat runs inside the platform queue's worker, so run exactly one of those (a second would
+    # double every health sweep); the other queues' workers never run it.
+    if queues == PLATFORM_QUEUE and not args.no_beat:
+        schedule = Path(args.schedule_file)
+        schedule.parent.mkdir(parents=True, exist_ok=True)
         argv += ["--beat", "--schedule", str(schedule)]
     app.worker_main(argv)
     return 0
@@ -256,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
         "TANDEM_BEAT_SCHEDULE", "var/celerybeat-schedule"), help="where Celery beat keeps its state")
     platform_worker.add_argument("--no-beat", action="store_true",
                                  help="do not run Celery beat here (it runs in another process)")
+    platform_worker.add_argument(
+        "--queues", default=None,
+        help="the queue to consume: platform (the default, with beat), platform-webhooks or platform-datasets")
+    platform_worker.add_argument("--pool", default=None, choices=("solo", "prefork"),
+                                 help="Celery pool (default: solo for platform, prefork for the others)")
+    platform_worker.add_argument("--concurrency", type=int, default=2,
+                                 help="child processes of a prefork worker")
     platform_worker.set_defaults(func=cmd_platform_worker)
 
     models = commands.add_parser("models", help="bring a pretrained model").add_subparsers(

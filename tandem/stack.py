@@ -211,6 +211,18 @@ class LocalStack:
             "--schedule-file", str(self.config.var_dir / "celerybeat-schedule"),
         ])
 
+    def start_platform_queue_workers(self) -> None:
+        """A prefork worker for each platform queue whose tasks may wait: webhook posts, dataset storing."""
+        from tandem.contracts import DATASETS_QUEUE, WEBHOOKS_QUEUE
+
+        # Two webhook posts at once, so one slow receiver never holds every alert; one dataset at
+        # a time, since storing one keeps a core busy (uploads queue behind it, each with a status).
+        for queue, concurrency in ((WEBHOOKS_QUEUE, 2), (DATASETS_QUEUE, 1)):
+            self._spawn(queue, [
+                sys.executable, "-m", "tandem.cli", "platform-worker", "--queues", queue,
+                "--name", f"{queue}@%h", "--concurrency", str(concurrency),
+            ])
+
     def start_workers(self) -> None:
         for index in range(self.config.workers):
             self.start_worker(index)
@@ -233,6 +245,7 @@ class LocalStack:
     def start(self, credentials: Credentials) -> None:
         self.start_web()
         self.start_platform_worker()
+        self.start_platform_queue_workers()
         self.start_workers()
         self.start_trainer(trainer_token=credentials.trainer_token)
 

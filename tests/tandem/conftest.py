@@ -36,6 +36,7 @@ def platform(tmp_path_factory, redis_url) -> Platform:
         stack.start_web()
         # A rollout worker and the platform worker: environments get probed, as they are for real.
         stack.start_platform_worker()
+        stack.start_platform_queue_workers()
         stack.start_workers()
         yield Platform(stack, credentials)
         stack.stop()
