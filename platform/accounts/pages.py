@@ -13,7 +13,7 @@ from domain_errors import DomainError, NotFound
 
 from .forms import ApiTokenCreateForm
 from .selectors import api_token_get_for_user, api_token_list, auth_locked_out
-from .services import api_token_create, api_token_revoke, auth_failure_record, auth_failures_clear
+from .services import api_token_create, api_token_revoke
 
 
 @login_required
@@ -53,7 +53,11 @@ def token_revoke_page(request, token_id: int):
 
 
 class ThrottledLoginView(LoginView):
-    """The login page, refusing (429) a user name or client address that failed too often."""
+    """The login page, refusing (429) a user name or client address that failed too often.
+
+    The authentication backend (accounts.backends) counts the failures and refuses too, on
+    this login and the admin's alike; this view only answers 429 where it would refuse.
+    """
 
     template_name = "accounts/login.html"
 
@@ -67,11 +71,3 @@ class ThrottledLoginView(LoginView):
             return self.render_to_response(self.get_context_data(form=form), status=429)
         return super().post(request, *args, **kwargs)
 
-    def form_invalid(self, form):
-        auth_failure_record(username=self.request.POST.get("username", ""),
-                            address=self.request.META.get("REMOTE_ADDR"))
-        return super().form_invalid(form)
-
-    def form_valid(self, form):
-        auth_failures_clear(username=form.get_user().get_username())
-        return super().form_valid(form)

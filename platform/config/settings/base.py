@@ -100,6 +100,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Counts failed passwords and refuses locked-out names on every login path (the admin's too).
+AUTHENTICATION_BACKENDS = ["accounts.backends.LockingModelBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "run-list-page"
 LOGOUT_REDIRECT_URL = "login"
