@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+from types import SimpleNamespace
+
 from django.conf import settings
+from django.contrib.auth import get_user
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db.models import OuterRef, QuerySet, Subquery
@@ -57,6 +61,21 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     if token is None or not token.user.is_active:
         return None
     return token
+
+
+def websocket_credential_is_valid(*, user_id: int, api_token_id: int | None, session_key: str | None) -> bool:
+    """Whether what a WebSocket authenticated with still authenticates ``user_id``.
+
+    A token: not revoked, its user active. A session: still logged in as that user, whose
+    password has not changed since (Django's own ``get_user`` checks, the ones each request gets).
+    """
+    if api_token_id is not None:
+        return ApiToken.objects.filter(pk=api_token_id, user_id=user_id, user__is_active=True).exists()
+    if not session_key:
+        return False
+    session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    user = get_user(SimpleNamespace(session=session))
+    return user.is_authenticated and user.pk == user_id and user.is_active
 
 
 def api_token_list(*, user: AbstractBaseUser) -> QuerySet[ApiToken]:

@@ -148,8 +148,10 @@ def api_token_create(*, user: AbstractBaseUser, name: str) -> tuple[ApiToken, st
 
 @transaction.atomic
 def api_token_revoke(*, token: ApiToken) -> None:
-    """Delete the token; the next request that presents it is refused."""
+    """Delete the token; the next request that presents it is refused, and its user's sockets re-check theirs."""
+    user_id = token.user_id
     token.delete()
+    user_access_changed_on_commit(user_id)
 
 
 # How stale ``last_used_at`` may get: a write on every request would cost more

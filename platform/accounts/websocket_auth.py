@@ -25,6 +25,8 @@ class TokenAuthMiddleware(BaseMiddleware):
         if raw:
             found = await database_sync_to_async(token_user)(raw)
             scope["user"] = found[0] if found else AnonymousUser()
+            # Consumers re-check that this token still exists (selectors.websocket_credential_is_valid).
+            scope["api_token_id"] = found[1].pk if found else None
         elif not _same_origin(headers.get(b"origin"), headers.get(b"host")):
             scope["user"] = AnonymousUser()
         return await super().__call__(scope, receive, send)

@@ -6,15 +6,18 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from accounts.realtime import user_group_name
+from accounts.selectors import websocket_credential_is_valid
 
 from .realtime import run_group_name
 from .selectors import run_is_visible, run_is_visible_to_user_id
 
-# While messages flow, access is re-checked at most this often (a deactivated user, say);
-# removal from the project closes the socket at once (accounts.realtime).
+# While messages flow, access is re-checked at most this often (a deactivated user, a logged-out
+# session, say); removal from the project and a revoked token close the socket at once (accounts.realtime).
 ACCESS_RECHECK_S = 5.0
 # The close code of a socket whose user may not see the run (now or any more).
 FORBIDDEN_CLOSE_CODE = 4403
+# The close code of a socket whose token was revoked or whose session logged out since it opened.
+UNAUTHENTICATED_CLOSE_CODE = 4401
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -37,6 +40,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=FORBIDDEN_CLOSE_CODE)  # before accept: the handshake is refused
             return
         self.run_id, self.user_id = run_id, user.pk
+        # What it authenticated with, re-checked with access: a token (accounts.websocket_auth) or the session.
+        self.api_token_id = self.scope.get("api_token_id")
+        session = self.scope.get("session")
+        self.session_key = None if self.api_token_id or session is None else session.session_key
         self.checked_at = time.monotonic()
         self.group_name = run_group_name(run_id)
         self.user_group = user_group_name(user.pk)
@@ -50,18 +57,28 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self.channel_layer.group_discard(group, self.channel_name)
 
     async def _allowed(self, *, now: bool = False) -> bool:
-        """Whether the user may still see the run; checked ``now`` or once per ACCESS_RECHECK_S."""
+        """Whether the socket's credential is still valid and its user may still see the run;
+        checked ``now`` or once per ACCESS_RECHECK_S."""
         if self.denied:
             return False
         if not now and time.monotonic() - self.checked_at < ACCESS_RECHECK_S:
             return True
         self.checked_at = time.monotonic()
-        if await database_sync_to_async(run_is_visible_to_user_id)(user_id=self.user_id, run_id=self.run_id):
+        code = await database_sync_to_async(self._close_code)()
+        if code is None:
             return True
         self.denied = True
-        await self.disconnect(FORBIDDEN_CLOSE_CODE)  # leave the groups: nothing more is sent
-        await self.close(code=FORBIDDEN_CLOSE_CODE)
+        await self.disconnect(code)  # leave the groups: nothing more is sent
+        await self.close(code=code)
         return False
+
+    def _close_code(self) -> int | None:
+        if not websocket_credential_is_valid(user_id=self.user_id, api_token_id=self.api_token_id,
+                                             session_key=self.session_key):
+            return UNAUTHENTICATED_CLOSE_CODE
+        if not run_is_visible_to_user_id(user_id=self.user_id, run_id=self.run_id):
+            return FORBIDDEN_CLOSE_CODE
+        return None
 
     async def access_changed(self, event):
         await self._allowed(now=True)
