@@ -5,7 +5,9 @@ No Django and no pytest here: a rollout worker imports this module.
 
 from __future__ import annotations
 
+import json
 import random
+import urllib.parse
 from typing import Any
 
 from environments.base import Environment, StepResult
@@ -43,3 +45,25 @@ class EvaluationKeyQuotingEnvironment(KeyedEnvironment):
 
     def sample_evaluation_task(self, rng: random.Random) -> dict[str, Any]:
         raise RuntimeError(f"the task API refused key {self.api_key}")
+
+
+# A JSON service-account key, as a Google client is given: quotes, newlines and backslashes,
+# which repr(), json.dumps() and URL-quoting each write differently from the raw value.
+SERVICE_ACCOUNT_KEY_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7testkeybody"
+SERVICE_ACCOUNT_KEY = json.dumps({
+    "type": "service_account",
+    "private_key_id": "0123456789abcdef",
+    "private_key": f"-----BEGIN PRIVATE KEY-----\n{SERVICE_ACCOUNT_KEY_BODY}\n-----END PRIVATE KEY-----\n",
+    "client_email": "tandem@example.iam.gserviceaccount.com",
+    "note": "it's C:\\keys\\tandem",
+}, indent=2)
+
+
+class KeyEchoingEnvironment(KeyedEnvironment):
+    """Fails every step with an error that echoes its key as client libraries do: repr, JSON, a URL."""
+
+    async def step(self, action: str) -> StepResult:
+        raise RuntimeError(
+            f"credentials {self.api_key!r} refused; request body {json.dumps({'credentials': self.api_key})}; "
+            f"retry https://auth.example/token?key={urllib.parse.quote(self.api_key, safe='')}"
+        )

@@ -28,7 +28,7 @@ from tandem.contracts import (
 )
 from tandem.rollout_config import RolloutConfig, SamplingConfig
 from tandem.run_config import ModelConfig, RunConfig
-from tests.workers.secret_environments import API_KEY
+from tests.workers.secret_environments import API_KEY, SERVICE_ACCOUNT_KEY, SERVICE_ACCOUNT_KEY_BODY
 from workers.probe import probe_by_id
 from workers.producer import RunNotReadyError, produce
 
@@ -46,14 +46,15 @@ def _keyed_spec(environment_class: str) -> EnvironmentSpec:
                            settings={"greeting": "hi"}, secret_setting_names=("api_key",))
 
 
-def _publish_run(redis_client, run_id: int, environment: EnvironmentSpec, *, secrets: bool = True) -> None:
+def _publish_run(redis_client, run_id: int, environment: EnvironmentSpec, *, secrets: bool = True,
+                 api_key: str = API_KEY) -> None:
     """What a claim leaves in Redis: the trainer's spec and weights, the platform's secrets key."""
     model = Transformer(TransformerConfig.from_model_config(CONFIG.model, VOCAB_SIZE), rngs=nnx.Rngs(0))
     RedisWeightPublisher(redis_client).publish(run_id=run_id, version=1, params=split_model(model)[1])
     redis_client.set(run_spec_key(run_id),
                      RunSpec(run_id=run_id, config=CONFIG, environment=environment).model_dump_json())
     if secrets:
-        record = EnvironmentSecrets(version_id=VERSION_ID, settings={"api_key": API_KEY})
+        record = EnvironmentSecrets(version_id=VERSION_ID, settings={"api_key": api_key})
         redis_client.set(run_environment_secrets_key(run_id), record.model_dump_json())
 
 
@@ -88,6 +89,20 @@ def test_an_episode_failure_reason_never_quotes_a_secret_setting(redis_client, r
     assert reasons == {"step raised RuntimeError: the upstream API refused key [secret api_key]"}
     assert all(API_KEY.encode() not in value for _, fields in redis_client.xrange(trajectory_stream(run_id))
                for value in fields.values())
+
+
+def test_an_episode_failure_reason_never_echoes_a_json_key_in_any_escaping(redis_client, redis_url, run_id,
+                                                                         secrets_key_cleanup):
+    # Issue 28, finding 10: before, only the raw value was replaced, and repr() or json.dumps() of a
+    # key with quotes, backslashes or newlines (a JSON service-account key) went through whole.
+    _publish_run(redis_client, run_id, _keyed_spec("KeyEchoingEnvironment"), api_key=SERVICE_ACCOUNT_KEY)
+
+    produce(redis_url=redis_url, run_id=run_id, first_group_index=0, num_groups=1)
+
+    [reason] = {record.failure_reason for record in _records(redis_client, run_id)}
+    stored = [value for _, fields in redis_client.xrange(trajectory_stream(run_id)) for value in fields.values()]
+    assert not any(SERVICE_ACCOUNT_KEY_BODY.encode() in value for value in stored), reason
+    assert reason.count("[secret api_key]") == 3, reason
 
 
 def test_a_producer_waits_for_secret_settings_that_are_not_in_redis(redis_client, redis_url, run_id):
@@ -138,3 +153,13 @@ def test_a_probe_report_never_quotes_a_secret_setting(redis_client, redis_url, r
     assert step.status == "failed"
     assert step.message == "RuntimeError: the upstream API refused key [secret api_key]"
     assert API_KEY not in report.model_dump_json()
+
+
+def test_a_probe_report_never_echoes_a_json_key_in_any_escaping(redis_client, redis_url, run_id):
+    report = _probe_from_redis(redis_client, redis_url, _keyed_spec("KeyEchoingEnvironment"), run_id,
+                               secret_settings={"api_key": SERVICE_ACCOUNT_KEY})
+
+    step = next(check for check in report.checks if check.name == "step")
+    assert step.status == "failed"
+    assert SERVICE_ACCOUNT_KEY_BODY not in report.model_dump_json(), step.message
+    assert step.message.count("[secret api_key]") == 3, step.message
