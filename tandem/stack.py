@@ -33,7 +33,7 @@ class StackError(RuntimeError):
 @dataclass
 class StackConfig:
     redis_url: str
-    database_url: str | None = None  # None: the platform's embedded SQLite
+    database_url: str | None = None  # None: the platform's embedded SQLite, var_dir/tandem.sqlite3
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 2
@@ -105,9 +105,16 @@ class LocalStack:
         # Where the trainer writes checkpoints (start_trainer) is where the web process accepts
         # and deletes them (checkpoints.selectors.checkpoint_path_in_root).
         env["TANDEM_CHECKPOINT_ROOT"] = str(self.config.var_dir / "checkpoints")
-        if self.config.database_url:
-            env["DATABASE_URL"] = self.config.database_url
+        # Every process gets the database named outright, never one inherited from the caller: two
+        # stacks with var directories of their own must not share one (their bootstraps would
+        # replace each other's trainer token, their trainers claim each other's runs).
+        env["DATABASE_URL"] = self.config.database_url or f"sqlite:///{self.sqlite_path}"
         return env
+
+    @property
+    def sqlite_path(self) -> Path:
+        """The embedded SQLite database of a stack without ``database_url``: in its var directory."""
+        return self.config.var_dir / "tandem.sqlite3"
 
     def manage(self, *args: str, env: dict[str, str] | None = None) -> str:
         result = subprocess.run(

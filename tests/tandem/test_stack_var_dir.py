@@ -1,0 +1,46 @@
+"""Two stacks of one checkout, each with a var directory of its own (``tandem up --var-dir``), share nothing.
+
+The stacks run the embedded SQLite (``StackConfig.database_url`` None), as ``tandem up`` does without a
+``DATABASE_URL``: their databases must be two files, each in its own var directory, or the second
+stack's bootstrap would replace the first one's trainer token and each trainer would claim the
+other's runs.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from tandem.contracts import TRAINER_HEADER
+from tandem.local_ports import free_local_port
+from tandem.stack import LocalStack, StackConfig
+
+
+def _embedded_sqlite_stack(var_dir, redis_url: str) -> LocalStack:
+    return LocalStack(StackConfig(redis_url=redis_url, database_url=None, port=free_local_port(), workers=0,
+                                  var_dir=var_dir))
+
+
+def test_stacks_with_var_dirs_of_their_own_keep_databases_and_trainer_tokens_of_their_own(tmp_path, redis_url):
+    first = _embedded_sqlite_stack(tmp_path / "first", redis_url)
+    second = _embedded_sqlite_stack(tmp_path / "second", redis_url)
+    first_credentials = first.prepare()
+    second_credentials = second.prepare()
+
+    for stack in (first, second):
+        database = stack.config.var_dir / "tandem.sqlite3"
+        assert database.is_file(), f"no database in {stack.config.var_dir}: {sorted(stack.config.var_dir.iterdir())}"
+    assert first_credentials.trainer_token != second_credentials.trainer_token
+
+    # The second bootstrap left the first stack's trainer token alone: the first platform takes it.
+    first.start_web()
+    try:
+        claim = httpx.post(f"{first.config.platform_url}/api/trainer/claim/", json={"worker": "test-host:1"},
+                           headers={"Authorization": f"Token {first_credentials.trainer_token}",
+                                    TRAINER_HEADER: "test-host:1"}, timeout=10)
+        assert claim.status_code == 204, claim.text  # authenticated, and no run is queued there
+        stranger = httpx.post(f"{first.config.platform_url}/api/trainer/claim/", json={"worker": "test-host:1"},
+                              headers={"Authorization": f"Token {second_credentials.trainer_token}",
+                                       TRAINER_HEADER: "test-host:1"}, timeout=10)
+        assert stranger.status_code == 401, stranger.text  # the other stack's trainer is not known here
+    finally:
+        first.stop()
