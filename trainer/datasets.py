@@ -84,10 +84,12 @@ def load_dataset(platform: PlatformClient, run_id: int, *, name: str, version: i
                  tool_call_format: str, between_pages: Callable[[], None] = lambda: None,
                  page_size: int = DATASET_ROWS_PAGE_MAX) -> DatasetSource:
     """Every row of ``name@version`` from the platform, page by page, split into training and held-out
-    rows; ``between_pages`` runs after each page."""
+    rows; ``between_pages`` runs after each page, and between the retries of a page the platform
+    failed to serve (the run's heartbeat: a cancel is seen while a broken version is retried)."""
     stored: list[dict] = []
     while True:
-        page = platform.dataset_rows(run_id, name, version, offset=len(stored), limit=page_size)
+        page = platform.dataset_rows(run_id, name, version, offset=len(stored), limit=page_size,
+                                     between_retries=between_pages)
         stored.extend(page.rows)
         between_pages()
         if not page.rows or len(stored) >= page.total:

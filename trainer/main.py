@@ -19,7 +19,12 @@ from tandem.redis_clients import durable_redis
 from tandem.run_logs import process_run_log_scope, start_run_log_shipping, stop_run_log_shipping
 from trainer.follower import follow
 from trainer.lockstep import SINGLE_PROCESS, Leader, Lockstep
-from trainer.platform_client import PlatformClient, RunTakenOverError, UnusableClaimError
+from trainer.platform_client import (
+    SERVER_ERROR_RETRIES,
+    PlatformClient,
+    RunTakenOverError,
+    UnusableClaimError,
+)
 from trainer.run_loop import RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed
 
@@ -40,8 +45,12 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
         return follow(redis_url=redis_url)
     lockstep: Lockstep = Leader() if jax.process_count() > 1 else SINGLE_PROCESS
     consumer = f"{socket.gethostname()}:{os.getpid()}"
-    # Retries for as long as it takes: at first boot the platform may still be migrating.
-    platform = PlatformClient(platform_url, token, trainer_name=consumer)
+    # Retries for as long as it takes: at first boot the platform may still be migrating. A request
+    # the platform fails with a 500 every time (a dataset version it cannot serve) fails its run
+    # after SERVER_ERROR_RETRIES tries, or as many as TANDEM_TRAINER_SERVER_ERROR_RETRIES says.
+    platform = PlatformClient(platform_url, token, trainer_name=consumer,
+                              server_error_retries=int(os.environ.get("TANDEM_TRAINER_SERVER_ERROR_RETRIES",
+                                                                      SERVER_ERROR_RETRIES)))
     # Rides out a Redis restart: commands reconnect and run again (tandem/redis_clients.py).
     redis_client = durable_redis(redis_url)
     # A bare client: the trainer sends rollout tasks by name and never imports worker code.

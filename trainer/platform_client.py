@@ -6,6 +6,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -36,6 +37,20 @@ logger = logging.getLogger(__name__)
 
 class PlatformUnavailableError(RuntimeError):
     pass
+
+
+class PlatformRequestFailedError(httpx.HTTPStatusError):
+    """A request the platform answered with a server error on every try: it names the request's URL,
+    the status and the platform's reason. The run it was for fails with this message, and the trainer
+    goes on to the next run (a broken dataset version fails again however often it is asked)."""
+
+    def __init__(self, method: str, response: httpx.Response, *, attempts: int):
+        self.reason = (_error_of(response).get("message") or response.text.strip()[:300]
+                       or response.reason_phrase)
+        self.attempts = attempts
+        super().__init__(f"the platform answered {method} {response.request.url} with HTTP "
+                         f"{response.status_code} on all {attempts} tries: {self.reason}",
+                         request=response.request, response=response)
 
 
 class RunTakenOverError(RuntimeError):
@@ -79,6 +94,8 @@ UNAVAILABLE_STATUS_CODES = frozenset({429, 502, 503, 504})
 # ... and these a few times only: the same request failing on the server again and again is a
 # bug to report, not an outage to wait out.
 RETRIED_STATUS_CODES = UNAVAILABLE_STATUS_CODES | {500}
+# How often a 500 is asked again (with the backoff: about 7 s in all) before the request fails;
+# the trainer's operator setting TANDEM_TRAINER_SERVER_ERROR_RETRIES (trainer/main.py) changes it.
 SERVER_ERROR_RETRIES = 4
 
 
@@ -109,10 +126,12 @@ class PlatformClient:
     ``retries``: how often a request that met a connection error or a retried status is sent
     again, with backoff; None (the default) retries for as long as it takes, so that a platform
     that restarts, or that is still migrating when the trainer boots, never stops training.
+    ``server_error_retries``: how often a 500 is sent again, whatever ``retries`` says: the
+    same request failing on the server again and again is no outage to wait out.
     """
 
     def __init__(self, base_url: str, token: str, *, trainer_name: str, timeout_s: float = 10.0,
-                 retries: int | None = None):
+                 retries: int | None = None, server_error_retries: int = SERVER_ERROR_RETRIES):
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Token {token}", TRAINER_HEADER: trainer_name},
@@ -120,6 +139,7 @@ class PlatformClient:
         )
         self.trainer_name = trainer_name
         self._retries = retries
+        self._server_error_retries = server_error_retries
         # Telemetry bodies the platform refused as invalid (logged with their steps).
         self.refused_posts = 0
 
@@ -151,8 +171,8 @@ class PlatformClient:
                     _raise_for_status(response)
                     return response
                 trouble = f"HTTP {response.status_code}"
-                if response.status_code not in UNAVAILABLE_STATUS_CODES and attempt >= SERVER_ERROR_RETRIES:
-                    response.raise_for_status()
+                if response.status_code not in UNAVAILABLE_STATUS_CODES and attempt >= self._server_error_retries:
+                    raise PlatformRequestFailedError("POST", response, attempts=attempt + 1)
             if retries is not None and attempt >= retries:
                 if response is None:
                     raise PlatformUnavailableError(f"POST {path}: {trouble}")
@@ -165,8 +185,13 @@ class PlatformClient:
             attempt += 1
             time.sleep(delay)
 
-    def _get(self, path: str, params: dict) -> httpx.Response:
-        """GET, retried like :meth:`_post` (with the client's retries)."""
+    def _get(self, path: str, params: dict, *, between_retries: Callable[[], None] = lambda: None) -> httpx.Response:
+        """GET, retried like :meth:`_post` (with the client's retries): a 500 ``server_error_retries``
+        times at most, then :class:`PlatformRequestFailedError`.
+
+        ``between_retries`` runs before each wait: the run's heartbeat, which raises when the run was
+        cancelled or paused meanwhile, so that a request failing for good never outlives its run.
+        """
         delays = retry_delays()
         attempt = 0
         while True:
@@ -179,6 +204,8 @@ class PlatformClient:
                     _raise_for_status(response)
                     return response
                 trouble = f"HTTP {response.status_code}"
+                if response.status_code not in UNAVAILABLE_STATUS_CODES and attempt >= self._server_error_retries:
+                    raise PlatformRequestFailedError("GET", response, attempts=attempt + 1)
             if self._retries is not None and attempt >= self._retries:
                 if response is None:
                     raise PlatformUnavailableError(f"GET {path}: {trouble}")
@@ -187,12 +214,15 @@ class PlatformClient:
             if attempt == 0 or attempt % 10 == 0:
                 logger.warning("platform: GET %s failed (%s); retry %d in %.1fs", path, trouble, attempt + 1, delay)
             attempt += 1
+            between_retries()
             time.sleep(delay)
 
-    def dataset_rows(self, run_id: int, name: str, version: int, *, offset: int, limit: int) -> DatasetRowsPage:
-        """A page of the rows of dataset ``name@version``, which the run's config pins (sft.datasets)."""
+    def dataset_rows(self, run_id: int, name: str, version: int, *, offset: int, limit: int,
+                     between_retries: Callable[[], None] = lambda: None) -> DatasetRowsPage:
+        """A page of the rows of dataset ``name@version``, which the run's config pins (sft.datasets);
+        ``between_retries`` as :meth:`_get` runs it."""
         response = self._get(f"/api/trainer/runs/{run_id}/datasets/{name}/versions/{version}/rows/",
-                             {"offset": offset, "limit": limit})
+                             {"offset": offset, "limit": limit}, between_retries=between_retries)
         return DatasetRowsPage.model_validate(response.json())
 
     def claim(self, worker: str) -> ClaimedRun | None:

@@ -31,7 +31,7 @@ class RowsPlatform:
     def __init__(self, rows):
         self.rows = rows
 
-    def dataset_rows(self, run_id, name, version, *, offset, limit):
+    def dataset_rows(self, run_id, name, version, *, offset, limit, between_retries=lambda: None):
         return DatasetRowsPage(dataset=name, version=version, offset=offset, total=len(self.rows),
                                rows=self.rows[offset:offset + limit])
 

@@ -97,7 +97,7 @@ def test_the_trainer_fails_an_unusable_run_with_its_reason_and_stays_up(monkeypa
             return httpx.Response(200, json={"schema_version": 1, "status": "failed"})
         return next(answers, httpx.Response(204))
 
-    def client_of_this_platform(url, token, *, trainer_name, retries=None):
+    def client_of_this_platform(url, token, *, trainer_name, retries=None, server_error_retries=4):
         client = PlatformClient(url, token, trainer_name=trainer_name, retries=0)
         client._http = httpx.Client(base_url=url, transport=httpx.MockTransport(platform))
         return client

@@ -25,7 +25,7 @@ class FakePlatform:
     def __init__(self, rows):
         self.rows, self.asked = rows, []
 
-    def dataset_rows(self, run_id, name, version, *, offset, limit):
+    def dataset_rows(self, run_id, name, version, *, offset, limit, between_retries=lambda: None):
         self.asked.append((offset, limit))
         return DatasetRowsPage(dataset=name, version=version, offset=offset, total=len(self.rows),
                                rows=self.rows[offset:offset + limit])
