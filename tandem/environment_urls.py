@@ -12,8 +12,12 @@ host names (``envs.example.com``, or ``*.example.com`` for subdomains) and
 networks (``10.0.0.0/8``, ``127.0.0.1``). Without one, every address is
 allowed except link-local and cloud metadata ones. With one, a URL is allowed
 only if its host name is listed or every address it resolves to is in a
-listed network; a listed name that resolves into the refused ranges is still
-refused unless a listed network holds that address.
+listed network; a listed name that resolves into the refused ranges (or, where
+they are refused, into private and loopback ones) is still refused unless a
+listed network holds that address: a name on the list vouches for the name, not
+for wherever its DNS points today. Refusals name the host as written and never
+the addresses a name resolved to, so that a URL field is no probe of the
+deployment's DNS.
 
 Alert webhooks (``platform/alerts``) are URLs the platform itself posts to, chosen
 by users: they go through the same checks under their own allow-list
@@ -146,6 +150,10 @@ def check_environment_url(
     ``schemes``: the schemes the URL may have. ``allowlist_setting``: the operator setting
     that holds ``allowlist``, named in refusals (``TANDEM_ENVIRONMENT_URL_ALLOWLIST`` by default).
     """
+    # CR and LF would split the request line a client writes from the URL; no URL needs a
+    # control character or a space unencoded.
+    if any(ord(character) <= 0x20 or ord(character) == 0x7F for character in url):
+        raise EnvironmentURLRefused(f"{url!r} holds a space or a control character (CR, LF, tab, NUL ...)")
     parts = urlsplit(url)
     if parts.scheme not in schemes:
         written = ", ".join(f"{scheme}://" for scheme in sorted(schemes))
@@ -159,6 +167,12 @@ def check_environment_url(
         raise EnvironmentURLRefused(f"{url!r} must not have a query or a fragment")
     if parts.username is not None or parts.password is not None:
         raise EnvironmentURLRefused(f"{url!r} must not carry credentials")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise EnvironmentURLRefused(f"{url!r} has no valid port: a port is a number from 1 to 65535")
     literal = _address(host)
     if literal is None and _numeric_host(host):
         raise EnvironmentURLRefused(
@@ -192,6 +206,10 @@ def check_addresses(host: str, addresses: Iterable[Address], *, networks: list, 
                     listed: bool, refuse_private: bool = False, allowlist_setting: str | None = None) -> None:
     """Raise EnvironmentURLRefused if any address ``host`` reaches is one environments may not use."""
     setting = allowlist_setting or URL_ALLOWLIST_VARIABLE
+    # A literal address is named as written; a name's addresses never are (see the module's docstring).
+    literal = _address(host) is not None
+    refused = f"{host} is" if literal else f"{host} resolves to"
+    list_it = f"list it in {setting} to allow it" if literal else f"list its network in {setting} to allow it"
     for address in addresses:
         # ::ffff:169.254.169.254 reaches the same service as 169.254.169.254, and so on.
         address = effective_address(address)
@@ -199,17 +217,13 @@ def check_addresses(host: str, addresses: Iterable[Address], *, networks: list, 
             continue
         if listed and not name_allowed:
             listed_in = "the environment URL allow-list" if allowlist_setting is None else setting
-            raise EnvironmentURLRefused(f"{host} ({address}) is not on {listed_in}")
+            raise EnvironmentURLRefused(f"{refused} an address not on {listed_in}")
         if any(address in network for network in REFUSED_NETWORKS):
+            raise EnvironmentURLRefused(f"{refused} a link-local or cloud-metadata address; {list_it}")
+        # Listed names too: the operator listed the name, not the private networks it may point into.
+        if refuse_private and any(address in network for network in PRIVATE_NETWORKS):
             raise EnvironmentURLRefused(
-                f"{host} ({address}) is a link-local or cloud-metadata address; "
-                f"list it in {setting} to allow it"
-            )
-        if refuse_private and not listed and any(address in network for network in PRIVATE_NETWORKS):
-            raise EnvironmentURLRefused(
-                f"{host} ({address}) is a private or loopback address, refused on this deployment; "
-                f"list it in {setting} to allow it"
-            )
+                f"{refused} a private or loopback address, refused on this deployment; {list_it}")
 
 
 #: The variable workers read the allow-list from, as the platform's settings do.
@@ -225,16 +239,19 @@ def configured_allowlist() -> list[str] | None:
 
 
 def check_connect_addresses(host: str, addresses: Iterable[Address], *,
-                            allowlist: Iterable[str] | None, allowlist_setting: str | None = None) -> None:
+                            allowlist: Iterable[str] | None, allowlist_setting: str | None = None,
+                            refuse_private: bool | None = None) -> None:
     """:func:`check_environment_url`'s address rules for the addresses a connection to ``host`` is about to use.
 
     Called by the HTTP adapter's resolver at connect time, so a name that
     resolved somewhere harmless when it was checked and elsewhere now (DNS
-    rebinding) is refused where the connection is made.
+    rebinding) is refused where the connection is made. ``refuse_private``: as for
+    :func:`check_environment_url`.
     """
     networks, names = _parse_allowlist(allowlist) if allowlist is not None else ([], [])
     host = host.lower().rstrip(".")
     check_addresses(host, addresses, networks=networks,
                     name_allowed=allowlist is None or _name_listed(host, names),
-                    listed=allowlist is not None, refuse_private=private_addresses_refused(),
+                    listed=allowlist is not None,
+                    refuse_private=private_addresses_refused() if refuse_private is None else refuse_private,
                     allowlist_setting=allowlist_setting)

@@ -133,7 +133,7 @@ def test_openenv_name_rebound_after_its_check_is_refused_at_connect_time(monkeyp
         monkeypatch.setattr(socket, "getaddrinfo", rebinding_getaddrinfo)
         url = f"http://openenv.rebind.test:{port}"
         check_environment_url(url, allowlist=["127.0.0.1/32"], resolve=resolve_host)  # the probe's check
-        with pytest.raises(OpenEnvError, match=r"127\.0\.0\.2\) is not on the environment URL allow-list"):
+        with pytest.raises(OpenEnvError, match=r"openenv\.rebind\.test resolves to an address not on the environment URL allow-list"):
             asyncio.run(_episode(url))
     assert first_seen == [] and rebound_seen == []
 
@@ -173,10 +173,11 @@ def test_openenv_literal_address_in_a_refused_range_is_refused_before_any_connec
 
 
 def test_an_allowed_openenv_server_plays_an_episode_through_the_checked_connection(monkeypatch):
-    # A listed name may resolve to loopback even where private addresses are refused: the check
-    # passes and the episode runs over the connection the adapter opened to the checked address.
+    # Where private addresses are refused, a listed name resolving to loopback passes only with its
+    # network listed too (issue 28, finding 13); the episode runs over the connection the adapter
+    # opened to the checked address.
     monkeypatch.setenv("TANDEM_ENVIRONMENT_URL_PRIVATE", "refuse")
-    monkeypatch.setenv("TANDEM_ENVIRONMENT_URL_ALLOWLIST", "localhost")
+    monkeypatch.setenv("TANDEM_ENVIRONMENT_URL_ALLOWLIST", "localhost,127.0.0.1,::1")
     with _openenv_server("127.0.0.1") as (port, seen):
         prompt, reward = asyncio.run(_episode(f"http://localhost:{port}"))
     assert prompt.startswith("say ") and reward == 1.0
