@@ -140,6 +140,7 @@ from .celery import *  # noqa: E402,F403
 from .datasets import *  # noqa: E402,F403
 from .environment_registry import *  # noqa: E402,F403
 from .realtime import *  # noqa: E402,F403
+from .request_limits import *  # noqa: E402,F403
 from .run_logs import *  # noqa: E402,F403
 from .runs import *  # noqa: E402,F403
 from .telemetry import *  # noqa: E402,F403
