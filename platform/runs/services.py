@@ -18,6 +18,7 @@ from alerts.services import alerts_progress_check, alerts_run_status_changed
 from dataset_registry.selectors import dataset_versions_pin
 from domain_errors import Conflict, InvalidInput
 from environment_registry.models import EnvironmentProbe, EnvironmentVersion
+from environment_registry.secret_values import secrets_record_seal
 from environment_registry.selectors import (
     environment_version_pin,
     environment_version_secret_settings,
@@ -27,7 +28,6 @@ from tandem.contracts import (
     DEMONSTRATIONS_PROBE_CHECK,
     TERMINAL_RUN_STATUSES,
     TRAINER_HELD_RUN_STATUSES,
-    EnvironmentSecrets,
     RunStatus,
     TrainerConflictCode,
     TrainerHeartbeat,
@@ -377,19 +377,24 @@ def run_reap_dead_trainers(*, heartbeat_timeout_s: float) -> list[Run]:
                 continue
             silent = (f"Trainer {run.claimed_by or '(unknown)'} sent no heartbeat since "
                       f"{run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC (timeout {heartbeat_timeout_s:g} s)")
-            max_restarts = _config_value(run, "max_restarts")
-            if run.restarts < max_restarts:
-                run.restarts += 1
-                run.save(update_fields=["restarts"])
-                reason = (f"{silent}; restart {run.restarts} of {max_restarts}: queued again, the next "
-                          "trainer resumes from the last checkpoint.")
-                logger.warning("run %s: %s", run.pk, reason)
-                reaped.append(run_transition(run=run, to_status=RunStatus.QUEUED, reason=reason))
-            else:
-                reason = (f"{silent}; no restarts left (config.max_restarts={max_restarts}): resume the run "
-                          "to continue from its last checkpoint.")
-                reaped.append(run_transition(run=run, to_status=RunStatus.FAILED, reason=reason))
+            reaped.append(_run_restart_or_fail(run=run, cause=silent))
     return reaped
+
+
+def _run_restart_or_fail(*, run: Run, cause: str) -> Run:
+    """Queue ``run`` again for the next trainer, a restart counted against ``config.max_restarts``; past
+    them, fail it. ``cause`` (why its trainer let go of it) starts the reason. Under the run's row lock."""
+    max_restarts = _config_value(run, "max_restarts")
+    if run.restarts < max_restarts:
+        run.restarts += 1
+        run.save(update_fields=["restarts"])
+        reason = (f"{cause}; restart {run.restarts} of {max_restarts}: queued again, the next "
+                  "trainer resumes from the last checkpoint.")
+        logger.warning("run %s: %s", run.pk, reason)
+        return run_transition(run=run, to_status=RunStatus.QUEUED, reason=reason)
+    reason = (f"{cause}; no restarts left (config.max_restarts={max_restarts}): resume the run "
+              "to continue from its last checkpoint.")
+    return run_transition(run=run, to_status=RunStatus.FAILED, reason=reason)
 
 
 def _config_value(run: Run, name: str):
@@ -473,8 +478,8 @@ def run_environment_secrets_publish_on_commit(run: Run) -> None:
 
 
 def _secrets_payload(version: EnvironmentVersion) -> str:
-    return EnvironmentSecrets(version_id=version.pk,
-                              settings=environment_version_secret_settings(version=version)).model_dump_json()
+    """The sealed EnvironmentSecrets of ``version`` (ciphertext, as in the database), for its producers."""
+    return secrets_record_seal(version_id=version.pk, values=environment_version_secret_settings(version=version))
 
 
 def _redis_on_commit(write, failure: str) -> None:
@@ -579,6 +584,11 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
                             *_advance_step(run, heartbeat.trainer_step, run.heartbeat_at)])
     if heartbeat.status is None:
         return run
+    if heartbeat.status == RunStatus.QUEUED:
+        # The trainer lost a part of itself (a process of its JAX job), not the run: a restart, as
+        # the reaper makes one for a trainer that died.
+        return _run_restart_or_fail(
+            run=run, cause=f"Trainer {heartbeat.worker or '(unknown)'} {heartbeat.message or 'gave the run back'}")
     if run.status == RunStatus.STARTING and heartbeat.status != RunStatus.FAILED:
         run_transition(run=run, to_status=RunStatus.RUNNING, reason="")
     if heartbeat.status != RunStatus.RUNNING:

@@ -97,8 +97,11 @@ class RunSpec(Record):
         return data
 
 
-# The statuses a trainer may report; the others are the platform's or a user's to set.
-RunReportedStatus = Literal[RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED]
+# The statuses a trainer may report; the others are the platform's or a user's to set. queued: the
+# trainer cannot go on but the run can (a multi-process trainer lost one of its processes): the
+# platform queues it again as a restart, counted against config.max_restarts, as it does a run whose
+# trainer died, and fails it past them.
+RunReportedStatus = Literal[RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.QUEUED]
 
 
 class TrainerHeartbeat(Record):

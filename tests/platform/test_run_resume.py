@@ -11,6 +11,7 @@ from runs.models import Run
 from runs.services import run_claim_next, run_reap_dead_trainers
 from runs.tasks import reap_dead_trainers
 from tandem.contracts import TrainerConflictCode, run_stop_key
+from tests.platform.conftest import TRAINER_NAME
 
 
 def _heartbeat(run_id: int) -> str:
@@ -80,6 +81,32 @@ def test_a_run_whose_trainer_died_is_queued_again_up_to_max_restarts_then_fails(
     history = [(a.number, a.trainer, a.outcome) for a in running_run.attempt_history.order_by("number")]
     assert history == [(1, "trainer-host:1", "queued"), (2, "second-host:2", "queued"), (3, "third-host:3", "failed")]
     assert all("sent no heartbeat since" in a.reason for a in running_run.attempt_history.all())
+
+
+def test_a_trainer_that_lost_a_process_gives_the_run_back_as_a_restart_up_to_max_restarts(trainer_api, running_run):
+    """A multi-process trainer whose follower died says "queued" (before, it could only fail the run):
+    a restart, counted as the reaper counts one, and past max_restarts a failure saying why."""
+    Run.objects.filter(pk=running_run.pk).update(config={**running_run.config, "max_restarts": 1})
+    lost = "lost a process of its JAX job (JaxRuntimeError: Gloo all-reduce failed: Connection closed by peer)"
+
+    given_back = trainer_api.post(_heartbeat(running_run.pk), {"worker": TRAINER_NAME, "status": "queued",
+                                                              "message": lost, "trainer_step": 7}, format="json")
+
+    assert given_back.status_code == 200, given_back.content
+    assert given_back.json()["status"] == "queued"
+    running_run.refresh_from_db()
+    assert (running_run.status, running_run.restarts, running_run.claimed_by) == ("queued", 1, "")
+    assert running_run.status_reason.startswith(f"Trainer {TRAINER_NAME} {lost}; restart 1 of 1: queued again")
+    # The next claim resumes it; a second loss is past max_restarts.
+    claimed = run_claim_next(worker=TRAINER_NAME)
+    assert claimed.pk == running_run.pk and claimed.attempts == 2
+    trainer_api.post(_heartbeat(running_run.pk), {"worker": TRAINER_NAME, "status": "queued", "message": lost},
+                     format="json")
+    running_run.refresh_from_db()
+    assert (running_run.status, running_run.restarts) == ("failed", 1)
+    assert lost in running_run.status_reason and "no restarts left (config.max_restarts=1)" in running_run.status_reason
+    assert [(a.number, a.outcome) for a in running_run.attempt_history.order_by("number")] == [
+        (1, "queued"), (2, "failed")]
 
 
 def test_the_attempts_show_in_the_api_and_on_the_run_page(api, running_run):
