@@ -49,7 +49,6 @@ from policy import ByteLayout, ByteTokenizer
 from tandem.contracts import (
     PROBE_ACTION,
     DemonstrationMessage,
-    EnvironmentSecrets,
     EpisodeCloseReason,
     ProbeCheck,
     ProbeReport,
@@ -60,6 +59,7 @@ from tandem.contracts import (
 )
 from tandem.environment_urls import EnvironmentURLRefused, check_environment_url, resolve_host
 from tandem.run_config import RunConfig
+from tandem.secrets_at_rest import SecretsCipher, SecretsKeyError, environment_secrets_open
 from workers.episode_slots import advertised_max_concurrent_episodes
 from workers.secret_settings import SecretSettings
 
@@ -364,7 +364,11 @@ def probe_by_id(*, redis_url: str, probe_id: int) -> ProbeReport:
     if raw is None:
         return _request_failed(probe_id, "the probe request expired in Redis before a worker took it; probe again")
     request = ProbeRequest.model_validate_json(raw)
-    secrets = None if raw_secrets is None else EnvironmentSecrets.model_validate_json(raw_secrets)
+    try:
+        secrets = None if raw_secrets is None else environment_secrets_open(raw_secrets,
+                                                                           SecretsCipher.from_environment())
+    except SecretsKeyError as exc:
+        return _request_failed(probe_id, f"this worker cannot decrypt the secret settings: {exc}")
     names = set(request.environment.secret_setting_names)
     if names and (secrets is None or set(secrets.settings) != names):
         return _request_failed(probe_id, f"the secret settings ({', '.join(sorted(names))}) are not in Redis: "

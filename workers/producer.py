@@ -15,7 +15,6 @@ import redis.asyncio as aioredis
 from environments import EVALUATION_SEED_BASE, load_environment_class
 from policy import WeightsNotVisibleError
 from tandem.contracts import (
-    EnvironmentSecrets,
     EnvironmentSpec,
     ProducerFault,
     RunSpec,
@@ -28,6 +27,7 @@ from tandem.contracts import (
     trajectory_stream,
 )
 from tandem.redis_clients import durable_async_redis, durable_redis
+from tandem.secrets_at_rest import SecretsCipher, SecretsKeyError, environment_secrets_open
 from workers.activity import WORKER_NAME, process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
@@ -51,6 +51,10 @@ class RunNotReadyError(RuntimeError):
 
 class EnvironmentPausedError(RunNotReadyError):
     """The run's environment version failed a health check; no episode starts until it passes one."""
+
+
+class SecretSettingsUndecryptableError(RuntimeError):
+    """This worker's TANDEM_SECRETS_KEY does not decrypt the run's secret settings; not retried (a ProducerFault)."""
 
 
 class RolloutTaskTimeLimitError(RuntimeError):
@@ -81,7 +85,9 @@ def load_environment_secrets(client: redis.Redis, spec: RunSpec,
 
     Raises RunNotReadyError while they are not there (the claim's Redis write is still
     on its way, or failed and is logged by the platform): an environment built without
-    its API key would fail every episode.
+    its API key would fail every episode. Raises SecretSettingsUndecryptableError, having
+    reported a ProducerFault (the trainer fails the run with its reason), if this worker's
+    TANDEM_SECRETS_KEY is missing or does not decrypt them: every try would fail alike.
     """
     environment = evaluation_environment or spec.environment
     names = set(environment.secret_setting_names)
@@ -91,7 +97,14 @@ def load_environment_secrets(client: redis.Redis, spec: RunSpec,
         raw = client.get(run_environment_secrets_key(spec.run_id))
     else:
         raw = client.hget(run_evaluation_secrets_key(spec.run_id), str(environment.version_id))
-    secrets = None if raw is None else EnvironmentSecrets.model_validate_json(raw)
+    try:
+        secrets = None if raw is None else environment_secrets_open(raw, SecretsCipher.from_environment())
+    except SecretsKeyError as exc:
+        reason = (f"run {spec.run_id}: producer {WORKER_NAME} cannot decrypt the secret settings of "
+                  f"{environment.label}: {exc}")
+        report_producer_fault(client, spec.run_id, ProducerFault(
+            kind="secrets_undecryptable", reason=reason, producer=WORKER_NAME))
+        raise SecretSettingsUndecryptableError(reason) from None
     if secrets is None or secrets.version_id != environment.version_id or set(secrets.settings) != names:
         raise RunNotReadyError(
             f"run {spec.run_id}: the secret settings of {environment.label} "

@@ -123,13 +123,17 @@ class EnvironmentVersionSecrets(models.Model):
 
     Apart from EnvironmentVersion so that nothing that shows a version (the API, pages,
     the admin, a ``dumpdata`` of versions) ever loads them; only
-    ``selectors.environment_version_secret_settings`` does, for producers and probes.
+    ``selectors.environment_version_secret_settings`` does, for producers and probes. And
+    encrypted (secret_values.py), so that a database dump or backup holds no value either.
     """
 
     version = models.OneToOneField(
         EnvironmentVersion, on_delete=models.CASCADE, primary_key=True, related_name="+"
     )
-    values = models.JSONField(default=dict, help_text="Setting name -> string value.")
+    ciphertext = models.TextField(
+        help_text="A Fernet token of the JSON setting name -> value, under TANDEM_SECRETS_KEY's first key "
+        "when it was written (environment_registry.secret_values)."
+    )
 
     def __str__(self) -> str:
         return f"secret settings of version {self.version_id}"  # never the values

@@ -9,6 +9,7 @@ from accounts.models import Project
 from domain_errors import Conflict, InvalidInput, NotFound
 
 from .models import Environment, EnvironmentProbe, EnvironmentVersion, EnvironmentVersionSecrets
+from .secret_values import secret_values_open
 
 # Probes shown with a version: its registration and the recent health history.
 PROBES_SHOWN = 50
@@ -124,8 +125,11 @@ def environment_version_last_probe_times(*, versions: list[EnvironmentVersion]) 
 
 
 def environment_version_secret_settings(*, version: EnvironmentVersion) -> dict[str, str]:
-    """The values of ``version``'s secret settings, for the Redis records workers read; never for a user."""
-    values = (
-        EnvironmentVersionSecrets.objects.filter(version=version).values_list("values", flat=True).first()
+    """The values of ``version``'s secret settings, for the Redis records workers read; never for a user.
+
+    Raises SecretsKeyError if none of TANDEM_SECRETS_KEYS decrypts them.
+    """
+    ciphertext = (
+        EnvironmentVersionSecrets.objects.filter(version=version).values_list("ciphertext", flat=True).first()
     )
-    return dict(values or {})
+    return {} if ciphertext is None else secret_values_open(ciphertext)

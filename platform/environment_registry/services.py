@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 
 import redis
@@ -24,9 +25,9 @@ from domain_errors import Conflict, InvalidInput, NotFound
 from tandem.contracts import (
     ADAPTER_ENTRYPOINTS,
     ENVIRONMENT_KINDS,
+    KEY_PREFIX,
     PROBE_QUEUE,
     PROBE_TASK_NAME,
-    EnvironmentSecrets,
     EnvironmentSpec,
     ProbeCheck,
     ProbeReport,
@@ -39,8 +40,10 @@ from tandem.contracts import (
 )
 from tandem.environment_modules import EnvironmentModuleRefused, check_environment_target
 from tandem.environment_urls import EnvironmentURLRefused, check_environment_url
+from tandem.secrets_at_rest import SecretsKeyError
 
 from .models import Environment, EnvironmentProbe, EnvironmentVersion, EnvironmentVersionSecrets
+from .secret_values import platform_secrets_cipher, secret_values_seal, secrets_record_seal
 from .selectors import environment_version_secret_settings
 
 logger = logging.getLogger(__name__)
@@ -176,7 +179,7 @@ def _version_create(
         created_by=user if user is not None and user.is_authenticated else None,
     )
     if secret_settings:
-        EnvironmentVersionSecrets.objects.create(version=version, values=dict(secret_settings))
+        EnvironmentVersionSecrets.objects.create(version=version, ciphertext=secret_values_seal(secret_settings))
     environment_probe_request(version=version, purpose=Purpose.REGISTRATION)
     return version
 
@@ -289,7 +292,7 @@ def environment_probe_request(
             url_allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST,
         )
         secret_settings = environment_version_secret_settings(version=version)
-        secrets = EnvironmentSecrets(version_id=version.pk, settings=secret_settings) if secret_settings else None
+        secrets = secrets_record_seal(version_id=version.pk, values=secret_settings) if secret_settings else None
         # robust: the registration stands if Redis is away; the probe then expires, visibly.
         transaction.on_commit(lambda: _probe_send(request, secrets), robust=True)
     return probe
@@ -299,14 +302,14 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
 
 
-def _probe_send(request: ProbeRequest, secrets: EnvironmentSecrets | None) -> None:
+def _probe_send(request: ProbeRequest, secrets: str | None) -> None:
+    """``secrets``: the version's EnvironmentSecrets, sealed (secret_values.secrets_record_seal)."""
     client = _redis()
     try:
         # The secrets first: a worker that finds the request finds them too. Never in the
         # task's arguments, which Celery logs.
         if secrets is not None:
-            client.set(probe_environment_secrets_key(request.probe_id), secrets.model_dump_json(),
-                       ex=PROBE_REQUEST_TTL_S)
+            client.set(probe_environment_secrets_key(request.probe_id), secrets, ex=PROBE_REQUEST_TTL_S)
         client.set(probe_request_key(request.probe_id), request.model_dump_json(), ex=PROBE_REQUEST_TTL_S)
     finally:
         client.close()
@@ -319,6 +322,64 @@ def _probe_secrets_delete(probe_id: int) -> None:
         client.delete(probe_environment_secrets_key(probe_id))
     finally:
         client.close()
+
+
+@dataclass(frozen=True)
+class SecretsRotation:
+    versions: int  # rows of EnvironmentVersionSecrets re-encrypted
+    redis_values: int  # values under tandem:secrets: re-encrypted (a run's, a probe's)
+    redis_values_skipped: int  # changed or deleted while rotating, or under no key of the list
+
+
+def environment_secrets_rotate() -> SecretsRotation:
+    """Re-encrypt every stored secret setting, and the Redis copies workers read, under the first key.
+
+    The stored rows change in one transaction, and not at all if any is under no key of
+    TANDEM_SECRETS_KEYS (SecretsKeyError). The Redis copies are rewritten only where they
+    did not change meanwhile (the platform writes new ones under the first key anyway).
+    """
+    cipher = platform_secrets_cipher()
+    with transaction.atomic():
+        rows = list(EnvironmentVersionSecrets.objects.select_for_update().order_by("pk"))
+        for row in rows:
+            row.ciphertext = cipher.rotate(row.ciphertext)
+        EnvironmentVersionSecrets.objects.bulk_update(rows, ["ciphertext"], batch_size=500)
+    rotated = skipped = 0
+    client = _redis()
+    try:
+        for key in client.scan_iter(match=f"{KEY_PREFIX}:secrets:*", count=500):
+            done, passed = _redis_secrets_rotate(client, key, cipher.rotate)
+            rotated, skipped = rotated + done, skipped + passed
+    finally:
+        client.close()
+    return SecretsRotation(versions=len(rows), redis_values=rotated, redis_values_skipped=skipped)
+
+
+def _redis_secrets_rotate(client: redis.Redis, key: bytes, rotate: Callable[[str], str]) -> tuple[int, int]:
+    """Rotate the string or hash at ``key`` unless it changes meanwhile (WATCH); (rotated, skipped)."""
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(key)
+            kind = pipe.type(key)
+            if kind == b"string":
+                values = {None: pipe.get(key)}
+            elif kind == b"hash":
+                values = pipe.hgetall(key)
+            else:
+                return 0, 0  # expired meanwhile
+            try:
+                rotated = {field: rotate(value.decode()) for field, value in values.items()}
+            except SecretsKeyError:
+                return 0, len(values)
+            pipe.multi()
+            if kind == b"string":
+                pipe.set(key, rotated[None], keepttl=True)
+            else:
+                pipe.hset(key, mapping=rotated)  # a hash's fields change, its expiry stays
+            pipe.execute()
+        except redis.WatchError:
+            return 0, 1
+    return len(rotated), 0
 
 
 @transaction.atomic

@@ -207,7 +207,9 @@ class EnvironmentSecrets(Record):
     until it stops its producers, and a probe's
     :func:`~tandem.contracts.keys.probe_environment_secrets_key` until the probe is
     reported. The trainer is never sent them: its claim carries only
-    ``EnvironmentSpec.secret_setting_names``.
+    ``EnvironmentSpec.secret_setting_names``. In Redis it is sealed: a Fernet token of this
+    JSON (``tandem.secrets_at_rest.environment_secrets_seal``), which workers open with
+    ``TANDEM_SECRETS_KEY``.
     """
 
     version_id: int = Field(description="The version they belong to.")

@@ -18,7 +18,7 @@ class CircuitBreakerReport(Record):
     last_failure_reason: str = ""
 
 
-ProducerFaultKind = Literal["weights_not_visible"]
+ProducerFaultKind = Literal["weights_not_visible", "secrets_undecryptable"]
 
 
 class ProducerFault(Record):
@@ -29,7 +29,9 @@ class ProducerFault(Record):
 
     kind: ProducerFaultKind = Field(
         description="weights_not_visible: the filesystem weight transport's directory, written on the "
-        "trainer's host, does not exist on the producer's host (no storage shared between them)."
+        "trainer's host, does not exist on the producer's host (no storage shared between them). "
+        "secrets_undecryptable: the producer's TANDEM_SECRETS_KEY (missing, or not the platform's) "
+        "does not decrypt the environment's secret settings (tandem/secrets_at_rest.py)."
     )
     reason: str = Field(description="For people: what is wrong, naming the path and the hosts, and what to do.")
     producer: str = Field(description="`hostname:pid` of the producer process that found it.")

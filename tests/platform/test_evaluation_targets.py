@@ -15,12 +15,12 @@ from runs.models import Run
 from runs.services import run_transition
 from tandem.contracts import (
     DATASET_HELD_OUT_MIN_ROWS,
-    EnvironmentSecrets,
     EnvironmentSpec,
     RunStatus,
     dataset_rows_held_out,
     run_evaluation_secrets_key,
 )
+from tandem.secrets_at_rest import SecretsCipher, environment_secrets_open
 from telemetry.models import MetricPoint
 from tests.platform.conftest import TRAINER_NAME
 from tests.platform.test_datasets_api import _held_run_on, conversation, jsonl, upload
@@ -121,8 +121,8 @@ def test_a_run_pins_the_other_environments_it_evaluates_on_and_its_claim_carries
         f"keyed@{keyed_version.number}", keyed_version.pk, ("api_key",))
     assert API_KEY.encode() not in claim.content
     # Producers get its secret settings by version id; the run's end deletes them.
-    stored = EnvironmentSecrets.model_validate_json(
-        redis_client.hget(run_evaluation_secrets_key(run_id), str(keyed_version.pk)))
+    stored = environment_secrets_open(
+        redis_client.hget(run_evaluation_secrets_key(run_id), str(keyed_version.pk)), SecretsCipher.from_environment())
     assert stored.revealed() == {"api_key": API_KEY}
     with django_capture_on_commit_callbacks(execute=True):
         run_transition(run=Run.objects.get(pk=run_id), to_status=RunStatus.PAUSED, reason="paused")

@@ -25,12 +25,18 @@ from tandem.contracts import (
     probe_request_key,
     run_environment_secrets_key,
 )
+from tandem.secrets_at_rest import SecretsCipher, environment_secrets_open
 from tests.workers.secret_environments import API_KEY
 
 from .conftest import probe_report
 
 KEYED = {"name": "keyed", "kind": "python", "entrypoint": "tests.workers.secret_environments:KeyedEnvironment",
          "settings": {"greeting": "hi"}}
+
+
+def _opened(raw: bytes) -> EnvironmentSecrets:
+    """A ``tandem:secrets:`` value as a worker reads it (a Fernet token: test_security_secrets_at_rest.py)."""
+    return environment_secrets_open(raw, SecretsCipher.from_environment())
 
 
 def _register(api, **overrides):
@@ -105,7 +111,7 @@ def test_a_claim_writes_the_secret_settings_for_producers_and_the_runs_end_delet
 
     with django_capture_on_commit_callbacks(execute=True):
         run_claim_next(worker="gpu-box:1")
-    stored = EnvironmentSecrets.model_validate_json(redis_client.get(run_environment_secrets_key(run.pk)))
+    stored = _opened(redis_client.get(run_environment_secrets_key(run.pk)))
     assert stored.revealed() == {"api_key": API_KEY} and stored.version_id == keyed_version.pk
     assert API_KEY not in repr(stored)  # a log line of the record shows no value
 
@@ -132,7 +138,7 @@ def test_a_probe_gets_the_secret_settings_beside_its_request_until_it_is_reporte
     version = EnvironmentVersion.objects.get(pk=response.json()["versions"][0]["id"])
     probe = version.probes.get()
     request = redis_client.get(probe_request_key(probe.pk))
-    secrets = EnvironmentSecrets.model_validate_json(redis_client.get(probe_environment_secrets_key(probe.pk)))
+    secrets = _opened(redis_client.get(probe_environment_secrets_key(probe.pk)))
     assert secrets.revealed() == {"api_key": API_KEY} and secrets.version_id == version.pk
     # The request (and the Celery task, which names only the probe id) holds the names alone.
     assert API_KEY.encode() not in request

@@ -19,6 +19,7 @@ from tandem.contracts import (
     run_stop_key,
 )
 from tandem.run_config import RunConfig
+from tandem.secrets_at_rest import SecretsCipher, environment_secrets_seal
 from tests.conftest import UNTRUSTED_MODULE
 from tests.workers.secret_environments import API_KEY
 from workers.demonstrations import produce_demonstrations
@@ -124,8 +125,8 @@ def _keyed_run(redis_client, run_id, environment_class: str) -> None:
                                   settings={"greeting": "hi"}, secret_setting_names=("api_key",))
     redis_client.set(run_spec_key(run_id),
                      RunSpec(run_id=run_id, config=RunConfig(), environment=environment).model_dump_json())
-    redis_client.set(run_environment_secrets_key(run_id), EnvironmentSecrets(
-        version_id=KEYED_VERSION_ID, settings={"api_key": API_KEY}).model_dump_json())
+    redis_client.set(run_environment_secrets_key(run_id), environment_secrets_seal(EnvironmentSecrets(
+        version_id=KEYED_VERSION_ID, settings={"api_key": API_KEY}), SecretsCipher.from_environment()))
 
 
 def test_demonstrations_are_made_with_the_environments_secret_settings(

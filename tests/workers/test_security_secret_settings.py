@@ -3,11 +3,14 @@ nothing they send back (a probe's checks, an episode's failure reason) quotes a 
 
 Real Redis and a real JAX sampler, as in test_producer.py; the platform's side (the claim writes
 the key, the trainer's claim holds only the names) is tests/platform/test_security_secret_settings.py.
+The Redis values are Fernet tokens (issue 28, finding 18; tests/platform/test_security_secrets_at_rest.py):
+workers decrypt them with TANDEM_SECRETS_KEY, which the test settings set for the whole suite.
 """
 
 from __future__ import annotations
 
 import pytest
+from cryptography.fernet import Fernet
 from flax import nnx
 
 from policy.model import Transformer, TransformerConfig, split_model
@@ -18,19 +21,22 @@ from tandem.contracts import (
     EnvironmentSpec,
     ProbeRequest,
     ProbeTimeouts,
+    ProducerFault,
     RunSpec,
     TrajectoryRecord,
     probe_environment_secrets_key,
     probe_request_key,
+    producer_fault_key,
     run_environment_secrets_key,
     run_spec_key,
     trajectory_stream,
 )
 from tandem.rollout_config import RolloutConfig, SamplingConfig
 from tandem.run_config import ModelConfig, RunConfig
+from tandem.secrets_at_rest import SECRETS_KEY_ENV, SecretsCipher, environment_secrets_seal
 from tests.workers.secret_environments import API_KEY, SERVICE_ACCOUNT_KEY, SERVICE_ACCOUNT_KEY_BODY
 from workers.probe import probe_by_id
-from workers.producer import RunNotReadyError, produce
+from workers.producer import RunNotReadyError, SecretSettingsUndecryptableError, produce
 
 CONFIG = RunConfig(
     model=ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=128),
@@ -55,7 +61,12 @@ def _publish_run(redis_client, run_id: int, environment: EnvironmentSpec, *, sec
                      RunSpec(run_id=run_id, config=CONFIG, environment=environment).model_dump_json())
     if secrets:
         record = EnvironmentSecrets(version_id=VERSION_ID, settings={"api_key": api_key})
-        redis_client.set(run_environment_secrets_key(run_id), record.model_dump_json())
+        redis_client.set(run_environment_secrets_key(run_id), _sealed(record))
+
+
+def _sealed(record: EnvironmentSecrets) -> str:
+    """As the platform writes it: a Fernet token under the suite's TANDEM_SECRETS_KEY."""
+    return environment_secrets_seal(record, SecretsCipher.from_environment())
 
 
 def _records(redis_client, run_id: int) -> list[TrajectoryRecord]:
@@ -65,7 +76,7 @@ def _records(redis_client, run_id: int) -> list[TrajectoryRecord]:
 @pytest.fixture
 def secrets_key_cleanup(redis_client, run_id):
     yield
-    redis_client.delete(run_environment_secrets_key(run_id))
+    redis_client.delete(run_environment_secrets_key(run_id), producer_fault_key(run_id))
 
 
 def test_secret_settings_reach_the_producer_environment(redis_client, redis_url, run_id, secrets_key_cleanup):
@@ -105,6 +116,34 @@ def test_an_episode_failure_reason_never_echoes_a_json_key_in_any_escaping(redis
     assert reason.count("[secret api_key]") == 3, reason
 
 
+def test_a_producer_whose_key_is_not_the_platforms_fails_the_run_saying_why(redis_client, redis_url, run_id,
+                                                                          secrets_key_cleanup, monkeypatch):
+    _publish_run(redis_client, run_id, _keyed_spec("KeyedEnvironment"))
+    monkeypatch.setenv(SECRETS_KEY_ENV, Fernet.generate_key().decode())
+
+    with pytest.raises(SecretSettingsUndecryptableError, match="cannot decrypt the secret settings of keyed@1"):
+        produce(redis_url=redis_url, run_id=run_id, first_group_index=0, num_groups=1)
+
+    # Not retried (it is no RunNotReadyError): the trainer fails the run with this reason.
+    fault = ProducerFault.model_validate_json(redis_client.get(producer_fault_key(run_id)))
+    assert fault.kind == "secrets_undecryptable"
+    assert "none of the 1 key(s) in TANDEM_SECRETS_KEY decrypts" in fault.reason
+    assert _records(redis_client, run_id) == []
+
+
+def test_a_producer_without_a_key_fails_the_run_naming_the_variable(redis_client, redis_url, run_id,
+                                                                    secrets_key_cleanup, monkeypatch):
+    _publish_run(redis_client, run_id, _keyed_spec("KeyedEnvironment"))
+    monkeypatch.delenv(SECRETS_KEY_ENV)
+    monkeypatch.delenv("TANDEM_SECRETS_KEY_FILE", raising=False)
+
+    with pytest.raises(SecretSettingsUndecryptableError):
+        produce(redis_url=redis_url, run_id=run_id, first_group_index=0, num_groups=1)
+
+    fault = ProducerFault.model_validate_json(redis_client.get(producer_fault_key(run_id)))
+    assert "TANDEM_SECRETS_KEY is not set in this process's environment" in fault.reason
+
+
 def test_a_producer_waits_for_secret_settings_that_are_not_in_redis(redis_client, redis_url, run_id):
     _publish_run(redis_client, run_id, _keyed_spec("KeyedEnvironment"), secrets=False)
 
@@ -122,7 +161,7 @@ def _probe_from_redis(redis_client, redis_url, environment: EnvironmentSpec, pro
     redis_client.set(probe_request_key(probe_id), request.model_dump_json())
     if secret_settings is not None:
         secrets = EnvironmentSecrets(version_id=VERSION_ID, settings=secret_settings)
-        redis_client.set(probe_environment_secrets_key(probe_id), secrets.model_dump_json())
+        redis_client.set(probe_environment_secrets_key(probe_id), _sealed(secrets))
     try:
         return probe_by_id(redis_url=redis_url, probe_id=probe_id)
     finally:
@@ -163,3 +202,21 @@ def test_a_probe_report_never_echoes_a_json_key_in_any_escaping(redis_client, re
     assert step.status == "failed"
     assert SERVICE_ACCOUNT_KEY_BODY not in report.model_dump_json(), step.message
     assert step.message.count("[secret api_key]") == 3, step.message
+
+
+def test_a_probe_whose_worker_has_the_wrong_key_fails_saying_so(redis_client, redis_url, run_id, monkeypatch):
+    sealed_by_platform = _sealed(EnvironmentSecrets(version_id=VERSION_ID, settings={"api_key": API_KEY}))
+    monkeypatch.setenv(SECRETS_KEY_ENV, Fernet.generate_key().decode())
+    timeouts = ProbeTimeouts(url=5, load=10, reset=2, tools=2, step=2, close=2)
+    request = ProbeRequest(probe_id=run_id, purpose="registration", environment=_keyed_spec("KeyedEnvironment"),
+                           timeouts=timeouts)
+    redis_client.set(probe_request_key(run_id), request.model_dump_json())
+    redis_client.set(probe_environment_secrets_key(run_id), sealed_by_platform)
+    try:
+        report = probe_by_id(redis_url=redis_url, probe_id=run_id)
+    finally:
+        redis_client.delete(probe_request_key(run_id), probe_environment_secrets_key(run_id))
+
+    [check] = report.checks
+    assert check.name == "request" and check.status == "failed"
+    assert check.message.startswith("this worker cannot decrypt the secret settings: none of the 1 key(s)")

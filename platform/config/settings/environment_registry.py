@@ -2,7 +2,10 @@
 
 import json
 
+from django.core.exceptions import ImproperlyConfigured
+
 from tandem.environment_modules import allowed_environment_modules
+from tandem.secrets_at_rest import SecretsCipher, SecretsKeyError, secrets_keys_from_environment
 
 from .env_vars import env_list, env_str
 
@@ -22,5 +25,15 @@ TANDEM_PROBE_EXPIRY_S = float(env_str("TANDEM_PROBE_EXPIRY_S", "600"))
 # Per-check probe timeouts in seconds, JSON, e.g. {"reset": 5}; unset ones keep
 # tandem.contracts.ProbeTimeouts' defaults.
 TANDEM_PROBE_TIMEOUTS = json.loads(env_str("TANDEM_PROBE_TIMEOUTS", "{}"))
+# Fernet keys environments' secret settings are encrypted under, in the database and in Redis
+# (tandem/secrets_at_rest.py): TANDEM_SECRETS_KEY, or the file TANDEM_SECRETS_KEY_FILE names.
+# The first encrypts, all decrypt; rollout workers need the same keys, the trainer none.
+# Unset, dev.py writes one to var/secrets.key and prod.py refuses to start.
+try:
+    TANDEM_SECRETS_KEYS = secrets_keys_from_environment()
+    if TANDEM_SECRETS_KEYS:
+        SecretsCipher(TANDEM_SECRETS_KEYS)  # a malformed key stops the start, not the first registration
+except SecretsKeyError as error:
+    raise ImproperlyConfigured(str(error)) from None
 # Health check probes kept per version (the health history); older ones are deleted.
 TANDEM_HEALTH_PROBES_KEPT = int(env_str("TANDEM_HEALTH_PROBES_KEPT", "500"))

@@ -2,13 +2,13 @@
 
 Behind a TLS-terminating proxy that sets ``X-Forwarded-Proto``. Everything an
 operator must set comes from the environment (docs/deploy.md):
-``DJANGO_SECRET_KEY``, ``ALLOWED_HOSTS``, ``DATABASE_URL``, ``REDIS_URL``.
+``DJANGO_SECRET_KEY``, ``ALLOWED_HOSTS``, ``DATABASE_URL``, ``REDIS_URL``, ``TANDEM_SECRETS_KEY``.
 """
 
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
-from .base import SECRET_KEY
+from .base import SECRET_KEY, TANDEM_SECRETS_KEYS
 from .env_vars import env_bool, env_list, env_str
 
 # base.py's fallback key is public: it is in this repository.
@@ -18,6 +18,13 @@ if SECRET_KEY in _PUBLIC_KEYS or len(SECRET_KEY) < 32:
     raise ImproperlyConfigured(
         "config.settings.prod needs DJANGO_SECRET_KEY: a secret of at least 32 characters "
         "(python -c 'import secrets; print(secrets.token_urlsafe(48))')"
+    )
+if not TANDEM_SECRETS_KEYS:
+    raise ImproperlyConfigured(
+        "config.settings.prod needs TANDEM_SECRETS_KEY (or TANDEM_SECRETS_KEY_FILE, a file holding it): "
+        "the Fernet key(s) environment secret settings are encrypted under, comma separated, the same in "
+        "the platform's processes and the rollout workers (python -c 'from cryptography.fernet import "
+        "Fernet; print(Fernet.generate_key().decode())'; docs/deploy.md, 'Secret settings key')"
     )
 DEBUG = False
 # Remote environments reach only the allow-list, public addresses and nothing private unless listed.

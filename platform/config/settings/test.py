@@ -17,6 +17,10 @@ os.environ.setdefault("TANDEM_TOKEN_CREATE_RATE", "1000000/hour")
 # Tests queue many runs in one project; tests/platform/test_security_quotas.py sets its own caps.
 os.environ.setdefault("TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT", "1000")
 
+# Environment secret settings at rest (tandem/secrets_at_rest.py): a key of the tests' own, which
+# the workers they start inherit. tests/platform/test_security_secrets_at_rest.py rotates it.
+os.environ.setdefault("TANDEM_SECRETS_KEY", "2oxsZdxvfyLBjUXpN9musegS2L3dffRtiyP6uzWvPzg=")
+
 from .base import *  # noqa: E402,F403
 
 SECRET_KEY = "test-secret-key"
