@@ -30,7 +30,7 @@ def _stop_on_sigterm() -> None:
 
 
 def cmd_trainer(args) -> int:
-    from trainer.main import serve
+    from trainer.main import LostProcessError, exit_for_restart, serve
 
     _stop_on_sigterm()
     token = args.token or os.environ.get("TANDEM_TRAINER_TOKEN")
@@ -43,6 +43,8 @@ def cmd_trainer(args) -> int:
               checkpoint_root=Path(args.checkpoint_dir), max_runs=args.max_runs)
     except KeyboardInterrupt:
         logging.getLogger("tandem.trainer").info("trainer stopped")
+    except LostProcessError as exc:
+        exit_for_restart(exc)  # its run is queued again; every process of the job must start again
     return 0
 
 

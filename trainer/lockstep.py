@@ -51,6 +51,15 @@ _LENGTH_BYTES = 4
 # once either way (its connections reset, or the JAX job's heartbeats stop).
 KEEP_ALIVE_S = 10.0
 
+#: The exit status of a trainer process whose JAX job lost a process (EX_TEMPFAIL: try again). A JAX
+#: job cannot go on without one of its processes: the supervisor starts all of them again, and the
+#: run, queued again meanwhile, resumes from its newest committed checkpoint (docs/multi_host.md).
+LOST_PROCESS_EXIT_CODE = 75
+
+
+class LostProcessError(RuntimeError):
+    """The trainer's JAX job lost a process (a collective failed): none of its processes can go on."""
+
 
 class OrderKind(enum.StrEnum):
     """What the leader is about to do; a follower does the same (trainer/follower.py)."""
@@ -162,6 +171,10 @@ class Lockstep:
         """Whether every process's ``ok`` is true (a collective with followers)."""
         return ok
 
+    def breaks_job(self, error: BaseException) -> bool:
+        """Whether ``error`` leaves the JAX job unable to go on (never on one process)."""
+        return False
+
     def trained(self, *, step: int, phase: str, metrics: dict[str, float]) -> None:
         """Log a step's metrics when several processes train it (each logs its own; they must agree)."""
 
@@ -197,6 +210,12 @@ class Leader(Lockstep):
 
     def agree(self, ok: bool) -> bool:
         return agree(ok)
+
+    def breaks_job(self, error: BaseException) -> bool:
+        # A collective failed: an order's broadcast, a train step's all-reduce, an Orbax barrier. So
+        # they do when a process is gone (Gloo: "Connection closed by peer", at the next collective),
+        # and after any such failure the processes are out of step: the job cannot go on.
+        return isinstance(error, jax.errors.JaxRuntimeError)
 
     def trained(self, *, step: int, phase: str, metrics: dict[str, float]) -> None:
         log_trained(step=step, phase=phase, metrics=metrics)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import jax
 from celery import Celery
@@ -18,7 +20,13 @@ from tandem.process_reports import start_process_reporter, stop_process_reporter
 from tandem.redis_clients import durable_redis
 from tandem.run_logs import process_run_log_scope, start_run_log_shipping, stop_run_log_shipping
 from trainer.follower import follow
-from trainer.lockstep import SINGLE_PROCESS, Leader, Lockstep
+from trainer.lockstep import (
+    LOST_PROCESS_EXIT_CODE,
+    SINGLE_PROCESS,
+    Leader,
+    Lockstep,
+    LostProcessError,
+)
 from trainer.platform_client import (
     SERVER_ERROR_RETRIES,
     PlatformClient,
@@ -37,12 +45,19 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
 
     In a multi-process trainer (docs/multi_host.md) only process 0 does this; the others follow
     it (trainer/follower.py) and return the runs they followed when it stops.
+
+    Raises:
+      LostProcessError: the JAX job lost a process (process 0 gave its run back to the queue
+        first, as a restart); this process must end too (:func:`exit_for_restart`).
     """
     # Joins a multi-host JAX job when TANDEM_COORDINATOR_ADDRESS etc. are set; a no-op on one host.
     initialize_distributed()
     enable_compilation_cache()
     if jax.process_index() != 0:
-        return follow(redis_url=redis_url)
+        try:
+            return follow(redis_url=redis_url)
+        except jax.errors.JaxRuntimeError as exc:
+            raise LostProcessError(f"process 0 of the trainer's JAX job is gone: {exc}") from exc
     lockstep: Lockstep = Leader() if jax.process_count() > 1 else SINGLE_PROCESS
     consumer = f"{socket.gethostname()}:{os.getpid()}"
     # Retries for as long as it takes: at first boot the platform may still be migrating. A request
@@ -66,6 +81,7 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     # What this process logs while it holds a run goes to the run's log too (tandem/run_logs.py).
     start_run_log_shipping(redis_url=redis_url, role="trainer")
     logger.info("trainer %s waiting for runs at %s", consumer, platform_url)
+    job_lost = False
     try:
         while max_runs is None or trained < max_runs:
             try:
@@ -102,15 +118,32 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                                     retries=STOPPED_REPORT_RETRIES)
                     raise
                 except Exception as exc:
+                    if lockstep.breaks_job(exc):
+                        # The job lost a process, the run nothing: it goes back to the queue as a
+                        # restart (counted against max_restarts), to resume from its checkpoint once
+                        # the supervisor has started every process again.
+                        lost = LostProcessError(_lost_process_message(exc))
+                        logger.exception("run %s: the trainer %s; giving the run back", claimed.run_id, lost)
+                        _give_back(platform, claimed.run_id, consumer, str(lost))
+                        raise lost from exc
                     logger.exception("run %s failed", claimed.run_id)
                     _report_failure(platform, claimed.run_id, consumer, f"trainer error: {type(exc).__name__}: {exc}")
                 finally:
                     liveness.stop()
                     working_on.clear()
             trained += 1
+    except LostProcessError:
+        job_lost = True
+        raise
+    except Exception as exc:
+        if not lockstep.breaks_job(exc):
+            raise
+        job_lost = True  # learnt between runs (a keep-alive's broadcast failed): no run to give back
+        raise LostProcessError(_lost_process_message(exc)) from exc
     finally:
         try:
-            lockstep.quit()
+            if not job_lost:
+                lockstep.quit()
         except Exception:  # noqa: BLE001 - the followers are gone already: nothing to release
             logger.warning("trainer processes following this one could not be told it stops", exc_info=True)
         stop_run_log_shipping()
@@ -159,6 +192,41 @@ class LivenessBeat(threading.Thread):
 FAILURE_REPORT_RETRIES = 8
 # Of the report that the operator stopped the trainer: a second or so of tries.
 STOPPED_REPORT_RETRIES = 2
+
+
+# Of the reason a run given back carries: a collective's error text, without its traceback.
+LOST_PROCESS_MESSAGE_CHARS = 500
+
+
+def _lost_process_message(error: BaseException) -> str:
+    return f"lost a process of its JAX job ({type(error).__name__}: {str(error)[:LOST_PROCESS_MESSAGE_CHARS]})"
+
+
+def _give_back(platform: PlatformClient, run_id: int, worker: str, message: str) -> None:
+    """Queue the run again as a restart (heartbeat status queued); never raises. Should it not get
+    through, the reaper restarts the run once this process's heartbeats end, which counts alike."""
+    try:
+        platform.heartbeat(run_id, TrainerHeartbeat(status=RunStatus.QUEUED, message=message, worker=worker),
+                           retries=FAILURE_REPORT_RETRIES)
+    except RunTakenOverError:
+        pass  # the reaper or a user got there first
+    except Exception:
+        logger.exception("run %s: giving it back to the queue failed; the reaper will restart it", run_id)
+
+
+def exit_for_restart(error: LostProcessError) -> NoReturn:
+    """End this trainer process at once with :data:`LOST_PROCESS_EXIT_CODE`, for its supervisor to start
+    every process of the job again.
+
+    Not through the interpreter's exit: there JAX waits at a shutdown barrier for every process of
+    the job, which a lost one never reaches, until the job's heartbeat timeout aborts this process.
+    """
+    logger.error("%s: exiting with %d, for the supervisor to start every trainer process again", error,
+                 LOST_PROCESS_EXIT_CODE)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(LOST_PROCESS_EXIT_CODE)
 
 
 def _report_failure(platform: PlatformClient, run_id: int, worker: str, message: str, *,

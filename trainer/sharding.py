@@ -83,6 +83,14 @@ class StepShardings:
     metrics: NamedSharding
 
 
+# How long a process of a multi-process trainer that stops answering (its host gone, or hung) takes
+# to end the JAX job: its coordination service then aborts every other process, and the reaper
+# queues their run again. JAX's default is 100 s; its heartbeats come from threads of their own, so
+# a long compile or checkpoint never delays them. (A process that dies outright is noticed sooner,
+# at the next collective: its connections close.)
+DISTRIBUTED_HEARTBEAT_TIMEOUT_S = 30
+
+
 def initialize_distributed(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -94,7 +102,7 @@ def initialize_distributed(
     Arguments default to the environment variables ``TANDEM_COORDINATOR_ADDRESS``
     (``host:port`` of process 0), ``TANDEM_NUM_PROCESSES`` and
     ``TANDEM_PROCESS_ID``, and ``heartbeat_timeout_s`` to
-    ``TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S`` (JAX's default when unset). With
+    ``TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S`` (:data:`DISTRIBUTED_HEARTBEAT_TIMEOUT_S` when unset). With
     neither a coordinator nor more than one process configured this is a no-op
     (single host). Must run before
     anything touches a JAX device; calling it again is a no-op.
@@ -109,14 +117,14 @@ def initialize_distributed(
         return False
     if jax.distributed.is_initialized():
         return True
-    if heartbeat_timeout_s is None and os.environ.get("TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S"):
-        heartbeat_timeout_s = int(os.environ["TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S"])
+    if heartbeat_timeout_s is None:
+        heartbeat_timeout_s = int(os.environ.get("TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S",
+                                                 DISTRIBUTED_HEARTBEAT_TIMEOUT_S))
     jax.distributed.initialize(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
-        # JAX's default, 100 s: how long a process that stops answering (its host gone) takes to end the job.
-        **({"heartbeat_timeout_seconds": heartbeat_timeout_s} if heartbeat_timeout_s else {}),
+        heartbeat_timeout_seconds=heartbeat_timeout_s,
     )
     logger.info(
         "joined JAX job: process %d of %d, %d global devices",

@@ -25,6 +25,7 @@ from tests.e2e.conftest import run_ended, user_api
 from tests.e2e.multi_host import TRAINER_HOST, multi_host_stack
 from tests.network_hosts import Host
 from tests.polling import poll_until
+from trainer.lockstep import LOST_PROCESS_EXIT_CODE
 
 # checkpoint.every 3 and RL steps of two groups of 4 episodes: the batch (8 rows, and SFT's 4)
 # splits over data x fsdp = 4 devices. Twelve RL steps leave room to kill the trainer after its
@@ -87,8 +88,8 @@ class TwoProcessTrainer:
             found[int(match.group(2))] = match.group(4)
         return found
 
-    def kill(self) -> None:
-        for process_id in (0, 1):
+    def kill(self, process_ids: tuple[int, ...] = (0, 1)) -> None:
+        for process_id in process_ids:
             process = self.stack.processes.pop(self.log_name(process_id))
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
@@ -168,3 +169,69 @@ def test_two_trainer_processes_train_one_run_over_one_mesh_and_resume_it_exactly
         assert sorted(second_metrics[0]) == list(range(resumed_from + 1, SFT_STEPS + RL_STEPS + 1))
         # The checkpoints the run kept are listed, the last one the final step's.
         assert _checkpoint_steps(api, run_id)[-1] == SFT_STEPS + RL_STEPS
+
+
+@pytest.mark.timeout(1500)
+def test_a_followers_death_sends_the_run_back_to_the_queue_and_both_processes_resume_it_exactly(tmp_path):
+    """Process 1 is SIGKILLed after an RL checkpoint: process 0 queues the run again as a restart
+    (counted against max_restarts) and exits, and the job started again resumes from the checkpoint."""
+    config = {**RUN_CONFIG, "max_restarts": 2}
+    # The reaper's timeout as deployed: the run goes back to the queue through the leader, which
+    # lives on (beating) until it released the run, never through a reaper's presumption.
+    with multi_host_stack(tmp_path, producer_hosts=("host-b",), extra_hosts=(FOLLOWER_HOST,), log_lines=40,
+                          extra_env={"TANDEM_REAPER_INTERVAL_S": "1"}) as (stack, _):
+        credentials = stack.prepare()
+        stack.start_web()
+        stack.start_platform_worker()
+        stack.start_workers()
+        trainer = TwoProcessTrainer(stack, credentials, (stack.net[TRAINER_HOST], stack.net[FOLLOWER_HOST]))
+        leader, _ = trainer.start()
+        api = user_api(stack, credentials)
+        created = api.post("/api/runs/", json={"project": credentials.project_id, "name": "a follower dies",
+                                               "environment": "calculator", "config": config})
+        assert created.status_code == 201, created.text
+        run_id = created.json()["id"]
+        poll_until(lambda: [step for step in _checkpoint_steps(api, run_id) if step > SFT_STEPS] or None,
+                   timeout_s=900, interval_s=0.5, between=stack.check_alive,
+                   what=lambda: f"an RL checkpoint: {api.get(f'/api/runs/{run_id}/').json()}")
+        assert api.get(f"/api/runs/{run_id}/").json()["status"] == "running"
+
+        trainer.kill(process_ids=(1,))
+        # The leader learns of it at its next collective, lets go of the run and exits (a JAX job
+        # cannot lose a process and go on); the web server and workers live on meanwhile.
+        leader_name = trainer.log_name(0)
+        others = [name for name in stack.processes if name != leader_name]
+
+        def others_alive() -> None:
+            for name in others:
+                assert stack.processes[name].poll() is None, f"{name} exited"
+
+        poll_until(lambda: leader.poll() is not None, timeout_s=300, interval_s=0.5, between=others_alive,
+                   what=lambda: f"process 0 to exit: {api.get(f'/api/runs/{run_id}/').json()}")
+        stack.processes.pop(leader_name)
+        leader_log = trainer.log(0)
+
+        # Back in the queue, and nothing trains it meanwhile: it stays there, for the test to read.
+        run = api.get(f"/api/runs/{run_id}/").json()
+        assert run["status"] == "queued", (run["status"], run["status_reason"])
+        assert run["restarts"] == 1
+        [attempt] = run["attempt_history"]
+        assert attempt["outcome"] == "queued" and attempt["trainer"] == f"{TRAINER_HOST}:{leader.pid}"
+        assert "lost a process of its JAX job" in attempt["reason"], attempt["reason"]
+        assert "restart 1 of 2" in attempt["reason"], attempt["reason"]
+        assert leader.returncode == LOST_PROCESS_EXIT_CODE, leader_log[-3000:]
+        committed = _committed_on_disk(stack, run_id)
+        assert committed[-1] > SFT_STEPS
+
+        trainer.start()
+        run = run_ended(stack, api, run_id, timeout_s=900)
+        assert run["status"] == "finished", run["status_reason"]
+        assert run["attempts"] == 2 and run["restarts"] == 1 and run["trainer_step"] == SFT_STEPS + RL_STEPS
+        assert [attempt["outcome"] for attempt in run["attempt_history"]] == ["queued", "finished"]
+        # Exactly from the newest committed checkpoint, on both processes.
+        resumed_from = committed[-1]
+        assert f"resumes from its checkpoint of step {resumed_from} " in trainer.log(0)
+        assert f"process 1 restored run {run_id} at step {resumed_from}" in trainer.log(1)
+        second_metrics = [trainer.metrics(process_id, attempt=2) for process_id in (0, 1)]
+        assert second_metrics[0] == second_metrics[1]
+        assert sorted(second_metrics[0]) == list(range(resumed_from + 1, SFT_STEPS + RL_STEPS + 1))
