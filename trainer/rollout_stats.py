@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from tandem.contracts import TrajectoryRecord
+from tandem.contracts import TrajectoryRecord, metric_series_name
 
 PERCENTILES = (50, 90, 99)
 
@@ -21,15 +21,14 @@ def succeeded(record: TrajectoryRecord) -> bool:
 def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
     """Latency percentiles (total, generation, environment, slot wait), error and truncation rates per environment.
 
-    Series are named ``rollout/<environment>/<what>``; latencies are seconds.
+    Series are named ``rollout/<environment>/<what>`` (``metric_series_name``: cut with a hash past
+    the platform's 64 characters); latencies are seconds.
     """
     by_environment: dict[str, list[TrajectoryRecord]] = defaultdict(list)
     for record in records:
         by_environment[record.environment].append(record)
     metrics: dict[str, float] = {}
-    for environment_name, episodes in by_environment.items():
-        # Metric names are at most 64 characters on the platform; the suffixes take up to 24.
-        environment = environment_name[:32]
+    for environment, episodes in by_environment.items():
         series = {
             "latency": [r.timings.finished_at - r.timings.started_at for r in episodes],
             "generation": [r.timings.generation_s for r in episodes],
@@ -40,10 +39,10 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
         }
         for name, values in series.items():
             for percentile, value in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
-                metrics[f"rollout/{environment}/{name}_p{percentile}_s"] = float(value)
+                metrics[metric_series_name("rollout", environment, f"{name}_p{percentile}_s")] = float(value)
         failed = sum(r.status == "failed" for r in episodes)
-        metrics[f"rollout/{environment}/error_rate"] = failed / len(episodes)
+        metrics[metric_series_name("rollout", environment, "error_rate")] = failed / len(episodes)
         # Cut off by max_turns or max_seq_len: trained with the reward so far, so worth watching.
         truncated = sum(r.status == "truncated" for r in episodes)
-        metrics[f"rollout/{environment}/truncated_rate"] = truncated / len(episodes)
+        metrics[metric_series_name("rollout", environment, "truncated_rate")] = truncated / len(episodes)
     return metrics

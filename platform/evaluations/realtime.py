@@ -11,6 +11,7 @@ from __future__ import annotations
 from runs.realtime import run_broadcast_on_commit
 
 from .models import Evaluation
+from .series import evaluation_series_label
 
 
 def evaluation_message(evaluation: Evaluation) -> dict:
@@ -24,6 +25,7 @@ def evaluation_message(evaluation: Evaluation) -> dict:
         "policy_version": evaluation.policy_version,
         "kind": evaluation.kind,
         "environment": evaluation.environment,
+        "series_label": evaluation_series_label(kind=evaluation.kind, label=evaluation.environment),
         "status": evaluation.status,
         "reason": evaluation.reason,
         "episodes": evaluation.episodes,

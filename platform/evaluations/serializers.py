@@ -3,6 +3,7 @@ from rest_framework import serializers
 from tandem.contracts import EVALUATION_STATUSES, EvaluationProgress
 
 from .models import Evaluation
+from .series import evaluation_series_label
 
 
 class EvaluationSerializer(serializers.ModelSerializer):
@@ -13,12 +14,17 @@ class EvaluationSerializer(serializers.ModelSerializer):
         help_text="95% intervals [low, high] of the metrics that have one.",
     )
     trajectory_ids = serializers.ListField(child=serializers.CharField(), help_text="Ids of its episodes.")
+    series_label = serializers.SerializerMethodField(
+        help_text="What its metric series names hold between 'eval/' and the metric (a long label cut with a hash).")
 
     class Meta:
         model = Evaluation
-        fields = ["run", "index", "step", "policy_version", "kind", "environment", "status", "reason", "tasks",
-                  "samples_per_task", "temperature", "episodes", "metrics", "intervals", "trajectory_ids",
+        fields = ["run", "index", "step", "policy_version", "kind", "environment", "series_label", "status",
+                  "reason", "tasks", "samples_per_task", "temperature", "episodes", "metrics", "intervals", "trajectory_ids",
                   "created_at", "updated_at"]
+
+    def get_series_label(self, evaluation: Evaluation) -> str:
+        return evaluation_series_label(kind=evaluation.kind, label=evaluation.environment)
 
 
 class EvaluationRunCreateSerializer(serializers.Serializer):

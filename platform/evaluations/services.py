@@ -12,12 +12,13 @@ from checkpoints.models import Checkpoint
 from domain_errors import InvalidInput
 from runs.models import Run
 from runs.services import run_clone
-from tandem.contracts import EvaluationReport
+from tandem.contracts import METRIC_NAME_LENGTH_MAX, EvaluationReport
 from tandem.evaluation_config import EvaluationConfig
 from telemetry.services import metric_points_record
 
 from .models import Evaluation
 from .realtime import evaluation_broadcast_on_commit
+from .series import evaluation_series_label
 
 #: Prefix of the run's metric series that hold its evaluations' metrics: ``eval/success_rate``.
 EVALUATION_METRIC_PREFIX = "eval/"
@@ -28,12 +29,14 @@ def evaluation_series_name(*, kind: str, label: str, metric: str, own: bool = Tr
 
     The run's own environment's are ``eval/<metric>``; another environment's (``own`` false)
     ``eval/<name@version>/<metric>``; a dataset's ``eval/dataset:<name@version>/<metric>``, so that
-    several of them, and a dataset named like an environment, chart apart.
+    several of them, and a dataset named like an environment, chart apart. A label too long for the
+    platform's 64 characters is cut, with a hash (``tandem.contracts.metric_series_name``).
     """
-    if kind == "dataset":
-        return f"{EVALUATION_METRIC_PREFIX}dataset:{label}/{metric}"
-    if not own:
-        return f"{EVALUATION_METRIC_PREFIX}{label}/{metric}"
+    if kind == "dataset" or not own:
+        name = f"{EVALUATION_METRIC_PREFIX}{evaluation_series_label(kind=kind, label=label)}/{metric}"
+        if len(name) > METRIC_NAME_LENGTH_MAX:
+            raise ValueError(f"the series name {name!r} is longer than {METRIC_NAME_LENGTH_MAX} characters")
+        return name
     return f"{EVALUATION_METRIC_PREFIX}{metric}"
 
 

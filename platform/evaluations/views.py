@@ -54,11 +54,16 @@ def _require_storable(report: EvaluationReport) -> None:
     # JSON has no NaN or infinity, and a number too large for a double (1e400) reads as infinity.
     if not math.isfinite(report.temperature):
         raise InvalidInput.for_field("temperature", "Must be a finite number.")
-    longest_name = MetricPoint._meta.get_field("name").max_length - len(
-        evaluation_series_name(kind=report.kind, label=report.environment, metric="", own=False))
     for name, value in report.metrics.items():
-        if len(name) > longest_name:
-            raise InvalidInput.for_field(f"metrics.{name[:80]}", f"Metric names are at most {longest_name} characters.")
+        # A label as long as the registry allows is cut to fit (metric_series_name); a metric name
+        # that leaves no room for one cannot name a series.
+        try:
+            series = evaluation_series_name(kind=report.kind, label=report.environment, metric=name, own=False)
+        except ValueError:
+            series = ""
+        if not series or len(series) > MetricPoint._meta.get_field("name").max_length:
+            raise InvalidInput.for_field(f"metrics.{name[:80]}", "Metric name too long to name a series of "
+                                         f"{MetricPoint._meta.get_field('name').max_length} characters.")
         if not math.isfinite(value):
             raise InvalidInput.for_field(f"metrics.{name}", "Must be a finite number.")
     for name, bounds in report.intervals.items():

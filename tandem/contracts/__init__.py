@@ -196,6 +196,8 @@ from tandem.contracts.tasks import (
 from tandem.contracts.telemetry import (
     EPISODE_SPAN_REASON_CHARS,
     IDLE_CAUSES,
+    METRIC_LABEL_LENGTH_MAX,
+    METRIC_NAME_LENGTH_MAX,
     PRODUCER_FIGURES,
     DeviceReport,
     DeviceSample,
@@ -208,7 +210,10 @@ from tandem.contracts.telemetry import (
     TelemetryReply,
     TraceRequest,
     TrainerStepEvent,
+    circuit_open_metric_name,
     idle_metric_name,
+    metric_series_label,
+    metric_series_name,
     producer_metric_name,
 )
 from tandem.contracts.trajectories import (
@@ -344,7 +349,12 @@ __all__ = [
     "TrainerStepEvent",
     "IDLE_CAUSES",
     "IdleCause",
+    "METRIC_LABEL_LENGTH_MAX",
+    "METRIC_NAME_LENGTH_MAX",
+    "circuit_open_metric_name",
     "idle_metric_name",
+    "metric_series_label",
+    "metric_series_name",
     "producer_metric_name",
     "PRODUCER_FIGURES",
     "TraceRequest",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -226,7 +227,40 @@ class DeviceReport(BaseModel):
 
 #: What each producer process's series records (``producers/<worker>/<figure>``), per trainer step.
 PRODUCER_FIGURES = ("utilisation", "cpu_cores", "rss_bytes")
-_METRIC_NAME_LENGTH_MAX = 64  # the platform's MetricPoint.name
+#: The longest series name the platform stores (its MetricPoint.name).
+METRIC_NAME_LENGTH_MAX = 64
+#: The longest environment or dataset label a series name holds whole. A longer one is cut to its
+#: first 23 characters, ``~`` and 8 hex digits of its SHA-256 (32 characters again), so that every
+#: per-label series fits the platform's 64 characters with its prefix and suffix.
+METRIC_LABEL_LENGTH_MAX = 32
+_CUT_LABEL_HASH_DIGITS = 8
+
+
+def metric_series_label(label: str) -> str:
+    """``label`` as series names hold it: whole up to :data:`METRIC_LABEL_LENGTH_MAX` characters, else cut
+    with a hash. Deterministic, so that every process names a label's series alike, and the same for
+    every series of the label, so that its series chart as one family; two labels that share their
+    first 23 characters still differ by their hash (32 bits: about 1 in 4 billion to clash)."""
+    if len(label) <= METRIC_LABEL_LENGTH_MAX:
+        return label
+    digest = hashlib.sha256(label.encode()).hexdigest()[:_CUT_LABEL_HASH_DIGITS]
+    return f"{label[:METRIC_LABEL_LENGTH_MAX - 1 - _CUT_LABEL_HASH_DIGITS]}~{digest}"
+
+
+def metric_series_name(prefix: str, label: str, suffix: str = "") -> str:
+    """The series of one environment's (or dataset's) figure: ``<prefix>/<label>/<suffix>``, or
+    ``<prefix>/<label>`` without a suffix, with the label as :func:`metric_series_label` cuts it.
+
+    Every name that carries an environment's or a dataset's label is made here (the idle,
+    circuit-breaker, rollout and evaluation series), so that a label as long as the registry
+    allows names a series the platform stores. Raises ValueError when ``prefix`` and ``suffix``
+    alone leave the name longer than :data:`METRIC_NAME_LENGTH_MAX`.
+    """
+    name = f"{prefix}/{metric_series_label(label)}" + (f"/{suffix}" if suffix else "")
+    if len(name) > METRIC_NAME_LENGTH_MAX:
+        raise ValueError(f"the series name {name!r} is longer than {METRIC_NAME_LENGTH_MAX} characters: "
+                         f"its prefix or suffix leaves no room for a label")
+    return name
 
 
 def producer_metric_name(worker: str, figure: str) -> str:
@@ -235,7 +269,7 @@ def producer_metric_name(worker: str, figure: str) -> str:
     A worker name too long for the platform's 64 characters keeps its end, where ``host:pid`` tells
     processes apart, after a ``~``.
     """
-    room = _METRIC_NAME_LENGTH_MAX - len("producers//") - len(figure)
+    room = METRIC_NAME_LENGTH_MAX - len("producers//") - len(figure)
     if len(worker) > room:
         worker = "~" + worker[-(room - 1):]
     return f"producers/{worker}/{figure}"
@@ -259,7 +293,12 @@ if tuple(IDLE_CAUSES) != get_args(IdleCause):
 
 def idle_metric_name(environment: str, cause: str) -> str:
     """The series of the trainer's idle seconds spent waiting on ``environment``'s ``cause``: ``idle/shout/environment_s``."""
-    return f"idle/{environment}/{cause}_s"
+    return metric_series_name("idle", environment, f"{cause}_s")
+
+
+def circuit_open_metric_name(environment: str) -> str:
+    """The series of how many producers hold ``environment``'s circuit breaker open: ``producers/circuit_open/shout``."""
+    return metric_series_name("producers/circuit_open", environment)
 
 
 class TrainerStepEvent(Record):
@@ -401,7 +440,7 @@ class TrainerStepEvent(Record):
             values["producers/utilisation"] = self.producer_utilisation
         values["producers/reporting"] = float(self.producers_reporting)
         for environment, count in self.circuit_breakers_open.items():
-            values[f"producers/circuit_open/{environment}"] = float(count)
+            values[circuit_open_metric_name(environment)] = float(count)
         for name in ("reward_mean", "success_rate", "samples_per_s", "samples_produced_per_s",
                      "tokens_per_s", "staleness_mean", "staleness_max"):
             value = getattr(self, name)

@@ -399,3 +399,18 @@ def test_the_progress_takes_a_fixed_number_of_queries(api, running_run, progress
     with django_assert_num_queries(2):
         response = api.get(_progress(running_run.pk))
     assert len(response.json()["evaluations"]) == count
+
+
+def test_an_evaluation_of_an_environment_of_the_longest_name_keeps_every_metric_in_a_series_that_fits(
+        trainer_api, running_run):
+    """Before, ``eval/<name@version>/`` of a 100-character name left no room: the whole report was refused."""
+    label = "support-" + "x" * 92 + "@1"  # the registry's longest name (Environment.name)
+    posted = trainer_api.post(_trainer_evaluations(running_run.pk), evaluation_report(environment=label),
+                              format="json")
+
+    assert posted.status_code == 201, posted.content
+    names = [name for name, _, _ in _eval_points(running_run)]
+    assert len(names) == 6 and all(len(name) <= 64 and name.startswith("eval/support-xxx") for name in names)
+    assert all(name.startswith(f"eval/{posted.json()['series_label']}/") for name in names)
+    assert {name.rsplit("/", 1)[1] for name in names} == set(evaluation_report()["metrics"])
+    assert len({name.rsplit("/", 1)[0] for name in names}) == 1  # one label, one cut, one hash

@@ -1,6 +1,6 @@
 import pytest
 
-from tandem.contracts import EpisodeTimings, TrajectoryRecord
+from tandem.contracts import METRIC_NAME_LENGTH_MAX, EpisodeTimings, TrajectoryRecord
 from trainer.rollout_stats import rollout_metrics
 
 
@@ -45,3 +45,14 @@ def test_the_wait_for_an_environments_slot_has_percentiles_per_environment():
     assert metrics["rollout/free/slot_wait_p99_s"] == 0.0
     # The wait comes before started_at: it is not part of the episode's latency.
     assert metrics["rollout/capped/latency_p99_s"] == pytest.approx(1.0)
+
+
+def test_two_environments_of_long_names_sharing_their_start_get_series_of_their_own():
+    """Before, the label was cut to 32 characters: both environments wrote into the same series."""
+    long_name = "customer-support-desk-" + "x" * 78  # 100 characters, the registry's longest
+    metrics = rollout_metrics([_record(f"{long_name}@1", total=1.0, generation=0.5, status="failed"),
+                               _record(f"{long_name}@2", total=1.0, generation=0.5)])
+
+    assert len(metrics) == 2 * 14  # 4 latencies x 3 percentiles, and 2 rates, for each environment
+    assert sorted(value for name, value in metrics.items() if name.endswith("/error_rate")) == [0.0, 1.0]
+    assert max(len(name) for name in metrics) <= METRIC_NAME_LENGTH_MAX

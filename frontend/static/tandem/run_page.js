@@ -31,12 +31,12 @@
   const DRAWN_AT_KEPT = 5000; // steps whose draw time is kept for window.tandemRunPage.drawnAt
   // The series of the run's evaluations, as evaluations.services.evaluation_series_name names them:
   // eval/<metric> for its own environment's, eval/<name@version>/<metric> for another environment's,
-  // eval/dataset:<name@version>/<metric> for a dataset's.
+  // eval/dataset:<name@version>/<metric> for a dataset's; a label past 32 characters is cut with a
+  // hash, which the platform sends as series_label.
   const EVALUATION_SERIES_PREFIX = "eval/";
   function evaluationSeriesPrefix(evaluation) {
-    if (evaluation.kind === "dataset") return `${EVALUATION_SERIES_PREFIX}dataset:${evaluation.environment}/`;
-    if (evaluation.environment !== root.dataset.environmentLabel) {
-      return `${EVALUATION_SERIES_PREFIX}${evaluation.environment}/`;
+    if (evaluation.kind === "dataset" || evaluation.environment !== root.dataset.environmentLabel) {
+      return `${EVALUATION_SERIES_PREFIX}${evaluation.series_label}/`;
     }
     return EVALUATION_SERIES_PREFIX;
   }
