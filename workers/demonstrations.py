@@ -39,7 +39,7 @@ from tandem.contracts import (
 )
 from tandem.redis_clients import durable_redis
 from workers.episode_loop import process_episode_loop
-from workers.producer import load_environment_secrets
+from workers.producer import SecretSettingsUndecryptableError, load_environment_secrets
 from workers.run_logs import redact_run_logs_with
 from workers.secret_settings import SecretSettings
 
@@ -126,10 +126,17 @@ def produce_demonstrations(*, redis_url: str, run_id: int, step: int, count: int
                                        error=refused_reason[:DEMONSTRATION_ERROR_CHARS])
         else:
             spec = RunSpec.model_validate_json(raw)
-            secrets = load_environment_secrets(client, spec)
-            redact_run_logs_with(secrets)
-            batch = demonstration_batch(spec, step=step, count=count, seed=seed, tool_call_format=tool_call_format,
-                                        request_id=request_id, secrets=secrets)
+            try:
+                secrets = load_environment_secrets(client, spec)
+            except SecretSettingsUndecryptableError as exc:
+                # This worker's key will not do on any retry: the trainer fails the SFT step saying why.
+                secrets, batch = None, DemonstrationBatch(run_id=run_id, step=step, request_id=request_id,
+                                                          error=str(exc)[:DEMONSTRATION_ERROR_CHARS])
+            if secrets is not None:
+                redact_run_logs_with(secrets)
+                batch = demonstration_batch(spec, step=step, count=count, seed=seed,
+                                            tool_call_format=tool_call_format, request_id=request_id,
+                                            secrets=secrets)
         client.xadd(demonstration_stream(run_id), batch.to_stream_fields(), maxlen=_STREAM_MAXLEN,
                     approximate=False)
         return batch

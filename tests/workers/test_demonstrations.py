@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from cryptography.fernet import Fernet
 
 from environments import demonstration_messages
 from environments.builtin.calculator import CalculatorEnvironment
@@ -14,12 +15,13 @@ from tandem.contracts import (
     EnvironmentSpec,
     RunSpec,
     demonstration_stream,
+    producer_fault_key,
     run_environment_secrets_key,
     run_spec_key,
     run_stop_key,
 )
 from tandem.run_config import RunConfig
-from tandem.secrets_at_rest import SecretsCipher, environment_secrets_seal
+from tandem.secrets_at_rest import SECRETS_KEY_ENV, SecretsCipher, environment_secrets_seal
 from tests.conftest import UNTRUSTED_MODULE
 from tests.workers.secret_environments import API_KEY
 from workers.demonstrations import produce_demonstrations
@@ -138,6 +140,21 @@ def test_demonstrations_are_made_with_the_environments_secret_settings(
 
     [batch] = _answers(redis_client, run_id)
     assert batch.error == "" and len(batch.messages) == 2
+
+
+def test_a_worker_whose_key_is_not_the_platforms_answers_why_instead_of_retrying(
+    redis_url, redis_client, run_id, run_with_environment, monkeypatch
+):
+    _keyed_run(redis_client, run_id, "KeyedDemonstrationsEnvironment")
+    monkeypatch.setenv(SECRETS_KEY_ENV, Fernet.generate_key().decode())
+
+    try:
+        _ask(redis_url, run_id, count=2)
+    finally:
+        redis_client.delete(producer_fault_key(run_id))
+
+    [batch] = _answers(redis_client, run_id)
+    assert "cannot decrypt the secret settings of keyed@1" in batch.error and not batch.messages
 
 
 def test_a_demonstrations_error_never_quotes_a_secret_setting(redis_url, redis_client, run_id, run_with_environment):
