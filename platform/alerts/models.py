@@ -115,19 +115,31 @@ class Notification(models.Model):
 
 
 class WebhookDelivery(models.Model):
-    """A firing posted to its rule's webhook; ``body`` is sent as is on every attempt."""
+    """A firing posted to its rule's webhook; ``body`` is sent as is on every attempt.
+
+    ``sending``: a worker claimed it and is posting it, until ``lease_expires_at``; a claim whose
+    lease lapsed (its worker was killed mid-post) is recorded as a failed attempt by the next one.
+    ``rate_limited``: not posted, because its URL had its posts for the minute
+    (TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE); ``status_reason`` says so.
+    """
 
     class Status(models.TextChoices):
         PENDING = "pending", "Pending"
+        SENDING = "sending", "Sending"
         DELIVERED = "delivered", "Delivered"
         FAILED = "failed", "Failed"
+        RATE_LIMITED = "rate_limited", "Rate limited"
 
     firing = models.ForeignKey(AlertFiring, on_delete=models.CASCADE, related_name="deliveries")
     rule = models.ForeignKey(AlertRule, on_delete=models.SET_NULL, null=True, related_name="deliveries")
     url = models.URLField(max_length=500)
     body = models.TextField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    # Why a delivery ended without being delivered (failed, rate_limited); empty otherwise.
+    status_reason = models.TextField(blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # While sending: when the claiming worker's hold on it lapses (alerts.services.webhook_delivery_claim).
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -146,6 +158,8 @@ class WebhookAttempt(models.Model):
     number = models.PositiveIntegerField()
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     response_code = models.PositiveIntegerField(null=True)
+    # The start of the receiver's answer (alerts.webhooks.RESPONSE_EXCERPT_BYTES at most).
+    response_excerpt = models.TextField(blank=True)
     error = models.TextField(blank=True)
     attempted_at = models.DateTimeField()
     duration_s = models.FloatField()

@@ -15,6 +15,7 @@ from .selectors import (
     alert_rule_list,
     notification_get_for_user,
     notification_list,
+    webhook_url_as_seen,
 )
 from .services import (
     alert_rule_create,
@@ -40,7 +41,9 @@ def alert_rule_list_page(request):
         else:
             messages.success(request, f"Alert rule '{rule.name}' created in {project.name}.")
             return redirect("alert-rule-list-page")
-    rules = alert_rule_list(user=request.user)
+    rules = list(alert_rule_list(user=request.user))
+    for rule in rules:  # viewers see where a webhook posts, never its URL whole
+        rule.webhook_url_shown = webhook_url_as_seen(url=rule.webhook_url, role=rule.caller_role)
     return render(request, "alerts/rules.html", {"rules": rules, "form": form})
 
 

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 
-from accounts.models import Project
+from accounts.models import Membership, Project
 from domain_errors import NotFound
 
 from .models import AlertRule, Notification, WebhookDelivery
+from .webhooks import webhook_url_redacted
+
+# The delivery statuses each rule counts (``deliveries_<status>``), as the API shows them.
+COUNTED_DELIVERY_STATUSES = tuple(WebhookDelivery.Status.values)
 
 
 def alert_rule_list(*, user: AbstractBaseUser, project: Project | None = None) -> QuerySet[AlertRule]:
-    """The rules of the user's projects (of ``project`` only, if given)."""
-    rules = AlertRule.objects.filter(project__memberships__user=user).select_related("project")
+    """The rules of the user's projects (of ``project`` only, if given), each with ``caller_role`` (the
+    user's role in its project, which decides whether they read its webhook URL whole) and its
+    deliveries counted by status (``deliveries_<status>``)."""
+    role = Membership.objects.filter(project=OuterRef("project"), user=user).values("role")[:1]
+    counts = {f"deliveries_{status}": Count("deliveries", filter=Q(deliveries__status=status), distinct=True)
+              for status in COUNTED_DELIVERY_STATUSES}
+    rules = (AlertRule.objects.filter(project__memberships__user=user).select_related("project")
+             .annotate(caller_role=Subquery(role), **counts))
     if project is not None:
         rules = rules.filter(project=project)
     return rules.order_by("project__name", "project_id", "name", "id")
@@ -25,6 +35,14 @@ def alert_rule_get_for_user(*, user: AbstractBaseUser, rule_id: int) -> AlertRul
     if rule is None:
         raise NotFound(f"Alert rule {rule_id} not found.")
     return rule
+
+
+def webhook_url_as_seen(*, url: str, role: str | None) -> str:
+    """A webhook URL as a member of ``role`` reads it: whole for those who manage the project's rules
+    (owners, members), redacted for viewers. A chat webhook's URL is itself a credential."""
+    if not url or role in Membership.WRITER_ROLES:
+        return url
+    return webhook_url_redacted(url)
 
 
 def webhook_delivery_list(*, rule: AlertRule) -> QuerySet[WebhookDelivery]:

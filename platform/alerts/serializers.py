@@ -1,24 +1,54 @@
 """The API's shapes of alert rules, notifications and webhook deliveries.
 
 A rule's webhook secret is write-only: it is accepted on create and update and never
-returned; ``webhook_secret_set`` says whether the rule has one.
+returned; ``webhook_secret_set`` says whether the rule has one. Its webhook URL is a
+credential too (a chat webhook's token is in its path): owners and members, who manage
+the project's rules, read it whole; viewers read it redacted (scheme, host and port).
+Rules are serialized as ``alerts.selectors.alert_rule_list`` gives them (with the caller's
+role and the delivery counts); a rule without the caller's role shows its URL redacted.
 """
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from .models import AlertRule, Notification, WebhookAttempt, WebhookDelivery
+from .selectors import COUNTED_DELIVERY_STATUSES, webhook_url_as_seen
+
+WEBHOOK_URL_HELP = ("Whole for the project's owners and members; redacted for viewers (scheme, host and port, "
+                    "the path masked: a chat webhook's URL is a credential).")
+
+
+class DeliveryCountsSerializer(serializers.Serializer):
+    pending = serializers.IntegerField()
+    sending = serializers.IntegerField()
+    delivered = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    rate_limited = serializers.IntegerField(help_text="Not posted: the URL had its posts for the minute.")
 
 
 class AlertRuleSerializer(serializers.ModelSerializer):
+    webhook_url = serializers.SerializerMethodField(help_text=WEBHOOK_URL_HELP)
     webhook_secret_set = serializers.SerializerMethodField(help_text="Whether the webhook has a signing secret.")
+    deliveries = serializers.SerializerMethodField(help_text="The rule's webhook deliveries, counted by status.")
 
     class Meta:
         model = AlertRule
         fields = ["id", "project", "name", "kind", "enabled", "metric", "comparison", "threshold", "steps",
-                  "minutes", "webhook_url", "webhook_secret_set", "created_at", "updated_at"]
+                  "minutes", "webhook_url", "webhook_secret_set", "deliveries", "created_at", "updated_at"]
+
+    def get_webhook_url(self, rule: AlertRule) -> str:
+        return webhook_url_as_seen(url=rule.webhook_url, role=getattr(rule, "caller_role", None))
 
     def get_webhook_secret_set(self, rule: AlertRule) -> bool:
         return bool(rule.webhook_secret)
+
+    @staticmethod
+    def _counts(rule: AlertRule) -> dict[str, int]:
+        return {status: getattr(rule, f"deliveries_{status}", 0) for status in COUNTED_DELIVERY_STATUSES}
+
+    @extend_schema_field(DeliveryCountsSerializer)
+    def get_deliveries(self, rule: AlertRule) -> dict[str, int]:
+        return self._counts(rule)
 
 
 class AlertRuleWriteSerializer(serializers.Serializer):
@@ -94,13 +124,23 @@ class MarkedReadSerializer(serializers.Serializer):
 class WebhookAttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = WebhookAttempt
-        fields = ["number", "outcome", "response_code", "error", "attempted_at", "duration_s"]
+        fields = ["number", "outcome", "response_code", "response_excerpt", "error", "attempted_at", "duration_s"]
+        extra_kwargs = {"response_excerpt": {"help_text": "The start of the receiver's answer (1 KiB at most)."}}
 
 
 class WebhookDeliverySerializer(serializers.ModelSerializer):
+    """One delivery; the context's ``caller_role`` (the caller's role in the rule's project) decides
+    whether ``url`` is shown whole."""
+
     attempt_log = WebhookAttemptSerializer(many=True, help_text="Every attempt, first first.")
     text = serializers.CharField(source="firing.text")
+    url = serializers.SerializerMethodField(help_text=WEBHOOK_URL_HELP)
 
     class Meta:
         model = WebhookDelivery
-        fields = ["id", "firing", "text", "url", "status", "attempts", "created_at", "finished_at", "attempt_log"]
+        fields = ["id", "firing", "text", "url", "status", "status_reason", "attempts", "created_at",
+                  "finished_at", "attempt_log"]
+        extra_kwargs = {"status_reason": {"help_text": "Why it ended undelivered (failed, rate_limited)."}}
+
+    def get_url(self, delivery: WebhookDelivery) -> str:
+        return webhook_url_as_seen(url=delivery.url, role=self.context.get("caller_role"))

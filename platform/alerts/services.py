@@ -15,15 +15,21 @@ call it): it reads what it needs of runs through the project's relation.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from datetime import datetime, timedelta
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -31,7 +37,7 @@ from accounts.models import Membership, Project
 from accounts.permissions import project_require_writer
 from domain_errors import Conflict, InvalidInput
 from environment_registry.models import EnvironmentProbe, EnvironmentVersion
-from tandem.contracts import PLATFORM_QUEUE, RunStatus, TrainerStepEvent
+from tandem.contracts import WEBHOOKS_QUEUE, RunStatus, TrainerStepEvent
 
 from .models import (
     AlertCondition,
@@ -41,12 +47,17 @@ from .models import (
     WebhookAttempt,
     WebhookDelivery,
 )
-from .webhooks import WebhookURLRefused, webhook_post, webhook_url_check
+from .webhooks import PostResult, WebhookURLRefused, slack_escape, webhook_post, webhook_url_check
 
 logger = logging.getLogger(__name__)
 
 Kind = AlertRule.Kind
+Delivery = WebhookDelivery.Status
 WEBHOOK_TASK_NAME = "tandem.alerts.deliver_webhook"
+WEBHOOK_RESUME_TASK_NAME = "tandem.alerts.resume_abandoned_webhook_deliveries"
+# The window of TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE, and its counters' key (in the Redis cache).
+RATE_WINDOW_S = 60
+RATE_KEY = "alerts:webhook-posts:{url_hash}:{window}"
 
 # The run status each status rule waits for.
 RUN_STATUS_OF_KIND = {Kind.RUN_FAILED: RunStatus.FAILED, Kind.RUN_FINISHED: RunStatus.FINISHED}
@@ -83,6 +94,14 @@ def alert_rule_create(*, user: AbstractBaseUser, project: Project, name: str, ki
                      comparison=comparison, threshold=threshold, steps=steps, minutes=minutes,
                      webhook_url=webhook_url.strip(), webhook_secret=webhook_secret, created_by=user)
     _rule_check(rule)
+    cap = settings.TANDEM_MAX_ALERT_RULES_PER_PROJECT
+    # Locks the project's row: two creations racing for the last place cannot both win.
+    Project.objects.select_for_update().filter(pk=project.pk).first()
+    rules = AlertRule.objects.filter(project=project).count()
+    if rules >= cap:
+        raise InvalidInput.for_field("project", (
+            f"project '{project.name}' has {rules} alert rules; this deployment allows at most {cap} "
+            f"(TANDEM_MAX_ALERT_RULES_PER_PROJECT): delete one first"))
     return _rule_save(rule)
 
 
@@ -371,11 +390,16 @@ def _webhook_body(rule: AlertRule, firing: AlertFiring) -> str:
         "run": firing.run_id, "environment_version": firing.environment_version_id,
         "fired_at": firing.fired_at.isoformat(), "details": firing.details,
     }
+    # What Slack renders is escaped: run names, rule names and environments' errors are anyone's
+    # text, and must not mention @channel or disguise a link. ``alert`` keeps the exact values.
     fields = [{"title": "rule", "value": rule.name, "short": True},
               {"title": "kind", "value": rule.get_kind_display(), "short": True},
               {"title": "project", "value": rule.project.name, "short": True},
               *({"title": key, "value": str(value), "short": True} for key, value in firing.details.items())]
-    return json.dumps({"text": f"[Tandem] {firing.text}", "attachments": [{"fields": fields}], "alert": alert})
+    fields = [{**entry, "title": slack_escape(entry["title"]), "value": slack_escape(entry["value"])}
+              for entry in fields]
+    return json.dumps({"text": f"[Tandem] {slack_escape(firing.text)}", "attachments": [{"fields": fields}],
+                       "alert": alert})
 
 
 def _delivery_send(delivery_id: int) -> None:
@@ -383,7 +407,7 @@ def _delivery_send(delivery_id: int) -> None:
     # name, so that a Celery app told to run tasks eagerly (the tests) runs it, retries included.
     from .tasks import deliver_webhook
 
-    deliver_webhook.apply_async(args=[delivery_id], queue=PLATFORM_QUEUE)
+    deliver_webhook.apply_async(args=[delivery_id], queue=WEBHOOKS_QUEUE)
 
 
 # ---- notifications ---------------------------------------------------------------------------------
@@ -402,41 +426,165 @@ def notifications_mark_all_read(*, user: AbstractBaseUser) -> int:
 
 
 # ---- webhook deliveries ----------------------------------------------------------------------------
+#
+# A post is someone else's server's time, so no transaction is open while it runs: a worker claims
+# the delivery in one short transaction (status ``sending``, with a lease), posts, and records the
+# attempt in another. A second worker handed the same delivery (a redelivered task) finds it
+# claimed and leaves it; a claim whose worker died mid-post (killed at the task's hard time limit)
+# lapses with its lease, and the next claim records that attempt as failed.
 
-@transaction.atomic
+@dataclass(frozen=True)
+class DeliveryClaim:
+    """A worker's hold on one delivery: what to post, and the number of the attempt it records."""
+
+    delivery_id: int
+    number: int
+    url: str
+    body: str
+    secret: str = dataclass_field(repr=False)  # never in a log line
+
+
+def webhook_delivery_lease() -> timedelta:
+    """How long a claim holds: past the task's hard time limit, its worker was killed for sure."""
+    return timedelta(seconds=settings.TANDEM_WEBHOOK_TASK_TIME_LIMIT_S + 10)
+
+
 def webhook_delivery_attempt(*, delivery_id: int) -> float | None:
     """Post a pending delivery once and record the attempt; returns the seconds to wait before the
-    next attempt, or None when the delivery is over (delivered, failed for good, or not pending).
+    next attempt, or None when the delivery is over (delivered, failed for good, rate limited, or
+    not this worker's to post). Never inside a transaction: the post holds no lock."""
+    claim = webhook_delivery_claim(delivery_id=delivery_id)
+    if claim is None:
+        return None
+    started = timezone.now()
+    try:
+        result = webhook_post(url=claim.url, body=claim.body.encode(), secret=claim.secret,
+                              delivery_id=claim.delivery_id)
+    except SoftTimeLimitExceeded:
+        result = PostResult(response_code=None, error=(
+            f"the post outlasted the delivery task's time limit "
+            f"({settings.TANDEM_WEBHOOK_TASK_SOFT_TIME_LIMIT_S:g} s, TANDEM_WEBHOOK_TASK_SOFT_TIME_LIMIT_S)"))
+    except Exception as error:  # recorded, so that no delivery stays claimed by a bug
+        logger.exception("webhook delivery %s, attempt %d: the post raised", claim.delivery_id, claim.number)
+        result = PostResult(response_code=None, error=f"the post failed unexpectedly: {type(error).__name__}")
+    return webhook_delivery_record(claim=claim, result=result, started=started)
 
-    The delivery's row stays locked during the post, so a redelivered task cannot post it twice at once.
-    """
+
+@transaction.atomic
+def webhook_delivery_claim(*, delivery_id: int) -> DeliveryClaim | None:
+    """Claim a delivery for one post, or None if there is nothing to post: it is over, another worker
+    holds it, its rule or webhook is gone (recorded as failed), or its URL had its posts for the
+    minute (recorded as rate limited)."""
     delivery = (WebhookDelivery.objects.select_for_update(of=("self",)).select_related("rule")
                 .filter(pk=delivery_id).first())
-    if delivery is None or delivery.status != WebhookDelivery.Status.PENDING:
+    if delivery is None:
         return None
-    number = delivery.attempts + 1
-    started = timezone.now()
+    now = timezone.now()
+    if delivery.status == Delivery.SENDING:
+        if delivery.lease_expires_at is not None and delivery.lease_expires_at > now:
+            return None
+        _attempt_lapsed_record(delivery, now=now)
+        if delivery.attempts >= settings.TANDEM_WEBHOOK_MAX_ATTEMPTS:
+            _delivery_finish(delivery, Delivery.FAILED, now=now,
+                             reason=f"{delivery.attempts} attempts failed; the last: its worker stopped mid-post")
+            return None
+    elif delivery.status != Delivery.PENDING:
+        return None
     if delivery.rule is None or not delivery.rule.webhook_secret:
-        outcome_code, error = None, "the rule was deleted, or its webhook removed, before this attempt"
-        delivered, final = False, True
-    else:
-        result = webhook_post(url=delivery.url, body=delivery.body.encode(), secret=delivery.rule.webhook_secret,
-                              delivery_id=delivery.pk)
-        outcome_code, error, delivered = result.response_code, result.error, result.delivered
-        final = delivered or number >= settings.TANDEM_WEBHOOK_MAX_ATTEMPTS
+        error = "the rule was deleted, or its webhook removed, before this attempt"
+        delivery.attempts += 1
+        WebhookAttempt.objects.create(delivery=delivery, number=delivery.attempts, error=error, attempted_at=now,
+                                      outcome=WebhookAttempt.Outcome.FAILED, duration_s=0.0)
+        _delivery_finish(delivery, Delivery.FAILED, now=now, reason=error)
+        return None
+    if not _webhook_post_allowed(delivery.url):
+        limit = settings.TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE
+        _delivery_finish(delivery, Delivery.RATE_LIMITED, now=now, reason=(
+            f"not posted: its URL had its {limit} posts per minute already "
+            f"(TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE); the firing's notifications stand"))
+        # The URL is left out of logs: a chat webhook's URL is itself a credential.
+        logger.warning("webhook delivery %s of rule %s rate limited (%d posts per URL per minute)",
+                       delivery.pk, delivery.rule_id, limit)
+        return None
+    delivery.attempts += 1
+    delivery.status = Delivery.SENDING
+    delivery.lease_expires_at = now + webhook_delivery_lease()
+    delivery.save(update_fields=["attempts", "status", "lease_expires_at"])
+    return DeliveryClaim(delivery_id=delivery.pk, number=delivery.attempts, url=delivery.url, body=delivery.body,
+                         secret=delivery.rule.webhook_secret)
+
+
+@transaction.atomic
+def webhook_delivery_record(*, claim: DeliveryClaim, result: PostResult, started: datetime) -> float | None:
+    """Record the claimed attempt's outcome and release the claim; returns the seconds to wait before the
+    next attempt, or None when the delivery is over (or no longer this claim's: its lease lapsed and
+    another worker took it over)."""
     finished = timezone.now()
-    WebhookAttempt.objects.create(
-        delivery=delivery, number=number, response_code=outcome_code, error=error, attempted_at=started,
-        outcome=WebhookAttempt.Outcome.DELIVERED if delivered else WebhookAttempt.Outcome.FAILED,
-        duration_s=(finished - started).total_seconds(),
-    )
-    delivery.attempts = number
-    if final:
-        delivery.status = WebhookDelivery.Status.DELIVERED if delivered else WebhookDelivery.Status.FAILED
-        delivery.finished_at = finished
-    delivery.save(update_fields=["attempts", "status", "finished_at"])
+    delivery = WebhookDelivery.objects.select_for_update().get(pk=claim.delivery_id)
+    delivered = result.delivered
+    if not WebhookAttempt.objects.filter(delivery=delivery, number=claim.number).exists():
+        WebhookAttempt.objects.create(
+            delivery=delivery, number=claim.number, response_code=result.response_code, error=result.error,
+            response_excerpt=result.response_excerpt, attempted_at=started,
+            outcome=WebhookAttempt.Outcome.DELIVERED if delivered else WebhookAttempt.Outcome.FAILED,
+            duration_s=(finished - started).total_seconds(),
+        )
+    if delivery.status != Delivery.SENDING or delivery.attempts != claim.number:
+        return None
+    final = delivered or claim.number >= settings.TANDEM_WEBHOOK_MAX_ATTEMPTS
     if not delivered:
         # The URL is left out: a chat webhook's URL is itself a credential.
-        logger.warning("webhook delivery %s of rule %s, attempt %d: %s%s", delivery.pk, delivery.rule_id, number,
-                       error, " (gave up)" if final else "")
-    return None if final else settings.TANDEM_WEBHOOK_BACKOFF_S * 2 ** (number - 1)
+        logger.warning("webhook delivery %s of rule %s, attempt %d: %s%s", delivery.pk, delivery.rule_id,
+                       claim.number, result.error, " (gave up)" if final else "")
+    if final:
+        _delivery_finish(delivery, Delivery.DELIVERED if delivered else Delivery.FAILED, now=finished,
+                         reason="" if delivered else f"{claim.number} attempts failed; the last: {result.error}")
+        return None
+    delivery.status, delivery.lease_expires_at = Delivery.PENDING, None
+    delivery.save(update_fields=["status", "lease_expires_at"])
+    return settings.TANDEM_WEBHOOK_BACKOFF_S * 2 ** (claim.number - 1)
+
+
+def webhook_deliveries_resume(*, now: datetime | None = None) -> int:
+    """Send again each delivery whose claim lapsed (its worker was killed mid-post, or lost): the next
+    claim records that attempt as failed and goes on. Celery beat runs this; returns how many."""
+    now = now or timezone.now()
+    lapsed = list(WebhookDelivery.objects.filter(status=Delivery.SENDING, lease_expires_at__lt=now)
+                  .order_by("lease_expires_at").values_list("pk", flat=True)[:1000])
+    for delivery_id in lapsed:
+        _delivery_send(delivery_id)
+    return len(lapsed)
+
+
+def _attempt_lapsed_record(delivery: WebhookDelivery, *, now: datetime) -> None:
+    lease = webhook_delivery_lease()
+    attempted_at = (delivery.lease_expires_at - lease) if delivery.lease_expires_at else now
+    WebhookAttempt.objects.get_or_create(delivery=delivery, number=delivery.attempts, defaults={
+        "outcome": WebhookAttempt.Outcome.FAILED, "attempted_at": attempted_at,
+        "duration_s": max((now - attempted_at).total_seconds(), 0.0),
+        "error": "its worker stopped before recording an answer, and its lease lapsed "
+                 "(killed at the task's hard time limit, or lost)",
+    })
+    logger.warning("webhook delivery %s, attempt %d: its worker stopped mid-post", delivery.pk, delivery.attempts)
+
+
+def _delivery_finish(delivery: WebhookDelivery, status: str, *, now: datetime, reason: str) -> None:
+    delivery.status, delivery.status_reason = status, reason
+    delivery.finished_at, delivery.lease_expires_at = now, None
+    delivery.save(update_fields=["attempts", "status", "status_reason", "finished_at", "lease_expires_at"])
+
+
+def _webhook_post_allowed(url: str) -> bool:
+    """Count one post to ``url`` in this minute's window; False past TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE.
+
+    In the shared Redis cache, so that every webhooks worker counts in one place; keyed by the URL's
+    hash, never the URL (a credential)."""
+    key = RATE_KEY.format(url_hash=hashlib.sha256(url.encode()).hexdigest()[:32],
+                          window=int(time.time() // RATE_WINDOW_S))
+    cache.add(key, 0, timeout=2 * RATE_WINDOW_S)
+    try:
+        posts = cache.incr(key)
+    except ValueError:  # expired between add and incr
+        cache.set(key, 1, timeout=2 * RATE_WINDOW_S)
+        posts = 1
+    return posts <= settings.TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE

@@ -64,6 +64,8 @@ class AlertRuleListCreateView(ListAPIView):
         data = dict(serializer.validated_data)
         project = project_resolve_for_user(user=request.user, project_id=data.pop("project", None))
         rule = alert_rule_create(user=request.user, project=project, **data)
+        # Read back as the list shows it: with the caller's role and the delivery counts.
+        rule = alert_rule_get_for_user(user=request.user, rule_id=rule.pk)
         return Response(AlertRuleSerializer(rule).data, status=status.HTTP_201_CREATED)
 
 
@@ -87,7 +89,7 @@ class AlertRuleDetailView(GenericAPIView):
         serializer = AlertRuleWriteSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
         rule = alert_rule_update(user=request.user, rule=rule, changes=serializer.changes())
-        return Response(AlertRuleSerializer(rule).data)
+        return Response(AlertRuleSerializer(alert_rule_get_for_user(user=request.user, rule_id=rule.pk)).data)
 
     @extend_schema(summary="Delete an alert rule",
                    description="Project writers only. Its notifications and deliveries stay.",
@@ -100,7 +102,9 @@ class AlertRuleDetailView(GenericAPIView):
 @extend_schema(tags=["alerts"])
 @extend_schema_view(get=extend_schema(
     summary="List a rule's webhook deliveries",
-    description="Newest first, each with every attempt: its outcome, the receiver's status code or the error."))
+    description="Newest first, each with every attempt: its outcome, the receiver's status code and the "
+    "start of its answer, or the error. A delivery past TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE is "
+    "rate_limited (not posted; status_reason says so). Viewers read the URL redacted."))
 class AlertRuleDeliveryListView(ListAPIView):
     queryset = WebhookDelivery.objects.none()
     serializer_class = WebhookDeliverySerializer
@@ -108,8 +112,12 @@ class AlertRuleDeliveryListView(ListAPIView):
     ordering = ["-created_at", "-id"]
 
     def get_queryset(self):
-        rule = alert_rule_get_for_user(user=self.request.user, rule_id=self.kwargs["rule_id"])
-        return webhook_delivery_list(rule=rule)
+        self.rule = alert_rule_get_for_user(user=self.request.user, rule_id=self.kwargs["rule_id"])
+        return webhook_delivery_list(rule=self.rule)
+
+    def get_serializer_context(self):
+        rule = getattr(self, "rule", None)  # none while the schema is generated
+        return {**super().get_serializer_context(), "caller_role": getattr(rule, "caller_role", None)}
 
 
 @extend_schema(tags=["notifications"])

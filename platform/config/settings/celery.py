@@ -1,5 +1,7 @@
 """Celery, as configured for the platform's own app (config/celery.py)."""
 
+from tandem.contracts import WEBHOOKS_QUEUE
+
 from .env_vars import REDIS_URL, env_float, env_str
 
 CELERY_BROKER_URL = REDIS_URL
@@ -39,6 +41,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "tandem.platform.drain_run_logs",
         "schedule": TANDEM_RUN_LOG_DRAIN_INTERVAL_S,
         "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": TANDEM_RUN_LOG_DRAIN_INTERVAL_S},
+    },
+    # Webhook deliveries whose worker was killed mid-post (alerts.services.webhook_deliveries_resume).
+    "resume-abandoned-webhook-deliveries": {
+        "task": "tandem.alerts.resume_abandoned_webhook_deliveries",
+        "schedule": 60.0,
+        "options": {"queue": WEBHOOKS_QUEUE, "expires": 60},
     },
     "environment-health-sweep": {
         "task": "tandem.environments.health_sweep",
