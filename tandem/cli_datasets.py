@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from tandem.cli_client import CommandError, _client, _handled, _print_json
 
@@ -12,8 +13,20 @@ def cmd_datasets_register(args) -> int:
     if (args.file is None) == (args.path is None):
         raise CommandError("give a FILE to upload, or --path for a file on the platform's host")
     with _client() as client:
-        dataset = client.datasets.register(args.name, args.file, path=args.path, project=args.project)
+        accepted = client.datasets.register(args.name, args.file, path=args.path, project=args.project, wait=False)
+        checked = accepted.latest_version or {}
+        if not args.no_wait:
+            print(f"dataset {accepted.name} version {checked.get('number', '?')} checked: "
+                  f"{checked.get('row_count', '?')} rows; waiting for the platform to store them", file=sys.stderr)
+            dataset = client.datasets.wait_ready(accepted.id, accepted.version, timeout=args.timeout)
+        else:
+            dataset = accepted
     version = dataset.latest_version or {}
+    if args.no_wait:
+        print(f"dataset {dataset.name} version {version.get('number', '?')} accepted (id {dataset.id}, project "
+              f"{dataset.project}): {version.get('row_count', '?')} rows being stored; "
+              f"`tandem datasets show {dataset.name}` says when it is ready")
+        return 0
     print(f"dataset {dataset.name} version {version.get('number', '?')} registered (id {dataset.id}, "
           f"project {dataset.project}): {version.get('row_count', '?')} rows, {version.get('size_bytes', '?')} bytes")
     return 0
@@ -49,7 +62,8 @@ def cmd_datasets_show(args) -> int:
         return 0
     print(f"dataset {dataset.name} (id {dataset.id}, project {dataset.project})")
     for version in dataset.versions or []:
-        print(f"  v{version['number']}: {version['row_count']} rows, {version['size_bytes']} bytes, "
+        state = "" if version.get("status", "ready") == "ready" else f" [{version['status']}]"
+        print(f"  v{version['number']}{state}: {version['row_count']} rows, {version['size_bytes']} bytes, "
               f"{version['source']} {version['source_name']}, sha256 {version['sha256'][:12]}")
     return 0
 
@@ -65,6 +79,10 @@ def register_dataset_subcommands(commands: argparse._SubParsersAction) -> None:
     register.add_argument("file", nargs="?", help="the JSONL file to upload")
     register.add_argument("--path", help="instead: a file on the platform's host, under TANDEM_DATASET_ROOTS")
     register.add_argument("--project", type=int, help="default: your only project")
+    register.add_argument("--no-wait", action="store_true",
+                          help="return once the file is checked, before the platform has stored its rows")
+    register.add_argument("--timeout", type=float, default=1800.0,
+                          help="seconds to wait for the rows to be stored (default 1800)")
     register.set_defaults(func=_handled(cmd_datasets_register))
 
     list_ = dataset_commands.add_parser("list", help="datasets of your projects")

@@ -357,12 +357,17 @@ class DatasetsAPI:
                              fields={"name": [f"No dataset named {name!r}."]})
 
     def register(self, name: str, file: str | os.PathLike | None = None, *, path: str | None = None,
-                 project: int | None = None) -> Dataset:
+                 project: int | None = None, wait: bool = True, timeout: float | None = 1800.0,
+                 poll_interval_s: float = 0.5) -> Dataset:
         """Upload the JSONL ``file`` (streamed) as the next version of ``name`` (1 for a new name).
 
         Or ``path``: a file on the platform's host, under its operator's dataset roots.
         A file with any bad row stores nothing; the error's ``fields["file"]`` names each
-        bad line and field (``line 17: messages.2.role: ...``).
+        bad line and field (``line 17: messages.2.role: ...``). The platform answers once
+        the file is checked; its datasets worker then stores the rows. With ``wait``
+        (the default) this returns when the version is ``ready``, and raises a
+        TandemAPIError (code ``conflict``) if storing failed; without, at once, with
+        ``latest_version["status"]`` ``pending`` (:meth:`wait_ready` waits later).
         """
         if (file is None) == (path is None):
             raise ValueError("give either file (to upload) or path (on the platform's host)")
@@ -370,11 +375,35 @@ class DatasetsAPI:
         if path is not None:
             body = self._transport.request("POST", "/api/datasets/", json={**fields, "path": path,
                                                                            "project": project})
-            return Dataset.model_validate(body)
-        with open(file, "rb") as handle:
-            body = self._transport.request("POST", "/api/datasets/", data=fields,
-                                           files={"file": (Path(file).name, handle, "application/jsonl")})
-        return Dataset.model_validate(body)
+        else:
+            with open(file, "rb") as handle:
+                body = self._transport.request("POST", "/api/datasets/", data=fields,
+                                               files={"file": (Path(file).name, handle, "application/jsonl")})
+        dataset = Dataset.model_validate(body)
+        if not wait:
+            return dataset
+        return self.wait_ready(dataset.id, dataset.version, timeout=timeout, poll_interval_s=poll_interval_s)
+
+    def wait_ready(self, dataset_id: int, number: int, *, timeout: float | None = 1800.0,
+                   poll_interval_s: float = 0.5) -> Dataset:
+        """Wait until version ``number`` of dataset ``dataset_id`` has all its rows stored; the dataset then.
+
+        Raises:
+          TandemAPIError: code ``conflict``, with the platform's reason, if storing failed;
+            TimeoutError past ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            version = self._transport.request("GET", f"/api/datasets/{dataset_id}/versions/{number}/")
+            if version["status"] == "ready":
+                return Dataset.model_validate(self._transport.request("GET", f"/api/datasets/{dataset_id}/"))
+            if version["status"] == "failed":
+                raise TandemAPIError(status_code=409, code=ErrorCode.CONFLICT, message=version["failure_reason"],
+                                     fields={"file": [version["failure_reason"]]})
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"dataset {dataset_id} version {number} is still {version['status']} "
+                                   f"({version['rows_stored']} of {version['row_count']} rows) after {timeout:g}s")
+            time.sleep(poll_interval_s)
 
     def rows(self, name: str, *, version: int | None = None, project: int | None = None,
              page_size: int = 500) -> Iterator[dict[str, Any]]:

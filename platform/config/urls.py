@@ -140,6 +140,8 @@ pages = [
     path("evaluations.csv", evaluation_pages.evaluation_csv, name="evaluation-csv"),
     path("datasets/", dataset_pages.dataset_list_page, name="dataset-list-page"),
     path("datasets/<int:dataset_id>/", dataset_pages.dataset_page, name="dataset-page"),
+    path("datasets/<int:dataset_id>/versions/<int:number>/delete/", dataset_pages.dataset_version_delete_page,
+         name="dataset-version-delete"),
     path("tokens/", account_pages.token_list_page, name="token-list-page"),
     path("alerts/", alert_pages.alert_rule_list_page, name="alert-rule-list-page"),
     path("alerts/<int:rule_id>/delete/", alert_pages.alert_rule_delete_page, name="alert-rule-delete-page"),

@@ -9,14 +9,14 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Prefetch, QuerySet
 
 from accounts.models import Project
-from domain_errors import InvalidInput, NotFound
+from domain_errors import Conflict, InvalidInput, NotFound
 from tandem.contracts import (
     DATASET_HELD_OUT_FRACTION,
     DATASET_HELD_OUT_MIN_ROWS,
     dataset_rows_held_out,
 )
 
-from .models import Dataset, DatasetRow, DatasetVersion
+from .models import Dataset, DatasetRow, DatasetTokenStats, DatasetVersion
 
 
 def dataset_list(*, user: AbstractBaseUser, project: Project | None = None) -> QuerySet[Dataset]:
@@ -49,13 +49,15 @@ def dataset_version_get(*, dataset: Dataset, number: int) -> DatasetVersion:
 
 
 def dataset_version_resolve(*, project: Project, name: str, number: int | None) -> DatasetVersion:
-    """Version ``number`` of dataset ``name`` in ``project``, or its latest when ``number`` is None."""
+    """Version ``number`` of dataset ``name`` in ``project``, or its latest (failed ones aside) when
+    ``number`` is None."""
     dataset = Dataset.objects.filter(project=project, name=name).first()
     if dataset is None:
         raise NotFound(f"No dataset named '{name}' in project '{project.name}'.")
     if number is not None:
         return dataset_version_get(dataset=dataset, number=number)
-    version = dataset.versions.select_related("dataset").order_by("-number").first()
+    version = (dataset.versions.select_related("dataset").exclude(status=DatasetVersion.Status.FAILED)
+               .order_by("-number").first())
     if version is None:
         raise NotFound(f"Dataset '{name}' has no version.")
     return version
@@ -78,7 +80,7 @@ def dataset_versions_pin(*, project: Project, datasets: Iterable[dict], field: s
 
     Raises:
       InvalidInput: naming ``<field>.<index>.name`` (or ``.version``) of a dataset or version
-        the project does not have, or whose ``split`` is empty.
+        the project does not have, whose rows are not all stored yet, or whose ``split`` is empty.
     """
     pinned = []
     for index, entry in enumerate(datasets):
@@ -88,6 +90,12 @@ def dataset_versions_pin(*, project: Project, datasets: Iterable[dict], field: s
             part = "version" if entry.get("version") is not None and Dataset.objects.filter(
                 project=project, name=entry["name"]).exists() else "name"
             raise InvalidInput.for_field(f"{field}.{index}.{part}", error.message) from None
+        # The row lock deleting a version takes: it is not deleted under the run being created.
+        DatasetVersion.objects.select_for_update().filter(pk=version.pk).first()
+        try:
+            dataset_version_require_ready(version=version)
+        except Conflict as error:
+            raise InvalidInput.for_field(f"{field}.{index}.name", error.message) from None
         training, held_out = dataset_version_split_counts(version=version)
         if split == "training" and not training:
             raise InvalidInput.for_field(f"{field}.{index}.name", (
@@ -104,8 +112,24 @@ def dataset_versions_pin(*, project: Project, datasets: Iterable[dict], field: s
 
 
 def dataset_rows(*, version: DatasetVersion) -> QuerySet[DatasetRow]:
-    """The version's rows in file order."""
+    """The version's rows in file order (of a version not ready, those stored so far)."""
     return DatasetRow.objects.filter(version=version).order_by("index")
+
+
+def dataset_version_require_ready(*, version: DatasetVersion) -> None:
+    """Raise Conflict, saying how far it is, unless every row of the version is stored."""
+    if version.status == DatasetVersion.Status.READY:
+        return
+    if version.status == DatasetVersion.Status.FAILED:
+        raise Conflict(f"Dataset {version} failed to be stored and has no rows: {version.failure_reason} "
+                       "Upload it again.")
+    raise Conflict(f"Dataset {version} is still being stored ({version.status}: {version.rows_stored} of "
+                   f"{version.row_count} rows); wait until it is ready.")
+
+
+def dataset_token_stats_get(*, version: DatasetVersion, tokenizer: str) -> DatasetTokenStats | None:
+    """The stored token statistics of ``version`` under ``tokenizer``, if they were asked for."""
+    return DatasetTokenStats.objects.filter(version=version, tokenizer=tokenizer).first()
 
 
 def dataset_version_for_run(*, run_project: Project, run_config: dict, name: str, number: int) -> DatasetVersion:
@@ -116,4 +140,6 @@ def dataset_version_for_run(*, run_project: Project, run_config: dict, name: str
     if not any(entry.get("name") == name and entry.get("version") == number for entry in pinned):
         raise NotFound(f"The run's config does not name dataset {name}@{number} "
                        "(sft.datasets or evaluation.datasets).")
-    return dataset_version_resolve(project=run_project, name=name, number=number)
+    version = dataset_version_resolve(project=run_project, name=name, number=number)
+    dataset_version_require_ready(version=version)
+    return version

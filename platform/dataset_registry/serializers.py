@@ -27,8 +27,8 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = DatasetVersion
-        fields = ["id", "number", "source", "source_name", "size_bytes", "sha256", "row_count",
-                  "message_count", "role_counts", "created_by", "created_at"]
+        fields = ["id", "number", "status", "rows_stored", "failure_reason", "source", "source_name", "size_bytes",
+                  "sha256", "row_count", "message_count", "role_counts", "created_by", "created_at"]
 
 
 class DatasetSerializer(serializers.ModelSerializer):

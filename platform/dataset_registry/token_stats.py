@@ -6,7 +6,9 @@ directory under the operator's model roots that holds a ``tokenizer.json``
 (SmolLM2 once ``make models`` imported it), read with the ``tokenizers``
 library, as policy's HFTokenizer reads it; the platform never imports policy.
 Counts are of the messages' text, without the prompt layout's markup, which
-depends on the run's prompt format.
+depends on the run's prompt format. The datasets worker counts them once per
+version and tokenizer (services.version_token_stats_compute) and pages read
+the stored DatasetTokenStats.
 """
 
 from __future__ import annotations
@@ -59,8 +61,11 @@ def _counter(tokenizer: str):
     return lambda text: len(hf.encode(text, add_special_tokens=False).ids) if text else 0
 
 
-def version_token_stats(*, version: DatasetVersion, tokenizer: str) -> TokenStats:
-    """Token counts of the first TOKEN_STATS_ROWS rows of ``version`` under ``tokenizer`` (a choice's value)."""
+def version_token_counts(*, version: DatasetVersion, tokenizer: str) -> TokenStats:
+    """Token counts of the first TOKEN_STATS_ROWS rows of ``version`` under ``tokenizer`` (a choice's value).
+
+    A minute of CPU at worst: the datasets worker's job, never a request's.
+    """
     count = _counter(tokenizer)
     per_row, assistant = [], 0
     for messages in dataset_rows(version=version).values_list("messages", flat=True)[:TOKEN_STATS_ROWS]:

@@ -1,4 +1,11 @@
-"""API of SFT datasets: registering versions, reading them, and the trainer's pages of rows."""
+"""API of SFT datasets: registering versions, reading and deleting them, and the trainer's pages of rows.
+
+A registration is answered 202: the file was checked (a bad one is a 400 naming
+each line and field) and its version is ``pending``; the datasets worker stores
+its rows, and ``GET .../versions/<n>/`` says ``status`` (ready, or failed with
+``failure_reason``) and ``rows_stored``. The SDK and ``tandem datasets register``
+poll it.
+"""
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -21,6 +28,7 @@ from .selectors import (
     dataset_rows,
     dataset_version_for_run,
     dataset_version_get,
+    dataset_version_require_ready,
 )
 from .serializers import (
     DatasetDetailSerializer,
@@ -30,7 +38,7 @@ from .serializers import (
     DatasetVersionSerializer,
     RowsQuerySerializer,
 )
-from .services import dataset_read_path, dataset_upload
+from .services import dataset_read_path, dataset_upload, dataset_version_delete
 from .uploads import capped_upload_handlers
 
 
@@ -57,8 +65,15 @@ class DatasetListCreateView(ListAPIView):
     @extend_schema(
         request={"multipart/form-data": DatasetRegisterSerializer, "application/json": DatasetRegisterSerializer},
         responses={
-            201: DatasetDetailSerializer,
-            400: OpenApiResponse(ErrorSerializer, description="A row is invalid: each error names its line and field."),
+            202: OpenApiResponse(DatasetDetailSerializer, description=(
+                "Checked and accepted: the new version (``latest_version``) is ``pending`` until the datasets "
+                "worker has stored its rows; poll ``GET /api/datasets/{id}/versions/{number}/`` for "
+                "``status`` ``ready`` (or ``failed``, with ``failure_reason``).")),
+            400: OpenApiResponse(ErrorSerializer, description=(
+                "A row is invalid (each error names its line and field; checking stops at the 20th bad line), "
+                "or the project's quota (TANDEM_DATASET_PROJECT_MAX_BYTES, TANDEM_DATASET_PROJECT_MAX_VERSIONS) "
+                "would be passed.")),
+            409: OpenApiResponse(ErrorSerializer, description="Another upload of yours is still checked or stored."),
             413: OpenApiResponse(ErrorSerializer, description="The file is larger than TANDEM_DATASET_MAX_BYTES."),
         },
     )
@@ -73,7 +88,7 @@ class DatasetListCreateView(ListAPIView):
         else:
             version = dataset_read_path(user=request.user, project=project, name=data["name"], path=data["path"])
         dataset = dataset_get_for_user(user=request.user, dataset_id=version.dataset_id)
-        return Response(DatasetDetailSerializer(dataset).data, status=status.HTTP_201_CREATED)
+        return Response(DatasetDetailSerializer(dataset).data, status=status.HTTP_202_ACCEPTED)
 
 
 @extend_schema(tags=["datasets"])
@@ -87,11 +102,22 @@ class DatasetDetailView(GenericAPIView):
 
 @extend_schema(tags=["datasets"])
 class DatasetVersionDetailView(GenericAPIView):
+    """``GET``: the version, with ``status`` and ``rows_stored``. ``DELETE``: the version and its rows."""
+
     serializer_class = DatasetVersionSerializer
 
     def get(self, request, dataset_id: int, number: int):
         dataset = dataset_get_for_user(user=request.user, dataset_id=dataset_id)
         return Response(DatasetVersionSerializer(dataset_version_get(dataset=dataset, number=number)).data)
+
+    @extend_schema(responses={
+        204: None,
+        409: OpenApiResponse(ErrorSerializer, description="A run that has not ended uses the version."),
+    })
+    def delete(self, request, dataset_id: int, number: int):
+        dataset = dataset_get_for_user(user=request.user, dataset_id=dataset_id)
+        dataset_version_delete(user=request.user, version=dataset_version_get(dataset=dataset, number=number))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 RowsPageSerializer = inline_serializer("DatasetRowsPage", {
@@ -123,10 +149,15 @@ class DatasetVersionRowsView(APIView):
 
     reads_query_parameters = True
 
-    @extend_schema(parameters=[RowsQuerySerializer], responses={200: RowsPageSerializer})
+    @extend_schema(parameters=[RowsQuerySerializer], responses={
+        200: RowsPageSerializer,
+        409: OpenApiResponse(ErrorSerializer, description="The version's rows are not all stored yet, or failed."),
+    })
     def get(self, request, dataset_id: int, number: int):
         dataset = dataset_get_for_user(user=request.user, dataset_id=dataset_id)
-        return Response(_rows_page(dataset_version_get(dataset=dataset, number=number), request))
+        version = dataset_version_get(dataset=dataset, number=number)
+        dataset_version_require_ready(version=version)
+        return Response(_rows_page(version, request))
 
 
 @extend_schema(tags=["trainer"])

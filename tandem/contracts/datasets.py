@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +38,13 @@ from tandem.contracts.trajectories import MessageRole, MessageToolCall
 DATASET_ROW_MAX_MESSAGES = 1000
 #: The most rows the trainer asks for in one page.
 DATASET_ROWS_PAGE_MAX = 1000
+#: Nesting a row's JSON may have (metadata, tool arguments): a conversation needs a few levels, and
+#: deeper values would meet the recursion limits of Python's JSON reader and of what reads rows back.
+DATASET_ROW_MAX_DEPTH = 32
+
+# What a stored string may not hold: PostgreSQL's text and jsonb refuse NUL, and a lone surrogate
+# (a JSON escape such as "\ud800", or an invalid byte of the file) is no UTF-8 at all.
+_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 
 
 class DatasetRowError(ValueError):
@@ -152,18 +161,60 @@ class DatasetRow(BaseModel):
         return {"messages": messages, "metadata": self.metadata}
 
 
+def _unstorable_value(data: Any) -> tuple[str, str] | None:
+    """``(field, why)`` of the first value of ``data`` that no database stores as it is, else None.
+
+    Walked without recursion, so any depth of nesting is answered by its field.
+    """
+    pending: list[tuple[tuple[str, ...], Any]] = [((), data)]
+    while pending:
+        path, value = pending.pop()
+        if len(path) > DATASET_ROW_MAX_DEPTH:
+            return ".".join(path[:DATASET_ROW_MAX_DEPTH]), f"nested deeper than {DATASET_ROW_MAX_DEPTH} levels"
+        if isinstance(value, str):
+            found = _UNSTORABLE_CHARACTER.search(value)
+            if found:
+                character = found.group()
+                why = ("holds a NUL character (\\u0000)" if character == "\x00" else
+                       f"is not valid UTF-8: a lone surrogate or an invalid byte (\\u{ord(character):04x})")
+                return ".".join(path), why
+        elif isinstance(value, float) and not math.isfinite(value):
+            return ".".join(path), f"{value} is no number JSON can store (NaN, Infinity, or past 1.8e308)"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _UNSTORABLE_CHARACTER.search(key):
+                    return ".".join(path), f"has a key that is not valid UTF-8 or holds NUL: {key!a}"
+                pending.append(((*path, key), item))
+        elif isinstance(value, list):
+            pending.extend(((*path, str(index)), item) for index, item in enumerate(value))
+    return None
+
+
 def parse_dataset_line(text: str, *, line: int) -> DatasetRow:
     """Line ``line`` (1-based) of a JSONL dataset as a row.
+
+    ``text`` is the line decoded with ``errors="surrogateescape"``, so that an
+    invalid byte inside a string is named by its field like any other bad value.
+    Every string must be valid UTF-8 without NUL and every number finite, so that
+    what is stored is what PostgreSQL and SQLite keep, and what pages and the
+    trainer read back.
 
     Raises:
       DatasetRowError: naming the line and the first field that does not fit (``messages.2.role``).
     """
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise DatasetRowError(line=line, field="", message=(
+            f"nested far deeper than the {DATASET_ROW_MAX_DEPTH} levels a row may have")) from None
     except ValueError as error:
         raise DatasetRowError(line=line, field="", message=f"not JSON ({error})") from None
     if not isinstance(data, dict):
         raise DatasetRowError(line=line, field="", message="expected a JSON object with 'messages'")
+    unstorable = _unstorable_value(data)
+    if unstorable is not None:
+        field, why = unstorable
+        raise DatasetRowError(line=line, field=field or "row", message=why)
     try:
         return DatasetRow.model_validate(data)
     except pydantic.ValidationError as error:

@@ -110,12 +110,13 @@ def _sampled_group(run: Run) -> str:
 
 def _dataset(world: World) -> int:
     """The id of a dataset of the world's project with as many versions as its environment has."""
-    from dataset_registry.services import dataset_upload
+    from dataset_registry.services import dataset_upload, dataset_version_store
 
     row = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
     for _ in range(world.run.environment_version.number):
         version = dataset_upload(user=world.owner, project=world.project, name="support",
                                  file=io.BytesIO(row), file_name="rows.jsonl")
+        dataset_version_store(version_id=version.pk)  # the datasets worker's part
     return version.dataset_id
 
 

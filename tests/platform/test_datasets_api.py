@@ -8,12 +8,20 @@ import json
 import pytest
 
 from dataset_registry.models import Dataset, DatasetRow, DatasetVersion
+from dataset_registry.services import dataset_version_store
 from environment_registry.services import environment_register
 from runs.services import run_claim_next, run_heartbeat
 from tandem.contracts import EnvironmentSpec, TrainerHeartbeat
 from tests.platform.conftest import TRAINER_NAME
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def dataset_media_root(settings, tmp_path):
+    """Kept upload files go under the test's own directory."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return settings.MEDIA_ROOT
 
 
 def conversation(question: str = "2+2?", answer: str = "4", **extra) -> dict:
@@ -25,21 +33,31 @@ def jsonl(*rows) -> bytes:
     return "".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows).encode()
 
 
-def upload(api, project, name: str, content: bytes, *, filename: str = "rows.jsonl"):
+def store_accepted(response):
+    """What the datasets worker does with an accepted upload, done here by its service (the test's
+    transaction is one the worker could not see): its rows stored."""
+    if response.status_code == 202:
+        dataset_version_store(version_id=response.json()["latest_version"]["id"])
+    return response
+
+
+def upload(api, project, name: str, content: bytes, *, filename: str = "rows.jsonl", store: bool = True):
     file = io.BytesIO(content)
     file.name = filename
-    return api.post("/api/datasets/", {"project": project.pk, "name": name, "file": file}, format="multipart")
+    response = api.post("/api/datasets/", {"project": project.pk, "name": name, "file": file}, format="multipart")
+    return store_accepted(response) if store else response
 
 
 def test_an_upload_is_version_1_with_its_rows_and_the_next_upload_is_version_2(api, project):
     first = upload(api, project, "support", jsonl(conversation(), conversation("3+3?", "6")))
-    assert first.status_code == 201, first.json()
+    assert first.status_code == 202, first.json()
+    assert first.json()["latest_version"]["status"] == "pending"
     body = first.json()
     assert (body["name"], body["latest_version"]["number"], body["latest_version"]["row_count"]) == ("support", 1, 2)
     assert body["latest_version"]["role_counts"] == {"assistant": 2, "system": 2, "user": 2}
 
     second = upload(api, project, "support", jsonl(conversation("1+1?", "2")))
-    assert second.status_code == 201
+    assert second.status_code == 202
     assert [version["number"] for version in second.json()["versions"]] == [2, 1]
     # Version 1 is as it was: a new upload never changes an old version.
     version_1 = DatasetVersion.objects.get(dataset__name="support", number=1)
@@ -55,7 +73,7 @@ def test_tool_calls_in_openai_shape_are_stored_as_name_and_arguments(api, projec
             {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{\"expression\": \"37*58\"}"}}]},
         {"role": "tool", "tool_call_id": "c1", "name": "calc", "content": "2146"},
         {"role": "assistant", "content": "2146"}]}
-    assert upload(api, project, "calls", jsonl(row)).status_code == 201
+    assert upload(api, project, "calls", jsonl(row)).status_code == 202
     stored = DatasetRow.objects.get(version__dataset__name="calls").messages
     assert stored[1] == {"role": "assistant", "content": "", "tool_calls": [
         {"name": "calc", "arguments": {"expression": "37*58"}}]}
@@ -83,7 +101,7 @@ def test_every_bad_row_is_named_by_line_and_field_and_nothing_is_stored(api, pro
 
 
 def test_a_bad_upload_of_an_existing_name_leaves_its_versions_as_they_were(api, project):
-    assert upload(api, project, "support", jsonl(conversation())).status_code == 201
+    assert upload(api, project, "support", jsonl(conversation())).status_code == 202
     bad = upload(api, project, "support", jsonl(conversation(), {"messages": []}))
     assert bad.status_code == 400 and bad.json()["error"]["fields"]["file"][0].startswith("line 2: messages:")
     assert list(DatasetVersion.objects.filter(dataset__name="support").values_list("number", flat=True)) == [1]
@@ -104,7 +122,7 @@ def test_an_upload_larger_than_the_cap_is_a_413_naming_the_cap(api, project, set
     assert "TANDEM_DATASET_MAX_BYTES" in response.json()["error"]["message"]
     assert "300 bytes" in response.json()["error"]["message"]
     assert not Dataset.objects.exists()
-    assert upload(api, project, "small", jsonl(conversation())).status_code == 201
+    assert upload(api, project, "small", jsonl(conversation())).status_code == 202
 
 
 def test_a_path_is_read_only_under_the_dataset_roots(api, project, settings, tmp_path):
@@ -115,9 +133,9 @@ def test_a_path_is_read_only_under_the_dataset_roots(api, project, settings, tmp
     (root / "escape.jsonl").symlink_to(outside / "secret.jsonl")
     settings.TANDEM_DATASET_ROOTS = (root,)
 
-    ok = api.post("/api/datasets/", {"project": project.pk, "name": "from-path", "path": str(root / "ok.jsonl")},
-                  format="json")
-    assert ok.status_code == 201, ok.json()
+    ok = store_accepted(api.post("/api/datasets/", {"project": project.pk, "name": "from-path",
+                                                    "path": str(root / "ok.jsonl")}, format="json"))
+    assert ok.status_code == 202, ok.json()
     assert ok.json()["latest_version"]["source"] == "path"
     for path in (outside / "secret.jsonl", root / "escape.jsonl", f"{root}/../elsewhere/secret.jsonl"):
         refused = api.post("/api/datasets/", {"project": project.pk, "name": "from-path", "path": str(path)},

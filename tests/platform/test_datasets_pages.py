@@ -7,9 +7,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from dataset_registry.models import Dataset
+from dataset_registry.services import dataset_version_store, version_token_stats_compute
 from tests.platform.builders import step_event
 
-from .test_datasets_api import _held_run_on, conversation, jsonl, upload
+from .test_datasets_api import _held_run_on, conversation, dataset_media_root, jsonl, upload  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +27,13 @@ def test_the_upload_form_registers_a_version_and_its_page_shows_rows_and_tokens(
     response = browser.post("/datasets/", {"project": project.pk, "name": "chats", "file": file})
     dataset = Dataset.objects.get(name="chats")
     assert response.status_code == 302 and response.url == f"/datasets/{dataset.pk}/"
+    page = browser.get(response.url).content.decode()
+    assert "Waiting for the datasets worker: 0 of 2 rows stored so far" in page
 
+    # What the datasets worker does next, by its services: the rows, then the byte counts.
+    version = dataset.versions.get()
+    dataset_version_store(version_id=version.pk)
+    version_token_stats_compute(stats_id=version.token_stats.get(tokenizer="byte").pk)
     page = browser.get(response.url).content.decode()
     assert '<dd id="row-count">2</dd>' in page
     # Byte tokens of the messages' text: "Be brief." 9, "2+2?" 4, "four" 4; "é?" 3 and "é" 2 bytes.

@@ -8,7 +8,7 @@ import pytest
 from django.urls import get_resolver
 
 from accounts.services import api_token_create, membership_add
-from dataset_registry.services import dataset_upload
+from dataset_registry.services import dataset_upload, dataset_version_store
 from environment_registry.builtin import CALCULATOR
 from runs.models import Run
 from tandem.contracts import TrainerStepEvent
@@ -36,8 +36,9 @@ def many(make_user, make_project, make_environment, make_run, user, project, env
             membership_add(project=project, user=make_user(), role="viewer")
             make_environment(project, CALCULATOR.model_copy(update={"name": f"calc-{index}"}))
             api_token_create(user=user, name=f"token-{index}")
-            dataset_upload(user=user, project=project, name=f"rows-{index}", file_name="rows.jsonl",
-                           file=io.BytesIO(DATASET_ROW))
+            version = dataset_upload(user=user, project=project, name=f"rows-{index}", file_name="rows.jsonl",
+                                     file=io.BytesIO(DATASET_ROW))
+            dataset_version_store(version_id=version.pk)  # the datasets worker's part
 
     return add
 
