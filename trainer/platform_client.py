@@ -142,6 +142,8 @@ class PlatformClient:
         self._server_error_retries = server_error_retries
         # Telemetry bodies the platform refused as invalid (logged with their steps).
         self.refused_posts = 0
+        # Series the platform left out of posts it stored otherwise (logged with their reasons).
+        self.refused_series = 0
 
     def close(self) -> None:
         self._http.close()
@@ -280,6 +282,13 @@ class PlatformClient:
                 self.refused_posts += 1
                 continue
             reply = TelemetryReply.model_validate(response.json())
+            if reply.refused_series:
+                # The rest of the post is stored; the platform counts these in telemetry/series_refused.
+                self.refused_series += len(reply.refused_series)
+                logger.warning("run %s: the platform refused %d series of its telemetry: %s", run_id,
+                               len(reply.refused_series), "; ".join(
+                                   f"{refused.name} at step {refused.step} ({refused.reason})"
+                                   for refused in reply.refused_series[:5]))
         return reply
 
     def upload_trace(self, run_id: int, trace_id: int, *, first_step: int, last_step: int,

@@ -4,6 +4,7 @@ timeline's recent steps, and traces."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 
@@ -19,9 +20,11 @@ from domain_errors import Conflict, InvalidInput
 from runs.models import Run
 from runs.realtime import run_broadcast_on_commit
 from runs.services import run_progress_record
-from tandem.contracts import StepEpisodes, TrainerStepEvent
+from tandem.contracts import SERIES_REFUSED_METRIC, RefusedSeries, StepEpisodes, TrainerStepEvent
 
 from .models import DeviceSnapshot, MetricBucket, MetricPoint, StepTimelineRecord, Trace
+
+logger = logging.getLogger(__name__)
 
 # A trace of many steps is large (every kernel of every step) and slows those steps.
 MAX_TRACE_STEPS = 100
@@ -40,7 +43,9 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent],
     Returns the number of metric points the events carry.
 
     JSON has no NaN or infinity, so a non-finite value (a diverged loss) is
-    neither stored nor sent: the chart shows a gap at that step.
+    neither stored nor sent: the chart shows a gap at that step. A series whose name cannot be
+    stored (:func:`metric_series_refusals`) is left out alone, and counted at its step in
+    ``telemetry/series_refused``.
 
     ``episode_chunks`` carry the rest of the episodes of steps too large for one post
     (:func:`step_episodes_place`), in the same transaction as the events.
@@ -58,6 +63,10 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent],
     # Locked before the points are written, so that two posts for the run take
     # turns: each one's bucket recompute then sees every point committed before it.
     run = Run.objects.select_for_update().get(pk=run.pk)
+    refused = metric_series_refusals(events)
+    if refused:
+        logger.warning("run %s: %d series of its telemetry refused, first %s at step %d: %s", run.pk, len(refused),
+                       refused[0].name, refused[0].step, refused[0].reason)
     now = timezone.now()
     values_by_event = [
         (event, _finite_values(event)) for event in sorted(events, key=lambda e: e.step)
@@ -348,8 +357,34 @@ def _device_snapshot_store(*, run: Run, step: int, report: dict, now) -> None:
         snapshot.save(update_fields=["step", "report", "recorded_at"])
 
 
+def _series_refusal(name: str) -> str:
+    """Why the platform cannot store a series of this name; "" if it can."""
+    max_length = MetricPoint._meta.get_field("name").max_length
+    if len(name) > max_length:
+        return f"longer than {max_length} characters"
+    if "\x00" in name:
+        return "holds a NUL character, which PostgreSQL cannot store"
+    return ""
+
+
+def metric_series_refusals(events: Sequence[TrainerStepEvent]) -> list[RefusedSeries]:
+    """The series of ``events`` that cannot be stored, each with why: they are left out alone, the
+    rest of the post is stored (:func:`metric_events_record`)."""
+    return [RefusedSeries(step=event.step, name=name[:200], reason=reason)
+            for event in events for name in event.metric_values() if (reason := _series_refusal(name))]
+
+
 def _finite_values(event: TrainerStepEvent) -> dict[str, float]:
-    return {name: value for name, value in event.metric_values().items() if math.isfinite(value)}
+    """The event's storable values; with as many series refused, SERIES_REFUSED_METRIC counts them."""
+    values, refused = {}, 0
+    for name, value in event.metric_values().items():
+        if _series_refusal(name):
+            refused += 1
+        elif math.isfinite(value):
+            values[name] = value
+    if refused:
+        values[SERIES_REFUSED_METRIC] = float(refused)
+    return values
 
 
 @transaction.atomic

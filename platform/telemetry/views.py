@@ -20,13 +20,13 @@ from config.db_limits import require_db_int, require_no_nul
 from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
 from config.query_params import int_query_param
-from domain_errors import InvalidInput, NotFound, records_of
+from domain_errors import NotFound, records_of
 from runs.selectors import run_get_for_user, run_get_held_by, run_list
 from tandem.contracts import TRAINER_HEADER, StepEpisodes, TelemetryReply, TrainerStepEvent
 
 from .device_listings import active_run_devices, tandem_processes
 from .metric_exports import CSVOrJSONDownload, metric_table_json, metric_tables_csv
-from .models import MetricPoint, Trace
+from .models import Trace
 from .selectors import (
     device_snapshot_get,
     idle_summary,
@@ -54,7 +54,7 @@ from .serializers import (
     TraceSerializer,
     TraceUploadSerializer,
 )
-from .services import metric_events_record, trace_request, trace_upload
+from .services import metric_events_record, metric_series_refusals, trace_request, trace_upload
 
 DEFAULT_POINTS_PER_PAGE = 1000
 MAX_POINTS_PER_PAGE = 5000
@@ -281,14 +281,7 @@ class NonFiniteJSONParser(JSONParser):
 def _require_storable(event: TrainerStepEvent, *, prefix: str) -> None:
     require_db_int(event.step, f"{prefix}.step")
     require_db_int(event.policy_version, f"{prefix}.policy_version")
-    max_length = MetricPoint._meta.get_field("name").max_length
-    for name in event.metric_values():
-        require_no_nul(name, f"{prefix}.rollout_metrics")
-        if len(name) > max_length:
-            raise InvalidInput.for_field(
-                f"{prefix}.rollout_metrics",
-                f"Metric name '{name[:80]}' is longer than {max_length} characters.",
-            )
+    # A series name the platform cannot store is refused alone (telemetry.services.metric_series_refusals).
     for index, episode in enumerate(event.episodes):
         for field in ("trajectory_id", "group_id", "environment", "failure_reason"):
             require_no_nul(getattr(episode, field), f"{prefix}.episodes.{index}.{field}")
@@ -443,5 +436,6 @@ class TrainerTelemetryView(APIView):
         chunks = records_of(body.get("episode_chunks", []), field="episode_chunks", record=StepEpisodes,
                             noun="chunks", at_most=MAX_EVENTS_PER_POST)
         stored = metric_events_record(run=run, events=events, episode_chunks=chunks)
-        reply = TelemetryReply(stored=stored, trace_requests=trace_requests_pending(run=run))
+        reply = TelemetryReply(stored=stored, trace_requests=trace_requests_pending(run=run),
+                               refused_series=metric_series_refusals(events))
         return Response(reply.model_dump(mode="json"), status=status.HTTP_202_ACCEPTED)

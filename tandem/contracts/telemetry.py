@@ -480,6 +480,20 @@ class TraceRequest(BaseModel):
     steps: int = Field(ge=1, description="Trainer steps to trace.")
 
 
+#: The run's series that counts, per step, the series of the step's telemetry the platform refused.
+SERIES_REFUSED_METRIC = "telemetry/series_refused"
+
+
+class RefusedSeries(BaseModel):
+    """One value of a telemetry post the platform did not store (the rest of the post is stored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step: int
+    name: str
+    reason: str = Field(description="Why, e.g. 'longer than 64 characters'.")
+
+
 class TelemetryReply(Record):
     """The platform's answer to a telemetry post: what it stored, and the traces it wants."""
 
@@ -487,6 +501,9 @@ class TelemetryReply(Record):
     trace_requests: list[TraceRequest] = Field(
         default_factory=list, description="Requested traces of the run not yet uploaded, oldest first."
     )
+    refused_series: list[RefusedSeries] = Field(
+        default_factory=list, description="Series of the post it could not store, each with why; counted per "
+        "step in the run's telemetry/series_refused series.")
 
 
 class StepEpisodes(Record):

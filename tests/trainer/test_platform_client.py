@@ -192,3 +192,15 @@ def test_a_step_without_a_timeline_sends_no_episodes_the_platform_would_not_keep
     (body,) = telemetry_posts([_event_with_episodes(1, 10, timeline=False)])
 
     assert body["events"][0]["episodes"] == [] and body["episode_chunks"] == []
+
+
+def test_series_the_platform_refused_from_a_stored_post_are_logged_and_counted(caplog):
+    reply = {"schema_version": 1, "stored": 11, "trace_requests": [],
+             "refused_series": [{"step": 3, "name": "custom/" + "x" * 70, "reason": "longer than 64 characters"}]}
+    client = _client_answering(202, reply)
+    event = _event_with_episodes(3, 0)
+
+    client.post_events(7, [event])
+
+    assert client.refused_series == 1 and client.refused_posts == 0
+    assert "refused 1 series" in caplog.text and "at step 3 (longer than 64 characters)" in caplog.text
