@@ -202,6 +202,27 @@ def test_a_delivery_another_worker_holds_is_not_claimed_until_its_lease_lapses(p
     assert abandoned.number == 1 and abandoned.outcome == "failed" and "lease" in abandoned.error
 
 
+def test_a_delivery_whose_worker_died_mid_post_is_sent_again_by_the_sweep(
+    eager_tasks, project, running_run, settings, django_capture_on_commit_callbacks,  # noqa: F811
+):
+    settings.TANDEM_WEBHOOK_MAX_ATTEMPTS = 1
+    rule = _hooked_rule(project, "http://127.0.0.1:9/hook")
+    firing = rule.firings.create(project=project, rule_name=rule.name, kind=rule.kind, subject="run:1",
+                                 text="t", fired_at=running_run.created_at)
+    # As a worker killed at its hard time limit leaves it: claimed, its lease lapsed, no attempt recorded.
+    delivery = WebhookDelivery.objects.create(firing=firing, rule=rule, url=rule.webhook_url, body="{}",
+                                              created_at=running_run.created_at, status="sending", attempts=1,
+                                              lease_expires_at=running_run.created_at)
+
+    assert alert_services.webhook_deliveries_resume() == 1
+
+    delivery.refresh_from_db()
+    [lapsed] = delivery.attempt_log.all()
+    assert (delivery.status, lapsed.number, lapsed.outcome) == ("failed", 1, "failed")
+    assert "lease lapsed" in lapsed.error and "worker stopped" in delivery.status_reason
+    assert alert_services.webhook_deliveries_resume() == 0
+
+
 @pytest.fixture
 def webhooks_worker(transactional_db, tmp_path):
     """A real Celery prefork worker on the webhooks queue, as the stack runs it, with a short task time
@@ -221,10 +242,9 @@ def webhooks_worker(transactional_db, tmp_path):
     log = tmp_path / "celery.log"
     with log.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config.celery", "worker", "--queues", WEBHOOKS_QUEUE,
-             "--pool", "prefork", "--concurrency", "1", "--without-gossip", "--without-mingle",
-             "--loglevel", "INFO", "--hostname", f"webhooks-test-{os.getpid()}@%h"],
-            cwd=REPO_ROOT / "platform", env=env, stdout=log_file, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "tandem.cli", "platform-worker", "--queues", WEBHOOKS_QUEUE,
+             "--pool", "prefork", "--concurrency", "1", "--no-beat", "--name", f"webhooks-test-{os.getpid()}@%h"],
+            cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )
     previous = current_app._get_current_object()
     celery_app.set_current()
