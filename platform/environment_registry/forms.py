@@ -5,6 +5,8 @@ import json
 from django import forms
 
 from config.form_errors import DomainErrorForm
+from config.json_input import json_input_loads
+from domain_errors import InvalidInput
 
 from .models import EnvironmentVersion
 
@@ -22,7 +24,9 @@ class JSONField(forms.CharField):
         if not value or not value.strip():
             return self.json_type()
         try:
-            parsed = json.loads(value)
+            parsed = json_input_loads(value)
+        except InvalidInput as error:
+            raise forms.ValidationError(error.message) from None
         except json.JSONDecodeError as error:
             raise forms.ValidationError(f"Not JSON: {error}") from None
         if not isinstance(parsed, self.json_type):

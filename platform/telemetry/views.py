@@ -11,12 +11,13 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsTrainer
 from config.db_limits import require_db_int, require_no_nul
+from config.json_input import StrictJSONParser
 from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
 from config.query_params import int_query_param
@@ -272,10 +273,12 @@ class RunIdleView(APIView):
         return Response({"run": run.pk, "idle": _idle(run)})
 
 
-class NonFiniteJSONParser(JSONParser):
-    """Accepts NaN and Infinity, which Python's json writes for a diverged loss."""
+class NonFiniteJSONParser(StrictJSONParser):
+    """Accepts NaN and Infinity, which Python's json writes for a diverged loss; and NUL, which
+    ``_require_storable`` refuses field by field."""
 
-    strict = False
+    allow_non_finite = True
+    allow_nul = True
 
 
 def _require_storable(event: TrainerStepEvent, *, prefix: str) -> None:

@@ -15,7 +15,7 @@ from .selectors import (
     trajectory_sample_get,
     trajectory_sample_list,
 )
-from .serializers import TrajectoryFiltersSerializer, stored_sample
+from .serializers import TrajectoryFiltersSerializer, sample_for_page
 
 SAMPLES_PER_PAGE = 50
 
@@ -59,7 +59,7 @@ def trajectory_page(request, run_id: int, trajectory_id: str):
         sample = trajectory_sample_get(run=run, trajectory_id=trajectory_id)
     except NotFound as error:
         raise Http404(error.message) from None
-    record = stored_sample(sample)
+    record = sample_for_page(sample)
     context = {
         "run": run,
         "sample": sample,
@@ -80,7 +80,7 @@ def trajectory_group_page(request, run_id: int, group_id: str):
         samples = trajectory_group_get(run=run, group_id=group_id)
     except NotFound as error:
         raise Http404(error.message) from None
-    episodes = [{"sample": sample, "record": (record := stored_sample(sample)), "turns": _turns(record)}
+    episodes = [{"sample": sample, "record": (record := sample_for_page(sample)), "turns": _turns(record)}
                 for sample in samples]
     context = {
         "run": run,

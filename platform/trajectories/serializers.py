@@ -1,16 +1,27 @@
 from django.urls import reverse
 from rest_framework import serializers
 
+from config.stored_text import json_text_map, json_text_unescape, text_for_page, text_unescape
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 from tandem.contracts import sample_purpose_choices
 
 from .models import TrajectorySample
 
 
+class StoredTextField(serializers.CharField):
+    """A column of text stored escaped (config/stored_text.py), shown as it was sent."""
+
+    def to_representation(self, value) -> str:
+        return text_unescape(super().to_representation(value))
+
+
 class TrajectorySampleSummarySerializer(serializers.ModelSerializer):
     """A sample as lists show it: everything but the turns."""
 
-    id = serializers.CharField(source="trajectory_id")
+    id = StoredTextField(source="trajectory_id")
+    environment = StoredTextField()
+    failure_reason = StoredTextField()
+    group_id = StoredTextField()
     url = serializers.SerializerMethodField()
 
     class Meta:
@@ -59,17 +70,29 @@ class TrajectorySampleSerializer(TrajectorySampleSummarySerializer):
         return stored_sample(sample).token_values
 
     def get_turns(self, sample: TrajectorySample) -> list[dict]:
-        return stored_sample(sample).model_dump(mode="json")["turns"]
+        # Python's dump: JSON's would refuse a lone surrogate, which the renderer writes escaped.
+        return stored_sample(sample).model_dump()["turns"]
 
 
 def stored_sample(sample: TrajectorySample) -> TrajectorySampleRecord:
-    """The stored payload read through the contract, so a schema 1 sample comes out upgraded.
+    """The stored payload read through the contract, so a schema 1 sample comes out upgraded, and
+    unescaped: its text exactly as the trainer sent it, NUL characters and lone surrogates included.
 
     Cached on the row: a serializer reads it for several fields.
     """
     record = getattr(sample, "_record", None)
     if record is None:
-        record = sample._record = TrajectorySampleRecord.model_validate(sample.payload)
+        record = sample._record = TrajectorySampleRecord.model_validate(json_text_unescape(sample.payload))
+    return record
+
+
+def sample_for_page(sample: TrajectorySample) -> TrajectorySampleRecord:
+    """The sample as a web page can show it: NUL as ␀, a lone surrogate written as its escape
+    (config/stored_text.py: text_for_page); the API's JSON shows them as they are."""
+    record = getattr(sample, "_page_record", None)
+    if record is None:
+        payload = json_text_map(sample.payload, lambda text: text_for_page(text_unescape(text)))
+        record = sample._page_record = TrajectorySampleRecord.model_validate(payload)
     return record
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from django.db import transaction
 from django.utils import timezone
 
+from config.stored_text import json_text_escape, text_escape
 from domain_errors import InvalidInput
 from runs.models import Run
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
@@ -26,6 +27,9 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
     A trainer resumed from a checkpoint trains the steps after it again and may
     send the same trajectory with a later step: that step is the one kept.
     Returns how many samples the post carried.
+
+    Every string is stored escaped (config/stored_text.py): a model's NUL bytes and lone
+    surrogates are kept, not refused; ``stored_sample`` reads them back exactly.
     """
     for index, sample in enumerate(samples):
         if sample.run_id != run.pk:
@@ -35,25 +39,26 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
             )
     now = timezone.now()
     rows = {
-        sample.trajectory_id: TrajectorySample(
+        text_escape(sample.trajectory_id): TrajectorySample(
             run=run,
-            trajectory_id=sample.trajectory_id,
+            trajectory_id=text_escape(sample.trajectory_id),
             step=sample.step,
             selected_because=sample.selected_because,
             purpose=sample.purpose,
-            environment=sample.environment,
+            environment=text_escape(sample.environment),
             status=sample.status,
-            failure_reason=sample.failure_reason,
+            failure_reason=text_escape(sample.failure_reason),
             reward=sample.reward,
             policy_version=sample.policy_version,
             num_turns=len(sample.policy_versions),
             num_tokens=sample.num_tokens,
             trained_tokens=sample.trained_tokens,
-            group_id=sample.group_id,
+            group_id=text_escape(sample.group_id),
             group_size=sample.group_size,
             advantage=sample.advantage,
-            search_text=trajectory_search_text(sample),
-            payload=sample.model_dump(mode="json"),
+            search_text=text_escape(trajectory_search_text(sample)),
+            # Python's dump: JSON's would refuse a lone surrogate, which the escape keeps.
+            payload=json_text_escape(sample.model_dump()),
             recorded_at=now,
         )
         for sample in samples

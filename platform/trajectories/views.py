@@ -6,6 +6,7 @@ from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.response import Response
 
 from accounts.permissions import IsTrainer
+from config.json_input import ModelOutputJSONParser
 from config.pagination import PageNumberPagination
 from domain_errors import records_of
 from runs.selectors import run_get_for_user, run_get_held_by
@@ -76,6 +77,8 @@ class TrainerTrajectoriesView(GenericAPIView):
     """``{"samples": [TrajectorySample, ...]}`` from the trainer; 202 ``{"stored": n}``."""
 
     permission_classes = [IsTrainer]
+    # A model's text may hold NUL and lone surrogates: stored escaped (config/stored_text.py), not refused.
+    parser_classes = [ModelOutputJSONParser]
 
     @extend_schema(
         request=inline_serializer("TrajectorySamplesPost", {

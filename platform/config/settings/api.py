@@ -13,10 +13,13 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": [
-        "rest_framework.renderers.JSONRenderer",
+        # DRF's, writing a lone surrogate (a model's text, read back exactly) as JSON escapes it.
+        "config.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's, refusing what cannot be stored (NUL, lone surrogates, NaN, 1e400) or nests too deep,
+    # with a 400 naming the field (config/json_input.py).
+    "DEFAULT_PARSER_CLASSES": ["config.json_input.StrictJSONParser"],
     # Every error, ours or DRF's, leaves the API in one shape: {"error": {code, message, fields}}.
     "EXCEPTION_HANDLER": "config.exception_handler.api_exception_handler",
     # Only views that ask for a scope are throttled (accounts.views: minting API tokens).
