@@ -8,7 +8,9 @@ carries. Orbax writes each process's shards from that process, so the
 checkpoint directory the leader names must be the same storage here.
 
 A follower whose leader is gone cannot go on (the job cannot lose a process):
-its broadcast fails, or the JAX job's heartbeats end it, and it exits non-zero.
+its broadcast fails, and it exits with ``LOST_PROCESS_EXIT_CODE`` (trainer/main.py),
+or the JAX job's heartbeats end it. A leader whose follower is gone gives its run
+back to the queue as a restart and exits alike: the supervisor starts them all again.
 """
 
 from __future__ import annotations
