@@ -196,3 +196,19 @@ def test_fuzz_no_json_body_is_a_server_error(api, project, trainer_api, running_
 
     assert registered.status_code in (201, 400), registered.content[:300]
     assert posted.status_code in (202, 400), posted.content[:300]
+
+
+@pytest.mark.parametrize(("settings_text", "message"), [
+    ('{"a": ' * 100_000 + "1" + "}" * 100_000, "Nested deeper than"),
+    ('{"scale": 1e400}', "scale: inf is not a finite number"),
+    ('{"name": "ca\\u0000lc"}', "name: The text holds a NUL character"),
+], ids=["deep", "1e400", "NUL"])
+def test_the_environment_forms_json_is_checked_as_the_apis_is(client, user, project, settings_text, message):
+    client.force_login(user)
+
+    response = client.post("/environments/", {
+        "project": project.pk, "name": "maze", "kind": "python", "entrypoint": "tests.workers.maze:MazeEnvironment",
+        "settings": settings_text, "tools": ""})
+
+    assert response.status_code == 200
+    assert message in response.content.decode()
