@@ -363,7 +363,7 @@ def _probe_evaluate(probe_id: int) -> None:
 def alert_fire(*, rule: AlertRule, subject: str, text: str, details: dict, run_id: int | None = None,
                environment_version_id: int | None = None) -> AlertFiring:
     """Record one firing of ``rule``: a notification for each member of its project, and a webhook
-    delivery (sent by the platform worker once this commits) if the rule has a webhook."""
+    delivery (sent by the webhooks worker once this commits) if the rule has a webhook."""
     now = timezone.now()
     firing = AlertFiring.objects.create(
         project_id=rule.project_id, rule=rule, rule_name=rule.name, kind=rule.kind, subject=subject,
