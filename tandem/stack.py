@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from tandem.secrets_at_rest import SECRETS_KEY_ENV, SECRETS_KEY_FILE_ENV, secrets_key_file_ensure
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLATFORM_DIR = REPO_ROOT / "platform"
 
@@ -109,6 +111,10 @@ class LocalStack:
         # stacks with var directories of their own must not share one (their bootstraps would
         # replace each other's trainer token, their trainers claim each other's runs).
         env["DATABASE_URL"] = self.config.database_url or f"sqlite:///{self.sqlite_path}"
+        # Secret settings at rest are sealed with the operator's key, else with this stack's own,
+        # written into its var directory on first start (tandem/secrets_at_rest.py).
+        if not env.get(SECRETS_KEY_ENV) and not env.get(SECRETS_KEY_FILE_ENV):
+            env[SECRETS_KEY_FILE_ENV] = str(secrets_key_file_ensure(self.config.var_dir / "secrets.key"))
         return env
 
     @property
@@ -247,7 +253,12 @@ class LocalStack:
             sys.executable, "-m", "tandem.cli", "trainer",
             "--platform-url", self.config.platform_url,
             "--checkpoint-dir", str(self.config.var_dir / "checkpoints"),
-        ], env={**self.env(), "TANDEM_TRAINER_TOKEN": trainer_token})
+        ], env={**self._trainer_env(), "TANDEM_TRAINER_TOKEN": trainer_token})
+
+    def _trainer_env(self) -> dict[str, str]:
+        """The trainer's environment: the stack's, without the secrets key (it never reads a secret)."""
+        return {name: value for name, value in self.env().items()
+                if name not in (SECRETS_KEY_ENV, SECRETS_KEY_FILE_ENV)}
 
     def start(self, credentials: Credentials) -> None:
         self.start_web()

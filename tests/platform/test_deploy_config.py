@@ -146,6 +146,21 @@ def test_the_acl_file_is_not_written_with_a_missing_or_short_password(tmp_path, 
     assert not (tmp_path / "users.acl").exists()
 
 
+def test_compose_gives_the_secrets_key_to_every_process_that_opens_secrets_and_never_to_the_trainer():
+    for name in ("web", "platform-worker", "platform-webhooks", "platform-datasets", "worker"):
+        assert SERVICES[name]["environment"]["TANDEM_SECRETS_KEY"].startswith("${TANDEM_SECRETS_KEY:?"), name
+    assert "TANDEM_SECRETS_KEY" not in SERVICES["trainer"]["environment"]
+
+
+def test_compose_runs_the_platform_queues_on_workers_of_their_own():
+    for queue in ("platform-webhooks", "platform-datasets"):
+        command = SERVICES[queue]["command"]
+        assert f"--queues {queue}" in command, command
+        assert SERVICES[queue]["environment"]["REDIS_URL"] == SERVICES["platform-worker"]["environment"]["REDIS_URL"]
+    # Beat runs in exactly one process: the platform queue's worker.
+    assert all("--beat" not in SERVICES[queue]["command"] for queue in ("platform-webhooks", "platform-datasets"))
+
+
 def test_compose_gives_workers_no_database_and_the_trainer_its_token_in_the_environment():
     worker = SERVICES["worker"]["environment"]
     assert not {"DATABASE_URL", "DJANGO_SECRET_KEY"} & set(worker)

@@ -44,3 +44,23 @@ def test_stacks_with_var_dirs_of_their_own_keep_databases_and_trainer_tokens_of_
         assert stranger.status_code == 401, stranger.text  # the other stack's trainer is not known here
     finally:
         first.stop()
+
+
+def test_a_stack_without_an_operators_key_seals_secrets_with_its_own_which_the_trainer_never_gets(
+        tmp_path, redis_url, monkeypatch):
+    from tandem.secrets_at_rest import (
+        SECRETS_KEY_ENV,
+        SECRETS_KEY_FILE_ENV,
+        secrets_keys_from_environment,
+    )
+
+    monkeypatch.delenv(SECRETS_KEY_ENV, raising=False)
+    monkeypatch.delenv(SECRETS_KEY_FILE_ENV, raising=False)
+    first = _embedded_sqlite_stack(tmp_path / "first", redis_url)
+    second = _embedded_sqlite_stack(tmp_path / "second", redis_url)
+    env = first.env()
+    assert env[SECRETS_KEY_FILE_ENV] == str(tmp_path / "first" / "secrets.key")
+    # Written once, then kept: a restarted process opens what the last one sealed.
+    assert secrets_keys_from_environment(first.env()) == secrets_keys_from_environment(env)
+    assert secrets_keys_from_environment(second.env()) != secrets_keys_from_environment(env)
+    assert not {SECRETS_KEY_ENV, SECRETS_KEY_FILE_ENV} & set(first._trainer_env())
