@@ -52,8 +52,15 @@ def register_http_dataset_source(client: httpx.Client, project_id: int, url: str
         "settings": {"url": url, "timeout_s": 30}, "tools": httpx.get(f"{url}/schema").json()["tools"],
     }).raise_for_status()
     dataset = http_example_server.demonstrations_dataset(CalculatorEnvironment(), count=rows, seed=11)
-    client.post("/api/datasets/", data={"project": str(project_id), "name": "calculator-demos"},
-                files={"file": ("demos.jsonl", dataset.encode(), "application/jsonl")}).raise_for_status()
+    uploaded = client.post("/api/datasets/", data={"project": str(project_id), "name": "calculator-demos"},
+                           files={"file": ("demos.jsonl", dataset.encode(), "application/jsonl")})
+    uploaded.raise_for_status()
+    # Accepted: the stack's datasets worker stores the rows; a run may pin the version once it is ready.
+    version_path = f"/api/datasets/{uploaded.json()['id']}/versions/{uploaded.json()['latest_version']['number']}/"
+    while (version := client.get(version_path).json())["status"] != "ready":
+        if version["status"] == "failed":
+            raise SystemExit(f"the dataset failed to be stored: {version['failure_reason']}")
+        time.sleep(0.5)
     return "calculator-over-http", {"sft": {"datasets": [{"name": "calculator-demos"}]}}
 
 

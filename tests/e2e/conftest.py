@@ -111,6 +111,21 @@ def run_ended(stack: LocalStack, api: httpx.Client, run_id: int, *, timeout_s: f
                       what=lambda: f"run {run_id} to end: {api.get(f'/api/runs/{run_id}/').json()}")
 
 
+def dataset_stored(stack: LocalStack, api: httpx.Client, uploaded: httpx.Response, *, timeout_s: float = 300) -> dict:
+    """The version an upload's 202 accepted, once the stack's datasets worker has stored its rows."""
+    assert uploaded.status_code == 202, uploaded.text
+    body = uploaded.json()
+    path = f"/api/datasets/{body['id']}/versions/{body['latest_version']['number']}/"
+
+    def stored() -> dict | None:
+        version = api.get(path).json()
+        assert version["status"] != "failed", version["failure_reason"]
+        return version if version["status"] == "ready" else None
+
+    return poll_until(stored, timeout_s=timeout_s, interval_s=0.5, between=stack.check_alive,
+                      what=lambda: f"dataset version {path} to be stored: {api.get(path).json()}")
+
+
 def user_api(stack: LocalStack, credentials: Credentials) -> httpx.Client:
     """The stack's REST API as its user."""
     return httpx.Client(base_url=stack.config.platform_url,

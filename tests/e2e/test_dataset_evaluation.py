@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.e2e.conftest import run_ended, user_api
+from tests.e2e.conftest import dataset_stored, run_ended, user_api
 
 SFT_STEPS = 8
 RL_STEPS = 2
@@ -29,7 +29,7 @@ def test_a_run_scores_each_published_policy_on_a_datasets_held_out_rows(stack, c
     content = "".join(json.dumps(row) + "\n" for row in rows)
     uploaded = api.post("/api/datasets/", data={"project": str(credentials.project_id), "name": "held-out-calls"},
                         files={"file": ("calls.jsonl", content.encode(), "application/jsonl")})
-    assert uploaded.status_code == 201, uploaded.text
+    dataset_stored(local, api, uploaded)
 
     created = api.post("/api/runs/", json={"project": credentials.project_id, "name": "dataset evaluated",
                                            "environment": "calculator", "config": {

@@ -14,6 +14,7 @@ import httpx
 from environments.builtin.calculator import CalculatorEnvironment
 from environments.http_example_server import demonstrations_dataset
 from tests.e2e.conftest import (
+    dataset_stored,
     example_http_environment,
     register_http_environment,
     run_ended,
@@ -48,7 +49,7 @@ def test_sft_on_an_uploaded_dataset_then_grpo_raises_the_success_of_an_http_envi
         dataset = demonstrations_dataset(CalculatorEnvironment(), count=2000, seed=11)
         uploaded = api.post("/api/datasets/", data={"project": str(project), "name": "calculator-demos"},
                             files={"file": ("demos.jsonl", dataset.encode(), "application/jsonl")})
-        assert uploaded.status_code == 201, uploaded.text
+        dataset_stored(local, api, uploaded)
 
         created = api.post("/api/runs/", json={
             "project": project, "name": "sft on a dataset, then grpo", "environment": "calculator-over-http",

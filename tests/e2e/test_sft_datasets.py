@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.e2e.conftest import run_ended, user_api
+from tests.e2e.conftest import dataset_stored, run_ended, user_api
 
 SFT_STEPS = 4
 
@@ -26,7 +26,7 @@ def test_a_run_trains_its_sft_steps_on_a_dataset_and_shows_it(stack, credentials
     content = "".join(json.dumps(_conversation(a, a + 3)) + "\n" for a in range(2, 12))
     uploaded = api.post("/api/datasets/", data={"project": str(credentials.project_id), "name": "e2e-calls"},
                         files={"file": ("calls.jsonl", content.encode(), "application/jsonl")})
-    assert uploaded.status_code == 201, uploaded.text
+    dataset_stored(local, api, uploaded)
     dataset_id = uploaded.json()["id"]
 
     created = api.post("/api/runs/", json={"project": credentials.project_id, "name": "sft on a dataset",
