@@ -10,7 +10,8 @@ class DatasetAdmin(admin.ModelAdmin):
 
 @admin.register(DatasetVersion)
 class DatasetVersionAdmin(admin.ModelAdmin):
-    list_display = ["id", "dataset", "number", "row_count", "size_bytes", "created_at"]
+    list_display = ["id", "dataset", "number", "status", "row_count", "size_bytes", "created_at"]
     # A version is immutable: different rows are a new version.
     readonly_fields = ["dataset", "number", "source", "source_name", "size_bytes", "sha256", "row_count",
-                       "message_count", "role_counts", "created_by", "created_at"]
+                       "message_count", "role_counts", "created_by", "created_at", "status", "rows_stored",
+                       "failure_reason", "kept_file", "updated_at"]

@@ -15,7 +15,7 @@ import logging
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -30,8 +30,7 @@ from django.utils import timezone
 from accounts.models import Project
 from accounts.permissions import project_require_writer
 from domain_errors import Conflict, InvalidInput
-from runs.models import Run
-from tandem.contracts import TERMINAL_RUN_STATUSES, DatasetRowError, parse_dataset_line
+from tandem.contracts import DatasetRowError, parse_dataset_line
 from tandem.dataset_paths import DatasetPathRefused, check_dataset_path
 
 from .models import Dataset, DatasetRow, DatasetTokenStats, DatasetVersion
@@ -52,6 +51,11 @@ READ_CHUNK_BYTES = 1 << 20
 KEPT_FILES_DIR = "dataset-uploads"
 # Versions a run may not train on yet, and versions counted as a user's upload in progress.
 UNFINISHED_STATUSES = (DatasetVersion.Status.CHECKING, DatasetVersion.Status.PENDING, DatasetVersion.Status.STORING)
+
+# Who still uses a version, asked before it is deleted: each callable takes (version=) and returns
+# a description of each user ("run 12 (running)"). runs/apps.py registers the runs that have not
+# ended and pin it: runs pin datasets, and datasets' domain imports nothing of runs.
+VERSION_USERS: list[Callable[..., list[str]]] = []
 
 
 @dataclass
@@ -397,33 +401,22 @@ def version_token_stats_compute(*, stats_id: int) -> None:
 
 # -- deleting ---------------------------------------------------------------------------------
 
-def _runs_pinning(version: DatasetVersion) -> list[Run]:
-    """The project's runs not ended whose config pins ``version`` (sft.datasets or evaluation.datasets)."""
-    name, number = version.dataset.name, version.number
-    pinning = []
-    for run in Run.objects.filter(project=version.dataset.project).exclude(status__in=TERMINAL_RUN_STATUSES):
-        config = run.config or {}
-        pinned = [*(config.get("sft") or {}).get("datasets", ()), *(config.get("evaluation") or {}).get("datasets", ())]
-        if any(entry.get("name") == name and entry.get("version") == number for entry in pinned):
-            pinning.append(run)
-    return pinning
-
-
 def dataset_version_delete(*, user: AbstractBaseUser, version: DatasetVersion) -> None:
     """Delete a version and its rows (the dataset too, with its last version).
 
     Raises:
-      Conflict: while a run that has not ended pins the version; it names the runs.
+      Conflict: while something uses the version (VERSION_USERS: a run that has not ended
+        pins it); it names them.
     """
     project_require_writer(user=user, project=version.dataset.project)
     with transaction.atomic():
         # The row lock run creation also takes to pin a version: no run pins it meanwhile.
         DatasetVersion.objects.select_for_update().filter(pk=version.pk).first()
-        pinning = _runs_pinning(version)
-        if pinning:
-            runs = ", ".join(f"{run.pk} ({run.status})" for run in pinning[:10])
-            raise Conflict(f"{version} is used by runs that have not ended: {runs}. Cancel them, or wait "
-                           "for them to end, then delete it.", fields={"version": [f"Used by run {runs}."]})
+        users = [user for find_users in VERSION_USERS for user in find_users(version=version)]
+        if users:
+            named = ", ".join(users[:10])
+            raise Conflict(f"{version} is used by {named}. Cancel or wait for them to end, then delete it.",
+                           fields={"version": [f"Used by {named}."]})
         kept, dataset = version.kept_file, version.dataset
         version.delete()
         if not dataset.versions.exists():

@@ -13,3 +13,11 @@ class RunsConfig(AppConfig):
 
         if runs_fail_queued_of_version not in VERSION_FAILED_HANDLERS:
             VERSION_FAILED_HANDLERS.append(runs_fail_queued_of_version)
+
+        # Likewise datasets: a version a run that has not ended pins is not deleted under it.
+        from dataset_registry.services import VERSION_USERS
+
+        from .selectors import runs_using_dataset_version
+
+        if runs_using_dataset_version not in VERSION_USERS:
+            VERSION_USERS.append(runs_using_dataset_version)

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from domain_errors import Conflict, InvalidInput, NotFound
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_version_resolve
-from tandem.contracts import TRAINER_HEADER, TrainerConflictCode
+from tandem.contracts import TERMINAL_RUN_STATUSES, TRAINER_HEADER, TrainerConflictCode
 
 from .models import Run, RunAttempt
 
@@ -115,3 +115,17 @@ def run_evaluation_environments(run: Run) -> list[EnvironmentVersion]:
     """The environment versions a run's evaluations run on besides its own, as its config pins them."""
     references = (run.config.get("evaluation") or {}).get("environments") or []
     return [environment_version_resolve(project=run.project, reference=reference) for reference in references]
+
+
+def runs_using_dataset_version(*, version) -> list[str]:
+    """The runs of the version's project that have not ended and pin dataset ``version`` (a
+    DatasetVersion) in ``sft.datasets`` or ``evaluation.datasets``, each as ``run <id> (<status>)``:
+    what keeps it from being deleted (dataset_registry.services.VERSION_USERS)."""
+    name, number = version.dataset.name, version.number
+    using = []
+    for run in Run.objects.filter(project_id=version.dataset.project_id).exclude(status__in=TERMINAL_RUN_STATUSES):
+        config = run.config or {}
+        pinned = [*(config.get("sft") or {}).get("datasets", ()), *(config.get("evaluation") or {}).get("datasets", ())]
+        if any(entry.get("name") == name and entry.get("version") == number for entry in pinned):
+            using.append(f"run {run.pk} ({run.status}, not ended)")
+    return using
