@@ -84,24 +84,26 @@ def _line(draw, kinds=("clean", "row", "row", "deep", "bytes", "raw_surrogate"))
 BOUNDARY = "fuzzboundary7f3a"
 
 
-def _multipart(fields: dict[str, bytes], file: bytes) -> bytes:
+def _multipart(fields: dict[str, bytes], file: bytes, filename: bytes = b"fuzz.jsonl") -> bytes:
     """A multipart body written byte by byte, so that a field may hold invalid UTF-8 as a hostile client's can."""
     parts = [b"--%s\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n%s\r\n" % (
         BOUNDARY.encode(), key.encode(), value) for key, value in fields.items()]
-    parts.append(b"--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"fuzz.jsonl\"\r\n"
-                 b"Content-Type: application/jsonl\r\n\r\n%s\r\n" % (BOUNDARY.encode(), file))
+    parts.append(b"--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"%s\"\r\n"
+                 b"Content-Type: application/jsonl\r\n\r\n%s\r\n" % (BOUNDARY.encode(), filename, file))
     return b"".join(parts) + b"--%s--\r\n" % BOUNDARY.encode()
 
 
 @hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                              HealthCheck.too_slow])
 @given(lines=st.one_of(st.lists(_line(kinds=("clean",)), min_size=1, max_size=4), st.lists(_line(), max_size=4)),
-       name=st.one_of(st.just("fuzz"), st.just("fuzz"), _hostile_text))
-def test_no_generated_upload_gets_a_server_error(api, user, project, dataset_media_root, settings, lines, name):  # noqa: F811
+       name=st.one_of(st.just("fuzz"), st.just("fuzz"), _hostile_text),
+       filename=st.one_of(st.just("fuzz.jsonl"), _hostile_text.map(lambda text: text.replace('"', "") + ".jsonl")))
+def test_no_generated_upload_gets_a_server_error(api, user, project, dataset_media_root, settings,  # noqa: F811
+                                                 lines, name, filename):
     settings.TANDEM_DATASET_PROJECT_MAX_VERSIONS = 10**6  # every example is a version of one project
     name = name if name != "fuzz" else f"fuzz-{next(_names)}"
     body = _multipart({"project": str(project.pk).encode(), "name": name.encode("utf-8", "surrogatepass")},
-                      b"\n".join(lines))
+                      b"\n".join(lines), filename.encode("utf-8", "surrogatepass").replace(b"\r", b"").replace(b"\n", b""))
     response = api.post("/api/datasets/", data=body, content_type=f"multipart/form-data; boundary={BOUNDARY}")
 
     assert response.status_code < 500, response.content

@@ -221,3 +221,19 @@ def test_an_uploaded_row_holding_a_lone_surrogate_never_reaches_a_page(user, api
     assert response.status_code == 400
     assert response.json()["error"]["fields"]["file"] == [
         "line 2: metadata.note: is not valid UTF-8: a lone surrogate or an invalid byte (\\ud800)"]
+
+
+@pytest.mark.parametrize("filename", [b"a\x00b.jsonl", b"caf\xe9.jsonl", b"\xed\xa0\x80.jsonl"])
+def test_a_file_name_of_nul_or_invalid_utf8_never_breaks_the_upload(api, user, project, filename):
+    from .test_datasets_fuzz import BOUNDARY, _multipart
+
+    body = _multipart({"project": str(project.pk).encode(), "name": b"named"}, jsonl(conversation()), filename)
+    response = store_accepted(api.post("/api/datasets/", data=body,
+                                       content_type=f"multipart/form-data; boundary={BOUNDARY}"))
+    assert response.status_code in (202, 400), response.content
+    if response.status_code == 202:
+        source_name = DatasetVersion.objects.get(dataset__name="named").source_name
+        assert "\x00" not in source_name and source_name.encode("utf-8")
+        browser = Client()
+        browser.force_login(user)
+        assert browser.get(f"/datasets/{response.json()['id']}/").status_code == 200
