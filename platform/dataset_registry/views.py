@@ -10,12 +10,13 @@ poll it.
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView, ListAPIView
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsTrainer
 from accounts.selectors import project_resolve_for_user
+from config.json_input import StrictJSONParser
 from config.openapi import ErrorSerializer
 from config.query_params import project_query_param
 from runs.selectors import run_get_held_by
@@ -48,7 +49,7 @@ class DatasetListCreateView(ListAPIView):
 
     queryset = Dataset.objects.none()  # the model, for the schema
     serializer_class = DatasetSerializer
-    parser_classes = [MultiPartParser, FormParser, JSONParser]
+    parser_classes = [MultiPartParser, FormParser, StrictJSONParser]
     ordering_fields = {"name": "name", "created_at": "created_at", "id": "id"}
     ordering = ["project__name", "project_id", "name"]
 
