@@ -28,6 +28,10 @@ DEMO_PASSWORD = "demo"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
+#: Connections and requests the web server serves at once (uvicorn --limit-concurrency).
+WEB_CONCURRENCY_LIMIT = 256
+
+
 class StackError(RuntimeError):
     pass
 
@@ -205,6 +209,9 @@ class LocalStack:
         self._spawn("web", [
             sys.executable, "-m", "uvicorn", "config.asgi:application",
             "--host", self.config.host, "--port", str(self.config.port), "--log-level", "warning",
+            # Connections past it are answered 503 at once: slow clients cannot pile up without end
+            # (each one's body is also held to its route's cap and deadline, config/request_limits.py).
+            "--limit-concurrency", str(WEB_CONCURRENCY_LIMIT),
         ], cwd=PLATFORM_DIR)
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
