@@ -427,6 +427,9 @@ class TrainerTelemetryView(APIView):
                 "stored": serializers.IntegerField(),
                 "trace_requests": serializers.ListField(
                     child=serializers.DictField(), help_text="TraceRequest objects: {id, steps}."),
+                "refused_series": serializers.ListField(
+                    child=serializers.DictField(), help_text="RefusedSeries objects: {step, name, reason}, the "
+                    "series left out of a post stored otherwise."),
             })
         },
     )

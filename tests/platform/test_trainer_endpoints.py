@@ -191,7 +191,8 @@ def test_telemetry_is_stored_as_metric_points_and_moves_the_run_on(trainer_api, 
     response = trainer_api.post(_telemetry(running_run.pk), {"events": events}, format="json")
 
     assert response.status_code == 202
-    assert response.json() == {"schema_version": 1, "stored": 3 * POINTS_PER_STEP_EVENT, "trace_requests": []}
+    assert response.json() == {"schema_version": 1, "stored": 3 * POINTS_PER_STEP_EVENT, "trace_requests": [],
+                               "refused_series": []}
     assert MetricPoint.objects.filter(run=running_run).count() == 3 * POINTS_PER_STEP_EVENT
     point = MetricPoint.objects.get(run=running_run, step=2, name="trainer_idle_fraction")
     assert point.value == pytest.approx(0.25)
