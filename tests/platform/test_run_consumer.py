@@ -100,8 +100,9 @@ def test_a_member_receives_each_evaluation_the_trainer_posts_and_its_retry(runni
 
     assert new == {
         "type": "evaluation", "run": running_run.pk, "index": 0, "step": 10, "policy_version": 5,
-        "kind": "environment", "environment": "calculator@1", "status": "complete", "reason": "", "episodes": 32,
-        "metrics": first["metrics"], "intervals": {"success_rate": [0.45, 0.77], "pass@4": [0.53, 0.98]},
+        "kind": "environment", "environment": "calculator@1", "series_label": "calculator@1", "status": "complete",
+        "reason": "", "episodes": 32, "metrics": first["metrics"],
+        "intervals": {"success_rate": [0.45, 0.77], "pass@4": [0.53, 0.98]},
     }  # no trajectory ids: up to 100,000 of them
     assert (updated["index"], updated["environment"], updated["status"]) == (0, "calculator@1", "incomplete")
     assert updated["metrics"] == {"success_rate": 0.5, "mean_reward": 0.25} and updated["intervals"] == {}
