@@ -8,9 +8,6 @@ the Celery task eagerly, the last one in a real ``celery worker --pool prefork``
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,15 +15,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from celery import current_app
 from django.db import DatabaseError, connection, transaction
 
 from alerts import services as alert_services
 from alerts import webhooks
 from alerts.models import WebhookAttempt, WebhookDelivery
-from config.celery import app as celery_app
 from tandem.contracts import WEBHOOKS_QUEUE
-from tests.platform.conftest import REPO_ROOT
+from tests.platform.queue_workers import platform_queue_worker
 from tests.polling import poll_until
 
 from .test_alerts_webhooks import _fail, _hooked_rule, eager_tasks  # noqa: F401 - the fixture
@@ -227,40 +222,15 @@ def test_a_delivery_whose_worker_died_mid_post_is_sent_again_by_the_sweep(
 def webhooks_worker(transactional_db, tmp_path):
     """A real Celery prefork worker on the webhooks queue, as the stack runs it, with a short task time
     limit and a post deadline far past it: only the time limit can end a stuck post."""
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings.test",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "PYTHONPATH": str(REPO_ROOT),
+    log = tmp_path / "celery.log"
+    with platform_queue_worker(WEBHOOKS_QUEUE, log=log, env={
         "TANDEM_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
         "TANDEM_WEBHOOK_TIMEOUT_S": "600",
         "TANDEM_WEBHOOK_TASK_SOFT_TIME_LIMIT_S": "3",
         "TANDEM_WEBHOOK_TASK_TIME_LIMIT_S": "6",
         "TANDEM_WEBHOOK_MAX_ATTEMPTS": "1",
-    }
-    log = tmp_path / "celery.log"
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tandem.cli", "platform-worker", "--queues", WEBHOOKS_QUEUE,
-             "--pool", "prefork", "--concurrency", "1", "--no-beat", "--name", f"webhooks-test-{os.getpid()}@%h"],
-            cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-        )
-    previous = current_app._get_current_object()
-    celery_app.set_current()
-    try:
-        poll_until(lambda: b"ready" in log.read_bytes(), timeout_s=60, what=lambda: log.read_text()[-3000:],
-                   between=lambda: process.poll() is None or pytest.fail(log.read_text()[-3000:]))
+    }) as process:
         yield process, log
-    finally:
-        previous.set_current()
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-        print(log.read_text()[-4000:])
 
 
 def test_the_webhooks_prefork_worker_ends_a_stuck_post_at_the_tasks_time_limit(

@@ -4,21 +4,15 @@ counts its tokens, while the upload's answer came at once."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import pytest
-from celery import current_app
 from django.conf import settings as django_settings
-from django.db import connection
 from django.test import Client
 
-from config.celery import app as celery_app
 from dataset_registry.models import DatasetRow, DatasetTokenStats, DatasetVersion
 from tandem.contracts import DATASETS_QUEUE
-from tests.platform.conftest import REPO_ROOT
+from tests.platform.queue_workers import platform_queue_worker
 
 from .test_datasets_api import conversation, jsonl, upload
 
@@ -32,33 +26,9 @@ def datasets_worker(transactional_db, tmp_path, redis_client, settings):
     redis_client.delete(DATASETS_QUEUE)  # nothing queued by an earlier session
     media = tmp_path / "media"
     settings.MEDIA_ROOT = media
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings.test",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "TANDEM_MEDIA_ROOT": str(media),
-        "PYTHONPATH": str(REPO_ROOT),
-    }
-    log = tmp_path / "worker.log"
-    previous = current_app._get_current_object()
-    celery_app.set_current()  # the platform's tasks are sent through the current app
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config.celery", "worker", "-Q", DATASETS_QUEUE,
-             "--pool", "prefork", "-c", "1", "--loglevel", "INFO", "-n", f"datasets-test-{os.getpid()}@%h"],
-            cwd=REPO_ROOT / "platform", env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    try:
+    with platform_queue_worker(DATASETS_QUEUE, log=tmp_path / "worker.log",
+                               env={"TANDEM_MEDIA_ROOT": str(media)}) as process:
         yield process
-    finally:
-        previous.set_current()
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-        print(log.read_text()[-4000:])  # shown when the test fails
 
 
 def _wait_for(predicate, worker, what: str):

@@ -1,0 +1,60 @@
+"""A real platform Celery worker of one queue, on the test database, as `tandem platform-worker
+--queues <queue>` runs it (prefork) in a stack."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from celery import current_app
+from django.db import connection
+
+from config.celery import app as celery_app
+from tests.polling import poll_until
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def platform_queue_worker(queue: str, *, log: Path, env: Mapping[str, str] = {},
+                          ready_timeout_s: float = 60) -> Iterator[subprocess.Popen]:
+    """A prefork worker of ``queue`` with one child, ready; ``env`` adds to its environment.
+
+    The platform's app is made current meanwhile, so that the code under test sends its tasks
+    through it, and the worker's log is printed at the end (pytest shows it when the test fails).
+    """
+    db = connection.settings_dict
+    worker_env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "PYTHONPATH": str(REPO_ROOT),
+        **env,
+    }
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tandem.cli", "platform-worker", "--queues", queue, "--pool", "prefork",
+             "--concurrency", "1", "--no-beat", "--name", f"{queue}-test-{os.getpid()}@%h"],
+            cwd=REPO_ROOT, env=worker_env, stdout=log_file, stderr=subprocess.STDOUT,
+        )
+    previous = current_app._get_current_object()
+    celery_app.set_current()
+    try:
+        poll_until(lambda: b"ready" in log.read_bytes(), timeout_s=ready_timeout_s,
+                   what=lambda: log.read_text()[-3000:],
+                   between=lambda: process.poll() is None or pytest.fail(log.read_text()[-3000:]))
+        yield process
+    finally:
+        previous.set_current()
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        print(log.read_text()[-4000:])
