@@ -117,8 +117,9 @@ class RunConfig(BaseModel):
     max_restarts: int = Field(
         3, ge=0, le=100,
         description="Times the platform queues the run again on its own when its trainer dies (stops sending "
-        "heartbeats) or a multi-process trainer loses one of its processes; the next trainer resumes it from "
-        "its last checkpoint. Past them, the run fails.",
+        "heartbeats), a multi-process trainer loses one of its processes, or its trainer sets it aside (the "
+        "platform kept failing a read of its data: other runs are trained meanwhile); the next trainer "
+        "resumes it from its last checkpoint. Past them, the run fails.",
     )
     stall_timeout_s: float = Field(
         1800.0, ge=10, le=7 * 86400,

@@ -46,7 +46,13 @@ class Run(models.Model):
         help_text="Times a trainer claimed the run; past the first, the trainer resumes from its checkpoint.",
     )
     restarts = models.PositiveIntegerField(
-        default=0, help_text="Times the platform queued the run again after its trainer died (config.max_restarts)."
+        default=0, help_text="Times the platform queued the run again after its trainer died, lost a process or set "
+        "it aside (config.max_restarts)."
+    )
+    claimable_after = models.DateTimeField(
+        null=True, blank=True,
+        help_text="A queued run no trainer claims before then: its trainer set it aside (the platform kept "
+        "failing a read of its data) and asked to be given other runs meanwhile; cleared by the next claim.",
     )
     progress_at = models.DateTimeField(
         null=True, blank=True, help_text="When the trainer step last advanced (or the run started running)."

@@ -42,6 +42,7 @@ class RunSerializer(serializers.ModelSerializer):
             "attempts",
             "attempt_history",
             "restarts",
+            "claimable_after",
             "stalled_since",
             "heartbeat_at",
             "created_at",
@@ -51,6 +52,7 @@ class RunSerializer(serializers.ModelSerializer):
             "notes",
             "urls",
         ]
+        read_only_fields = ["claimable_after"]  # the trainer's to ask for (its heartbeat's retry_after_s)
 
     def get_urls(self, run: Run) -> dict:
         page = reverse("run-page", args=[run.pk])

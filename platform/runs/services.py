@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 from typing import Any
 
@@ -10,6 +11,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from accounts.models import Project
@@ -242,7 +244,9 @@ def run_transition(*, run: Run, to_status: str, reason: str = "") -> Run:
     if to_status == RunStatus.QUEUED:  # resumed: it is not over, and no trainer holds it
         run.finished_at = None
         run.claimed_by = ""
-        update_fields += ["finished_at", "claimed_by"]
+        # Claimable at once, unless the trainer that gives it back asks otherwise (_run_restart_or_fail).
+        run.claimable_after = None
+        update_fields += ["finished_at", "claimed_by", "claimable_after"]
     run.save(update_fields=update_fields)
     if to_status in TERMINAL_RUN_STATUSES or to_status == RunStatus.PAUSED:
         run_producers_stop_on_commit(run.pk)
@@ -381,17 +385,26 @@ def run_reap_dead_trainers(*, heartbeat_timeout_s: float) -> list[Run]:
     return reaped
 
 
-def _run_restart_or_fail(*, run: Run, cause: str) -> Run:
+def _run_restart_or_fail(*, run: Run, cause: str, retry_after_s: float | None = None) -> Run:
     """Queue ``run`` again for the next trainer, a restart counted against ``config.max_restarts``; past
-    them, fail it. ``cause`` (why its trainer let go of it) starts the reason. Under the run's row lock."""
+    them, fail it. ``cause`` (why its trainer let go of it) starts the reason. ``retry_after_s``: no
+    trainer claims it again before that many seconds (its trainer set it aside to train other runs
+    meanwhile). Under the run's row lock."""
     max_restarts = _config_value(run, "max_restarts")
     if run.restarts < max_restarts:
         run.restarts += 1
         run.save(update_fields=["restarts"])
-        reason = (f"{cause}; restart {run.restarts} of {max_restarts}: queued again, the next "
+        claimable_after = (timezone.now() + datetime.timedelta(seconds=retry_after_s)
+                           if retry_after_s else None)
+        wait = f", claimable from {claimable_after:%Y-%m-%d %H:%M:%S} UTC" if claimable_after else ""
+        reason = (f"{cause}; restart {run.restarts} of {max_restarts}: queued again{wait}, the next "
                   "trainer resumes from the last checkpoint.")
         logger.warning("run %s: %s", run.pk, reason)
-        return run_transition(run=run, to_status=RunStatus.QUEUED, reason=reason)
+        run = run_transition(run=run, to_status=RunStatus.QUEUED, reason=reason)
+        if claimable_after is not None:
+            run.claimable_after = claimable_after
+            run.save(update_fields=["claimable_after"])
+        return run
     reason = (f"{cause}; no restarts left (config.max_restarts={max_restarts}): resume the run "
               "to continue from its last checkpoint.")
     return run_transition(run=run, to_status=RunStatus.FAILED, reason=reason)
@@ -528,20 +541,24 @@ def run_keys_retain_on_commit(run_id: int, status: str) -> None:
 
 
 @transaction.atomic
-def run_claim_next(*, worker: str) -> Run | None:
-    """Start the oldest queued run on behalf of trainer ``worker``; None if none is queued.
+def run_claim_next(*, worker: str, now: datetime.datetime | None = None) -> Run | None:
+    """Start the oldest claimable queued run on behalf of trainer ``worker``; None if there is none.
 
     SKIP LOCKED lets two trainers claim at once without waiting on, or taking,
     the same run. A trainer that claims while it holds a run already (the reply to its
-    claim was lost, and it asked again) gets that run back, not a second one.
+    claim was lost, and it asked again) gets that run back, not a second one. A run set
+    aside until ``claimable_after`` waits till then, and the runs behind it are claimed
+    meanwhile. ``now``: the clock that is compared with it (tests set it).
     """
     held = Run.objects.filter(status__in=TRAINER_HELD_RUN_STATUSES, claimed_by=worker).order_by("id").first()
     if held is not None:
         return held
+    now = now or timezone.now()
     run = (
         Run.objects.select_for_update(skip_locked=True)
         # A run waits while its environment version's probe is pending or it is unhealthy.
         .filter(status=RunStatus.QUEUED, environment_version__status=EnvironmentVersion.Status.READY)
+        .filter(Q(claimable_after__isnull=True) | Q(claimable_after__lte=now))
         .order_by("created_at", "id")
         .first()
     )
@@ -552,7 +569,8 @@ def run_claim_next(*, worker: str) -> Run | None:
     run.heartbeat_at = timezone.now()
     run.attempts += 1
     run.progress_step = 0  # the new attempt's steps count from its checkpoint
-    run.save(update_fields=["claimed_by", "heartbeat_at", "attempts", "progress_step"])
+    run.claimable_after = None
+    run.save(update_fields=["claimed_by", "heartbeat_at", "attempts", "progress_step", "claimable_after"])
     RunAttempt.objects.create(run=run, number=run.attempts, trainer=worker, started_at=run.heartbeat_at)
     run_environment_secrets_publish_on_commit(run)
     return run
@@ -585,10 +603,12 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
     if heartbeat.status is None:
         return run
     if heartbeat.status == RunStatus.QUEUED:
-        # The trainer lost a part of itself (a process of its JAX job), not the run: a restart, as
-        # the reaper makes one for a trainer that died.
+        # The trainer lost a part of itself (a process of its JAX job), not the run, or it sets the run
+        # aside for retry_after_s (the platform kept failing a read of its data): a restart, as the
+        # reaper makes one for a trainer that died.
         return _run_restart_or_fail(
-            run=run, cause=f"Trainer {heartbeat.worker or '(unknown)'} {heartbeat.message or 'gave the run back'}")
+            run=run, cause=f"Trainer {heartbeat.worker or '(unknown)'} {heartbeat.message or 'gave the run back'}",
+            retry_after_s=heartbeat.retry_after_s)
     if run.status == RunStatus.STARTING and heartbeat.status != RunStatus.FAILED:
         run_transition(run=run, to_status=RunStatus.RUNNING, reason="")
     if heartbeat.status != RunStatus.RUNNING:

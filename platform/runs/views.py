@@ -177,9 +177,10 @@ def _heartbeat_schema() -> dict:
     for name in ("policy_version", "trainer_step"):
         schema["properties"][name]["maximum"] = DB_INT_MAX
     # OpenAPI 3.0 has no "null" type: pydantic's anyOf [..., null] becomes nullable.
-    status = schema["properties"]["status"]
-    choices = [option for option in status.pop("anyOf") if option.get("type") != "null"]
-    status.update(choices[0], nullable=True)
+    for name in ("status", "retry_after_s"):
+        field = schema["properties"][name]
+        choices = [option for option in field.pop("anyOf") if option.get("type") != "null"]
+        field.update(choices[0], nullable=True)
     return schema
 
 

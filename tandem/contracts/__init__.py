@@ -157,6 +157,7 @@ from tandem.contracts.run_logs import (
 from tandem.contracts.runs import (
     ACTIVE_RUN_STATUSES,
     RELEASED_RUN_STATUSES,
+    RETRY_AFTER_MAX_S,
     TERMINAL_RUN_STATUSES,
     TRAINER_HELD_RUN_STATUSES,
     RunReportedStatus,
@@ -321,6 +322,7 @@ __all__ = [
     "TRAINER_HELD_RUN_STATUSES",
     "ACTIVE_RUN_STATUSES",
     "RELEASED_RUN_STATUSES",
+    "RETRY_AFTER_MAX_S",
     "run_status_choices",
     "RunSpec",
     "RunReportedStatus",

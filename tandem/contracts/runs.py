@@ -100,8 +100,13 @@ class RunSpec(Record):
 # The statuses a trainer may report; the others are the platform's or a user's to set. queued: the
 # trainer cannot go on but the run can (a multi-process trainer lost one of its processes): the
 # platform queues it again as a restart, counted against config.max_restarts, as it does a run whose
-# trainer died, and fails it past them.
+# trainer died, and fails it past them. A trainer that sets a run aside (the platform kept failing a
+# read of the run's data) says so with queued and a retry_after_s, to be given other runs meanwhile.
 RunReportedStatus = Literal[RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.QUEUED]
+
+
+# The longest a trainer may set a run aside for: a day. A longer wait is a pause, the user's to ask.
+RETRY_AFTER_MAX_S = 86_400.0
 
 
 class TrainerHeartbeat(Record):
@@ -116,6 +121,13 @@ class TrainerHeartbeat(Record):
     # Who sends it (``hostname:pid``): a trainer that lost the run to another
     # (it was presumed dead and the run resumed elsewhere) is told so and stops.
     worker: str = ""
+    # Added within schema 1: optional, and a heartbeat without it reads as before.
+    retry_after_s: float | None = Field(
+        None, ge=0, le=RETRY_AFTER_MAX_S,
+        description="With status queued: no trainer claims the run again for this many seconds, so that "
+        "the trainer that set it aside (the platform kept failing a read of its data) trains other runs "
+        "meanwhile. Ignored with any other status.",
+    )
 
 
 class TrainerHeartbeatReply(Record):

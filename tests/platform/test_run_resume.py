@@ -109,6 +109,73 @@ def test_a_trainer_that_lost_a_process_gives_the_run_back_as_a_restart_up_to_max
         (1, "queued"), (2, "failed")]
 
 
+SET_ASIDE = ("set the run aside for 60 s: PlatformRequestFailedError: the platform answered GET "
+             "http://platform/api/trainer/runs/1/datasets/broken/versions/1/rows/ with HTTP 500 on all 3 tries: "
+             "Server Error (500)")
+
+
+def test_a_run_set_aside_is_claimed_only_after_its_wait_and_other_projects_runs_are_claimed_meanwhile(
+    trainer_api, api, running_run, make_run
+):
+    """A trainer that gives a run back with retry_after_s (the platform kept failing a read of its data)
+    gets other runs first, and that run once the wait is over; past max_restarts it fails, saying why."""
+    Run.objects.filter(pk=running_run.pk).update(config={**running_run.config, "max_restarts": 1})
+    other_project_run = make_run()  # newer: before, the claim always took the stuck run again first
+    before = timezone.now()
+
+    given_back = trainer_api.post(_heartbeat(running_run.pk), {
+        "worker": TRAINER_NAME, "status": "queued", "message": SET_ASIDE, "retry_after_s": 60}, format="json")
+
+    assert given_back.status_code == 200, given_back.content
+    running_run.refresh_from_db()
+    assert (running_run.status, running_run.restarts, running_run.claimed_by) == ("queued", 1, "")
+    claimable_after = running_run.claimable_after
+    assert before + timedelta(seconds=60) <= claimable_after <= timezone.now() + timedelta(seconds=60)
+    assert running_run.status_reason.startswith(f"Trainer {TRAINER_NAME} {SET_ASIDE}; restart 1 of 1: queued again, "
+                                                f"claimable from {claimable_after:%Y-%m-%d %H:%M:%S} UTC")
+    shown = api.get(f"/api/runs/{running_run.pk}/").json()
+    assert shown["claimable_after"] == claimable_after.isoformat().replace("+00:00", "Z")
+
+    a_second_early = claimable_after - timedelta(seconds=1)
+    assert run_claim_next(worker="trainer-b:2", now=a_second_early).pk == other_project_run.pk
+    assert run_claim_next(worker="trainer-c:3", now=a_second_early) is None
+    claimed = run_claim_next(worker=TRAINER_NAME, now=claimable_after)
+    assert (claimed.pk, claimed.attempts, claimed.claimable_after) == (running_run.pk, 2, None)
+
+    # Set aside again: no restarts left, so it fails with the trainer's reason, and waits for no one.
+    trainer_api.post(_heartbeat(running_run.pk), {
+        "worker": TRAINER_NAME, "status": "queued", "message": SET_ASIDE, "retry_after_s": 60}, format="json")
+    running_run.refresh_from_db()
+    assert (running_run.status, running_run.restarts, running_run.claimable_after) == ("failed", 1, None)
+    assert running_run.status_reason == (f"Trainer {TRAINER_NAME} {SET_ASIDE}; no restarts left "
+                                         "(config.max_restarts=1): resume the run to continue from its last checkpoint.")
+    assert [(a.number, a.outcome) for a in running_run.attempt_history.order_by("number")] == [
+        (1, "queued"), (2, "failed")]
+
+
+def test_a_run_set_aside_and_then_cancelled_stays_cancelled_and_is_never_claimed(trainer_api, api, running_run):
+    trainer_api.post(_heartbeat(running_run.pk), {
+        "worker": TRAINER_NAME, "status": "queued", "message": SET_ASIDE, "retry_after_s": 60}, format="json")
+
+    assert api.post(f"/api/runs/{running_run.pk}/cancel/").status_code == 200
+    assert run_claim_next(worker=TRAINER_NAME, now=timezone.now() + timedelta(days=2)) is None
+    running_run.refresh_from_db()
+    assert running_run.status == "cancelled"
+
+
+@pytest.mark.parametrize("retry_after_s", [-1, 86_401, "soon"])
+def test_a_heartbeat_with_a_retry_after_out_of_bounds_is_refused_naming_the_field(
+    trainer_api, running_run, retry_after_s
+):
+    refused = trainer_api.post(_heartbeat(running_run.pk), {
+        "worker": TRAINER_NAME, "status": "queued", "retry_after_s": retry_after_s}, format="json")
+
+    assert refused.status_code == 400, refused.content
+    assert "retry_after_s" in refused.content.decode()
+    running_run.refresh_from_db()
+    assert (running_run.status, running_run.restarts) == ("running", 0)
+
+
 def test_the_attempts_show_in_the_api_and_on_the_run_page(api, running_run):
     _silence(running_run, 120)
     run_reap_dead_trainers(heartbeat_timeout_s=60)
