@@ -15,7 +15,7 @@ import jax
 from celery import Celery
 
 from policy import enable_compilation_cache
-from tandem.contracts import RunStatus, TrainerHeartbeat
+from tandem.contracts import RETRY_AFTER_MAX_S, RunStatus, TrainerHeartbeat
 from tandem.process_reports import start_process_reporter, stop_process_reporter
 from tandem.redis_clients import durable_redis
 from tandem.run_logs import process_run_log_scope, start_run_log_shipping, stop_run_log_shipping
@@ -33,7 +33,7 @@ from trainer.platform_client import (
     RunTakenOverError,
     UnusableClaimError,
 )
-from trainer.run_loop import RunTrainer, TrainerSettings
+from trainer.run_loop import RunSetAsideError, RunTrainer, TrainerSettings
 from trainer.sharding import initialize_distributed
 
 logger = logging.getLogger("tandem.trainer")
@@ -61,11 +61,14 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     lockstep: Lockstep = Leader() if jax.process_count() > 1 else SINGLE_PROCESS
     consumer = f"{socket.gethostname()}:{os.getpid()}"
     # Retries for as long as it takes: at first boot the platform may still be migrating. A request
-    # the platform fails with a 500 every time (a dataset version it cannot serve) fails its run
-    # after SERVER_ERROR_RETRIES tries, or as many as TANDEM_TRAINER_SERVER_ERROR_RETRIES says.
+    # the platform fails with a 500 every time (a dataset version it cannot serve) fails after
+    # SERVER_ERROR_RETRIES tries, or as many as TANDEM_TRAINER_SERVER_ERROR_RETRIES says; on a read of a
+    # run's data, the run is set aside (RunSetAsideError) and, past its restarts, fails.
     platform = PlatformClient(platform_url, token, trainer_name=consumer,
                               server_error_retries=int(os.environ.get("TANDEM_TRAINER_SERVER_ERROR_RETRIES",
                                                                       SERVER_ERROR_RETRIES)))
+    # A run whose data the platform kept failing is set aside this long, other runs trained meanwhile.
+    set_aside_s = set_aside_seconds(os.environ.get("TANDEM_TRAINER_SET_ASIDE_S"))
     # Rides out a Redis restart: commands reconnect and run again (tandem/redis_clients.py).
     redis_client = durable_redis(redis_url)
     # A bare client: the trainer sends rollout tasks by name and never imports worker code.
@@ -110,6 +113,12 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                     logger.info("run %s ended: %s", claimed.run_id, status)
                 except RunTakenOverError as exc:
                     logger.warning("run %s: %s; this trainer stops working on it", claimed.run_id, exc)
+                except RunSetAsideError as exc:
+                    # Not this run's end: a restart, counted against its max_restarts, that no trainer
+                    # claims for set_aside_s; this trainer claims the next run meanwhile.
+                    logger.warning("run %s: %s; set aside for %g s", claimed.run_id, exc, set_aside_s)
+                    _give_back(platform, claimed.run_id, consumer, f"set the run aside for {set_aside_s:g} s: {exc}",
+                               retry_after_s=set_aside_s)
                 except KeyboardInterrupt:
                     # Stopped by the operator: say so, rather than leave the run "running" forever.
                     # Promptly: a stack that stops takes its web server down too, and a supervisor
@@ -187,6 +196,25 @@ class LivenessBeat(threading.Thread):
         self.join(timeout=self._interval_s + 10)
 
 
+# How long a run whose data the platform kept failing is set aside (TANDEM_TRAINER_SET_ASIDE_S):
+# long enough for another run to be claimed and trained, short enough that a passing fault costs
+# the run a minute per restart.
+SET_ASIDE_S = 60.0
+
+
+def set_aside_seconds(setting: str | None) -> float:
+    """TANDEM_TRAINER_SET_ASIDE_S as seconds (SET_ASIDE_S when unset); a clear error naming it otherwise."""
+    if setting is None or not setting.strip():
+        return SET_ASIDE_S
+    try:
+        seconds = float(setting)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= RETRY_AFTER_MAX_S:
+        raise ValueError(f"TANDEM_TRAINER_SET_ASIDE_S={setting!r}: give seconds from 0 to {RETRY_AFTER_MAX_S:g}")
+    return seconds
+
+
 # A failure report is retried this often before the trainer gives up on it and goes on: the
 # reaper then fails the run when its heartbeats stop.
 FAILURE_REPORT_RETRIES = 8
@@ -202,11 +230,14 @@ def _lost_process_message(error: BaseException) -> str:
     return f"lost a process of its JAX job ({type(error).__name__}: {str(error)[:LOST_PROCESS_MESSAGE_CHARS]})"
 
 
-def _give_back(platform: PlatformClient, run_id: int, worker: str, message: str) -> None:
-    """Queue the run again as a restart (heartbeat status queued); never raises. Should it not get
-    through, the reaper restarts the run once this process's heartbeats end, which counts alike."""
+def _give_back(platform: PlatformClient, run_id: int, worker: str, message: str, *,
+               retry_after_s: float | None = None) -> None:
+    """Queue the run again as a restart (heartbeat status queued), claimable after ``retry_after_s``;
+    never raises. Should it not get through, the reaper restarts the run once this process's
+    heartbeats end, which counts alike."""
     try:
-        platform.heartbeat(run_id, TrainerHeartbeat(status=RunStatus.QUEUED, message=message, worker=worker),
+        platform.heartbeat(run_id, TrainerHeartbeat(status=RunStatus.QUEUED, message=message, worker=worker,
+                                                    retry_after_s=retry_after_s),
                            retries=FAILURE_REPORT_RETRIES)
     except RunTakenOverError:
         pass  # the reaper or a user got there first

@@ -47,7 +47,13 @@ from tandem.model_paths import check_model_config_paths
 from trainer.algorithms import build_algorithm
 from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.dataset_evaluation import DatasetEvaluations, held_out_token_statistics
-from trainer.datasets import SFT_TOKENS_METRIC, SFTMix, load_dataset, rendered_conversations
+from trainer.datasets import (
+    SFT_TOKENS_METRIC,
+    DatasetSource,
+    SFTMix,
+    load_dataset,
+    rendered_conversations,
+)
 from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, parameter_count
 from trainer.evaluation import Evaluations, FinishedEvaluation, evaluation_points
@@ -56,6 +62,7 @@ from trainer.losses import sft_loss
 from trainer.platform_client import (
     ClaimedRun,
     PlatformClient,
+    PlatformRequestFailedError,
     PlatformUnavailableError,
     RunTakenOverError,
     is_retryable,
@@ -86,6 +93,12 @@ class RunCancelledError(Exception):
 
 class StartFromError(RuntimeError):
     """The checkpoint a run starts from could not be restored; the run fails with why."""
+
+
+class RunSetAsideError(Exception):
+    """The platform kept failing a read of the run's own data (a page of a dataset it pins): the run is
+    not to be failed at once but given back to the queue for a while, and other runs trained meanwhile
+    (trainer/main.py); the platform fails it once its restarts are used up."""
 
 
 class RunReleasedError(Exception):
@@ -317,6 +330,11 @@ class RunTrainer:
             logger.info("run %s %s: checkpointed at step %d and released", self.run_id,
                         released.status, self.step)
             return released.status
+        except RunSetAsideError:
+            # Given back to the queue (trainer/main.py): the next attempt resumes from here.
+            self._checkpoint()
+            self.telemetry.flush(wait=True)
+            raise
 
     def _start_from_checkpoint(self) -> None:
         """Begin from another run's kept checkpoint (``start_from``, checked by the platform).
@@ -428,15 +446,23 @@ class RunTrainer:
             yield pad_batch(sequences, loss_masks=masks, behaviour_logprobs=None, advantages=None,
                             batch_size=size, length_buckets=self._buckets, pad_id=self.tokenizer.pad_id), tokens_cut
 
+    def _load_dataset(self, name: str, version: int, *, weight: float) -> DatasetSource:
+        """Every row of a pinned dataset version, its heartbeat between the pages and their retries.
+
+        Raises:
+          RunSetAsideError: the platform kept failing a page (a version it cannot serve now).
+        """
+        try:
+            return load_dataset(self.platform, self.run_id, name=name, version=version, weight=weight,
+                                tool_call_format=self.prompt_layout.tool_call_format, between_pages=self._heartbeat)
+        except PlatformRequestFailedError as exc:
+            raise RunSetAsideError(f"{type(exc).__name__}: {exc}") from exc
+
     def _sft_sources(self) -> SFTMix:
         """The run's pinned datasets, read from the platform, mixed with the demonstrations by weight."""
         sft = self.config.sft
-        datasets = [
-            load_dataset(self.platform, self.run_id, name=dataset.name, version=dataset.version,
-                         weight=dataset.weight, tool_call_format=self.prompt_layout.tool_call_format,
-                         between_pages=self._heartbeat)
-            for dataset in sft.datasets
-        ]
+        datasets = [self._load_dataset(dataset.name, dataset.version, weight=dataset.weight)
+                    for dataset in sft.datasets]
         for dataset in datasets:
             logger.info("run %s: SFT on dataset %s (%d rows, weight %g)", self.run_id, dataset.label,
                         len(dataset.rows), dataset.weight)
@@ -561,11 +587,8 @@ class RunTrainer:
 
     def _held_out_datasets(self) -> DatasetEvaluations:
         if self._dataset_evaluations is None:
-            datasets = [
-                load_dataset(self.platform, self.run_id, name=dataset.name, version=dataset.version, weight=1.0,
-                             tool_call_format=self.prompt_layout.tool_call_format, between_pages=self._heartbeat)
-                for dataset in self.config.evaluation.datasets
-            ]
+            datasets = [self._load_dataset(dataset.name, dataset.version, weight=1.0)
+                        for dataset in self.config.evaluation.datasets]
 
             def score(batch):
                 self.lockstep.announce_batch(OrderKind.SCORE, batch)

@@ -15,6 +15,7 @@ import pytest
 
 from tandem.contracts import RunStatus, TrainerHeartbeat
 from trainer.datasets import load_dataset
+from trainer.main import SET_ASIDE_S, set_aside_seconds
 from trainer.platform_client import PlatformClient, PlatformRequestFailedError
 
 # The platform's 500 of a rows page it cannot render: Django's plain answer, no JSON.
@@ -120,3 +121,12 @@ def test_a_cancel_is_seen_between_the_retries_of_a_page_the_platform_keeps_faili
 
     # One heartbeat after each failed page; the third found the run cancelled, and nothing was asked after it.
     assert platform.row_requests == 3 and platform.heartbeats == 3
+
+
+def test_the_set_aside_of_a_run_is_read_in_seconds_and_a_bad_setting_is_refused_naming_it():
+    """TANDEM_TRAINER_SET_ASIDE_S: how long a run whose data the platform kept failing waits in the queue."""
+    assert set_aside_seconds(None) == set_aside_seconds("") == SET_ASIDE_S
+    assert set_aside_seconds("0") == 0 and set_aside_seconds("90.5") == 90.5
+    for bad in ("-1", "soon", "nan", "inf", "86401"):
+        with pytest.raises(ValueError, match="TANDEM_TRAINER_SET_ASIDE_S"):
+            set_aside_seconds(bad)
