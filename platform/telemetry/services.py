@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from accounts.permissions import project_require_writer
 from alerts.services import alerts_step_events_recorded
+from config.stored_text import json_text_escape
 from domain_errors import Conflict, InvalidInput
 from runs.models import Run
 from runs.realtime import run_broadcast_on_commit
@@ -177,7 +178,8 @@ def step_timelines_store(*, run: Run, events: Sequence[TrainerStepEvent], now=No
             started_at=event.timeline.spans[0].started_at,
             ended_at=event.timeline.spans[-1].ended_at,
             stages=detail["timeline"]["spans"],
-            episodes=detail["episodes"],
+            # An environment's error text may hold NUL, which jsonb cannot: escaped, read back exactly.
+            episodes=json_text_escape(detail["episodes"]),
             # A step cut into chunks counts all its episodes; the chunks fill in the rest.
             episode_count=event.episodes_total if event.episodes_total is not None else len(detail["episodes"]),
             recorded_at=now,
@@ -230,7 +232,7 @@ def step_episodes_place(*, run: Run, chunks: Sequence[StepEpisodes]) -> int:
             raise InvalidInput.for_field(f"{field}.offset", (
                 f"Step {chunk.step} holds {len(record.episodes)} of its {record.episode_count} episodes; "
                 f"a chunk of {len(chunk.episodes)} at {chunk.offset} leaves a gap or overruns it."))
-        spans = json.loads(chunk.model_dump_json(include={"episodes"}))["episodes"]
+        spans = json_text_escape(json.loads(chunk.model_dump_json(include={"episodes"}))["episodes"])
         record.episodes[chunk.offset:end] = spans
         record.save(update_fields=["episodes"])
         placed += len(spans)

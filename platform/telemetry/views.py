@@ -21,6 +21,7 @@ from config.json_input import StrictJSONParser
 from config.openapi import ErrorSerializer
 from config.pagination import PageNumberPagination
 from config.query_params import int_query_param
+from config.stored_text import json_text_unescape
 from domain_errors import NotFound, records_of
 from runs.selectors import run_get_for_user, run_get_held_by, run_list
 from tandem.contracts import TRAINER_HEADER, StepEpisodes, TelemetryReply, TrainerStepEvent
@@ -252,7 +253,7 @@ class RunTimelineView(APIView):
             "steps": [
                 {"step": step.step, "phase": step.phase, "policy_version": step.policy_version,
                  "started_at": step.started_at, "ended_at": step.ended_at, "stages": step.stages,
-                 "episodes": step.episodes}
+                 "episodes": json_text_unescape(step.episodes)}
                 for step in steps
             ],
             "idle": _idle(run),
@@ -286,7 +287,8 @@ def _require_storable(event: TrainerStepEvent, *, prefix: str) -> None:
     require_db_int(event.policy_version, f"{prefix}.policy_version")
     # A series name the platform cannot store is refused alone (telemetry.services.metric_series_refusals).
     for index, episode in enumerate(event.episodes):
-        for field in ("trajectory_id", "group_id", "environment", "failure_reason"):
+        # An environment's name and error text are stored with a lossless escape (services); ids are ours.
+        for field in ("trajectory_id", "group_id"):
             require_no_nul(getattr(episode, field), f"{prefix}.episodes.{index}.{field}")
 
 

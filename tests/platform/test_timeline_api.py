@@ -160,9 +160,23 @@ def test_a_window_takes_a_fixed_number_of_queries(api, running_run, django_asser
     assert sum(len(step["episodes"]) for step in response.json()["steps"]) == 120
 
 
-def test_an_episode_the_database_cannot_store_is_400_naming_it(trainer_api, running_run):
+def test_an_environments_error_text_holding_nul_is_stored_and_read_back_exactly(trainer_api, api, running_run):
+    """An environment's error may hold NUL bytes, which jsonb cannot: the step's telemetry is kept whole."""
+    reason = "bad\x00byte \ue000 and a literal \\ue0000"
+    event = timeline_event(running_run.pk, 1, started_at=T0, episodes=[
+        episode_span("g", 0, started_at=T0 - 1, failure_reason=reason, status="failed")
+    ])
+
+    _post(trainer_api, running_run, [event])
+
+    [step] = api.get(f"/api/runs/{running_run.pk}/timeline/").json()["steps"]
+    assert step["episodes"][0]["failure_reason"] == reason
+    assert "\x00" not in StepTimelineRecord.objects.get().episodes[0]["failure_reason"]
+
+
+def test_an_episode_id_the_database_cannot_store_is_400_naming_it(trainer_api, running_run):
     bad = timeline_event(running_run.pk, 1, started_at=T0, episodes=[
-        episode_span("g", 0, started_at=T0 - 1, failure_reason="bad\x00byte", status="failed")
+        episode_span("g\x00", 0, started_at=T0 - 1, status="failed")
     ])
 
     response = trainer_api.post(
@@ -170,7 +184,8 @@ def test_an_episode_the_database_cannot_store_is_400_naming_it(trainer_api, runn
     )
 
     assert response.status_code == 400
-    assert list(response.json()["error"]["fields"]) == ["events.0.episodes.0.failure_reason"]
+    # The builder makes the trajectory id from the group's: the first field refused is named.
+    assert list(response.json()["error"]["fields"]) == ["events.0.episodes.0.trajectory_id"]
     assert not StepTimelineRecord.objects.exists()
 
 
