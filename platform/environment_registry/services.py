@@ -390,8 +390,10 @@ def environment_probe_record(*, report: ProbeReport) -> EnvironmentProbe:
     check moves a version that passed its probe between ``ready`` and
     ``unhealthy``. A second report of the same probe (a redelivered task) changes nothing.
     """
+    # The probe's row only: FOR UPDATE over the join would lock the project's row too, which run
+    # heartbeats and quota checks take in another order (a deadlock, seen under load).
     probe = (
-        EnvironmentProbe.objects.select_for_update()
+        EnvironmentProbe.objects.select_for_update(of=("self",))
         .select_related("version__environment__project")
         .filter(pk=report.probe_id)
         .first()

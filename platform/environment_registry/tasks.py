@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.db import OperationalError
 
 from domain_errors import NotFound
 from tandem.contracts import PLATFORM_QUEUE, PROBE_REPORT_TASK_NAME, ProbeReport
@@ -23,7 +24,10 @@ logger = logging.getLogger(__name__)
 HEALTH_SWEEP_TASK_NAME = "tandem.environments.health_sweep"
 
 
-@shared_task(name=PROBE_REPORT_TASK_NAME, queue=PLATFORM_QUEUE, soft_time_limit=30, time_limit=60)
+# A deadlock or a lost connection is transient: the report is recorded on a later try rather than
+# lost, which would leave its probe pending and its environment's runs waiting.
+@shared_task(name=PROBE_REPORT_TASK_NAME, queue=PLATFORM_QUEUE, soft_time_limit=30, time_limit=60,
+             autoretry_for=(OperationalError,), retry_backoff=1, retry_backoff_max=30, max_retries=6)
 def record_probe_report(report: dict) -> None:
     """Store a probe report a worker sent (a ProbeReport as JSON)."""
     parsed = ProbeReport.model_validate(report)

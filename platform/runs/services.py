@@ -583,7 +583,9 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
     A run that already ended (a user cancelled it, say) is left as it is and
     returned, so the trainer reads the status and stops: cancel wins.
     """
-    run = Run.objects.select_for_update().select_related("project").get(pk=run.pk)
+    # The run's row only: every heartbeat locking its project's row would serialise a project's runs
+    # and deadlock with probe reports and quota checks that lock it in another order.
+    run = Run.objects.select_for_update(of=("self",)).select_related("project").get(pk=run.pk)
     # Every heartbeat names its trainer: an unnamed one cannot pass for the holder.
     if run.claimed_by and heartbeat.worker != run.claimed_by:
         # The run was presumed dead and resumed by another trainer: this one must stop.
