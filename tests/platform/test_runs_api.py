@@ -166,7 +166,7 @@ def test_showing_a_run(api, project, environment, make_run):
 
     expected_keys = {
         "id", "project", "name", "environment", "environment_version", "status", "status_reason", "config",
-        "policy_version", "trainer_step", "attempts", "attempt_history", "restarts", "stalled_since",
+        "policy_version", "trainer_step", "attempts", "attempt_history", "restarts", "claimable_after", "stalled_since",
         "heartbeat_at", "created_at", "started_at", "finished_at", "urls", "tags", "notes",
     }  # fmt: skip
     assert set(body) == expected_keys
