@@ -35,10 +35,15 @@ def test_a_failed_runs_traceback_and_its_producers_lines_are_in_its_log(stack, c
     assert failure["pid"] == trainer.pid
 
     # The producer that ran the demonstrations task logged its failure into the run's log too.
-    producer_lines = api.get(f"/api/runs/{run_id}/logs/", params={"process": "rollout_worker"}).json()["lines"]
+    # It may reach the run's log a drain after the trainer's lines did (each process logs to the stream
+    # on a thread of its own), so it is waited for too.
+    def producer_failure_lines() -> list[dict] | None:
+        lines = api.get(f"/api/runs/{run_id}/logs/", params={"process": "rollout_worker"}).json()["lines"]
+        return [line for line in lines if "demonstrations of SFT step 0 failed" in line["message"]] or None  # 0-based
+
     worker_pids = {process.pid for name, process in local.processes.items() if name.startswith("worker-")}
-    failed = [line for line in producer_lines if "demonstrations of SFT step 0 failed" in line["message"]]  # 0-based
-    assert failed, [line["message"] for line in producer_lines]
+    failed = poll_until(producer_failure_lines, timeout_s=60, interval_s=1.0, what=lambda: "the producer's line: " + str(
+        [line["message"] for line in api.get(f"/api/runs/{run_id}/logs/", params={"process": "rollout_worker"}).json()["lines"]]))
     assert failed[0]["level"] == "WARNING" and failed[0]["pid"] in worker_pids
     assert "the demonstrator is broken" in failed[0]["message"]
 

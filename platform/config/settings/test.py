@@ -16,6 +16,9 @@ os.environ.setdefault("TANDEM_AUTH_FAILURES_ALLOWED", "1000000")
 os.environ.setdefault("TANDEM_TOKEN_CREATE_RATE", "1000000/hour")
 # Tests queue many runs in one project; tests/platform/test_security_quotas.py sets its own caps.
 os.environ.setdefault("TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT", "1000")
+# The per-URL webhook rate is counted in Redis across tests, which post to the same receiver URLs
+# within a minute; tests/platform/test_alerts_limits.py sets its own rate.
+os.environ.setdefault("TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE", "1000000")
 
 # Environment secret settings at rest (tandem/secrets_at_rest.py): a key of the tests' own, which
 # the workers they start inherit. tests/platform/test_security_secrets_at_rest.py rotates it.
