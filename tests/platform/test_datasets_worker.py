@@ -4,8 +4,6 @@ counts its tokens, while the upload's answer came at once."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.conf import settings as django_settings
 from django.test import Client
@@ -13,6 +11,7 @@ from django.test import Client
 from dataset_registry.models import DatasetRow, DatasetTokenStats, DatasetVersion
 from tandem.contracts import DATASETS_QUEUE
 from tests.platform.queue_workers import platform_queue_worker
+from tests.polling import poll_until
 
 from .test_datasets_api import conversation, jsonl, upload
 
@@ -32,11 +31,11 @@ def datasets_worker(transactional_db, tmp_path, redis_client, settings):
 
 
 def _wait_for(predicate, worker, what: str):
-    deadline = time.monotonic() + WORKER_DEADLINE_S
-    while not predicate():
+    def worker_alive() -> None:
         assert worker.poll() is None, "the datasets worker exited"
-        assert time.monotonic() < deadline, f"the datasets worker did not {what} in {WORKER_DEADLINE_S} s"
-        time.sleep(0.2)
+
+    poll_until(predicate, timeout_s=WORKER_DEADLINE_S, interval_s=0.2, between=worker_alive,
+               what=f"the datasets worker to {what}")
 
 
 def test_the_datasets_worker_stores_an_accepted_upload_and_counts_its_tokens(datasets_worker, api, user, project):
