@@ -52,10 +52,10 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from environments import http_example_server  # noqa: E402
-from tandem.config_changes import merge_changes  # noqa: E402
+from tandem.cli.stack import LocalStack, StackConfig  # noqa: E402
+from tandem.configs.changes import merge_changes  # noqa: E402
+from tandem.configs.rollout import RolloutConfig  # noqa: E402
 from tandem.contracts import TERMINAL_RUN_STATUSES, ProducerReport, producers_key  # noqa: E402
-from tandem.rollout_config import RolloutConfig  # noqa: E402
-from tandem.stack import LocalStack, StackConfig  # noqa: E402
 
 
 def run_metrics(client: httpx.Client, run_id: int) -> list[dict]:

@@ -52,9 +52,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "platform"))
 
+from tandem.cli.stack import LocalStack, StackConfig  # noqa: E402
 from tandem.contracts import TrainerHeartbeat  # noqa: E402
-from tandem.local_ports import free_local_port  # noqa: E402
-from tandem.stack import LocalStack, StackConfig  # noqa: E402
+from tandem.runtime.local_ports import free_local_port  # noqa: E402
 from tests.browser import launch_chromium, log_in  # noqa: E402
 from tests.platform.builders import full_rl_step_event  # noqa: E402
 from trainer.platform_client import PlatformClient  # noqa: E402

@@ -31,8 +31,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tandem.cli.stack import LocalStack, StackConfig  # noqa: E402
 from tandem.contracts import TERMINAL_RUN_STATUSES  # noqa: E402
-from tandem.stack import LocalStack, StackConfig  # noqa: E402
 
 
 def run_to_end(client: httpx.Client, stack: LocalStack, project: int, name: str, config: dict) -> int:

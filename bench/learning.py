@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from environments import http_example_server  # noqa: E402
 from environments.builtin.calculator import CalculatorEnvironment  # noqa: E402
+from tandem.cli.stack import LocalStack, StackConfig  # noqa: E402
 from tandem.contracts import TERMINAL_RUN_STATUSES  # noqa: E402
-from tandem.stack import LocalStack, StackConfig  # noqa: E402
 
 
 def register_http_dataset_source(client: httpx.Client, project_id: int, url: str, *, rows: int) -> tuple[str, dict]:

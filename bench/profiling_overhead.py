@@ -41,8 +41,8 @@ from flax import nnx  # noqa: E402
 from train_step import MODEL_SIZES, random_rl_batch  # noqa: E402
 
 from policy import ByteTokenizer, Transformer, TransformerConfig  # noqa: E402
+from tandem.configs.run import RunConfig  # noqa: E402
 from tandem.contracts import TrainerStepEvent  # noqa: E402
-from tandem.run_config import RunConfig  # noqa: E402
 from trainer.devices import DeviceMonitor, parameter_count  # noqa: E402
 from trainer.losses import grpo_loss  # noqa: E402
 from trainer.profiling import StageRecorder, timeline_wall_s  # noqa: E402

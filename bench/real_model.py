@@ -51,8 +51,8 @@ from policy import (  # noqa: E402
     prompt_layout,
     split_model,
 )
-from tandem.demo_runs import SMOLLM2_DIR  # noqa: E402
-from tandem.run_config import RunConfig  # noqa: E402
+from tandem.configs.demo_runs import SMOLLM2_DIR  # noqa: E402
+from tandem.configs.run import RunConfig  # noqa: E402
 from trainer.evaluation import wilson_interval  # noqa: E402
 
 # The calculator as the learning part asks it; its untrained reward must lie in 0.05..0.5.
@@ -128,8 +128,8 @@ def learning(args) -> dict:
     import httpx
     import redis
 
+    from tandem.cli.stack import LocalStack, StackConfig
     from tandem.contracts import TERMINAL_RUN_STATUSES
-    from tandem.stack import LocalStack, StackConfig
 
     redis_client = redis.Redis.from_url(args.redis_url)
     redis_client.flushdb()

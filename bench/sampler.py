@@ -1,6 +1,6 @@
 """Throughput of the inference engine: generated tokens/s with 1, 8 and 64 concurrent episodes.
 
-Runs the nano policy (``tandem.model_config.ModelConfig`` defaults, random
+Runs the nano policy (``tandem.configs.model.ModelConfig`` defaults, random
 weights) in one :class:`policy.InferenceEngine` with 64
 slots, served by its background thread to asyncio episodes, as producers do.
 An episode has three turns of up to 24 tokens with an 8-token observation
@@ -24,7 +24,7 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policy import ByteTokenizer, InferenceEngine, Transformer, TransformerConfig, split_model  # noqa: E402
-from tandem.model_config import ModelConfig  # noqa: E402
+from tandem.configs.model import ModelConfig  # noqa: E402
 
 BYTES = ByteTokenizer()
 

@@ -47,9 +47,9 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.async_vs_sync import WORKLOADS, run_metrics, summarise, wait_for_idle_producers  # noqa: E402
-from tandem.config_changes import merge_changes  # noqa: E402
+from tandem.configs.changes import merge_changes  # noqa: E402
+from tandem.configs.rollout import RolloutConfig  # noqa: E402
 from tandem.contracts import TERMINAL_RUN_STATUSES  # noqa: E402
-from tandem.rollout_config import RolloutConfig  # noqa: E402
 from tests.e2e.multi_host import multi_host_stack  # noqa: E402
 
 

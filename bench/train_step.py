@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from policy import ByteTokenizer, Transformer, TransformerConfig, count_parameters  # noqa: E402
-from tandem.model_config import ModelConfig  # noqa: E402
+from tandem.configs.model import ModelConfig  # noqa: E402
 from trainer.losses import grpo_loss  # noqa: E402
 from trainer.train_state import make_optimizer  # noqa: E402
 from trainer.train_step import (  # noqa: E402

@@ -53,9 +53,9 @@ from flax import nnx  # noqa: E402
 
 from environments import Environment, StepResult  # noqa: E402
 from policy import ByteTokenizer, RedisWeightPublisher, Transformer, TransformerConfig  # noqa: E402
+from tandem.configs.rollout import RolloutConfig, SamplingConfig  # noqa: E402
+from tandem.configs.run import RunConfig  # noqa: E402
 from tandem.contracts import weights_key  # noqa: E402
-from tandem.rollout_config import RolloutConfig, SamplingConfig  # noqa: E402
-from tandem.run_config import RunConfig  # noqa: E402
 from trainer.algorithms import build_algorithm  # noqa: E402
 from trainer.run_loop import length_buckets  # noqa: E402
 from trainer.train_state import make_optimizer  # noqa: E402

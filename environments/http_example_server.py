@@ -264,7 +264,7 @@ def spawn(*, latency_ms: float = 0.0, ready_timeout_s: float = 30.0, environment
     """
     import httpx
 
-    from tandem.local_ports import free_local_port
+    from tandem.runtime.local_ports import free_local_port
 
     port = free_local_port()
     process = subprocess.Popen(

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from environments.base import Environment, MalformedOutputError, StepResult
+from tandem.allowlists.environment_modules import EnvironmentModuleRefused, check_environment_target
 from tandem.contracts import ADAPTER_ENTRYPOINTS, EnvironmentSpec
-from tandem.environment_modules import EnvironmentModuleRefused, check_environment_target
 
 _REQUIRED = {"sample_task": False, "reset": True, "step": True}  # method: must be async
 
@@ -34,7 +34,7 @@ def load_environment_class(spec: EnvironmentSpec) -> type[Environment]:
 
     Raises:
       EnvironmentLoadError: the entrypoint is malformed, its module is not one the operator
-        allows (tandem.environment_modules; checked before any import), or it is no environment.
+        allows (tandem.allowlists.environment_modules; checked before any import), or it is no environment.
     """
     module_name, _, class_name = spec.entrypoint.partition(":")
     if not module_name or not class_name:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from environments.base import Demonstration, Tool
-from tandem.model_config import ToolCallFormat
+from tandem.configs.model import ToolCallFormat
 
 _CALL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\((.*)\)\s*$", re.DOTALL)
 _JSON_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

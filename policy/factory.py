@@ -11,7 +11,7 @@ from flax import nnx
 
 from policy.hf import CheckpointError, load_hf_checkpoint, load_hf_config
 from policy.model import Transformer, TransformerConfig
-from tandem.model_config import ModelConfig
+from tandem.configs.model import ModelConfig
 
 
 def policy_config(model_config: ModelConfig, *, vocab_size: int) -> TransformerConfig:

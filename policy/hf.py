@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from policy.model import Transformer, TransformerConfig
-from tandem.model_config import RopeScaling
+from tandem.configs.model import RopeScaling
 
 # Architectures we load and write, with the features each one fixes.
 _ARCHITECTURES: dict[str, dict[str, Any]] = {

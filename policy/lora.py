@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from policy.model import Transformer
-from tandem.parallelism_config import LoRAConfig
+from tandem.configs.parallelism import LoRAConfig
 
 
 class FrozenParam(nnx.Param):

@@ -44,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from policy.tokenizer import VOCAB_SIZE as BYTE_VOCAB_SIZE
-from tandem.model_config import PARAM_DTYPES, ModelConfig, RopeScaling, attention_heads
+from tandem.configs.model import PARAM_DTYPES, ModelConfig, RopeScaling, attention_heads
 
 # A per-layer list of {"key": [B, KV, L, Dh], "value": [B, KV, L, Dh]} arrays
 # (KV = num_kv_heads: grouped-query attention caches only the shared heads).
@@ -55,7 +55,7 @@ KVCache = list[dict[str, jax.Array]]
 # Added to the scores of keys a query must not see. Finite (see module doc).
 _MASKED_SCORE = -1e9
 
-# The jnp dtype of each name in tandem.model_config.PARAM_DTYPES.
+# The jnp dtype of each name in tandem.configs.model.PARAM_DTYPES.
 _JNP_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -101,7 +101,7 @@ class TransformerConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        # The run config checks the same rules (tandem.model_config).
+        # The run config checks the same rules (tandem.configs.model).
         num_kv_heads, head_dim = attention_heads(
             d_model=self.d_model,
             num_heads=self.num_heads,

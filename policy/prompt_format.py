@@ -47,7 +47,7 @@ from environments import (
 from policy.byte_layout import demonstrated_tokens, opening_tokens
 from policy.chat_template import ChatTemplateError, render_text
 from policy.tokenizer import HFTokenizer, Tokenizer
-from tandem.model_config import ModelConfig, PastReasoning
+from tandem.configs.model import ModelConfig, PastReasoning
 
 Message = dict[str, Any]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tokenizers
 
-from tandem.model_config import BYTE_VOCAB_SIZE
+from tandem.configs.model import BYTE_VOCAB_SIZE
 
 PAD_ID = 256
 BOS_ID = 257

@@ -53,9 +53,9 @@ from flax import nnx, serialization
 from jax.experimental import multihost_utils
 
 from policy.lora import fold_adapters, split_adapters
+from tandem.configs.parallelism import LoRAConfig
+from tandem.configs.weights import PublishDtype, WeightTransport
 from tandem.contracts import weights_key
-from tandem.parallelism_config import LoRAConfig
-from tandem.weights_config import PublishDtype, WeightTransport
 
 if TYPE_CHECKING:
     # Only annotations need it: exporting a checkpoint imports this package without Redis.

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tandem.run_config import RunConfig
-from tandem.run_config_docs import run_config_markdown, run_config_rows
+from tandem.configs.docs import run_config_markdown, run_config_rows
+from tandem.configs.run import RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,13 +16,13 @@ def test_the_committed_reference_is_what_the_schema_generates():
     committed = (REPO_ROOT / "docs" / "run_config.md").read_text()
 
     assert committed == run_config_markdown(), (
-        "docs/run_config.md is out of date: run `python -m tandem.run_config_docs > docs/run_config.md`"
+        "docs/run_config.md is out of date: run `python -m tandem.configs.docs > docs/run_config.md`"
     )
 
 
 def test_the_command_prints_the_reference():
     printed = subprocess.run(
-        [sys.executable, "-m", "tandem.run_config_docs"], cwd=REPO_ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "tandem.configs.docs"], cwd=REPO_ROOT, capture_output=True, text=True,
         check=True,
     ).stdout
 

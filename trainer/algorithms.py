@@ -1,4 +1,4 @@
-"""Post-training algorithms, built from a run's :class:`~tandem.algorithm_config.AlgorithmConfig`.
+"""Post-training algorithms, built from a run's :class:`~tandem.configs.algorithm.AlgorithmConfig`.
 
 An :class:`Algorithm` is the three things the run loop needs to know about
 SFT, GRPO, Dr. GRPO, DAPO, RLOO or PPO:
@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tandem.algorithm_config import AlgorithmConfig
+from tandem.configs.algorithm import AlgorithmConfig
 from tandem.contracts import TrajectoryRecord
 from trainer.advantages import (
     dr_grpo_advantages,

@@ -17,8 +17,8 @@ from collections import OrderedDict
 import redis
 from celery import Celery
 
+from tandem.configs.rollout import RolloutConfig
 from tandem.contracts import ROLLOUT_QUEUE, ROLLOUT_TASK_NAME, run_group_counter_key
-from tandem.rollout_config import RolloutConfig
 
 
 class RolloutBacklog:

@@ -23,7 +23,7 @@ from policy import (
     load_tokenizer,
     split_adapters,
 )
-from tandem.run_config import RunConfig
+from tandem.configs.run import RunConfig
 from trainer.algorithms import build_algorithm
 from trainer.checkpoints import RunCheckpointer
 from trainer.train_state import initial_train_state, make_optimizer

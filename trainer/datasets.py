@@ -25,13 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from environments import format_tool_call
+from tandem.configs.sft import SFTConfig
 from tandem.contracts import (
     DATASET_ROWS_PAGE_MAX,
     DemonstrationMessage,
     dataset_rows_held_out,
     stored_row_messages,
 )
-from tandem.sft_config import SFTConfig
 from trainer.platform_client import PlatformClient
 
 #: The metric (per SFT step) of how many examples came from the environment's demonstrations;

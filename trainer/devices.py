@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import jax
 
 from tandem.contracts import DeviceReport, DeviceSample, StepTimeline
-from tandem.resource_usage import ResourceSampler
+from tandem.runtime.resource_usage import ResourceSampler
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
+from tandem.configs.evaluation import EvaluationConfig
 from tandem.contracts import (
     EVALUATION_QUEUE,
     EVALUATION_TASK_NAME,
@@ -38,7 +39,6 @@ from tandem.contracts import (
     evaluation_stream_record,
     evaluation_weights_key,
 )
-from tandem.evaluation_config import EvaluationConfig
 from trainer.rollout_stats import succeeded
 
 logger = logging.getLogger(__name__)

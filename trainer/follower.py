@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import redis
 
 from policy import RedisWeightPublisher, WeightPublisher, publication_bytes, weight_publisher
-from tandem.run_config import RunConfig
+from tandem.configs.run import RunConfig
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.dataset_evaluation import held_out_token_statistics

@@ -16,9 +16,13 @@ from celery import Celery
 
 from policy import enable_compilation_cache
 from tandem.contracts import RETRY_AFTER_MAX_S, RunStatus, TrainerHeartbeat
-from tandem.process_reports import start_process_reporter, stop_process_reporter
-from tandem.redis_clients import durable_redis
-from tandem.run_logs import process_run_log_scope, start_run_log_shipping, stop_run_log_shipping
+from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
+from tandem.runtime.redis_clients import durable_redis
+from tandem.runtime.run_logs import (
+    process_run_log_scope,
+    start_run_log_shipping,
+    stop_run_log_shipping,
+)
 from trainer.follower import follow
 from trainer.lockstep import (
     LOST_PROCESS_EXIT_CODE,
@@ -69,7 +73,7 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                                                                       SERVER_ERROR_RETRIES)))
     # A run whose data the platform kept failing is set aside this long, other runs trained meanwhile.
     set_aside_s = set_aside_seconds(os.environ.get("TANDEM_TRAINER_SET_ASIDE_S"))
-    # Rides out a Redis restart: commands reconnect and run again (tandem/redis_clients.py).
+    # Rides out a Redis restart: commands reconnect and run again (tandem/runtime/redis_clients.py).
     redis_client = durable_redis(redis_url)
     # A bare client: the trainer sends rollout tasks by name and never imports worker code.
     celery_app = Celery("tandem_trainer", broker=redis_url)
@@ -81,7 +85,7 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     # The run this trainer holds, for its process report (read from the reporter's thread).
     working_on: list[int] = []
     start_process_reporter(redis_url=redis_url, role="trainer", run_ids=lambda: list(working_on))
-    # What this process logs while it holds a run goes to the run's log too (tandem/run_logs.py).
+    # What this process logs while it holds a run goes to the run's log too (tandem/runtime/run_logs.py).
     start_run_log_shipping(redis_url=redis_url, role="trainer")
     logger.info("trainer %s waiting for runs at %s", consumer, platform_url)
     job_lost = False

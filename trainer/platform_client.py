@@ -14,6 +14,7 @@ from typing import Literal
 import httpx
 from pydantic import ValidationError
 
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     TRAINER_HEADER,
     CheckpointReport,
@@ -30,7 +31,6 @@ from tandem.contracts import (
     TrainerStepEvent,
     TrajectorySample,
 )
-from tandem.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ import numpy as np
 import redis
 from celery import Celery
 
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     LineageEntry,
     ProducerFault,
@@ -45,7 +46,6 @@ from tandem.contracts import (
     lineage_stream,
     producer_fault_key,
 )
-from tandem.run_config import RunConfig
 from trainer.backlog import RolloutBacklog, group_index_of
 from trainer.idle_attribution import IdleAttribution
 from trainer.producer_stats import ProducerStats

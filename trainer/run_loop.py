@@ -28,6 +28,7 @@ from policy import (
     publication_bytes,
     weight_publisher,
 )
+from tandem.allowlists.model_paths import check_model_config_paths
 from tandem.contracts import (
     IDLE_STAGE,
     RELEASED_RUN_STATUSES,
@@ -43,7 +44,6 @@ from tandem.contracts import (
     run_spec_key,
     run_stop_key,
 )
-from tandem.model_paths import check_model_config_paths
 from trainer.algorithms import build_algorithm
 from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.dataset_evaluation import DatasetEvaluations, held_out_token_statistics

@@ -1,6 +1,6 @@
 """Device mesh and named shardings of the train state and batch.
 
-The mesh has three axes (:class:`tandem.parallelism_config.MeshConfig`):
+The mesh has three axes (:class:`tandem.configs.parallelism.MeshConfig`):
 
 - ``data``: parameters replicated, batch split.
 - ``fsdp``: batch split, and parameters and optimizer moments sharded along
@@ -38,7 +38,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tandem.parallelism_config import MeshConfig
+from tandem.configs.parallelism import MeshConfig
 from trainer.train_step import TrainBatch, TrainState
 
 logger = logging.getLogger(__name__)

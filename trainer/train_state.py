@@ -13,8 +13,8 @@ import optax
 from flax import nnx
 
 from policy import apply_lora, create_model
-from tandem.optimizer_config import OptimizerConfig
-from tandem.run_config import RunConfig
+from tandem.configs.optimizer import OptimizerConfig
+from tandem.configs.run import RunConfig
 from trainer.train_step import create_train_state
 from trainer.value_head import with_value_head
 

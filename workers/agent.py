@@ -32,13 +32,13 @@ from policy import (
     PromptLayout,
     Tokenizer,
 )
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     ConversationMessage,
     EpisodeCloseReason,
     EpisodeTimings,
     TrajectoryRecord,
 )
-from tandem.run_config import RunConfig
 from workers.activity import WORKER_NAME
 from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy

@@ -24,8 +24,8 @@ from tandem.contracts import (
     ROLLOUT_QUEUE,
     ROLLOUT_TASK_NAME,
 )
-from tandem.process_reports import start_process_reporter, stop_process_reporter
-from tandem.run_logs import start_run_log_shipping, stop_run_log_shipping
+from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
+from tandem.runtime.run_logs import start_run_log_shipping, stop_run_log_shipping
 from workers import run_logs as _run_log_scopes  # noqa: F401 - connects the task signals that scope records
 from workers.activity import process_activity
 from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S, redis_url

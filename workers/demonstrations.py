@@ -37,7 +37,7 @@ from tandem.contracts import (
     run_spec_key,
     run_stop_key,
 )
-from tandem.redis_clients import durable_redis
+from tandem.runtime.redis_clients import durable_redis
 from workers.episode_loop import process_episode_loop
 from workers.producer import SecretSettingsUndecryptableError, load_environment_secrets
 from workers.run_logs import redact_run_logs_with

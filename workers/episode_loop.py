@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 
 from environments import SharedHTTPSession, shared_http_session
-from tandem.redis_clients import durable_async_redis
+from tandem.runtime.redis_clients import durable_async_redis
 
 T = TypeVar("T")
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 from environments import load_environment_class
 from policy import Completion, RedisWeightSubscriber
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     EnvironmentSpec,
     EvaluationEpisode,
@@ -33,8 +34,7 @@ from tandem.contracts import (
     evaluation_weights_key,
     run_stop_key,
 )
-from tandem.redis_clients import durable_redis
-from tandem.run_config import RunConfig
+from tandem.runtime.redis_clients import durable_redis
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
 from workers.episode_slots import RunStoppedWaiting, episode_slots_for

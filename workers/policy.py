@@ -34,9 +34,9 @@ from policy import (
     prompt_layout,
     split_model,
 )
-from tandem.model_paths import check_model_config_paths
-from tandem.run_config import RunConfig
-from tandem.run_quotas import slot_count
+from tandem.allowlists.model_paths import check_model_config_paths
+from tandem.configs.quotas import slot_count
+from tandem.configs.run import RunConfig
 from workers.settings import task_concurrency
 
 logger = logging.getLogger(__name__)

@@ -46,6 +46,12 @@ from environments import (
     load_environment_class,
 )
 from policy import ByteLayout, ByteTokenizer
+from tandem.allowlists.environment_urls import (
+    EnvironmentURLRefused,
+    check_environment_url,
+    resolve_host,
+)
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     PROBE_ACTION,
     DemonstrationMessage,
@@ -57,9 +63,7 @@ from tandem.contracts import (
     probe_environment_secrets_key,
     probe_request_key,
 )
-from tandem.environment_urls import EnvironmentURLRefused, check_environment_url, resolve_host
-from tandem.run_config import RunConfig
-from tandem.secrets_at_rest import SecretsCipher, SecretsKeyError, environment_secrets_open
+from tandem.runtime.secrets_at_rest import SecretsCipher, SecretsKeyError, environment_secrets_open
 from workers.episode_slots import advertised_max_concurrent_episodes
 from workers.secret_settings import SecretSettings
 

@@ -26,8 +26,8 @@ from tandem.contracts import (
     run_stop_key,
     trajectory_stream,
 )
-from tandem.redis_clients import durable_async_redis, durable_redis
-from tandem.secrets_at_rest import SecretsCipher, SecretsKeyError, environment_secrets_open
+from tandem.runtime.redis_clients import durable_async_redis, durable_redis
+from tandem.runtime.secrets_at_rest import SecretsCipher, SecretsKeyError, environment_secrets_open
 from workers.activity import WORKER_NAME, process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop

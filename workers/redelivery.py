@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterator
 
 from tandem.contracts import dead_letter_stream, rollout_task_crashes_key
-from tandem.redis_clients import durable_redis
+from tandem.runtime.redis_clients import durable_redis
 
 logger = logging.getLogger(__name__)
 

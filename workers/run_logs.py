@@ -5,7 +5,7 @@ around the task and around Celery's own report of its outcome (a failure's
 traceback included), so everything logged in between, by the task's thread and
 by the episodes it hands to the process's episode loop (``run_coroutine_threadsafe``
 and ``asyncio.gather`` copy the context they start from), carries the run's scope
-(``tandem/run_logs.py``). The inference engine's thread serves every run at once
+(``tandem/runtime/run_logs.py``). The inference engine's thread serves every run at once
 and stays unattributed.
 """
 
@@ -25,7 +25,7 @@ from tandem.contracts import (
     ROLLOUT_TASK_NAME,
     EvaluationRequest,
 )
-from tandem.run_logs import current_run_log_scope, run_log_scope
+from tandem.runtime.run_logs import current_run_log_scope, run_log_scope
 from workers.secret_settings import SecretSettings
 
 logger = logging.getLogger(__name__)

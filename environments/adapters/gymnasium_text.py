@@ -11,7 +11,7 @@ event loop keeps generating for other episodes meanwhile. A task is a seed
 group resets with the same seed. ``factory`` names a callable, usually the
 class, as ``module:callable``; ``factory_kwargs`` are passed to it. Its module
 must be one the operator allows (``TANDEM_ENVIRONMENT_MODULES``, see
-:mod:`tandem.environment_modules`): it is checked before anything is imported,
+:mod:`tandem.allowlists.environment_modules`): it is checked before anything is imported,
 since a factory is any callable (``os:system`` would run a shell command).
 """
 
@@ -23,7 +23,7 @@ import random
 from typing import Any
 
 from environments.base import Environment, StepResult, evaluation_seed, training_seed
-from tandem.environment_modules import EnvironmentModuleRefused, check_environment_target
+from tandem.allowlists.environment_modules import EnvironmentModuleRefused, check_environment_target
 
 
 class GymnasiumTextEnvironment(Environment):

@@ -59,13 +59,13 @@ from environments.base import (
     evaluation_seed,
     training_seed,
 )
-from tandem.contracts import EpisodeCloseReason
-from tandem.environment_urls import (
+from tandem.allowlists.environment_urls import (
     EnvironmentURLRefused,
     check_connect_addresses,
     check_environment_url,
     configured_allowlist,
 )
+from tandem.contracts import EpisodeCloseReason
 
 PROTOCOL_VERSION = 1
 # How a server that lacks an optional route answers it.
@@ -111,7 +111,7 @@ def _body_excerpt(raw: bytes) -> str:
 
 
 class EnvironmentAddressRefused(OSError):
-    """A connection would reach an address environments may not use (tandem.environment_urls)."""
+    """A connection would reach an address environments may not use (tandem.allowlists.environment_urls)."""
 
 
 class _CheckingResolver(aiohttp.ThreadedResolver):

@@ -17,7 +17,7 @@ then sends its close frame to a closed connection and logs the
 ``WebSocketDisconnect`` traceback of every episode.
 
 The server's URL obeys the same policy as an HTTP environment's
-(:mod:`tandem.environment_urls`): checked as written when the adapter is
+(:mod:`tandem.allowlists.environment_urls`): checked as written when the adapter is
 built, and again where the connection is made. openenv-core's client would
 hand the URL to ``websockets``, which resolves the name itself, follows up to
 ten redirects and goes through any proxy the environment names, none of it
@@ -38,7 +38,7 @@ from typing import Any
 
 from environments.adapters.http import EnvironmentAddressRefused, _CheckingResolver
 from environments.base import Environment, StepResult, evaluation_seed, training_seed
-from tandem.environment_urls import (
+from tandem.allowlists.environment_urls import (
     EnvironmentURLRefused,
     check_environment_url,
     configured_allowlist,

@@ -1,6 +1,6 @@
 from django import forms
 
-from config.form_errors import DomainErrorForm
+from common.form_errors import DomainErrorForm
 
 
 class ApiTokenCreateForm(DomainErrorForm):

@@ -8,8 +8,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from config.confirmation import action_confirmed, confirmation_page
-from domain_errors import DomainError, NotFound
+from common.confirmation import action_confirmed, confirmation_page
+from common.domain_errors import DomainError, NotFound
 
 from .forms import ApiTokenCreateForm
 from .selectors import api_token_get_for_user, api_token_list, auth_locked_out

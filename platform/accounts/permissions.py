@@ -12,7 +12,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser
 from rest_framework.permissions import BasePermission
 
-from domain_errors import Forbidden, NotFound
+from common.domain_errors import Forbidden, NotFound
 
 from .models import Membership, Project
 from .selectors import TRAINER_GROUP, project_role, user_is_trainer

@@ -11,7 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db.models import OuterRef, QuerySet, Subquery
 
-from domain_errors import InvalidInput, NotFound
+from common.domain_errors import InvalidInput, NotFound
 
 from .models import ApiToken, Membership, MetricExplorerLayout, Project
 from .tokens import token_digest

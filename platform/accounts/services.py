@@ -11,7 +11,7 @@ from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from domain_errors import Conflict, InvalidInput
+from common.domain_errors import Conflict, InvalidInput
 
 from .models import ApiToken, Membership, MetricExplorerLayout, Project
 from .permissions import project_require_owner

@@ -7,8 +7,8 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
-from config.openapi import ErrorSerializer
-from domain_errors import InvalidInput
+from common.domain_errors import InvalidInput
+from common.openapi import ErrorSerializer
 
 from .filters import ApiTokenFilter, MembershipFilter, ProjectFilter
 from .models import ApiToken, Membership, MetricExplorerLayout, Project

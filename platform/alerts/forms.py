@@ -2,7 +2,7 @@
 
 from django import forms
 
-from config.form_errors import DomainErrorForm
+from common.form_errors import DomainErrorForm
 
 from .models import AlertRule
 

@@ -7,7 +7,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.selectors import project_get_for_user, project_list
-from domain_errors import DomainError, NotFound
+from common.domain_errors import DomainError, NotFound
 
 from .forms import AlertRuleForm
 from .selectors import (

@@ -6,7 +6,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 
 from accounts.models import Membership, Project
-from domain_errors import NotFound
+from common.domain_errors import NotFound
 
 from .models import AlertRule, Notification, WebhookDelivery
 from .webhooks import webhook_url_redacted

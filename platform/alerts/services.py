@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from accounts.models import Membership, Project
 from accounts.permissions import project_require_writer
-from domain_errors import Conflict, InvalidInput
+from common.domain_errors import Conflict, InvalidInput
 from environment_registry.models import EnvironmentProbe, EnvironmentVersion
 from tandem.contracts import WEBHOOKS_QUEUE, RunStatus, TrainerStepEvent
 

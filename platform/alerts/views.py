@@ -5,9 +5,9 @@ from rest_framework import status
 from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.response import Response
 
+from accounts.query_params import project_query_param
 from accounts.selectors import project_resolve_for_user
-from config.openapi import ErrorSerializer
-from config.query_params import project_query_param
+from common.openapi import ErrorSerializer
 
 from .filters import AlertRuleFilter, NotificationFilter
 from .models import AlertRule, Notification, WebhookDelivery

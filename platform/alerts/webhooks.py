@@ -2,7 +2,7 @@
 
 A webhook URL is user input that makes the platform open a connection, so it is
 checked against the operator's allow-list (``TANDEM_WEBHOOK_ALLOWED_HOSTS``) by the
-rules remote environment URLs follow (tandem/environment_urls.py): when the rule
+rules remote environment URLs follow (tandem/allowlists/environment_urls.py): when the rule
 is saved, and again for the addresses each post connects to, so that a name which
 resolves elsewhere later (DNS rebinding) reaches nothing unlisted.
 
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import httpcore
 from django.conf import settings
 
-from tandem.environment_urls import (
+from tandem.allowlists.environment_urls import (
     EnvironmentURLRefused,
     check_connect_addresses,
     check_environment_url,

@@ -8,7 +8,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import QuerySet
 
-from domain_errors import NotFound
+from common.domain_errors import NotFound
 from runs.models import Run
 
 from .models import Checkpoint

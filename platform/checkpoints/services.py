@@ -6,13 +6,13 @@ import logging
 import shutil
 from pathlib import Path
 
+from celery import current_app as celery_app
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
 from accounts.permissions import project_require_writer
-from config.celery import app as celery_app
-from domain_errors import Conflict
+from common.domain_errors import Conflict
 from runs.models import Run
 from tandem.contracts import PLATFORM_QUEUE, CheckpointReport
 

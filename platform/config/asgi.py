@@ -23,8 +23,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from accounts.websocket_auth import TokenAuthMiddleware  # noqa: E402
+from common.request_limits import RequestBodyLimits  # noqa: E402
 from config.lifespan import lifespan  # noqa: E402
-from config.request_limits import RequestBodyLimits  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -32,7 +32,7 @@ application = ProtocolTypeRouter(
         # Bodies past their route's cap or deadline are refused before Django reads them.
         "http": RequestBodyLimits.from_settings(django_asgi_app),
         "websocket": AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns))),
-        # Starts and stops this process's ProcessReport (tandem/process_reports.py).
+        # Starts and stops this process's ProcessReport (tandem/runtime/process_reports.py).
         "lifespan": lifespan,
     }
 )

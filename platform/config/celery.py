@@ -19,7 +19,7 @@ app.autodiscover_tasks()
 def _start_process_reporter(name: str) -> None:
     from django.conf import settings
 
-    from tandem.process_reports import start_process_reporter
+    from tandem.runtime.process_reports import start_process_reporter
 
     start_process_reporter(redis_url=settings.REDIS_URL, role="platform_worker", name=name)
 
@@ -33,7 +33,7 @@ def _start_process_report(sender, **_):
 @worker_shutdown.connect
 def _stop_process_report(sender, **_):
     if sender.app is app:
-        from tandem.process_reports import stop_process_reporter
+        from tandem.runtime.process_reports import stop_process_reporter
 
         stop_process_reporter()
 

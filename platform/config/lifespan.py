@@ -13,7 +13,7 @@ import asyncio
 
 from django.conf import settings
 
-from tandem.process_reports import start_process_reporter, stop_process_reporter
+from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
 
 
 async def lifespan(scope, receive, send) -> None:

@@ -33,7 +33,7 @@ from checkpoints.views import (
     RunCheckpointListView,
     TrainerCheckpointsView,
 )
-from config.api_root import ApiRootView
+from common.api_root import ApiRootView
 from dataset_registry import pages as dataset_pages
 from dataset_registry.views import (
     DatasetDetailView,
@@ -349,5 +349,5 @@ trainer_api = [
 
 urlpatterns = pages + api + trainer_api
 
-handler404 = "config.error_pages.not_found"
-handler500 = "config.error_pages.server_error"
+handler404 = "common.error_pages.not_found"
+handler500 = "common.error_pages.server_error"

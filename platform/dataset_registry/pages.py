@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from accounts.selectors import project_get_for_user, project_list
-from domain_errors import DomainError, NotFound
+from common.domain_errors import DomainError, NotFound
 
 from .forms import DatasetUploadForm
 from .models import Dataset, DatasetVersion

@@ -9,7 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Prefetch, QuerySet
 
 from accounts.models import Project
-from domain_errors import Conflict, InvalidInput, NotFound
+from common.domain_errors import Conflict, InvalidInput, NotFound
 from tandem.contracts import (
     DATASET_HELD_OUT_FRACTION,
     DATASET_HELD_OUT_MIN_ROWS,

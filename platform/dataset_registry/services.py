@@ -29,9 +29,9 @@ from django.utils import timezone
 
 from accounts.models import Project
 from accounts.permissions import project_require_writer
-from domain_errors import Conflict, InvalidInput
+from common.domain_errors import Conflict, InvalidInput
+from tandem.allowlists.dataset_paths import DatasetPathRefused, check_dataset_path
 from tandem.contracts import DatasetRowError, parse_dataset_line
-from tandem.dataset_paths import DatasetPathRefused, check_dataset_path
 
 from .models import Dataset, DatasetRow, DatasetTokenStats, DatasetVersion
 

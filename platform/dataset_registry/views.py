@@ -15,10 +15,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsTrainer
+from accounts.query_params import project_query_param
 from accounts.selectors import project_resolve_for_user
-from config.json_input import StrictJSONParser
-from config.openapi import ErrorSerializer
-from config.query_params import project_query_param
+from common.json_input import StrictJSONParser
+from common.openapi import ErrorSerializer
 from runs.selectors import run_get_held_by
 from tandem.contracts import TRAINER_HEADER, DatasetRowsPage
 

@@ -2,7 +2,7 @@
 
 import django_filters
 
-from config.query_params import IdFilter
+from common.query_params import IdFilter
 
 from .models import Environment, EnvironmentVersion
 

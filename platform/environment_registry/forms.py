@@ -4,9 +4,9 @@ import json
 
 from django import forms
 
-from config.form_errors import DomainErrorForm
-from config.json_input import json_input_loads
-from domain_errors import InvalidInput
+from common.domain_errors import InvalidInput
+from common.form_errors import DomainErrorForm
+from common.json_input import json_input_loads
 
 from .models import EnvironmentVersion
 

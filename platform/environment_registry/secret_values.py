@@ -1,4 +1,4 @@
-"""A version's secret settings at rest: one Fernet token of their JSON (tandem/secrets_at_rest.py).
+"""A version's secret settings at rest: one Fernet token of their JSON (tandem/runtime/secrets_at_rest.py).
 
 Under ``settings.TANDEM_SECRETS_KEYS``, from the operator's environment; nothing else in the
 platform encrypts or decrypts them.
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from django.conf import settings
 
 from tandem.contracts import EnvironmentSecrets
-from tandem.secrets_at_rest import SecretsCipher, environment_secrets_seal
+from tandem.runtime.secrets_at_rest import SecretsCipher, environment_secrets_seal
 
 
 def platform_secrets_cipher() -> SecretsCipher:

@@ -6,7 +6,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Prefetch, QuerySet
 
 from accounts.models import Project
-from domain_errors import Conflict, InvalidInput, NotFound
+from common.domain_errors import Conflict, InvalidInput, NotFound
 
 from .models import Environment, EnvironmentProbe, EnvironmentVersion, EnvironmentVersionSecrets
 from .secret_values import secret_values_open

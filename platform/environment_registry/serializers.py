@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from config.db_limits import require_no_nul
+from common.db_limits import require_no_nul
 from tandem.contracts import ENVIRONMENT_KINDS, EnvironmentSpec, ToolSchema
 
 from .models import Environment, EnvironmentProbe, EnvironmentVersion

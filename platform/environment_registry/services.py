@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import redis
+from celery import current_app as celery_app
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -20,8 +21,9 @@ from jsonschema.exceptions import SchemaError
 from accounts.models import Project
 from accounts.permissions import project_require_writer
 from alerts.services import alerts_probe_recorded
-from config.celery import app as celery_app
-from domain_errors import Conflict, InvalidInput, NotFound
+from common.domain_errors import Conflict, InvalidInput, NotFound
+from tandem.allowlists.environment_modules import EnvironmentModuleRefused, check_environment_target
+from tandem.allowlists.environment_urls import EnvironmentURLRefused, check_environment_url
 from tandem.contracts import (
     ADAPTER_ENTRYPOINTS,
     ENVIRONMENT_KINDS,
@@ -38,9 +40,7 @@ from tandem.contracts import (
     probe_environment_secrets_key,
     probe_request_key,
 )
-from tandem.environment_modules import EnvironmentModuleRefused, check_environment_target
-from tandem.environment_urls import EnvironmentURLRefused, check_environment_url
-from tandem.secrets_at_rest import SecretsKeyError
+from tandem.runtime.secrets_at_rest import SecretsKeyError
 
 from .models import Environment, EnvironmentProbe, EnvironmentVersion, EnvironmentVersionSecrets
 from .secret_values import platform_secrets_cipher, secret_values_seal, secrets_record_seal

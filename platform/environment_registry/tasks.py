@@ -14,7 +14,7 @@ import logging
 from celery import shared_task
 from django.db import OperationalError
 
-from domain_errors import NotFound
+from common.domain_errors import NotFound
 from tandem.contracts import PLATFORM_QUEUE, PROBE_REPORT_TASK_NAME, ProbeReport
 
 from .services import environment_health_sweep, environment_probe_record

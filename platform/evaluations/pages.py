@@ -17,7 +17,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 
 from accounts.selectors import project_list
-from config.spreadsheet import spreadsheet_safe
+from common.spreadsheet import spreadsheet_safe
 from tandem.contracts import DATASET_EVALUATION_METRICS
 
 from .models import Evaluation

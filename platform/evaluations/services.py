@@ -9,11 +9,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from checkpoints.models import Checkpoint
-from domain_errors import InvalidInput
+from common.domain_errors import InvalidInput
 from runs.models import Run
 from runs.services import run_clone
+from tandem.configs.evaluation import EvaluationConfig
 from tandem.contracts import METRIC_NAME_LENGTH_MAX, EvaluationReport
-from tandem.evaluation_config import EvaluationConfig
 from telemetry.services import metric_points_record
 
 from .models import Evaluation

@@ -10,10 +10,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsTrainer
-from config.db_limits import DB_INT_MAX, require_db_int, require_no_nul
-from config.openapi import ErrorSerializer
-from config.pagination import PageNumberPagination
-from domain_errors import InvalidInput
+from common.db_limits import DB_INT_MAX, require_db_int, require_no_nul
+from common.domain_errors import InvalidInput
+from common.openapi import ErrorSerializer
+from common.pagination import PageNumberPagination
 from runs.selectors import run_get_for_user, run_get_held_by
 from runs.serializers import RunSerializer
 from tandem.contracts import TRAINER_HEADER, EvaluationReport

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from domain_errors import InvalidInput
+from common.domain_errors import InvalidInput
 from runs.models import Run
 from tandem.contracts import RUN_LOG_LEVELS, TRAINER_HELD_RUN_STATUSES, RunStatus
 

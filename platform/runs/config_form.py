@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tandem.run_config import RunConfig, resolve_schema_ref
+from tandem.configs.run import RunConfig, resolve_schema_ref
 
 from .config_labels import config_label
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tandem.algorithm_config import AlgorithmConfig
-from tandem.demo_runs import SHORT_RUN_CONFIG, SMOLLM2_DIR, smollm2_config
-from tandem.run_config import RunConfig
+from tandem.configs.algorithm import AlgorithmConfig
+from tandem.configs.demo_runs import SHORT_RUN_CONFIG, SMOLLM2_DIR, smollm2_config
+from tandem.configs.run import RunConfig
 
 from .config_form import ConfigForm, config_value_at
 

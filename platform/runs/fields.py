@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from tandem.run_config import upgrade_run_config
+from tandem.configs.run import upgrade_run_config
 
 
 class RunConfigField(models.JSONField):

@@ -2,7 +2,7 @@ import json
 
 from django import forms
 
-from config.form_errors import DomainErrorForm
+from common.form_errors import DomainErrorForm
 
 
 class RunCreateForm(DomainErrorForm):

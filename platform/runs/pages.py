@@ -15,10 +15,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.models import Membership
 from accounts.selectors import project_get_for_user, project_list, project_role
-from config.confirmation import action_confirmed, confirmation_page
-from config.form_errors import error_placements
+from common.confirmation import action_confirmed, confirmation_page
+from common.domain_errors import DomainError, Forbidden, NotFound
+from common.form_errors import error_placements
 from dataset_registry.models import Dataset
-from domain_errors import DomainError, Forbidden, NotFound
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_list, environment_version_last_probe_times
 from evaluations.pages import metric_cell

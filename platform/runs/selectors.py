@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
-from domain_errors import Conflict, InvalidInput, NotFound
+from common.domain_errors import Conflict, InvalidInput, NotFound
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_version_resolve
 from tandem.contracts import TERMINAL_RUN_STATUSES, TRAINER_HEADER, TrainerConflictCode

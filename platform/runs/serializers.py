@@ -1,7 +1,7 @@
 from django.urls import reverse
 from rest_framework import serializers
 
-from config.db_limits import require_no_nul
+from common.db_limits import require_no_nul
 from environment_registry.serializers import EnvironmentVersionStatusSerializer
 
 from .models import Run, RunAttempt

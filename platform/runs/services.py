@@ -17,15 +17,18 @@ from django.utils import timezone
 from accounts.models import Project
 from accounts.permissions import project_require_writer
 from alerts.services import alerts_progress_check, alerts_run_status_changed
+from common.domain_errors import Conflict, InvalidInput
 from dataset_registry.selectors import dataset_versions_pin
-from domain_errors import Conflict, InvalidInput
 from environment_registry.models import EnvironmentProbe, EnvironmentVersion
 from environment_registry.secret_values import secrets_record_seal
 from environment_registry.selectors import (
     environment_version_pin,
     environment_version_secret_settings,
 )
-from tandem.config_changes import merge_changes
+from tandem.allowlists.model_paths import ModelPathRefused, check_model_config_paths
+from tandem.configs.changes import merge_changes
+from tandem.configs.quotas import QuotaExceeded, check_run_quotas
+from tandem.configs.run import RunConfig, upgrade_run_config
 from tandem.contracts import (
     DEMONSTRATIONS_PROBE_CHECK,
     TERMINAL_RUN_STATUSES,
@@ -40,9 +43,6 @@ from tandem.contracts import (
     run_keys,
     run_stop_key,
 )
-from tandem.model_paths import ModelPathRefused, check_model_config_paths
-from tandem.run_config import RunConfig, upgrade_run_config
-from tandem.run_quotas import QuotaExceeded, check_run_quotas
 
 from .models import Run, RunAttempt
 from .realtime import run_broadcast_on_commit

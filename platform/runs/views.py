@@ -9,13 +9,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsTrainer
+from accounts.query_params import project_query_param
 from accounts.selectors import project_resolve_for_user
-from config.db_limits import DB_INT_MAX, require_db_int, require_no_nul
-from config.openapi import ErrorSerializer
-from config.query_params import project_query_param
-from domain_errors import InvalidInput
+from common.db_limits import DB_INT_MAX, require_db_int, require_no_nul
+from common.domain_errors import InvalidInput
+from common.openapi import ErrorSerializer
+from tandem.configs.run import RunConfig
 from tandem.contracts import TrainerHeartbeat, TrainerHeartbeatReply
-from tandem.run_config import RunConfig
 
 from .filters import RunFilter
 from .models import Run

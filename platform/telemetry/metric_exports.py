@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 
-from config.spreadsheet import spreadsheet_safe
+from common.spreadsheet import spreadsheet_safe
 from runs.models import Run
 
 from .selectors import MetricTable

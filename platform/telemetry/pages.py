@@ -6,7 +6,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from domain_errors import NotFound
+from common.domain_errors import NotFound
 from runs.models import Run
 from runs.selectors import run_get_for_user, run_list
 from tandem.contracts import ACTIVE_RUN_STATUSES

@@ -24,7 +24,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Mod
 
-from domain_errors import NotFound
+from common.domain_errors import NotFound
 from runs.models import Run
 from runs.selectors import run_list
 from tandem.contracts import (
@@ -36,7 +36,7 @@ from tandem.contracts import (
     TraceRequest,
     producers_key,
 )
-from tandem.process_reports import live_process_reports
+from tandem.runtime.process_reports import live_process_reports
 
 from .models import DeviceSnapshot, MetricBucket, MetricPoint, StepTimelineRecord, Trace
 
@@ -358,7 +358,7 @@ def process_listing(*, user: AbstractBaseUser) -> ProcessListing | None:
 
     Processes are shared infrastructure, so every user sees all of them; of the
     runs they work on, only those of the user's projects are named. Reading
-    prunes the reports of dead processes (``tandem.process_reports``).
+    prunes the reports of dead processes (``tandem.runtime.process_reports``).
     """
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from accounts.permissions import project_require_writer
 from alerts.services import alerts_step_events_recorded
-from config.stored_text import json_text_escape
-from domain_errors import Conflict, InvalidInput
+from common.domain_errors import Conflict, InvalidInput
+from common.stored_text import json_text_escape
 from runs.models import Run
 from runs.realtime import run_broadcast_on_commit
 from runs.services import run_progress_record

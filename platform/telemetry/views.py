@@ -16,13 +16,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsTrainer
-from config.db_limits import require_db_int, require_no_nul
-from config.json_input import StrictJSONParser
-from config.openapi import ErrorSerializer
-from config.pagination import PageNumberPagination
-from config.query_params import int_query_param
-from config.stored_text import json_text_unescape
-from domain_errors import NotFound, records_of
+from common.db_limits import require_db_int, require_no_nul
+from common.domain_errors import NotFound, records_of
+from common.json_input import StrictJSONParser
+from common.openapi import ErrorSerializer
+from common.pagination import PageNumberPagination
+from common.query_params import int_query_param
+from common.stored_text import json_text_unescape
 from runs.selectors import run_get_for_user, run_get_held_by, run_list
 from tandem.contracts import TRAINER_HEADER, StepEpisodes, TelemetryReply, TrainerStepEvent
 

@@ -5,7 +5,7 @@ from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import render
 
-from domain_errors import DomainError, NotFound
+from common.domain_errors import DomainError, NotFound
 from runs.selectors import run_get_for_user
 
 from .selectors import (

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from django.db.models import QuerySet
 
-from domain_errors import InvalidInput, NotFound
+from common.domain_errors import InvalidInput, NotFound
 from runs.models import Run
 
 from .models import TrajectorySample

@@ -1,7 +1,7 @@
 from django.urls import reverse
 from rest_framework import serializers
 
-from config.stored_text import json_text_map, json_text_unescape, text_for_page, text_unescape
+from common.stored_text import json_text_map, json_text_unescape, text_for_page, text_unescape
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 from tandem.contracts import sample_purpose_choices
 
@@ -9,7 +9,7 @@ from .models import TrajectorySample
 
 
 class StoredTextField(serializers.CharField):
-    """A column of text stored escaped (config/stored_text.py), shown as it was sent."""
+    """A column of text stored escaped (common/stored_text.py), shown as it was sent."""
 
     def to_representation(self, value) -> str:
         return text_unescape(super().to_representation(value))
@@ -88,7 +88,7 @@ def stored_sample(sample: TrajectorySample) -> TrajectorySampleRecord:
 
 def sample_for_page(sample: TrajectorySample) -> TrajectorySampleRecord:
     """The sample as a web page can show it: NUL as ␀, a lone surrogate written as its escape
-    (config/stored_text.py: text_for_page); the API's JSON shows them as they are."""
+    (common/stored_text.py: text_for_page); the API's JSON shows them as they are."""
     record = getattr(sample, "_page_record", None)
     if record is None:
         payload = json_text_map(sample.payload, lambda text: text_for_page(text_unescape(text)))

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from django.db import transaction
 from django.utils import timezone
 
-from config.stored_text import json_text_escape, text_escape
-from domain_errors import InvalidInput
+from common.domain_errors import InvalidInput
+from common.stored_text import json_text_escape, text_escape
 from runs.models import Run
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 
@@ -28,7 +28,7 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
     send the same trajectory with a later step: that step is the one kept.
     Returns how many samples the post carried.
 
-    Every string is stored escaped (config/stored_text.py): a model's NUL bytes and lone
+    Every string is stored escaped (common/stored_text.py): a model's NUL bytes and lone
     surrogates are kept, not refused; ``stored_sample`` reads them back exactly.
     """
     for index, sample in enumerate(samples):

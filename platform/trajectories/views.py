@@ -6,9 +6,9 @@ from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.response import Response
 
 from accounts.permissions import IsTrainer
-from config.json_input import ModelOutputJSONParser
-from config.pagination import PageNumberPagination
-from domain_errors import records_of
+from common.domain_errors import records_of
+from common.json_input import ModelOutputJSONParser
+from common.pagination import PageNumberPagination
 from runs.selectors import run_get_for_user, run_get_held_by
 from tandem.contracts import TRAINER_HEADER
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
@@ -77,7 +77,7 @@ class TrainerTrajectoriesView(GenericAPIView):
     """``{"samples": [TrajectorySample, ...]}`` from the trainer; 202 ``{"stored": n}``."""
 
     permission_classes = [IsTrainer]
-    # A model's text may hold NUL and lone surrogates: stored escaped (config/stored_text.py), not refused.
+    # A model's text may hold NUL and lone surrogates: stored escaped (common/stored_text.py), not refused.
     parser_classes = [ModelOutputJSONParser]
 
     @extend_schema(

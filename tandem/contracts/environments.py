@@ -208,7 +208,7 @@ class EnvironmentSecrets(Record):
     :func:`~tandem.contracts.keys.probe_environment_secrets_key` until the probe is
     reported. The trainer is never sent them: its claim carries only
     ``EnvironmentSpec.secret_setting_names``. In Redis it is sealed: a Fernet token of this
-    JSON (``tandem.secrets_at_rest.environment_secrets_seal``), which workers open with
+    JSON (``tandem.runtime.secrets_at_rest.environment_secrets_seal``), which workers open with
     ``TANDEM_SECRETS_KEY``.
     """
 

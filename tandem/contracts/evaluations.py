@@ -16,9 +16,9 @@ from typing import ClassVar, Literal, get_args
 
 from pydantic import Field
 
+from tandem.configs.evaluation import MAX_EVALUATION_EPISODES
 from tandem.contracts.schema import Record, StreamRecord
 from tandem.contracts.trajectories import TrajectoryRecord
-from tandem.evaluation_config import MAX_EVALUATION_EPISODES
 
 #: complete: every episode came back; incomplete: the run ended (or its timeout passed)
 #: before all of them did, and the metrics are of those that came back (``reason`` says how many).

@@ -151,7 +151,7 @@ def process_reports_key() -> str:
     """Redis hash: every Tandem process (:func:`process_report_field`) -> its latest :class:`ProcessReport` JSON.
 
     One hash for the whole deployment, not per run: idle processes report too.
-    Readers prune fields whose report is stale (``tandem/process_reports.py``),
+    Readers prune fields whose report is stale (``tandem/runtime/process_reports.py``),
     so dead processes do not accumulate.
     """
     return f"{KEY_PREFIX}:processes"

@@ -44,7 +44,7 @@ class ProbeRequest(Record):
     timeouts: ProbeTimeouts = Field(default_factory=ProbeTimeouts)
     url_allowlist: tuple[str, ...] | None = Field(
         None, description="Hosts and networks remote URLs may reach; None: all but link-local "
-        "and cloud-metadata addresses (tandem.environment_urls)."
+        "and cloud-metadata addresses (tandem.allowlists.environment_urls)."
     )
 
 

@@ -31,7 +31,7 @@ class ProducerFault(Record):
         description="weights_not_visible: the filesystem weight transport's directory, written on the "
         "trainer's host, does not exist on the producer's host (no storage shared between them). "
         "secrets_undecryptable: the producer's TANDEM_SECRETS_KEY (missing, or not the platform's) "
-        "does not decrypt the environment's secret settings (tandem/secrets_at_rest.py)."
+        "does not decrypt the environment's secret settings (tandem/runtime/secrets_at_rest.py)."
     )
     reason: str = Field(description="For people: what is wrong, naming the path and the hosts, and what to do.")
     producer: str = Field(description="`hostname:pid` of the producer process that found it.")
@@ -70,7 +70,7 @@ ProcessRole = Literal["web", "platform_worker", "rollout_worker", "trainer"]
 
 
 class ProcessReport(Record):
-    """What a Tandem process says of its own CPU and memory and its host's; see ``tandem/process_reports.py``.
+    """What a Tandem process says of its own CPU and memory and its host's; see ``tandem/runtime/process_reports.py``.
 
     Every process (web server, platform worker and its beat, rollout workers, trainers) writes one to
     :func:`process_reports_key` every ``interval_s`` seconds, busy or idle.

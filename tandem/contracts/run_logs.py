@@ -1,6 +1,6 @@
 """A run's log lines: what its trainer and producers log while they work on it.
 
-Each process ships the records it logs inside a run's scope (``tandem/run_logs.py``)
+Each process ships the records it logs inside a run's scope (``tandem/runtime/run_logs.py``)
 to the run's bounded stream :func:`~tandem.contracts.keys.run_log_stream`, one
 :class:`RunLogRecord` per entry; the platform drains the streams into its database
 and serves them on the run's page and API.

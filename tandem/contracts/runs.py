@@ -7,9 +7,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from tandem.configs.run import RunConfig, upgrade_run_config
 from tandem.contracts.environments import EnvironmentSpec
 from tandem.contracts.schema import Record
-from tandem.run_config import RunConfig, upgrade_run_config
 
 
 class RunStatus(StrEnum):

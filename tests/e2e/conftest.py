@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from environments import http_example_server
+from tandem.cli.stack import Credentials, LocalStack, StackConfig
 from tandem.contracts import TERMINAL_RUN_STATUSES, TrajectoryRecord
-from tandem.local_ports import free_local_port
-from tandem.stack import Credentials, LocalStack, StackConfig
+from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
 
 ADMIN_DATABASE_URL = os.environ.get("TANDEM_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")

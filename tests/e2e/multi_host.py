@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from tandem.stack import LocalStack, StackConfig
+from tandem.cli.stack import LocalStack, StackConfig
 from tests.e2e.conftest import fresh_database, print_log_tails
 from tests.network_hosts import Host, Network, network
 from tests.polling import poll_until

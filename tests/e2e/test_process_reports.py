@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tandem.contracts import process_reports_key
-from tandem.process_reports import live_process_reports
+from tandem.runtime.process_reports import live_process_reports
 from tests.e2e.conftest import (
     example_http_environment,
     private_stack,

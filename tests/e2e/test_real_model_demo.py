@@ -17,7 +17,7 @@ import sys
 import psycopg
 import redis
 
-from tandem.local_ports import free_local_port
+from tandem.runtime.local_ports import free_local_port
 from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.client import TandemClient
+from tandem.sdk.client import TandemClient
 from tests.e2e.conftest import run_ended, user_api
 
 EVALUATION = {"tasks": 4, "samples_per_task": 2, "pass_k": [1, 2], "temperature": 0}

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from tandem.cli.stack import LocalStack, StackConfig
 from tandem.contracts import LineageEntry, lineage_stream
-from tandem.local_ports import free_local_port
-from tandem.stack import LocalStack, StackConfig
+from tandem.runtime.local_ports import free_local_port
 from tests.e2e.conftest import fresh_database, print_log_tails, private_stack, user_api
 from tests.polling import poll_until
 from tests.redis_servers import PERSISTENT, start_redis_server

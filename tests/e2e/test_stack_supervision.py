@@ -15,7 +15,7 @@ import time
 import httpx
 import redis
 
-from tandem.local_ports import free_local_port
+from tandem.runtime.local_ports import free_local_port
 from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
 from tests.polling import poll_until
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import pytest
 
-from tandem.stack import LocalStack
+from tandem.cli.stack import LocalStack
 from tests.e2e.conftest import private_stack, user_api
 
 SFT_STEPS, TRACED_STEPS = 8, 2

@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from policy.weights import RedisWeightSubscriber
+from tandem.cli.stack import LocalStack
 from tandem.contracts import LineageEntry, lineage_stream
-from tandem.stack import LocalStack
 from tests.e2e.conftest import private_stack, user_api
 
 # The kill waits for the moment the newest update is one past a checkpoint, which lasts one step;

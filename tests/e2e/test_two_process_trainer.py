@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tandem.local_ports import free_local_port
-from tandem.stack import Credentials, LocalStack
+from tandem.cli.stack import Credentials, LocalStack
+from tandem.runtime.local_ports import free_local_port
 from tests.e2e.conftest import run_ended, user_api
 from tests.e2e.multi_host import TRAINER_HOST, multi_host_stack
 from tests.network_hosts import Host

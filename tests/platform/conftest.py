@@ -25,7 +25,7 @@ from environment_registry.builtin import CALCULATOR
 from environment_registry.services import environment_probe_record, environment_register
 from runs.services import run_claim_next, run_create, run_heartbeat
 from tandem.contracts import ProbeCheck, ProbeReport, TrainerHeartbeat
-from tandem.local_ports import free_local_port
+from tandem.runtime.local_ports import free_local_port
 
 _serial = itertools.count(1)
 REPO_ROOT = Path(__file__).resolve().parents[2]

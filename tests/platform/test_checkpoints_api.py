@@ -15,8 +15,8 @@ from checkpoints.models import Checkpoint
 from checkpoints.tasks import export_checkpoint
 from policy.hf import load_hf_checkpoint
 from runs.services import run_claim_next, run_heartbeat
+from tandem.configs.run import RunConfig
 from tandem.contracts import CheckpointReport, TrainerHeartbeat
-from tandem.run_config import RunConfig
 from tests.trainer.factories import save_checkpoints
 from trainer.checkpoints import RunCheckpointer
 

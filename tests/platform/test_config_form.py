@@ -7,8 +7,8 @@ from django.http import QueryDict
 from runs.config_form import BASIC_PATHS, config_fields, config_form, config_from_form, form_state
 from runs.config_form_presets import algorithm_presets, config_review, form_presets, preset_inputs
 from runs.config_labels import config_label
-from tandem.demo_runs import SHORT_RUN_CONFIG
-from tandem.run_config import RunConfig
+from tandem.configs.demo_runs import SHORT_RUN_CONFIG
+from tandem.configs.run import RunConfig
 
 
 def _leaf_paths(model_schema: dict, root: dict, prefix: str = "") -> set[str]:

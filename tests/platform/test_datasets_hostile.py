@@ -12,9 +12,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from common.domain_errors import InvalidInput
 from dataset_registry.models import Dataset, DatasetRow, DatasetTokenStats, DatasetVersion
 from dataset_registry.services import READ_CHUNK_BYTES, ROW_ERRORS_SHOWN, dataset_upload
-from domain_errors import InvalidInput
 from runs.services import run_cancel
 
 from .test_datasets_api import conversation, dataset_media_root, jsonl, store_accepted, upload  # noqa: F401

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from tandem.contracts import keys, trajectory_stream, weights_key
-from tandem.local_ports import free_local_port
+from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
 from tests.redis_servers import start_redis_server
 

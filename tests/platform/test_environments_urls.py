@@ -1,10 +1,10 @@
-"""Where remote environments may live (tandem/environment_urls.py), as registration and the probe check it."""
+"""Where remote environments may live (tandem/allowlists/environment_urls.py), as registration and the probe check it."""
 
 import ipaddress
 
 import pytest
 
-from tandem.environment_urls import EnvironmentURLRefused, check_environment_url
+from tandem.allowlists.environment_urls import EnvironmentURLRefused, check_environment_url
 
 
 def _resolving_to(*addresses):

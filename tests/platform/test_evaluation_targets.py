@@ -20,7 +20,7 @@ from tandem.contracts import (
     dataset_rows_held_out,
     run_evaluation_secrets_key,
 )
-from tandem.secrets_at_rest import SecretsCipher, environment_secrets_open
+from tandem.runtime.secrets_at_rest import SecretsCipher, environment_secrets_open
 from telemetry.models import MetricPoint
 from tests.platform.conftest import TRAINER_NAME
 from tests.platform.test_datasets_api import _held_run_on, conversation, jsonl, upload

@@ -1,7 +1,7 @@
-"""Where a service's error shows on a dashboard form (config/form_errors.py), the one rule of every form."""
+"""Where a service's error shows on a dashboard form (common/form_errors.py), the one rule of every form."""
 
-from config.form_errors import error_placements
-from domain_errors import InvalidInput
+from common.domain_errors import InvalidInput
+from common.form_errors import error_placements
 
 INPUTS = {"config.rl_steps": "rl_steps", "config.model": "model", "config.stop_strings": "stop_strings",
           "settings": "settings", "name": "name"}

@@ -99,7 +99,7 @@ def test_huge_numbers_in_queries_are_answered(api, running_run):
 def test_a_data_error_no_check_caught_is_still_a_400_in_the_one_shape():
     from django.db import DataError
 
-    from config.exception_handler import api_exception_handler
+    from common.exception_handler import api_exception_handler
 
     response = api_exception_handler(DataError("integer out of range\nCONTEXT: ..."), {})
 

@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 from accounts.services import api_token_create, membership_add
 from alerts.services import alert_fire, alert_rule_create
 from checkpoints.services import checkpoints_report
-from config.operation_docs import OPERATION_DOCS
+from common.operation_docs import OPERATION_DOCS
 from dataset_registry.services import dataset_upload
 from runs.services import run_claim_next
 from tandem.contracts import TRAINER_HEADER, CheckpointInfo, CheckpointReport

@@ -1,5 +1,5 @@
 """Request bodies past their route's cap or deadline, refused by a real uvicorn before Django reads
-them (config/request_limits.py): nothing spooled to disk, no connection held by a trickle.
+them (common/request_limits.py): nothing spooled to disk, no connection held by a trickle.
 
 The server runs with small caps (TANDEM_DATASET_MAX_BYTES and TANDEM_REQUEST_MAX_BYTES below),
 still larger than Django's in-memory spool (FILE_UPLOAD_MAX_MEMORY_SIZE, 2.5 MiB), so a body
@@ -22,7 +22,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from tandem.local_ports import free_local_port
+from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
 
 from .conftest import REPO_ROOT

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import Client
 
 from runs.models import Run
-from tandem.run_config import RunConfig, upgrade_run_config
+from tandem.configs.run import RunConfig, upgrade_run_config
 
 # The root of a config as the platform stored it in version 1: flat, every default filled in.
 VERSION_1_ROOT = {

@@ -1,6 +1,6 @@
 import pytest
 
-from domain_errors import Conflict
+from common.domain_errors import Conflict
 from runs.models import Run
 from runs.services import LEGAL_TRANSITIONS, run_transition
 from tandem.contracts import TERMINAL_RUN_STATUSES

@@ -1,7 +1,7 @@
 """Run logs on the platform: drained from the runs' Redis streams, capped, read by cursor, filters and search.
 
 The records are written to the stream as the trainer's and producers' shipper writes them
-(tandem.run_logs.RunLogShipper, on real Redis), and drained by the beat task's service.
+(tandem.runtime.run_logs.RunLogShipper, on real Redis), and drained by the beat task's service.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from run_logs.models import RunLogLine, RunLogState
 from run_logs.services import run_logs_drain
 from runs.services import run_transition
 from tandem.contracts import RunLogRecord, RunStatus, run_log_stream
-from tandem.run_logs import RunLogShipper, run_log_scope
+from tandem.runtime.run_logs import RunLogShipper, run_log_scope
 
 TRAINER_HOST, WORKER_HOST = "trainer-host", "worker-host"
 

@@ -15,7 +15,7 @@ import pytest
 
 from environment_registry.builtin import CALCULATOR
 from environment_registry.services import environment_register
-from tandem.run_config import RunConfig
+from tandem.configs.run import RunConfig
 from tests.polling import poll_until
 from tests.workers.test_probe_worker import processes  # noqa: F401 - the real worker processes
 

@@ -12,7 +12,7 @@ from environment_registry.models import EnvironmentVersion
 from environment_registry.services import environment_probe_record, environment_register
 from runs.config_form import config_fields, config_form, form_state
 from runs.models import Run
-from tandem.run_config import RunConfig
+from tandem.configs.run import RunConfig
 
 from .conftest import probe_report
 

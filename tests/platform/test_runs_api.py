@@ -4,7 +4,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from runs.models import Run
-from tandem.run_config import RunConfig
+from tandem.configs.run import RunConfig
 
 
 def _create(api, **overrides):

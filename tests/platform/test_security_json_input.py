@@ -1,6 +1,6 @@
 """JSON bodies the platform cannot store or walk: a 400 naming the field, never a 500 or lost data
-(issue 28, finding 8), on PostgreSQL as on SQLite (config/json_input.py); and a model's NUL bytes
-and lone surrogates in trajectory samples stored escaped and read back exactly (config/stored_text.py).
+(issue 28, finding 8), on PostgreSQL as on SQLite (common/json_input.py); and a model's NUL bytes
+and lone surrogates in trajectory samples stored escaped and read back exactly (common/stored_text.py).
 
 Bodies are written with json.dumps, as Python clients write them: NaN and Infinity as such,
 a lone surrogate as ``\\ud800``, NUL as ``\\u0000``.
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config.json_input import MAX_JSON_DEPTH
+from common.json_input import MAX_JSON_DEPTH
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 from trajectories.models import TrajectorySample
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from runs.models import Run
-from tandem.run_config import RunConfig
-from tandem.run_quotas import RunQuotas, architecture, check_run_quotas, parameter_count
+from tandem.configs.quotas import RunQuotas, architecture, check_run_quotas, parameter_count
+from tandem.configs.run import RunConfig
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from tandem.contracts import (
     probe_request_key,
     run_environment_secrets_key,
 )
-from tandem.secrets_at_rest import SecretsCipher, environment_secrets_open
+from tandem.runtime.secrets_at_rest import SecretsCipher, environment_secrets_open
 from tests.workers.secret_environments import API_KEY
 
 from .conftest import probe_report

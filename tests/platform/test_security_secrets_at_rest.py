@@ -2,7 +2,7 @@
 
 Before, ``EnvironmentVersionSecrets.values`` and the ``tandem:secrets:`` Redis keys held the
 values in plain JSON: a database dump, a backup or any Redis reader had every team's API keys.
-Now both hold Fernet tokens under ``TANDEM_SECRETS_KEY`` (tandem/secrets_at_rest.py); rollout
+Now both hold Fernet tokens under ``TANDEM_SECRETS_KEY`` (tandem/runtime/secrets_at_rest.py); rollout
 workers decrypt the Redis copies (tests/workers/test_security_secret_settings.py), and
 ``manage.py tandem_rotate_secrets_key`` re-encrypts everything under the first key.
 Real PostgreSQL and Redis, read raw (SQL, GET/HGETALL).
@@ -31,7 +31,7 @@ from tandem.contracts import (
     probe_request_key,
     run_environment_secrets_key,
 )
-from tandem.secrets_at_rest import (
+from tandem.runtime.secrets_at_rest import (
     SecretsCipher,
     SecretsKeyError,
     environment_secrets_open,

@@ -1,4 +1,4 @@
-"""The escape of a model's or an environment's text for PostgreSQL (config/stored_text.py)."""
+"""The escape of a model's or an environment's text for PostgreSQL (common/stored_text.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from config.stored_text import (
+from common.stored_text import (
     json_text_escape,
     json_text_unescape,
     text_escape,

@@ -41,7 +41,7 @@ from policy.hf import (  # noqa: E402
     load_hf_config,
 )
 from policy.model import Transformer, TransformerConfig, split_model  # noqa: E402
-from tandem.model_config import ModelConfig  # noqa: E402
+from tandem.configs.model import ModelConfig  # noqa: E402
 from tests.policy.factories import forward, random_model  # noqa: E402
 
 FLOAT32_TOLERANCE = 1e-4

@@ -16,7 +16,7 @@ from flax import nnx
 
 from policy.model import Transformer, TransformerConfig, count_parameters, split_model
 from policy.tokenizer import BOS_ID, PAD_ID, VOCAB_SIZE
-from tandem.model_config import ModelConfig
+from tandem.configs.model import ModelConfig
 
 TOLERANCE = 1e-4
 
@@ -70,7 +70,7 @@ def test_config_comes_from_the_run_config():
     ],
 )
 def test_the_run_config_and_the_model_refuse_the_same_architectures_alike(architecture, message):
-    # One set of rules (tandem.model_config): a config the platform accepts is one the trainer builds.
+    # One set of rules (tandem.configs.model): a config the platform accepts is one the trainer builds.
     fields = dict(d_model=64, num_layers=1, num_heads=4, mlp_dim=16, max_seq_len=16) | architecture
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelConfig(**fields)

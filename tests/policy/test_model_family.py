@@ -24,7 +24,7 @@ from policy.model import (
     split_model,
 )
 from policy.tokenizer import VOCAB_SIZE
-from tandem.model_config import ModelConfig
+from tandem.configs.model import ModelConfig
 from tests.policy.factories import decode, forward, random_model
 
 TOLERANCE = 1e-4

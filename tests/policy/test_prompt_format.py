@@ -33,7 +33,7 @@ from policy import (
     prompt_layout,
 )
 from policy.chat_template import render_text
-from tandem.model_config import ModelConfig
+from tandem.configs.model import ModelConfig
 
 QWEN_LIKE = (
     "{% if tools %}{{ '<|im_start|>system\\n# Tools\\n<tools>' }}{% for tool in tools %}"

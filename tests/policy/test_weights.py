@@ -22,8 +22,8 @@ from policy.weights import (
     publication_bytes,
     weight_publisher,
 )
+from tandem.configs.parallelism import LoRAConfig
 from tandem.contracts import weights_key
-from tandem.parallelism_config import LoRAConfig
 
 REDIS_MAX_VALUE = 512 * 2**20  # Redis's proto-max-bulk-len: no value may be larger
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tandem.client import TandemClient
+from tandem.cli.stack import Credentials, LocalStack, StackConfig
 from tandem.contracts import TRAINER_HEADER
-from tandem.local_ports import free_local_port
-from tandem.stack import Credentials, LocalStack, StackConfig
+from tandem.runtime.local_ports import free_local_port
+from tandem.sdk.client import TandemClient
 from tests.e2e.conftest import fresh_database
 from tests.platform.builders import step_event
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tandem.cli.stack import REPO_ROOT
 from tandem.contracts import EvaluationProgress, evaluation_progress_key
-from tandem.stack import REPO_ROOT
 
 from .conftest import wait_until
 

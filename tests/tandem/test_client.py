@@ -1,4 +1,4 @@
-"""tandem.client against a real platform: runs, environments, projects, metrics and their stream."""
+"""tandem.sdk.client against a real platform: runs, environments, projects, metrics and their stream."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from tandem.client import (
+from tandem.cli.stack import LocalStack
+from tandem.contracts import EvaluationProgress, evaluation_progress_key
+from tandem.runtime.local_ports import free_local_port
+from tandem.sdk.client import (
     LoginMissing,
     RunWaitTimeout,
     StepMetrics,
@@ -15,9 +18,6 @@ from tandem.client import (
     TandemClient,
     save_login,
 )
-from tandem.contracts import EvaluationProgress, evaluation_progress_key
-from tandem.local_ports import free_local_port
-from tandem.stack import LocalStack
 from tests.platform.builders import step_event
 from tests.platform.trajectory_builders import calculator_sample
 from trainer.platform_client import PlatformClient

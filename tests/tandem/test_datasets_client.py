@@ -1,4 +1,4 @@
-"""SFT datasets through tandem.client and ``tandem datasets ...`` against a real platform."""
+"""SFT datasets through tandem.sdk.client and ``tandem datasets ...`` against a real platform."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tandem.client import TandemAPIError
-from tandem.stack import REPO_ROOT
+from tandem.cli.stack import REPO_ROOT
+from tandem.sdk.client import TandemAPIError
 
 from .test_cli_client import _env
 

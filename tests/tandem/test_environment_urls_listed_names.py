@@ -8,7 +8,7 @@ import ipaddress
 
 import pytest
 
-from tandem.environment_urls import (
+from tandem.allowlists.environment_urls import (
     EnvironmentURLRefused,
     check_connect_addresses,
     check_environment_url,

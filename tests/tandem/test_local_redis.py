@@ -4,8 +4,8 @@ from pathlib import Path
 
 import redis
 
-from tandem.local_ports import free_local_port
-from tandem.local_redis import ensure_redis, redis_is_up
+from tandem.cli.local_redis import ensure_redis, redis_is_up
+from tandem.runtime.local_ports import free_local_port
 
 
 def test_a_running_redis_is_used_as_it_is(redis_url, tmp_path: Path):

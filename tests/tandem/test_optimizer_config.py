@@ -7,8 +7,8 @@ import optax
 import pydantic
 import pytest
 
-from tandem.optimizer_config import OptimizerConfig, ScheduleConfig
-from tandem.run_config import RunConfig
+from tandem.configs.optimizer import OptimizerConfig, ScheduleConfig
+from tandem.configs.run import RunConfig
 from trainer.train_state import make_optimizer
 
 

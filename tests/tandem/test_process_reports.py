@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tandem.contracts import ProcessReport, process_report_field, process_reports_key
-from tandem.process_reports import (
+from tandem.runtime.process_reports import (
     _DELETE_IF_UNCHANGED,
     ProcessReporter,
     ProcessSampler,
@@ -147,7 +147,7 @@ def test_a_reporter_without_redis_logs_and_goes_on(caplog):
     time.sleep(0.3)
     assert reporter._thread.is_alive()
     reporter.stop()  # the delete fails too: logged, not raised
-    warnings = [record for record in caplog.records if record.name == "tandem.process_reports"]
+    warnings = [record for record in caplog.records if record.name == "tandem.runtime.process_reports"]
     # Once per outage, not once per attempt; and once for the delete at stop.
     assert [record.getMessage().split(";")[0] for record in warnings] == [
         "process report not written", "process report not deleted at stop"]

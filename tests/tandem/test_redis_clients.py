@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.local_ports import free_local_port
-from tandem.redis_clients import durable_async_redis, durable_redis
+from tandem.runtime.local_ports import free_local_port
+from tandem.runtime.redis_clients import durable_async_redis, durable_redis
 from tests.redis_servers import PERSISTENT, start_redis_server
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tandem.resource_usage import ResourceSampler
+from tandem.runtime.resource_usage import ResourceSampler
 
 
 def _burn_cpu(seconds: float) -> float:

@@ -7,8 +7,8 @@ import copy
 import pytest
 from pydantic import ValidationError
 
+from tandem.configs.run import RUN_CONFIG_SCHEMA_VERSION, RunConfig, upgrade_run_config
 from tandem.contracts import EnvironmentSpec, RunSpec
-from tandem.run_config import RUN_CONFIG_SCHEMA_VERSION, RunConfig, upgrade_run_config
 
 # A version-1 config as the platform stored it (flat, no schema_version), every
 # moved key away from its default so that a key dropped or misplaced shows.

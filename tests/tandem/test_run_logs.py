@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from tandem.contracts import RunLogRecord, run_log_stream
-from tandem.local_ports import free_local_port
-from tandem.run_logs import (
+from tandem.runtime.local_ports import free_local_port
+from tandem.runtime.run_logs import (
     RunLogShipper,
     current_run_log_scope,
     process_run_log_scope,
@@ -156,7 +156,7 @@ def test_a_full_buffer_drops_records_and_the_count_reaches_the_run(
     with run_log_scope(run_id):
         for index in range(5):
             test_logger.info("line %d", index)
-    with caplog.at_level(logging.WARNING, logger="tandem.run_logs"):
+    with caplog.at_level(logging.WARNING, logger="tandem.runtime.run_logs"):
         shipper.flush()
 
     records = _records(redis_client, run_id)
@@ -175,7 +175,7 @@ def test_records_are_dropped_and_counted_while_redis_is_away_and_the_count_is_sh
     with run_log_scope(run_id):
         for index in range(5):
             test_logger.info("while Redis is away %d", index)  # never blocks, never raises
-    with caplog.at_level(logging.WARNING, logger="tandem.run_logs"):
+    with caplog.at_level(logging.WARNING, logger="tandem.runtime.run_logs"):
         shipper.flush()
     assert shipper.dropped_total == 5
     assert "could not ship 5 run log records" in caplog.text

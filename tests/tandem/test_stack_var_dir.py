@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import httpx
 
+from tandem.cli.stack import LocalStack, StackConfig
 from tandem.contracts import TRAINER_HEADER
-from tandem.local_ports import free_local_port
-from tandem.stack import LocalStack, StackConfig
+from tandem.runtime.local_ports import free_local_port
 
 
 def _embedded_sqlite_stack(var_dir, redis_url: str) -> LocalStack:
@@ -48,7 +48,7 @@ def test_stacks_with_var_dirs_of_their_own_keep_databases_and_trainer_tokens_of_
 
 def test_a_stack_without_an_operators_key_seals_secrets_with_its_own_which_the_trainer_never_gets(
         tmp_path, redis_url, monkeypatch):
-    from tandem.secrets_at_rest import (
+    from tandem.runtime.secrets_at_rest import (
         SECRETS_KEY_ENV,
         SECRETS_KEY_FILE_ENV,
         secrets_keys_from_environment,

@@ -14,7 +14,7 @@ from flax import nnx
 from pydantic import ValidationError
 
 from policy.model import Transformer, TransformerConfig, split_model
-from tandem.algorithm_config import AlgorithmConfig
+from tandem.configs.algorithm import AlgorithmConfig
 from tandem.contracts import EpisodeTimings, TrajectoryRecord
 from trainer.advantages import (
     dr_grpo_advantages,

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
+from tandem.configs.rollout import RolloutConfig
 from tandem.contracts import ROLLOUT_QUEUE, ROLLOUT_TASK_NAME
-from tandem.rollout_config import RolloutConfig
 from trainer.backlog import RolloutBacklog
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from policy.hf import load_hf_checkpoint
-from tandem.run_config import RunConfig
+from tandem.configs.run import RunConfig
 from trainer.checkpoint_export import export_checkpoint
 from trainer.checkpoints import RunCheckpointer
 

@@ -11,8 +11,8 @@ from flax import nnx
 
 from environments import Tool
 from policy import load_tokenizer, prompt_layout
+from tandem.configs.run import RunConfig
 from tandem.contracts import DatasetRowsPage
-from tandem.run_config import RunConfig
 from trainer.dataset_evaluation import (
     DatasetEvaluations,
     dataset_evaluation_metrics,

@@ -10,6 +10,7 @@ import logging
 
 import pytest
 
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     DEMONSTRATIONS_TASK_NAME,
     ROLLOUT_QUEUE,
@@ -19,7 +20,6 @@ from tandem.contracts import (
     demonstration_stream,
     run_spec_key,
 )
-from tandem.run_config import RunConfig
 from trainer.demonstrations import DemonstrationFeed, DemonstrationsFailedError
 from workers.demonstrations import produce_demonstrations
 

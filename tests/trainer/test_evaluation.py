@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tandem.configs.evaluation import EvaluationConfig
 from tandem.contracts import (
     EVALUATION_METRICS,
     EVALUATION_QUEUE,
@@ -24,7 +25,6 @@ from tandem.contracts import (
     evaluation_stream,
     evaluation_weights_key,
 )
-from tandem.evaluation_config import EvaluationConfig
 from trainer.evaluation import (
     Evaluations,
     evaluation_metrics,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.configs.rollout import RolloutConfig
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     IDLE_CAUSES,
     EpisodeTimings,
@@ -12,8 +14,6 @@ from tandem.contracts import (
     TrajectoryRecord,
     trajectory_stream,
 )
-from tandem.rollout_config import RolloutConfig
-from tandem.run_config import RunConfig
 from trainer.idle_attribution import IdleAttribution, wait_attribution
 from trainer.rollout_feed import RolloutFeed
 

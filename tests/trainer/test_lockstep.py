@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from jax.experimental import multihost_utils
 
-from tandem.local_ports import free_local_port
+from tandem.runtime.local_ports import free_local_port
 from trainer.lockstep import (
     FIRST_BLOCK_BYTES,
     SINGLE_PROCESS,
@@ -143,7 +143,7 @@ def _leader_of_a_run(directory: Path) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from tandem.run_config import RunConfig
+    from tandem.configs.run import RunConfig
     from trainer.algorithms import build_algorithm
     from trainer.checkpoints import RunCheckpointer, RunProgress
     from trainer.dataset_evaluation import held_out_token_statistics

@@ -15,9 +15,9 @@ from policy.lora import FrozenParam, LoRALinear, apply_lora, fold_adapters, spli
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import PAD_ID, VOCAB_SIZE
 from policy.weights import RedisWeightPublisher, RedisWeightSubscriber
+from tandem.configs.parallelism import LoRAConfig
+from tandem.configs.run import RunConfig
 from tandem.contracts import weights_key
-from tandem.parallelism_config import LoRAConfig
-from tandem.run_config import RunConfig
 from trainer.losses import sft_loss
 from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
 from trainer.value_head import with_value_head

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tandem.configs.rollout import RolloutConfig
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     ROLLOUT_QUEUE,
     ROLLOUT_TASK_NAME,
@@ -22,8 +24,6 @@ from tandem.contracts import (
     producer_fault_key,
     trajectory_stream,
 )
-from tandem.rollout_config import RolloutConfig
-from tandem.run_config import RunConfig
 from trainer.rollout_feed import ProducerFaultError, RolloutFeed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.configs.sft import SFTConfig
 from tandem.contracts import (
     DATASET_HELD_OUT_FRACTION,
     DATASET_HELD_OUT_MIN_ROWS,
@@ -12,7 +13,6 @@ from tandem.contracts import (
     MessageToolCall,
     dataset_rows_held_out,
 )
-from tandem.sft_config import SFTConfig
 from trainer.datasets import DatasetHasNoRowsError, SFTMix, load_dataset, with_written_calls
 
 
@@ -88,8 +88,8 @@ def test_dataset_rows_render_like_demonstrations_and_only_the_assistant_is_train
 
     from environments import Tool
     from policy import load_tokenizer, prompt_layout
+    from tandem.configs.run import RunConfig
     from tandem.contracts import stored_row_messages
-    from tandem.run_config import RunConfig
     from trainer.run_loop import RunTrainer, length_buckets
 
     config = RunConfig.model_validate({"sft_batch_size": 2})

@@ -30,8 +30,8 @@ from jax.sharding import PartitionSpec as P
 from policy.lora import apply_lora
 from policy.model import Transformer, TransformerConfig
 from policy.weights import RedisWeightPublisher, weight_publisher
+from tandem.configs.parallelism import LoRAConfig, MeshConfig
 from tandem.contracts import weights_key
-from tandem.parallelism_config import LoRAConfig, MeshConfig
 from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.losses import sft_loss
 from trainer.sharding import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from tandem.algorithm_config import AlgorithmConfig
+from tandem.configs.algorithm import AlgorithmConfig
 from tandem.contracts import (
     EPISODE_SPAN_REASON_CHARS,
     EpisodeTimings,

@@ -14,7 +14,7 @@ from flax import nnx
 from policy.lora import apply_lora
 from policy.model import Transformer, TransformerConfig
 from policy.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
-from tandem.parallelism_config import LoRAConfig
+from tandem.configs.parallelism import LoRAConfig
 from trainer.losses import grpo_loss, sft_loss, token_logprobs
 from trainer.train_step import (
     batch_tokens,

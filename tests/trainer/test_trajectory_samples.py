@@ -9,7 +9,7 @@ import pytest
 from policy.byte_layout import Conversation
 from policy.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 from tandem.contracts import EpisodeTimings, ToolSchema, TrajectoryRecord, TrajectorySample
-from tandem.local_ports import free_local_port
+from tandem.runtime.local_ports import free_local_port
 from trainer.platform_client import PlatformClient
 from trainer.trajectory_samples import (
     TrajectorySampleBuffer,
@@ -164,7 +164,7 @@ def test_a_platform_that_does_not_answer_loses_the_samples_and_not_the_step():
 
 @pytest.mark.parametrize("per_step", [1, 2])
 def test_the_run_config_field_bounds_the_samples_per_step(per_step):
-    from tandem.run_config import RunConfig
+    from tandem.configs.run import RunConfig
 
     assert RunConfig().trajectory_samples_per_step == 2
     records = [_record(reward=float(index), trajectory_id=f"r{index}") for index in range(6)]

@@ -9,7 +9,7 @@ from flax import nnx
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import VOCAB_SIZE
 from policy.weights import FilesystemWeightPublisher, RedisWeightSubscriber
-from tandem.run_config import ModelConfig, RunConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from workers.policy import PolicyRuntime
 
 MODEL = ModelConfig(d_model=32, num_layers=1, num_heads=2, mlp_dim=64, max_seq_len=64)

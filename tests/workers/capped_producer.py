@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-from tandem.redis_clients import durable_redis
+from tandem.runtime.redis_clients import durable_redis
 from workers.producer import load_run_spec, produce, runtime_for
 
 

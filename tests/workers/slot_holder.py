@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from tandem.redis_clients import durable_async_redis
+from tandem.runtime.redis_clients import durable_async_redis
 from workers.episode_slots import EpisodeSlots
 
 

@@ -9,6 +9,7 @@ from cryptography.fernet import Fernet
 
 from environments import demonstration_messages
 from environments.builtin.calculator import CalculatorEnvironment
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     DemonstrationBatch,
     EnvironmentSecrets,
@@ -20,8 +21,7 @@ from tandem.contracts import (
     run_spec_key,
     run_stop_key,
 )
-from tandem.run_config import RunConfig
-from tandem.secrets_at_rest import SECRETS_KEY_ENV, SecretsCipher, environment_secrets_seal
+from tandem.runtime.secrets_at_rest import SECRETS_KEY_ENV, SecretsCipher, environment_secrets_seal
 from tests.conftest import UNTRUSTED_MODULE
 from tests.workers.secret_environments import API_KEY
 from workers.demonstrations import produce_demonstrations

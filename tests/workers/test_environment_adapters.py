@@ -23,6 +23,8 @@ from environments.adapters.http import (
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import VOCAB_SIZE, ByteTokenizer
 from policy.weights import RedisWeightPublisher
+from tandem.configs.rollout import RolloutConfig, SamplingConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from tandem.contracts import (
     EnvironmentSpec,
     RunSpec,
@@ -30,9 +32,7 @@ from tandem.contracts import (
     run_spec_key,
     trajectory_stream,
 )
-from tandem.local_ports import free_local_port
-from tandem.rollout_config import RolloutConfig, SamplingConfig
-from tandem.run_config import ModelConfig, RunConfig
+from tandem.runtime.local_ports import free_local_port
 from workers.policy import PolicyRuntime
 from workers.producer import produce_groups
 

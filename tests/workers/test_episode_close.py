@@ -21,6 +21,8 @@ from environments.builtin.calculator import CalculatorEnvironment
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
+from tandem.configs.rollout import RolloutConfig, SamplingConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from tandem.contracts import (
     EnvironmentSpec,
     EpisodeCloseReason,
@@ -32,9 +34,7 @@ from tandem.contracts import (
     run_spec_key,
     trajectory_stream,
 )
-from tandem.local_ports import free_local_port
-from tandem.rollout_config import RolloutConfig, SamplingConfig
-from tandem.run_config import ModelConfig, RunConfig
+from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
 from workers.agent import EpisodeLimits, run_episode
 from workers.policy import BatchingPolicy, PolicyRuntime

@@ -18,8 +18,8 @@ from policy import load_tokenizer
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
-from tandem.rollout_config import RolloutConfig, SamplingConfig
-from tandem.run_config import ModelConfig, RunConfig
+from tandem.configs.rollout import RolloutConfig, SamplingConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from workers.agent import EpisodeLimits, run_episode
 from workers.policy import BatchingPolicy, PolicyRuntime
 

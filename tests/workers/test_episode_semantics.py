@@ -36,10 +36,10 @@ from policy import Completion
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import EOS_ID, VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
-from tandem.algorithm_config import AlgorithmConfig
+from tandem.configs.algorithm import AlgorithmConfig
+from tandem.configs.rollout import RolloutConfig, SamplingConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from tandem.contracts import TrajectoryRecord
-from tandem.rollout_config import RolloutConfig, SamplingConfig
-from tandem.run_config import ModelConfig, RunConfig
 from trainer.algorithms import build_algorithm
 from workers.agent import EpisodeLimits, run_episode
 from workers.circuit_breaker import CircuitBreakers

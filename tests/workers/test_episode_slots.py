@@ -19,7 +19,7 @@ from tandem.contracts import (
     environment_episode_slots_key,
     unregistered_environment_episode_slots_key,
 )
-from tandem.redis_clients import durable_async_redis
+from tandem.runtime.redis_clients import durable_async_redis
 from tests.conftest import REPO_ROOT
 from tests.workers.capacity_server import build_app
 from workers.episode_slots import (

@@ -21,6 +21,8 @@ from flax import nnx
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
+from tandem.configs.rollout import RolloutConfig, SamplingConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from tandem.contracts import (
     EnvironmentSpec,
     RunSpec,
@@ -30,8 +32,6 @@ from tandem.contracts import (
     run_spec_key,
     trajectory_stream,
 )
-from tandem.rollout_config import RolloutConfig, SamplingConfig
-from tandem.run_config import ModelConfig, RunConfig
 from tests.conftest import REPO_ROOT
 
 CAPACITY = 2

@@ -12,6 +12,8 @@ from policy import Completion
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
+from tandem.configs.rollout import RolloutConfig, SamplingConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from tandem.contracts import (
     EnvironmentSpec,
     EvaluationEpisode,
@@ -26,8 +28,6 @@ from tandem.contracts import (
     run_spec_key,
     trajectory_stream,
 )
-from tandem.rollout_config import RolloutConfig, SamplingConfig
-from tandem.run_config import ModelConfig, RunConfig
 from tests.workers.secret_environments import API_KEY
 from tests.workers.test_security_secret_settings import _keyed_spec, _publish_run
 from workers.evaluation import EvaluationSliceError, SharedGreedyTurns, produce_evaluation

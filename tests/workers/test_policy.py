@@ -9,9 +9,9 @@ from flax import nnx
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import BOS_ID, VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
+from tandem.configs.rollout import RolloutConfig, SamplingConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from tandem.contracts import TrajectoryRecord, trajectory_stream
-from tandem.rollout_config import RolloutConfig, SamplingConfig
-from tandem.run_config import ModelConfig, RunConfig
 from trainer.staleness import in_flight_versions, in_queue_versions
 from workers.agent import EpisodeLimits, run_episode
 from workers.policy import BatchingPolicy, PolicyRuntime
@@ -109,7 +109,7 @@ def test_episodes_reuse_their_prefix_across_turns_and_free_their_slots(
 
 
 def test_the_engine_has_a_row_for_every_episode_of_every_task_thread_by_default():
-    from tandem.run_config import RunConfig
+    from tandem.configs.run import RunConfig
     from workers.policy import inference_slots
 
     config = RunConfig.model_validate({"rollout": {"group_size": 8, "groups_per_task": 2}})

@@ -53,7 +53,7 @@ def test_the_builtin_calculator_passes_every_check_quickly():
 
 
 def test_a_reset_and_turn_past_the_default_budget_pass_with_a_warning_that_names_the_numbers():
-    from tandem.run_config import RunConfig
+    from tandem.configs.run import RunConfig
 
     defaults = RunConfig()
     report = _probe(_python("tests.workers.probe_environments:VerboseEnvironment",

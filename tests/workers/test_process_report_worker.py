@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tandem.contracts import ProcessReport, process_report_field, process_reports_key
-from tandem.process_reports import live_process_reports
+from tandem.runtime.process_reports import live_process_reports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INTERVAL_S = 0.5

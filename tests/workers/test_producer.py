@@ -13,6 +13,8 @@ from environments.builtin.calculator import CalculatorEnvironment
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
+from tandem.configs.rollout import RolloutConfig, SamplingConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from tandem.contracts import (
     EnvironmentSpec,
     RunSpec,
@@ -20,8 +22,6 @@ from tandem.contracts import (
     run_spec_key,
     trajectory_stream,
 )
-from tandem.rollout_config import RolloutConfig, SamplingConfig
-from tandem.run_config import ModelConfig, RunConfig
 from workers.episode_loop import process_episode_loop
 from workers.policy import PolicyRuntime
 from workers.producer import RolloutTaskTimeLimitError, produce, produce_groups

@@ -11,6 +11,7 @@ import pytest
 from environments import demonstration_messages, http_example_server
 from environments.adapters.http import RemoteHTTPEnvironment
 from environments.builtin.calculator import CalculatorEnvironment
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     DemonstrationMessage,
     EnvironmentSpec,
@@ -19,7 +20,6 @@ from tandem.contracts import (
     RunSpec,
     ToolSchema,
 )
-from tandem.run_config import RunConfig
 from workers.demonstrations import demonstration_batch
 from workers.probe import run_probe
 

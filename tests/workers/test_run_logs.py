@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from tandem.contracts import EvaluationRequest, RunLogRecord, run_log_stream
-from tandem.run_logs import RunLogShipper, run_log_scope
+from tandem.runtime.run_logs import RunLogShipper, run_log_scope
 from workers.run_logs import redact_run_logs_with, task_run_id
 from workers.secret_settings import SecretSettings
 from workers.tasks import (

@@ -11,12 +11,12 @@ import pytest
 
 from environments import EnvironmentLoadError, load_environment_class
 from environments.adapters.gymnasium_text import GymnasiumTextEnvironment
-from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts
-from tandem.environment_modules import (
+from tandem.allowlists.environment_modules import (
     EnvironmentModuleRefused,
     allowed_environment_modules,
     check_environment_target,
 )
+from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts
 from tests.conftest import UNTRUSTED_MODULE
 from workers.probe import run_probe
 

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from environments.adapters.http import RemoteEnvironmentError, RemoteHTTPEnvironment
-from tandem.environment_urls import (
+from tandem.allowlists.environment_urls import (
     EnvironmentURLRefused,
     check_environment_url,
     effective_address,

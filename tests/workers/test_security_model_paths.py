@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.model_paths import ModelPathRefused, check_model_path
-from tandem.run_config import RunConfig
+from tandem.allowlists.model_paths import ModelPathRefused, check_model_path
+from tandem.configs.run import RunConfig
 from workers.policy import PolicyRuntime
 
 

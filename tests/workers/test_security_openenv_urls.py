@@ -20,8 +20,8 @@ import pytest
 from aiohttp import web
 
 from environments.adapters.openenv import OpenEnvEnvironment, OpenEnvError
-from tandem.environment_urls import check_environment_url, resolve_host
-from tandem.local_ports import free_local_port
+from tandem.allowlists.environment_urls import check_environment_url, resolve_host
+from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
 
 pytest.importorskip("openenv.core")

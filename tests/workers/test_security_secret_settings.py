@@ -16,6 +16,8 @@ from flax import nnx
 from policy.model import Transformer, TransformerConfig, split_model
 from policy.tokenizer import VOCAB_SIZE
 from policy.weights import RedisWeightPublisher
+from tandem.configs.rollout import RolloutConfig, SamplingConfig
+from tandem.configs.run import ModelConfig, RunConfig
 from tandem.contracts import (
     EnvironmentSecrets,
     EnvironmentSpec,
@@ -31,9 +33,7 @@ from tandem.contracts import (
     run_spec_key,
     trajectory_stream,
 )
-from tandem.rollout_config import RolloutConfig, SamplingConfig
-from tandem.run_config import ModelConfig, RunConfig
-from tandem.secrets_at_rest import SECRETS_KEY_ENV, SecretsCipher, environment_secrets_seal
+from tandem.runtime.secrets_at_rest import SECRETS_KEY_ENV, SecretsCipher, environment_secrets_seal
 from tests.workers.secret_environments import API_KEY, SERVICE_ACCOUNT_KEY, SERVICE_ACCOUNT_KEY_BODY
 from workers.probe import probe_by_id
 from workers.producer import RunNotReadyError, SecretSettingsUndecryptableError, produce

@@ -1,4 +1,4 @@
-// Destructive forms (data-confirm="<question>") ask before they post; config/confirmation.py
+// Destructive forms (data-confirm="<question>") ask before they post; common/confirmation.py
 // explains the page that asks when this script does not run.
 (function () {
   "use strict";

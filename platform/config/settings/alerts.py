@@ -4,7 +4,7 @@ make the platform post (platform/alerts)."""
 from .env_vars import env_float, env_list
 
 # Hosts and networks alert webhooks may post to (comma separated: host names, *.domain suffixes,
-# networks such as 10.0.0.0/8 or 127.0.0.1; tandem/environment_urls.py). A webhook URL is user
+# networks such as 10.0.0.0/8 or 127.0.0.1; tandem/allowlists/environment_urls.py). A webhook URL is user
 # input that makes the platform connect somewhere, so nothing is allowed until the operator lists it.
 TANDEM_WEBHOOK_ALLOWED_HOSTS = env_list("TANDEM_WEBHOOK_ALLOWED_HOSTS", [])
 # Attempts per delivery before it is recorded as failed; each is recorded with its answer.

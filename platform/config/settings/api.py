@@ -14,24 +14,24 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": [
         # DRF's, writing a lone surrogate (a model's text, read back exactly) as JSON escapes it.
-        "config.renderers.JSONRenderer",
+        "common.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     # DRF's, refusing what cannot be stored (NUL, lone surrogates, NaN, 1e400) or nests too deep,
-    # with a 400 naming the field (config/json_input.py).
-    "DEFAULT_PARSER_CLASSES": ["config.json_input.StrictJSONParser"],
+    # with a 400 naming the field (common/json_input.py).
+    "DEFAULT_PARSER_CLASSES": ["common.json_input.StrictJSONParser"],
     # Every error, ours or DRF's, leaves the API in one shape: {"error": {code, message, fields}}.
-    "EXCEPTION_HANDLER": "config.exception_handler.api_exception_handler",
+    "EXCEPTION_HANDLER": "common.exception_handler.api_exception_handler",
     # Only views that ask for a scope are throttled (accounts.views: minting API tokens).
     "DEFAULT_THROTTLE_RATES": {"token-create": env_str("TANDEM_TOKEN_CREATE_RATE", "30/hour")},
-    "DEFAULT_PAGINATION_CLASS": "config.pagination.PageNumberPagination",
+    "DEFAULT_PAGINATION_CLASS": "common.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     # Every list endpoint: its FilterSet's filters, then ?ordering= over the fields the view names.
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
-        "config.ordering.StrictOrderingFilter",
+        "common.ordering.StrictOrderingFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "config.openapi.TandemAutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "common.openapi.TandemAutoSchema",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -43,12 +43,12 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     # The schema describes the API, not the server's own schema endpoints.
     "SERVE_INCLUDE_SCHEMA": False,
-    # After the enum naming: each operation's summary and own description (config/operation_docs.py),
+    # After the enum naming: each operation's summary and own description (common/operation_docs.py),
     # and no trainer routes in the schema of someone who is not a trainer.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "config.operation_docs.describe_operations",
-        "config.operation_docs.hide_trainer_operations",
+        "common.operation_docs.describe_operations",
+        "accounts.openapi_hooks.hide_trainer_operations",
     ],
     # Swagger UI's assets come from the drf-spectacular-sidecar package: no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "common",
     "accounts",
     "environment_registry",
     "runs",

@@ -1,6 +1,6 @@
 """SFT datasets: how large an upload may be, a project's quota, and where a dataset may be read from by path."""
 
-from tandem.dataset_paths import dataset_roots
+from tandem.allowlists.dataset_paths import dataset_roots
 
 from .env_vars import env_str
 
@@ -18,5 +18,5 @@ TANDEM_DATASET_STORE_TIME_LIMIT_S = int(env_str("TANDEM_DATASET_STORE_TIME_LIMIT
 # as its user's upload in progress (checking the largest file takes well under a minute).
 TANDEM_DATASET_CHECK_ABANDONED_S = int(env_str("TANDEM_DATASET_CHECK_ABANDONED_S", "900"))
 # Directories a dataset may be registered from by path on the platform's host (TANDEM_DATASET_ROOTS,
-# comma separated; default var/datasets): tandem/dataset_paths.py.
+# comma separated; default var/datasets): tandem/allowlists/dataset_paths.py.
 TANDEM_DATASET_ROOTS = dataset_roots()

@@ -3,7 +3,11 @@
 import os
 from pathlib import Path
 
-from tandem.secrets_at_rest import SECRETS_KEY_ENV, SECRETS_KEY_FILE_ENV, secrets_key_file_ensure
+from tandem.runtime.secrets_at_rest import (
+    SECRETS_KEY_ENV,
+    SECRETS_KEY_FILE_ENV,
+    secrets_key_file_ensure,
+)
 
 from .env_vars import REPO_ROOT, env_bool, env_list
 

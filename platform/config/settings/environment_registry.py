@@ -4,20 +4,24 @@ import json
 
 from django.core.exceptions import ImproperlyConfigured
 
-from tandem.environment_modules import allowed_environment_modules
-from tandem.secrets_at_rest import SecretsCipher, SecretsKeyError, secrets_keys_from_environment
+from tandem.allowlists.environment_modules import allowed_environment_modules
+from tandem.runtime.secrets_at_rest import (
+    SecretsCipher,
+    SecretsKeyError,
+    secrets_keys_from_environment,
+)
 
 from .env_vars import env_list, env_str
 
 # Module prefixes `python` environments and `gymnasium` factories may name
-# (tandem/environment_modules.py): the built-ins and TANDEM_ENVIRONMENT_MODULES.
+# (tandem/allowlists/environment_modules.py): the built-ins and TANDEM_ENVIRONMENT_MODULES.
 # Workers read the same variable and refuse the rest before importing anything.
 TANDEM_ENVIRONMENT_MODULES = allowed_environment_modules()
 
-# Hosts and networks remote environment URLs may reach (tandem/environment_urls.py).
+# Hosts and networks remote environment URLs may reach (tandem/allowlists/environment_urls.py).
 # Unset: everything except link-local and cloud-metadata addresses.
 TANDEM_ENVIRONMENT_URL_ALLOWLIST = env_list("TANDEM_ENVIRONMENT_URL_ALLOWLIST", []) or None
-# Whether private and loopback addresses not on that list are refused too (tandem/environment_urls.py);
+# Whether private and loopback addresses not on that list are refused too (tandem/allowlists/environment_urls.py);
 # the production settings refuse them, development allows them (environments on the laptop).
 TANDEM_ENVIRONMENT_URL_REFUSE_PRIVATE = env_str("TANDEM_ENVIRONMENT_URL_PRIVATE", "allow") == "refuse"
 # A probe no worker reported on within this long fails: no worker consumes the `probes` queue.
@@ -26,7 +30,7 @@ TANDEM_PROBE_EXPIRY_S = float(env_str("TANDEM_PROBE_EXPIRY_S", "600"))
 # tandem.contracts.ProbeTimeouts' defaults.
 TANDEM_PROBE_TIMEOUTS = json.loads(env_str("TANDEM_PROBE_TIMEOUTS", "{}"))
 # Fernet keys environments' secret settings are encrypted under, in the database and in Redis
-# (tandem/secrets_at_rest.py): TANDEM_SECRETS_KEY, or the file TANDEM_SECRETS_KEY_FILE names.
+# (tandem/runtime/secrets_at_rest.py): TANDEM_SECRETS_KEY, or the file TANDEM_SECRETS_KEY_FILE names.
 # The first encrypts, all decrypt; rollout workers need the same keys, the trainer none.
 # Unset, dev.py writes one to var/secrets.key and prod.py refuses to start.
 try:

@@ -1,5 +1,5 @@
 """Request bodies: how large and how slow a body may be, enforced in front of Django
-(config/request_limits.py), before authentication and before anything is spooled to disk."""
+(common/request_limits.py), before authentication and before anything is spooled to disk."""
 
 from .datasets import TANDEM_DATASET_MAX_BYTES
 from .env_vars import env_float, env_str

@@ -1,7 +1,7 @@
-"""Runs: where their configs may point the trainer and producers for model files (tandem/model_paths.py)."""
+"""Runs: where their configs may point the trainer and producers for model files (tandem/allowlists/model_paths.py)."""
 
-from tandem.model_paths import checkpoint_root, model_roots
-from tandem.run_quotas import RunQuotas
+from tandem.allowlists.model_paths import checkpoint_root, model_roots
+from tandem.configs.quotas import RunQuotas
 
 from .env_vars import env_str
 
@@ -10,7 +10,7 @@ from .env_vars import env_str
 # (TANDEM_CHECKPOINT_ROOT, default var/checkpoints). The trainer and workers read the same variables.
 TANDEM_MODEL_ROOTS = model_roots()
 TANDEM_CHECKPOINT_ROOT = checkpoint_root()
-# What one run may ask of the shared trainer and workers (tandem/run_quotas.py: TANDEM_MAX_PARAMETERS,
+# What one run may ask of the shared trainer and workers (tandem/configs/quotas.py: TANDEM_MAX_PARAMETERS,
 # TANDEM_MAX_KV_CACHE_BYTES, TANDEM_MAX_EPISODES_PER_STEP, TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT).
 TANDEM_RUN_QUOTAS = RunQuotas.from_environment()
 # How long a run's Redis keys (streams, weights, spec) outlive it: finished or cancelled runs'

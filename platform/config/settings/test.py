@@ -20,7 +20,7 @@ os.environ.setdefault("TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT", "1000")
 # within a minute; tests/platform/test_alerts_limits.py sets its own rate.
 os.environ.setdefault("TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE", "1000000")
 
-# Environment secret settings at rest (tandem/secrets_at_rest.py): a key of the tests' own, which
+# Environment secret settings at rest (tandem/runtime/secrets_at_rest.py): a key of the tests' own, which
 # the workers they start inherit. tests/platform/test_security_secrets_at_rest.py rotates it.
 os.environ.setdefault("TANDEM_SECRETS_KEY", "2oxsZdxvfyLBjUXpN9musegS2L3dffRtiyP6uzWvPzg=")
 

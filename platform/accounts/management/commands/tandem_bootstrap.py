@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from accounts.services import project_ensure, user_ensure_with_token, user_make_trainer
-from domain_errors import Conflict
+from common.domain_errors import Conflict
 from environment_registry.builtin import BUILTIN_ENVIRONMENTS
 from environment_registry.services import environment_ensure
 

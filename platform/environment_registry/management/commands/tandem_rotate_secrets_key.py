@@ -9,7 +9,7 @@ and rollout worker; run this; then drop the old key. Until then the old key stil
 from django.core.management.base import BaseCommand, CommandError
 
 from environment_registry.services import environment_secrets_rotate
-from tandem.secrets_at_rest import SecretsKeyError
+from tandem.runtime.secrets_at_rest import SecretsKeyError
 
 
 class Command(BaseCommand):

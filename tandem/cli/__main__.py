@@ -1,0 +1,3 @@
+from tandem.cli.commands import main
+
+raise SystemExit(main())

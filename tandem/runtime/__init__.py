@@ -1,0 +1,1 @@
+"""Runtime helpers shared by Tandem's processes: process reports, resource usage, run logs, Redis clients, ports, secrets at rest."""
