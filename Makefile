@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup demo demo-smollm2 test lint browser models clean
+.PHONY: setup demo demo-smollm2 test test-fast lint browser services models clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,8 +59,42 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: setup browser lint models
-	$(VENV)/bin/pytest
+# The suite's own Redis and PostgreSQL (tests/suite_services.py) run from Debian's packages,
+# installed here when missing and run as root, as `browser` installs Chromium. Nothing of the
+# system's is started, stopped or used: the suite starts servers of its own on free ports.
+services:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="redis-server"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's$$missing for the tests' own servers"; \
+	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; \
+	  else \
+	    echo "the tests start servers of their own and need:$$missing: run 'sudo apt-get install$$missing'" >&2; exit 1; \
+	  fi; \
+	fi
+
+# pytest between the start and the stop of one run's own servers (stopped on failure and Ctrl-C too),
+# with their URLs and a Channels prefix of the run's own in its environment. PYTEST_ARGS picks tests:
+# `make test-fast PYTEST_ARGS=tests/tandem`.
+PYTEST_ARGS ?=
+define pytest_on_suite_services
+	@env_file=$$($(PY) -m tests.suite_services start --owner-pid $$$$) || exit 1; \
+	trap '$(PY) -m tests.suite_services stop "$$env_file"' EXIT; trap 'exit 130' INT TERM HUP; \
+	echo "tests: own Redis and PostgreSQL for this run in $$(dirname "$$env_file")"; \
+	set -a; . "$$env_file"; set +a; \
+	$(VENV)/bin/pytest $(1) $(PYTEST_ARGS)
+endef
+
+# Everything: end-to-end stacks, the browser, multi-host namespaces, the real model.
+test: setup browser services lint models
+	$(call pytest_on_suite_services,)
+
+# The rest, in a few minutes: no whole stacks, no browser, no network namespaces, no real model.
+FAST_MARKERS := not e2e and not browser and not multihost and not real_model
+test-fast: setup services
+	$(call pytest_on_suite_services,-m "$(FAST_MARKERS)")
 
 clean:
 	rm -rf var .pytest_cache

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
 
+from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
 
 # What a test restarting Redis needs of it: every write on disk before it is acknowledged.
@@ -32,3 +34,27 @@ def start_redis_server(port: int, directory: Path, *options: str,
     poll_until(ready or (lambda: redis.Redis(port=port, socket_connect_timeout=1).ping()), timeout_s=30,
                interval_s=0.05, between=alive, ignoring=(redis.ConnectionError,), what=f"redis-server on port {port}")
     return process
+
+
+#: A Redis that forgets everything when it stops: a stack's or a test's scratch Redis.
+EPHEMERAL = ("--save", "", "--appendonly", "no")
+
+
+@contextlib.contextmanager
+def own_redis_server(directory: Path) -> Iterator[str]:
+    """A redis-server of the caller's own on a free port (nothing else uses it); yields its URL.
+
+    Stopped (and killed, if it does not stop) when the block ends, a failed one too.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_local_port()
+    process = start_redis_server(port, directory, *EPHEMERAL)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

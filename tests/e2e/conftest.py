@@ -17,15 +17,19 @@ from tandem.cli.stack import Credentials, LocalStack, StackConfig
 from tandem.contracts import TERMINAL_RUN_STATUSES, TrajectoryRecord
 from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
+from tests.redis_servers import own_redis_server
 
-ADMIN_DATABASE_URL = os.environ.get("TANDEM_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
-E2E_REDIS_URL = os.environ.get("TANDEM_E2E_REDIS_URL", "redis://127.0.0.1:6379/14")
+#: The suite's own PostgreSQL (tests/suite_services.py, which `make test` starts): every stack's database lives there.
+ADMIN_DATABASE_URL = os.environ.get("TANDEM_TEST_DATABASE_URL", "")
 
 
 @contextlib.contextmanager
 def fresh_database():
     """A new, empty PostgreSQL database for a stack's own processes, dropped afterwards."""
     name = f"tandem_e2e_{uuid.uuid4().hex[:10]}"
+    if not ADMIN_DATABASE_URL:
+        pytest.fail("end-to-end tests need the suite's PostgreSQL: TANDEM_TEST_DATABASE_URL is not set "
+                    "(`make test` sets it; see tests/suite_services.py)")
     try:
         admin = psycopg.connect(ADMIN_DATABASE_URL, autocommit=True)
     except psycopg.OperationalError as exc:
@@ -45,15 +49,10 @@ def e2e_database_url():
 
 
 @pytest.fixture(scope="session")
-def e2e_redis_url():
-    client = redis.Redis.from_url(E2E_REDIS_URL)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.fail(f"end-to-end tests need Redis at {E2E_REDIS_URL}: {exc}")
-    client.flushdb()  # a leftover Celery queue from an earlier session would feed stale tasks
-    client.close()
-    return E2E_REDIS_URL
+def e2e_redis_url(tmp_path_factory):
+    """The session stack's own redis-server: no other stack, suite or session shares its queues."""
+    with own_redis_server(tmp_path_factory.mktemp("e2e-redis")) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -81,20 +80,17 @@ def print_log_tails(stack: LocalStack, *, lines: int) -> None:
 
 
 @contextlib.contextmanager
-def private_stack(tmp_path, *, redis_db: int, workers: int = 2, extra_env: dict[str, str] | None = None,
-                  log_lines: int = 0):
-    """A stack of its own (a fresh database, Redis db ``redis_db`` flushed), for a test that kills,
+def private_stack(tmp_path, *, workers: int = 2, extra_env: dict[str, str] | None = None, log_lines: int = 0):
+    """A stack of its own (a fresh database, a redis-server of its own), for a test that kills,
     freezes or reconfigures processes without disturbing the session's stack."""
-    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + f"/{redis_db}"
-    redis.Redis.from_url(redis_url).flushdb()
-    with fresh_database() as database_url:
+    with own_redis_server(tmp_path / "redis") as redis_url, fresh_database() as database_url:
         stack = LocalStack(StackConfig(redis_url=redis_url, database_url=database_url, port=free_local_port(),
                                        workers=workers, var_dir=tmp_path, extra_env=extra_env or {}))
         try:
             yield stack
         finally:
-            # A failed test's stack too: left running, its processes would work on the next
-            # test's runs (the same Redis db, the same run ids).
+            # A failed test's stack too: left running, its processes would hold the test's
+            # database open and go on writing to it.
             stack.stop()
             if log_lines:
                 print_log_tails(stack, lines=log_lines)

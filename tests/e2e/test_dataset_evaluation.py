@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.e2e.conftest import dataset_stored, run_ended, user_api
 
 SFT_STEPS = 8
@@ -22,6 +24,7 @@ def _conversation(a: int, b: int, split: str) -> dict:
     ], "metadata": {"split": split}}
 
 
+@pytest.mark.timeout(1800)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_scores_each_published_policy_on_a_datasets_held_out_rows(stack, credentials):
     local, _ = stack
     api = user_api(local, credentials)

@@ -3,6 +3,7 @@ and an evaluation-only run of its final checkpoint that reproduces its final eva
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from tandem.contracts import EVALUATION_METRICS, LineageEntry, lineage_stream
@@ -14,6 +15,7 @@ RL_STEPS = 4
 EVALUATION = {"every_steps": 2, "tasks": 4, "samples_per_task": 2, "pass_k": [1, 2], "temperature": 0}
 
 
+@pytest.mark.timeout(1500)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_evaluates_held_out_tasks_beside_training_and_never_trains_on_them(stack, credentials,
                                                                                 e2e_redis_url):
     local, _ = stack
@@ -95,6 +97,7 @@ def test_a_run_cannot_name_another_runs_checkpoint_itself(stack, credentials):
     assert refused.status_code == 400 and "config.start_from" in refused.text
 
 
+@pytest.mark.timeout(900)  # above its inner waits (tests/test_timeouts.py)
 def test_an_sft_run_evaluates_the_policy_it_ends_with(stack, credentials):
     local, _ = stack
     api = user_api(local, credentials)
@@ -110,6 +113,7 @@ def test_an_sft_run_evaluates_the_policy_it_ends_with(stack, credentials):
         0, 6, "complete", 3)
 
 
+@pytest.mark.timeout(1100)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_evaluates_other_environments_of_its_project_apart(stack, credentials):
     local, _ = stack
     api = user_api(local, credentials)

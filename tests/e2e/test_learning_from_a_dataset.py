@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 
 import httpx
+import pytest
 
 from environments.builtin.calculator import CalculatorEnvironment
 from environments.http_example_server import demonstrations_dataset
@@ -33,6 +34,7 @@ def _metric(api: httpx.Client, run_id: int, name: str) -> dict[int, float]:
     return {point["step"]: point["value"] for point in points}
 
 
+@pytest.mark.timeout(1800)  # above its inner waits (tests/test_timeouts.py)
 def test_sft_on_an_uploaded_dataset_then_grpo_raises_the_success_of_an_http_environment(stack, credentials):
     local, _ = stack
     api = user_api(local, credentials)

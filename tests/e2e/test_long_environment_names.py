@@ -7,6 +7,8 @@ post whole, and the trainer dropped it; an evaluation of such an environment was
 
 from __future__ import annotations
 
+import pytest
+
 from tandem.contracts import (
     METRIC_NAME_LENGTH_MAX,
     SERIES_REFUSED_METRIC,
@@ -53,6 +55,7 @@ def _points(api, run_id: int) -> dict[int, dict[str, float]]:
         after_step = page["next_after_step"]
 
 
+@pytest.mark.timeout(900)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_on_an_environment_of_the_longest_name_keeps_every_steps_metrics(stack, credentials):
     local, _ = stack
     api = user_api(local, credentials)

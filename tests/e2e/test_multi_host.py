@@ -103,6 +103,7 @@ def _host(producer: str) -> str:
     return producer.split(":")[0]
 
 
+@pytest.mark.timeout(900)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_created_from_outside_finishes_on_producers_that_get_its_weights_over_the_network(hosts):
     stack, credentials, api = hosts
     client = redis.Redis.from_url(stack.config.redis_url)
@@ -144,6 +145,7 @@ def test_filesystem_weights_on_hosts_that_do_not_share_the_path_fail_the_run_at_
     assert run["trainer_step"] == 0
 
 
+@pytest.mark.timeout(3000)  # above its inner waits (tests/test_timeouts.py)
 def test_a_partitioned_producer_loses_only_its_episodes_and_rejoins_when_its_link_is_back(hosts):
     stack, credentials, api = hosts
     net = stack.net

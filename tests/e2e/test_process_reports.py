@@ -32,7 +32,7 @@ def slow_environment_url():
 
 @pytest.fixture
 def own_stack(tmp_path):
-    with private_stack(tmp_path, redis_db=7, log_lines=30,
+    with private_stack(tmp_path, log_lines=30,
                        extra_env={"TANDEM_PROCESS_REPORT_INTERVAL_S": str(INTERVAL_S)}) as stack:
         yield stack
 

@@ -26,7 +26,7 @@ def slow_environment_url():
 @pytest.fixture
 def own_stack(tmp_path):
     """A stack of its own (Redis db 12): killing its worker disturbs no other test."""
-    with private_stack(tmp_path, redis_db=12) as stack:
+    with private_stack(tmp_path) as stack:
         yield stack
 
 

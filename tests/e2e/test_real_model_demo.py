@@ -15,16 +15,16 @@ import subprocess
 import sys
 
 import psycopg
-import redis
+import pytest
 
 from tandem.runtime.local_ports import free_local_port
-from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
+from tests.e2e.conftest import fresh_database
+from tests.redis_servers import own_redis_server
 
 
+@pytest.mark.timeout(1800)  # above its inner waits (tests/test_timeouts.py)
 def test_the_real_model_demo_runs_the_calculator_in_the_models_own_format(tmp_path, smollm2):
-    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + "/8"
-    redis.Redis.from_url(redis_url).flushdb()
-    with fresh_database() as database_url:
+    with own_redis_server(tmp_path / "redis") as redis_url, fresh_database() as database_url:
         env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
                "TANDEM_SMOLLM2_DIR": str(smollm2)}
         completed = subprocess.run(

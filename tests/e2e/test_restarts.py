@@ -93,6 +93,7 @@ def persistent_redis(tmp_path):
         server.kill()
 
 
+@pytest.mark.timeout(1100)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_survives_a_redis_restart_and_trains_every_trajectory_exactly_once(tmp_path, persistent_redis):
     """Before, a Redis error was handled nowhere: the trainer and the producers' tasks died with it."""
     with fresh_database() as database_url:
@@ -133,9 +134,10 @@ def test_a_run_survives_a_redis_restart_and_trains_every_trajectory_exactly_once
             print_log_tails(stack, lines=30)
 
 
+@pytest.mark.timeout(1300)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_survives_a_web_server_restart_and_keeps_every_steps_telemetry(tmp_path):
     """Before, the trainer exited after about 15 s without the platform, and lost the events it held."""
-    with private_stack(tmp_path, redis_db=13, log_lines=30) as stack:
+    with private_stack(tmp_path, log_lines=30) as stack:
         credentials = stack.prepare()
         stack.start(credentials)
         api = user_api(stack, credentials)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.e2e.conftest import dataset_stored, run_ended, user_api
 
 SFT_STEPS = 4
@@ -20,6 +22,7 @@ def _conversation(a: int, b: int) -> dict:
     ]}
 
 
+@pytest.mark.timeout(900)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_trains_its_sft_steps_on_a_dataset_and_shows_it(stack, credentials):
     local, _ = stack
     api = user_api(local, credentials)

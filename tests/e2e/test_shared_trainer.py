@@ -15,6 +15,7 @@ import logging
 from datetime import datetime, timedelta
 
 import psycopg
+import pytest
 
 from tests.e2e.conftest import private_stack, run_ended, user_api
 from tests.polling import poll_until
@@ -55,10 +56,11 @@ def _upload(api, project_id: int, name: str) -> int:
     return dataset_id
 
 
+@pytest.mark.timeout(900)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_on_a_broken_dataset_is_set_aside_while_another_projects_run_finishes_then_fails_with_its_reason(
     tmp_path,
 ):
-    with private_stack(tmp_path, redis_db=5, log_lines=40,
+    with private_stack(tmp_path, log_lines=40,
                        extra_env={"TANDEM_TRAINER_SERVER_ERROR_RETRIES": str(SERVER_ERROR_RETRIES),
                                   "TANDEM_TRAINER_SET_ASIDE_S": str(SET_ASIDE_S)}) as stack:
         alice = stack.prepare(username="alice", project="team-a")

@@ -25,7 +25,7 @@ BOUND = (MAX_STALENESS + 1) * GROUPS_PER_STEP
 
 @pytest.fixture
 def own_stack(tmp_path):
-    with private_stack(tmp_path, redis_db=9) as stack:
+    with private_stack(tmp_path) as stack:
         yield stack
 
 

@@ -11,18 +11,31 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
-import redis
 
 from tandem.runtime.local_ports import free_local_port
-from tests.e2e.conftest import E2E_REDIS_URL, fresh_database
+from tests.e2e.conftest import fresh_database
 from tests.polling import poll_until
+from tests.redis_servers import own_redis_server
 
 
-def _pids(pattern: str) -> set[int]:
-    found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout.split()
-    return {int(pid) for pid in found}
+def _pids(pattern: str, *, redis_url: str | None = None) -> set[int]:
+    """Processes whose command line has ``pattern`` (and, given ``redis_url``, whose REDIS_URL it is:
+    another suite's stack on this host runs workers of the same command line)."""
+    found = {int(pid) for pid in subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True,
+                                                 text=True).stdout.split()}
+    if redis_url is None:
+        return found
+    return {pid for pid in found if f"REDIS_URL={redis_url}".encode() in _environ(pid).split(b"\0")}
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
 
 
 def _wait(predicate, *, timeout_s: float, what: str, up: subprocess.Popen, log) -> None:
@@ -41,12 +54,11 @@ def _answers(url: str) -> bool:
 
 
 def test_tandem_up_restarts_a_killed_trainer_and_a_crashed_web_server_while_the_rest_runs_on(tmp_path):
-    redis_url = E2E_REDIS_URL.rsplit("/", 1)[0] + "/13"
-    redis.Redis.from_url(redis_url).flushdb()
     port = free_local_port()
     url = f"http://127.0.0.1:{port}"
     output = tmp_path / "up.out"
-    with fresh_database() as database_url, output.open("wb") as out:
+    with own_redis_server(tmp_path / "redis") as redis_url, fresh_database() as database_url, \
+            output.open("wb") as out:
         up = subprocess.Popen(
             [sys.executable, "-m", "tandem.cli", "up", "--port", str(port), "--workers", "1",
              "--var-dir", str(tmp_path)],
@@ -54,21 +66,22 @@ def test_tandem_up_restarts_a_killed_trainer_and_a_crashed_web_server_while_the_
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         # Each process's command line names this test's own directory or port.
-        trainer_pattern = f"tandem.cli trainer --platform-url {url}"
+        trainer_pattern = f"-m trainer --platform-url {url}"
         web_pattern = f"config.asgi:application --host 127.0.0.1 --port {port}"
-        worker_pattern = "tandem.cli worker --name rollouts-0@"
+        worker_pattern = "-m workers --name rollouts-0@"
         supervisor_log = tmp_path / "logs" / "supervisor.log"
         try:
             _wait(lambda: b"Tandem is up" in output.read_bytes(), timeout_s=300, what="the stack", up=up, log=output)
             (trainer,) = _pids(trainer_pattern)
-            workers_before = _pids(worker_pattern)
+            workers_before = _pids(worker_pattern, redis_url=redis_url)
+            assert workers_before, "found no rollout worker of this stack"
 
             os.kill(trainer, signal.SIGKILL)
             _wait(lambda: _pids(trainer_pattern) - {trainer}, timeout_s=60, what="a new trainer", up=up, log=output)
             assert "trainer exited with code -9" in supervisor_log.read_text()
             assert "restarted trainer (restart 1" in supervisor_log.read_text()
             assert _answers(url), "the web server went down with the trainer"
-            assert _pids(worker_pattern) == workers_before, "the rollout worker was restarted too"
+            assert _pids(worker_pattern, redis_url=redis_url) == workers_before, "the rollout worker was restarted too"
 
             (web,) = _pids(web_pattern)
             os.kill(web, signal.SIGKILL)

@@ -21,7 +21,7 @@ SFT_STEPS, TRACED_STEPS = 8, 2
 
 @pytest.fixture
 def own_stack(tmp_path):
-    with private_stack(tmp_path, redis_db=8, workers=1, log_lines=40) as stack:
+    with private_stack(tmp_path, workers=1, log_lines=40) as stack:
         yield stack
 
 
@@ -36,6 +36,7 @@ def _wait_for(predicate, *, timeout_s: float, what: str, stack: LocalStack):
     raise AssertionError(f"{what} did not happen within {timeout_s}s")
 
 
+@pytest.mark.timeout(900)  # above its inner waits (tests/test_timeouts.py)
 def test_a_requested_trace_of_the_next_steps_is_captured_by_the_trainer_and_served(own_stack):
     stack = own_stack
     credentials = stack.prepare()

@@ -28,7 +28,7 @@ SFT_STEPS, RL_STEPS, CHECKPOINT_EVERY, GROUP_SIZE, GROUPS_PER_STEP = 4, 30, 3, 4
 @pytest.fixture
 def own_stack(tmp_path):
     """A stack of its own (Redis db 10), with a reaper that gives up on a trainer after 10 s."""
-    with private_stack(tmp_path, redis_db=10, log_lines=30,
+    with private_stack(tmp_path, log_lines=30,
                        extra_env={"TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S": "10", "TANDEM_REAPER_INTERVAL_S": "1"}) as stack:
         yield stack
 
@@ -65,6 +65,7 @@ def _wait_for(predicate, *, timeout_s: float, what: str, stack: LocalStack) -> N
         time.sleep(0.05)
 
 
+@pytest.mark.timeout(1100)  # above its inner waits (tests/test_timeouts.py)
 def test_a_killed_trainer_is_reaped_and_its_run_resumes_exactly(own_stack):
     stack = own_stack
     credentials = stack.prepare()

@@ -106,7 +106,7 @@ def _committed_on_disk(stack: LocalStack, run_id: int) -> list[int]:
     return sorted(int(path.name) for path in directory.iterdir() if path.name.isdigit())
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2300)
 def test_two_trainer_processes_train_one_run_over_one_mesh_and_resume_it_exactly(tmp_path):
     with multi_host_stack(tmp_path, producer_hosts=("host-b",), extra_hosts=(FOLLOWER_HOST,), log_lines=40,
                           extra_env={"TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S": "10",
@@ -171,7 +171,7 @@ def test_two_trainer_processes_train_one_run_over_one_mesh_and_resume_it_exactly
         assert _checkpoint_steps(api, run_id)[-1] == SFT_STEPS + RL_STEPS
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_a_followers_death_sends_the_run_back_to_the_queue_and_both_processes_resume_it_exactly(tmp_path):
     """Process 1 is SIGKILLed after an RL checkpoint: process 0 queues the run again as a restart
     (counted against max_restarts) and exits, and the job started again resumes from the checkpoint."""

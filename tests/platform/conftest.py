@@ -167,7 +167,7 @@ def server(transactional_db, tmp_path):
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings.test",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "TANDEM_TEST_DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "PYTHONPATH": str(REPO_ROOT),
     }
     log = tmp_path / "uvicorn.log"

@@ -32,7 +32,7 @@ def platform_queue_worker(queue: str, *, log: Path, env: Mapping[str, str] = {},
     worker_env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings.test",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "TANDEM_TEST_DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "PYTHONPATH": str(REPO_ROOT),
         **env,
     }

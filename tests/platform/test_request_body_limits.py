@@ -67,7 +67,7 @@ def limited_server(transactional_db, tmp_path):
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings.test",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "TANDEM_TEST_DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "PYTHONPATH": str(REPO_ROOT),
         "TMPDIR": str(spool),
         "TANDEM_DATASET_MAX_BYTES": str(DATASET_MAX_BYTES),

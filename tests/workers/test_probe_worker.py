@@ -49,7 +49,7 @@ def processes(django_db_setup, django_db_blocker, redis_url, tmp_path_factory):
     env = {
         **os.environ,
         "REDIS_URL": redis_url,
-        "DATABASE_URL": database_url,
+        "TANDEM_TEST_DATABASE_URL": database_url,  # config.settings.test reads it, not DATABASE_URL
         "DJANGO_SETTINGS_MODULE": "config.settings.test",
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "platform")]),
         "TANDEM_HEALTH_CHECK_INTERVAL_S": str(HEALTH_INTERVAL_S),

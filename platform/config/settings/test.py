@@ -1,11 +1,27 @@
-"""Test runs: PostgreSQL and a Redis database of their own, fast hashing."""
+"""Test runs: the suite's own PostgreSQL and Redis (tests/suite_services.py), fast hashing."""
 
 import os
 
-# Set before base.py reads them: tests use the real services, on a Redis
-# database of their own so that test traffic never reaches a dev server's layer.
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+from django.core.exceptions import ImproperlyConfigured
+
+
+def _suite_service(name: str) -> str:
+    """A service the suite started for this run; never a default, never a developer's own."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ImproperlyConfigured(
+            f"{name} is not set: the tests use servers of their own, which `make test` and `make test-fast` "
+            "start (tests/suite_services.py); to run pytest yourself, export the variables of the env file that "
+            "`.venv/bin/python -m tests.suite_services start --owner-pid $$` prints (TANDEM_TEST_DATABASE_URL, "
+            "TANDEM_TEST_REDIS_URL, TANDEM_TEST_CHANNELS_PREFIX)")
+    return value
+
+
+# Forced, before base.py reads them: an exported DATABASE_URL or REDIS_URL (a developer's own
+# stack, as the README suggests) never receives the tests' rows, Celery tasks or Channels traffic.
+# Processes the tests start on the test database set TANDEM_TEST_DATABASE_URL to it.
+os.environ["DATABASE_URL"] = _suite_service("TANDEM_TEST_DATABASE_URL")
+os.environ["REDIS_URL"] = _suite_service("TANDEM_TEST_REDIS_URL")
 # The test environments' packages, as an operator would allow a team's; workers the tests
 # start inherit it. tests.untrusted_environment stays outside on purpose.
 os.environ.setdefault("TANDEM_ENVIRONMENT_MODULES", "tests.workers,tests.e2e")
@@ -30,3 +46,6 @@ SECRET_KEY = "test-secret-key"
 # Hashing with PBKDF2 would dominate the run time of tests that create users.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ALLOWED_HOSTS = ["*"]
+# A Channels prefix of the run's own, shared by the processes it starts (they inherit the variable).
+CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = os.environ.get(  # noqa: F405
+    "TANDEM_TEST_CHANNELS_PREFIX", "tandem-test:channels")
