@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +35,38 @@ def test_import_linter_contracts_are_kept():
                             env={**os.environ, "PYTHONPATH": "platform"}, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout
+
+
+def _ground_floor_contract() -> dict:
+    contracts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (contract,) = (c for c in contracts if c.get("source_modules") == ["tandem"] and c["type"] == "forbidden")
+    return contract
+
+
+def test_tandem_imports_none_of_the_processes_and_tools_it_starts_not_even_inside_a_command():
+    """`tandem trainer`, `worker`, `platform-worker` and `models import` start python -m trainer, python -m
+    workers, python -m celery -A config and python -m policy as programs: no import of theirs anywhere
+    in tandem/ (lazy ones included), and the ground floor's contract ignores none."""
+    contract = _ground_floor_contract()
+    assert not contract.get("ignore_imports"), contract["ignore_imports"]
+    above = set(contract["forbidden_modules"])
+    assert {"trainer", "workers", "config", "policy", "jax"} <= above
+    for path in sorted((REPO_ROOT / "tandem").glob("**/*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            wrong = [name for name in names if name.split(".")[0] in above]
+            assert not wrong, f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports {wrong}"
+    # The whole command line, every command's parser built, loads none of them either.
+    loaded = _loaded_after("from tandem.cli.commands import build_parser\nbuild_parser()")
+    assert "tandem.cli.client_commands" in loaded
+    unwanted = {name for name in loaded if name.split(".")[0] in above}
+    assert not unwanted, sorted(unwanted)[:20]
 
 
 def test_the_platform_loads_every_module_without_jax_or_the_processes():

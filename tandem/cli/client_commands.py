@@ -92,7 +92,9 @@ def _format_value(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def watch_line(run: Run, step: int | None, latest: dict[str, float | None], *, bar: bool) -> str:
+def watch_line(run: Run, step: int | None, latest: dict[str, float | None], *, bar: bool,
+               idle: bool = False) -> str:
+    """One progress line of a run; with ``idle``, the trainer's idle share too (``tandem up --demo``'s)."""
     done = max(step or 0, run.trainer_step)
     total = run.total_steps
     parts = [f"run {run.id} [{run.status}]"]
@@ -105,6 +107,8 @@ def watch_line(run: Run, step: int | None, latest: dict[str, float | None], *, b
         f"success {_format_value(latest.get('success_rate'), '.2f')}",
         f"policy v{run.policy_version}",
     ]
+    if idle:
+        parts.append(f"trainer idle {_format_value(latest.get('trainer_idle_fraction'), '.0%')}")
     return " ".join(parts)
 
 

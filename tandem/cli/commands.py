@@ -5,115 +5,90 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+from tandem.runtime.process_start import DEFAULT_REDIS_URL, stop_on_sigterm
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _redis_url(args) -> str:
     return args.redis_url or os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
 
 
-def _stop_on_sigterm() -> None:
-    """Turn SIGTERM (and Ctrl-C) into KeyboardInterrupt so ``finally`` blocks run on a clean stop."""
+def _become(command: list[str], *, env: dict[str, str] | None = None) -> NoReturn:
+    """Become ``command`` (``python -m ...``): the same process, so its pid, signals and exit code are
+    the caller's, while the command line imports nothing of what it starts."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(command[0], command, os.environ if env is None else env)
 
-    def handler(signum, frame):
-        raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, handler)
-    # A shell that starts us in the background hands SIGINT down as ignored;
-    # Ctrl-C must still stop everything cleanly.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def _passed_on(args) -> list[str]:
+    """The arguments after the command, with the ``--redis-url`` given before it."""
+    return (["--redis-url", args.redis_url] if args.redis_url else []) + args.passed_on
 
 
 def cmd_trainer(args) -> int:
-    from trainer.main import LostProcessError, exit_for_restart, serve
-
-    _stop_on_sigterm()
-    token = args.token or os.environ.get("TANDEM_TRAINER_TOKEN")
-    if not token:
-        print("tandem trainer: pass --token or set TANDEM_TRAINER_TOKEN (the API token of a user in the tandem-trainers group)",
-              file=sys.stderr)
-        return 2
-    try:
-        serve(platform_url=args.platform_url, token=token, redis_url=_redis_url(args),
-              checkpoint_root=Path(args.checkpoint_dir), max_runs=args.max_runs)
-    except KeyboardInterrupt:
-        logging.getLogger("tandem.trainer").info("trainer stopped")
-    except LostProcessError as exc:
-        exit_for_restart(exc)  # its run is queued again; every process of the job must start again
-    return 0
+    """``python -m trainer`` with the same arguments (trainer/__main__.py)."""
+    _become([sys.executable, "-m", "trainer", *_passed_on(args)])
 
 
 def cmd_worker(args) -> int:
-    os.environ["REDIS_URL"] = _redis_url(args)
-    # The inference engine sizes its batch for every task thread's episodes.
-    os.environ["TANDEM_WORKER_CONCURRENCY"] = str(args.concurrency)
-    from workers.app import app
-
-    # Threads, not prefork: nothing forks after JAX starts, and the task threads
-    # of one process share its inference engine, which batches their episodes together.
-    argv = ["worker", "--pool", "threads", "--concurrency", str(args.concurrency), "--queues", args.queues,
-            "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]
-    if args.name:
-        argv += ["--hostname", args.name]
-    app.worker_main(argv)
-    return 0
+    """``python -m workers`` with the same arguments (workers/__main__.py)."""
+    _become([sys.executable, "-m", "workers", *_passed_on(args)])
 
 
-def cmd_platform_worker(args) -> int:
-    """A platform Celery worker: by default the one with Celery beat inside (probe reports, health
-    sweeps, the run reaper); with ``--queues platform-webhooks`` or ``platform-datasets``, a prefork
-    worker of its own for the work that waits on the outside world or on big files."""
-    platform_dir = Path(__file__).resolve().parents[2] / "platform"
-    sys.path.insert(0, str(platform_dir))
-    os.environ["REDIS_URL"] = _redis_url(args)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
-    import django
+def platform_worker_command(*, queues: str | None = None, pool: str | None = None, concurrency: int = 2,
+                            name: str = "platform@%h", loglevel: str = "INFO",
+                            schedule_file: str | Path = "var/celerybeat-schedule",
+                            beat: bool = True) -> list[str]:
+    """The platform's Celery app's worker (platform/config/celery.py), as ``python -m celery -A config``.
 
-    django.setup()
-    from config.celery import app
+    By default the one with Celery beat inside (probe reports, health sweeps, the run reaper); with
+    ``queues`` platform-webhooks or platform-datasets, a prefork worker of its own for the work that
+    waits on the outside world or on big files. It needs platform/ on its path
+    (:func:`platform_worker_env`).
+    """
     from tandem.contracts import PLATFORM_QUEUE
 
-    queues = args.queues or PLATFORM_QUEUE
+    queues = queues or PLATFORM_QUEUE
     # The platform queue's tasks are short database writes: a solo pool. Other queues' tasks may
     # wait (on a receiver, on a big file): prefork, whose parent enforces the tasks' time limits by
     # killing a stuck child, which a solo pool cannot do.
-    pool = args.pool or ("solo" if queues == PLATFORM_QUEUE else "prefork")
-    argv = ["worker", "--pool", pool, "--queues", queues, "--loglevel", args.loglevel,
-            "--without-gossip", "--without-mingle", "--hostname", args.name]
+    pool = pool or ("solo" if queues == PLATFORM_QUEUE else "prefork")
+    command = [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", pool, "--queues", queues,
+               "--loglevel", loglevel, "--without-gossip", "--without-mingle", "--hostname", name]
     if pool != "solo":
-        argv += ["--concurrency", str(args.concurrency)]
+        command += ["--concurrency", str(concurrency)]
     # Beat runs inside the platform queue's worker, so run exactly one of those (a second would
     # double every health sweep); the other queues' workers never run it.
-    if queues == PLATFORM_QUEUE and not args.no_beat:
-        schedule = Path(args.schedule_file)
-        schedule.parent.mkdir(parents=True, exist_ok=True)
-        argv += ["--beat", "--schedule", str(schedule)]
-    app.worker_main(argv)
-    return 0
+    if queues == PLATFORM_QUEUE and beat:
+        command += ["--beat", "--schedule", str(schedule_file)]
+    return command
 
 
-def _progress_line(client, run_id: int) -> tuple[str, str]:
-    run = client.get(f"/api/runs/{run_id}/").json()
-    latest: dict[str, float] = {}
-    after = max(run.get("trainer_step", 0) - 5, -1)
-    points = client.get(f"/api/runs/{run_id}/metrics/", params={"after_step": after}).json()["points"]
-    for point in points:
-        latest[point["name"]] = point["value"]
-    reward = latest.get("reward_mean")
-    idle = latest.get("trainer_idle_fraction")
-    line = (
-        f"run {run_id} [{run['status']}] step {run['trainer_step']} "
-        f"policy v{run['policy_version']} "
-        f"reward {'-' if reward is None else f'{reward:.2f}'} "
-        f"success {'-' if latest.get('success_rate') is None else format(latest['success_rate'], '.2f')} "
-        f"trainer idle {'-' if idle is None else f'{idle:.0%}'}"
-    )
-    return line, run["status"]
+def platform_worker_env(redis_url: str) -> dict[str, str]:
+    """This process's environment, with the platform (and this repository) on the path, and Redis named."""
+    env = {**os.environ, "REDIS_URL": redis_url}
+    env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+    env["PYTHONPATH"] = os.pathsep.join(
+        part for part in (str(REPO_ROOT / "platform"), str(REPO_ROOT), env.get("PYTHONPATH", "")) if part)
+    return env
+
+
+def cmd_platform_worker(args) -> int:
+    """A platform Celery worker (:func:`platform_worker_command`): this process becomes it."""
+    beat = not args.no_beat
+    command = platform_worker_command(queues=args.queues, pool=args.pool, concurrency=args.concurrency,
+                                      name=args.name, loglevel=args.loglevel,
+                                      schedule_file=args.schedule_file, beat=beat)
+    if "--beat" in command:
+        Path(args.schedule_file).parent.mkdir(parents=True, exist_ok=True)
+    _become(command, env=platform_worker_env(_redis_url(args)))
 
 
 def _supervise(stack) -> None:
@@ -123,13 +98,40 @@ def _supervise(stack) -> None:
               f"(restart {restart.count}; see {stack.log_dir / 'supervisor.log'})", flush=True)
 
 
-def cmd_up(args) -> int:
-    import httpx
+def _watch_demo(stack, credentials, demo, *, exit_when_done: bool) -> int:
+    """Submit the demo run and redraw its progress line until it ends, supervising the stack meanwhile."""
+    from tandem.cli.client_commands import watch_line
+    from tandem.contracts import RunStatus
+    from tandem.sdk.client import TandemAPIError, TandemClient
 
+    with TandemClient(stack.config.platform_url, credentials.user_token, timeout=10) as client:
+        try:
+            run = client.runs.create(environment=demo.environment, config=demo.config, name=demo.name,
+                                     project=credentials.project_id)
+        except TandemAPIError as exc:
+            print(f"tandem up: could not create the demo run: {exc}", file=sys.stderr)
+            return 1
+        print(f"demo run {run.id}: {stack.config.platform_url}/runs/{run.id}/")
+        # Polled, so the stack is supervised once a poll: while the web server restarts (the
+        # supervisor brings it back) the last known progress stays on the line and the run goes on.
+        for progress in client.runs.poll_progress(run.id, poll_interval_s=1.0):
+            _supervise(stack)
+            line = watch_line(progress.run, progress.step, progress.latest, bar=True, idle=True)
+            print("\r" + line.ljust(110), end="", flush=True)
+            run = progress.run
+    print()
+    if exit_when_done:
+        return 0 if run.status == RunStatus.FINISHED else 1
+    print(f"run {run.status}. The dashboard stays up; Ctrl-C stops everything.")
+    while True:
+        _supervise(stack)
+        time.sleep(1)
+
+
+def cmd_up(args) -> int:
     from tandem.cli.local_redis import ServiceUnavailableError, ensure_redis
     from tandem.cli.stack import DEMO_PASSWORD, LocalStack, StackConfig, StackError
     from tandem.configs.demo_runs import DemoModelMissingError, demo_run
-    from tandem.contracts import TERMINAL_RUN_STATUSES, RunStatus
 
     demo = None
     if args.demo:
@@ -138,7 +140,7 @@ def cmd_up(args) -> int:
         except DemoModelMissingError as exc:
             print(f"tandem up: {exc}", file=sys.stderr)
             return 1
-    _stop_on_sigterm()
+    stop_on_sigterm()
     config = StackConfig(redis_url=_redis_url(args), port=args.port, workers=args.workers,
                          database_url=os.environ.get("DATABASE_URL"),
                          **({"var_dir": Path(args.var_dir).resolve()} if args.var_dir else {}))
@@ -164,37 +166,7 @@ def cmd_up(args) -> int:
             while True:
                 _supervise(stack)
                 time.sleep(1)
-        client = httpx.Client(base_url=config.platform_url,
-                              headers={"Authorization": f"Token {credentials.user_token}"}, timeout=10)
-        response = client.post("/api/runs/", json={
-            "project": credentials.project_id, "name": demo.name, "environment": demo.environment,
-            "config": demo.config,
-        })
-        if response.status_code != 201:
-            print(f"tandem up: could not create the demo run: {response.status_code} {response.text}",
-                  file=sys.stderr)
-            return 1
-        run_id = response.json()["id"]
-        print(f"demo run {run_id}: {config.platform_url}/runs/{run_id}/")
-        status = RunStatus.QUEUED
-        while True:
-            _supervise(stack)
-            try:
-                line, status = _progress_line(client, run_id)
-            except httpx.TransportError:
-                # The web server is restarting (the supervisor brings it back): the run goes on.
-                time.sleep(1)
-                continue
-            print("\r" + line.ljust(110), end="", flush=True)
-            if status in TERMINAL_RUN_STATUSES:
-                print()
-                if args.exit_when_done:
-                    return 0 if status == RunStatus.FINISHED else 1
-                print(f"run {status}. The dashboard stays up; Ctrl-C stops everything.")
-                while True:
-                    _supervise(stack)
-                    time.sleep(1)
-            time.sleep(1)
+        return _watch_demo(stack, credentials, demo, exit_when_done=args.exit_when_done)
     except KeyboardInterrupt:
         print("\nstopping ...")
         return 0
@@ -210,16 +182,8 @@ def cmd_up(args) -> int:
 
 
 def cmd_models_import(args) -> int:
-    """A GGUF file or a Hugging Face directory, as a Tandem-ready Hugging Face directory."""
-    from policy import ModelImportError, import_model
-
-    try:
-        destination = import_model(args.source, args.destination)
-    except ModelImportError as exc:
-        print(f"tandem models import: {exc}", file=sys.stderr)
-        return 2
-    print(f"imported {args.source} into {destination}: use it as model.hf_checkpoint and model.tokenizer")
-    return 0
+    """A GGUF file or a Hugging Face directory, as a Tandem-ready Hugging Face directory: ``python -m policy import``."""
+    _become([sys.executable, "-m", "policy", "import", args.source, args.destination])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,24 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--exit-when-done", action="store_true", help="stop everything when the demo run ends")
     up.set_defaults(func=cmd_up)
 
-    trainer = commands.add_parser("trainer", help="run a trainer process")
-    trainer.add_argument("--platform-url", default=os.environ.get("TANDEM_PLATFORM_URL", "http://127.0.0.1:8000"))
-    trainer.add_argument("--token", help="a trainer's API token (tandem-trainers group); default $TANDEM_TRAINER_TOKEN")
-    trainer.add_argument("--checkpoint-dir", default=os.environ.get("TANDEM_CHECKPOINT_ROOT")
-                         or os.environ.get("TANDEM_CHECKPOINT_DIR", "var/checkpoints"),
-                         help="the checkpoint root; default $TANDEM_CHECKPOINT_ROOT (the platform's too)")
-    trainer.add_argument("--max-runs", type=int, help="exit after training this many runs")
-    trainer.set_defaults(func=cmd_trainer)
-
-    worker = commands.add_parser("worker", help="run a Celery rollout worker process")
-    worker.add_argument("--name", help="Celery node name, e.g. rollouts-1@%%h")
-    worker.add_argument("--loglevel", default="INFO")
-    worker.add_argument("--concurrency", type=int, default=4,
-                        help="rollout tasks this process runs at once (each runs many episodes)")
-    worker.add_argument("--queues", default="rollouts,probes,evaluations",
-                        help="Celery queues to consume: rollouts (episodes), probes (environment probes) and "
-                        "evaluations (held-out evaluation episodes)")
-    worker.set_defaults(func=cmd_worker)
+    # The processes' own command lines take these arguments (python -m trainer --help, python -m
+    # workers --help): they are passed on as they are.
+    trainer = commands.add_parser("trainer", help="run a trainer process (python -m trainer)", add_help=False)
+    trainer.set_defaults(func=cmd_trainer, passes_on=True)
+    worker = commands.add_parser("worker", help="run a Celery rollout worker process (python -m workers)",
+                                 add_help=False)
+    worker.set_defaults(func=cmd_worker, passes_on=True)
 
     platform_worker = commands.add_parser(
         "platform-worker", help="run the platform's Celery worker and beat (probe reports, health checks, reaper)")
@@ -298,7 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # One line per HTTP request would bury the progress line and the trainer's log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, passed_on = parser.parse_known_args(argv)
+    if passed_on and not getattr(args, "passes_on", False):
+        parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
+    args.passed_on = passed_on
     return args.func(args)
 
 

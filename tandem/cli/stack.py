@@ -254,15 +254,14 @@ class LocalStack:
     def start_worker(self, index: int) -> None:
         """Rollout worker ``worker-{index}`` (one more producer process; ``start_workers`` starts them all)."""
         self._spawn(f"worker-{index}", [
-            sys.executable, "-m", "tandem.cli", "worker", "--name", f"rollouts-{index}@%h",
+            sys.executable, "-m", "workers", "--name", f"rollouts-{index}@%h",
             "--concurrency", str(self.config.worker_concurrency),
         ])
 
     def start_trainer(self, *, trainer_token: str, name: str = "trainer") -> None:
         # The token goes in the environment: a process's argv is readable by every local user.
         self._spawn(name, [
-            sys.executable, "-m", "tandem.cli", "trainer",
-            "--platform-url", self.config.platform_url,
+            sys.executable, "-m", "trainer", "--platform-url", self.config.platform_url,
             "--checkpoint-dir", str(self.config.var_dir / "checkpoints"),
         ], env={**self._trainer_env(), "TANDEM_TRAINER_TOKEN": trainer_token})
 

@@ -219,6 +219,16 @@ class MetricsPage(BaseModel):
     next_after_step: int | None  # None on an empty page: nothing after the cursor yet
 
 
+class RunProgress(BaseModel):
+    """What :meth:`RunsAPI.poll_progress` yields: the run as a progress line shows it."""
+
+    run: Run
+    step: int | None = None  # the newest step with recorded metrics; None before the first
+    latest: dict[str, float | None] = {}  # each metric's newest value
+    # False: the platform did not answer this poll (restarting?); run, step and latest are the last known.
+    reachable: bool = True
+
+
 class RunEvent(BaseModel):
     """What :meth:`RunsAPI.follow` yields: a step's metrics, or the run's new state."""
 
@@ -500,6 +510,35 @@ class RunsAPI:
         return MetricsPage.model_validate(
             self._transport.request("GET", f"/api/runs/{run_id}/metrics/", params=params))
 
+    def poll_progress(self, run_id: int, *, poll_interval_s: float = 1.0,
+                      recent_steps: int = 5) -> Iterator[RunProgress]:
+        """The run's progress, polled over REST: yielded after every poll, changed or not, so that a
+        caller's loop runs once a poll; ends after the poll that found the run ended.
+
+        The metrics start ``recent_steps`` before the run's current step, then follow it. A
+        platform that does not answer a poll (a web server restarting) is asked again at the next;
+        meanwhile the last known progress is yielded with ``reachable`` False. The first poll's
+        failure is raised: there is nothing to show yet.
+        """
+        run = self.get(run_id)
+        cursor = max(run.trainer_step - recent_steps, -1)
+        step: int | None = None
+        latest: dict[str, float | None] = {}
+        while True:
+            reachable = True
+            try:
+                run = self.get(run_id)
+                # Step by step, so that a poll cut short keeps what it read.
+                for metrics, next_cursor in self._drain(run_id, names=None, after_step=cursor):
+                    step, cursor = metrics.step, next_cursor
+                    latest.update(metrics.values)
+            except httpx.TransportError:
+                reachable = False
+            yield RunProgress(run=run, step=step, latest=dict(latest), reachable=reachable)
+            if reachable and run.ended:
+                return
+            time.sleep(poll_interval_s)
+
     def evaluations(self, run_id: int) -> list[Evaluation]:
         """The run's held-out evaluations, in the order they were asked for."""
         return [Evaluation.model_validate(item)
@@ -731,6 +770,6 @@ class TandemClient:
 
 __all__ = [
     "Dataset", "EndpointUnavailable", "Environment", "Evaluation", "EvaluationProgress", "LoginMissing",
-    "MetricPoint", "MetricsPage", "Project", "Run", "RunEvent", "RunWaitTimeout", "StepMetrics", "TandemAPIError", "TandemClient", "login_path",
+    "MetricPoint", "MetricsPage", "Project", "Run", "RunEvent", "RunProgress", "RunWaitTimeout", "StepMetrics", "TandemAPIError", "TandemClient", "login_path",
     "save_login", "saved_login",
 ]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,11 +97,12 @@ def test_a_file_that_is_not_gguf_is_refused_naming_it(tmp_path):
         import_model(tmp_path / "model.gguf", tmp_path / "out")
 
 
-def test_the_command_line_says_what_is_wrong_and_exits_2(tmp_path, capsys):
-    from tandem.cli import main
-
-    assert main(["models", "import", str(tmp_path / "missing.gguf"), str(tmp_path / "out")]) == 2
-    assert "missing.gguf does not exist" in capsys.readouterr().err
+def test_the_command_line_says_what_is_wrong_and_exits_2(tmp_path):
+    # `tandem models import` runs `python -m policy import` in its place: the same process, exit code and output.
+    result = subprocess.run([sys.executable, "-m", "tandem.cli", "models", "import", str(tmp_path / "missing.gguf"),
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "tandem models import:" in result.stderr and "missing.gguf does not exist" in result.stderr
 
 
 def test_a_copy_is_not_left_half_written_over_the_source(smollm2, tmp_path):

@@ -1,0 +1,34 @@
+"""``python -m policy import SOURCE DEST``: what ``tandem models import`` runs (:func:`policy.import_model`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from policy import ModelImportError, import_model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m policy", description="the policy package's tools")
+    tools = parser.add_subparsers(dest="tool", required=True)
+    model_import = tools.add_parser(
+        "import", help="a GGUF file or a Hugging Face directory as a Tandem-ready Hugging Face directory "
+        "(safetensors, config.json, tokenizer.json, the chat template), dequantized")
+    model_import.add_argument("source", help="a .gguf file, or a directory with config.json and *.safetensors")
+    model_import.add_argument("destination", help="the directory to write, e.g. var/models/<name>")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        destination = import_model(args.source, args.destination)
+    except ModelImportError as exc:
+        print(f"tandem models import: {exc}", file=sys.stderr)
+        return 2
+    print(f"imported {args.source} into {destination}: use it as model.hf_checkpoint and model.tokenizer")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
