@@ -1,8 +1,8 @@
 """The arrows between packages: import-linter's contracts, and what a process loads when it starts.
 
-import-linter reads every import statement, including those inside functions, so the one
-deliberate lazy import (the platform worker's checkpoint export) is listed as ignored there;
-the subprocess checks below prove that it stays lazy, by importing modules as their processes do.
+import-linter reads every import statement, including those inside functions, and the platform
+has no exception: even checkpoint exports run elsewhere (trainer/export_worker.py). The subprocess
+checks below import modules as their processes do.
 """
 
 from __future__ import annotations
@@ -97,6 +97,15 @@ def test_checkpoint_export_loads_no_run_loop_celery_or_redis():
     assert "jax" in loaded  # it does load JAX: that is its job
     unwanted = {name for name in loaded if name.split(".")[0] in ("celery", "redis", "workers")}
     assert "trainer.run_loop" not in loaded
+    assert not unwanted, sorted(unwanted)[:20]
+
+
+def test_the_export_worker_forks_its_children_before_any_jax():
+    """Its prefork parent imports neither JAX nor the model code (each export loads them in the child),
+    nor the platform's Django."""
+    loaded = _loaded_after("import trainer.export_worker")
+    unwanted = {name for name in loaded if name.split(".")[0] in (*HEAVY, "policy", "workers", "config")}
+    assert "trainer.checkpoint_export" not in loaded and "django.db" not in loaded
     assert not unwanted, sorted(unwanted)[:20]
 
 

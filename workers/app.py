@@ -13,17 +13,7 @@ from __future__ import annotations
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
-from tandem.contracts import (
-    DEMONSTRATIONS_TASK_NAME,
-    EVALUATION_QUEUE,
-    EVALUATION_TASK_NAME,
-    PLATFORM_QUEUE,
-    PROBE_QUEUE,
-    PROBE_REPORT_TASK_NAME,
-    PROBE_TASK_NAME,
-    ROLLOUT_QUEUE,
-    ROLLOUT_TASK_NAME,
-)
+from tandem.contracts import ROLLOUT_QUEUE, task_routes
 from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
 from tandem.runtime.run_logs import start_run_log_shipping, stop_run_log_shipping
 from workers import run_logs as _run_log_scopes  # noqa: F401 - connects the task signals that scope records
@@ -34,16 +24,9 @@ app = Celery("tandem_workers", broker=redis_url(), include=["workers.tasks"])
 
 app.conf.update(
     task_default_queue=ROLLOUT_QUEUE,
-    task_routes={
-        ROLLOUT_TASK_NAME: {"queue": ROLLOUT_QUEUE},
-        # SFT demonstrations are made where environment code runs (workers/demonstrations.py).
-        DEMONSTRATIONS_TASK_NAME: {"queue": ROLLOUT_QUEUE},
-        # Conformance probes of environments (workers/probe.py); their reports go
-        # to the platform's worker, which records them in the database.
-        PROBE_TASK_NAME: {"queue": PROBE_QUEUE},
-        EVALUATION_TASK_NAME: {"queue": EVALUATION_QUEUE},
-        PROBE_REPORT_TASK_NAME: {"queue": PLATFORM_QUEUE},
-    },
+    # Every task to its queue, from the one table (tandem.contracts.tasks): rollouts and SFT
+    # demonstrations on `rollouts`, evaluations, probes, and the probe reports the platform records.
+    task_routes=task_routes(),
     task_serializer="json",
     accept_content=["json"],
     # Results are never read: trajectories travel through the run's stream.

@@ -5,15 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from tandem.contracts import (
-    DEMONSTRATIONS_TASK_NAME,
-    EVALUATION_QUEUE,
-    EVALUATION_TASK_NAME,
-    PLATFORM_QUEUE,
-    PROBE_QUEUE,
-    PROBE_REPORT_TASK_NAME,
-    PROBE_TASK_NAME,
-    ROLLOUT_QUEUE,
-    ROLLOUT_TASK_NAME,
+    DEMONSTRATIONS,
+    EVALUATIONS,
+    PROBE,
+    PROBE_REPORT,
+    ROLLOUTS,
     EvaluationRequest,
 )
 from workers.app import app
@@ -30,7 +26,7 @@ _RETRIED_UNTIL_THE_RUN_IS_READY = {"autoretry_for": (RunNotReadyError,), "retry_
                                    "retry_backoff_max": 10, "max_retries": 30}
 
 
-@app.task(name=ROLLOUT_TASK_NAME, queue=ROLLOUT_QUEUE, bind=True, **_RETRIED_UNTIL_THE_RUN_IS_READY)
+@app.task(name=ROLLOUTS.name, bind=True, **_RETRIED_UNTIL_THE_RUN_IS_READY)
 def produce_rollouts(self, run_id: int, first_group_index: int, num_groups: int) -> dict:
     """Run ``num_groups`` episode groups of run ``run_id``, starting at ``first_group_index``.
 
@@ -55,8 +51,7 @@ _DEMONSTRATIONS_MAX_RETRIES = 30
 
 
 @app.task(
-    name=DEMONSTRATIONS_TASK_NAME,
-    queue=ROLLOUT_QUEUE,
+    name=DEMONSTRATIONS.name,
     bind=True,
     # The threads pool enforces no Celery time limit; these bound it under prefork. A step's
     # demonstrations take milliseconds to seconds; one that hangs leaves the trainer logging
@@ -88,7 +83,7 @@ def make_demonstrations(self, run_id: int, step: int, count: int, seed: int, too
     return {"run_id": run_id, "step": step, "demonstrations": len(batch.messages), "error": batch.error}
 
 
-@app.task(name=EVALUATION_TASK_NAME, queue=EVALUATION_QUEUE, bind=True, **_RETRIED_UNTIL_THE_RUN_IS_READY)
+@app.task(name=EVALUATIONS.name, bind=True, **_RETRIED_UNTIL_THE_RUN_IS_READY)
 def produce_evaluation_episodes(self, request: str) -> dict:
     """Run one slice of a held-out evaluation (``request``: an EvaluationRequest as JSON)."""
     evaluation = EvaluationRequest.model_validate_json(request)
@@ -112,8 +107,7 @@ def produce_evaluation_episodes(self, request: str) -> dict:
 
 
 @app.task(
-    name=PROBE_TASK_NAME,
-    queue=PROBE_QUEUE,
+    name=PROBE.name,
     # The probe's own per-check timeouts are what hold: the threads pool enforces
     # no Celery time limit. These bound it under prefork, above the sum of the
     # default check timeouts (ProbeTimeouts: 10 + 60 + 60 + 20 + 10 + 20 + 10 seconds).
@@ -124,4 +118,4 @@ def probe_environment(probe_id: int) -> None:
     """Probe the environment version the platform asked about under ``probe_id``; report back."""
     report = probe_by_id(redis_url=redis_url(), probe_id=probe_id)
     # The platform's worker has the database; the rollout worker needs only Redis.
-    app.send_task(PROBE_REPORT_TASK_NAME, args=[report.model_dump(mode="json")], queue=PLATFORM_QUEUE)
+    app.send_task(PROBE_REPORT.name, args=[report.model_dump(mode="json")])  # to its queue by task_routes

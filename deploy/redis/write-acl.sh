@@ -27,7 +27,7 @@ trainer=$(hash_of REDIS_TRAINER_PASSWORD)
 # Celery's keys (kombu's Redis transport): the queues (priority steps add a suffix to the name),
 # kombu's own keys (_kombu.*: the exchanges' bindings and their deadlines), the unacknowledged-message hash, index and mutex, the workers'
 # remote-control and reply queues (*.pidbox) and the event queues (celeryev.*).
-celery_keys='~rollouts* ~probes* ~evaluations* ~platform* ~_kombu.* ~unacked* ~*.pidbox ~celeryev*'
+celery_keys='~rollouts* ~probes* ~evaluations* ~exports* ~platform* ~_kombu.* ~unacked* ~*.pidbox ~celeryev*'
 # Tandem's keys other than the platform's own cache and Channels layer (tandem/contracts/keys.py).
 run_keys='~tandem:run:* ~tandem:rollout_task:* ~tandem:processes ~tandem:probe:* ~tandem:environment_version:* ~tandem:environment:*'
 # Environments' secret settings (tandem:secrets:*) go to the platform, which writes them, and the

@@ -37,7 +37,7 @@ from accounts.models import Membership, Project
 from accounts.permissions import project_require_writer
 from common.domain_errors import Conflict, InvalidInput
 from environment_registry.models import EnvironmentProbe, EnvironmentVersion
-from tandem.contracts import WEBHOOKS_QUEUE, RunStatus, TrainerStepEvent
+from tandem.contracts import RunStatus, TrainerStepEvent
 
 from .models import (
     AlertCondition,
@@ -53,8 +53,6 @@ logger = logging.getLogger(__name__)
 
 Kind = AlertRule.Kind
 Delivery = WebhookDelivery.Status
-WEBHOOK_TASK_NAME = "tandem.alerts.deliver_webhook"
-WEBHOOK_RESUME_TASK_NAME = "tandem.alerts.resume_abandoned_webhook_deliveries"
 # The window of TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE, and its counters' key (in the Redis cache).
 RATE_WINDOW_S = 60
 RATE_KEY = "alerts:webhook-posts:{url_hash}:{window}"
@@ -407,7 +405,7 @@ def _delivery_send(delivery_id: int) -> None:
     # name, so that a Celery app told to run tasks eagerly (the tests) runs it, retries included.
     from .tasks import deliver_webhook
 
-    deliver_webhook.apply_async(args=[delivery_id], queue=WEBHOOKS_QUEUE)
+    deliver_webhook.apply_async(args=[delivery_id])  # to its queue (tandem.contracts.WEBHOOK_DELIVERY)
 
 
 # ---- notifications ---------------------------------------------------------------------------------

@@ -6,22 +6,26 @@ import logging
 import shutil
 from pathlib import Path
 
-from celery import current_app as celery_app
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
 from accounts.permissions import project_require_writer
 from common.domain_errors import Conflict
+from common.tasks import send_task
 from runs.models import Run
-from tandem.contracts import PLATFORM_QUEUE, CheckpointReport
+from tandem.contracts import (
+    CHECKPOINT_EXPORT,
+    CheckpointExportReport,
+    CheckpointExportRequest,
+    CheckpointReport,
+)
 
 from .models import Checkpoint
 from .selectors import checkpoint_path_in_root
 
 logger = logging.getLogger(__name__)
 
-EXPORT_TASK_NAME = "tandem.platform.export_checkpoint"
 # Inside the step directory, so retention (Orbax deletes the step directory) takes the export along.
 EXPORT_SUBDIR = "safetensors"
 RETENTION_REASON = "retention"
@@ -58,44 +62,57 @@ def _require_available(checkpoint: Checkpoint) -> None:
 
 
 def checkpoint_export_start(*, user: AbstractBaseUser, checkpoint: Checkpoint) -> Checkpoint:
-    """Queue a safetensors export of ``checkpoint`` on the platform worker (sent when the transaction commits)."""
+    """Queue a safetensors export of ``checkpoint`` for the export worker (sent when the transaction commits).
+
+    The export loads JAX and may take an hour: it runs on the trainer side (trainer/export_worker.py,
+    queue ``exports``), which reports back with :func:`checkpoint_export_record`.
+    """
     project_require_writer(user=user, project=checkpoint.run.project)
     with transaction.atomic():
-        checkpoint = Checkpoint.objects.select_for_update().get(pk=checkpoint.pk)
+        checkpoint = Checkpoint.objects.select_for_update().select_related("run").get(pk=checkpoint.pk)
         _require_available(checkpoint)
         if checkpoint.export_status == Checkpoint.ExportStatus.EXPORTING:
             raise Conflict(f"Checkpoint of step {checkpoint.step} of run {checkpoint.run_id} is being exported.")
         checkpoint.export_status, checkpoint.export_error = Checkpoint.ExportStatus.EXPORTING, ""
         checkpoint.save(update_fields=["export_status", "export_error"])
-        transaction.on_commit(lambda: _export_send(checkpoint.pk))
+        request = checkpoint_export_request(checkpoint)
+        transaction.on_commit(lambda: send_task(CHECKPOINT_EXPORT, request.model_dump(mode="json")))
     return checkpoint
 
 
-def _export_send(checkpoint_id: int) -> None:
-    celery_app.send_task(EXPORT_TASK_NAME, args=[checkpoint_id], queue=PLATFORM_QUEUE)
-
-
-def checkpoint_export_run(*, checkpoint_id: int) -> Checkpoint:
-    """Do a queued export (the platform worker's task): restore the step and write safetensors next to it."""
-    checkpoint = Checkpoint.objects.select_related("run").get(pk=checkpoint_id)
-    if checkpoint.status != Checkpoint.Status.AVAILABLE or checkpoint.export_status != Checkpoint.ExportStatus.EXPORTING:
-        return checkpoint
-    # jax and the model code load only in the process that exports.
-    from trainer.checkpoint_export import export_checkpoint
-
+def checkpoint_export_request(checkpoint: Checkpoint) -> CheckpointExportRequest:
+    """What the export worker needs for ``checkpoint``: its run's config, where it is and where the export goes."""
     step_directory = Path(checkpoint.path)
-    destination = step_directory / EXPORT_SUBDIR
-    try:
-        export_checkpoint(checkpoint.run.config, run_directory=step_directory.parent, step=checkpoint.step,
-                          destination=destination)
-    except Exception as exc:  # any failure is the export's outcome, shown to the user
-        logger.exception("export of checkpoint %s failed", checkpoint_id)
-        fields = {"export_status": Checkpoint.ExportStatus.FAILED, "export_error": f"{type(exc).__name__}: {exc}"}
-    else:
-        fields = {"export_status": Checkpoint.ExportStatus.EXPORTED, "export_path": str(destination)}
-    # A checkpoint deleted meanwhile stays deleted.
-    Checkpoint.objects.filter(pk=checkpoint_id, status=Checkpoint.Status.AVAILABLE).update(**fields)
-    checkpoint.refresh_from_db()
+    return CheckpointExportRequest(checkpoint_id=checkpoint.pk, run_config=checkpoint.run.config,
+                                   run_directory=str(step_directory.parent), step=checkpoint.step,
+                                   destination=str(step_directory / EXPORT_SUBDIR))
+
+
+def checkpoint_export_record(*, report: CheckpointExportReport) -> Checkpoint | None:
+    """Record what the export worker reports of an export; None if the checkpoint is gone.
+
+    A report of a checkpoint that is not being exported (deleted meanwhile, or a report sent twice)
+    changes nothing, and one naming another destination than the checkpoint's is recorded as failed.
+    """
+    with transaction.atomic():
+        checkpoint = Checkpoint.objects.select_for_update().select_related("run").filter(
+            pk=report.checkpoint_id).first()
+        if checkpoint is None:
+            logger.warning("export of checkpoint %s reported, but it no longer exists", report.checkpoint_id)
+            return None
+        if (checkpoint.status != Checkpoint.Status.AVAILABLE
+                or checkpoint.export_status != Checkpoint.ExportStatus.EXPORTING):
+            return checkpoint
+        expected = checkpoint_export_request(checkpoint).destination
+        if report.destination != expected:
+            checkpoint.export_status = Checkpoint.ExportStatus.FAILED
+            checkpoint.export_error = (f"the export worker reported destination {report.destination!r}, "
+                                       f"not the checkpoint's {expected!r}")
+        elif report.status == "exported":
+            checkpoint.export_status, checkpoint.export_path = Checkpoint.ExportStatus.EXPORTED, expected
+        else:
+            checkpoint.export_status, checkpoint.export_error = Checkpoint.ExportStatus.FAILED, report.error
+        checkpoint.save(update_fields=["export_status", "export_path", "export_error"])
     return checkpoint
 
 

@@ -1,13 +1,21 @@
-"""Platform worker tasks of checkpoints; thin: they call a service."""
+"""Platform worker tasks of checkpoints; thin: they call a service.
 
-from celery import shared_task
+The export itself runs on the export worker (trainer/export_worker.py, queue ``exports``), where
+JAX is; the platform only records what it reports, a short database write on the platform queue.
+"""
 
-from .services import EXPORT_TASK_NAME, checkpoint_export_run
+from django.db import OperationalError
+
+from common.tasks import platform_task
+from tandem.contracts import CHECKPOINT_EXPORT_REPORT, CheckpointExportReport
+
+from .services import checkpoint_export_record
 
 
-# On the platform's "platform" queue (CELERY_TASK_DEFAULT_QUEUE); an export of a
-# large model reads and writes gigabytes, hence the generous limit.
-@shared_task(name=EXPORT_TASK_NAME, time_limit=3600, soft_time_limit=3500)
-def export_checkpoint(checkpoint_id: int) -> str:
-    """Write the checkpoint as safetensors next to it; returns the export status."""
-    return checkpoint_export_run(checkpoint_id=checkpoint_id).export_status
+# A deadlock or a lost connection is transient: the report is recorded on a later try rather than lost.
+@platform_task(CHECKPOINT_EXPORT_REPORT, soft_time_limit=30, time_limit=60,
+               autoretry_for=(OperationalError,), retry_backoff=1, retry_backoff_max=30, max_retries=6)
+def record_checkpoint_export(report: dict) -> str | None:
+    """Store an export's outcome (a CheckpointExportReport as JSON); returns the export status."""
+    checkpoint = checkpoint_export_record(report=CheckpointExportReport.model_validate(report))
+    return None if checkpoint is None else checkpoint.export_status

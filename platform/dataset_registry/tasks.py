@@ -6,23 +6,20 @@ process and from the platform queue's short writes (probe reports, the reaper).
 
 from __future__ import annotations
 
-from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from tandem.contracts import DATASETS_QUEUE
+from common.tasks import platform_task
+from tandem.contracts import DATASET_STORE_VERSION, DATASET_TOKEN_STATS
 
 from .services import dataset_version_fail, dataset_version_store, version_token_stats_compute
-
-STORE_VERSION_TASK_NAME = "tandem.datasets.store_version"
-TOKEN_STATS_TASK_NAME = "tandem.datasets.compute_token_stats"
 
 
 # acks_late with reject_on_worker_lost: a worker killed mid-version hands the version to the next
 # one, which goes on from the rows already stored.
-@shared_task(name=STORE_VERSION_TASK_NAME, queue=DATASETS_QUEUE, acks_late=True, reject_on_worker_lost=True,
-             soft_time_limit=settings.TANDEM_DATASET_STORE_TIME_LIMIT_S,
-             time_limit=settings.TANDEM_DATASET_STORE_TIME_LIMIT_S + 60)
+@platform_task(DATASET_STORE_VERSION, acks_late=True, reject_on_worker_lost=True,
+               soft_time_limit=settings.TANDEM_DATASET_STORE_TIME_LIMIT_S,
+               time_limit=settings.TANDEM_DATASET_STORE_TIME_LIMIT_S + 60)
 def store_dataset_version(version_id: int) -> None:
     """Store the rows of a pending dataset version from the file the web process kept."""
     try:
@@ -34,7 +31,7 @@ def store_dataset_version(version_id: int) -> None:
 
 
 # Counting 2,000 rows with a model's tokenizer takes about a minute at worst.
-@shared_task(name=TOKEN_STATS_TASK_NAME, queue=DATASETS_QUEUE, soft_time_limit=300, time_limit=360)
+@platform_task(DATASET_TOKEN_STATS, soft_time_limit=300, time_limit=360)
 def compute_token_stats(stats_id: int) -> None:
     """Count a version's tokens under one tokenizer, once, and store the counts."""
     version_token_stats_compute(stats_id=stats_id)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import redis
-from celery import current_app as celery_app
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -22,14 +21,14 @@ from accounts.models import Project
 from accounts.permissions import project_require_writer
 from alerts.services import alerts_probe_recorded
 from common.domain_errors import Conflict, InvalidInput, NotFound
+from common.tasks import send_task
 from tandem.allowlists.environment_modules import EnvironmentModuleRefused, check_environment_target
 from tandem.allowlists.environment_urls import EnvironmentURLRefused, check_environment_url
 from tandem.contracts import (
     ADAPTER_ENTRYPOINTS,
     ENVIRONMENT_KINDS,
     KEY_PREFIX,
-    PROBE_QUEUE,
-    PROBE_TASK_NAME,
+    PROBE,
     EnvironmentSpec,
     ProbeCheck,
     ProbeReport,
@@ -313,7 +312,7 @@ def _probe_send(request: ProbeRequest, secrets: str | None) -> None:
         client.set(probe_request_key(request.probe_id), request.model_dump_json(), ex=PROBE_REQUEST_TTL_S)
     finally:
         client.close()
-    celery_app.send_task(PROBE_TASK_NAME, args=[request.probe_id], queue=PROBE_QUEUE)
+    send_task(PROBE, request.probe_id)
 
 
 def _probe_secrets_delete(probe_id: int) -> None:
@@ -481,7 +480,7 @@ def environment_probes_expire(*, now=None) -> int:
             status="failed",
             message=(
                 f"no worker reported within {settings.TANDEM_PROBE_EXPIRY_S:g}s; is a `tandem "
-                f"worker` consuming the '{PROBE_QUEUE}' queue?"
+                f"worker` consuming the '{PROBE.queue}' queue?"
             ),
         )
         report = ProbeReport(

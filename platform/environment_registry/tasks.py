@@ -11,23 +11,21 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
 from django.db import OperationalError
 
 from common.domain_errors import NotFound
-from tandem.contracts import PLATFORM_QUEUE, PROBE_REPORT_TASK_NAME, ProbeReport
+from common.tasks import platform_task
+from tandem.contracts import HEALTH_SWEEP, PROBE_REPORT, ProbeReport
 
 from .services import environment_health_sweep, environment_probe_record
 
 logger = logging.getLogger(__name__)
 
-HEALTH_SWEEP_TASK_NAME = "tandem.environments.health_sweep"
-
 
 # A deadlock or a lost connection is transient: the report is recorded on a later try rather than
 # lost, which would leave its probe pending and its environment's runs waiting.
-@shared_task(name=PROBE_REPORT_TASK_NAME, queue=PLATFORM_QUEUE, soft_time_limit=30, time_limit=60,
-             autoretry_for=(OperationalError,), retry_backoff=1, retry_backoff_max=30, max_retries=6)
+@platform_task(PROBE_REPORT, soft_time_limit=30, time_limit=60,
+               autoretry_for=(OperationalError,), retry_backoff=1, retry_backoff_max=30, max_retries=6)
 def record_probe_report(report: dict) -> None:
     """Store a probe report a worker sent (a ProbeReport as JSON)."""
     parsed = ProbeReport.model_validate(report)
@@ -38,7 +36,7 @@ def record_probe_report(report: dict) -> None:
         logger.warning("probe %s reported, but it no longer exists", parsed.probe_id)
 
 
-@shared_task(name=HEALTH_SWEEP_TASK_NAME, queue=PLATFORM_QUEUE, soft_time_limit=60, time_limit=120)
+@platform_task(HEALTH_SWEEP, soft_time_limit=60, time_limit=120)
 def health_sweep() -> dict:
     """Expire unanswered probes and request a health probe of every version in use."""
     return environment_health_sweep()

@@ -247,6 +247,12 @@ class LocalStack:
                 "--name", f"{queue}@%h", "--concurrency", str(concurrency),
             ])
 
+    def start_export_worker(self) -> None:
+        """The export worker (trainer/export_worker.py): checkpoints' safetensors exports, where JAX is."""
+        self._spawn("export-worker", [
+            sys.executable, "-m", "trainer.export_worker", "--name", "exports@%h",
+        ], env=self._trainer_env())
+
     def start_workers(self) -> None:
         for index in range(self.config.workers):
             self.start_worker(index)
@@ -274,6 +280,7 @@ class LocalStack:
         self.start_web()
         self.start_platform_worker()
         self.start_platform_queue_workers()
+        self.start_export_worker()
         self.start_workers()
         self.start_trainer(trainer_token=credentials.trainer_token)
 

@@ -1,6 +1,8 @@
-"""Committed checkpoints of a run, as the trainer reports them to the platform."""
+"""Committed checkpoints of a run, as the trainer reports them to the platform, and their exports."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,3 +24,31 @@ class CheckpointReport(Record):
     """Every committed checkpoint of a run now on disk; those missing from it were removed by retention."""
 
     checkpoints: list[CheckpointInfo]
+
+
+class CheckpointExportRequest(Record):
+    """A safetensors export the platform asks of the export worker (the argument of CHECKPOINT_EXPORT).
+
+    It carries all the export needs, so the worker needs neither the database nor the platform's API:
+    the run's config (the train state's structure) and where the step is and the export goes.
+    """
+
+    checkpoint_id: int
+    run_config: dict = Field(description="The run's config as the platform stored it.")
+    run_directory: str = Field(min_length=1, description="The run's checkpoint directory (the step's parent).")
+    step: int = Field(ge=0)
+    destination: str = Field(min_length=1, description="The directory the Hugging Face files go to.")
+
+
+class CheckpointExportReport(Record):
+    """An export's outcome, sent back to the platform as the argument of CHECKPOINT_EXPORT_REPORT."""
+
+    checkpoint_id: int
+    status: Literal["exported", "failed"]
+    destination: str = Field(min_length=1, description="The request's destination, as asked.")
+    files: tuple[str, ...] = Field((), description="Names of the written files, in the destination.")
+    size_bytes: int = Field(0, ge=0, description="Bytes of the written files.")
+    error: str = Field("", description="Why it failed: the exception's type and message.")
+    worker: str = Field("", description="`hostname:pid` of the export worker.")
+    started_at: float
+    finished_at: float

@@ -12,13 +12,15 @@ import pytest
 from flax import nnx
 
 from checkpoints.models import Checkpoint
-from checkpoints.tasks import export_checkpoint
+from checkpoints.services import checkpoint_export_request
+from checkpoints.tasks import record_checkpoint_export
 from policy.hf import load_hf_checkpoint
 from runs.services import run_claim_next, run_heartbeat
 from tandem.configs.run import RunConfig
 from tandem.contracts import CheckpointReport, TrainerHeartbeat
 from tests.trainer.factories import save_checkpoints
 from trainer.checkpoints import RunCheckpointer
+from trainer.export_worker import run_export
 
 RUN_CONFIG = {"model": {"d_model": 32, "num_layers": 2, "num_heads": 2, "mlp_dim": 64, "max_seq_len": 32},
               "checkpoint": {"kept": 2}, "sft_steps": 2, "rl_steps": 2}
@@ -113,8 +115,12 @@ def test_export_then_download_gives_the_checkpoints_parameters(api, trainer_api,
     assert started.status_code == 202, started.json()
     assert started.json()["export_status"] == "exporting"
     assert api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").status_code == 409
-    # What the platform worker runs on receiving the task.
-    assert export_checkpoint(started.json()["id"]) == "exported"
+    # What the export worker runs on the request it is sent, then the platform worker on its report
+    # (tests/platform/test_checkpoint_export_worker.py runs both as processes).
+    report = run_export(checkpoint_export_request(Checkpoint.objects.get(pk=started.json()["id"])))
+    assert (report.status, report.files) == ("exported", ("config.json", "model.safetensors")), report.error
+    assert report.size_bytes > 0
+    assert record_checkpoint_export(report.model_dump(mode="json")) == "exported"
     detail = api.get(f"/api/runs/{run.pk}/checkpoints/1/").json()
     assert detail["export_status"] == "exported" and detail["download_url"].endswith(download)
 
@@ -129,6 +135,46 @@ def test_export_then_download_gives_the_checkpoints_parameters(api, trainer_api,
     assert len(saved_leaves) == len(loaded_leaves)
     for path, value in saved_leaves:
         np.testing.assert_array_equal(np.asarray(loaded_leaves[path]), np.asarray(value), err_msg=str(path))
+
+
+def test_a_failed_export_shows_why_and_can_be_tried_again(api, trainer_api, run, checkpointer):
+    save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 2))
+    _report(trainer_api, run, checkpointer)
+    started = api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").json()
+    request = checkpoint_export_request(Checkpoint.objects.get(pk=started["id"]))
+    # The step's files went missing before the export worker got to them.
+    broken = request.model_copy(update={"run_directory": str(Path(request.run_directory) / "gone")})
+    report = run_export(broken)
+    assert report.status == "failed" and report.error, report
+    assert record_checkpoint_export(report.model_dump(mode="json")) == "failed"
+    detail = api.get(f"/api/runs/{run.pk}/checkpoints/1/").json()
+    assert (detail["export_status"], detail["export_error"]) == ("failed", report.error)
+    assert api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").status_code == 202
+
+
+def test_an_export_report_naming_another_destination_is_recorded_as_failed(api, trainer_api, run, checkpointer,
+                                                                          tmp_path):
+    save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 2))
+    _report(trainer_api, run, checkpointer)
+    started = api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").json()
+    request = checkpoint_export_request(Checkpoint.objects.get(pk=started["id"]))
+    elsewhere = run_export(request.model_copy(update={"destination": str(tmp_path / "elsewhere")}))
+    assert elsewhere.status == "exported", elsewhere.error
+    assert record_checkpoint_export(elsewhere.model_dump(mode="json")) == "failed"
+    checkpoint = Checkpoint.objects.get(pk=started["id"])
+    assert checkpoint.export_path == "" and "elsewhere" in checkpoint.export_error
+    assert api.get(f"/api/runs/{run.pk}/checkpoints/1/download/").status_code == 404
+
+
+def test_an_export_reported_after_its_checkpoint_was_deleted_leaves_it_deleted(api, trainer_api, run, checkpointer):
+    save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 3))
+    _report(trainer_api, run, checkpointer)
+    started = api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").json()
+    request = checkpoint_export_request(Checkpoint.objects.get(pk=started["id"]))
+    report = run_export(request)
+    assert api.delete(f"/api/runs/{run.pk}/checkpoints/1/").status_code == 200
+    assert record_checkpoint_export(report.model_dump(mode="json")) == "exporting"
+    assert Checkpoint.objects.get(pk=started["id"]).status == "deleted"
 
 
 def test_delete_removes_the_files_but_never_the_newest_of_an_active_run(api, trainer_api, run, checkpointer):

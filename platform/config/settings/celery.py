@@ -1,12 +1,23 @@
 """Celery, as configured for the platform's own app (config/celery.py)."""
 
-from tandem.contracts import WEBHOOKS_QUEUE
+from tandem.contracts import (
+    DRAIN_RUN_LOGS,
+    FLAG_STALLED_RUNS,
+    HEALTH_SWEEP,
+    PLATFORM_QUEUE,
+    REAP_DEAD_TRAINERS,
+    WEBHOOK_RESUME,
+    TaskRoute,
+    task_routes,
+)
 
 from .env_vars import REDIS_URL, env_float, env_str
 
 CELERY_BROKER_URL = REDIS_URL
 # The platform's tasks never share a queue with the rollout producers' queue.
-CELERY_TASK_DEFAULT_QUEUE = "platform"
+CELERY_TASK_DEFAULT_QUEUE = PLATFORM_QUEUE
+# Every task to its queue, from the one table (tandem.contracts.tasks): senders name no queue.
+CELERY_TASK_ROUTES = task_routes()
 # Platform tasks report through the database, never through Celery results.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = 300
@@ -22,35 +33,25 @@ TANDEM_REAPER_INTERVAL_S = env_float("TANDEM_REAPER_INTERVAL_S", 10.0)
 # How often the platform stores what the runs' trainers and producers logged: the lag of the run
 # page's live log (one XINFO and XRANGE per run that may still log).
 TANDEM_RUN_LOG_DRAIN_INTERVAL_S = env_float("TANDEM_RUN_LOG_DRAIN_INTERVAL_S", 2.0)
+
+
+def _every(route: TaskRoute, interval_s: float, *, expires_s: float | None = None) -> dict:
+    """A beat entry: ``route``'s task to its queue every ``interval_s``, dropped if unsent after ``expires_s``
+    (default: the interval)."""
+    return {"task": route.name, "schedule": interval_s,
+            "options": {"queue": route.queue, "expires": interval_s if expires_s is None else expires_s}}
+
+
 # Celery beat (run embedded in the platform worker: `tandem platform-worker`,
 # which `tandem up` starts) sends the reaper and the environment health sweep,
 # which probes every version in use again and marks failures unhealthy.
 CELERY_BEAT_SCHEDULE = {
-    "reap-dead-trainers": {
-        "task": "tandem.platform.reap_dead_trainers",
-        "schedule": TANDEM_REAPER_INTERVAL_S,
-        "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": TANDEM_REAPER_INTERVAL_S},
-    },
+    "reap-dead-trainers": _every(REAP_DEAD_TRAINERS, TANDEM_REAPER_INTERVAL_S),
     # The progress watchdog: flags running runs whose step stopped advancing (config.stall_timeout_s).
-    "flag-stalled-runs": {
-        "task": "tandem.platform.flag_stalled_runs",
-        "schedule": TANDEM_REAPER_INTERVAL_S,
-        "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": TANDEM_REAPER_INTERVAL_S},
-    },
-    "drain-run-logs": {
-        "task": "tandem.platform.drain_run_logs",
-        "schedule": TANDEM_RUN_LOG_DRAIN_INTERVAL_S,
-        "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": TANDEM_RUN_LOG_DRAIN_INTERVAL_S},
-    },
+    "flag-stalled-runs": _every(FLAG_STALLED_RUNS, TANDEM_REAPER_INTERVAL_S),
+    "drain-run-logs": _every(DRAIN_RUN_LOGS, TANDEM_RUN_LOG_DRAIN_INTERVAL_S),
     # Webhook deliveries whose worker was killed mid-post (alerts.services.webhook_deliveries_resume).
-    "resume-abandoned-webhook-deliveries": {
-        "task": "tandem.alerts.resume_abandoned_webhook_deliveries",
-        "schedule": 60.0,
-        "options": {"queue": WEBHOOKS_QUEUE, "expires": 60},
-    },
-    "environment-health-sweep": {
-        "task": "tandem.environments.health_sweep",
-        "schedule": float(env_str("TANDEM_HEALTH_CHECK_INTERVAL_S", "60")),
-        "options": {"queue": CELERY_TASK_DEFAULT_QUEUE, "expires": 60},
-    },
+    "resume-abandoned-webhook-deliveries": _every(WEBHOOK_RESUME, 60.0),
+    "environment-health-sweep": _every(HEALTH_SWEEP, float(env_str("TANDEM_HEALTH_CHECK_INTERVAL_S", "60")),
+                                       expires_s=60),
 }
