@@ -42,6 +42,11 @@ def cmd_worker(args) -> int:
     _become([sys.executable, "-m", "workers", *_passed_on(args)])
 
 
+def cmd_export_worker(args) -> int:
+    """``python -m trainer.export_worker`` with the same arguments: checkpoints' safetensors exports."""
+    _become([sys.executable, "-m", "trainer.export_worker", *_passed_on(args)])
+
+
 def platform_worker_command(*, queues: str | None = None, pool: str | None = None, concurrency: int = 2,
                             name: str = "platform@%h", loglevel: str = "INFO",
                             schedule_file: str | Path = "var/celerybeat-schedule",
@@ -211,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run a Celery rollout worker process (python -m workers)",
                                  add_help=False)
     worker.set_defaults(func=cmd_worker, passes_on=True)
+    export_worker = commands.add_parser(
+        "export-worker", help="run the Celery worker of checkpoint exports (python -m trainer.export_worker)",
+        add_help=False)
+    export_worker.set_defaults(func=cmd_export_worker, passes_on=True)
 
     platform_worker = commands.add_parser(
         "platform-worker", help="run the platform's Celery worker and beat (probe reports, health checks, reaper)")
