@@ -15,7 +15,8 @@
   end-to-end tests a database per stack);
 * a Channels prefix of the run's own, ``TANDEM_TEST_CHANNELS_PREFIX``.
 
-The system's Redis and PostgreSQL (on 6379, 5432 or anywhere) are never used nor touched, so two
+It needs only the standard library (and the servers' binaries), not the project's virtual
+environment. The system's Redis and PostgreSQL (on 6379, 5432 or anywhere) are never used nor touched, so two
 checkouts (or two runs of one) can run the suite at once beside a ``tandem up``. Servers left by
 a run whose shell is gone (a killed ``make``) are stopped by the next ``start``.
 """
@@ -31,6 +32,7 @@ import pwd
 import secrets
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,19 +76,24 @@ class RunState:
 
 
 def _free_port() -> int:
-    from tandem.runtime.local_ports import free_local_port
+    from tandem.runtime.local_ports import free_local_port  # stdlib only, as this whole module
 
     return free_local_port()
 
 
 # --- Redis -------------------------------------------------------------------------------------
 
-def _redis_answers(port: int) -> bool:
-    import redis
+def _redis_command(port: int, command: str) -> bytes:
+    """One inline command to the redis-server on ``port``, its first reply (b"" when it closed the connection)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as connection:
+        connection.sendall(f"{command}\r\n".encode())
+        return connection.recv(256)
 
+
+def _redis_answers(port: int) -> bool:
     try:
-        return bool(redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1).ping())
-    except redis.RedisError:
+        return _redis_command(port, "PING").startswith(b"+PONG")
+    except OSError:
         return False
 
 
@@ -128,14 +135,12 @@ def _new_lines(path: Path, offset: int) -> str:
 
 
 def stop_redis(port: int, directory: Path) -> None:
-    import redis
-
     try:
-        redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1).shutdown(nosave=True)
-    except redis.ConnectionError:
-        pass  # shutdown closes the connection; or it was already gone
-    except redis.RedisError as exc:
-        print(f"suite services: redis-server on {port} refused shutdown ({exc}); killing it", file=sys.stderr)
+        reply = _redis_command(port, "SHUTDOWN NOSAVE")
+    except OSError:
+        reply = b""  # gone already, or it closed the connection as it shut down
+    if reply.startswith(b"-"):
+        print(f"suite services: redis-server on {port} refused shutdown ({reply!r}); killing it", file=sys.stderr)
         _kill_pidfile(directory / "redis.pid")
 
 
@@ -227,10 +232,10 @@ def start_postgres(preferred_dir: Path, database: str) -> tuple[int, Path, Path,
             raise ServiceError(f"pg_ctl start failed:\n{started.stdout}{started.stderr}\n{_tail(log)}")
     else:
         raise ServiceError(f"PostgreSQL found no free port:\n{_tail(log)}")
-    import psycopg
-
-    with psycopg.connect(f"postgresql://{ROLE}@127.0.0.1:{port}/postgres", autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
+    created = subprocess.run([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", ROLE, database],
+                             capture_output=True, text=True)
+    if created.returncode != 0:
+        raise ServiceError(f"createdb {database} failed:\n{created.stdout}{created.stderr}")
     return port, data, bin_dir, user
 
 
