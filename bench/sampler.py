@@ -23,7 +23,14 @@ from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policy import ByteTokenizer, InferenceEngine, Transformer, TransformerConfig, split_model  # noqa: E402
+from policy import (  # noqa: E402
+    ByteTokenizer,
+    InferenceEngine,
+    SamplingParams,
+    Transformer,
+    TransformerConfig,
+    split_model,
+)
 from tandem.configs.model import ModelConfig  # noqa: E402
 
 BYTES = ByteTokenizer()
@@ -58,7 +65,9 @@ async def _episodes(
                 session = f"{index}" if reuse else f"{index}/{turn}"
                 began = time.perf_counter()
                 completion = await engine.generate(
-                    session, conversation, max_new_tokens=max_new_tokens, seed=index * 100 + turn
+                    session,
+                    conversation,
+                    SamplingParams(max_new_tokens=max_new_tokens, seed=index * 100 + turn),
                 )
                 latencies.append(time.perf_counter() - began)
                 generated += len(completion.token_ids)

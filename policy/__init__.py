@@ -17,7 +17,8 @@ InferenceEngine``), never from its modules, which are private and may move.
 - LoRA: :func:`apply_lora`, and the base/adapter split the transports and
   exports use.
 - Weight transports behind :class:`WeightPublisher` and :class:`WeightSubscriber`.
-- The inference engine (:mod:`policy.engine`): :class:`InferenceEngine`, and
+- The inference engine (:mod:`policy.engine`): :class:`InferenceEngine`, the
+  :class:`SamplingParams` every turn is submitted with, and
   :class:`Sampler`, its synchronous front for callers with all their prompts at hand
   (evaluation, benchmarks).
 """
@@ -25,7 +26,7 @@ InferenceEngine``), never from its modules, which are private and may move.
 from policy.byte_layout import Conversation
 from policy.chat_template import ChatTemplateError
 from policy.compilation_cache import enable_compilation_cache
-from policy.engine import Completion, EngineStats, InferenceEngine
+from policy.engine import Completion, EngineStats, InferenceEngine, SamplingParams
 from policy.factory import create_model, policy_config
 from policy.hf import CheckpointError, export_hf_checkpoint, load_hf_checkpoint
 from policy.lora import FrozenParam, apply_lora, fold_adapters, split_adapters
@@ -100,5 +101,6 @@ __all__ = [
     "EngineStats",
     "InferenceEngine",
     "Sampler",
+    "SamplingParams",
     "enable_compilation_cache",
 ]

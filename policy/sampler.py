@@ -15,13 +15,14 @@ Producers do not use this class: they share one long-lived engine per run
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 
 import numpy as np
 from flax import nnx
 
-from policy.engine import Completion, InferenceEngine
+from policy.engine import Completion, InferenceEngine, SamplingParams
 from policy.model import Transformer, TransformerConfig
 
 __all__ = ["Sampler"]
@@ -89,36 +90,24 @@ class Sampler:
         self,
         params: nnx.State,
         prompts: list[list[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        seed: int,
-        top_p: float = 1.0,
-        top_k: int = 0,
+        sampling: SamplingParams,
     ) -> list[Completion]:
-        """Sample up to ``max_new_tokens`` tokens after each prompt.
+        """Sample up to ``sampling.max_new_tokens`` tokens after each prompt.
 
+        ``sampling.seed`` seeds the batch: each row draws its own seed from it.
         Rows are independent: a row's tokens depend on the seed, its index in
         ``prompts`` and its prompt, never on the other prompts (up to float
         rounding of differently padded batches).
         """
-        row_seeds = np.random.default_rng(seed).integers(0, 2**31 - 1, len(prompts)).tolist()
+        rng = np.random.default_rng(sampling.seed)
+        row_seeds = rng.integers(0, 2**31 - 1, len(prompts)).tolist()
         with self._lock:
             self._engine.set_params(params, version=0)
             futures = []
             for index, (prompt, row_seed) in enumerate(zip(prompts, row_seeds, strict=True)):
                 try:
-                    futures.append(
-                        self._engine.submit(
-                            None,
-                            prompt,
-                            max_new_tokens=max_new_tokens,
-                            temperature=temperature,
-                            top_p=top_p,
-                            top_k=top_k,
-                            seed=row_seed,
-                        )
-                    )
+                    row_sampling = dataclasses.replace(sampling, seed=row_seed)
+                    futures.append(self._engine.submit(None, prompt, row_sampling))
                 except ValueError as exc:
                     for future in futures:
                         future.cancel()  # still queued: the engine drops them

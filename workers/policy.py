@@ -26,6 +26,7 @@ from policy import (
     Completion,
     InferenceEngine,
     RedisWeightSubscriber,
+    SamplingParams,
     Transformer,
     WeightSubscriber,
     enable_compilation_cache,
@@ -197,12 +198,14 @@ class BatchingPolicy:
         return await self._runtime.engine.generate(
             session_id,
             prompt,
-            max_new_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            stop=tuple(sampling.stop_strings),
-            seed=hash((self._seed, self._requests)) & 0x7FFFFFFF,
+            SamplingParams(
+                max_new_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                stop=tuple(sampling.stop_strings),
+                seed=hash((self._seed, self._requests)),
+            ),
         )
 
     def end_session(self, session_id: Hashable) -> None:

@@ -50,11 +50,13 @@ and the slot layout of the cache) and :mod:`~policy.engine.engine` (the
 
 from policy.engine.engine import Completion, EngineStats, InferenceEngine
 from policy.engine.sampling import sample_tokens, sample_with_uniform, uniform_draws
+from policy.engine.scheduler import SamplingParams
 
 __all__ = [
     "Completion",
     "EngineStats",
     "InferenceEngine",
+    "SamplingParams",
     "sample_tokens",
     "sample_with_uniform",
     "uniform_draws",

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from policy.engine.kernels import KernelShape, kernels_for
-from policy.engine.scheduler import Request, Scheduler, Slot, StopReason
+from policy.engine.scheduler import Request, SamplingParams, Scheduler, Slot, StopReason
 from policy.model import KVCache, Transformer, TransformerConfig
 
 logger = logging.getLogger(__name__)
@@ -249,37 +249,22 @@ class InferenceEngine:
         self,
         session_id: Hashable | None,
         prompt_tokens: Sequence[int],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        stop: Sequence[str] = (),
-        seed: int = 0,
+        sampling: SamplingParams,
     ) -> concurrent.futures.Future:
         """Queue one turn; the future resolves to a :class:`Completion`.
 
         ``session_id`` None is a one-off request whose slot is freed at once.
         A session may have one request in flight at a time. The completion
-        depends only on the prompt, the sampling arguments, ``seed`` and the
+        depends only on the prompt, ``sampling`` (its seed included) and the
         weights, not on what else is being decoded (up to float rounding of
         differently shaped batches).
 
         Raises:
           ValueError: the prompt is empty or does not fit with max_new_tokens,
-            a sampling argument is out of range, or the session is busy.
+            stop strings without ``detokenize``, or the session is busy.
           RuntimeError: no weights were set yet, or the engine is closed.
         """
-        request = self._scheduler.new_request(
-            session_id,
-            prompt_tokens,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            stop=stop,
-            seed=seed,
-        )
+        request = self._scheduler.new_request(session_id, prompt_tokens, sampling)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the inference engine is closed")
@@ -298,29 +283,14 @@ class InferenceEngine:
         self,
         session_id: Hashable | None,
         prompt_tokens: Sequence[int],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        stop: Sequence[str] = (),
-        seed: int = 0,
+        sampling: SamplingParams,
     ) -> Completion:
         """:meth:`submit`, awaited from an event loop (needs ``background=True``).
 
         Cancelling the awaiting task also stops the turn in the engine, at the
         next chunk boundary (the session keeps the tokens decoded so far).
         """
-        future = self.submit(
-            session_id,
-            prompt_tokens,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            stop=stop,
-            seed=seed,
-        )
+        future = self.submit(session_id, prompt_tokens, sampling)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -29,18 +29,66 @@ StopReason = Literal["eos", "stop", "length"]
 _MIN_PREFILL_BUCKET = 16
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one turn is sampled: what every caller of the engine passes with a prompt.
+
+    The completion depends only on the prompt, these parameters and the weights,
+    not on what else is being decoded. Out-of-range values raise
+    ``ValueError`` naming the field when the parameters are built; whether
+    ``max_new_tokens`` fits after a prompt, and whether the engine can detect
+    stop strings, is checked when a turn is submitted.
+
+    Attributes:
+      max_new_tokens: the most tokens the turn generates (at least 1).
+      temperature: divides the logits before sampling (> 0; the behaviour
+        log-probs are those of the tempered distribution).
+      top_p: nucleus truncation, in (0, 1]; 1 disables it.
+      top_k: keep only the k most likely tokens; 0 disables it.
+      stop: strings that end the turn once the decoded text contains one
+        (needs an engine built with ``detokenize=``); none may be empty.
+      seed: the turn's random key (only its low 31 bits are used).
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.max_new_tokens >= 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.top_k >= 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if isinstance(self.stop, str):
+            raise ValueError(f"stop must be a sequence of strings, got the string {self.stop!r}")
+        stop = tuple(self.stop)
+        if any(not isinstance(text, str) or not text for text in stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {stop!r}")
+        for name, value in (
+            ("max_new_tokens", int(self.max_new_tokens)),
+            ("temperature", float(self.temperature)),
+            ("top_p", float(self.top_p)),
+            ("top_k", int(self.top_k)),
+            ("stop", stop),
+            ("seed", int(self.seed) & 0x7FFFFFFF),
+        ):
+            object.__setattr__(self, name, value)
+
+
 @dataclasses.dataclass
 class Request:
     """One queued or running turn."""
 
     session_id: Hashable | None
     prompt: list[int]
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    stop: tuple[str, ...]
-    seed: int
+    sampling: SamplingParams
     future: concurrent.futures.Future
     token_ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -188,51 +236,30 @@ class Scheduler:
         self,
         session_id: Hashable | None,
         prompt_tokens: Sequence[int],
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        top_k: int,
-        stop: Sequence[str],
-        seed: int,
+        sampling: SamplingParams,
     ) -> Request:
         """A checked request (reads only the configuration: no lock needed).
 
         Raises:
           ValueError: the prompt is empty or does not fit with max_new_tokens,
-            or a sampling argument is out of range.
+            or it has stop strings and the engine no ``detokenize``.
         """
         prompt = [int(token) for token in prompt_tokens]
         max_seq_len = self.max_seq_len
         if not prompt:
             raise ValueError("the prompt is empty; it needs at least one token (e.g. BOS)")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        max_new_tokens = sampling.max_new_tokens
         if len(prompt) + max_new_tokens > max_seq_len:
             raise ValueError(
                 f"the prompt has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} "
                 f"it exceeds the model's max_seq_len={max_seq_len}"
             )
-        if not temperature > 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        if top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
-        stop = tuple(stop)
-        if any(not text for text in stop):
-            raise ValueError("stop strings must not be empty")
-        if stop and self._detokenize is None:
+        if sampling.stop and self._detokenize is None:
             raise ValueError("stop strings need an engine built with detokenize=")
         return Request(
             session_id=session_id,
             prompt=prompt,
-            max_new_tokens=int(max_new_tokens),
-            temperature=float(temperature),
-            top_p=float(top_p),
-            top_k=int(top_k),
-            stop=stop,
-            seed=int(seed) & 0x7FFFFFFF,
+            sampling=sampling,
             future=concurrent.futures.Future(),
         )
 
@@ -497,12 +524,12 @@ class Scheduler:
             indices[row] = slot.index
             offsets[row] = len(slot.tokens)
             active[row] = True
-            budgets[row] = request.max_new_tokens - len(request.token_ids)
+            budgets[row] = request.sampling.max_new_tokens - len(request.token_ids)
             counts[row] = len(request.token_ids)
-            seeds[row] = request.seed
-            temperatures[row] = request.temperature
-            top_ps[row] = request.top_p
-            top_ks[row] = request.top_k
+            seeds[row] = request.sampling.seed
+            temperatures[row] = request.sampling.temperature
+            top_ps[row] = request.sampling.top_p
+            top_ks[row] = request.sampling.top_k
         return layout, DecodeRows(
             indices, offsets, active, budgets, counts, seeds, temperatures, top_ps, top_ks
         )
@@ -556,14 +583,14 @@ class Scheduler:
     def _finish_if_done(self, request: Request) -> bool:
         """Whether the turn is over; if so, sets its stop reason and cuts it after a stop string."""
         keep, reason = len(request.token_ids), None
-        if request.stop:
+        if request.sampling.stop:
             cut = self._stop_cut(request)
             if cut is not None:
                 keep, reason = cut, "stop"
         if reason is None:
             if request.token_ids[-1] == self._eos_id:
                 reason = "eos"
-            elif len(request.token_ids) >= request.max_new_tokens:
+            elif len(request.token_ids) >= request.sampling.max_new_tokens:
                 reason = "length"
             else:
                 return False
@@ -574,12 +601,12 @@ class Scheduler:
     def _stop_cut(self, request: Request) -> int | None:
         """Generated tokens to keep, up to and including the first stop string; None if none."""
         tokens = request.token_ids
-        if not any(text in self._detokenize(tokens) for text in request.stop):
+        if not any(text in self._detokenize(tokens) for text in request.sampling.stop):
             request.stop_checked = len(tokens)
             return None
         # The shortest prefix whose text holds a stop string; earlier prefixes were clean.
         for keep in range(request.stop_checked + 1, len(tokens) + 1):
             text = self._detokenize(tokens[:keep])
-            if any(stop in text for stop in request.stop):
+            if any(stop in text for stop in request.sampling.stop):
                 return keep
         return len(tokens)

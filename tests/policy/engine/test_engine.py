@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from policy.engine import Completion, InferenceEngine, sample_tokens
+from policy.engine import Completion, InferenceEngine, SamplingParams, sample_tokens
 from policy.model import Transformer, split_model
 from policy.tokenizer import BOS_ID, PAD_ID, ByteTokenizer
 from tests.policy.sampling_reference import (
@@ -54,7 +54,7 @@ def engine(model, params):
 
 
 def _run(engine: InferenceEngine, session_id, prompt, **sampling) -> Completion:
-    future = engine.submit(session_id, prompt, **sampling)
+    future = engine.submit(session_id, prompt, SamplingParams(**sampling))
     engine.run_until([future])
     return future.result()
 
@@ -152,8 +152,10 @@ def test_prompts_sharing_a_prefix_prefill_it_once_and_match_a_full_forward_pass(
     prefix = random_tokens(50, 40)
     prompts = [prefix + random_tokens(51 + index, 4)[1:] for index in range(NUM_SLOTS)]
     before = engine.stats
-    futures = [engine.submit(None, prompt, max_new_tokens=6, temperature=0.9, seed=index)
-               for index, prompt in enumerate(prompts)]
+    futures = [
+        engine.submit(None, prompt, SamplingParams(max_new_tokens=6, temperature=0.9, seed=index))
+        for index, prompt in enumerate(prompts)
+    ]
     engine.run_until(futures)
     after = engine.stats
     # The first prompt is prefilled whole; the others copy its 40 tokens and prefill 3 each.
@@ -242,14 +244,14 @@ def test_an_ended_session_frees_its_slot_without_an_eviction(engine):
 
 
 def test_a_short_request_returns_while_a_long_one_keeps_decoding(engine, params):
-    long = engine.submit("long", random_tokens(6, 8), max_new_tokens=40, temperature=1.0, seed=0)
-    short = engine.submit("short", random_tokens(7, 20), max_new_tokens=3, temperature=1.0, seed=0)
+    long = engine.submit("long", random_tokens(6, 8), SamplingParams(max_new_tokens=40))
+    short = engine.submit("short", random_tokens(7, 20), SamplingParams(max_new_tokens=3))
     engine.step()  # prefill both, one chunk of CHUNK tokens
     assert short.done() and not long.done()
     assert len(short.result().token_ids) == 3 and short.result().stop_reason == "length"
 
     # A newcomer joins the running batch between chunks and also leaves first.
-    joiner = engine.submit("joiner", random_tokens(8, 4), max_new_tokens=5, seed=0)
+    joiner = engine.submit("joiner", random_tokens(8, 4), SamplingParams(max_new_tokens=5, seed=0))
     engine.run_until([joiner])
     assert not long.done()
     engine.run_until([long])
@@ -262,7 +264,7 @@ def test_a_chunk_decodes_only_the_busy_slots_and_matches_a_full_forward_pass(eng
     """Sessions waiting on their environments keep their slots, and cost a decode chunk nothing."""
     sessions = [f"holder-{index}" for index in range(NUM_SLOTS)]
     prompts = [random_tokens(20 + index, 6) for index in range(NUM_SLOTS)]
-    firsts = [engine.submit(session, prompt, max_new_tokens=2, seed=0)
+    firsts = [engine.submit(session, prompt, SamplingParams(max_new_tokens=2, seed=0))
               for session, prompt in zip(sessions, prompts, strict=True)]
     engine.run_until(firsts)
     assert engine.session_count == NUM_SLOTS  # every slot holds a session
@@ -327,10 +329,10 @@ def test_the_async_api_resolves_each_turn_as_soon_as_it_is_done(threaded_engine)
 
     async def main():
         long = asyncio.ensure_future(
-            engine.generate("long", random_tokens(9, 8), max_new_tokens=30, seed=0)
+            engine.generate("long", random_tokens(9, 8), SamplingParams(max_new_tokens=30, seed=0))
         )
         turns["short"] = short_future = engine.submit(
-            "short", random_tokens(10, 8), max_new_tokens=2
+            "short", random_tokens(10, 8), SamplingParams(max_new_tokens=2)
         )
         short = await asyncio.wrap_future(short_future)
         assert not long.done()
@@ -357,7 +359,7 @@ def test_cancelling_a_caller_stops_its_turn_at_the_next_chunk(threaded_engine):
     async def main():
         loop = asyncio.get_running_loop()
         turn = asyncio.ensure_future(
-            engine.generate("cancelled", prompt, max_new_tokens=40, seed=0)
+            engine.generate("cancelled", prompt, SamplingParams(max_new_tokens=40, seed=0))
         )
 
         def cancel_before_the_second_chunk() -> None:
@@ -371,7 +373,7 @@ def test_cancelling_a_caller_stops_its_turn_at_the_next_chunk(threaded_engine):
             await turn
         cancelled.set()
         # Any later completion comes after the chunk boundary that dropped the cancelled turn.
-        await engine.generate(None, [BOS_ID], max_new_tokens=1)
+        await engine.generate(None, [BOS_ID], SamplingParams(max_new_tokens=1))
 
     try:
         asyncio.run(main())
@@ -440,11 +442,11 @@ def test_stop_strings_truncate_right_after_the_stop_text(engine):
 def test_new_weights_land_between_chunks_without_draining(engine, params):
     scaled = jax.tree.map(lambda leaf: leaf * 1.01, params)
     engine.set_params(params, version=1)
-    running = engine.submit("swap", random_tokens(14, 6), max_new_tokens=3 * CHUNK, seed=0)
+    running = engine.submit("swap", random_tokens(14, 6), SamplingParams(max_new_tokens=3 * CHUNK))
     engine.step()
     engine.set_params(scaled, version=2)
     assert engine.policy_version == 2
-    newcomer = engine.submit("swap-new", random_tokens(15, 6), max_new_tokens=2, seed=0)
+    newcomer = engine.submit("swap-new", random_tokens(15, 6), SamplingParams(max_new_tokens=2))
     engine.step()
     assert not running.done()  # still decoding, now with version 2
     engine.run_until([running, newcomer])
@@ -465,11 +467,9 @@ def test_nothing_recompiles_after_warm_up(engine, params):
         engine.submit(
             f"warm-{n}",
             random_tokens(50 + n, length),
-            max_new_tokens=new,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=n,
+            SamplingParams(
+                max_new_tokens=new, temperature=temperature, top_p=top_p, top_k=top_k, seed=n
+            ),
         )
         for n, (length, new, temperature, top_p, top_k) in enumerate(
             [
@@ -516,14 +516,12 @@ def test_an_engine_of_the_same_shape_compiles_nothing_again(engine, params):
 
 def test_requests_that_do_not_fit_are_refused(engine):
     with pytest.raises(ValueError, match="max_seq_len=64"):
-        engine.submit(None, random_tokens(16, 60), max_new_tokens=5)
+        engine.submit(None, random_tokens(16, 60), SamplingParams(max_new_tokens=5))
     with pytest.raises(ValueError, match="empty"):
-        engine.submit(None, [], max_new_tokens=5)
-    with pytest.raises(ValueError, match="top_p"):
-        engine.submit(None, [BOS_ID], max_new_tokens=5, top_p=0.0)
-    engine.submit("busy", [BOS_ID], max_new_tokens=1)
+        engine.submit(None, [], SamplingParams(max_new_tokens=5))
+    engine.submit("busy", [BOS_ID], SamplingParams(max_new_tokens=1))
     with pytest.raises(ValueError, match="in flight"):
-        engine.submit("busy", [BOS_ID], max_new_tokens=1)
+        engine.submit("busy", [BOS_ID], SamplingParams(max_new_tokens=1))
     while engine.step():
         pass
     engine.end_session("busy")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from policy.engine.scheduler import Scheduler
+from policy.engine.scheduler import SamplingParams, Scheduler
 
 EOS = 99
 
@@ -16,10 +17,7 @@ def _scheduler(**overrides) -> Scheduler:
 
 def _turn(scheduler: Scheduler, session_id, prompt: list[int], generated: list[int]):
     """Queue a turn, admit it, and finish it with ``generated`` (its whole budget) in one chunk."""
-    request = scheduler.new_request(
-        session_id, prompt, max_new_tokens=len(generated), temperature=1.0, top_p=1.0, top_k=0,
-        stop=(), seed=0,
-    )
+    request = scheduler.new_request(session_id, prompt, SamplingParams(max_new_tokens=len(generated)))
     scheduler.enqueue(request)
     admitted = scheduler.admit()
     calls = scheduler.prefill_rows(admitted, version=1)
@@ -84,8 +82,7 @@ def test_a_prompt_continuing_a_newcomers_prefix_is_prefilled_after_it_from_its_r
     scheduler = _scheduler(num_slots=3, max_seq_len=64, prefill_buckets=(16, 32, 64))
     shared, other = list(range(1, 31)), list(range(40, 60))
     requests = [
-        scheduler.new_request(None, prompt, max_new_tokens=1, temperature=1.0, top_p=1.0, top_k=0,
-                              stop=(), seed=0)
+        scheduler.new_request(None, prompt, SamplingParams(max_new_tokens=1))
         for prompt in (shared + [31, 32], other, shared + [33])
     ]
     for request in requests:
@@ -109,3 +106,28 @@ def test_a_shared_prefix_that_would_not_shrink_the_prefill_window_is_not_copied(
     (call,) = _turn(scheduler, "b", [1, 2, *range(70, 84)], [84])
     assert (call.sources[0], call.starts[0]) == (call.indices[0], 0)
     assert scheduler.counters["shared_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"stop": ("",)}, "stop"),
+        ({"stop": "</tool>"}, "stop"),
+    ],
+)
+def test_sampling_params_out_of_range_are_refused_naming_the_field(fields, named):
+    with pytest.raises(ValueError, match=named):
+        SamplingParams(**({"max_new_tokens": 4} | fields))
+
+
+def test_sampling_params_are_normalised_once():
+    sampling = SamplingParams(max_new_tokens=4, stop=["</tool>"], seed=-1)
+    assert sampling.stop == ("</tool>",)
+    assert sampling.seed == 0x7FFFFFFF  # the low 31 bits the kernels take
+    with pytest.raises(ValueError, match="detokenize"):
+        _scheduler().new_request(None, [1, 2], sampling)
