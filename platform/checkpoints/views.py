@@ -9,7 +9,6 @@ from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -17,8 +16,8 @@ from accounts.permissions import IsTrainer
 from common.db_limits import DB_INT_MAX, require_db_int, require_no_nul
 from common.domain_errors import InvalidInput, NotFound
 from common.openapi import ErrorSerializer
-from common.pagination import PageNumberPagination
 from runs.selectors import run_get_for_user, run_get_held_by
+from runs.sublist_views import RunSubListView
 from tandem.contracts import TRAINER_HEADER, CheckpointReport
 
 from .models import Checkpoint
@@ -37,20 +36,12 @@ def _checkpoint(request, run_id: int, step: int) -> Checkpoint:
 
 
 @extend_schema(tags=["runs"])
-class RunCheckpointListView(GenericAPIView):
+class RunCheckpointListView(RunSubListView):
     """The run's checkpoints, newest first, deleted ones included (with why)."""
 
     queryset = Checkpoint.objects.none()  # the model, for the schema
     serializer_class = CheckpointSerializer
-    pagination_class = PageNumberPagination
-
-    @extend_schema(responses={200: CheckpointSerializer(many=True)})
-    def get(self, request, run_id: int):
-        run = run_get_for_user(user=request.user, run_id=run_id)
-        paginator = PageNumberPagination()
-        page = paginator.paginate_queryset(checkpoint_list(run=run), request, view=self)
-        return paginator.get_paginated_response(
-            CheckpointSerializer(page, many=True, context={"request": request}).data)
+    run_records = staticmethod(checkpoint_list)
 
 
 @extend_schema(tags=["runs"])

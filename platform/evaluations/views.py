@@ -13,9 +13,9 @@ from accounts.permissions import IsTrainer
 from common.db_limits import DB_INT_MAX, require_db_int, require_no_nul
 from common.domain_errors import InvalidInput
 from common.openapi import ErrorSerializer
-from common.pagination import PageNumberPagination
 from runs.selectors import run_get_for_user, run_get_held_by
 from runs.serializers import RunSerializer
+from runs.sublist_views import RunSubListView
 from tandem.contracts import TRAINER_HEADER, EvaluationReport
 from telemetry.models import MetricPoint
 
@@ -72,19 +72,12 @@ def _require_storable(report: EvaluationReport) -> None:
 
 
 @extend_schema(tags=["runs"])
-class RunEvaluationListView(GenericAPIView):
+class RunEvaluationListView(RunSubListView):
     """The run's held-out evaluations, first one first."""
 
     queryset = Evaluation.objects.none()  # the model, for the schema
     serializer_class = EvaluationSerializer
-    pagination_class = PageNumberPagination
-
-    @extend_schema(responses={200: EvaluationSerializer(many=True)})
-    def get(self, request, run_id: int):
-        run = run_get_for_user(user=request.user, run_id=run_id)
-        paginator = PageNumberPagination()
-        page = paginator.paginate_queryset(evaluation_list(run=run), request, view=self)
-        return paginator.get_paginated_response(EvaluationSerializer(page, many=True).data)
+    run_records = staticmethod(evaluation_list)
 
 
 @extend_schema(tags=["runs"])

@@ -20,10 +20,10 @@ from common.db_limits import require_db_int, require_no_nul
 from common.domain_errors import NotFound, records_of
 from common.json_input import StrictJSONParser
 from common.openapi import ErrorSerializer
-from common.pagination import PageNumberPagination
 from common.query_params import int_query_param
 from common.stored_text import json_text_unescape
 from runs.selectors import run_get_for_user, run_get_held_by, run_list
+from runs.sublist_views import RunSubListView
 from tandem.contracts import TRAINER_HEADER, StepEpisodes, TelemetryReply, TrainerStepEvent
 
 from .device_listings import active_run_devices, tandem_processes
@@ -338,19 +338,12 @@ class ProcessListView(APIView):
 
 
 @extend_schema(tags=["runs"])
-class RunTraceListCreateView(GenericAPIView):
+class RunTraceListCreateView(RunSubListView):
     """``GET``: the run's traces, newest first. ``POST {"steps": n}``: trace the trainer's next n steps."""
 
     queryset = Trace.objects.none()  # the model, for the schema
     serializer_class = TraceSerializer
-    pagination_class = PageNumberPagination
-
-    @extend_schema(responses={200: TraceSerializer(many=True)})
-    def get(self, request, run_id: int):
-        run = run_get_for_user(user=request.user, run_id=run_id)
-        paginator = PageNumberPagination()
-        page = paginator.paginate_queryset(trace_list(run=run), request, view=self)
-        return paginator.get_paginated_response(TraceSerializer(page, many=True, context={"request": request}).data)
+    run_records = staticmethod(trace_list)
 
     @extend_schema(request=TraceRequestSerializer, responses={
         201: TraceSerializer,

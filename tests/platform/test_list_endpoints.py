@@ -90,6 +90,8 @@ def test_each_list_takes_a_fixed_number_of_queries(
 PINNED_ELSEWHERE = {
     "/api/runs/<int:run_id>/trajectories/",  # test_trajectories_api.py
     "/api/runs/<int:run_id>/checkpoints/",  # test_checkpoints_api.py
+    "/api/runs/<int:run_id>/evaluations/",  # test_evaluations_api.py
+    "/api/runs/<int:run_id>/traces/",  # test_traces_api.py
     "/api/alert-rules/",  # test_alerts_api.py
     "/api/alert-rules/<int:rule_id>/deliveries/",  # test_alerts_api.py
     "/api/notifications/",  # test_alerts_api.py
