@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import math
-import re
 from typing import Any
 
 from django.conf import settings
@@ -29,52 +27,34 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 from common.domain_errors import InvalidInput
+from tandem.contracts.json_values import json_value_problem
 
 # Deepest nesting of objects and arrays accepted. Run configs, environment settings and tools'
 # JSON schemas nest a few levels; Python's parser gives up near 1000.
 MAX_JSON_DEPTH = 64
-_NUL = "\x00"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def json_input_problem(value: Any, *, root: str = "", allow_nul: bool = False, allow_surrogates: bool = False,
                        allow_non_finite: bool = False) -> tuple[str, str] | None:
     """``(field path, message)`` of the first thing in ``value`` the platform refuses, or None.
 
-    Walked with a stack of its own, so a value of any depth is walked without recursion.
+    The walk is :func:`tandem.contracts.json_values.json_value_problem` (no recursion, any depth);
+    this words what it finds for the API, under ``root``.
     """
-
-    def text_problem(text: str) -> str | None:
-        if not allow_nul and _NUL in text:
-            return "The text holds a NUL character (\\u0000), which cannot be stored."
-        found = None if allow_surrogates else _SURROGATE.search(text)
-        if found is not None:
-            return f"The text holds a lone surrogate (\\u{ord(found.group()):04x}), which is not valid UTF-8."
+    problem = json_value_problem(value, max_depth=MAX_JSON_DEPTH, allow_nul=allow_nul,
+                                 allow_surrogates=allow_surrogates, allow_non_finite=allow_non_finite)
+    if problem is None:
         return None
-
-    stack: list[tuple[Any, str, int]] = [(value, root, 0)]
-    while stack:
-        item, path, depth = stack.pop()
-        problem = None
-        if isinstance(item, str):
-            problem = text_problem(item)
-        elif isinstance(item, float):
-            if not allow_non_finite and not math.isfinite(item):
-                problem = f"{item} is not a finite number (JSON has no NaN or Infinity)."
-        elif isinstance(item, dict | list):
-            if depth >= MAX_JSON_DEPTH:
-                problem = f"Nested deeper than {MAX_JSON_DEPTH} levels."
-            else:
-                children = item.items() if isinstance(item, dict) else enumerate(item)
-                for key, child in reversed(list(children)):
-                    child_path = f"{path}.{key}" if path else str(key)
-                    key_problem = text_problem(key) if isinstance(key, str) else None
-                    if key_problem is not None:
-                        return child_path, f"Its name: {key_problem}"
-                    stack.append((child, child_path, depth + 1))
-        if problem is not None:
-            return path or "non_field_errors", problem
-    return None
+    path = ".".join((root, *problem.path) if root else problem.path) or "non_field_errors"
+    if problem.kind == "depth":
+        return path, f"Nested deeper than {MAX_JSON_DEPTH} levels."
+    if problem.kind == "non_finite":
+        return path, f"{problem.found} is not a finite number (JSON has no NaN or Infinity)."
+    if problem.kind == "nul":
+        message = "The text holds a NUL character (\\u0000), which cannot be stored."
+    else:
+        message = f"The text holds a lone surrogate (\\u{ord(problem.found):04x}), which is not valid UTF-8."
+    return path, f"Its name: {message}" if problem.in_key else message
 
 
 def json_input_refuse(value: Any, *, root: str = "", **allowed: bool) -> Any:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +29,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tandem.contracts.demonstrations import DemonstrationMessage
+from tandem.contracts.json_values import json_value_problem
 from tandem.contracts.schema import Record
 from tandem.contracts.trajectories import MessageRole, MessageToolCall
 
@@ -41,10 +40,6 @@ DATASET_ROWS_PAGE_MAX = 1000
 #: Nesting a row's JSON may have (metadata, tool arguments): a conversation needs a few levels, and
 #: deeper values would meet the recursion limits of Python's JSON reader and of what reads rows back.
 DATASET_ROW_MAX_DEPTH = 32
-
-# What a stored string may not hold: PostgreSQL's text and jsonb refuse NUL, and a lone surrogate
-# (a JSON escape such as "\ud800", or an invalid byte of the file) is no UTF-8 at all.
-_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 
 
 class DatasetRowError(ValueError):
@@ -164,30 +159,21 @@ class DatasetRow(BaseModel):
 def _unstorable_value(data: Any) -> tuple[str, str] | None:
     """``(field, why)`` of the first value of ``data`` that no database stores as it is, else None.
 
-    Walked without recursion, so any depth of nesting is answered by its field.
+    The walk is :func:`~tandem.contracts.json_values.json_value_problem` (no recursion, any depth).
     """
-    pending: list[tuple[tuple[str, ...], Any]] = [((), data)]
-    while pending:
-        path, value = pending.pop()
-        if len(path) > DATASET_ROW_MAX_DEPTH:
-            return ".".join(path[:DATASET_ROW_MAX_DEPTH]), f"nested deeper than {DATASET_ROW_MAX_DEPTH} levels"
-        if isinstance(value, str):
-            found = _UNSTORABLE_CHARACTER.search(value)
-            if found:
-                character = found.group()
-                why = ("holds a NUL character (\\u0000)" if character == "\x00" else
-                       f"is not valid UTF-8: a lone surrogate or an invalid byte (\\u{ord(character):04x})")
-                return ".".join(path), why
-        elif isinstance(value, float) and not math.isfinite(value):
-            return ".".join(path), f"{value} is no number JSON can store (NaN, Infinity, or past 1.8e308)"
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                if _UNSTORABLE_CHARACTER.search(key):
-                    return ".".join(path), f"has a key that is not valid UTF-8 or holds NUL: {key!a}"
-                pending.append(((*path, key), item))
-        elif isinstance(value, list):
-            pending.extend(((*path, str(index)), item) for index, item in enumerate(value))
-    return None
+    problem = json_value_problem(data, max_depth=DATASET_ROW_MAX_DEPTH)
+    if problem is None:
+        return None
+    field = ".".join(problem.path)
+    if problem.kind == "depth":
+        return field, f"nested deeper than {DATASET_ROW_MAX_DEPTH} levels"
+    if problem.kind == "non_finite":
+        return field, f"{problem.found} is no number JSON can store (NaN, Infinity, or past 1.8e308)"
+    if problem.in_key:
+        return ".".join(problem.path[:-1]), f"has a key that is not valid UTF-8 or holds NUL: {problem.path[-1]!a}"
+    if problem.kind == "nul":
+        return field, "holds a NUL character (\\u0000)"
+    return field, f"is not valid UTF-8: a lone surrogate or an invalid byte (\\u{ord(problem.found):04x})"
 
 
 def parse_dataset_line(text: str, *, line: int) -> DatasetRow:
