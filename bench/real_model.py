@@ -45,6 +45,7 @@ from environments.builtin.calculator import CalculatorEnvironment  # noqa: E402
 from policy import (  # noqa: E402
     RedisWeightPublisher,
     Sampler,
+    SamplingParams,
     create_model,
     load_tokenizer,
     policy_config,
@@ -239,10 +240,10 @@ def generation(args) -> dict:
     results, shared = {}, {}
     for sessions in (1, 16):
         batch = prompts[:sessions]
-        sampler.generate(params, batch, max_new_tokens=new_tokens, temperature=1.0, seed=0)  # compiles
+        sampler.generate(params, batch, SamplingParams(max_new_tokens=new_tokens, seed=0))  # compiles
         shared_before = sampler.engine.stats.shared_tokens
         began = time.perf_counter()
-        completions = sampler.generate(params, batch, max_new_tokens=new_tokens, temperature=1.0, seed=1)
+        completions = sampler.generate(params, batch, SamplingParams(max_new_tokens=new_tokens, seed=1))
         tandem_s = time.perf_counter() - began
         shared[sessions] = sampler.engine.stats.shared_tokens - shared_before
         tandem_tokens = sum(len(c.token_ids) for c in completions)

@@ -26,7 +26,9 @@ from celery import Celery
 
 from tandem.configs.evaluation import EvaluationConfig
 from tandem.contracts import (
+    EVALUATION_MEAN_REWARD,
     EVALUATION_QUEUE,
+    EVALUATION_SUCCESS_RATE,
     EVALUATION_TASK_NAME,
     EvaluationEpisode,
     EvaluationProgress,
@@ -101,14 +103,15 @@ def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequenc
     count = len(records)
     rewards = [record.reward for record in records]
     metrics = {
-        "mean_reward": statistics.fmean(rewards),
-        "success_rate": successes / count,
+        EVALUATION_MEAN_REWARD: statistics.fmean(rewards),
+        EVALUATION_SUCCESS_RATE: successes / count,
         "mean_turns": statistics.fmean(record.num_turns for record in records),
         "tool_calls_per_episode": statistics.fmean(tool_calls(record) for record in records),
         "truncation_rate": sum(record.status == "truncated" for record in records) / count,
         "failure_rate": sum(record.status == "failed" for record in records) / count,
     }
-    intervals = {"success_rate": wilson_interval(successes, count), "mean_reward": mean_interval(rewards)}
+    intervals = {EVALUATION_SUCCESS_RATE: wilson_interval(successes, count),
+                 EVALUATION_MEAN_REWARD: mean_interval(rewards)}
     per_task_success = [sum(map(succeeded, task)) / len(task) for task in by_task.values()]
     for k in pass_k:
         per_task = [pass_at_k(len(task), sum(map(succeeded, task)), k) for task in by_task.values() if len(task) >= k]

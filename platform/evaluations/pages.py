@@ -18,13 +18,11 @@ from django.shortcuts import render
 
 from accounts.selectors import project_list
 from common.spreadsheet import spreadsheet_safe
-from tandem.contracts import DATASET_EVALUATION_METRICS
+from tandem.contracts import DATASET_EVALUATION_METRICS, EVALUATION_LEADING_METRICS
 
 from .models import Evaluation
 from .selectors import evaluation_list_for_user
 
-# The metrics every row shows, before its pass@k and avg@k.
-LEADING_METRICS = ("success_rate", "mean_reward")
 # Columns a row sorts by besides its metrics.
 FIELD_SORTS = ("created", "step", "episodes")
 
@@ -63,7 +61,7 @@ def metric_columns(evaluations: list[Evaluation]) -> list[str]:
     loss, perplexity and token accuracy if any row is of a dataset."""
     names = {name for evaluation in evaluations for name in evaluation.metrics}
     others = {name for name in names if name.startswith(("pass@", "avg@"))}
-    return [*LEADING_METRICS, *sorted(others, key=lambda name: (int(name.split("@")[1]), name)),
+    return [*EVALUATION_LEADING_METRICS, *sorted(others, key=lambda name: (int(name.split("@")[1]), name)),
             *(name for name in DATASET_EVALUATION_METRICS if name in names)]
 
 

@@ -25,12 +25,13 @@ from evaluations.pages import metric_cell
 from evaluations.selectors import evaluation_list
 from tandem.contracts import (
     DATASET_EVALUATION_METRICS,
+    EVALUATION_LEADING_METRICS,
     RELEASED_RUN_STATUSES,
-    TERMINAL_RUN_STATUSES,
     TRAINER_HELD_RUN_STATUSES,
     RunStatus,
+    evaluation_metric_label,
 )
-from telemetry.charts import RUN_CHARTS
+from telemetry.charts import COMPARE_CHARTS, RUN_CHARTS
 from telemetry.selectors import idle_summary, metric_totals
 from telemetry.serializers import MAX_COMPARED_RUNS
 from telemetry.services import MAX_TRACE_STEPS
@@ -183,9 +184,8 @@ def _evaluation_table(run: Run) -> dict | None:
     pass_at_k = sorted({name for evaluation in evaluations for name in evaluation.metrics
                         if _PASS_AT_K.fullmatch(name)}, key=lambda name: int(name.removeprefix("pass@")))
     names = {name for evaluation in evaluations for name in evaluation.metrics}
-    columns = [("success_rate", "Success rate"), ("mean_reward", "Mean reward"),
-               *((name, name) for name in pass_at_k),
-               *((name, f"Held-out {name.replace('_', ' ')}") for name in DATASET_EVALUATION_METRICS if name in names)]
+    columns = [(name, evaluation_metric_label(name)) for name in (
+        *EVALUATION_LEADING_METRICS, *pass_at_k, *(name for name in DATASET_EVALUATION_METRICS if name in names))]
     rows = [
         {"evaluation": evaluation,
          "cells": [metric_cell(evaluation, name) for name, _ in columns]}
@@ -251,9 +251,9 @@ def _reachable(status: str) -> set[str]:
     return seen
 
 
-# The statuses run_page.js tells apart, from the contract's vocabulary. terminal: the run
-# has ended; waiting: it waits for its environment version's probe or for a trainer.
-RUN_PAGE_STATUSES = {"terminal": sorted(TERMINAL_RUN_STATUSES), "waiting": [RunStatus.QUEUED]}
+# The statuses the run page's scripts (run_page/) tell apart besides the contracts' vocabulary that
+# base.html gives every page: waiting, it waits for its environment version's probe or for a trainer.
+RUN_PAGE_STATUSES = {"waiting": [RunStatus.QUEUED]}
 
 # A page action and the status it moves the run to.
 _ACTION_TRANSITIONS = (("pause", Run.Status.PAUSED), ("resume", Run.Status.QUEUED),
@@ -336,7 +336,7 @@ def run_compare_page(request):
     return render(request, "runs/compare.html", {
         "runs": runs, "series": series, "runs_left_out": len(left_out), "max_compared_runs": MAX_COMPARED_RUNS,
         "config_differences": config_differences([run.config for run in runs]) if len(runs) > 1 else [],
-        "explorer": _metric_explorer("compare", runs),
+        "explorer": _metric_explorer("compare", runs), "compare_charts": COMPARE_CHARTS,
     })
 
 

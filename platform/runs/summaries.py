@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from django.db.models import Count, FloatField, Max, Min, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
+from tandem.contracts import REWARD_MEAN_METRIC
 from telemetry.models import MetricPoint, StepTimelineRecord
 
 from .models import Run
 
 # The series the list reports as the run's reward: the mean episode reward of an RL step.
-REWARD_METRIC = "reward_mean"
+REWARD_METRIC = REWARD_MEAN_METRIC
 # The step rate behind the ETA is measured over the run's newest steps with a timeline record:
 # recent enough to follow a change of pace (SFT to RL), long enough to smooth one slow step.
 STEP_RATE_WINDOW = 20

@@ -34,7 +34,18 @@ script knows a metric or stage name of its own. A chart is a JSON object:
 
 from __future__ import annotations
 
-from tandem.contracts import IDLE_CAUSES, IDLE_STAGE, TRAINER_STAGES, stage_metric_name
+from tandem.contracts import (
+    EVALUATION_MEAN_REWARD,
+    EVALUATION_SUCCESS_RATE,
+    IDLE_CAUSES,
+    IDLE_STAGE,
+    LOSS_METRIC,
+    POLICY_VERSION_METRIC,
+    REWARD_MEAN_METRIC,
+    SUCCESS_RATE_METRIC,
+    TRAINER_STAGES,
+    stage_metric_name,
+)
 
 # One colour per trainer stage, on the run page's stage chart and the timeline alike.
 # The timeline hatches the idle stage instead (a pattern in this colour's red).
@@ -128,13 +139,21 @@ DEVICE_HISTORY_PANELS: list[dict] = [
     )
 ]
 
+#: The run comparison's charts (runs/compare.html, run_compare.js): one line per run of each metric, by step.
+COMPARE_CHARTS: list[dict] = [
+    {"metric": REWARD_MEAN_METRIC, "title": "Reward", "caption": REWARD_MEAN_METRIC},
+    {"metric": SUCCESS_RATE_METRIC, "title": "Success rate", "caption": ""},
+    {"metric": LOSS_METRIC, "title": "Loss", "caption": ""},
+]
+
 RUN_CHARTS: list[dict] = [
     {
-        "id": "chart-reward", "title": "Reward", "caption": "reward_mean, success_rate", "empty": "No RL step yet.",
+        "id": "chart-reward", "title": "Reward", "caption": f"{REWARD_MEAN_METRIC}, {SUCCESS_RATE_METRIC}",
+        "empty": "No RL step yet.",
         "kind": "lines", "smooth": True,
         "series": [
-            {"name": "reward_mean", "label": "reward mean", "colour": 0},
-            {"name": "success_rate", "label": "success rate", "colour": 2},
+            {"name": REWARD_MEAN_METRIC, "label": "reward mean", "colour": 0},
+            {"name": SUCCESS_RATE_METRIC, "label": "success rate", "colour": 2},
         ],
     },
     {
@@ -142,16 +161,17 @@ RUN_CHARTS: list[dict] = [
         "caption": "success rate and pass@k on held-out tasks, never trained on",
         "empty": "No evaluation yet: a run evaluates with an evaluation section in its config.",
         "kind": "lines", "smooth": False, "range": [0, 1], "source": "evaluations",
-        "series": [{"name": "eval/success_rate", "label": "success rate", "colour": 2}],
+        "series": [{"name": f"eval/{EVALUATION_SUCCESS_RATE}", "label": "success rate", "colour": 2}],
         "family": {"pattern": r"^eval/pass@(?<order>\d+)$", "label": "pass@{order}", "colour": "gradient"},
     },
     {
         "id": "chart-evaluation-environments", "title": "Held-out evaluation on other environments",
         "caption": "success rate (or mean reward) on the held-out tasks of each of evaluation.environments",
         "empty": "No evaluation on another environment: name them in the config's evaluation.environments.",
-        "variants": [("success_rate", "success rate"), ("mean_reward", "mean reward")],
+        "variants": [(EVALUATION_SUCCESS_RATE, "success rate"), (EVALUATION_MEAN_REWARD, "mean reward")],
         "kind": "lines", "smooth": False, "range_min": 0, "source": "evaluations",
-        "family": {"pattern": r"^eval/(?!dataset:)(?<environment>[^/]+@\d+)/(?<variant>success_rate|mean_reward)$",
+        "family": {"pattern": r"^eval/(?!dataset:)(?<environment>[^/]+@\d+)/"
+                              rf"(?<variant>{EVALUATION_SUCCESS_RATE}|{EVALUATION_MEAN_REWARD})$",
                    "label": "{environment}", "colour": "environment"},
     },
     {
@@ -166,7 +186,7 @@ RUN_CHARTS: list[dict] = [
     {
         "id": "chart-loss", "title": "Loss", "caption": "the objective the update minimised", "empty": "No step yet.",
         "kind": "lines", "smooth": True,
-        "series": [{"name": "loss", "label": "loss", "colour": 1}],
+        "series": [{"name": LOSS_METRIC, "label": "loss", "colour": 1}],
     },
     {
         "id": "chart-kl-entropy", "title": "KL and entropy",
@@ -247,7 +267,7 @@ RUN_CHARTS: list[dict] = [
     {
         "id": "chart-policy", "title": "Policy version", "caption": "newest published", "empty": "No step yet.",
         "kind": "lines", "smooth": False, "range_min": 0, "min_span": 1,
-        "series": [{"name": "policy_version", "label": "policy version", "colour": 0}],
+        "series": [{"name": POLICY_VERSION_METRIC, "label": "policy version", "colour": 0}],
     },
     *SYSTEM_CHARTS,
 ]

@@ -34,9 +34,9 @@ def run_timeline_page(request, run_id: int):
         "timeline_url": reverse("api-run-timeline", args=[run.pk]),
         "default_steps": DEFAULT_TIMELINE_STEPS,
         "step_choices": [step for step in (20, 60, 120, MAX_TIMELINE_STEPS) if step <= MAX_TIMELINE_STEPS],
-        # The trainer lane's stages, and the statuses in which the run can still train (it polls while so).
+        # The trainer lane's stages (it polls while the run is in the contracts' active statuses,
+        # which base.html gives every page's scripts).
         "stages": stage_styles(),
-        "active_statuses": sorted(ACTIVE_RUN_STATUSES),
     }
     return render(request, "runs/timeline.html", context)
 

@@ -45,11 +45,30 @@ def evaluation_kind_choices() -> list[tuple[str, str]]:
 #: of their assistant tokens, its exponential, and the share of those tokens the policy ranks first.
 DATASET_EVALUATION_METRICS: tuple[str, ...] = ("loss", "perplexity", "token_accuracy")
 
+#: The share of an evaluation's episodes that succeeded, and their mean reward: its headline metrics.
+EVALUATION_SUCCESS_RATE = "success_rate"
+EVALUATION_MEAN_REWARD = "mean_reward"
+
 #: What each evaluation measures, per environment (keys of EvaluationReport.metrics), besides
 #: ``pass@k`` and ``avg@k`` for each k of the run's ``evaluation.pass_k``.
 EVALUATION_METRICS: tuple[str, ...] = (
-    "mean_reward", "success_rate", "mean_turns", "tool_calls_per_episode", "truncation_rate", "failure_rate",
+    EVALUATION_MEAN_REWARD, EVALUATION_SUCCESS_RATE, "mean_turns", "tool_calls_per_episode", "truncation_rate",
+    "failure_rate",
 )
+
+#: The metrics every table of evaluations shows first, in this order (then pass@k by k, then a
+#: dataset's DATASET_EVALUATION_METRICS).
+EVALUATION_LEADING_METRICS: tuple[str, ...] = (EVALUATION_SUCCESS_RATE, EVALUATION_MEAN_REWARD)
+
+
+def evaluation_metric_label(name: str) -> str:
+    """How a table of evaluations heads a metric's column: "Success rate", "Mean reward", "Held-out loss" ...;
+    any other metric (pass@k, avg@k) by its name."""
+    if name in EVALUATION_LEADING_METRICS:
+        return name.replace("_", " ").capitalize()
+    if name in DATASET_EVALUATION_METRICS:
+        return f"Held-out {name.replace('_', ' ')}"
+    return name
 
 
 class EvaluationRequest(Record):

@@ -52,6 +52,8 @@ TRAINER_HELD_RUN_STATUSES = frozenset({RunStatus.STARTING, RunStatus.RUNNING})
 ACTIVE_RUN_STATUSES = frozenset({RunStatus.QUEUED, *TRAINER_HELD_RUN_STATUSES})
 #: Told one of these by a heartbeat reply, the trainer checkpoints and lets go of the run (a user can resume it).
 RELEASED_RUN_STATUSES = frozenset({RunStatus.PAUSED, RunStatus.FAILED})
+#: A user may cancel the run: it has not ended (the platform's LEGAL_TRANSITIONS let each of these become cancelled).
+CANCELLABLE_RUN_STATUSES = frozenset(RunStatus) - TERMINAL_RUN_STATUSES
 
 
 def run_status_choices() -> list[tuple[str, str]]:

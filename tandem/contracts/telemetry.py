@@ -301,6 +301,14 @@ def circuit_open_metric_name(environment: str) -> str:
     return metric_series_name("producers/circuit_open", environment)
 
 
+#: Series of every trainer step (:meth:`TrainerStepEvent.metric_values`) that the platform's pages name
+#: (the run page's charts, the comparison, the run list's reward column).
+LOSS_METRIC = "loss"
+REWARD_MEAN_METRIC = "reward_mean"
+SUCCESS_RATE_METRIC = "success_rate"
+POLICY_VERSION_METRIC = "policy_version"
+
+
 class TrainerStepEvent(Record):
     """Telemetry of one trainer step, posted to the platform.
 
@@ -420,7 +428,7 @@ class TrainerStepEvent(Record):
     def metric_values(self) -> dict[str, float]:
         """Flat series name -> value, as stored and charted by the platform."""
         values = {
-            "loss": self.loss,
+            LOSS_METRIC: self.loss,
             "wall_s": self.wall_s,
             "trainer_utilisation": self.trainer_utilisation,
             "wait_s": self.wait_s,
@@ -428,7 +436,7 @@ class TrainerStepEvent(Record):
             "publish_s": self.publish_s,
             "other_s": self.other_s,
             "trainer_idle_fraction": self.trainer_idle_fraction,
-            "policy_version": float(self.policy_version),
+            POLICY_VERSION_METRIC: float(self.policy_version),
             "failed_episodes": float(self.failed_episodes),
             "episodes_lost": float(self.episodes_lost),
         }
@@ -441,7 +449,7 @@ class TrainerStepEvent(Record):
         values["producers/reporting"] = float(self.producers_reporting)
         for environment, count in self.circuit_breakers_open.items():
             values[circuit_open_metric_name(environment)] = float(count)
-        for name in ("reward_mean", "success_rate", "samples_per_s", "samples_produced_per_s",
+        for name in (REWARD_MEAN_METRIC, SUCCESS_RATE_METRIC, "samples_per_s", "samples_produced_per_s",
                      "tokens_per_s", "staleness_mean", "staleness_max"):
             value = getattr(self, name)
             if value is not None:

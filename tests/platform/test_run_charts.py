@@ -85,7 +85,7 @@ def test_the_timeline_page_is_given_the_stages_and_the_statuses_it_polls_in(brow
     html = browser.get(f"/runs/{running_run.pk}/timeline/").content.decode()
 
     assert _json_script(html, "timeline-stages") == stage_styles()
-    assert set(_json_script(html, "timeline-active-statuses")) == {"queued", "starting", "running"}
+    assert set(_json_script(html, "tandem-contracts")["run_statuses"]["active"]) == {"queued", "starting", "running"}
     for stage in TRAINER_STAGES:
         assert f">{stage.name}" in html  # in the legend
 

@@ -106,7 +106,7 @@ def test_the_run_page_has_the_live_elements(browser, running_run):
         assert element in html
     assert f'data-metrics-url="/api/runs/{running_run.pk}/metrics/"' in html
     assert f'data-websocket-path="/ws/runs/{running_run.pk}/"' in html
-    assert "tandem/run_page.js" in html and "vendor/uplot/uPlot.iife.min.js" in html
+    assert "tandem/run_page/live.js" in html and "vendor/uplot/uPlot.iife.min.js" in html
     assert "&quot;group_size&quot;: 8" in html and "&quot;rollout&quot;: {" in html  # the config, pretty-printed
 
 
@@ -137,7 +137,7 @@ def test_the_cancel_button_cancels_and_a_second_cancel_says_why_not(browser, run
 
 def test_static_files_are_served_without_collectstatic(browser):
     for path in (
-        "/static/tandem/run_page.js",
+        "/static/tandem/run_page/data.js",
         "/static/tandem/tandem.css",
         "/static/vendor/uplot/uPlot.iife.min.js",
     ):

@@ -60,17 +60,6 @@
     return new RegExp(`^${source}$`);
   }
 
-  // Exponential moving average over the non-null values; 0 leaves them raw.
-  function smoothed(values, weight) {
-    if (weight <= 0) return values;
-    let average = null;
-    return values.map((value) => {
-      if (value === null) return null;
-      average = average === null ? value : weight * average + (1 - weight) * value;
-      return average;
-    });
-  }
-
   // ---- the layout, saved per user ------------------------------------------------------------
 
   let saveTimer = null;
@@ -311,7 +300,7 @@
       }
     });
     const sorted = [...xs].sort((a, b) => a - b);
-    const data = [sorted, ...columns.map((column) => smoothed(sorted.map((x) => (column.byX.has(x) ? column.byX.get(x) : null)), smoothing))];
+    const data = [sorted, ...columns.map((column) => charts.smoothed(sorted.map((x) => (column.byX.has(x) ? column.byX.get(x) : null)), smoothing))];
     return { data, columns };
   }
 

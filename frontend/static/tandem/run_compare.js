@@ -10,7 +10,8 @@
   const series = JSON.parse(document.getElementById("compare-series").textContent);
   if (!root || series.length === 0) return;
 
-  const METRICS = ["reward_mean", "success_rate", "loss"];
+  // The metrics it charts are the platform's (telemetry/charts.py COMPARE_CHARTS), one chart each.
+  const METRICS = [...root.querySelectorAll(".chart[data-metric]")].map((chart) => chart.dataset.metric);
   const { STEP_INCREMENTS, colour, metricPages, yRange, pointsWhenAlone } = window.tandemCharts;
   // yRanges: metric -> [min, max] of its chart's y axis.
   const state = (window.tandemCompare = { loaded: 0, points: {}, charts: 0, yRanges: {} });

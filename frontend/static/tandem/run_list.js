@@ -11,7 +11,8 @@
   if (!root) return;
   const POLL_MS = 3000;
   const PAGE_SIZE = 200;
-  const CANCELLABLE = new Set(["queued", "starting", "running", "paused"]);
+  // The statuses a run may be cancelled from, as the contracts have them (tandem.contracts.CANCELLABLE_RUN_STATUSES).
+  const CANCELLABLE = new Set(window.tandemContracts.run_statuses.cancellable);
 
   const state = (window.tandemRunList = { polls: 0, updates: 0, added: 0 });
   const table = document.getElementById("run-table");

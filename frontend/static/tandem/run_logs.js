@@ -16,8 +16,7 @@
   const PAGE_LINES = 1000; // lines one catch-up fetch asks for
   const FAILURE_TAIL_LINES = 20;
   const SEARCH_DEBOUNCE_MS = 300;
-  const RETRY_MIN_MS = 1000;
-  const RETRY_MAX_MS = 30000;
+  const { FAILED } = window.tandemContracts.run_statuses.by_name; // the contracts' RunStatus.FAILED
 
   const logsUrl = panel.dataset.logsUrl;
   const websocketPath = panel.dataset.websocketPath;
@@ -200,7 +199,7 @@
   // --- a failed run's traceback and last lines ------------------------------
 
   async function showFailure() {
-    if (state.status !== "failed" || !el.failure) return;
+    if (state.status !== FAILED || !el.failure) return;
     const base = `${logsUrl}?`;
     const [errors, tail] = await Promise.all([
       getJson(`${base}${new URLSearchParams({ level: "error", limit: 50 })}`),
@@ -219,36 +218,20 @@
 
   // --- the run's socket: a notifier ----------------------------------------
 
-  let retryMs = RETRY_MIN_MS;
-
+  // The loop that keeps it open is the dashboard's one (charts.js).
   function connect() {
-    const scheme = window.location.protocol === "https:" ? "wss:" : "ws:";
-    const socket = new WebSocket(`${scheme}//${window.location.host}${websocketPath}`);
-    state.socket = socket;
-    socket.addEventListener("open", () => {
-      retryMs = RETRY_MIN_MS;
-      fetchNewer().catch(console.error); // what was stored while we were away
-    });
-    socket.addEventListener("message", (event) => {
-      const message = JSON.parse(event.data);
-      if (message.type === "logs") {
-        state.notices += 1;
-        fetchNewer().catch(console.error);
-        if (state.status === "failed") showFailure().catch(console.error);
-      } else if (message.type === "status" && message.status !== state.status) {
-        state.status = message.status;
-        if (state.status === "failed") showFailure().catch(console.error);
-      }
-    });
-    socket.addEventListener("close", () => {
-      if (state.socket !== socket) return;
-      state.socket = null;
-      const delay = retryMs * (0.75 + Math.random() / 2);
-      retryMs = Math.min(retryMs * 2, RETRY_MAX_MS);
-      setTimeout(() => {
-        state.reconnects += 1;
-        connect();
-      }, delay);
+    window.tandemCharts.runSocket(websocketPath, state, {
+      onOpen: () => fetchNewer().catch(console.error), // what was stored while we were away
+      onMessage: (message) => {
+        if (message.type === "logs") {
+          state.notices += 1;
+          fetchNewer().catch(console.error);
+          if (state.status === FAILED) showFailure().catch(console.error);
+        } else if (message.type === "status" && message.status !== state.status) {
+          state.status = message.status;
+          if (state.status === FAILED) showFailure().catch(console.error);
+        }
+      },
     });
   }
 

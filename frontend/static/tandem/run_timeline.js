@@ -11,8 +11,9 @@
   if (!root) return;
   const POLL_MS = 3000;
   const FULL_EVERY = 20;
-  // The statuses in which the run can still train, and the trainer's stages: the platform's (telemetry/charts.py).
-  const ACTIVE = new Set(JSON.parse(document.getElementById("timeline-active-statuses").textContent));
+  // The statuses in which the run can still train (the contracts': window.tandemContracts), and the
+  // trainer's stages: the platform's (telemetry/charts.py).
+  const ACTIVE = new Set(window.tandemContracts.run_statuses.active);
   const STAGES = JSON.parse(document.getElementById("timeline-stages").textContent);
   const STAGE_COLOURS = Object.fromEntries(STAGES.map((stage) => [stage.name, stage.colour]));
   const IDLE_STAGES = new Set(STAGES.filter((stage) => stage.idle).map((stage) => stage.name));
