@@ -119,10 +119,12 @@ def _watch_demo(stack, credentials, demo, *, exit_when_done: bool) -> int:
         print(f"demo run {run.id}: {stack.config.platform_url}/runs/{run.id}/")
         # Polled, so the stack is supervised once a poll: while the web server restarts (the
         # supervisor brings it back) the last known progress stays on the line and the run goes on.
+        width = 0  # the longest line so far: a shorter one overwrites all of it
         for progress in client.runs.poll_progress(run.id, poll_interval_s=1.0):
             _supervise(stack)
             line = watch_line(progress.run, progress.step, progress.latest, bar=True, idle=True)
-            print("\r" + line.ljust(110), end="", flush=True)
+            width = max(width, len(line))
+            print("\r" + line.ljust(width), end="", flush=True)
             run = progress.run
     print()
     if exit_when_done:

@@ -311,3 +311,32 @@ def test_a_script_connects_with_the_saved_login_unless_the_environment_says_othe
     with TandemClient.from_login() as overridden, pytest.raises(TandemAPIError) as refused:
         list(overridden.projects.list())
     assert refused.value.status_code == 401
+
+
+def test_polled_progress_keeps_the_last_known_while_the_server_is_down_and_ends_with_the_run(
+    platform, client, trainer
+):
+    """What `tandem up --demo` shows: a yield per poll, the web server's restart ridden out."""
+    run = client.runs.create(environment="calculator")
+    trainer.post_steps(run.id, range(1, 4))
+    polls = client.runs.poll_progress(run.id, poll_interval_s=0)
+    first = next(polls)
+    assert first.reachable and (first.step, first.run.status) == (3, "running")
+    assert first.latest["reward_mean"] == pytest.approx(step_event(run.id, 3)["reward_mean"])
+
+    web = platform.stack.processes.pop("web")
+    web.terminate()
+    web.wait(timeout=20)
+    try:
+        down = next(polls)
+        assert not down.reachable and (down.step, down.run.status) == (3, "running")
+        assert down.latest == first.latest
+    finally:
+        platform.stack.start_web()
+    trainer.post_steps(run.id, [4])
+    back = next(polls)
+    assert back.reachable and back.step == 4
+    client.runs.cancel(run.id)
+    rest = list(polls)
+    assert rest[-1].reachable and rest[-1].run.status == "cancelled"
+    assert not any(progress.run.ended for progress in rest[:-1])
