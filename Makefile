@@ -81,7 +81,7 @@ services:
 PYTEST_ARGS ?=
 define pytest_on_suite_services
 	@env_file=$$($(PY) -m tests.suite_services start --owner-pid $$$$) || exit 1; \
-	trap '$(PY) -m tests.suite_services stop "$$env_file"' EXIT; trap 'exit 130' INT TERM HUP; \
+	trap 'trap "" INT TERM HUP; $(PY) -m tests.suite_services stop "$$env_file"' EXIT; trap 'exit 130' INT TERM HUP; \
 	echo "tests: own Redis and PostgreSQL for this run in $$(dirname "$$env_file")"; \
 	set -a; . "$$env_file"; set +a; \
 	$(VENV)/bin/pytest $(1) $(PYTEST_ARGS)
