@@ -5,7 +5,7 @@
 // On the step axes (trainer step, RL step) a panel reads its series bucketed (GET .../metrics/series/,
 // about one bucket per pixel of its width, each drawn at its mean), so a series of 100,000 points costs
 // what one of a thousand does. On the run page the panels then follow the run live: each "metrics"
-// message of the page's WebSocket (run_page.js passes it on as a "tandem:run-metrics" event) joins the
+// message of the page's WebSocket (run_page/live.js passes it on as a "tandem:run-metrics" event) joins the
 // newest bucket of the series it names, and the panels it changed are redrawn once per animation frame.
 // The other x-axes (wall time, samples trained) are sums over every step that only the export endpoint
 // (GET /api/runs/<id>/metrics/export/?names=<glob>) computes: those panels read it, raw, and stay still.
