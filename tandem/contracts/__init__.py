@@ -17,6 +17,8 @@ One module per topic:
 - ``evaluations``: held-out evaluation requests, episodes and reports;
 - ``datasets``: a row of an SFT dataset (a chat conversation), the trainer's pages of rows,
   and which environments are known to have demonstrations;
+- ``json_values``: the one walk of a JSON value for what cannot be stored (NUL, lone surrogates,
+  non-finite numbers, depth), shared by the API's JSON input and dataset rows;
 - ``stages``: the trainer's stages, in the order a step runs them;
 - ``telemetry``: step events, stage timelines, episode spans, device reports, traces;
 - ``probes``: environment conformance probes; ``checkpoints``: committed checkpoints;
