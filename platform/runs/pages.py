@@ -53,7 +53,7 @@ from .services import (
     run_pause,
     run_resume,
 )
-from .summaries import run_list_summarised, run_summary
+from .summaries import REWARD_METRIC, run_list_summarised, run_summary
 
 RUNS_SHOWN = 100
 
@@ -109,6 +109,7 @@ def run_list_page(request):
         "rows": [{"run": run, "summary": run_summary(run, now=now), "can_write": run.project_id in writable_project_ids}
                  for run in run_list_summarised(runs)[:RUNS_SHOWN]],
         "writable_project_ids": writable_project_ids,
+        "reward_metric": REWARD_METRIC,
         "form": form,
         "filters": filters,
         "statuses": Run.Status.values,

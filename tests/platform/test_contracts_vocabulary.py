@@ -16,6 +16,7 @@ from tandem.contracts import (
     DATASET_EVALUATION_METRICS,
     EVALUATION_LEADING_METRICS,
     EVALUATION_METRICS,
+    REWARD_MEAN_METRIC,
     TERMINAL_RUN_STATUSES,
     RunStatus,
     evaluation_metric_label,
@@ -55,6 +56,8 @@ def test_every_page_carries_the_contracts_vocabulary_and_the_script_that_reads_i
     assert metrics["dataset"] == list(DATASET_EVALUATION_METRICS)
     assert metrics["labels"]["success_rate"] == "Success rate"
     assert metrics["labels"]["perplexity"] == "Held-out perplexity"
+    if path == "/runs/":  # the run list's reward column names the series it reports
+        assert f'title="{REWARD_MEAN_METRIC} of the newest RL step' in html
     # The vocabulary comes before the page's own scripts, which read it as they run.
     assert html.index('id="tandem-contracts"') < html.index("tandem/contracts.js") < html.index("</body>")
 
