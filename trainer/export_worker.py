@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
 
 from tandem.contracts import (
     CHECKPOINT_EXPORT,
@@ -31,6 +32,7 @@ from tandem.contracts import (
     CheckpointExportRequest,
     task_routes,
 )
+from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
 
 logger = logging.getLogger("tandem.export_worker")
 
@@ -52,6 +54,20 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
 )
+
+
+# The export worker reports its CPU and memory for the devices page, as every Tandem process does
+# (the prefork parent's; signals are process-wide, so the handlers check that the worker is this app's).
+@worker_ready.connect
+def _start_process_report(sender, **_):
+    if sender.app is app:
+        start_process_reporter(redis_url=app.conf.broker_url, role="export_worker", name=sender.hostname)
+
+
+@worker_shutdown.connect
+def _stop_process_report(sender, **_):
+    if sender.app is app:
+        stop_process_reporter()
 
 
 def run_export(request: CheckpointExportRequest) -> CheckpointExportReport:

@@ -66,13 +66,13 @@ class ProducerReport(Record):
         return self.busy_s + (elapsed if self.running_tasks else 0.0), self.uptime_s + elapsed
 
 
-ProcessRole = Literal["web", "platform_worker", "rollout_worker", "trainer"]
+ProcessRole = Literal["web", "platform_worker", "rollout_worker", "trainer", "export_worker"]
 
 
 class ProcessReport(Record):
     """What a Tandem process says of its own CPU and memory and its host's; see ``tandem/runtime/process_reports.py``.
 
-    Every process (web server, platform worker and its beat, rollout workers, trainers) writes one to
+    Every process (web server, platform worker and its beat, rollout workers, trainers, export workers) writes one to
     :func:`process_reports_key` every ``interval_s`` seconds, busy or idle.
     """
 

@@ -49,7 +49,7 @@ end
 return 0
 """
 
-_ROLE_ORDER = {"web": 0, "platform_worker": 1, "rollout_worker": 2, "trainer": 3}
+_ROLE_ORDER = {"web": 0, "platform_worker": 1, "rollout_worker": 2, "trainer": 3, "export_worker": 4}
 
 
 def report_interval_s() -> float:

@@ -40,6 +40,7 @@ from tandem.contracts import (
     PROBE_REPORT,
     TrainerHeartbeat,
 )
+from tandem.runtime.process_reports import live_process_reports
 from tests.polling import poll_until
 from tests.trainer.factories import save_checkpoints
 from trainer.checkpoints import RunCheckpointer
@@ -107,8 +108,14 @@ def workers(transactional_db, redis_client, redis_url, tmp_path):
 @pytest.mark.timeout(1500)  # five waits of DEADLINE_S at most, and the fixture's two
 def test_probe_reports_and_the_reaper_run_while_an_export_runs(workers, api, trainer_api, make_run, make_project,
                                                                make_environment, project, environment, settings,
-                                                               tmp_path):
+                                                               tmp_path, redis_client):
     platform_worker, export_worker, export_log = workers
+    # It reports itself for the devices page, as every Tandem process does.
+    reported = poll_until(lambda: [report for report in live_process_reports(redis_client)
+                                   if report.role == "export_worker"], timeout_s=DEADLINE_S,
+                          what="the export worker's process report")
+    assert [(report.pid, report.name) for report in reported] == [
+        (export_worker.pid, f"exports-test-{os.getpid()}@{reported[0].hostname}")]
     settings.TANDEM_CHECKPOINT_ROOT = tmp_path
     run = make_run(project, environment=environment, config=RUN_CONFIG)
     assert run_claim_next(worker="trainer-host:1").pk == run.pk
