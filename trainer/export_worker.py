@@ -28,6 +28,7 @@ from celery.signals import worker_ready, worker_shutdown
 from tandem.contracts import (
     CHECKPOINT_EXPORT,
     CHECKPOINT_EXPORT_REPORT,
+    CHECKPOINT_EXPORT_TIME_LIMIT_S,
     CheckpointExportReport,
     CheckpointExportRequest,
     task_routes,
@@ -39,8 +40,8 @@ logger = logging.getLogger("tandem.export_worker")
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # A large model's export reads and writes gigabytes. Past the soft limit the export fails with
 # that reason (reported like any failure); the hard limit kills a child that ignores it.
-EXPORT_SOFT_TIME_LIMIT_S = 3500
-EXPORT_TIME_LIMIT_S = 3600
+EXPORT_TIME_LIMIT_S = CHECKPOINT_EXPORT_TIME_LIMIT_S
+EXPORT_SOFT_TIME_LIMIT_S = EXPORT_TIME_LIMIT_S - 60
 
 app = Celery("tandem_exports", broker=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
 app.conf.update(

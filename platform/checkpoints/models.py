@@ -30,6 +30,9 @@ class Checkpoint(models.Model):
         max_length=1000, blank=True, default="", help_text="Directory of the Hugging Face export (safetensors)."
     )
     export_error = models.TextField(blank=True, default="")
+    export_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the newest export was asked for (its expiry counts from it)."
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step"], name="checkpoint_unique_run_step")]

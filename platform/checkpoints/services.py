@@ -16,6 +16,9 @@ from common.tasks import send_task
 from runs.models import Run
 from tandem.contracts import (
     CHECKPOINT_EXPORT,
+    CHECKPOINT_EXPORT_QUEUED_S,
+    CHECKPOINT_EXPORT_TIME_LIMIT_S,
+    EXPORTS_QUEUE,
     CheckpointExportReport,
     CheckpointExportRequest,
     CheckpointReport,
@@ -74,7 +77,8 @@ def checkpoint_export_start(*, user: AbstractBaseUser, checkpoint: Checkpoint) -
         if checkpoint.export_status == Checkpoint.ExportStatus.EXPORTING:
             raise Conflict(f"Checkpoint of step {checkpoint.step} of run {checkpoint.run_id} is being exported.")
         checkpoint.export_status, checkpoint.export_error = Checkpoint.ExportStatus.EXPORTING, ""
-        checkpoint.save(update_fields=["export_status", "export_error"])
+        checkpoint.export_requested_at = timezone.now()
+        checkpoint.save(update_fields=["export_status", "export_error", "export_requested_at"])
         request = checkpoint_export_request(checkpoint)
         transaction.on_commit(lambda: send_task(CHECKPOINT_EXPORT, request.model_dump(mode="json")))
     return checkpoint
@@ -114,6 +118,19 @@ def checkpoint_export_record(*, report: CheckpointExportReport) -> Checkpoint | 
             checkpoint.export_status, checkpoint.export_error = Checkpoint.ExportStatus.FAILED, report.error
         checkpoint.save(update_fields=["export_status", "export_path", "export_error"])
     return checkpoint
+
+
+def checkpoint_exports_expire(*, now=None) -> int:
+    """Fail the exports no export worker reported within its time limit and a queue wait (celery beat's
+    sweep): none consumes the queue, or one was killed mid-export. Returns how many; a report that comes
+    later changes nothing, and the user may export again."""
+    waited_s = CHECKPOINT_EXPORT_TIME_LIMIT_S + CHECKPOINT_EXPORT_QUEUED_S
+    cutoff = (now or timezone.now()) - timezone.timedelta(seconds=waited_s)
+    return Checkpoint.objects.filter(
+        export_status=Checkpoint.ExportStatus.EXPORTING, export_requested_at__lt=cutoff,
+    ).update(export_status=Checkpoint.ExportStatus.FAILED, export_error=(
+        f"No export worker reported this export within {waited_s} s: is `tandem export-worker` consuming "
+        f"the '{EXPORTS_QUEUE}' queue?"))
 
 
 def checkpoint_delete(*, user: AbstractBaseUser, checkpoint: Checkpoint) -> Checkpoint:

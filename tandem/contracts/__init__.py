@@ -36,6 +36,8 @@ old readers must not take in silently bumps the record's version.
 """
 
 from tandem.contracts.checkpoints import (
+    CHECKPOINT_EXPORT_QUEUED_S,
+    CHECKPOINT_EXPORT_TIME_LIMIT_S,
     CheckpointExportReport,
     CheckpointExportRequest,
     CheckpointInfo,
@@ -201,6 +203,7 @@ from tandem.contracts.tasks import (
     EVALUATION_QUEUE,
     EVALUATION_TASK_NAME,
     EVALUATIONS,
+    EXPIRE_CHECKPOINT_EXPORTS,
     EXPORTS_QUEUE,
     FLAG_STALLED_RUNS,
     HEALTH_SWEEP,
@@ -354,6 +357,9 @@ __all__ = [
     "DRAIN_RUN_LOGS",
     "CHECKPOINT_EXPORT",
     "CHECKPOINT_EXPORT_REPORT",
+    "EXPIRE_CHECKPOINT_EXPORTS",
+    "CHECKPOINT_EXPORT_TIME_LIMIT_S",
+    "CHECKPOINT_EXPORT_QUEUED_S",
     "WEBHOOK_DELIVERY",
     "WEBHOOK_RESUME",
     "DATASET_STORE_VERSION",

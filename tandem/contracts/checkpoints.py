@@ -26,6 +26,13 @@ class CheckpointReport(Record):
     checkpoints: list[CheckpointInfo]
 
 
+#: Seconds an export may run on the export worker (its hard time limit; the soft one is a minute less, and
+#: fails the export with that reason). The platform fails an export unreported for longer than this plus
+#: CHECKPOINT_EXPORT_QUEUED_S (no export worker, or one killed mid-export).
+CHECKPOINT_EXPORT_TIME_LIMIT_S = 3600
+CHECKPOINT_EXPORT_QUEUED_S = 600
+
+
 class CheckpointExportRequest(Record):
     """A safetensors export the platform asks of the export worker (the argument of CHECKPOINT_EXPORT).
 

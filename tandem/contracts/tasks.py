@@ -74,6 +74,8 @@ CHECKPOINT_EXPORT = TaskRoute("tandem.checkpoints.export", EXPORTS_QUEUE,
                               "Write a checkpoint as safetensors (arg: a CheckpointExportRequest as JSON).")
 CHECKPOINT_EXPORT_REPORT = TaskRoute("tandem.checkpoints.record_export", PLATFORM_QUEUE,
                                      "Record an export's CheckpointExportReport (sent by the export worker).")
+EXPIRE_CHECKPOINT_EXPORTS = TaskRoute("tandem.checkpoints.expire_exports", PLATFORM_QUEUE,
+                                      "Beat: fail the exports no export worker reported in time.")
 WEBHOOK_DELIVERY = TaskRoute("tandem.alerts.deliver_webhook", WEBHOOKS_QUEUE, "Post an alert's webhook.")
 WEBHOOK_RESUME = TaskRoute("tandem.alerts.resume_abandoned_webhook_deliveries", WEBHOOKS_QUEUE,
                            "Beat: send again the deliveries whose worker was killed mid-post.")
@@ -85,7 +87,8 @@ DATASET_TOKEN_STATS = TaskRoute("tandem.datasets.compute_token_stats", DATASETS_
 #: The table: every cross-process task.
 TASKS: tuple[TaskRoute, ...] = (
     ROLLOUTS, DEMONSTRATIONS, EVALUATIONS, PROBE, PROBE_REPORT, HEALTH_SWEEP, REAP_DEAD_TRAINERS,
-    FLAG_STALLED_RUNS, DRAIN_RUN_LOGS, CHECKPOINT_EXPORT, CHECKPOINT_EXPORT_REPORT, WEBHOOK_DELIVERY,
+    FLAG_STALLED_RUNS, DRAIN_RUN_LOGS, CHECKPOINT_EXPORT, CHECKPOINT_EXPORT_REPORT, EXPIRE_CHECKPOINT_EXPORTS,
+    WEBHOOK_DELIVERY,
     WEBHOOK_RESUME, DATASET_STORE_VERSION, DATASET_TOKEN_STATS,
 )
 

@@ -177,6 +177,30 @@ def test_an_export_reported_after_its_checkpoint_was_deleted_leaves_it_deleted(a
     assert Checkpoint.objects.get(pk=started["id"]).status == "deleted"
 
 
+def test_an_export_no_worker_reports_fails_after_its_time_limit_and_a_queue_wait(api, trainer_api, run,
+                                                                                checkpointer):
+    from datetime import timedelta
+
+    from checkpoints.services import checkpoint_exports_expire
+    from tandem.contracts import CHECKPOINT_EXPORT_QUEUED_S, CHECKPOINT_EXPORT_TIME_LIMIT_S
+
+    save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 2))
+    _report(trainer_api, run, checkpointer)
+    started = api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").json()
+    requested_at = Checkpoint.objects.get(pk=started["id"]).export_requested_at
+    waited = timedelta(seconds=CHECKPOINT_EXPORT_TIME_LIMIT_S + CHECKPOINT_EXPORT_QUEUED_S)
+    assert checkpoint_exports_expire(now=requested_at + waited - timedelta(seconds=1)) == 0
+    assert Checkpoint.objects.get(pk=started["id"]).export_status == "exporting"
+
+    assert checkpoint_exports_expire(now=requested_at + waited + timedelta(seconds=1)) == 1
+    detail = api.get(f"/api/runs/{run.pk}/checkpoints/1/").json()
+    assert detail["export_status"] == "failed" and "'exports' queue" in detail["export_error"]
+    # A report that comes after all changes nothing; the user may export again.
+    late = run_export(checkpoint_export_request(Checkpoint.objects.get(pk=started["id"])))
+    assert record_checkpoint_export(late.model_dump(mode="json")) == "failed"
+    assert api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").status_code == 202
+
+
 def test_delete_removes_the_files_but_never_the_newest_of_an_active_run(api, trainer_api, run, checkpointer):
     save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 3))
     _report(trainer_api, run, checkpointer)

@@ -2,6 +2,7 @@
 
 from tandem.contracts import (
     DRAIN_RUN_LOGS,
+    EXPIRE_CHECKPOINT_EXPORTS,
     FLAG_STALLED_RUNS,
     HEALTH_SWEEP,
     PLATFORM_QUEUE,
@@ -52,6 +53,8 @@ CELERY_BEAT_SCHEDULE = {
     "drain-run-logs": _every(DRAIN_RUN_LOGS, TANDEM_RUN_LOG_DRAIN_INTERVAL_S),
     # Webhook deliveries whose worker was killed mid-post (alerts.services.webhook_deliveries_resume).
     "resume-abandoned-webhook-deliveries": _every(WEBHOOK_RESUME, 60.0),
+    # Exports no export worker reported in time (checkpoints.services.checkpoint_exports_expire).
+    "expire-checkpoint-exports": _every(EXPIRE_CHECKPOINT_EXPORTS, 60.0),
     "environment-health-sweep": _every(HEALTH_SWEEP, float(env_str("TANDEM_HEALTH_CHECK_INTERVAL_S", "60")),
                                        expires_s=60),
 }
