@@ -195,7 +195,7 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     listed = client.get(f"/api/runs/{run_id}/checkpoints/?page_size=100").json()["results"]
     assert sorted(c["step"] for c in listed if c["status"] == "available") == on_disk == on_disk[-3:]
     assert {c["deleted_reason"] for c in listed if c["status"] == "deleted"} == {"retention"}
-    # The platform worker exports the newest to safetensors.
+    # The export worker (trainer/export_worker.py) exports the newest to safetensors.
     newest = on_disk[-1]
     assert client.post(f"/api/runs/{run_id}/checkpoints/{newest}/export/").status_code == 202
     deadline = time.monotonic() + 120
