@@ -12,7 +12,9 @@
   system user, since PostgreSQL refuses to run as root), listening on 127.0.0.1 only with trust
   authentication, whose superuser role ``tandem`` owns a database named after the run:
   ``TANDEM_TEST_DATABASE_URL`` (Django's test runner creates ``test_<name>`` beside it, the
-  end-to-end tests a database per stack);
+  end-to-end tests a database per stack). It also listens on a Unix socket of its own, in
+  ``TANDEM_TEST_POSTGRES_SOCKET_DIR``: the multi-host tests' hosts live in network namespaces
+  that cannot reach this machine's loopback, but they share its files;
 * a Channels prefix of the run's own, ``TANDEM_TEST_CHANNELS_PREFIX``.
 
 It needs only the standard library (and the servers' binaries), not the project's virtual
@@ -66,12 +68,14 @@ class RunState:
     postgres_bin: str
     postgres_user: str | None  # the system user the cluster runs as, when started by root
     database: str
+    postgres_socket_dir: str = ""
 
     def env(self) -> dict[str, str]:
         return {
             "TANDEM_TEST_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
             "TANDEM_TEST_DATABASE_URL": f"postgresql://{ROLE}@127.0.0.1:{self.postgres_port}/{self.database}",
             "TANDEM_TEST_CHANNELS_PREFIX": f"tandem-test-{self.run}:channels",
+            "TANDEM_TEST_POSTGRES_SOCKET_DIR": self.postgres_socket_dir,
         }
 
 
@@ -201,14 +205,30 @@ def _cluster_directory(preferred: Path, user: str | None) -> Path:
     return fallback
 
 
-def start_postgres(preferred_dir: Path, database: str) -> tuple[int, Path, Path, str | None]:
+#: A Unix socket's path is at most 107 bytes: a longer cluster directory gets a short one in /tmp for its socket.
+_SOCKET_PATH_LIMIT = 100
+
+
+def _socket_directory(parent: Path, user: str | None) -> Path:
+    if len(str(parent / ".s.PGSQL.65535.lock")) <= _SOCKET_PATH_LIMIT:
+        return parent
+    short = Path(tempfile.mkdtemp(prefix="tandem-pg-", dir="/tmp"))
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        os.chown(short, entry.pw_uid, entry.pw_gid)
+    return short
+
+
+def start_postgres(preferred_dir: Path, database: str) -> tuple[int, Path, Path, str | None, Path]:
     """A cluster of the suite's own on a free loopback port with ``database`` in it.
 
-    Returns its port, data directory, bin directory and the system user it runs as (None: ours).
+    Returns its port, data directory, bin directory, the system user it runs as (None: ours) and
+    the directory of its Unix socket.
     """
     bin_dir = postgres_bin()
     user = _cluster_user()
     parent = _cluster_directory(preferred_dir, user)
+    socket_dir = _socket_directory(parent, user)
     data = parent / "data"
     log = parent / "postgres.log"
     initdb = subprocess.run(
@@ -220,7 +240,7 @@ def start_postgres(preferred_dir: Path, database: str) -> tuple[int, Path, Path,
     for _ in range(5):  # a port picked free may be taken before the postmaster binds it
         port = _free_port()
         logged = log.stat().st_size if log.exists() else 0
-        options = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories='' "
+        options = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories='{socket_dir}' "
                    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300")
         started = subprocess.run(
             _as_cluster_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w",
@@ -236,7 +256,7 @@ def start_postgres(preferred_dir: Path, database: str) -> tuple[int, Path, Path,
                              capture_output=True, text=True)
     if created.returncode != 0:
         raise ServiceError(f"createdb {database} failed:\n{created.stdout}{created.stderr}")
-    return port, data, bin_dir, user
+    return port, data, bin_dir, user, socket_dir
 
 
 def stop_postgres(data: Path, bin_dir: Path, user: str | None) -> None:
@@ -275,12 +295,13 @@ def start(owner_pid: int) -> Path:
                      database=f"tandem_{run.replace('-', '_')}")
     state_file.write_text(json.dumps(asdict(state)))
     try:
-        port, data, bin_dir, user = start_postgres(directory / "postgres", state.database)
+        port, data, bin_dir, user, socket_dir = start_postgres(directory / "postgres", state.database)
     except BaseException:
         stop(state_file)
         raise
     state.postgres_port, state.postgres_data, state.postgres_bin, state.postgres_user = (
         port, str(data), str(bin_dir), user)
+    state.postgres_socket_dir = str(socket_dir)
     state_file.write_text(json.dumps(asdict(state)))
     env_file = directory / "suite.env"
     env_file.write_text("".join(f"{name}={shlex.quote(value)}\n" for name, value in state.env().items()))
@@ -298,6 +319,8 @@ def stop(path: Path) -> None:
         shutil.rmtree(data, ignore_errors=True)
         if data.parent != directory / "postgres":  # a temporary directory of its own (as root)
             shutil.rmtree(data.parent, ignore_errors=True)
+    if state.postgres_socket_dir and Path(state.postgres_socket_dir) != Path(state.postgres_data).parent:
+        shutil.rmtree(state.postgres_socket_dir, ignore_errors=True)  # a short one of its own in /tmp
     shutil.rmtree(directory, ignore_errors=True)
 
 

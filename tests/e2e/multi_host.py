@@ -2,7 +2,7 @@
 
 - ``host-a``: Redis (a redis-server of its own, on host-a's address), the web
   server, the platform's worker, and PostgreSQL through its Unix socket (the
-  machine's server: the socket is a file, not an address).
+  suite's own server, tests/suite_services.py: the socket is a file, not an address).
 - the producer hosts (``host-b``, ``host-c``, ...): one rollout worker each,
   which reaches Redis and the environment servers over the network only. The
   stack's ``var`` directory (the trainer's checkpoints and weights among it)
@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 import httpx
+import pytest
 import redis
 
 from tandem.cli.stack import LocalStack, StackConfig
@@ -29,12 +32,21 @@ from tests.e2e.conftest import fresh_database, print_log_tails
 from tests.network_hosts import Host, Network, network
 from tests.polling import poll_until
 
+
+def _database_over_the_socket(database_url: str) -> str:
+    """``database_url`` (on the suite's PostgreSQL, over TCP on loopback) reached through its Unix socket."""
+    socket_dir = os.environ.get("TANDEM_TEST_POSTGRES_SOCKET_DIR", "")
+    if not socket_dir:
+        pytest.fail("multi-host tests reach the suite's PostgreSQL through its socket: TANDEM_TEST_POSTGRES_SOCKET_DIR "
+                    "is not set (`make test` sets it; see tests/suite_services.py)")
+    address = urlsplit(database_url)
+    return f"postgresql://{address.username}@{quote(socket_dir, safe='')}:{address.port}{address.path}"
+
 PLATFORM_HOST = "host-a"
 TRAINER_HOST = "host-d"
 REDIS_PORT = 6379
 WEB_PORT = 8000
 ENVIRONMENT_PORT = 8765
-POSTGRES_SOCKET_DIR = "/var/run/postgresql"
 
 
 class MultiHostStack(LocalStack):
@@ -83,7 +95,6 @@ def multi_host_stack(tmp_path: Path, *, producer_hosts: Sequence[str] = ("host-b
     names = [PLATFORM_HOST, *producer_hosts, TRAINER_HOST, *extra_hosts]
     with network(names) as net, fresh_database() as database_url:
         platform_host = net[PLATFORM_HOST]
-        database_name = database_url.rsplit("/", 1)[1]
         redis_dir = tmp_path / "redis"
         redis_dir.mkdir()
         redis_url = f"redis://{platform_host.address}:{REDIS_PORT}/0"
@@ -106,7 +117,7 @@ def multi_host_stack(tmp_path: Path, *, producer_hosts: Sequence[str] = ("host-b
             config = StackConfig(
                 redis_url=redis_url,
                 # PostgreSQL through its socket: host-a's processes reach it without a network.
-                database_url=f"postgres://postgres@{POSTGRES_SOCKET_DIR.replace('/', '%2F')}/{database_name}",
+                database_url=_database_over_the_socket(database_url),
                 host=platform_host.address, port=WEB_PORT, workers=len(producer_hosts),
                 worker_concurrency=worker_concurrency, var_dir=tmp_path / "var",
                 extra_env={
