@@ -2,19 +2,21 @@
 
 from django.db import models
 
+from tandem.contracts import CheckpointExportStatus, CheckpointStatus
+
 
 class Checkpoint(models.Model):
     """One checkpoint step of a run on the shared filesystem; kept as ``deleted`` once its files are gone."""
 
     class Status(models.TextChoices):
-        AVAILABLE = "available", "Available"
-        DELETED = "deleted", "Deleted"
+        AVAILABLE = CheckpointStatus.AVAILABLE.value, "Available"
+        DELETED = CheckpointStatus.DELETED.value, "Deleted"
 
     class ExportStatus(models.TextChoices):
-        NONE = "none", "Not exported"
-        EXPORTING = "exporting", "Exporting"
-        EXPORTED = "exported", "Exported"
-        FAILED = "failed", "Failed"
+        NONE = CheckpointExportStatus.NONE.value, "Not exported"
+        EXPORTING = CheckpointExportStatus.EXPORTING.value, "Exporting"
+        EXPORTED = CheckpointExportStatus.EXPORTED.value, "Exported"
+        FAILED = CheckpointExportStatus.FAILED.value, "Failed"
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="checkpoints")
     step = models.PositiveIntegerField(help_text="Updates the checkpointed train state holds.")

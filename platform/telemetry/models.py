@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from tandem.contracts import TraceStatus
+
 
 class MetricPoint(models.Model):
     """One value of one series (``loss``, ``reward_mean`` ...) at one trainer step."""
@@ -74,9 +76,9 @@ class Trace(models.Model):
     """A user's request for a jax.profiler trace of a run's next steps, and the trace once uploaded."""
 
     class Status(models.TextChoices):
-        REQUESTED = "requested", "Requested"  # the trainer will trace it at its next steps
-        CAPTURED = "captured", "Captured"
-        FAILED = "failed", "Failed"  # the trainer tried; ``error`` says why
+        REQUESTED = TraceStatus.REQUESTED.value, "Requested"
+        CAPTURED = TraceStatus.CAPTURED.value, "Captured"
+        FAILED = TraceStatus.FAILED.value, "Failed"
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="traces")
     steps = models.PositiveIntegerField()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +19,22 @@ class CheckpointInfo(BaseModel):
     policy_version: int = Field(ge=-1, description="Newest policy version published when it was saved.")
     path: str = Field(min_length=1, description="The step directory on the shared filesystem.")
     size_bytes: int = Field(ge=0, description="Bytes of every file in the step directory.")
+
+
+class CheckpointStatus(StrEnum):
+    """Whether a checkpoint's files are on disk; a deleted one stays listed, with why it went."""
+
+    AVAILABLE = "available"
+    DELETED = "deleted"
+
+
+class CheckpointExportStatus(StrEnum):
+    """Where a checkpoint's safetensors export stands, as the platform records it."""
+
+    NONE = "none"
+    EXPORTING = "exporting"
+    EXPORTED = "exported"
+    FAILED = "failed"
 
 
 class CheckpointReport(Record):
@@ -51,7 +68,7 @@ class CheckpointExportReport(Record):
     """An export's outcome, sent back to the platform as the argument of CHECKPOINT_EXPORT_REPORT."""
 
     checkpoint_id: int
-    status: Literal["exported", "failed"]
+    status: Literal[CheckpointExportStatus.EXPORTED, CheckpointExportStatus.FAILED]
     destination: str = Field(min_length=1, description="The request's destination, as asked.")
     files: tuple[str, ...] = Field((), description="Names of the written files, in the destination.")
     size_bytes: int = Field(0, ge=0, description="Bytes of the written files.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from enum import StrEnum
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -477,6 +478,14 @@ class TrainerStepEvent(Record):
         if self.device is not None:
             values.update(self.device.metric_values())
         return values
+
+
+class TraceStatus(StrEnum):
+    """Where a user's trace request stands, as the platform records it."""
+
+    REQUESTED = "requested"  # the trainer will trace it at its next steps
+    CAPTURED = "captured"
+    FAILED = "failed"  # the trainer tried; the trace's ``error`` says why
 
 
 class TraceRequest(BaseModel):

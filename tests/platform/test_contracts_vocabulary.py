@@ -10,17 +10,23 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
+from checkpoints.models import Checkpoint
 from runs.services import LEGAL_TRANSITIONS
 from tandem.contracts import (
     CANCELLABLE_RUN_STATUSES,
     DATASET_EVALUATION_METRICS,
+    EPISODE_STATUSES,
     EVALUATION_LEADING_METRICS,
     EVALUATION_METRICS,
     REWARD_MEAN_METRIC,
     TERMINAL_RUN_STATUSES,
+    CheckpointExportStatus,
+    CheckpointStatus,
     RunStatus,
+    TraceStatus,
     evaluation_metric_label,
 )
+from telemetry.models import Trace
 
 pytestmark = pytest.mark.django_db
 
@@ -51,6 +57,10 @@ def test_every_page_carries_the_contracts_vocabulary_and_the_script_that_reads_i
     assert set(statuses["cancellable"]) == CANCELLABLE_RUN_STATUSES
     assert set(statuses["terminal"]) == TERMINAL_RUN_STATUSES
     assert statuses["by_name"]["FAILED"] == RunStatus.FAILED
+    assert vocabulary["episode_statuses"]["by_name"] == {status.upper(): status for status in EPISODE_STATUSES}
+    assert vocabulary["checkpoint_statuses"]["by_name"]["DELETED"] == CheckpointStatus.DELETED
+    assert set(vocabulary["checkpoint_export_statuses"]["by_name"].values()) == set(CheckpointExportStatus)
+    assert set(vocabulary["trace_statuses"]["by_name"].values()) == set(TraceStatus)
     metrics = vocabulary["evaluation_metrics"]
     assert metrics["leading"] == list(EVALUATION_LEADING_METRICS)
     assert metrics["dataset"] == list(DATASET_EVALUATION_METRICS)
@@ -74,7 +84,15 @@ def test_the_dashboard_scripts_keep_no_copy_of_the_statuses_or_the_smoothing_or_
     for name, text in scripts.items():
         # A run status list typed out: two or more statuses in one array or set literal.
         assert not re.search(rf'\[\s*"({statuses})"\s*,\s*"({statuses})"', text), name
+        # A status compared with a string typed out, rather than with the vocabulary's by_name.
+        assert not re.search(r'status\s*[!=]==?\s*["\']', text), name
         if name != "charts.js":
             assert "function smoothed(" not in text, name
             assert "new WebSocket(" not in text, name
     assert "function smoothed(" in scripts["charts.js"] and "new WebSocket(" in scripts["charts.js"]
+
+
+def test_the_platform_records_checkpoint_and_trace_statuses_in_the_contracts_words():
+    assert set(Checkpoint.Status.values) == set(CheckpointStatus)
+    assert set(Checkpoint.ExportStatus.values) == set(CheckpointExportStatus)
+    assert set(Trace.Status.values) == set(TraceStatus)

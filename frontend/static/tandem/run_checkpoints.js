@@ -9,6 +9,9 @@
   const body = root.querySelector("tbody");
   const error = document.getElementById("checkpoints-error");
   let timer = null;
+  // The contracts' CheckpointStatus and CheckpointExportStatus (window.tandemContracts).
+  const CHECKPOINT = window.tandemContracts.checkpoint_statuses.by_name;
+  const EXPORT = window.tandemContracts.checkpoint_export_statuses.by_name;
 
   function megabytes(bytes) {
     return (bytes / 1e6).toFixed(1) + " MB";
@@ -58,11 +61,12 @@
       // -1: saved before the trainer published any policy, i.e. during SFT.
       cell(row, checkpoint.policy_version < 0 ? "none yet (SFT)" : checkpoint.policy_version);
       cell(row, megabytes(checkpoint.size_bytes));
-      cell(row, checkpoint.status === "deleted" ? `deleted (${checkpoint.deleted_reason})` : "available");
-      const exportCell = cell(row, checkpoint.export_status === "failed"
-        ? `failed: ${checkpoint.export_error}` : checkpoint.export_status);
+      cell(row, checkpoint.status === CHECKPOINT.DELETED
+        ? `${CHECKPOINT.DELETED} (${checkpoint.deleted_reason})` : checkpoint.status);
+      const exportCell = cell(row, checkpoint.export_status === EXPORT.FAILED
+        ? `${EXPORT.FAILED}: ${checkpoint.export_error}` : checkpoint.export_status);
       const actions = cell(row, "");
-      if (checkpoint.status !== "available") continue;
+      if (checkpoint.status !== CHECKPOINT.AVAILABLE) continue;
       const url = `${listUrl}${checkpoint.step}/`;
       if (checkpoint.download_url) {
         const link = document.createElement("a");
@@ -72,7 +76,7 @@
         exportCell.append(" ", link);
       }
       if (canWrite) {
-        if (checkpoint.export_status !== "exporting") {
+        if (checkpoint.export_status !== EXPORT.EXPORTING) {
           actions.appendChild(button("Export", () => act("POST", url + "export/")));
         }
         actions.appendChild(button("Delete", () => {
@@ -90,8 +94,8 @@
     if (!response.ok) return;
     const page = await response.json();
     render(page.results);
-    // Exports finish on the platform worker; checkpoints arrive while the run trains.
-    timer = setTimeout(load, page.results.some((c) => c.export_status === "exporting") ? 2000 : 15000);
+    // Exports finish on the export worker; checkpoints arrive while the run trains.
+    timer = setTimeout(load, page.results.some((c) => c.export_status === EXPORT.EXPORTING) ? 2000 : 15000);
   }
 
   load();

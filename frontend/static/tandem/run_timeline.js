@@ -14,6 +14,7 @@
   // The statuses in which the run can still train (the contracts': window.tandemContracts), and the
   // trainer's stages: the platform's (telemetry/charts.py).
   const ACTIVE = new Set(window.tandemContracts.run_statuses.active);
+  const EPISODE = window.tandemContracts.episode_statuses.by_name; // the contracts' EpisodeStatus
   const STAGES = JSON.parse(document.getElementById("timeline-stages").textContent);
   const STAGE_COLOURS = Object.fromEntries(STAGES.map((stage) => [stage.name, stage.colour]));
   const IDLE_STAGES = new Set(STAGES.filter((stage) => stage.idle).map((stage) => stage.name));
@@ -369,7 +370,7 @@
         }
         x += w;
       }
-      if (episode.status === "failed") {
+      if (episode.status === EPISODE.FAILED) {
         c.strokeStyle = FAILED;
         c.lineWidth = rowH >= 4 ? 2 : 1;
         c.strokeRect(x0 + 0.5, y + 0.5, Math.max(x1 - x0 - 1, 1), Math.max(rowH - 1, 1));

@@ -12,6 +12,7 @@
   const form = document.getElementById("trace-form");
   const PENDING_POLL_MS = 2000;
   const IDLE_POLL_MS = 15000;
+  const TRACE = window.tandemContracts.trace_statuses.by_name; // the contracts' TraceStatus
   let timer = null;
 
   const state = (window.tandemRunTraces = { loads: 0, traces: [] });
@@ -78,7 +79,7 @@
       // Whatever happened (a network error included) one poll stays scheduled, and only one:
       // a load started by a submit may have overlapped a timer's.
       clearTimeout(timer);
-      const pending = state.traces.some((trace) => trace.status === "requested");
+      const pending = state.traces.some((trace) => trace.status === TRACE.REQUESTED);
       timer = setTimeout(() => load().catch(console.error), pending ? PENDING_POLL_MS : IDLE_POLL_MS);
     }
   }

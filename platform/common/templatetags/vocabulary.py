@@ -1,8 +1,8 @@
 """The contracts' vocabularies as the dashboard's scripts read them: ``{% contracts_vocabulary %}``.
 
 base.html renders it once per page as a JSON script (``#tandem-contracts``), which
-``tandem/contracts.js`` reads into ``window.tandemContracts``: the scripts take run
-statuses and metric names from there, never from a copy of their own.
+``tandem/contracts.js`` reads into ``window.tandemContracts``: the scripts take run, episode
+and checkpoint statuses and metric names from there, never from a copy of their own.
 """
 
 from __future__ import annotations
@@ -16,9 +16,13 @@ from tandem.contracts import (
     ACTIVE_RUN_STATUSES,
     CANCELLABLE_RUN_STATUSES,
     DATASET_EVALUATION_METRICS,
+    EPISODE_STATUSES,
     EVALUATION_LEADING_METRICS,
     TERMINAL_RUN_STATUSES,
+    CheckpointExportStatus,
+    CheckpointStatus,
     RunStatus,
+    TraceStatus,
     evaluation_metric_label,
 )
 
@@ -27,7 +31,9 @@ register = template.Library()
 
 @cache
 def contracts_vocabulary_data() -> dict:
-    """What ``window.tandemContracts`` holds: run statuses (each set in lifecycle order) and evaluation metrics."""
+    """What ``window.tandemContracts`` holds: run statuses (each set in lifecycle order), episode and checkpoint
+    and trace statuses, and evaluation metrics. ``by_name``: each status by its name in the contract (a script names one
+    as ``run_statuses.by_name.FAILED``)."""
     def ordered(statuses) -> list[str]:
         return [status.value for status in RunStatus if status in statuses]
 
@@ -37,9 +43,12 @@ def contracts_vocabulary_data() -> dict:
             "active": ordered(ACTIVE_RUN_STATUSES),
             "cancellable": ordered(CANCELLABLE_RUN_STATUSES),
             "terminal": ordered(TERMINAL_RUN_STATUSES),
-            # Each status by its name in the contract: a script names one as RUN_STATUSES.by_name.FAILED.
             "by_name": {status.name: status.value for status in RunStatus},
         },
+        "episode_statuses": {"by_name": {status.upper(): status for status in EPISODE_STATUSES}},
+        "checkpoint_statuses": {"by_name": {status.name: status.value for status in CheckpointStatus}},
+        "checkpoint_export_statuses": {"by_name": {status.name: status.value for status in CheckpointExportStatus}},
+        "trace_statuses": {"by_name": {status.name: status.value for status in TraceStatus}},
         "evaluation_metrics": {
             "leading": list(EVALUATION_LEADING_METRICS),
             "dataset": list(DATASET_EVALUATION_METRICS),
