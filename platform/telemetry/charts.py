@@ -42,7 +42,10 @@ from tandem.contracts import (
     LOSS_METRIC,
     POLICY_VERSION_METRIC,
     REWARD_MEAN_METRIC,
+    SAMPLES_PER_S_METRIC,
+    SAMPLES_PRODUCED_PER_S_METRIC,
     SUCCESS_RATE_METRIC,
+    TOKENS_PER_S_METRIC,
     TRAINER_STAGES,
     stage_metric_name,
 )
@@ -214,15 +217,15 @@ RUN_CHARTS: list[dict] = [
         "caption": "produced by rollouts against consumed by the trainer", "empty": "No RL step yet.",
         "kind": "lines", "smooth": True, "range_min": 0,
         "series": [
-            {"name": "samples_produced_per_s", "label": "produced/s", "colour": 4},
-            {"name": "samples_per_s", "label": "consumed/s", "colour": 0},
+            {"name": SAMPLES_PRODUCED_PER_S_METRIC, "label": "produced/s", "colour": 4},
+            {"name": SAMPLES_PER_S_METRIC, "label": "consumed/s", "colour": 0},
         ],
     },
     {
         "id": "chart-tokens", "title": "Tokens per second", "caption": "trained, per wall second of the step",
         "empty": "No step yet.",
         "kind": "lines", "smooth": True, "range_min": 0,
-        "series": [{"name": "tokens_per_s", "label": "tokens/s", "colour": 5}],
+        "series": [{"name": TOKENS_PER_S_METRIC, "label": "tokens/s", "colour": 5}],
     },
     {
         "id": "chart-staleness", "title": "Staleness", "caption": "trained trajectories by policy versions behind",

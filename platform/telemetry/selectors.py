@@ -29,6 +29,7 @@ from runs.models import Run
 from runs.selectors import run_list
 from tandem.contracts import (
     IDLE_CAUSES,
+    SAMPLES_PER_S_METRIC,
     TRAINER_HELD_RUN_STATUSES,
     ProcessReport,
     ProducerReport,
@@ -463,7 +464,7 @@ def metric_names_matching(*, run: Run, patterns: Sequence[str]) -> list[str]:
 
 # The series the x-axes other than the trainer step are summed from (TrainerStepEvent.metric_values()).
 _STEP_WALL_SERIES = "wall_s"
-_SAMPLES_RATE_SERIES = "samples_per_s"
+_SAMPLES_RATE_SERIES = SAMPLES_PER_S_METRIC
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from tandem.configs.changes import merge_changes
-from tandem.contracts import RunStatus
+from tandem.contracts import (
+    EVALUATION_LEADING_METRICS,
+    REWARD_MEAN_METRIC,
+    SUCCESS_RATE_METRIC,
+    RunStatus,
+)
 from tandem.sdk.client import (
     EndpointUnavailable,
     EvaluationProgress,
@@ -103,8 +108,8 @@ def watch_line(run: Run, step: int | None, latest: dict[str, float | None], *, b
         parts.append("[" + "#" * filled + "-" * (BAR_WIDTH - filled) + f"] {min(done / total, 1):4.0%}")
     parts += [
         f"step {_progress(run, step)}",
-        f"reward {_format_value(latest.get('reward_mean'))}",
-        f"success {_format_value(latest.get('success_rate'), '.2f')}",
+        f"reward {_format_value(latest.get(REWARD_MEAN_METRIC))}",
+        f"success {_format_value(latest.get(SUCCESS_RATE_METRIC), '.2f')}",
         f"policy v{run.policy_version}",
     ]
     if idle:
@@ -265,7 +270,7 @@ def cmd_eval_list(args) -> int:
         return 0
     pass_k = sorted({name for e in evaluations for name in e.metrics if name.startswith("pass@")},
                     key=lambda name: int(name.split("@")[1]))
-    columns = ["success_rate", "mean_reward", *pass_k]
+    columns = [*EVALUATION_LEADING_METRICS, *pass_k]
     rows = [("#", "STEP", "VERSION", "ENVIRONMENT", "STATUS", "EPISODES", *(name.upper() for name in columns))]
     rows += [(str(e.index), str(e.step), f"v{e.policy_version}", e.environment, e.status, str(e.episodes),
               *(_metric_cell(e, name) for name in columns)) for e in evaluations]

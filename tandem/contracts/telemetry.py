@@ -308,6 +308,9 @@ LOSS_METRIC = "loss"
 REWARD_MEAN_METRIC = "reward_mean"
 SUCCESS_RATE_METRIC = "success_rate"
 POLICY_VERSION_METRIC = "policy_version"
+SAMPLES_PER_S_METRIC = "samples_per_s"
+SAMPLES_PRODUCED_PER_S_METRIC = "samples_produced_per_s"
+TOKENS_PER_S_METRIC = "tokens_per_s"
 
 
 class TrainerStepEvent(Record):
@@ -450,8 +453,8 @@ class TrainerStepEvent(Record):
         values["producers/reporting"] = float(self.producers_reporting)
         for environment, count in self.circuit_breakers_open.items():
             values[circuit_open_metric_name(environment)] = float(count)
-        for name in (REWARD_MEAN_METRIC, SUCCESS_RATE_METRIC, "samples_per_s", "samples_produced_per_s",
-                     "tokens_per_s", "staleness_mean", "staleness_max"):
+        for name in (REWARD_MEAN_METRIC, SUCCESS_RATE_METRIC, SAMPLES_PER_S_METRIC, SAMPLES_PRODUCED_PER_S_METRIC,
+                     TOKENS_PER_S_METRIC, "staleness_mean", "staleness_max"):
             value = getattr(self, name)
             if value is not None:
                 values[name] = value
