@@ -190,19 +190,24 @@ def _cluster_user() -> str | None:
     return POSTGRES_SYSTEM_USER
 
 
+def _owned_by(directory: Path, user: str | None) -> Path:
+    """``directory``, given to the cluster's system user (when there is one)."""
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        os.chown(directory, entry.pw_uid, entry.pw_gid)
+    return directory
+
+
 def _cluster_directory(preferred: Path, user: str | None) -> Path:
     """``preferred``, or (as root, when the cluster's user cannot reach it) a private temporary directory."""
     preferred.mkdir(parents=True, exist_ok=True)
     if user is None:
         return preferred
-    entry = pwd.getpwnam(user)
-    os.chown(preferred, entry.pw_uid, entry.pw_gid)
+    _owned_by(preferred, user)
     reachable = subprocess.run(_as_cluster_user(["test", "-w", str(preferred)], user)).returncode == 0
     if reachable:
         return preferred
-    fallback = Path(tempfile.mkdtemp(prefix="tandem-test-postgres-"))
-    os.chown(fallback, entry.pw_uid, entry.pw_gid)
-    return fallback
+    return _owned_by(Path(tempfile.mkdtemp(prefix="tandem-test-postgres-")), user)
 
 
 #: A Unix socket's path is at most 107 bytes: a longer cluster directory gets a short one in /tmp for its socket.
@@ -212,11 +217,7 @@ _SOCKET_PATH_LIMIT = 100
 def _socket_directory(parent: Path, user: str | None) -> Path:
     if len(str(parent / ".s.PGSQL.65535.lock")) <= _SOCKET_PATH_LIMIT:
         return parent
-    short = Path(tempfile.mkdtemp(prefix="tandem-pg-", dir="/tmp"))
-    if user is not None:
-        entry = pwd.getpwnam(user)
-        os.chown(short, entry.pw_uid, entry.pw_gid)
-    return short
+    return _owned_by(Path(tempfile.mkdtemp(prefix="tandem-pg-", dir="/tmp")), user)
 
 
 def start_postgres(preferred_dir: Path, database: str) -> tuple[int, Path, Path, str | None, Path]:
