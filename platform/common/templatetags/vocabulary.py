@@ -7,6 +7,7 @@ and checkpoint statuses and metric names from there, never from a copy of their 
 
 from __future__ import annotations
 
+from enum import StrEnum
 from functools import cache
 
 from django import template
@@ -29,6 +30,10 @@ from tandem.contracts import (
 register = template.Library()
 
 
+def _by_name(statuses: type[StrEnum]) -> dict[str, str]:
+    return {status.name: status.value for status in statuses}
+
+
 @cache
 def contracts_vocabulary_data() -> dict:
     """What ``window.tandemContracts`` holds: run statuses (each set in lifecycle order), episode and checkpoint
@@ -43,12 +48,12 @@ def contracts_vocabulary_data() -> dict:
             "active": ordered(ACTIVE_RUN_STATUSES),
             "cancellable": ordered(CANCELLABLE_RUN_STATUSES),
             "terminal": ordered(TERMINAL_RUN_STATUSES),
-            "by_name": {status.name: status.value for status in RunStatus},
+            "by_name": _by_name(RunStatus),
         },
         "episode_statuses": {"by_name": {status.upper(): status for status in EPISODE_STATUSES}},
-        "checkpoint_statuses": {"by_name": {status.name: status.value for status in CheckpointStatus}},
-        "checkpoint_export_statuses": {"by_name": {status.name: status.value for status in CheckpointExportStatus}},
-        "trace_statuses": {"by_name": {status.name: status.value for status in TraceStatus}},
+        "checkpoint_statuses": {"by_name": _by_name(CheckpointStatus)},
+        "checkpoint_export_statuses": {"by_name": _by_name(CheckpointExportStatus)},
+        "trace_statuses": {"by_name": _by_name(TraceStatus)},
         "evaluation_metrics": {
             "leading": list(EVALUATION_LEADING_METRICS),
             "dataset": list(DATASET_EVALUATION_METRICS),
