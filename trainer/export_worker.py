@@ -34,6 +34,7 @@ from tandem.contracts import (
     task_routes,
 )
 from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
+from tandem.runtime.redis_clients import durable_task_publishing
 
 logger = logging.getLogger("tandem.export_worker")
 
@@ -45,6 +46,8 @@ EXPORT_SOFT_TIME_LIMIT_S = EXPORT_TIME_LIMIT_S - 60
 
 app = Celery("tandem_exports", broker=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
 app.conf.update(
+    # An export's report waits out a Redis restart rather than being lost after a long export.
+    **durable_task_publishing(app.conf.broker_url),
     task_default_queue=CHECKPOINT_EXPORT.queue,
     task_routes=task_routes(),
     task_serializer="json",

@@ -17,7 +17,7 @@ from celery import Celery
 from policy import enable_compilation_cache
 from tandem.contracts import RETRY_AFTER_MAX_S, RunStatus, TrainerHeartbeat, task_routes
 from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
-from tandem.runtime.redis_clients import durable_redis
+from tandem.runtime.redis_clients import durable_redis, durable_task_publishing
 from tandem.runtime.run_logs import (
     process_run_log_scope,
     start_run_log_shipping,
@@ -77,7 +77,9 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     redis_client = durable_redis(redis_url)
     # A bare client: the trainer sends rollout tasks by name and never imports worker code.
     celery_app = Celery("tandem_trainer", broker=redis_url)
-    celery_app.conf.update(task_serializer="json", accept_content=["json"], task_routes=task_routes())
+    # Its rollout, evaluation and demonstration requests wait out a Redis restart as its commands do.
+    celery_app.conf.update(task_serializer="json", accept_content=["json"], task_routes=task_routes(),
+                           **durable_task_publishing(redis_url))
     weight_dir = os.environ.get("TANDEM_WEIGHT_DIR")
     settings = TrainerSettings(redis_url=redis_url, checkpoint_root=checkpoint_root, consumer_name=consumer,
                                weight_dir=Path(weight_dir) if weight_dir else None)

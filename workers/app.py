@@ -15,6 +15,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from tandem.contracts import ROLLOUT_QUEUE, task_routes
 from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
+from tandem.runtime.redis_clients import durable_task_publishing
 from tandem.runtime.run_logs import start_run_log_shipping, stop_run_log_shipping
 from workers import run_logs as _run_log_scopes  # noqa: F401 - connects the task signals that scope records
 from workers.activity import process_activity
@@ -49,6 +50,8 @@ app.conf.update(
     # the trainer has counted its groups lost and asked for them again.
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    # A probe's report waits out a Redis restart rather than being lost with the task.
+    **durable_task_publishing(redis_url()),
 )
 
 

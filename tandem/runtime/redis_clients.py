@@ -4,6 +4,10 @@ A command that meets a dropped connection, a refused one or a Redis still loadin
 append-only file (``BusyLoadingError``) reconnects and runs again, with backoff, for as
 long as it takes: a restarted Redis costs the processes a wait, never a crash. The
 retries are logged, so that a Redis that stays away is seen, not a silent hang.
+
+Tasks these processes send through Celery ride it out the same way
+(:func:`durable_task_publishing`): Celery's own publish retries give up after about
+0.6 s, which failed a run whose trainer asked for rollouts while Redis restarted.
 """
 
 from __future__ import annotations
@@ -73,3 +77,23 @@ def durable_async_redis(url: str, *, max_connections: int = ASYNC_MAX_CONNECTION
     client = aioredis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # closing the client closes its pool, as from_url's do
     return client
+
+
+def durable_task_publishing(url: str) -> dict:
+    """Celery settings under which ``send_task`` on this broker retries across Redis restarts.
+
+    kombu reconnects and publishes again, with backoff up to ``RETRY_CAP_S``, for as long as
+    it takes (``max_retries`` None), logging each failed try as the clients above do.
+    """
+    label = url.rsplit("@", 1)[-1]
+
+    def log_failed_try(exc: Exception, _interval: float) -> None:
+        logger.warning("Redis at %s unreachable for a task's publish (%s); retrying", label, exc)
+
+    return {
+        "task_publish_retry": True,
+        "task_publish_retry_policy": {
+            "max_retries": None, "interval_start": 0, "interval_step": RETRY_BASE_S * 5,
+            "interval_max": RETRY_CAP_S, "errback": log_failed_try,
+        },
+    }

@@ -8,9 +8,11 @@ import threading
 from pathlib import Path
 
 import pytest
+import redis
+from celery import Celery
 
 from tandem.runtime.local_ports import free_local_port
-from tandem.runtime.redis_clients import durable_async_redis, durable_redis
+from tandem.runtime.redis_clients import durable_async_redis, durable_redis, durable_task_publishing
 from tests.redis_servers import PERSISTENT, start_redis_server
 
 
@@ -49,6 +51,24 @@ def test_a_command_sent_while_redis_is_down_runs_once_it_is_back(restartable_red
     assert client.get("before") == b"1" and client.get("during") == b"2"  # the append-only file kept "before"
     assert "unreachable" in caplog.text  # a Redis that stays away is logged, not a silent hang
     client.close()
+
+
+def test_a_task_sent_while_redis_is_down_is_queued_once_it_is_back(restartable_redis, caplog):
+    """Before, Celery's default publish retries gave up after about 0.6 s: the trainer's request for
+    rollouts raised OperationalError and failed its run (seen in CI: tests/e2e/test_restarts.py)."""
+    port, restart_after = restartable_redis
+    url = f"redis://127.0.0.1:{port}/0"
+    app = Celery("publishing_test", broker=url)
+    app.conf.update(task_serializer="json", accept_content=["json"], **durable_task_publishing(url))
+    app.send_task("tandem.test.before", args=[1], queue="publishing-test")
+
+    restarted = restart_after(3)
+    app.send_task("tandem.test.during", args=[2], queue="publishing-test")  # blocks until the server is back
+    restarted.join()
+
+    assert redis.Redis(port=port).llen("publishing-test") == 2
+    assert "unreachable for a task's publish" in caplog.text
+    app.close()
 
 
 def test_the_async_client_rides_out_the_restart_too(restartable_redis):
