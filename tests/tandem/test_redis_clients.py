@@ -24,15 +24,19 @@ def _start(port: int, directory: Path) -> subprocess.Popen:
 def restartable_redis(tmp_path):
     port = free_local_port()
     servers = [_start(port, tmp_path)]
+    timers: list[threading.Timer] = []
 
     def restart_after(seconds: float) -> threading.Thread:
         servers[-1].kill()
         servers[-1].wait(timeout=10)
         thread = threading.Timer(seconds, lambda: servers.append(_start(port, tmp_path)))
         thread.start()
+        timers.append(thread)
         return thread
 
     yield port, restart_after
+    for timer in timers:  # a test that failed before its restart still stops the server it started
+        timer.join()
     for server in servers:
         server.kill()
         server.wait(timeout=10)
