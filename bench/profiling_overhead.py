@@ -67,7 +67,8 @@ def main() -> None:
     args = parser.parse_args()
 
     tokenizer = ByteTokenizer()
-    config = TransformerConfig.from_model_config(MODEL_SIZES[args.model], tokenizer.vocab_size)
+    shape = MODEL_SIZES[args.model]
+    config = TransformerConfig.from_model_config(shape.config, shape.vocab_size)
     model = Transformer(config, rngs=nnx.Rngs(args.seed))
     optimizer = make_optimizer(1e-4)
     graphdef, state = create_train_state(model, optimizer)
@@ -77,7 +78,7 @@ def main() -> None:
                                  shardings=shardings)
     rng = np.random.default_rng(args.seed)
     batches = [random_rl_batch(rng, batch_size=args.batch_size, seq_len=config.max_seq_len,
-                               pad_id=tokenizer.pad_id) for _ in range(2)]
+                               pad_id=tokenizer.pad_id, vocab_size=shape.sampled_ids) for _ in range(2)]
     recorder = StageRecorder()
     monitor = DeviceMonitor(parameters=parameter_count(state.params),
                             interval_s=TrainerSettings(redis_url="", checkpoint_root=Path("."),

@@ -1,12 +1,14 @@
 """Throughput of the inference engine: generated tokens/s with 1, 8 and 64 concurrent episodes.
 
 Runs the nano policy (``tandem.configs.model.ModelConfig`` defaults, random
-weights) in one :class:`policy.InferenceEngine` with 64
+weights), or another of ``bench/train_step.py``'s sizes (``--size smollm2-135m``:
+SmolLM2-135M's architecture and vocabulary), in one :class:`policy.InferenceEngine` with 64
 slots, served by its background thread to asyncio episodes, as producers do.
 An episode has three turns of up to 24 tokens with an 8-token observation
 between them. A second workload (six short turns after a long prompt)
 compares prefix reuse with re-encoding the whole history every turn (a fresh
-session per turn). Prints one JSON line. Usage: ``python bench/sampler.py``
+session per turn). Prints one JSON line. Usage: ``python bench/sampler.py [--size S]
+[--param-dtype D] [--episodes-scale F]``
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from train_step import MODEL_SIZES, memory_stats  # noqa: E402
 
 from policy import (  # noqa: E402
     ByteTokenizer,
@@ -31,7 +37,7 @@ from policy import (  # noqa: E402
     TransformerConfig,
     split_model,
 )
-from tandem.configs.model import ModelConfig  # noqa: E402
+from tandem.configs.model import PARAM_DTYPES  # noqa: E402
 
 BYTES = ByteTokenizer()
 
@@ -86,9 +92,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--chunk-size", type=int, default=8)
     parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--size", default="nano", choices=sorted(MODEL_SIZES))
+    parser.add_argument("--param-dtype", choices=PARAM_DTYPES, help="default: the size's (float32)")
+    parser.add_argument("--episodes-scale", type=float, default=1.0,
+                        help="run this fraction of each workload's episodes (a large model on a slow device)")
     args = parser.parse_args()
 
-    config = TransformerConfig.from_model_config(ModelConfig(), BYTES.vocab_size)
+    shape = MODEL_SIZES[args.size]
+    model_config = shape.config.model_copy(update={"param_dtype": args.param_dtype} if args.param_dtype else {})
+    config = TransformerConfig.from_model_config(model_config, shape.vocab_size)
+
+    def scaled(episodes: int) -> int:
+        return max(1, round(episodes * args.episodes_scale))
+
     graphdef, params = split_model(Transformer(config, rngs=nnx.Rngs(0)))
     engine = InferenceEngine(
         graphdef,
@@ -111,7 +127,7 @@ def main() -> None:
             _episodes(
                 engine,
                 concurrency=concurrency,
-                episodes=episodes,
+                episodes=scaled(episodes),
                 prompt_len=31,
                 turns=3,
                 max_new_tokens=24,
@@ -132,7 +148,7 @@ def main() -> None:
             _episodes(
                 engine,
                 concurrency=16,
-                episodes=160,
+                episodes=scaled(160),
                 prompt_len=50,
                 turns=6,
                 max_new_tokens=8,
@@ -163,10 +179,16 @@ def main() -> None:
                     ),
                 },
                 "model": {
+                    "size": args.size,
                     "d_model": config.d_model,
                     "num_layers": config.num_layers,
+                    "vocab_size": config.vocab_size,
                     "max_seq_len": config.max_seq_len,
+                    "param_dtype": config.param_dtype,
                 },
+                "device": jax.devices()[0].device_kind,
+                "memory": memory_stats(),
+                "episodes_scale": args.episodes_scale,
                 "num_slots": args.slots,
                 "chunk_size": args.chunk_size,
                 "warmup_s": round(warmup_s, 1),
