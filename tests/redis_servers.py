@@ -11,6 +11,7 @@ import redis
 
 from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
+from tests.processes import stop_process
 
 # What a test restarting Redis needs of it: every write on disk before it is acknowledged.
 PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always", "--save", "", "--maxmemory-policy", "noeviction")
@@ -52,9 +53,4 @@ def own_redis_server(directory: Path) -> Iterator[str]:
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, grace_s=30)

@@ -31,6 +31,7 @@ from tandem.cli.stack import LocalStack, StackConfig
 from tests.e2e.conftest import fresh_database, print_log_tails
 from tests.network_hosts import Host, Network, network
 from tests.polling import poll_until
+from tests.processes import stop_processes
 
 
 def _database_over_the_socket(database_url: str) -> str:
@@ -138,13 +139,7 @@ def multi_host_stack(tmp_path: Path, *, producer_hosts: Sequence[str] = ("host-b
                 stack.stop()
                 if log_lines:
                     print_log_tails(stack, lines=log_lines)
-            for process in (environment_server, redis_server):
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_processes([environment_server, redis_server])
 
 
 def _wait_for_redis(redis_url: str, server: subprocess.Popen) -> None:

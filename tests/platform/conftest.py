@@ -26,6 +26,7 @@ from environment_registry.services import environment_probe_record, environment_
 from runs.services import run_claim_next, run_create, run_heartbeat
 from tandem.contracts import ProbeCheck, ProbeReport, TrainerHeartbeat
 from tandem.runtime.local_ports import free_local_port
+from tests.processes import stop_process
 
 _serial = itertools.count(1)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -202,14 +203,9 @@ def server(transactional_db, tmp_path):
             time.sleep(0.1)
         yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            # A graceful shutdown waits for open WebSockets; on a loaded machine that can outlast
-            # the test, which is over: stop it.
-            process.kill()
-            process.wait(timeout=10)
+        # A graceful shutdown waits for open WebSockets; on a loaded machine that can outlast
+        # the test, which is over: then it is killed.
+        stop_process(process)
         print(log.read_text()[-4000:])  # shown when the test fails
 
 

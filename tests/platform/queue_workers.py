@@ -16,6 +16,7 @@ from django.db import connection
 
 from config.celery import app as celery_app
 from tests.polling import poll_until
+from tests.processes import stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,10 +52,5 @@ def platform_queue_worker(queue: str, *, log: Path, env: Mapping[str, str] = {},
         yield process
     finally:
         previous.set_current()
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop_process(process, grace_s=20)
         print(log.read_text()[-4000:])

@@ -21,6 +21,7 @@ import redis
 from tandem.contracts import keys, trajectory_stream, weights_key
 from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
+from tests.processes import stop_process
 from tests.redis_servers import start_redis_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,12 +49,7 @@ def acl_redis(tmp_path_factory):
     try:
         yield port
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+        stop_process(server)
 
 
 def _url(port: int, user: str) -> str:

@@ -24,6 +24,7 @@ from django.db import connection
 
 from tandem.runtime.local_ports import free_local_port
 from tests.polling import poll_until
+from tests.processes import stop_process
 
 from .conftest import REPO_ROOT
 
@@ -91,12 +92,7 @@ def limited_server(transactional_db, tmp_path):
                    ignoring=(httpx.TransportError,))
         yield Server(base, process, spool)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop_process(process)
         print(log.read_text()[-4000:])  # shown when the test fails
 
 

@@ -26,6 +26,7 @@ from tandem.contracts import (
     probe_environment_secrets_key,
     probe_request_key,
 )
+from tests.processes import stop_processes
 from tests.workers.secret_environments import API_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -67,14 +68,8 @@ def processes(django_db_setup, django_db_blocker, redis_url, tmp_path_factory):
         started[name] = (subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log,
                                           stderr=subprocess.STDOUT), log)
     yield logs
-    for process, _ in started.values():
-        process.terminate()
-    for process, log in started.values():
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_processes([process for process, _ in started.values()], grace_s=20)
+    for _, log in started.values():
         log.close()
 
 
