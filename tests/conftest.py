@@ -21,11 +21,17 @@ the rest.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import inspect
 import os
 import random
+import re
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,15 +93,25 @@ def import_marker(tmp_path, monkeypatch):
 
 
 TESTS_DIR = Path(__file__).resolve().parent
-#: What makes a test a browser test, in its own source or a fixture's it uses.
-BROWSER_CALL = "launch_chromium("
+#: What makes a test one of a marker's: a call in its own source, a fixture's it uses, or a helper
+#: of its module that either calls (followed two calls deep).
+MARKER_CALLS = {"browser": "launch_chromium(", "multihost": "multi_host_stack("}
+CALLED_NAME = re.compile(r"\b([A-Za-z_]\w*)\(")
 
 
-def _drives_a_browser(item: pytest.Item) -> bool:
+def _reached_sources(item: pytest.Item, depth: int = 2) -> list[str]:
     functions = [getattr(item, "function", None)]
     definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     functions += [definition.func for name in item.fixturenames for definition in definitions.get(name, ())]
-    return any(BROWSER_CALL in _source(function) for function in functions if function is not None)
+    module = getattr(item, "module", None)
+    sources = [_source(function) for function in functions if function is not None]
+    frontier = sources
+    for _ in range(depth):
+        helpers = {getattr(module, name, None) for source in frontier for name in CALLED_NAME.findall(source)}
+        frontier = [_source(helper) for helper in helpers
+                    if inspect.isfunction(helper) and getattr(helper, "__module__", None) == module.__name__]
+        sources += frontier
+    return sources
 
 
 @functools.cache
@@ -112,9 +128,53 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.path)).resolve()
         if TESTS_DIR / "e2e" in path.parents:
             item.add_marker(pytest.mark.e2e)
-        if path == TESTS_DIR / "e2e" / "test_multi_host.py":
-            item.add_marker(pytest.mark.multihost)
         if "smollm2" in item.fixturenames:
             item.add_marker(pytest.mark.real_model)
-        if _drives_a_browser(item):
-            item.add_marker(pytest.mark.browser)
+        sources = _reached_sources(item)
+        for marker, call in MARKER_CALLS.items():
+            if any(call in source for source in sources):
+                item.add_marker(getattr(pytest.mark, marker))
+
+
+#: One real-model test at a time on a host, whichever suite runs it: a SmolLM2 stack holds about
+#: 10 GB (its trainer 6.5 GB, its producers' engines), and when two suites ran theirs at once on a
+#: 24 GB machine, the kernel killed both stacks' trainers. Another suite's test holds the lock for
+#: at most its own timeout.
+REAL_MODEL_LOCK = Path(tempfile.gettempdir()) / "tandem-tests-real-model.lock"
+REAL_MODEL_LOCK_WAIT_S = 3600
+
+
+@contextlib.contextmanager
+def _host_wide_lock(path: Path, *, wait_s: float, item: pytest.Item) -> Iterator[None]:
+    """Holds ``path``'s lock (flock: released if this process dies) for the block; after ``wait_s``
+    without it, runs the block anyway, saying so."""
+    with path.open("a") as handle:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    locked = False
+                    item.config.get_terminal_writer().line(
+                        f"\n{item.nodeid}: another suite held {path} for {wait_s:.0f} s; running without it")
+                    break
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A real-model test takes the host's real-model lock around its whole protocol, outside
+    pytest-timeout's timer: the wait for another suite is not the test's own time."""
+    if item.get_closest_marker("real_model") is None:
+        yield
+        return
+    with _host_wide_lock(REAL_MODEL_LOCK, wait_s=REAL_MODEL_LOCK_WAIT_S, item=item):
+        yield

@@ -56,7 +56,7 @@ def _upload(api, project_id: int, name: str) -> int:
     return dataset_id
 
 
-@pytest.mark.timeout(900)  # above its inner waits (tests/test_timeouts.py)
+@pytest.mark.timeout(1300)  # above its inner waits (tests/test_timeouts.py)
 def test_a_run_on_a_broken_dataset_is_set_aside_while_another_projects_run_finishes_then_fails_with_its_reason(
     tmp_path,
 ):

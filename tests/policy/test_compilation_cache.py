@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from policy.compilation_cache import CACHE_DIR_VARIABLE
 
 # Compiles a small engine's buckets (each takes longer than the cache's
@@ -39,6 +41,7 @@ def _warm_up_in_a_new_process(cache_setting: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.timeout(700)  # above its inner waits (tests/test_timeouts.py)
 def test_a_second_process_loads_the_programs_the_first_one_compiled(tmp_path):
     cache = tmp_path / "jax-cache"
     first = _warm_up_in_a_new_process(str(cache))
