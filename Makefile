@@ -60,16 +60,24 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # The suite's own Redis and PostgreSQL (tests/suite_services.py) run from Debian's packages,
-# installed here when missing and run as root, as `browser` installs Chromium. Nothing of the
-# system's is started, stopped or used: the suite starts servers of its own on free ports.
+# installed here when missing and run as root, as `browser` installs Chromium, with iproute2's `ip`
+# for the multi-host tests' network namespaces. Nothing of the system's is started, stopped or used:
+# the suite starts servers of its own on free ports. While the packages install, Debian is told to
+# create no PostgreSQL cluster of its own (createcluster.d) and to start no service (policy-rc.d),
+# so nothing comes to listen on 5432 or 6379; both settings are removed afterwards.
 services:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="redis-server"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing Debian's$$missing for the tests' own servers"; \
+	    no_cluster=/etc/postgresql-common/createcluster.d/tandem-tests.conf; no_start=""; \
+	    mkdir -p "$$(dirname $$no_cluster)" && echo "create_main_cluster = false" > $$no_cluster; \
+	    if [ ! -e /usr/sbin/policy-rc.d ]; then no_start=/usr/sbin/policy-rc.d; printf '#!/bin/sh\nexit 101\n' > $$no_start; chmod +x $$no_start; fi; \
 	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; \
+	    installed=$$?; rm -f $$no_cluster $$no_start; [ $$installed = 0 ] || exit $$installed; \
 	  else \
 	    echo "the tests start servers of their own and need:$$missing: run 'sudo apt-get install$$missing'" >&2; exit 1; \
 	  fi; \
