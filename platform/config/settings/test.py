@@ -47,5 +47,4 @@ SECRET_KEY = "test-secret-key"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ALLOWED_HOSTS = ["*"]
 # A Channels prefix of the run's own, shared by the processes it starts (they inherit the variable).
-CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = os.environ.get(  # noqa: F405
-    "TANDEM_TEST_CHANNELS_PREFIX", "tandem-test:channels")
+CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = _suite_service("TANDEM_TEST_CHANNELS_PREFIX")  # noqa: F405
