@@ -31,20 +31,21 @@ from tandem.contracts import (
     CHECKPOINT_EXPORT_TIME_LIMIT_S,
     CheckpointExportReport,
     CheckpointExportRequest,
+    CheckpointExportStatus,
     task_routes,
 )
 from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
+from tandem.runtime.process_start import DEFAULT_REDIS_URL, redis_url
 from tandem.runtime.redis_clients import durable_task_publishing
 
 logger = logging.getLogger("tandem.export_worker")
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # A large model's export reads and writes gigabytes. Past the soft limit the export fails with
 # that reason (reported like any failure); the hard limit kills a child that ignores it.
 EXPORT_TIME_LIMIT_S = CHECKPOINT_EXPORT_TIME_LIMIT_S
 EXPORT_SOFT_TIME_LIMIT_S = EXPORT_TIME_LIMIT_S - 60
 
-app = Celery("tandem_exports", broker=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+app = Celery("tandem_exports", broker=redis_url())
 app.conf.update(
     # An export's report waits out a Redis restart rather than being lost after a long export.
     **durable_task_publishing(app.conf.broker_url),
@@ -88,11 +89,12 @@ def run_export(request: CheckpointExportRequest) -> CheckpointExportReport:
                                   destination=Path(request.destination))
     except Exception as exc:  # any failure is the export's outcome, shown to the user
         logger.exception("export of checkpoint %s failed", request.checkpoint_id)
-        outcome = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        outcome = {"status": CheckpointExportStatus.FAILED, "error": f"{type(exc).__name__}: {exc}"}
     else:
-        outcome = {"status": "exported", "files": tuple(sorted(path.name for path in files)),
+        outcome = {"status": CheckpointExportStatus.EXPORTED, "files": tuple(sorted(path.name for path in files)),
                    "size_bytes": sum(path.stat().st_size for path in files)}
     return CheckpointExportReport(checkpoint_id=request.checkpoint_id, destination=request.destination,
+                                  requested_at=request.requested_at,
                                   worker=f"{socket.gethostname()}:{os.getpid()}", started_at=started_at,
                                   finished_at=time.time(), **outcome)
 

@@ -21,6 +21,7 @@ from tandem.contracts import (
     EXPORTS_QUEUE,
     CheckpointExportReport,
     CheckpointExportRequest,
+    CheckpointExportStatus,
     CheckpointReport,
 )
 
@@ -31,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 # Inside the step directory, so retention (Orbax deletes the step directory) takes the export along.
 EXPORT_SUBDIR = "safetensors"
+# A request's time goes to the export worker and back as a float of unix seconds.
+REQUESTED_AT_TOLERANCE_S = 1e-3
 RETENTION_REASON = "retention"
 # Resuming needs the newest checkpoint of a run that may still train.
 RESUMABLE_STATUSES = frozenset({Run.Status.STARTING, Run.Status.RUNNING, Run.Status.PAUSED})
@@ -89,14 +92,16 @@ def checkpoint_export_request(checkpoint: Checkpoint) -> CheckpointExportRequest
     step_directory = Path(checkpoint.path)
     return CheckpointExportRequest(checkpoint_id=checkpoint.pk, run_config=checkpoint.run.config,
                                    run_directory=str(step_directory.parent), step=checkpoint.step,
-                                   destination=str(step_directory / EXPORT_SUBDIR))
+                                   destination=str(step_directory / EXPORT_SUBDIR),
+                                   requested_at=checkpoint.export_requested_at.timestamp())
 
 
 def checkpoint_export_record(*, report: CheckpointExportReport) -> Checkpoint | None:
     """Record what the export worker reports of an export; None if the checkpoint is gone.
 
-    A report of a checkpoint that is not being exported (deleted meanwhile, or a report sent twice)
-    changes nothing, and one naming another destination than the checkpoint's is recorded as failed.
+    A report of a checkpoint that is not being exported (deleted meanwhile, or a report sent twice), or
+    of an earlier request than the newest (one that expired, then was asked for again), changes nothing;
+    one naming another destination than the checkpoint's is recorded as failed.
     """
     with transaction.atomic():
         checkpoint = Checkpoint.objects.select_for_update().select_related("run").filter(
@@ -107,12 +112,16 @@ def checkpoint_export_record(*, report: CheckpointExportReport) -> Checkpoint | 
         if (checkpoint.status != Checkpoint.Status.AVAILABLE
                 or checkpoint.export_status != Checkpoint.ExportStatus.EXPORTING):
             return checkpoint
+        if abs(report.requested_at - checkpoint.export_requested_at.timestamp()) > REQUESTED_AT_TOLERANCE_S:
+            logger.warning("checkpoint %s: an export requested at %s reported after a newer request; ignored",
+                           checkpoint.pk, report.requested_at)
+            return checkpoint
         expected = checkpoint_export_request(checkpoint).destination
         if report.destination != expected:
             checkpoint.export_status = Checkpoint.ExportStatus.FAILED
             checkpoint.export_error = (f"the export worker reported destination {report.destination!r}, "
                                        f"not the checkpoint's {expected!r}")
-        elif report.status == "exported":
+        elif report.status == CheckpointExportStatus.EXPORTED:
             checkpoint.export_status, checkpoint.export_path = Checkpoint.ExportStatus.EXPORTED, expected
         else:
             checkpoint.export_status, checkpoint.export_error = Checkpoint.ExportStatus.FAILED, report.error

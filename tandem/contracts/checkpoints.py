@@ -62,6 +62,9 @@ class CheckpointExportRequest(Record):
     run_directory: str = Field(min_length=1, description="The run's checkpoint directory (the step's parent).")
     step: int = Field(ge=0)
     destination: str = Field(min_length=1, description="The directory the Hugging Face files go to.")
+    requested_at: float = Field(description="When the platform asked for this export (unix seconds); the report "
+                                "says it again, so a late report of an export given up on is never taken for the "
+                                "outcome of one asked for since.")
 
 
 class CheckpointExportReport(Record):
@@ -70,6 +73,7 @@ class CheckpointExportReport(Record):
     checkpoint_id: int
     status: Literal[CheckpointExportStatus.EXPORTED, CheckpointExportStatus.FAILED]
     destination: str = Field(min_length=1, description="The request's destination, as asked.")
+    requested_at: float = Field(description="The request's requested_at, as asked.")
     files: tuple[str, ...] = Field((), description="Names of the written files, in the destination.")
     size_bytes: int = Field(0, ge=0, description="Bytes of the written files.")
     error: str = Field("", description="Why it failed: the exception's type and message.")

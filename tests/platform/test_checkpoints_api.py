@@ -201,6 +201,34 @@ def test_an_export_no_worker_reports_fails_after_its_time_limit_and_a_queue_wait
     assert api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").status_code == 202
 
 
+def test_a_late_report_of_an_expired_export_is_not_taken_for_the_export_asked_for_since(api, trainer_api, run,
+                                                                                       checkpointer):
+    """Before, a report named only its checkpoint: the first export's, arriving after it expired and the user
+    asked again, was recorded as the second one's outcome."""
+    from datetime import timedelta
+
+    from checkpoints.services import checkpoint_exports_expire
+    from tandem.contracts import CHECKPOINT_EXPORT_QUEUED_S, CHECKPOINT_EXPORT_TIME_LIMIT_S
+
+    save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 2))
+    _report(trainer_api, run, checkpointer)
+    started = api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").json()
+    first = checkpoint_export_request(Checkpoint.objects.get(pk=started["id"]))
+    waited = timedelta(seconds=CHECKPOINT_EXPORT_TIME_LIMIT_S + CHECKPOINT_EXPORT_QUEUED_S + 1)
+    assert checkpoint_exports_expire(now=Checkpoint.objects.get(pk=started["id"]).export_requested_at + waited) == 1
+    assert api.post(f"/api/runs/{run.pk}/checkpoints/1/export/").status_code == 202
+    second = checkpoint_export_request(Checkpoint.objects.get(pk=started["id"]))
+    assert second.requested_at > first.requested_at
+
+    # The first request's export fails late (its step's files were gone): the second is still under way.
+    late = run_export(first.model_copy(update={"run_directory": str(Path(first.run_directory) / "gone")}))
+    assert late.status == "failed" and late.requested_at == first.requested_at
+    assert record_checkpoint_export(late.model_dump(mode="json")) == "exporting"
+    report = run_export(second)
+    assert report.status == "exported", report.error
+    assert record_checkpoint_export(report.model_dump(mode="json")) == "exported"
+
+
 def test_delete_removes_the_files_but_never_the_newest_of_an_active_run(api, trainer_api, run, checkpointer):
     save_checkpoints(checkpointer, RunConfig.model_validate(run.config), range(1, 3))
     _report(trainer_api, run, checkpointer)
