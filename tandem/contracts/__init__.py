@@ -149,6 +149,7 @@ from tandem.contracts.probes import (
     ProbeTimeouts,
 )
 from tandem.contracts.processes import (
+    PROCESS_ROLE_LABELS,
     CircuitBreakerReport,
     ProcessReport,
     ProcessRole,
@@ -459,6 +460,7 @@ __all__ = [
     "ProducerFault",
     "ProducerFaultKind",
     "ProducerReport",
+    "PROCESS_ROLE_LABELS",
     "ProcessRole",
     "ProcessReport",
     "TurnRole",

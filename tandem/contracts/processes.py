@@ -67,6 +67,11 @@ class ProducerReport(Record):
 
 
 ProcessRole = Literal["web", "platform_worker", "rollout_worker", "trainer", "export_worker"]
+#: How the devices page names each role.
+PROCESS_ROLE_LABELS: dict[str, str] = {
+    "web": "web server", "platform_worker": "platform worker", "rollout_worker": "rollout worker",
+    "trainer": "trainer", "export_worker": "export worker",
+}
 
 
 class ProcessReport(Record):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from django.test import Client
@@ -22,6 +23,7 @@ from tandem.contracts import (
     TERMINAL_RUN_STATUSES,
     CheckpointExportStatus,
     CheckpointStatus,
+    ProcessRole,
     RunStatus,
     TraceStatus,
     evaluation_metric_label,
@@ -61,6 +63,7 @@ def test_every_page_carries_the_contracts_vocabulary_and_the_script_that_reads_i
     assert vocabulary["checkpoint_statuses"]["by_name"]["DELETED"] == CheckpointStatus.DELETED
     assert set(vocabulary["checkpoint_export_statuses"]["by_name"].values()) == set(CheckpointExportStatus)
     assert set(vocabulary["trace_statuses"]["by_name"].values()) == set(TraceStatus)
+    assert set(vocabulary["process_roles"]["labels"]) == set(get_args(ProcessRole))
     metrics = vocabulary["evaluation_metrics"]
     assert metrics["leading"] == list(EVALUATION_LEADING_METRICS)
     assert metrics["dataset"] == list(DATASET_EVALUATION_METRICS)

@@ -204,9 +204,7 @@
     return `${(seconds / 86400).toFixed(1)} d`;
   }
 
-  const ROLE_NAMES = {
-    web: "web server", platform_worker: "platform worker", rollout_worker: "rollout worker", trainer: "trainer",
-  };
+  const ROLE_NAMES = window.tandemContracts.process_roles.labels;
 
   function processRow(process) {
     const cores = process.cpu_cores;

@@ -19,6 +19,7 @@ from tandem.contracts import (
     DATASET_EVALUATION_METRICS,
     EPISODE_STATUSES,
     EVALUATION_LEADING_METRICS,
+    PROCESS_ROLE_LABELS,
     TERMINAL_RUN_STATUSES,
     CheckpointExportStatus,
     CheckpointStatus,
@@ -37,7 +38,7 @@ def _by_name(statuses: type[StrEnum]) -> dict[str, str]:
 @cache
 def contracts_vocabulary_data() -> dict:
     """What ``window.tandemContracts`` holds: run statuses (each set in lifecycle order), episode and checkpoint
-    and trace statuses, and evaluation metrics. ``by_name``: each status by its name in the contract (a script names one
+    and trace statuses, process roles' labels, and evaluation metrics. ``by_name``: each status by its name in the contract (a script names one
     as ``run_statuses.by_name.FAILED``)."""
     def ordered(statuses) -> list[str]:
         return [status.value for status in RunStatus if status in statuses]
@@ -54,6 +55,7 @@ def contracts_vocabulary_data() -> dict:
         "checkpoint_statuses": {"by_name": _by_name(CheckpointStatus)},
         "checkpoint_export_statuses": {"by_name": _by_name(CheckpointExportStatus)},
         "trace_statuses": {"by_name": _by_name(TraceStatus)},
+        "process_roles": {"labels": PROCESS_ROLE_LABELS},
         "evaluation_metrics": {
             "leading": list(EVALUATION_LEADING_METRICS),
             "dataset": list(DATASET_EVALUATION_METRICS),
