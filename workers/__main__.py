@@ -7,7 +7,11 @@ import logging
 import os
 import sys
 
+from tandem.contracts import EVALUATION_QUEUE, PROBE_QUEUE, ROLLOUT_QUEUE
 from tandem.runtime.process_start import DEFAULT_REDIS_URL, redis_url
+
+#: What a rollout worker consumes unless told otherwise: episodes, environment probes, evaluations.
+DEFAULT_QUEUES = ",".join((ROLLOUT_QUEUE, PROBE_QUEUE, EVALUATION_QUEUE))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,9 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loglevel", default="INFO")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="rollout tasks this process runs at once (each runs many episodes)")
-    parser.add_argument("--queues", default="rollouts,probes,evaluations",
-                        help="Celery queues to consume: rollouts (episodes), probes (environment probes) and "
-                        "evaluations (held-out evaluation episodes)")
+    parser.add_argument("--queues", default=DEFAULT_QUEUES,
+                        help=f"Celery queues to consume (default {DEFAULT_QUEUES}): {ROLLOUT_QUEUE} (episodes), "
+                        f"{PROBE_QUEUE} (environment probes) and {EVALUATION_QUEUE} (held-out evaluation episodes)")
     return parser
 
 

@@ -1,9 +1,8 @@
-"""Where producers find Redis; one variable, shared with the trainer and platform."""
+"""Where producers find Redis (one variable, $REDIS_URL, shared with the trainer and platform), and their limits."""
 
 import os
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
+from tandem.runtime.process_start import redis_url as _process_redis_url
 
 # Longest a rollout task runs before its episodes are cancelled (workers/producer.py), also capped
 # by its run's rollout.timeout_s. Celery's threads pool enforces no time limit of its own.
@@ -11,7 +10,8 @@ ROLLOUT_TASK_TIME_LIMIT_S = 900.0
 
 
 def redis_url() -> str:
-    return os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+    """``$REDIS_URL``, else Tandem's default (tandem/runtime/process_start.py)."""
+    return _process_redis_url()
 
 
 def task_concurrency() -> int:

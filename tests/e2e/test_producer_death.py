@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tandem.contracts import ROLLOUTS
 from tests.e2e.conftest import (
     example_http_environment,
     private_stack,
@@ -53,7 +54,7 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     victim = stack.processes["worker-0"]
     log = stack.log_dir / "worker-0.log"
     deadline = time.monotonic() + 120
-    while "Task tandem.rollouts.produce" not in log.read_text(errors="replace"):
+    while f"Task {ROLLOUTS.name}" not in log.read_text(errors="replace"):
         assert time.monotonic() < deadline, "worker-0 never received a rollout task"
         time.sleep(0.2)
     time.sleep(1.0)  # its episodes are now waiting on the 2 s environment step
@@ -61,7 +62,7 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     victim.wait(timeout=10)
     # It ran no rollout task to the end (an environment probe may have succeeded there).
     assert not [line for line in log.read_text(errors="replace").splitlines()
-                if "tandem.rollouts.produce" in line and "succeeded" in line]
+                if ROLLOUTS.name in line and "succeeded" in line]
 
     deadline = time.monotonic() + 240
     while (status := api.get(f"/api/runs/{run_id}/").json()["status"]) not in {"finished", "failed"}:
@@ -73,5 +74,5 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     points = api.get(f"/api/runs/{run_id}/metrics/", params={"after_step": -1, "names": "episodes_lost"})
     lost = sum(point["value"] for point in points.json()["points"])
     # Exactly the episodes of the tasks worker-0 held when it died (a group of 2 each) were lost.
-    held = log.read_text(errors="replace").count("Task tandem.rollouts.produce")
+    held = log.read_text(errors="replace").count(f"Task {ROLLOUTS.name}")
     assert lost == 2 * held, (lost, held)
