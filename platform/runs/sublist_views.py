@@ -1,4 +1,4 @@
-"""The paged lists of one run's records (checkpoints, evaluations, traces): one view, many apps.
+"""The paged lists of one run's records (checkpoints, evaluations, traces, trajectories): one view, many apps.
 
 The apps that build on runs list their records under ``/api/runs/<run_id>/``
 the same way: the run must be one the user can see (another project's run is
@@ -23,8 +23,9 @@ class RunSubListView(ListAPIView):
     A subclass sets ``queryset`` (its model's ``objects.none()``: the model,
     for the schema), ``serializer_class`` (given the request in its context),
     and ``run_records``, its app's list selector as
-    ``staticmethod(selector)``, called as ``run_records(run=run)``. The
-    records are listed as the selector orders them: no filter or
+    ``staticmethod(selector)``, called as ``run_records(run=run)`` (or a
+    method, where the query string narrows the list, as trajectories' filters
+    do). The records are listed as the selector orders them: no filter or
     ``?ordering=`` backends.
     """
 

@@ -2,14 +2,14 @@
 
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.generics import GenericAPIView, ListAPIView
+from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from accounts.permissions import IsTrainer
 from common.domain_errors import records_of
 from common.json_input import ModelOutputJSONParser
-from common.pagination import PageNumberPagination
 from runs.selectors import run_get_for_user, run_get_held_by
+from runs.sublist_views import RunSubListView
 from tandem.contracts import TRAINER_HEADER
 from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 
@@ -31,16 +31,14 @@ MAX_SAMPLES_PER_POST = 200
 
 
 @extend_schema(tags=["trajectories"], parameters=[TrajectoryFiltersSerializer])
-class RunTrajectoryListView(ListAPIView):
+class RunTrajectoryListView(RunSubListView):
     """``?status=ok|failed&environment=&min_reward=&max_reward=&q=``: the run's samples, newest step first;
     ``q``: text in any of their turns."""
 
     serializer_class = TrajectorySampleSummarySerializer
-    pagination_class = PageNumberPagination
-    filter_backends = []  # the query is validated by TrajectoryFiltersSerializer instead
 
-    def get_queryset(self):
-        run = run_get_for_user(user=self.request.user, run_id=self.kwargs["run_id"])
+    def run_records(self, *, run):
+        # The query is validated by TrajectoryFiltersSerializer, not by filter backends.
         filters = TrajectoryFiltersSerializer(data=self.request.query_params)
         filters.is_valid(raise_exception=True)
         return trajectory_sample_list(run=run, filters=TrajectoryFilters(**filters.validated_data))
