@@ -1,4 +1,4 @@
-"""The dashboard's run pages: server-rendered templates; charts fill in from run_page.js."""
+"""The dashboard's run pages: server-rendered templates; charts fill in from the run_page/ scripts."""
 
 import json
 import re
@@ -131,7 +131,7 @@ def run_page(request, run_id: int):
         "run": run,
         "attempts": run_attempt_list(run=run),
         "actions": actions[run.status],
-        # Hidden until the run gets to a status that offers them (live, by run_page.js).
+        # Hidden until the run gets to a status that offers them (live, by run_page/status.js).
         "actions_rendered": {action for status in _reachable(run.status) for action in actions[status]},
         "actions_json": json.dumps(actions),
         "statuses_json": json.dumps(RUN_PAGE_STATUSES),

@@ -1,6 +1,6 @@
 """The run page's charts and the trainer stages' colours, defined once and given to the pages as data.
 
-run_page.js draws whatever charts :data:`RUN_CHARTS` lists, in that order, and
+The run page's scripts (run_page/charts.js) draw whatever charts :data:`RUN_CHARTS` lists, in that order, and
 the run timeline draws its trainer lane with :func:`stage_styles`; neither
 script knows a metric or stage name of its own. A chart is a JSON object:
 

@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser(
-        "up", help="start web, the platform worker with beat, rollout workers and a trainer on this machine")
+        "up", help="start web, the platform worker with beat, its webhooks and datasets workers, the export worker, "
+        "rollout workers and a trainer on this machine")
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     up.add_argument("--demo", action="store_true", help="submit a demo run and show its progress")

@@ -1,4 +1,4 @@
-"""Starting and stopping a whole Tandem on one machine: web, platform worker, producers, trainer.
+"""Starting and stopping a whole Tandem on one machine: web, platform workers, export worker, producers, trainer.
 
 ``tandem up`` and the end-to-end tests both use it, so the tests exercise
 the same processes, commands and settings a user gets.
