@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
     if args.redis_url:
-        app.conf.broker_url = args.redis_url
+        app.conf.update(broker_url=args.redis_url, **durable_task_publishing(args.redis_url))
     app.worker_main(["worker", "--pool", "prefork", "--concurrency", str(args.concurrency),
                      "--queues", CHECKPOINT_EXPORT.queue, "--loglevel", args.loglevel, "--hostname", args.name,
                      "--without-gossip", "--without-mingle"])
