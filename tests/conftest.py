@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import functools
 import inspect
+import math
 import os
 import random
 import re
@@ -144,24 +145,26 @@ REAL_MODEL_LOCK = Path(tempfile.gettempdir()) / "tandem-tests-real-model.lock"
 REAL_MODEL_LOCK_WAIT_S = 3600
 
 
+def _took_lock(handle) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
-def _host_wide_lock(path: Path, *, wait_s: float, item: pytest.Item) -> Iterator[None]:
-    """Holds ``path``'s lock (flock: released if this process dies) for the block; after ``wait_s``
-    without it, runs the block anyway, saying so."""
+def _host_wide_lock(path: Path, *, wait_s: float, item: pytest.Item, interval_s: float = 1.0) -> Iterator[None]:
+    """Holds ``path``'s lock (flock: released if this process dies) for the block; tried a bounded number
+    of times, about ``wait_s`` long, as tests/polling.py waits; without it, runs the block anyway, saying so."""
     with path.open("a") as handle:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                locked = True
+        for _ in range(max(1, math.ceil(wait_s / interval_s))):
+            if locked := _took_lock(handle):
                 break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    locked = False
-                    item.config.get_terminal_writer().line(
-                        f"\n{item.nodeid}: another suite held {path} for {wait_s:.0f} s; running without it")
-                    break
-                time.sleep(1)
+            time.sleep(interval_s)
+        else:
+            item.config.get_terminal_writer().line(
+                f"\n{item.nodeid}: another suite held {path} for about {wait_s:.0f} s; running without it")
         try:
             yield
         finally:

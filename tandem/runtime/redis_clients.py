@@ -45,11 +45,14 @@ class _LoggedBackoff(AbstractBackoff):
         return delay
 
 
+def _url_label(url: str) -> str:
+    """``url`` as log lines name it: credentials stay out."""
+    return url.rsplit("@", 1)[-1]
+
+
 def _retry_options(url: str, retry_class: type = Retry) -> dict:
-    # Credentials stay out of the log line.
-    label = url.rsplit("@", 1)[-1]
     return {
-        "retry": retry_class(_LoggedBackoff(label), retries=-1, supported_errors=RETRIED_ERRORS),
+        "retry": retry_class(_LoggedBackoff(_url_label(url)), retries=-1, supported_errors=RETRIED_ERRORS),
         "retry_on_error": list(RETRIED_ERRORS),
         "health_check_interval": 15,
         "socket_keepalive": True,
@@ -85,7 +88,7 @@ def durable_task_publishing(url: str) -> dict:
     kombu reconnects and publishes again, with backoff up to ``RETRY_CAP_S``, for as long as
     it takes (``max_retries`` None), logging each failed try as the clients above do.
     """
-    label = url.rsplit("@", 1)[-1]
+    label = _url_label(url)
 
     def log_failed_try(exc: Exception, _interval: float) -> None:
         logger.warning("Redis at %s unreachable for a task's publish (%s); retrying", label, exc)
