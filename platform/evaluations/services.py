@@ -13,15 +13,12 @@ from common.domain_errors import InvalidInput
 from runs.models import Run
 from runs.services import run_clone
 from tandem.configs.evaluation import EvaluationConfig
-from tandem.contracts import METRIC_NAME_LENGTH_MAX, EvaluationReport
+from tandem.contracts import EVALUATION_METRIC_PREFIX, METRIC_NAME_LENGTH_MAX, EvaluationReport
 from telemetry.services import metric_points_record
 
 from .models import Evaluation
 from .realtime import evaluation_broadcast_on_commit
 from .series import evaluation_series_label
-
-#: Prefix of the run's metric series that hold its evaluations' metrics: ``eval/success_rate``.
-EVALUATION_METRIC_PREFIX = "eval/"
 
 
 def evaluation_series_name(*, kind: str, label: str, metric: str, own: bool = True) -> str:

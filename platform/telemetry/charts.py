@@ -35,19 +35,28 @@ script knows a metric or stage name of its own. A chart is a JSON object:
 from __future__ import annotations
 
 from tandem.contracts import (
+    DATASET_SERIES_LABEL_PREFIX,
+    DEVICE_SERIES_PREFIX,
     EVALUATION_MEAN_REWARD,
+    EVALUATION_METRIC_PREFIX,
     EVALUATION_SUCCESS_RATE,
     IDLE_CAUSES,
     IDLE_STAGE,
     LOSS_METRIC,
     POLICY_VERSION_METRIC,
+    PRODUCER_FIGURES,
+    PRODUCERS_SERIES_PREFIX,
     REWARD_MEAN_METRIC,
     SAMPLES_PER_S_METRIC,
     SAMPLES_PRODUCED_PER_S_METRIC,
     SUCCESS_RATE_METRIC,
     TOKENS_PER_S_METRIC,
     TRAINER_STAGES,
+    device_metric_name,
+    host_metric_name,
+    producers_metric_name,
     stage_metric_name,
+    trainer_process_metric_name,
 )
 
 # One colour per trainer stage, on the run page's stage chart and the timeline alike.
@@ -83,11 +92,12 @@ SYSTEM_CHARTS: list[dict] = [
         "caption": "duty cycle (compute / wall), MFU, and each GPU's NVML busy share where reported",
         "kind": "lines", "smooth": False, "range_min": 0, "min_span": 0.1,
         "series": [
-            {"name": "device/duty_cycle", "label": "duty cycle", "colour": 0},
-            {"name": "device/mfu", "label": "MFU", "colour": 1, "optional": True},
-            {"name": "device/tpu_duty_cycle", "label": "TPU duty cycle", "colour": 3, "optional": True},
+            {"name": device_metric_name("duty_cycle"), "label": "duty cycle", "colour": 0},
+            {"name": device_metric_name("mfu"), "label": "MFU", "colour": 1, "optional": True},
+            {"name": device_metric_name("tpu_duty_cycle"), "label": "TPU duty cycle", "colour": 3, "optional": True},
         ],
-        "family": {"pattern": r"^device/(?<environment>\d+)/nvml_utilisation$", "label": "device {environment} busy",
+        "family": {"pattern": rf"^{DEVICE_SERIES_PREFIX}(?<environment>\d+)/nvml_utilisation$",
+                   "label": "device {environment} busy",
                    "colour": "environment"},
     },
     {
@@ -95,11 +105,12 @@ SYSTEM_CHARTS: list[dict] = [
         "caption": "bytes in use by XLA's allocator, per device and summed, with the peak and the limit",
         "kind": "lines", "smooth": False, "range_min": 0,
         "series": [
-            {"name": "device/memory_in_use_bytes", "label": "in use, all devices", "colour": 0, "optional": True},
-            {"name": "device/memory_peak_bytes", "label": "peak", "colour": 5, "optional": True},
-            {"name": "device/memory_limit_bytes", "label": "limit", "colour": 6, "optional": True},
+            {"name": device_metric_name("memory_in_use_bytes"), "label": "in use, all devices", "colour": 0, "optional": True},
+            {"name": device_metric_name("memory_peak_bytes"), "label": "peak", "colour": 5, "optional": True},
+            {"name": device_metric_name("memory_limit_bytes"), "label": "limit", "colour": 6, "optional": True},
         ],
-        "family": {"pattern": r"^device/(?<environment>\d+)/memory_in_use_bytes$", "label": "device {environment}",
+        "family": {"pattern": rf"^{DEVICE_SERIES_PREFIX}(?<environment>\d+)/memory_in_use_bytes$",
+                   "label": "device {environment}",
                    "colour": "environment"},
     },
     {
@@ -107,8 +118,8 @@ SYSTEM_CHARTS: list[dict] = [
         "caption": "the trainer host's CPU use (%) and the trainer process's cores (right axis)",
         "kind": "lines", "smooth": False, "range_min": 0,
         "series": [
-            {"name": "host/cpu_percent", "label": "host CPU %", "colour": 0},
-            {"name": "trainer/cpu_cores", "label": "trainer cores (right axis)", "colour": 1, "scale": "cores"},
+            {"name": host_metric_name("host_cpu_percent"), "label": "host CPU %", "colour": 0},
+            {"name": trainer_process_metric_name("process_cpu_cores"), "label": "trainer cores (right axis)", "colour": 1, "scale": "cores"},
         ],
     },
     {
@@ -116,9 +127,9 @@ SYSTEM_CHARTS: list[dict] = [
         "caption": "the trainer host's memory in use, the trainer's and the producers' resident memory",
         "kind": "lines", "smooth": False, "range_min": 0,
         "series": [
-            {"name": "host/memory_used_bytes", "label": "host in use", "colour": 0},
-            {"name": "trainer/rss_bytes", "label": "trainer RSS", "colour": 1},
-            {"name": "producers/rss_bytes", "label": "producers RSS", "colour": 2, "optional": True},
+            {"name": host_metric_name("host_memory_used_bytes"), "label": "host in use", "colour": 0},
+            {"name": trainer_process_metric_name("process_rss_bytes"), "label": "trainer RSS", "colour": 1},
+            {"name": producers_metric_name("rss_bytes"), "label": "producers RSS", "colour": 2, "optional": True},
         ],
     },
     {
@@ -126,7 +137,7 @@ SYSTEM_CHARTS: list[dict] = [
         "caption": "each rollout producer process (worker@host:pid) over the steps",
         "variants": [["utilisation", "busy share"], ["cpu_cores", "CPU cores"], ["rss_bytes", "resident memory"]],
         "kind": "lines", "smooth": False, "range_min": 0,
-        "family": {"pattern": r"^producers/(?<environment>.+)/(?<variant>utilisation|cpu_cores|rss_bytes)$",
+        "family": {"pattern": rf"^{PRODUCERS_SERIES_PREFIX}(?<environment>.+)/(?<variant>{'|'.join(PRODUCER_FIGURES)})$",
                    "label": "{environment}", "colour": "environment"},
     },
 ]
@@ -136,9 +147,10 @@ SYSTEM_CHARTS: list[dict] = [
 DEVICE_HISTORY_PANELS: list[dict] = [
     {"pattern": pattern, "x_axis": "step"}
     for pattern in (
-        "device/*duty_cycle", "device/*/nvml_utilisation", "device/mfu", "device/*/memory_in_use_bytes",
-        "device/memory_*", "host/cpu_percent", "host/memory_used_bytes", "producers/*utilisation",
-        "*/cpu_cores", "*/rss_bytes",
+        f"{DEVICE_SERIES_PREFIX}*duty_cycle", f"{DEVICE_SERIES_PREFIX}*/nvml_utilisation", device_metric_name("mfu"),
+        f"{DEVICE_SERIES_PREFIX}*/memory_in_use_bytes", f"{DEVICE_SERIES_PREFIX}memory_*",
+        host_metric_name("host_cpu_percent"), host_metric_name("host_memory_used_bytes"),
+        f"{PRODUCERS_SERIES_PREFIX}*utilisation", "*/cpu_cores", "*/rss_bytes",
     )
 ]
 
@@ -164,8 +176,8 @@ RUN_CHARTS: list[dict] = [
         "caption": "success rate and pass@k on held-out tasks, never trained on",
         "empty": "No evaluation yet: a run evaluates with an evaluation section in its config.",
         "kind": "lines", "smooth": False, "range": [0, 1], "source": "evaluations",
-        "series": [{"name": f"eval/{EVALUATION_SUCCESS_RATE}", "label": "success rate", "colour": 2}],
-        "family": {"pattern": r"^eval/pass@(?<order>\d+)$", "label": "pass@{order}", "colour": "gradient"},
+        "series": [{"name": EVALUATION_METRIC_PREFIX + EVALUATION_SUCCESS_RATE, "label": "success rate", "colour": 2}],
+        "family": {"pattern": rf"^{EVALUATION_METRIC_PREFIX}pass@(?<order>\d+)$", "label": "pass@{order}", "colour": "gradient"},
     },
     {
         "id": "chart-evaluation-environments", "title": "Held-out evaluation on other environments",
@@ -173,7 +185,7 @@ RUN_CHARTS: list[dict] = [
         "empty": "No evaluation on another environment: name them in the config's evaluation.environments.",
         "variants": [(EVALUATION_SUCCESS_RATE, "success rate"), (EVALUATION_MEAN_REWARD, "mean reward")],
         "kind": "lines", "smooth": False, "range_min": 0, "source": "evaluations",
-        "family": {"pattern": r"^eval/(?!dataset:)(?<environment>[^/]+@\d+)/"
+        "family": {"pattern": rf"^{EVALUATION_METRIC_PREFIX}(?!{DATASET_SERIES_LABEL_PREFIX})(?<environment>[^/]+@\d+)/"
                               rf"(?<variant>{EVALUATION_SUCCESS_RATE}|{EVALUATION_MEAN_REWARD})$",
                    "label": "{environment}", "colour": "environment"},
     },
@@ -183,7 +195,7 @@ RUN_CHARTS: list[dict] = [
         "empty": "No dataset evaluation yet: name datasets in the config's evaluation.datasets.",
         "variants": [("loss", "loss"), ("token_accuracy", "token accuracy")],
         "kind": "lines", "smooth": False, "range_min": 0, "source": "evaluations",
-        "family": {"pattern": r"^eval/dataset:(?<environment>.+)/(?<variant>loss|token_accuracy)$",
+        "family": {"pattern": rf"^{EVALUATION_METRIC_PREFIX}{DATASET_SERIES_LABEL_PREFIX}(?<environment>.+)/(?<variant>loss|token_accuracy)$",
                    "label": "{environment}", "colour": "environment"},
     },
     {

@@ -56,6 +56,12 @@ EVALUATION_METRICS: tuple[str, ...] = (
     "failure_rate",
 )
 
+#: The first part of the run's metric series that hold its evaluations' metrics (``eval/success_rate``,
+#: ``eval/<name@version>/<metric>``, ``eval/dataset:<name@version>/<metric>``).
+EVALUATION_METRIC_PREFIX = "eval/"
+#: What sets a dataset's evaluation series apart from an environment's of the same name: ``dataset:``.
+DATASET_SERIES_LABEL_PREFIX = "dataset:"
+
 #: The metrics every table of evaluations shows first, in this order (then pass@k by k, then a
 #: dataset's DATASET_EVALUATION_METRICS).
 EVALUATION_LEADING_METRICS: tuple[str, ...] = (EVALUATION_SUCCESS_RATE, EVALUATION_MEAN_REWARD)

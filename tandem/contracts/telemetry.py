@@ -203,27 +203,75 @@ class DeviceReport(BaseModel):
     reported_at: float
 
     def metric_values(self) -> dict[str, float]:
-        values = {"device/count": float(self.device_count)}
-        for name in ("memory_in_use_bytes", "memory_peak_bytes", "memory_limit_bytes", "duty_cycle", "mfu",
-                     "gpu_utilisation", "gpu_memory_used_bytes", "tpu_duty_cycle"):
+        values = {device_metric_name("device_count"): float(self.device_count)}
+        for name in DEVICE_REPORT_DEVICE_FIGURES:
             value = getattr(self, name)
             if value is not None:
-                values[f"device/{name}"] = float(value)
-        for name in ("host_cpu_percent", "host_memory_used_bytes"):
+                values[device_metric_name(name)] = float(value)
+        for name in DEVICE_REPORT_HOST_FIGURES:
             value = getattr(self, name)
             if value is not None:
-                values[f"host/{name.removeprefix('host_')}"] = float(value)
-        if self.process_cpu_cores is not None:
-            values["trainer/cpu_cores"] = self.process_cpu_cores
-        if self.process_rss_bytes is not None:
-            values["trainer/rss_bytes"] = float(self.process_rss_bytes)
+                values[host_metric_name(name)] = float(value)
+        for name in DEVICE_REPORT_PROCESS_FIGURES:
+            value = getattr(self, name)
+            if value is not None:
+                values[trainer_process_metric_name(name)] = float(value)
         # Per device too, so that one device running out of memory or idling shows over time.
         for device in self.devices:
-            for name in ("memory_in_use_bytes", "nvml_utilisation"):
+            for name in DEVICE_SAMPLE_FIGURES:
                 value = getattr(device, name)
                 if value is not None:
-                    values[f"device/{device.id}/{name}"] = float(value)
+                    values[device_metric_name(name, device_id=device.id)] = float(value)
         return values
+
+
+#: The fields of a DeviceReport that become series (:meth:`DeviceReport.metric_values`): the devices'
+#: (``device/<field>``), the host's (``host/<field less host_>``) and the trainer process's
+#: (``trainer/<field less process_>``), and each device's (``device/<id>/<field>``).
+DEVICE_REPORT_DEVICE_FIGURES = ("memory_in_use_bytes", "memory_peak_bytes", "memory_limit_bytes", "duty_cycle",
+                                "mfu", "gpu_utilisation", "gpu_memory_used_bytes", "tpu_duty_cycle")
+DEVICE_REPORT_HOST_FIGURES = ("host_cpu_percent", "host_memory_used_bytes")
+DEVICE_REPORT_PROCESS_FIGURES = ("process_cpu_cores", "process_rss_bytes")
+DEVICE_SAMPLE_FIGURES = ("memory_in_use_bytes", "nvml_utilisation")
+#: The first part of the names of those series, and of the producers' (``producers/...``).
+DEVICE_SERIES_PREFIX = "device/"
+HOST_SERIES_PREFIX = "host/"
+TRAINER_PROCESS_SERIES_PREFIX = "trainer/"
+PRODUCERS_SERIES_PREFIX = "producers/"
+
+
+def device_metric_name(field: str, *, device_id: int | None = None) -> str:
+    """The series of a DeviceReport's ``field`` over the host's devices (``device/mfu``; ``device_count``
+    is ``device/count``), or with ``device_id`` of that device's DeviceSample ``field``
+    (``device/0/memory_in_use_bytes``). Raises ValueError for a field the report does not turn into a series."""
+    if device_id is not None:
+        if field not in DEVICE_SAMPLE_FIGURES:
+            raise ValueError(f"{field!r} is not a per-device series: one of {DEVICE_SAMPLE_FIGURES}")
+        return f"{DEVICE_SERIES_PREFIX}{device_id}/{field}"
+    if field == "device_count":
+        return f"{DEVICE_SERIES_PREFIX}count"
+    if field not in DEVICE_REPORT_DEVICE_FIGURES:
+        raise ValueError(f"{field!r} is not a device series: one of {DEVICE_REPORT_DEVICE_FIGURES}")
+    return f"{DEVICE_SERIES_PREFIX}{field}"
+
+
+def host_metric_name(field: str) -> str:
+    """The series of a DeviceReport's host ``field``: ``host_cpu_percent`` is ``host/cpu_percent``."""
+    if field not in DEVICE_REPORT_HOST_FIGURES:
+        raise ValueError(f"{field!r} is not a host series: one of {DEVICE_REPORT_HOST_FIGURES}")
+    return HOST_SERIES_PREFIX + field.removeprefix("host_")
+
+
+def trainer_process_metric_name(field: str) -> str:
+    """The series of a DeviceReport's trainer-process ``field``: ``process_rss_bytes`` is ``trainer/rss_bytes``."""
+    if field not in DEVICE_REPORT_PROCESS_FIGURES:
+        raise ValueError(f"{field!r} is not a trainer process series: one of {DEVICE_REPORT_PROCESS_FIGURES}")
+    return TRAINER_PROCESS_SERIES_PREFIX + field.removeprefix("process_")
+
+
+def producers_metric_name(figure: str) -> str:
+    """The series of a figure over all producers of a step: ``producers/rss_bytes``, ``producers/utilisation``."""
+    return f"{PRODUCERS_SERIES_PREFIX}{figure}"
 
 
 #: What each producer process's series records (``producers/<worker>/<figure>``), per trainer step.
@@ -270,10 +318,10 @@ def producer_metric_name(worker: str, figure: str) -> str:
     A worker name too long for the platform's 64 characters keeps its end, where ``host:pid`` tells
     processes apart, after a ``~``.
     """
-    room = METRIC_NAME_LENGTH_MAX - len("producers//") - len(figure)
+    room = METRIC_NAME_LENGTH_MAX - len(PRODUCERS_SERIES_PREFIX) - len("/") - len(figure)
     if len(worker) > room:
         worker = "~" + worker[-(room - 1):]
-    return f"producers/{worker}/{figure}"
+    return producers_metric_name(f"{worker}/{figure}")
 
 
 #: What the trainer waited on when it waited for data (``TrainerStepEvent.idle_seconds``), taken from
@@ -299,7 +347,7 @@ def idle_metric_name(environment: str, cause: str) -> str:
 
 def circuit_open_metric_name(environment: str) -> str:
     """The series of how many producers hold ``environment``'s circuit breaker open: ``producers/circuit_open/shout``."""
-    return metric_series_name("producers/circuit_open", environment)
+    return metric_series_name(producers_metric_name("circuit_open"), environment)
 
 
 #: Series of every trainer step (:meth:`TrainerStepEvent.metric_values`) that the platform's pages name
@@ -449,8 +497,8 @@ class TrainerStepEvent(Record):
             for cause, seconds in causes.items():
                 values[idle_metric_name(environment, cause)] = seconds
         if self.producer_utilisation is not None:
-            values["producers/utilisation"] = self.producer_utilisation
-        values["producers/reporting"] = float(self.producers_reporting)
+            values[producers_metric_name("utilisation")] = self.producer_utilisation
+        values[producers_metric_name("reporting")] = float(self.producers_reporting)
         for environment, count in self.circuit_breakers_open.items():
             values[circuit_open_metric_name(environment)] = float(count)
         for name in (REWARD_MEAN_METRIC, SUCCESS_RATE_METRIC, SAMPLES_PER_S_METRIC, SAMPLES_PRODUCED_PER_S_METRIC,
@@ -474,7 +522,7 @@ class TrainerStepEvent(Record):
             for stage, seconds in self.timeline.seconds_by_stage().items():
                 values[stage_metric_name(stage)] = seconds
         for name, value in self.producer_timings.items():
-            values[f"producers/{name}"] = value
+            values[producers_metric_name(name)] = value
         for worker, figures in self.producer_processes.items():
             for figure, value in figures.items():
                 values[producer_metric_name(worker, figure)] = value

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from common.templatetags.vocabulary import EPISODE_STATUS_BADGES
 from runs.models import Run
 from runs.services import run_transition
+from tandem.contracts import EPISODE_STATUSES
 
 from .trajectory_builders import calculator_sample, post_body
 
@@ -101,6 +103,24 @@ def test_the_trajectory_list_reports_a_bad_filter_and_shows_everything(browser, 
 
     assert "min_reward: A valid number is required." in html
     assert sample.trajectory_id in html
+
+
+def test_the_trajectory_pages_show_each_episode_status_as_its_own_badge(browser, trainer_api, running_run):
+    samples = {status: calculator_sample(running_run.pk, status=status) for status in EPISODE_STATUSES}
+    samples["truncated"] = samples["truncated"].model_copy(update={"failure_reason": "hit max_turns"})
+    trainer_api.post(f"/api/trainer/runs/{running_run.pk}/trajectories/", post_body(*samples.values()),
+                     format="json")
+
+    listing = browser.get(f"/runs/{running_run.pk}/trajectories/").content.decode()
+    badges = {status: browser.get(f"/runs/{running_run.pk}/trajectories/{sample.trajectory_id}/").content.decode()
+              for status, sample in samples.items()}
+
+    # The filter offers every status of the contract, and the list badges each as its page does.
+    for status in EPISODE_STATUSES:
+        assert f'<option value="{status}" ' in listing
+        assert listing.count(f'badge badge-{EPISODE_STATUS_BADGES[status]}">{status}</span>') == 1
+        assert f'class="badge badge-{EPISODE_STATUS_BADGES[status]}">{status}</span>' in badges[status]
+    assert "Truncated: hit max_turns" in badges["truncated"] and "Failed: tool calc" in badges["failed"]
 
 
 def test_the_compare_page_charts_only_the_users_own_runs(browser, running_run, make_run):

@@ -6,7 +6,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from dataset_registry.models import Dataset
+from dataset_registry.models import Dataset, DatasetVersion
 from dataset_registry.services import dataset_version_store, version_token_stats_compute
 from tests.platform.builders import step_event
 
@@ -41,6 +41,18 @@ def test_the_upload_form_registers_a_version_and_its_page_shows_rows_and_tokens(
     assert '<dd id="tokens-assistant">6</dd>' in page
     assert "2+2?" in page and "four" in page
     assert "Datasets" in browser.get("/datasets/").content.decode()
+
+
+def test_a_version_the_worker_could_not_store_says_so_in_red_with_its_reason(browser, project):
+    file = SimpleUploadedFile("chats.jsonl", jsonl(conversation("2+2?", "four")))
+    response = browser.post("/datasets/", {"project": project.pk, "name": "broken", "file": file})
+    version = Dataset.objects.get(name="broken").versions.get()
+    version.status, version.failure_reason = DatasetVersion.Status.FAILED, "the stored file is gone"
+    version.save(update_fields=["status", "failure_reason"])
+
+    page = browser.get(response.url).content.decode()
+
+    assert '<p id="version-status" class="error">' in page and ": the stored file is gone" in page
 
 
 def test_a_bad_file_is_shown_on_the_form_by_line_and_stores_nothing(browser, project):

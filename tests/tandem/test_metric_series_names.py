@@ -10,9 +10,12 @@ from tandem.contracts import (
     METRIC_NAME_LENGTH_MAX,
     TrainerStepEvent,
     circuit_open_metric_name,
+    device_metric_name,
+    host_metric_name,
     idle_metric_name,
     metric_series_label,
     metric_series_name,
+    trainer_process_metric_name,
 )
 
 # The registry allows environment and dataset names of 100 characters (Environment.name, Dataset.name);
@@ -74,3 +77,20 @@ def test_evaluation_series_of_a_long_environment_or_dataset_fit():
 def test_a_suffix_that_leaves_no_room_for_a_label_is_refused():
     with pytest.raises(ValueError, match="no room for a label"):
         metric_series_name("eval", LONG_LABEL, "m" * 30)
+
+
+def test_device_host_and_trainer_series_are_named_from_the_reports_fields():
+    assert device_metric_name("mfu") == "device/mfu"
+    assert device_metric_name("device_count") == "device/count"
+    assert device_metric_name("nvml_utilisation", device_id=3) == "device/3/nvml_utilisation"
+    assert host_metric_name("host_cpu_percent") == "host/cpu_percent"
+    assert trainer_process_metric_name("process_rss_bytes") == "trainer/rss_bytes"
+
+
+@pytest.mark.parametrize(("name_of", "field"), [
+    (device_metric_name, "hbm_bytes"), (host_metric_name, "cpu_percent"),
+    (trainer_process_metric_name, "rss_bytes"), (lambda field: device_metric_name(field, device_id=0), "mfu"),
+])
+def test_a_field_the_device_report_does_not_chart_names_no_series(name_of, field):
+    with pytest.raises(ValueError, match=repr(field)):
+        name_of(field)

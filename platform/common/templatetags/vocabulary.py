@@ -3,6 +3,10 @@
 base.html renders it once per page as a JSON script (``#tandem-contracts``), which
 ``tandem/contracts.js`` reads into ``window.tandemContracts``: the scripts take run, episode
 and checkpoint statuses and metric names from there, never from a copy of their own.
+
+The templates take them from here too: ``{% episode_vocabulary as episodes %}`` gives episode statuses
+and sample purposes (``episodes.statuses.TRUNCATED``, ``episodes.status_choices``), and the filter
+``episode_badge`` the badge an episode status shows as.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from tandem.contracts import (
     DATASET_EVALUATION_METRICS,
     EPISODE_STATUSES,
     EVALUATION_LEADING_METRICS,
+    EVALUATION_METRIC_PREFIX,
     PROCESS_ROLE_LABELS,
+    SAMPLE_PURPOSES,
     TERMINAL_RUN_STATUSES,
     CheckpointExportStatus,
     CheckpointStatus,
     RunStatus,
     TraceStatus,
+    episode_status_choices,
     evaluation_metric_label,
 )
 
@@ -57,6 +64,7 @@ def contracts_vocabulary_data() -> dict:
         "trace_statuses": {"by_name": _by_name(TraceStatus)},
         "process_roles": {"labels": PROCESS_ROLE_LABELS},
         "evaluation_metrics": {
+            "series_prefix": EVALUATION_METRIC_PREFIX,
             "leading": list(EVALUATION_LEADING_METRICS),
             "dataset": list(DATASET_EVALUATION_METRICS),
             "labels": {name: evaluation_metric_label(name)
@@ -68,3 +76,27 @@ def contracts_vocabulary_data() -> dict:
 @register.simple_tag
 def contracts_vocabulary():
     return json_script(contracts_vocabulary_data(), "tandem-contracts")
+
+
+#: The badge (tandem.css's ``badge-<name>``) each episode status shows as on the trajectory pages.
+EPISODE_STATUS_BADGES = {"ok": "finished", "truncated": "paused", "failed": "failed"}
+if set(EPISODE_STATUS_BADGES) != set(EPISODE_STATUSES):
+    raise AssertionError("every episode status needs a badge, and only episode statuses have one")
+
+
+@register.filter
+def episode_badge(status: str) -> str:
+    return EPISODE_STATUS_BADGES[status]
+
+
+@register.simple_tag
+def episode_vocabulary() -> dict:
+    """Episode statuses by name (``statuses.OK``), the statuses' ``(value, label)`` choices, and the sample
+    purposes, in a list and by name (``purposes_by_name.EVALUATION``): what a trajectory template compares
+    and offers."""
+    return {
+        "statuses": {status.upper(): status for status in EPISODE_STATUSES},
+        "status_choices": episode_status_choices(),
+        "purposes": list(SAMPLE_PURPOSES),
+        "purposes_by_name": {purpose.upper(): purpose for purpose in SAMPLE_PURPOSES},
+    }

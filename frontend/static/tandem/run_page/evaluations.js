@@ -8,10 +8,10 @@
   const { root, evaluationsUrl, isEvaluationSeries, ingestEvaluationPoints } = rp;
 
   // The series of the run's evaluations, as evaluations.services.evaluation_series_name names them:
-  // eval/<metric> for its own environment's, eval/<name@version>/<metric> for another environment's,
-  // eval/dataset:<name@version>/<metric> for a dataset's; a label past 32 characters is cut with a
-  // hash, which the platform sends as series_label.
-  const EVALUATION_SERIES_PREFIX = "eval/";
+  // <prefix><metric> for its own environment's, <prefix><name@version>/<metric> for another environment's,
+  // <prefix>dataset:<name@version>/<metric> for a dataset's; a label past 32 characters is cut with a
+  // hash, which the platform sends as series_label. The prefix is the contracts' (window.tandemContracts).
+  const EVALUATION_SERIES_PREFIX = window.tandemContracts.evaluation_metrics.series_prefix;
   function evaluationSeriesPrefix(evaluation) {
     if (evaluation.kind === "dataset" || evaluation.environment !== root.dataset.environmentLabel) {
       return `${EVALUATION_SERIES_PREFIX}${evaluation.series_label}/`;
