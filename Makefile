@@ -23,12 +23,19 @@ $(PLATFORM_PTH): $(STAMP)
 
 setup: $(STAMP) $(PLATFORM_PTH)
 
+# What the targets below install, they install one checkout at a time: two `make test`s started
+# together on one host take turns on this lock (the second then finds the packages there), and
+# apt-get waits for an apt of anyone else's rather than failing on dpkg's lock.
+APT_LOCK := /var/lock/tandem-apt.lock
+APT_GET := apt-get -o DPkg::Lock::Timeout=900
+
 # Browser tests drive Debian's Chromium; Playwright's own browser download is never used.
 browser:
 	@if [ ! -x $(CHROMIUM) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    exec 9>$(APT_LOCK) && flock 9 && [ -x $(CHROMIUM) ] && exit 0; \
 	    echo "installing Debian's chromium for the browser tests"; \
-	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
+	    $(APT_GET) update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -q chromium >/dev/null; \
 	  else \
 	    echo "browser tests need $(CHROMIUM): run 'sudo apt-get install chromium'" >&2; exit 1; \
 	  fi; \
@@ -65,18 +72,21 @@ lint: setup
 # the suite starts servers of its own on free ports. While the packages install, Debian is told to
 # create no PostgreSQL cluster of its own (createcluster.d) and to start no service (policy-rc.d),
 # so nothing comes to listen on 5432 or 6379; both settings are removed afterwards.
-services:
-	@missing=""; \
+SERVICES_MISSING = missing=""; \
 	command -v redis-server >/dev/null || missing="redis-server"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
-	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"
+services:
+	@$(SERVICES_MISSING); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    exec 9>$(APT_LOCK) && flock 9; \
+	    $(SERVICES_MISSING); [ -n "$$missing" ] || exit 0; \
 	    echo "installing Debian's$$missing for the tests' own servers"; \
 	    no_cluster=/etc/postgresql-common/createcluster.d/tandem-tests.conf; no_start=""; \
 	    mkdir -p "$$(dirname $$no_cluster)" && echo "create_main_cluster = false" > $$no_cluster; \
 	    if [ ! -e /usr/sbin/policy-rc.d ]; then no_start=/usr/sbin/policy-rc.d; printf '#!/bin/sh\nexit 101\n' > $$no_start; chmod +x $$no_start; fi; \
-	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; \
+	    $(APT_GET) update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -q $$missing >/dev/null; \
 	    installed=$$?; rm -f $$no_cluster $$no_start; [ $$installed = 0 ] || exit $$installed; \
 	  else \
 	    echo "the tests start servers of their own and need:$$missing: run 'sudo apt-get install$$missing'" >&2; exit 1; \
