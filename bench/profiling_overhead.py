@@ -49,7 +49,12 @@ from trainer.profiling import StageRecorder, timeline_wall_s  # noqa: E402
 from trainer.run_loop import TrainerSettings  # noqa: E402
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings  # noqa: E402
 from trainer.train_state import make_optimizer  # noqa: E402
-from trainer.train_step import batch_tokens, create_train_state, make_train_step, on_logits  # noqa: E402
+from trainer.train_step import (  # noqa: E402
+    batch_tokens,
+    create_train_state,
+    make_train_step,
+    on_token_statistics,
+)
 
 
 def _event(step: int, loss: float, **fields) -> str:
@@ -74,7 +79,7 @@ def main() -> None:
     graphdef, state = create_train_state(model, optimizer)
     shardings = step_shardings(make_mesh(RunConfig().mesh), state)
     state = shard_train_state(state, shardings)
-    train_step = make_train_step(graphdef, optimizer, on_logits(functools.partial(grpo_loss, clip_epsilon=0.2)),
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(functools.partial(grpo_loss, clip_epsilon=0.2)),
                                  shardings=shardings)
     rng = np.random.default_rng(args.seed)
     batches = [random_rl_batch(rng, batch_size=args.batch_size, seq_len=config.max_seq_len,

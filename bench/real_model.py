@@ -281,7 +281,7 @@ def generation(args) -> dict:
 def train_step_times(args) -> dict:
     from trainer.losses import grpo_loss
     from trainer.train_state import initial_train_state, make_optimizer
-    from trainer.train_step import make_train_step, on_logits, pad_batch
+    from trainer.train_step import make_train_step, on_token_statistics, pad_batch
 
     results = {}
     for mode in ("full", "lora"):
@@ -291,7 +291,7 @@ def train_step_times(args) -> dict:
         optimizer = make_optimizer(1e-5)
         graphdef, state = initial_train_state(config, vocab_size=tokenizer.vocab_size, needs_value_head=False,
                                               optimizer=optimizer)
-        step = make_train_step(graphdef, optimizer, on_logits(functools.partial(grpo_loss, clip_epsilon=0.2)))
+        step = make_train_step(graphdef, optimizer, on_token_statistics(functools.partial(grpo_loss, clip_epsilon=0.2)))
         rng = np.random.default_rng(0)
         length, rows = args.train_len, args.train_batch
         batches = [pad_batch(

@@ -1,7 +1,7 @@
 """Trainer throughput: step time and tokens/s of the jitted GRPO update, per model size.
 
 Builds the trainer's real update, ``make_train_step(graphdef, optimizer,
-on_logits(grpo_loss))`` with the run loop's optimizer, and feeds it padded
+on_token_statistics(grpo_loss))`` with the run loop's optimizer, and feeds it padded
 random batches shaped like RL data (right-padded conversations whose second
 half is policy tokens). Each size is compiled by a first step, then ``--steps``
 steps are timed one by one, each ended by ``block_until_ready``. Runs on
@@ -51,7 +51,7 @@ from trainer.train_step import (  # noqa: E402
     TrainBatch,
     create_train_state,
     make_train_step,
-    on_logits,
+    on_token_statistics,
     pad_batch,
 )
 
@@ -154,7 +154,7 @@ def bench_size(shape: ModelShape, *, batch_size: int, steps: int, seed: int, seq
     graphdef, state = create_train_state(model, optimizer)
     del model
     train_step = make_train_step(
-        graphdef, optimizer, on_logits(functools.partial(grpo_loss, clip_epsilon=0.2))
+        graphdef, optimizer, on_token_statistics(functools.partial(grpo_loss, clip_epsilon=0.2))
     )
     rng = np.random.default_rng(seed)
     # Two batches alternate, so no step can reuse a result cached for its input.

@@ -64,11 +64,21 @@ from trainer.advantages import (
     overlong_penalty,
     rloo_advantages,
 )
-from trainer.losses import policy_gradient_loss, ppo_loss, sft_loss, token_logprobs
-from trainer.train_step import ModelLossFn, TrainBatch, pad_batch
+from trainer.losses import PPOTargets, policy_gradient_loss, ppo_loss, ppo_targets, sft_loss
+from trainer.token_statistics import policy_token_statistics
+from trainer.train_step import (
+    DEFAULT_LOGITS_CHUNK_TOKENS,
+    StepLoss,
+    TrainBatch,
+    join_micro_batches,
+    pad_batch,
+    split_micro_batches,
+)
 
 REFERENCE_LOGPROBS = "reference_logprobs"
 TOKEN_REWARDS = "token_rewards"
+# PPO's targets of the whole step (losses.PPOTargets), in the batch's extras for its micro-batches.
+_PPO_TARGET_EXTRAS = {"old_values": "ppo_old_values", "advantages": "ppo_advantages", "returns": "ppo_returns"}
 
 # DAPO's soft band: L_cache = 4096 of L_max = 20480.
 _DEFAULT_CACHE_FRACTION = 0.2
@@ -95,10 +105,12 @@ class ReferencePolicy:
     # Its parameters; never updated.
     params: nnx.State
 
-    def logprobs(self, batch: TrainBatch, *, temperature: float) -> jax.Array:
+    def logprobs(self, batch: TrainBatch, *, temperature: float,
+                 logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS) -> jax.Array:
         """:func:`reference_logprobs` of ``batch`` (the leader of a multi-process trainer overrides it to
         announce the call, which is a collective: trainer/lockstep.py)."""
-        return reference_logprobs(self.graphdef, self.params, batch, temperature=temperature)
+        return reference_logprobs(self.graphdef, self.params, batch, temperature=temperature,
+                                  logits_chunk_tokens=logits_chunk_tokens)
 
 
 @dataclass(frozen=True)
@@ -118,21 +130,23 @@ class PreparedEpisodes:
     stats: dict[str, float]
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("temperature",))
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("temperature", "logits_chunk_tokens"))
 def reference_logprobs(
-    graphdef: nnx.GraphDef, ref_params: nnx.State, batch: TrainBatch, *, temperature: float = 1.0
+    graphdef: nnx.GraphDef, ref_params: nnx.State, batch: TrainBatch, *, temperature: float = 1.0,
+    logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
 ) -> jax.Array:
     """Log-probs of the batch's tokens under the reference policy, float32 [B, T].
 
     Same convention as ``behaviour_logprobs``: slot ``t`` holds the log-prob
     of the token at slot ``t`` (so slot 0 is 0), of the temperature-scaled
     distribution, and 0 where the loss mask is 0. Pure and jitted once per
-    batch shape; call it outside the train step, no gradient is needed.
+    batch shape; call it outside the train step, no gradient is needed. The
+    logits exist ``logits_chunk_tokens`` at a time (trainer/token_statistics.py).
     """
     model = nnx.merge(graphdef, ref_params)
-    logits = model(batch.tokens, batch.positions, batch.attention_mask) / temperature
-    logprobs = token_logprobs(logits[:, :-1], batch.tokens[:, 1:])
-    logprobs = jnp.where(batch.loss_mask[:, 1:] > 0, logprobs, 0.0)
+    statistics, _ = policy_token_statistics(model, batch, temperature=temperature,
+                                            chunk_tokens=logits_chunk_tokens)
+    logprobs = jnp.where(batch.loss_mask[:, 1:] > 0, statistics.logprobs, 0.0)
     return jnp.pad(logprobs, ((0, 0), (1, 0)))
 
 
@@ -140,10 +154,12 @@ class Algorithm:
     """One configured post-training algorithm; build it with :func:`build_algorithm`."""
 
     def __init__(
-        self, config: AlgorithmConfig, *, temperature: float, max_policy_tokens: int | None
+        self, config: AlgorithmConfig, *, temperature: float, max_policy_tokens: int | None,
+        logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
     ):
         self.config = config
         self.temperature = temperature
+        self.logits_chunk_tokens = logits_chunk_tokens
         estimator = config.advantage_estimator
         # Keep a frozen reference and fill extras["reference_logprobs"] (KL penalty).
         self.needs_reference: bool = config.kl is not None
@@ -177,16 +193,21 @@ class Algorithm:
                 raise ValueError(
                     "token_sum aggregation needs token_sum_length or max_policy_tokens"
                 )
-        self.loss_fn: ModelLossFn = self._make_loss_fn(token_sum_length)
+        self.loss_fn: StepLoss = self._make_loss_fn(token_sum_length)
+        # The SFT phase's (and an SFT-only run's): next-token likelihood, whatever the RL algorithm.
+        self.sft_loss_fn: StepLoss = StepLoss(self._supervised)
 
-    def _make_loss_fn(self, token_sum_length: int | None) -> ModelLossFn:
+    def _statistics(self, model, batch: TrainBatch, *, temperature: float):
+        return policy_token_statistics(model, batch, temperature=temperature, chunk_tokens=self.logits_chunk_tokens)
+
+    def _supervised(self, model, batch: TrainBatch, totals):
+        statistics, _ = self._statistics(model, batch, temperature=1.0)
+        return sft_loss(statistics, batch, totals)
+
+    def _make_loss_fn(self, token_sum_length: int | None) -> StepLoss:
         config, temperature = self.config, self.temperature
         if config.advantage_estimator == "none":
-
-            def supervised(model, batch):
-                return sft_loss(model(batch.tokens, batch.positions, batch.attention_mask), batch)
-
-            return supervised
+            return StepLoss(self._supervised)
 
         options = {
             "epsilon_low": config.epsilon_low,
@@ -205,31 +226,37 @@ class Algorithm:
         if config.value is not None:
             value = config.value
 
-            def actor_critic(model, batch):
-                logits, values = model.logits_and_values(
-                    batch.tokens, batch.positions, batch.attention_mask
-                )
+            def critic_targets(model, batch, rows_each):
+                # The critic's values at the start of the step, micro-batch by micro-batch; the
+                # advantages from them are whitened over the whole step.
+                rows = batch.tokens.shape[0]
+                if rows_each == rows:
+                    values = model.values(batch.tokens, batch.positions, batch.attention_mask)
+                else:
+                    split = split_micro_batches(batch, rows_each)
+                    values = join_micro_batches(jax.lax.map(
+                        lambda part: model.values(part.tokens, part.positions, part.attention_mask), split), rows)
+                targets, metrics = ppo_targets(values, batch, gamma=value.gamma, lam=value.lam,
+                                               normalize_advantages=value.normalize_advantages)
+                extras = {**batch.extras, **{key: getattr(targets, field)
+                                             for field, key in _PPO_TARGET_EXTRAS.items()}}
+                return batch.replace(extras=extras), metrics
+
+            def actor_critic(model, batch, totals):
                 # Producers record log-probs of the temperature-scaled distribution
                 # they sampled from; the ratio must compare like with like.
-                return ppo_loss(
-                    logits / temperature,
-                    values,
-                    batch,
-                    gamma=value.gamma,
-                    lam=value.lam,
-                    value_coef=value.value_coef,
-                    value_clip=value.value_clip,
-                    normalize_advantages=value.normalize_advantages,
-                    **options,
-                )
+                statistics, hidden = self._statistics(model, batch, temperature=temperature)
+                targets = PPOTargets(**{field: batch.extras[key] for field, key in _PPO_TARGET_EXTRAS.items()})
+                return ppo_loss(statistics, model.value_head(hidden), batch, targets,
+                                value_coef=value.value_coef, value_clip=value.value_clip, totals=totals, **options)
 
-            return actor_critic
+            return StepLoss(actor_critic, prepare=critic_targets)
 
-        def policy_gradient(model, batch):
-            logits = model(batch.tokens, batch.positions, batch.attention_mask)
-            return policy_gradient_loss(logits / temperature, batch, **options)
+        def policy_gradient(model, batch, totals):
+            statistics, _ = self._statistics(model, batch, temperature=temperature)
+            return policy_gradient_loss(statistics, batch, totals=totals, **options)
 
-        return policy_gradient
+        return StepLoss(policy_gradient)
 
     def prepare(self, groups: Sequence[Sequence[TrajectoryRecord]]) -> PreparedEpisodes:
         """Filter, shape and score complete groups of episodes (host side).
@@ -337,7 +364,8 @@ class Algorithm:
                     token_rewards[row, policy_slots[-1]] = reward
             extras[TOKEN_REWARDS] = jnp.asarray(token_rewards)
         if self.needs_reference:
-            extras[REFERENCE_LOGPROBS] = reference.logprobs(batch, temperature=self.temperature)
+            extras[REFERENCE_LOGPROBS] = reference.logprobs(batch, temperature=self.temperature,
+                                                            logits_chunk_tokens=self.logits_chunk_tokens)
         return batch.replace(extras=extras)
 
 
@@ -346,6 +374,7 @@ def build_algorithm(
     *,
     temperature: float = 1.0,
     max_policy_tokens: int | None = None,
+    logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
 ) -> Algorithm:
     """The algorithm ``config`` describes.
 
@@ -358,7 +387,9 @@ def build_algorithm(
         episode (``sampling.max_new_tokens * rollout.max_turns``). The default of
         ``overlong.max_length`` and of ``token_sum_length``; required when
         one of them is used and not set.
+      logits_chunk_tokens: tokens whose logits exist at once (trainer/token_statistics.py).
     Raises:
       ValueError: a length the config needs is missing.
     """
-    return Algorithm(config, temperature=temperature, max_policy_tokens=max_policy_tokens)
+    return Algorithm(config, temperature=temperature, max_policy_tokens=max_policy_tokens,
+                     logits_chunk_tokens=logits_chunk_tokens)

@@ -26,8 +26,8 @@ from flax import nnx
 from tandem.contracts import EvaluationReport
 from trainer.datasets import Conversation, DatasetSource
 from trainer.evaluation import FinishedEvaluation
-from trainer.losses import token_logprobs
-from trainer.train_step import TrainBatch
+from trainer.token_statistics import policy_token_statistics
+from trainer.train_step import DEFAULT_LOGITS_CHUNK_TOKENS, TrainBatch
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -36,11 +36,10 @@ def held_out_token_statistics(graphdef: nnx.GraphDef, params: nnx.State, batch: 
     """Per row of ``batch``: the summed negative log-likelihood of its loss-masked tokens, how many of
     them the model ranks first, and how many there are (float32 [B] each; padding rows are 0)."""
     model = nnx.merge(graphdef, params)
-    logits = model(batch.tokens, batch.positions, batch.attention_mask)[:, :-1]
-    targets, mask = batch.tokens[:, 1:], batch.loss_mask[:, 1:].astype(jnp.float32)
-    nll = -token_logprobs(logits, targets)
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-    return jnp.sum(nll * mask, axis=-1), jnp.sum(correct * mask, axis=-1), jnp.sum(mask, axis=-1)
+    statistics, _ = policy_token_statistics(model, batch, chunk_tokens=DEFAULT_LOGITS_CHUNK_TOKENS)
+    mask = batch.loss_mask[:, 1:].astype(jnp.float32)
+    return (jnp.sum(-statistics.logprobs * mask, axis=-1), jnp.sum(statistics.argmax_hits * mask, axis=-1),
+            jnp.sum(mask, axis=-1))
 
 
 def ratio_interval(numerators: Sequence[float], denominators: Sequence[float], z: float = 1.96

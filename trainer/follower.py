@@ -30,10 +30,9 @@ from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.dataset_evaluation import held_out_token_statistics
 from trainer.lockstep import Order, OrderKind, arrays_batch, log_trained, receive
 from trainer.lockstep import agree as all_agree
-from trainer.losses import sft_loss
 from trainer.sharding import host_copy, make_mesh, shard_batch, shard_train_state, step_shardings
 from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
-from trainer.train_step import make_train_step, mean_metrics, on_logits, train_updates
+from trainer.train_step import make_train_step, mean_metrics, train_updates
 from trainer.value_head import policy_params
 
 logger = logging.getLogger(__name__)
@@ -47,7 +46,8 @@ class FollowedRun:
         self.config = config = RunConfig.model_validate(fields["config"])
         self.algorithm = build_algorithm(
             config.algorithm, temperature=config.sampling.temperature,
-            max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns)
+            max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns,
+            logits_chunk_tokens=config.memory.logits_chunk_tokens)
         optimizer = make_optimizer(config.learning_rate, config.optimizer)
         # Built as the leader builds it (RunTrainer), from the same config and seed.
         self.graphdef, state = initial_train_state(config, vocab_size=fields["vocab_size"],
@@ -56,8 +56,10 @@ class FollowedRun:
         self.shardings = step_shardings(make_mesh(config.mesh), state)
         self.state = shard_train_state(state, self.shardings)
         self.steps = {
-            "sft": make_train_step(self.graphdef, optimizer, on_logits(sft_loss), shardings=self.shardings),
-            "rl": make_train_step(self.graphdef, optimizer, self.algorithm.loss_fn, shardings=self.shardings),
+            "sft": make_train_step(self.graphdef, optimizer, self.algorithm.sft_loss_fn, shardings=self.shardings,
+                                   micro_batch_tokens=config.memory.micro_batch_tokens),
+            "rl": make_train_step(self.graphdef, optimizer, self.algorithm.loss_fn, shardings=self.shardings,
+                                  micro_batch_tokens=config.memory.micro_batch_tokens),
         }
         weights = config.weights
         # The same transport the leader chose; off process 0 a publisher only gathers (a collective)
@@ -100,7 +102,8 @@ class FollowedRun:
             case OrderKind.REFERENCE:
                 self.reference = ReferencePolicy(self.graphdef, jax.tree.map(jnp.copy, self.state.params))
             case OrderKind.REFERENCE_LOGPROBS:
-                self.reference.logprobs(arrays_batch(order.arrays), temperature=fields["temperature"])
+                self.reference.logprobs(arrays_batch(order.arrays), temperature=fields["temperature"],
+                                        logits_chunk_tokens=fields["logits_chunk_tokens"])
             case OrderKind.SCORE:
                 host_copy(held_out_token_statistics(self.graphdef, self.state.params,
                                                     shard_batch(arrays_batch(order.arrays), self.shardings)))

@@ -36,7 +36,7 @@ from flax import serialization
 from jax.experimental import multihost_utils
 
 from trainer.algorithms import ReferencePolicy
-from trainer.train_step import TrainBatch
+from trainer.train_step import DEFAULT_LOGITS_CHUNK_TOKENS, TrainBatch
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +242,8 @@ class AnnouncedReference(ReferencePolicy):
 
     lockstep: Lockstep = SINGLE_PROCESS
 
-    def logprobs(self, batch: TrainBatch, *, temperature: float) -> jax.Array:
-        self.lockstep.announce_batch(OrderKind.REFERENCE_LOGPROBS, batch, {"temperature": temperature})
-        return super().logprobs(batch, temperature=temperature)
+    def logprobs(self, batch: TrainBatch, *, temperature: float,
+                 logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS) -> jax.Array:
+        self.lockstep.announce_batch(OrderKind.REFERENCE_LOGPROBS, batch, {
+            "temperature": temperature, "logits_chunk_tokens": logits_chunk_tokens})
+        return super().logprobs(batch, temperature=temperature, logits_chunk_tokens=logits_chunk_tokens)

@@ -1,21 +1,26 @@
-"""Losses of the SFT and RL phases, as pure jnp functions.
+"""Losses of the SFT and RL phases, as pure jnp functions of the policy's per-token statistics.
 
-Every loss shares one shift convention: the logits at slot ``t`` predict the
-token at slot ``t + 1``, so a loss pairs ``logits[:, :-1]`` with
-``tokens[:, 1:]``, and the per-token inputs (``loss_mask``,
-``behaviour_logprobs``, and the per-token extras such as
-``extras["reference_logprobs"]`` or ``extras["token_rewards"]``) are read at
-the predicted token's slot, ``[:, 1:]``. A loss mask of 1 marks tokens the
-policy generated; prompt, environment and tool tokens (and padding) have 0
-and contribute neither loss nor gradient.
+Every loss reads the policy through a :class:`~trainer.token_statistics.TokenStatistics`: the
+log-prob, entropy and argmax hit of each predicted token, which the train step computes from the
+model's hidden states in chunks, never as ``[B, T, V]`` logits. They share one shift convention:
+slot ``t`` of the statistics is about the token at slot ``t + 1``, so the per-token inputs
+(``loss_mask``, ``behaviour_logprobs``, and the per-token extras such as
+``extras["reference_logprobs"]`` or ``extras["token_rewards"]``) are read at the predicted token's
+slot, ``[:, 1:]``. A loss mask of 1 marks tokens the policy generated; prompt, environment and tool
+tokens (and padding) have 0 and contribute neither loss nor gradient.
 
 How per-token losses become one number is the aggregation mode
 (:func:`aggregate_loss`): ``token_mean`` (the default, so a long episode
 weighs in proportion to its tokens), ``seq_mean_token_mean`` or
 ``token_sum``. Padding rows weigh nothing in any of them.
 
-Every loss returns ``(scalar loss, dict of scalar metrics)``; the metrics
-are averaged over policy tokens unless their name says otherwise.
+**Micro-batches.** Every loss divides by :class:`StepTotals`, counted over the whole step, not over
+the rows it is given: so the losses (and the gradients) of a step's micro-batches add up to the
+step's, and so do its metrics. Metrics are means over policy tokens (or episodes) unless their name
+ends in ``_min`` or ``_max``; :func:`combine_metrics` adds up the micro-batches' and takes the
+extremes of those two.
+
+Every loss returns ``(scalar loss, dict of scalar metrics)``.
 """
 
 from __future__ import annotations
@@ -23,31 +28,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
 from trainer.advantages import gae_advantages, grpo_advantages
+from trainer.token_statistics import TokenStatistics
 
 if TYPE_CHECKING:
     from trainer.train_step import TrainBatch
 
 __all__ = [
     "LossFn",
+    "PPOTargets",
+    "StepTotals",
     "aggregate_loss",
     "clipped_value_loss",
+    "combine_metrics",
+    "finish_metrics",
     "grpo_advantages",
     "grpo_loss",
     "kl_estimate",
     "policy_gradient_loss",
     "ppo_loss",
+    "ppo_targets",
     "sft_loss",
+    "step_totals",
     "token_logprobs",
     "truncated_importance_weights",
 ]
-
-# A loss maps the policy's logits [B, T, V] and the batch they came from to
-# (scalar loss, scalar metrics). The train step differentiates the loss only.
-LossFn = Callable[[jax.Array, "TrainBatch"], tuple[jax.Array, dict[str, jax.Array]]]
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "token_sum"]
 
@@ -56,19 +65,64 @@ Aggregation = Literal["token_mean", "seq_mean_token_mean", "token_sum"]
 _MAX_REPORTED_LOG_RATIO = 80.0
 
 
+@flax.struct.dataclass
+class StepTotals:
+    """What the losses divide by, counted over a whole step (all its micro-batches)."""
+
+    # float32 scalar: the step's policy tokens (loss_mask[:, 1:]), at least 1.
+    policy_tokens: jax.Array
+    # float32 scalar: the step's rows with a policy token, at least 1.
+    sequences: jax.Array
+
+
+def step_totals(batch: TrainBatch) -> StepTotals:
+    """The totals of ``batch`` taken as a whole step."""
+    return step_totals_of_mask(batch.loss_mask[:, 1:])
+
+
+# A loss maps the policy's token statistics [B, T - 1], the batch they came from and the step's
+# totals to (scalar loss, scalar metrics). The train step differentiates the loss only.
+LossFn = Callable[[TokenStatistics, "TrainBatch", StepTotals], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def combine_metrics(per_micro_batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """One step's metrics from its micro-batches' (each stacked on a leading axis): ``_min`` and ``_max``
+    metrics by their extremes, every other (already divided by the step's totals) by its sum."""
+    combined = {}
+    for name, values in per_micro_batch.items():
+        if name.endswith("_min"):
+            combined[name] = jnp.min(values, axis=0)
+        elif name.endswith("_max"):
+            combined[name] = jnp.max(values, axis=0)
+        else:
+            combined[name] = jnp.sum(values, axis=0)
+    return combined
+
+
+def finish_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The step's metrics as reported: a ``_min`` or ``_max`` over nothing (infinite) is 0."""
+    return {name: jnp.where(jnp.isfinite(value), value, 0.0) if name.endswith(("_min", "_max")) else value
+            for name, value in metrics.items()}
+
+
 def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """log p(targets[b, t]) under softmax(logits[b, t]); [B, T, V], [B, T] -> [B, T]."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return jnp.take_along_axis(log_probs, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
-def _shifted(logits: jax.Array, batch: TrainBatch) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(logits of the predicting slots, predicted tokens, their loss mask)."""
-    return logits[:, :-1], batch.tokens[:, 1:], batch.loss_mask[:, 1:].astype(jnp.float32)
+def _policy_mask(batch: TrainBatch) -> jax.Array:
+    """The loss mask of the predicted tokens, float32 [B, T - 1]."""
+    return batch.loss_mask[:, 1:].astype(jnp.float32)
 
 
 def _masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _step_mean(values: jax.Array, mask: jax.Array, total: jax.Array) -> jax.Array:
+    """``values``' share of the mean over the whole step: their sum over ``mask`` over the step's ``total``."""
+    return jnp.sum(values * mask) / total
 
 
 def _masked_variance(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -76,12 +130,9 @@ def _masked_variance(values: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def _masked_min_max(values: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Min and max over ``mask``; both 0 when the mask is empty."""
+    """Min and max over ``mask``; infinite when the mask is empty (:func:`finish_metrics` reports 0)."""
     selected = mask > 0
-    any_selected = jnp.any(selected)
-    smallest = jnp.min(jnp.where(selected, values, jnp.inf))
-    largest = jnp.max(jnp.where(selected, values, -jnp.inf))
-    return jnp.where(any_selected, smallest, 0.0), jnp.where(any_selected, largest, 0.0)
+    return jnp.min(jnp.where(selected, values, jnp.inf)), jnp.max(jnp.where(selected, values, -jnp.inf))
 
 
 def aggregate_loss(
@@ -90,6 +141,7 @@ def aggregate_loss(
     mode: Aggregation,
     *,
     token_sum_length: int | None = None,
+    totals: StepTotals | None = None,
 ) -> jax.Array:
     """Reduce a per-token loss [B, L] over the policy tokens in ``mask`` [B, L] to a scalar.
 
@@ -106,15 +158,18 @@ def aggregate_loss(
       (which favours short correct and long wrong answers), then averaged
       over episodes, as in the Dr. GRPO reference implementation.
 
-    Padding rows (``n_b = 0``) count in none of them; an empty mask gives 0.
+    Padding rows (``n_b = 0``) count in none of them; an empty mask gives 0. The sums over ``b`` and
+    the counts of tokens and rows are the step's (``totals``): a micro-batch's loss is its share of
+    the step's. Without ``totals`` they are those of ``mask`` alone.
     """
     mask = mask.astype(jnp.float32)
     total = jnp.sum(per_token * mask)
     tokens_per_row = jnp.sum(mask, axis=-1)
     has_tokens = (tokens_per_row > 0).astype(jnp.float32)
-    num_sequences = jnp.maximum(jnp.sum(has_tokens), 1.0)
+    totals = totals or step_totals_of_mask(mask)
+    num_sequences = totals.sequences
     if mode == "token_mean":
-        return total / jnp.maximum(jnp.sum(mask), 1.0)
+        return total / totals.policy_tokens
     if mode == "seq_mean_token_mean":
         row_means = jnp.sum(per_token * mask, axis=-1) / jnp.maximum(tokens_per_row, 1.0)
         return jnp.sum(row_means * has_tokens) / num_sequences
@@ -153,6 +208,7 @@ def truncated_importance_weights(
     *,
     level: Literal["token", "sequence"],
     cap: float,
+    totals: StepTotals | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Truncated importance weights ``min(pi_proximal / pi_behaviour, cap)`` per token [B, L].
 
@@ -182,19 +238,26 @@ def truncated_importance_weights(
         weights = jnp.exp(jnp.minimum(units_log_ratio, log_cap))[:, None] * mask
     else:
         raise ValueError(f"unknown importance-sampling level {level!r}")
+    totals = totals or step_totals_of_mask(mask)
+    units_total = totals.policy_tokens if level == "token" else totals.sequences
     reported = jnp.exp(jnp.minimum(units_log_ratio, _MAX_REPORTED_LOG_RATIO))
     smallest, largest = _masked_min_max(reported, units)
     unit_weights = jnp.exp(jnp.minimum(units_log_ratio, log_cap))
     metrics = {
-        "tis_ratio_mean": _masked_mean(reported, units),
+        "tis_ratio_mean": _step_mean(reported, units, units_total),
         "tis_ratio_min": smallest,
         "tis_ratio_max": largest,
-        "tis_truncated_fraction": _masked_mean(
-            (units_log_ratio > log_cap).astype(jnp.float32), units
-        ),
-        "tis_weight_mean": _masked_mean(unit_weights, units),
+        "tis_truncated_fraction": _step_mean((units_log_ratio > log_cap).astype(jnp.float32), units, units_total),
+        "tis_weight_mean": _step_mean(unit_weights, units, units_total),
     }
     return weights, metrics
+
+
+def step_totals_of_mask(mask: jax.Array) -> StepTotals:
+    """The totals of a policy-token ``mask`` [B, L] taken as a whole step."""
+    mask = mask.astype(jnp.float32)
+    return StepTotals(policy_tokens=jnp.maximum(jnp.sum(mask), 1.0),
+                      sequences=jnp.maximum(jnp.sum(jnp.sum(mask, axis=-1) > 0), 1.0))
 
 
 def clipped_value_loss(
@@ -211,7 +274,7 @@ def clipped_value_loss(
 
 
 def policy_gradient_loss(
-    logits: jax.Array,
+    statistics: TokenStatistics,
     batch: TrainBatch,
     *,
     epsilon_low: float,
@@ -223,6 +286,7 @@ def policy_gradient_loss(
     kl_estimator: Literal["k1", "k3"] = "k3",
     importance_sampling: Literal["token", "sequence"] | None = None,
     importance_sampling_cap: float = 2.0,
+    totals: StepTotals | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The clipped surrogate of PPO/GRPO/DAPO, with optional KL penalty and TIS correction.
 
@@ -242,14 +306,13 @@ def policy_gradient_loss(
     pi_behaviour, importance_sampling_cap)`` per token or per sequence.
 
     Args:
-      logits: [B, T, V], already divided by the sampling temperature.
-      batch: uses ``tokens``, ``loss_mask``, ``behaviour_logprobs``,
-        ``advantages`` (unless ``advantages`` is given) and, with a KL
-        penalty, ``extras["reference_logprobs"]``.
+      statistics: the policy's, of the distribution divided by the sampling temperature.
+      batch: uses ``loss_mask``, ``behaviour_logprobs``, ``advantages`` (unless
+        ``advantages`` is given) and, with a KL penalty, ``extras["reference_logprobs"]``.
       epsilon_low, epsilon_high: asymmetric clip range (DAPO clip-higher).
       advantages: per-token advantages [B, T - 1] at the predicted token's
         slots (PPO); default ``batch.advantages`` [B] broadcast over tokens.
-      aggregation, token_sum_length: see :func:`aggregate_loss`.
+      aggregation, token_sum_length, totals: see :func:`aggregate_loss`.
       kl_coef: None disables the KL term (and reading the reference).
       kl_estimator: see :func:`kl_estimate`.
       importance_sampling: None, "token" or "sequence".
@@ -262,9 +325,9 @@ def policy_gradient_loss(
     ``advantage_mean``; ``num_tokens``; with KL, ``kl`` (token mean of the
     estimator); with TIS, the metrics of :func:`truncated_importance_weights`.
     """
-    logits, targets, mask = _shifted(logits, batch)
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    policy_logprobs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    mask = _policy_mask(batch)
+    totals = totals or step_totals_of_mask(mask)
+    policy_logprobs = statistics.logprobs
     behaviour_logprobs = batch.behaviour_logprobs[:, 1:].astype(jnp.float32)
     if advantages is None:
         advantages = batch.advantages.astype(jnp.float32)[:, None]
@@ -285,35 +348,36 @@ def policy_gradient_loss(
             mask,
             level=importance_sampling,
             cap=importance_sampling_cap,
+            totals=totals,
         )
         metrics.update(tis_metrics)
     ratio = jnp.exp(log_ratio)
     lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
     clipped_ratio = jnp.clip(ratio, lower, upper)
     objective = weights * jnp.minimum(ratio * advantages, clipped_ratio * advantages)
-    policy_loss = -aggregate_loss(objective, mask, aggregation, token_sum_length=token_sum_length)
+    policy_loss = -aggregate_loss(objective, mask, aggregation, token_sum_length=token_sum_length, totals=totals)
     loss = policy_loss
 
+    tokens = totals.policy_tokens
     if kl_coef is not None:
         reference_logprobs = batch.extras["reference_logprobs"][:, 1:].astype(jnp.float32)
         kl = kl_estimate(policy_logprobs, reference_logprobs, mask, kl_estimator)
         loss = loss + kl_coef * aggregate_loss(
-            kl, mask, aggregation, token_sum_length=token_sum_length
+            kl, mask, aggregation, token_sum_length=token_sum_length, totals=totals
         )
-        metrics["kl"] = _masked_mean(kl, mask)
+        metrics["kl"] = _step_mean(kl, mask, tokens)
 
     clipped_low = ((ratio < lower) & (advantages < 0)).astype(jnp.float32)
     clipped_high = ((ratio > upper) & (advantages > 0)).astype(jnp.float32)
-    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
     metrics.update(
         {
             "policy_loss": policy_loss,
-            "clip_fraction": _masked_mean(clipped_low + clipped_high, mask),
-            "clip_fraction_low": _masked_mean(clipped_low, mask),
-            "clip_fraction_high": _masked_mean(clipped_high, mask),
-            "ratio_mean": _masked_mean(ratio, mask),
-            "entropy": _masked_mean(entropy, mask),
-            "advantage_mean": _masked_mean(advantages, mask),
+            "clip_fraction": _step_mean(clipped_low + clipped_high, mask, tokens),
+            "clip_fraction_low": _step_mean(clipped_low, mask, tokens),
+            "clip_fraction_high": _step_mean(clipped_high, mask, tokens),
+            "ratio_mean": _step_mean(ratio, mask, tokens),
+            "entropy": _step_mean(statistics.entropy, mask, tokens),
+            "advantage_mean": _step_mean(advantages, mask, tokens),
             "num_tokens": jnp.sum(mask),
         }
     )
@@ -321,7 +385,7 @@ def policy_gradient_loss(
 
 
 def grpo_loss(
-    logits: jax.Array, batch: TrainBatch, *, clip_epsilon: float
+    statistics: TokenStatistics, batch: TrainBatch, totals: StepTotals | None = None, *, clip_epsilon: float
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """PPO-clipped policy-gradient loss with per-sequence GRPO advantages.
 
@@ -331,92 +395,109 @@ def grpo_loss(
     behaviour policy. This is :func:`policy_gradient_loss` with a symmetric
     clip range and ``token_mean`` aggregation; see there for the metrics.
     """
-    return policy_gradient_loss(logits, batch, epsilon_low=clip_epsilon, epsilon_high=clip_epsilon)
+    return policy_gradient_loss(statistics, batch, epsilon_low=clip_epsilon, epsilon_high=clip_epsilon,
+                                totals=totals)
 
 
-def ppo_loss(
-    logits: jax.Array,
-    values: jax.Array,
-    batch: TrainBatch,
-    *,
-    gamma: float,
-    lam: float,
-    value_coef: float,
-    value_clip: float,
-    normalize_advantages: bool = True,
-    **policy_loss_options,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """PPO with a critic: token-level GAE advantages, clipped policy loss, clipped value loss.
+@flax.struct.dataclass
+class PPOTargets:
+    """What PPO's losses compare with, computed once per step over all of its rows, all float32 [B, T - 1]
+    at the predicted tokens' slots: the critic's values at the start of the step, and the (whitened)
+    GAE advantages and returns from them."""
 
-    ``values[:, t]`` is the critic's value of the state after slot ``t``, i.e.
-    of the decision that emits the token at slot ``t + 1``, so it pairs with
-    ``loss_mask[:, t + 1]`` like the logits do. Rewards come per token in
-    ``batch.extras["token_rewards"]`` [B, T] (the outcome reward at the last
-    policy token). GAE (:func:`trainer.advantages.gae_advantages`) uses the
-    values at the start of the step, ``stop_gradient(values)``; with one
-    update per batch these are also the "old" values the value loss clips
-    around, so the clip only binds when the values it is given as old differ
-    (it is kept so that the loss is PPO's; :func:`clipped_value_loss`).
+    old_values: jax.Array
+    advantages: jax.Array
+    returns: jax.Array
 
-    ``loss = policy loss (+ KL) + value_coef * aggregate(clipped value loss)``,
-    both aggregated the same way. ``policy_loss_options`` are those of
-    :func:`policy_gradient_loss` (clip range, aggregation, KL, TIS).
 
-    Metrics: those of :func:`policy_gradient_loss` (its ``advantage_mean`` is
-    after whitening) plus ``value_loss``, ``value_mean``, ``return_mean``,
-    ``gae_advantage_mean`` (before whitening) and ``explained_variance``
-    ``1 - Var(R - V) / Var(R)`` over policy tokens (0 if Var(R) = 0).
+def ppo_targets(
+    values: jax.Array, batch: TrainBatch, *, gamma: float, lam: float, normalize_advantages: bool = True
+) -> tuple[PPOTargets, dict[str, jax.Array]]:
+    """GAE advantages and returns of a whole step from the critic's ``values`` [B, T] at its start.
+
+    ``values[:, t]`` is the critic's value of the state after slot ``t``, i.e. of the decision that
+    emits the token at slot ``t + 1``, so it pairs with ``loss_mask[:, t + 1]`` as the token statistics
+    do. Rewards come per token in ``batch.extras["token_rewards"]`` [B, T] (the outcome reward at the
+    last policy token). Advantages are whitened over the step's policy tokens, so a step in micro-batches
+    whitens as the step in one batch.
+
+    Metrics: ``value_mean``, ``return_mean``, ``gae_advantage_mean`` (before whitening) and
+    ``explained_variance`` ``1 - Var(R - V) / Var(R)`` over policy tokens (0 if Var(R) = 0).
     """
-    mask = batch.loss_mask[:, 1:].astype(jnp.float32)
-    state_values = values[:, :-1].astype(jnp.float32)
-    old_values = jax.lax.stop_gradient(state_values)
+    mask = _policy_mask(batch)
+    old_values = jax.lax.stop_gradient(values[:, :-1].astype(jnp.float32))
     token_rewards = batch.extras["token_rewards"][:, 1:].astype(jnp.float32)
     advantages, returns = gae_advantages(token_rewards, old_values, mask, gamma=gamma, lam=lam)
     gae_advantage_mean = _masked_mean(advantages, mask)
     if normalize_advantages:
         centred = advantages - gae_advantage_mean
         advantages = centred / (jnp.sqrt(_masked_variance(advantages, mask)) + 1e-8) * mask
-
-    loss, metrics = policy_gradient_loss(
-        logits, batch, advantages=advantages, **policy_loss_options
-    )
-    aggregation = policy_loss_options.get("aggregation", "token_mean")
-    token_sum_length = policy_loss_options.get("token_sum_length")
-    value_loss = aggregate_loss(
-        clipped_value_loss(state_values, old_values, returns, clip=value_clip),
-        mask,
-        aggregation,
-        token_sum_length=token_sum_length,
-    )
     returns_variance = _masked_variance(returns, mask)
     residual_variance = _masked_variance(returns - old_values, mask)
-    metrics.update(
-        {
-            "value_loss": value_loss,
-            "value_mean": _masked_mean(old_values, mask),
-            "return_mean": _masked_mean(returns, mask),
-            "gae_advantage_mean": gae_advantage_mean,
-            "explained_variance": jnp.where(
-                returns_variance > 0,
-                1.0 - residual_variance / jnp.maximum(returns_variance, 1e-12),
-                0.0,
-            ),
-        }
+    metrics = {
+        "value_mean": _masked_mean(old_values, mask),
+        "return_mean": _masked_mean(returns, mask),
+        "gae_advantage_mean": gae_advantage_mean,
+        "explained_variance": jnp.where(
+            returns_variance > 0, 1.0 - residual_variance / jnp.maximum(returns_variance, 1e-12), 0.0),
+    }
+    return PPOTargets(old_values=old_values, advantages=advantages, returns=returns), metrics
+
+
+def ppo_loss(
+    statistics: TokenStatistics,
+    values: jax.Array,
+    batch: TrainBatch,
+    targets: PPOTargets,
+    *,
+    value_coef: float,
+    value_clip: float,
+    totals: StepTotals | None = None,
+    **policy_loss_options,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """PPO with a critic: token-level GAE advantages, clipped policy loss, clipped value loss.
+
+    ``targets`` (:func:`ppo_targets`) hold the step's advantages and returns, from the values at its
+    start; ``values`` [B, T] are the critic's now, which the value loss trains and clips around
+    ``targets.old_values`` (with one update per batch they are equal in value, so the clip only
+    binds in later updates; :func:`clipped_value_loss`).
+
+    ``loss = policy loss (+ KL) + value_coef * aggregate(clipped value loss)``,
+    both aggregated the same way. ``policy_loss_options`` are those of
+    :func:`policy_gradient_loss` (clip range, aggregation, KL, TIS).
+
+    Metrics: those of :func:`policy_gradient_loss` (its ``advantage_mean`` is
+    after whitening) plus ``value_loss``.
+    """
+    mask = _policy_mask(batch)
+    totals = totals or step_totals_of_mask(mask)
+    loss, metrics = policy_gradient_loss(
+        statistics, batch, advantages=targets.advantages, totals=totals, **policy_loss_options
     )
+    value_loss = aggregate_loss(
+        clipped_value_loss(values[:, :-1].astype(jnp.float32), targets.old_values, targets.returns,
+                           clip=value_clip),
+        mask,
+        policy_loss_options.get("aggregation", "token_mean"),
+        token_sum_length=policy_loss_options.get("token_sum_length"),
+        totals=totals,
+    )
+    metrics["value_loss"] = value_loss
     return loss + value_coef * value_loss, metrics
 
 
-def sft_loss(logits: jax.Array, batch: TrainBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
+def sft_loss(
+    statistics: TokenStatistics, batch: TrainBatch, totals: StepTotals | None = None
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Masked next-token negative log-likelihood, token mean over ``loss_mask``.
 
     Metrics: ``token_accuracy`` (argmax equals target, over masked-in tokens)
     and ``num_tokens``.
     """
-    logits, targets, mask = _shifted(logits, batch)
-    nll = -token_logprobs(logits, targets)
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    mask = _policy_mask(batch)
+    totals = totals or step_totals_of_mask(mask)
     metrics = {
-        "token_accuracy": _masked_mean(correct, mask),
+        "token_accuracy": _step_mean(statistics.argmax_hits, mask, totals.policy_tokens),
         "num_tokens": jnp.sum(mask),
     }
-    return _masked_mean(nll, mask), metrics
+    return _step_mean(-statistics.logprobs, mask, totals.policy_tokens), metrics

@@ -58,7 +58,6 @@ from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, parameter_count
 from trainer.evaluation import Evaluations, FinishedEvaluation, evaluation_points
 from trainer.lockstep import SINGLE_PROCESS, AnnouncedReference, Lockstep, OrderKind
-from trainer.losses import sft_loss
 from trainer.platform_client import (
     ClaimedRun,
     PlatformClient,
@@ -77,7 +76,6 @@ from trainer.train_step import (
     batch_tokens,
     make_train_step,
     mean_metrics,
-    on_logits,
     pad_batch,
     train_updates,
 )
@@ -193,6 +191,7 @@ class RunTrainer:
             self.config.algorithm,
             temperature=self.config.sampling.temperature,
             max_policy_tokens=self.config.sampling.max_new_tokens * self.config.rollout.max_turns,
+            logits_chunk_tokens=self.config.memory.logits_chunk_tokens,
         )
         self.optimizer = make_optimizer(self.config.learning_rate, self.config.optimizer)
         self.graphdef, state = initial_train_state(self.config, vocab_size=self.tokenizer.vocab_size,
@@ -213,8 +212,10 @@ class RunTrainer:
         self.devices = DeviceMonitor(parameters=parameter_count(self.state.params),
                                      interval_s=settings.device_report_interval_s)
         self._train_steps = {
-            "sft": make_train_step(self.graphdef, self.optimizer, on_logits(sft_loss), shardings=self.shardings),
-            "rl": make_train_step(self.graphdef, self.optimizer, self.algorithm.loss_fn, shardings=self.shardings),
+            "sft": make_train_step(self.graphdef, self.optimizer, self.algorithm.sft_loss_fn, shardings=self.shardings,
+                                   micro_batch_tokens=self.config.memory.micro_batch_tokens),
+            "rl": make_train_step(self.graphdef, self.optimizer, self.algorithm.loss_fn, shardings=self.shardings,
+                                  micro_batch_tokens=self.config.memory.micro_batch_tokens),
         }
         self._last_acked_entry_id: str | None = None
         self._trained_group_count = 0

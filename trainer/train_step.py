@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import flax.struct
@@ -32,24 +33,48 @@ import optax
 from flax import nnx
 
 from policy import FrozenParam, Transformer, split_model
+from trainer.losses import StepTotals, combine_metrics, finish_metrics, step_totals
+from trainer.token_statistics import policy_token_statistics
 
 if TYPE_CHECKING:
     from trainer.losses import LossFn
     from trainer.sharding import StepShardings
 
-# What the step differentiates: the merged model and the batch to (scalar loss,
-# scalar metrics). The model is an argument, not just its logits, so losses that
-# need more than logits (a value head, hidden states) fit the same step.
-ModelLossFn = Callable[[Transformer, "TrainBatch"], tuple[jax.Array, dict[str, jax.Array]]]
+# What the step differentiates: the merged model, a (micro-)batch and the whole step's totals to
+# (scalar loss, scalar metrics). The model is an argument, not just its token statistics, so losses
+# that need more (a value head, hidden states) fit the same step.
+ModelLossFn = Callable[[Transformer, "TrainBatch", StepTotals], tuple[jax.Array, dict[str, jax.Array]]]
+# Before the micro-batches, without gradient: (model, the whole step's batch, rows per micro-batch) to
+# (the batch with what its loss needs of the whole step in its extras, metrics of the whole step).
+StepPreparation = Callable[[Transformer, "TrainBatch", int], tuple["TrainBatch", dict[str, jax.Array]]]
+
+#: Tokens whose logits exist at once when the token statistics are computed (in chunks of the sequence):
+#: 8,192 tokens at a vocabulary of 152k are 5 GB in float32, at 49k (SmolLM2) 1.6 GB.
+DEFAULT_LOGITS_CHUNK_TOKENS = 8192
 
 
-def on_logits(loss_fn: LossFn) -> ModelLossFn:
-    """Lift a loss of ``(logits, batch)`` to a loss of ``(model, batch)``."""
+@dataclass(frozen=True)
+class StepLoss:
+    """What a :class:`TrainStep` minimises: a loss of each micro-batch, and what is computed once per step."""
 
-    def model_loss(model: Transformer, batch: TrainBatch):
-        return loss_fn(model(batch.tokens, batch.positions, batch.attention_mask), batch)
+    # The loss of one micro-batch, divided by the step's totals, so micro-batches add up to the step.
+    loss: ModelLossFn
+    # What the loss needs of the whole step (PPO's advantages, whitened over all its tokens); None: nothing.
+    prepare: StepPreparation | None = None
 
-    return model_loss
+
+def on_token_statistics(
+    loss_fn: LossFn, *, temperature: float = 1.0, logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS
+) -> StepLoss:
+    """Lift a loss of ``(token statistics, batch, totals)`` to a :class:`StepLoss` of the model: the
+    statistics come from its hidden states in chunks (:func:`trainer.token_statistics.policy_token_statistics`)."""
+
+    def model_loss(model: Transformer, batch: TrainBatch, totals: StepTotals):
+        statistics, _ = policy_token_statistics(model, batch, temperature=temperature,
+                                                chunk_tokens=logits_chunk_tokens)
+        return loss_fn(statistics, batch, totals)
+
+    return StepLoss(model_loss)
 
 
 @flax.struct.dataclass
@@ -191,24 +216,60 @@ def create_train_state(
     return graphdef, state
 
 
+def micro_batch_rows(rows: int, length: int, micro_batch_tokens: int | None) -> int:
+    """Rows of each micro-batch of a ``[rows, length]`` batch: as many as ``micro_batch_tokens`` holds
+    (at least one); all of them without a budget."""
+    if micro_batch_tokens is None:
+        return rows
+    return max(1, min(rows, micro_batch_tokens // length))
+
+
+def split_micro_batches(batch: TrainBatch, rows_each: int) -> TrainBatch:
+    """``batch`` as ``[micro-batches, rows_each, ...]``; the last is filled with empty rows (no token
+    attends, trains or counts), which leave the loss and the gradients as they are."""
+    rows = batch.tokens.shape[0]
+    count = -(-rows // rows_each)
+    padding = count * rows_each - rows
+
+    def split(values: jax.Array) -> jax.Array:
+        values = jnp.pad(values, [(0, padding)] + [(0, 0)] * (values.ndim - 1))
+        return values.reshape(count, rows_each, *values.shape[1:])
+
+    return jax.tree.map(split, batch)
+
+
+def join_micro_batches(values: jax.Array, rows: int) -> jax.Array:
+    """The inverse of :func:`split_micro_batches` for one array: ``[micro-batches, rows_each, ...]`` to
+    its first ``rows`` rows."""
+    return values.reshape(-1, *values.shape[2:])[:rows]
+
+
 class TrainStep:
     """``train_step(state, batch) -> (state, metrics)``, jitted once with the state donated.
 
     The caller's ``state`` is invalid after a call; use the returned one.
     Metrics are the loss function's, plus ``loss`` and ``grad_norm`` (global
     norm before clipping), as device scalars: fetch them outside the hot loop.
+
+    With ``micro_batch_tokens`` a batch runs as micro-batches of at most that many tokens (rows of
+    the batch's length bucket, at least one row), in a scan inside the jitted step: their gradients
+    accumulate in float32 and the optimizer applies them once. Every loss divides by the whole
+    step's totals, so the step equals the same step in one batch, while activations exist for one
+    micro-batch at a time.
     """
 
     def __init__(
         self,
         graphdef: nnx.GraphDef[Transformer],
         optimizer: optax.GradientTransformation,
-        loss_fn: ModelLossFn,
+        loss_fn: StepLoss | ModelLossFn,
         shardings: StepShardings | None = None,
+        micro_batch_tokens: int | None = None,
     ):
         self._graphdef = graphdef
         self._optimizer = optimizer
-        self._loss_fn = loss_fn
+        self._loss = loss_fn if isinstance(loss_fn, StepLoss) else StepLoss(loss_fn)
+        self._micro_batch_tokens = micro_batch_tokens
         self._trace_count = 0
         if shardings is None:
             self._step = jax.jit(self._traced, donate_argnums=(0,))
@@ -237,32 +298,53 @@ class TrainStep:
         self._trace_count += 1
 
         trained, frozen = trainable_params(state.params)
+        rows, length = batch.tokens.shape
+        rows_each = micro_batch_rows(rows, length, self._micro_batch_tokens)
+        step_metrics: dict[str, jax.Array] = {}
+        if self._loss.prepare is not None:
+            batch, step_metrics = self._loss.prepare(nnx.merge(self._graphdef, trained, frozen), batch, rows_each)
+        totals = step_totals(batch)
 
-        def loss_of(trained: nnx.State) -> tuple[jax.Array, dict[str, jax.Array]]:
-            return self._loss_fn(nnx.merge(self._graphdef, trained, frozen), batch)
+        def loss_of(trained: nnx.State, micro_batch: TrainBatch) -> tuple[jax.Array, dict[str, jax.Array]]:
+            return self._loss.loss(nnx.merge(self._graphdef, trained, frozen), micro_batch, totals)
 
-        (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(trained)
+        gradient = jax.value_and_grad(loss_of, has_aux=True)
+        if rows_each == rows:
+            (loss, metrics), grads = gradient(trained, batch)
+        else:
+            def accumulate(carry, micro_batch):
+                grads_sum, loss_sum = carry
+                (loss, metrics), grads = gradient(trained, micro_batch)
+                grads_sum = jax.tree.map(lambda total, grad: total + grad.astype(jnp.float32), grads_sum, grads)
+                return (grads_sum, loss_sum + loss), metrics
+
+            zeros = jax.tree.map(lambda param: jnp.zeros(param.shape, jnp.float32), trained)
+            (grads, loss), per_micro_batch = jax.lax.scan(
+                accumulate, (zeros, jnp.zeros((), jnp.float32)), split_micro_batches(batch, rows_each))
+            grads = jax.tree.map(lambda grad, param: grad.astype(param.dtype), grads, trained)
+            metrics = combine_metrics(per_micro_batch)
         updates, opt_state = self._optimizer.update(grads, state.opt_state, trained)
         trained = optax.apply_updates(trained, updates)
         params = nnx.merge_state(trained, frozen)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        metrics = finish_metrics({**step_metrics, **metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)})
         return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
 
 def make_train_step(
     graphdef: nnx.GraphDef[Transformer],
     optimizer: optax.GradientTransformation,
-    loss_fn: ModelLossFn,
+    loss_fn: StepLoss | ModelLossFn,
     *,
     shardings: StepShardings | None = None,
+    micro_batch_tokens: int | None = None,
 ) -> TrainStep:
-    """Build the jitted step; ``loss_fn`` is closed over, e.g. ``on_logits(sft_loss)``.
+    """Build the jitted step; ``loss_fn`` is closed over, e.g. ``on_token_statistics(sft_loss)``.
 
     ``shardings`` (from :func:`trainer.sharding.step_shardings`) pins the
     layout of state, batch and metrics; without it the step runs wherever
-    its inputs are (one device).
+    its inputs are (one device). ``micro_batch_tokens``: see :class:`TrainStep`.
     """
-    return TrainStep(graphdef, optimizer, loss_fn, shardings)
+    return TrainStep(graphdef, optimizer, loss_fn, shardings, micro_batch_tokens)
 
 
 def train_updates(train_step: TrainStep, state: TrainState, batch: TrainBatch, *, updates: int

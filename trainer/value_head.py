@@ -56,6 +56,14 @@ class PolicyWithValue(nnx.Module):
     ) -> jax.Array:
         return self.policy(tokens, positions, attention_mask)
 
+    def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """The policy's final-normed hidden states [B, T, D], the input of its head and of the critic."""
+        return self.policy.hidden_states(tokens, positions, attention_mask)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """The policy's logits of ``hidden``."""
+        return self.policy.logits(hidden)
+
     def values(
         self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array
     ) -> jax.Array:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.configs.algorithm import AlgorithmConfig
 from tandem.configs.evaluation import EvaluationConfig
+from tandem.configs.memory import TrainerMemoryConfig
 from tandem.configs.model import ModelConfig
 from tandem.configs.optimizer import OptimizerConfig, ScheduleConfig
 from tandem.configs.parallelism import LoRAConfig, MeshConfig
@@ -52,6 +53,11 @@ class RunConfig(BaseModel):
         description="Post-training algorithm of the RL phase (grpo, dr_grpo, dapo, rloo, ppo, or sft only).",
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy architecture.")
+    memory: TrainerMemoryConfig = Field(
+        default_factory=TrainerMemoryConfig,
+        description="The trainer's activation memory: micro-batches of a token budget with gradient "
+        "accumulation, and how many tokens' logits exist at once.",
+    )
     seed: int = Field(0, description="Seeds parameter init, tasks and sampling.")
     optimizer: OptimizerConfig = Field(
         default_factory=OptimizerConfig, description="Adam or AdamW after gradient clipping, for both phases."

@@ -20,7 +20,7 @@ from flax import nnx
 from policy.model import Transformer, TransformerConfig
 from trainer.checkpoints import RunCheckpointer, RunProgress, step_rng
 from trainer.losses import sft_loss
-from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.train_step import create_train_state, make_train_step, on_token_statistics, pad_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SEED = 7
@@ -63,7 +63,7 @@ def _train_then_hang(directory: Path) -> None:
     """Child process: train, checkpoint, wait for the commit, say so, and wait to be killed."""
     optimizer = _optimizer()
     graphdef, state = _fresh(optimizer)
-    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
     for step in range(KILLED_AFTER_STEP):
         state, _ = train_step(state, _batch(step))
     checkpointer = RunCheckpointer(directory)
@@ -86,7 +86,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_parameters(tmp_path
         # The uninterrupted run, while the child trains.
         optimizer = _optimizer()
         graphdef, straight = _fresh(optimizer)
-        train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+        train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
         for step in range(TOTAL_STEPS):
             straight, _ = train_step(straight, _batch(step))
         line = child.stdout.readline()
@@ -129,7 +129,7 @@ def test_save_blocks_only_for_the_host_copy_and_a_donating_step_cannot_corrupt_i
                                mlp_dim=1536, max_seq_len=32)
     optimizer = _optimizer()
     graphdef, state = create_train_state(Transformer(config, rngs=nnx.Rngs(0)), optimizer)
-    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
     state, _ = train_step(state, _batch(0))
     jax.block_until_ready(state)
     saved = jax.tree.map(np.array, state)

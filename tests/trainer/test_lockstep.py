@@ -157,7 +157,7 @@ def _leader_of_a_run(directory: Path) -> dict:
         step_shardings,
     )
     from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
-    from trainer.train_step import make_train_step, mean_metrics, on_logits, train_updates
+    from trainer.train_step import make_train_step, mean_metrics, on_token_statistics, train_updates
 
     lockstep = Leader()
     config = RunConfig.model_validate({"mesh": {"data": 2, "fsdp": 2}, "algorithm": {"kl": {}},
@@ -168,7 +168,7 @@ def _leader_of_a_run(directory: Path) -> dict:
     graphdef, state = initial_train_state(config, vocab_size=64, needs_value_head=False, optimizer=optimizer)
     shardings = step_shardings(make_mesh(config.mesh), state)
     state = shard_train_state(state, shardings)
-    steps = {"sft": make_train_step(graphdef, optimizer, on_logits(sft_loss), shardings=shardings),
+    steps = {"sft": make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings),
              "rl": make_train_step(graphdef, optimizer, algorithm.loss_fn, shardings=shardings)}
     lockstep.announce(OrderKind.START, {"run_id": 1, "config": config.model_dump(mode="json"), "vocab_size": 64,
                                         "checkpoint_directory": str(directory / "run-1"),

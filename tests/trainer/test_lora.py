@@ -19,7 +19,8 @@ from tandem.configs.parallelism import LoRAConfig
 from tandem.configs.run import RunConfig
 from tandem.contracts import weights_key
 from trainer.losses import sft_loss
-from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.token_statistics import logits_token_statistics
+from trainer.train_step import create_train_state, make_train_step, on_token_statistics, pad_batch
 from trainer.value_head import with_value_head
 from workers.policy import PolicyRuntime
 
@@ -75,9 +76,9 @@ def test_lora_freezes_the_policy_but_not_a_value_head_added_afterwards():
     optimizer = optax.adam(1e-2)
     graphdef, state = create_train_state(model, optimizer)
 
-    def loss_fn(model, batch):
+    def loss_fn(model, batch, totals):
         logits, values = model.logits_and_values(batch.tokens, batch.positions, batch.attention_mask)
-        loss, metrics = sft_loss(logits, batch)
+        loss, metrics = sft_loss(logits_token_statistics(logits, batch.tokens), batch, totals)
         return loss + jnp.mean((values - 1.0) ** 2), metrics
 
     train_step = make_train_step(graphdef, optimizer, loss_fn)
@@ -128,7 +129,7 @@ def test_folding_adapters_adds_scaled_low_rank_product_to_the_kernel():
 def test_adapter_only_publishes_round_trip_through_redis_into_the_trainers_model(redis_client, run_id):
     optimizer = optax.adam(1e-2)
     graphdef, state = create_train_state(_lora_model(), optimizer)
-    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
     publisher = RedisWeightPublisher(redis_client, lora=LORA)
     batch = _batch(1)
 

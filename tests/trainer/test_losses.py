@@ -10,20 +10,33 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from trainer import losses
 from trainer.losses import (
     aggregate_loss,
     clipped_value_loss,
     grpo_advantages,
-    grpo_loss,
     kl_estimate,
-    policy_gradient_loss,
-    sft_loss,
     token_logprobs,
     truncated_importance_weights,
 )
+from trainer.token_statistics import logits_token_statistics
 from trainer.train_step import TrainBatch
 
 TOLERANCE = 1e-5
+
+
+# The losses read token statistics; these tests state their cases as logits [B, T, V], which is what
+# the statistics come from (trainer/token_statistics.py checks the chunked path gives the same).
+def grpo_loss(logits, batch, **options):
+    return losses.grpo_loss(logits_token_statistics(logits, batch.tokens), batch, **options)
+
+
+def policy_gradient_loss(logits, batch, **options):
+    return losses.policy_gradient_loss(logits_token_statistics(logits, batch.tokens), batch, **options)
+
+
+def sft_loss(logits, batch):
+    return losses.sft_loss(logits_token_statistics(logits, batch.tokens), batch)
 
 
 def _batch(tokens, loss_mask, advantages=None, behaviour_logprobs=None, extras=None) -> TrainBatch:

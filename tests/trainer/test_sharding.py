@@ -44,7 +44,7 @@ from trainer.sharding import (
     shard_train_state,
     step_shardings,
 )
-from trainer.train_step import create_train_state, make_train_step, on_logits, pad_batch
+from trainer.train_step import create_train_state, make_train_step, on_token_statistics, pad_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Children compile a handful of small SPMD programs; unoptimized CPU code
@@ -225,7 +225,7 @@ def _sharded_runs() -> dict:
     references = {}
     for lora in (False, True):
         graphdef, state = fresh_state(lora)
-        reference_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+        reference_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
         for step in range(STEPS):
             state, _ = reference_step(state, batch(step))
         references[lora] = {path: np.asarray(leaf) for path, leaf in flat(state.params).items()}
@@ -241,7 +241,7 @@ def _sharded_runs() -> dict:
         shardings = step_shardings(mesh, state)
         state = shard_train_state(state, shardings)
         layout = {path: leaf.sharding for path, leaf in flat(state).items()}
-        train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss), shardings=shardings)
+        train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings)
         for step in range(STEPS):
             sharded_batch = shard_batch(batch(step), shardings)
             state, metrics = train_step(state, sharded_batch)
@@ -296,7 +296,7 @@ def _one_of_two_processes(process_id: int, port: int, run_id: int, redis_url: st
     mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=2))
     shardings = step_shardings(mesh, state)
     state = shard_train_state(state, shardings)
-    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss), shardings=shardings)
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings)
     rng = np.random.default_rng(0)
     sequences = [rng.integers(1, 64, size=10).tolist() for _ in range(4)]
     batch = pad_batch(sequences, loss_masks=[[0] + [1] * 9] * 4, behaviour_logprobs=None,

@@ -20,7 +20,7 @@ from trainer.train_step import (
     batch_tokens,
     create_train_state,
     make_train_step,
-    on_logits,
+    on_token_statistics,
     pad_batch,
     train_updates,
     trainable_params,
@@ -114,7 +114,7 @@ def test_sft_steps_on_a_fixed_batch_reduce_the_loss_without_touching_the_model()
     model = Transformer(CONFIG, rngs=nnx.Rngs(0))
     optimizer = _optimizer()
     graphdef, state = create_train_state(model, optimizer)
-    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
     batch = _sft_batch(*_demonstrations())
 
     losses = []
@@ -134,7 +134,7 @@ def test_no_retrace_across_batches_of_the_same_bucket():
     model = Transformer(CONFIG, rngs=nnx.Rngs(1))
     optimizer = _optimizer()
     graphdef, state = create_train_state(model, optimizer)
-    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
     sequences, masks = _demonstrations()
 
     state, _ = train_step(state, _sft_batch(sequences, masks))
@@ -153,7 +153,7 @@ def test_padding_rows_and_trailing_tool_tokens_do_not_change_the_gradient():
     model = Transformer(CONFIG, rngs=nnx.Rngs(2))
     optimizer = optax.sgd(1.0)
     graphdef, state = create_train_state(model, optimizer)
-    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
     sequence = [BOS_ID, 10, 11, 12, 13]
     mask = [0, 0, 1, 1, 0]
 
@@ -179,7 +179,7 @@ def test_a_grpo_step_raises_the_likelihood_of_a_positive_advantage_sequence():
     optimizer = _optimizer(3e-3)
     graphdef, state = create_train_state(model, optimizer)
     train_step = make_train_step(
-        graphdef, optimizer, on_logits(functools.partial(grpo_loss, clip_epsilon=0.2))
+        graphdef, optimizer, on_token_statistics(functools.partial(grpo_loss, clip_epsilon=0.2))
     )
     good, bad = [BOS_ID, 1, 2, 3, 4, 5], [BOS_ID, 1, 9, 9, 9, 9]
     mask = [0, 0, 1, 1, 1, 1]
@@ -221,7 +221,7 @@ def test_a_lora_step_trains_only_adapters_and_keeps_base_buffers_in_place():
     )
     optimizer = _optimizer()
     graphdef, state = create_train_state(model, optimizer)
-    train_step = make_train_step(graphdef, optimizer, on_logits(sft_loss))
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
     batch = _sft_batch(*_demonstrations())
     adapters, base = trainable_params(state.params)
     base_before = jax.tree.map(np.array, base)
@@ -251,7 +251,7 @@ def test_several_updates_on_one_batch_move_the_ratio_off_one_and_match_single_st
     optimizer = _optimizer(3e-2)
     graphdef, state = create_train_state(model, optimizer)
     train_step = make_train_step(
-        graphdef, optimizer, on_logits(functools.partial(grpo_loss, clip_epsilon=0.2))
+        graphdef, optimizer, on_token_statistics(functools.partial(grpo_loss, clip_epsilon=0.2))
     )
     sequence, mask = [BOS_ID, 1, 2, 3, 4, 5], [0, 0, 1, 1, 1, 1]
     probe = _sft_batch([sequence], [mask])

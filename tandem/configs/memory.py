@@ -1,0 +1,32 @@
+"""How the trainer bounds its memory as batches grow: micro-batches and chunked logits.
+
+A part of :class:`tandem.configs.run.RunConfig`. Neither setting changes what a step computes, only
+how much of it exists at once: a step in micro-batches equals the step in one batch (its losses
+divide by the whole step's token and episode counts), and chunked logits give the same log-probs.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainerMemoryConfig(BaseModel):
+    """The trainer's activation memory: what one micro-batch holds, and how many logits exist at once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, le=16_777_216,
+        description="Token budget of one micro-batch (rows x the batch's padded length, at least one row). "
+        "A step of any number of episodes runs as micro-batches whose gradients accumulate inside the "
+        "jitted step and are applied once; activations exist for one micro-batch at a time. Costs one "
+        "scan iteration per micro-batch (and, for PPO, one extra forward pass of the critic). null: the "
+        "whole step at once.",
+    )
+    logits_chunk_tokens: int = Field(
+        8192, ge=1, le=16_777_216,
+        description="Tokens of a (micro-)batch whose logits exist at once: log-probs, entropy and the KL "
+        "estimate come from the final hidden states in chunks of the sequence, recomputed in the backward "
+        "pass, so no [batch, length, vocabulary] tensor is ever held. Memory: this x vocabulary x 4 bytes "
+        "(8,192 x 49,152 is 1.6 GB); smaller chunks cost more, shorter matmuls.",
+    )

@@ -1,0 +1,157 @@
+"""The trainer's step without full logits and in micro-batches computes what the plain step computes.
+
+Two claims, each checked for SFT, every GRPO-family variant, PPO with its value head, and LoRA:
+
+- the token statistics taken from hidden states in chunks (trainer/token_statistics.py) give the
+  loss and gradients of today's step, which takes a float32 log-softmax over the whole [B, T, V];
+- a step run as micro-batches (``micro_batch_tokens``) equals the same step in one batch: every
+  loss aggregation divides by the whole step's tokens and episodes, gradients accumulate once.
+
+Updates are plain SGD with a learning rate of 1, so the parameters after one step differ from those
+before by exactly the gradient, and comparing them compares the gradients.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from policy.lora import apply_lora
+from policy.model import Transformer, TransformerConfig
+from tandem.configs.algorithm import AlgorithmConfig
+from tandem.configs.parallelism import LoRAConfig
+from trainer import algorithms
+from trainer.algorithms import ReferencePolicy, build_algorithm
+from trainer.token_statistics import chunked_token_statistics, logits_token_statistics
+from trainer.train_step import create_train_state, make_train_step, micro_batch_rows, split_micro_batches
+from trainer.value_head import with_value_head
+
+from .test_algorithms import ALGORITHMS, BUCKETS, CONFIG, PAD_ID, _on_policy_groups
+
+TOLERANCE = 1e-5
+CASES = {**ALGORITHMS, "grpo_lora": {"name": "grpo", "kl": {"coef": 0.05, "estimator": "k3"}},
+         "dr_grpo_kl": {"name": "dr_grpo", "kl": {"coef": 0.1, "estimator": "k3"}}}
+# 10 rows of 16 tokens: 3 rows a micro-batch, so 4 micro-batches, the last one padded with empty rows.
+ROWS, MICRO_BATCH_TOKENS = 10, 3 * BUCKETS[0]
+
+
+def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8):
+    """The case's algorithm, a model's graphdef and state (SGD), and a step's batch with every extra."""
+    algorithm = build_algorithm(AlgorithmConfig.model_validate(CASES[case]), max_policy_tokens=8,
+                                temperature=0.8, logits_chunk_tokens=logits_chunk_tokens)
+    model = Transformer(CONFIG, rngs=nnx.Rngs(0))
+    if case.endswith("lora"):
+        model = apply_lora(model, LoRAConfig(enabled=True, rank=2, targets=["attention.query", "mlp.up"]),
+                           rngs=nnx.Rngs(5))
+    if algorithm.needs_value_head:
+        model = with_value_head(model, d_model=CONFIG.d_model, rngs=nnx.Rngs(1))
+    optimizer = optax.sgd(1.0)
+    graphdef, state = create_train_state(model, optimizer)
+    # A reference a little away from the policy, so that the KL term and its gradient are not zero.
+    reference_params = jax.tree.map(lambda leaf: leaf * 1.05 if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf,
+                                    state.params)
+    prepared = algorithm.prepare(_on_policy_groups(graphdef, state.params))
+    batch = algorithm.batch(prepared, batch_size=ROWS, length_buckets=BUCKETS, pad_id=PAD_ID,
+                            reference=ReferencePolicy(graphdef, reference_params) if algorithm.needs_reference
+                            else None)
+    return algorithm, graphdef, state, optimizer, batch
+
+
+def _one_step(graphdef, state, optimizer, loss_fn, batch, *, micro_batch_tokens=None):
+    step = make_train_step(graphdef, optimizer, loss_fn, micro_batch_tokens=micro_batch_tokens)
+    state, metrics = step(jax.tree.map(jnp.copy, state), batch)
+    return jax.device_get(state.params), {name: float(value) for name, value in jax.device_get(metrics).items()}
+
+
+def _assert_same_step(expected, actual):
+    (expected_params, expected_metrics), (actual_params, actual_metrics) = expected, actual
+    assert set(actual_metrics) == set(expected_metrics)
+    for name, value in expected_metrics.items():
+        np.testing.assert_allclose(actual_metrics[name], value, atol=TOLERANCE, rtol=TOLERANCE, err_msg=name)
+    for (path, leaf), other in zip(jax.tree_util.tree_leaves_with_path(expected_params),
+                                   jax.tree_util.tree_leaves(actual_params), strict=True):
+        np.testing.assert_allclose(other, leaf, atol=TOLERANCE, rtol=TOLERANCE, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("chunk_positions", [1, 4, 5, 64])
+def test_chunked_statistics_and_their_gradients_equal_those_of_the_full_logits(tied, chunk_positions):
+    config = TransformerConfig(vocab_size=40, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_seq_len=32,
+                               tie_embeddings=tied)
+    graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(2)))
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 40, (3, 13)), jnp.int32)
+    positions = jnp.tile(jnp.arange(13, dtype=jnp.int32), (3, 1))
+    segments = jnp.ones((3, 13), jnp.int32)
+    weights = jnp.asarray(rng.normal(size=(3, 12)), jnp.float32)
+
+    def statistics(params, chunked: bool):
+        model = nnx.merge(graphdef, params)
+        hidden = model.hidden_states(tokens, positions, segments)
+        if chunked:
+            return chunked_token_statistics(hidden, model.logits, tokens, temperature=0.7,
+                                            chunk_positions=chunk_positions)
+        return logits_token_statistics(model.logits(hidden), tokens, temperature=0.7)
+
+    full, chunked = statistics(params, False), statistics(params, True)
+    for name in ("logprobs", "entropy", "argmax_hits"):
+        np.testing.assert_allclose(getattr(chunked, name), getattr(full, name), atol=TOLERANCE, err_msg=name)
+    assert float(jnp.sum(full.argmax_hits)) >= 0 and full.logprobs.shape == (3, 12)
+
+    def objective(params, chunked):
+        return jnp.sum(statistics(params, chunked).logprobs * weights)
+
+    full_grads = jax.grad(objective)(params, False)
+    chunked_grads = jax.grad(objective)(params, True)
+    assert any(float(jnp.max(jnp.abs(leaf))) > 0 for leaf in jax.tree.leaves(full_grads))
+    for expected, actual in zip(jax.tree.leaves(full_grads), jax.tree.leaves(chunked_grads), strict=True):
+        np.testing.assert_allclose(actual, expected, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_chunked_step_gives_the_loss_and_gradients_of_the_full_logits_step(case, monkeypatch):
+    algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case, logits_chunk_tokens=8)
+    chunked = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
+
+    def full_logits_statistics(model, batch, *, temperature=1.0, chunk_tokens):
+        hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask)
+        return logits_token_statistics(model.logits(hidden), batch.tokens, temperature=temperature), hidden
+
+    # Today's step: the algorithm's losses read statistics of the whole [B, T, V] logits.
+    monkeypatch.setattr(algorithms, "policy_token_statistics", full_logits_statistics)
+    full = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
+
+    _assert_same_step(full, chunked)
+    assert full[1]["grad_norm"] > 0 and full[1]["num_tokens"] > 0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_step_in_micro_batches_equals_the_step_in_one_batch(case):
+    algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case)
+    assert micro_batch_rows(ROWS, BUCKETS[0], MICRO_BATCH_TOKENS) == 3
+    assert split_micro_batches(batch, 3).tokens.shape == (4, 3, BUCKETS[0])
+
+    whole = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
+    in_micro_batches = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch,
+                                 micro_batch_tokens=MICRO_BATCH_TOKENS)
+
+    _assert_same_step(whole, in_micro_batches)
+    assert whole[1]["grad_norm"] > 0
+    if algorithm.needs_reference:
+        assert whole[1]["kl"] != 0.0
+    if algorithm.config.importance_sampling is not None:
+        assert whole[1]["tis_ratio_max"] >= whole[1]["tis_ratio_min"] > 0
+
+
+def test_the_sft_phase_in_micro_batches_equals_it_in_one_batch():
+    algorithm, graphdef, state, optimizer, batch = _algorithm_batch("grpo")
+
+    whole = _one_step(graphdef, state, optimizer, algorithm.sft_loss_fn, batch)
+    in_micro_batches = _one_step(graphdef, state, optimizer, algorithm.sft_loss_fn, batch, micro_batch_tokens=20)
+
+    _assert_same_step(whole, in_micro_batches)
+    assert 0 <= whole[1]["token_accuracy"] <= 1
