@@ -35,8 +35,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, get_args
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from policy.tokenizer import VOCAB_SIZE as BYTE_VOCAB_SIZE
+from tandem.configs.memory import RematPolicy
 from tandem.configs.model import PARAM_DTYPES, ModelConfig, RopeScaling, attention_heads
 
 # A per-layer list of {"key": [B, KV, L, Dh], "value": [B, KV, L, Dh]} arrays
@@ -477,6 +478,19 @@ class Block(nnx.Module):
         return x, new_cache
 
 
+#: What a backward pass keeps of each block's forward (activation checkpointing, per layer):
+#: ``none`` everything (fastest, most memory); ``full`` only the block's input, recomputing the rest
+#: (about one more forward pass; activations of one block at a time); ``save_matmuls`` the matmul
+#: outputs, recomputing the cheap element-wise work between them (norms, rotary, softmax, activations).
+REMAT_POLICIES: dict[RematPolicy, Callable | None] = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+if set(REMAT_POLICIES) != set(get_args(RematPolicy)):
+    raise AssertionError("every remat policy of the config needs JAX's, and only those")
+
+
 class Transformer(nnx.Module):
     """Decoder-only policy: token embedding, pre-norm blocks, final RMSNorm, output head.
 
@@ -508,7 +522,7 @@ class Transformer(nnx.Module):
         )
 
     def hidden_states(
-        self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array
+        self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, remat: RematPolicy = "none"
     ) -> jax.Array:
         """Full-sequence causal forward up to the final norm.
 
@@ -517,13 +531,17 @@ class Transformer(nnx.Module):
           positions: int32 [B, T], rotary positions (0 at each row's first real token).
           attention_mask: bool [B, T], False on padding, left or right; or int32 segment
             ids [B, T] (0 on padding): tokens attend only within their segment.
+          remat: what a gradient through it keeps of each block (:data:`REMAT_POLICIES`).
         Returns:
           float32 [B, T, d_model] final-normed hidden states, the input of the head
           (and of any value head built on the policy).
         """
         x = self.embedding(tokens)
         for block in self.blocks:
-            x, _ = block(x, positions, attention_mask)
+            def run_block(x: jax.Array, block: Block = block) -> jax.Array:
+                return block(x, positions, attention_mask)[0]
+
+            x = run_block(x) if remat == "none" else jax.checkpoint(run_block, policy=REMAT_POLICIES[remat])(x)
         return self.final_norm(x).astype(jnp.float32)
 
     def __call__(

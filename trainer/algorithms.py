@@ -155,11 +155,12 @@ class Algorithm:
 
     def __init__(
         self, config: AlgorithmConfig, *, temperature: float, max_policy_tokens: int | None,
-        logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
+        logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS, remat: str = "none",
     ):
         self.config = config
         self.temperature = temperature
         self.logits_chunk_tokens = logits_chunk_tokens
+        self.remat = remat
         estimator = config.advantage_estimator
         # Keep a frozen reference and fill extras["reference_logprobs"] (KL penalty).
         self.needs_reference: bool = config.kl is not None
@@ -198,7 +199,8 @@ class Algorithm:
         self.sft_loss_fn: StepLoss = StepLoss(self._supervised)
 
     def _statistics(self, model, batch: TrainBatch, *, temperature: float):
-        return policy_token_statistics(model, batch, temperature=temperature, chunk_tokens=self.logits_chunk_tokens)
+        return policy_token_statistics(model, batch, temperature=temperature, chunk_tokens=self.logits_chunk_tokens,
+                                       remat=self.remat)
 
     def _supervised(self, model, batch: TrainBatch, totals):
         statistics, _ = self._statistics(model, batch, temperature=1.0)
@@ -375,6 +377,7 @@ def build_algorithm(
     temperature: float = 1.0,
     max_policy_tokens: int | None = None,
     logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
+    remat: str = "none",
 ) -> Algorithm:
     """The algorithm ``config`` describes.
 
@@ -388,8 +391,9 @@ def build_algorithm(
         ``overlong.max_length`` and of ``token_sum_length``; required when
         one of them is used and not set.
       logits_chunk_tokens: tokens whose logits exist at once (trainer/token_statistics.py).
+      remat: what the backward pass keeps of each block (``policy.REMAT_POLICIES``).
     Raises:
       ValueError: a length the config needs is missing.
     """
     return Algorithm(config, temperature=temperature, max_policy_tokens=max_policy_tokens,
-                     logits_chunk_tokens=logits_chunk_tokens)
+                     logits_chunk_tokens=logits_chunk_tokens, remat=remat)

@@ -47,7 +47,7 @@ class FollowedRun:
         self.algorithm = build_algorithm(
             config.algorithm, temperature=config.sampling.temperature,
             max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns,
-            logits_chunk_tokens=config.memory.logits_chunk_tokens)
+            logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat)
         optimizer = make_optimizer(config.learning_rate, config.optimizer)
         # Built as the leader builds it (RunTrainer), from the same config and seed.
         self.graphdef, state = initial_train_state(config, vocab_size=fields["vocab_size"],

@@ -192,6 +192,7 @@ class RunTrainer:
             temperature=self.config.sampling.temperature,
             max_policy_tokens=self.config.sampling.max_new_tokens * self.config.rollout.max_turns,
             logits_chunk_tokens=self.config.memory.logits_chunk_tokens,
+            remat=self.config.memory.remat,
         )
         self.optimizer = make_optimizer(self.config.learning_rate, self.config.optimizer)
         self.graphdef, state = initial_train_state(self.config, vocab_size=self.tokenizer.vocab_size,

@@ -56,9 +56,10 @@ class PolicyWithValue(nnx.Module):
     ) -> jax.Array:
         return self.policy(tokens, positions, attention_mask)
 
-    def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *,
+                      remat: str = "none") -> jax.Array:
         """The policy's final-normed hidden states [B, T, D], the input of its head and of the critic."""
-        return self.policy.hidden_states(tokens, positions, attention_mask)
+        return self.policy.hidden_states(tokens, positions, attention_mask, remat=remat)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The policy's logits of ``hidden``."""

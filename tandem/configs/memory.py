@@ -1,13 +1,18 @@
-"""How the trainer bounds its memory as batches grow: micro-batches and chunked logits.
+"""How the trainer bounds its memory as batches grow: micro-batches, chunked logits and remat.
 
-A part of :class:`tandem.configs.run.RunConfig`. Neither setting changes what a step computes, only
+A part of :class:`tandem.configs.run.RunConfig`. None of the settings changes what a step computes, only
 how much of it exists at once: a step in micro-batches equals the step in one batch (its losses
 divide by the whole step's token and episode counts), and chunked logits give the same log-probs.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+#: What the backward pass keeps of each transformer block (``policy.model.REMAT_POLICIES`` maps each to JAX's).
+RematPolicy = Literal["none", "full", "save_matmuls"]
 
 
 class TrainerMemoryConfig(BaseModel):
@@ -29,4 +34,12 @@ class TrainerMemoryConfig(BaseModel):
         "estimate come from the final hidden states in chunks of the sequence, recomputed in the backward "
         "pass, so no [batch, length, vocabulary] tensor is ever held. Memory: this x vocabulary x 4 bytes "
         "(8,192 x 49,152 is 1.6 GB); smaller chunks cost more, shorter matmuls.",
+    )
+    remat: RematPolicy = Field(
+        "none",
+        description="Activation checkpointing of each transformer block in the backward pass. none: keep "
+        "every activation (fastest). full: keep only each block's input and recompute the block (about one "
+        "more forward pass, roughly +30% step time; activations of one block at a time). save_matmuls: keep "
+        "the matmul outputs and recompute the element-wise work between them (norms, rotary, softmax, "
+        "activations): a few percent slower, most of the saving where those dominate.",
     )

@@ -160,3 +160,22 @@ def test_the_sft_phase_in_micro_batches_equals_it_in_one_batch():
 
     _assert_same_step(whole, in_micro_batches)
     assert 0 <= whole[1]["token_accuracy"] <= 1
+
+
+@pytest.mark.parametrize("remat", ["full", "save_matmuls"])
+def test_remat_recomputes_the_blocks_and_changes_nothing_in_the_step(remat):
+    config = AlgorithmConfig.model_validate(CASES["grpo_kl_token_tis"])
+    _, graphdef, state, optimizer, batch = _algorithm_batch("grpo_kl_token_tis")
+    plain = build_algorithm(config, max_policy_tokens=8, temperature=0.8, logits_chunk_tokens=8)
+    rematerialised = build_algorithm(config, max_policy_tokens=8, temperature=0.8, logits_chunk_tokens=8,
+                                     remat=remat)
+
+    def hidden_sum(params, remat):
+        model = nnx.merge(graphdef, params)
+        return jnp.sum(model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat))
+
+    # The backward pass of a rematerialised block holds a remat of its forward; the plain one none.
+    assert "remat" in str(jax.make_jaxpr(jax.grad(hidden_sum), static_argnums=1)(state.params, remat))
+    assert "remat" not in str(jax.make_jaxpr(jax.grad(hidden_sum), static_argnums=1)(state.params, "none"))
+    _assert_same_step(_one_step(graphdef, state, optimizer, plain.loss_fn, batch),
+                      _one_step(graphdef, state, optimizer, rematerialised.loss_fn, batch))
