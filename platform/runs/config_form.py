@@ -38,7 +38,7 @@ BASIC_PATHS = (
     "rl_learning_rate", "sft.datasets", "evaluation",
 )
 # The config's sections in the order the form folds them: the ones most often opened first.
-ADVANCED_ORDER = ("algorithm", "model", "sampling", "rollout", "sft", "optimizer", "schedule", "lora", "mesh",
+ADVANCED_ORDER = ("algorithm", "model", "sampling", "rollout", "sft", "optimizer", "schedule", "memory", "lora", "mesh",
                   "stream", "checkpoint", "weights")
 # Lists of strings that may hold commas: one item per line. Other lists of scalars take commas.
 LINE_SEPARATED = frozenset({"sampling.stop_strings"})

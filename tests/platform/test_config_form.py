@@ -46,7 +46,7 @@ def test_the_basics_come_first_and_the_configs_sections_follow_folded():
     assert [child.path for child in form.basic.children] == list(BASIC_PATHS)
     assert form.basic.html_id == "config-section-basics"
     assert [section.path for section in form.advanced] == [
-        "", "algorithm", "model", "sampling", "rollout", "sft", "optimizer", "schedule", "lora", "mesh",
+        "", "algorithm", "model", "sampling", "rollout", "sft", "optimizer", "schedule", "memory", "lora", "mesh",
         "stream", "checkpoint", "weights"]
     run = form.advanced[0]
     assert run.title == "Run" and run.html_id == "config-section-run"

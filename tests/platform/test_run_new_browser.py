@@ -15,6 +15,7 @@ import pytest
 
 from environment_registry.builtin import CALCULATOR
 from environment_registry.services import environment_register
+from runs.config_form import config_form
 from tandem.configs.run import RunConfig
 from tests.polling import poll_until
 from tests.workers.test_probe_worker import processes  # noqa: F401 - the real worker processes
@@ -74,7 +75,7 @@ def test_the_form_folds_its_sections_fills_presets_edits_rows_flags_every_error_
     assert page.is_visible("#id_config_rl_steps") and page.is_visible("#id_config_algorithm__name")
     assert page.locator("#config-section-basics label[for=id_config_rl_learning_rate]").inner_text() == "RL learning rate"
     folded = page.locator("details.config-section")
-    assert folded.count() == 13
+    assert folded.count() == len(config_form().advanced) == 14
     assert page.evaluate("Array.from(document.querySelectorAll('details.config-section')).every((d) => !d.open)")
     assert not page.is_visible("#id_config_rollout__group_size")
     assert not page.is_visible("#id_config_evaluation__tasks")  # evaluation is off
