@@ -516,7 +516,7 @@ class RunTrainer:
                     algorithm_metrics={"sft/demonstration_tokens_cut": float(self._demonstration_tokens_cut),
                                        SFT_TOKENS_METRIC: float(tokens),
                                        **mix.metrics(counts, demonstrations_used=demonstrations_used)},
-                    **profile_fields(timeline, tokens=tokens, devices=self.devices),
+                    **profile_fields(timeline, tokens=tokens, padded_tokens=batch.tokens.size, devices=self.devices),
                 ))
                 self.traces.after_step(self.step)
                 self._heartbeat()
@@ -731,7 +731,8 @@ class RunTrainer:
                     self._checkpoint()
             timeline = self.stages.finish()
             with stage("telemetry"):  # counted in the next step: this one's timeline is closed
-                profile = profile_fields(timeline, tokens=batch_tokens(batch), updates=updates, devices=self.devices)
+                profile = profile_fields(timeline, tokens=batch_tokens(batch), padded_tokens=batch.tokens.size,
+                                         updates=updates, devices=self.devices)
                 self.telemetry.emit(rl_step_event(
                     run_id=self.run_id, step=self.step, policy_version=self.policy_version,
                     records=taken.records, metrics=metrics, batch_stats=prepared.stats, profile=profile,

@@ -94,10 +94,12 @@ class StepEventBatcher:
         self.last_flush = time.monotonic()
 
 
-def profile_fields(timeline: StepTimeline, *, tokens: int, updates: int = 1, devices: DeviceMonitor) -> dict:
-    """A step event's stage fields and tokens/s, from its timeline, and a device report when one is due.
+def profile_fields(timeline: StepTimeline, *, tokens: int, padded_tokens: int, updates: int = 1,
+                   devices: DeviceMonitor) -> dict:
+    """A step event's stage fields, tokens/s and padding, from its timeline, and a device report when one is due.
 
-    ``tokens``: the step's batch tokens. ``updates``: optimizer updates run on that batch; each
+    ``tokens``: the step's batch tokens; ``padded_tokens``: the slots of its padded batch (rows x
+    length). ``updates``: optimizer updates run on that batch; each
     costs the model FLOPs of its tokens, but tokens/s counts the batch's tokens once, as
     samples/s counts its samples.
     """
@@ -109,6 +111,7 @@ def profile_fields(timeline: StepTimeline, *, tokens: int, updates: int = 1, dev
         "wall_s": wall_s, "wait_s": wait_s, "compute_s": compute_s, "publish_s": publish_s,
         "other_s": max(wall_s - wait_s - compute_s - publish_s, 0.0), "timeline": timeline,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+        "padding_fraction": 1.0 - tokens / padded_tokens if padded_tokens > 0 else None,
         "device": devices.sample() if devices.due() else None,
     }
 

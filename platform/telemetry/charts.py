@@ -43,6 +43,7 @@ from tandem.contracts import (
     IDLE_CAUSES,
     IDLE_STAGE,
     LOSS_METRIC,
+    PADDING_FRACTION_METRIC,
     POLICY_VERSION_METRIC,
     PRODUCER_FIGURES,
     PRODUCERS_SERIES_PREFIX,
@@ -234,10 +235,13 @@ RUN_CHARTS: list[dict] = [
         ],
     },
     {
-        "id": "chart-tokens", "title": "Tokens per second", "caption": "trained, per wall second of the step",
+        "id": "chart-tokens", "title": "Tokens per second",
+        "caption": "trained, per wall second of the step; and the share of the batch that was padding (right axis)",
         "empty": "No step yet.",
         "kind": "lines", "smooth": True, "range_min": 0,
-        "series": [{"name": TOKENS_PER_S_METRIC, "label": "tokens/s", "colour": 5}],
+        "series": [{"name": TOKENS_PER_S_METRIC, "label": "tokens/s", "colour": 5},
+                   {"name": PADDING_FRACTION_METRIC, "label": "padding share (right axis)", "colour": 6,
+                    "scale": "share", "optional": True}],
     },
     {
         "id": "chart-staleness", "title": "Staleness", "caption": "trained trajectories by policy versions behind",

@@ -359,6 +359,8 @@ POLICY_VERSION_METRIC = "policy_version"
 SAMPLES_PER_S_METRIC = "samples_per_s"
 SAMPLES_PRODUCED_PER_S_METRIC = "samples_produced_per_s"
 TOKENS_PER_S_METRIC = "tokens_per_s"
+#: The share of the step's batch that was padding (rows and length buckets): compute spent on nothing.
+PADDING_FRACTION_METRIC = f"{TRAINER_PROCESS_SERIES_PREFIX}padding_fraction"
 
 
 class TrainerStepEvent(Record):
@@ -398,6 +400,11 @@ class TrainerStepEvent(Record):
     tokens_per_s: float | None = Field(
         None, description="Tokens the update trained on (the batch's non-padding tokens: prompt, environment "
         "and model turns alike, as the forward and backward passes see them) per wall second of the step.",
+    )
+    padding_fraction: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Share of the update's batch (rows x padded length) that was padding, 0-1; None in "
+        "events of older trainers.",
     )
     rollout_metrics: dict[str, float] = Field(
         default_factory=dict,
@@ -506,6 +513,8 @@ class TrainerStepEvent(Record):
             value = getattr(self, name)
             if value is not None:
                 values[name] = value
+        if self.padding_fraction is not None:
+            values[PADDING_FRACTION_METRIC] = self.padding_fraction
         for kind, histogram in (("total", self.staleness_histogram),
                                 ("in_queue", self.staleness_in_queue_histogram),
                                 ("in_flight", self.staleness_in_flight_histogram)):

@@ -135,7 +135,7 @@ def full_rl_step_event(run_id: int, step: int) -> TrainerStepEvent:
         other_s=wall_s - seconds["data_wait"] - seconds["compute"] - seconds["publish"], timeline=timeline,
         loss=1.0 / (step + 1), reward_mean=0.1 * step, success_rate=0.75,
         samples_per_s=len(records) / wall_s, samples_produced_per_s=1.2 * len(records) / wall_s,
-        tokens_per_s=4096 / wall_s, rollout_metrics=rollout_metrics(records), idle_seconds=idle.take(),
+        tokens_per_s=4096 / wall_s, padding_fraction=0.125, rollout_metrics=rollout_metrics(records), idle_seconds=idle.take(),
         algorithm_metrics={"kl": 0.01 * step, "entropy": 2.0 - 0.05 * step, "clip_fraction": 0.1},
         **staleness.step_fields(), emitted_at=time.time(),
         device=DeviceReport.model_validate(device_report()),

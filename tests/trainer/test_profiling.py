@@ -101,3 +101,23 @@ def test_tokens_per_s_is_charted_when_the_trainer_sets_it_and_absent_otherwise()
     assert with_tokens.metric_values()["tokens_per_s"] == 512.0
     assert TrainerStepEvent.model_validate_json(with_tokens.model_dump_json()).tokens_per_s == 512.0
     assert "tokens_per_s" not in TrainerStepEvent(**fields).metric_values()
+
+
+def test_the_share_of_padding_in_a_step_is_charted_from_the_batch_the_step_trained():
+    from trainer.devices import DeviceMonitor
+    from trainer.telemetry import profile_fields
+    from trainer.train_step import batch_tokens, pad_batch
+
+    # 3 episodes of 5, 9 and 2 tokens in 4 rows of the 16-token bucket: 16 of 64 slots are tokens.
+    batch = pad_batch([[1] * 5, [1] * 9, [1] * 2], loss_masks=[[0] * 5, [0] * 9, [0] * 2], behaviour_logprobs=None,
+                      advantages=None, batch_size=4, length_buckets=(16, 32), pad_id=0)
+    recorder = StageRecorder()
+    with recorder.stage("compute"):
+        pass
+    profile = profile_fields(recorder.finish(), tokens=batch_tokens(batch), padded_tokens=batch.tokens.size,
+                             devices=DeviceMonitor(parameters=10, interval_s=3600.0))
+    event = TrainerStepEvent(run_id=1, step=1, phase="sft", policy_version=0, loss=0.1, emitted_at=time.time(),
+                             **profile)
+
+    assert profile["padding_fraction"] == pytest.approx(1 - 16 / 64)
+    assert event.metric_values()["trainer/padding_fraction"] == pytest.approx(0.75)
