@@ -43,7 +43,7 @@ from .config_form_presets import config_review, form_presets, model_directories
 from .forms import RunCloneForm, RunCreateForm
 from .models import Run
 from .realtime import run_websocket_path
-from .selectors import run_attempt_list, run_get_for_user, run_list, run_search
+from .selectors import run_attempt_list, run_get_for_user, run_list, run_memory_plan, run_search
 from .services import (
     LEGAL_TRANSITIONS,
     run_cancel,
@@ -153,6 +153,7 @@ def run_page(request, run_id: int):
         "can_write": project_role(user=request.user, project=run.project)
         in Membership.WRITER_ROLES,
         "explorer": _metric_explorer("run", [run]),
+        "memory_plan": run_memory_plan(run),
     }
     return render(request, "runs/detail.html", context)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
@@ -9,6 +10,7 @@ from django.db.models import QuerySet
 from common.domain_errors import Conflict, InvalidInput, NotFound
 from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_version_resolve
+from tandem.configs.memory_plan import memory_plan
 from tandem.contracts import TERMINAL_RUN_STATUSES, TRAINER_HEADER, TrainerConflictCode
 
 from .models import Run, RunAttempt
@@ -109,6 +111,12 @@ def run_search(
     if fields is None:
         raise InvalidInput.for_field("sort", f"Unknown sort '{sort}'; one of {', '.join(RUN_SORTS)}.")
     return runs.order_by(*(f"-{field}" if descending else field for field in fields))
+
+
+def run_memory_plan(run: Run) -> dict[str, dict[str, int]]:
+    """The run's expected peak memory of its trainer and of one producer engine, by part
+    (tandem/configs/memory_plan.py), for this deployment's worker concurrency."""
+    return memory_plan(run.config, worker_concurrency=settings.TANDEM_RUN_QUOTAS.worker_concurrency).as_dict()
 
 
 def run_evaluation_environments(run: Run) -> list[EnvironmentVersion]:

@@ -6,7 +6,7 @@ from environment_registry.serializers import EnvironmentVersionStatusSerializer
 
 from .models import Run, RunAttempt
 from .realtime import run_websocket_path
-from .selectors import run_evaluation_environments
+from .selectors import run_evaluation_environments, run_memory_plan
 
 
 class RunAttemptSerializer(serializers.ModelSerializer):
@@ -25,6 +25,10 @@ class RunSerializer(serializers.ModelSerializer):
         read_only=True, help_text="The pinned version; not dispatchable: the run waits, with the reason."
     )
     urls = serializers.SerializerMethodField()
+    memory_plan = serializers.SerializerMethodField(
+        help_text="Expected peak memory in bytes, by part, of the run's trainer (parameters, reference, gradients, "
+        "optimizer, one micro-batch's activations and logits) and of one producer engine (weights, KV cache, "
+        "logits), from its config. A run whose trainer needs more than TANDEM_TRAINER_MEMORY_BYTES is refused.")
 
     class Meta:
         model = Run
@@ -50,9 +54,13 @@ class RunSerializer(serializers.ModelSerializer):
             "finished_at",
             "tags",
             "notes",
+            "memory_plan",
             "urls",
         ]
         read_only_fields = ["claimable_after"]  # the trainer's to ask for (its heartbeat's retry_after_s)
+
+    def get_memory_plan(self, run: Run) -> dict[str, dict[str, int]]:
+        return run_memory_plan(run)
 
     def get_urls(self, run: Run) -> dict:
         page = reverse("run-page", args=[run.pk])

@@ -27,7 +27,8 @@ from environment_registry.selectors import (
 )
 from tandem.allowlists.model_paths import ModelPathRefused, check_model_config_paths
 from tandem.configs.changes import merge_changes
-from tandem.configs.quotas import QuotaExceeded, check_run_quotas
+from tandem.configs.memory_plan import check_trainer_memory, trainer_memory_plan
+from tandem.configs.quotas import QUOTA_SETTINGS, QuotaExceeded, check_run_quotas
 from tandem.configs.run import RunConfig, upgrade_run_config
 from tandem.contracts import (
     DEMONSTRATIONS_PROBE_CHECK,
@@ -94,6 +95,8 @@ def run_config_normalise(config: dict[str, Any] | None) -> dict[str, Any]:
     # What the run would ask of the shared trainer and workers: within the operator's caps.
     try:
         check_run_quotas(normalised, settings.TANDEM_RUN_QUOTAS)
+        check_trainer_memory(trainer_memory_plan(normalised), limit_bytes=settings.TANDEM_RUN_QUOTAS.trainer_memory_bytes,
+                             setting=QUOTA_SETTINGS["trainer_memory_bytes"])
     except QuotaExceeded as error:
         raise InvalidInput.for_field(error.field, str(error)) from None
     return normalised

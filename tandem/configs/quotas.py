@@ -9,7 +9,9 @@ when it is written (a 400 naming the cap's setting):
 - ``TANDEM_MAX_PARAMETERS``: parameters of the policy (default 4e9);
 - ``TANDEM_MAX_KV_CACHE_BYTES``: one worker engine's KV cache (default 16 GiB);
 - ``TANDEM_MAX_EPISODES_PER_STEP``: ``groups_per_step * group_size`` (default 4096);
-- ``TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT``: queued, running and paused runs of a project (default 8).
+- ``TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT``: queued, running and paused runs of a project (default 8);
+- ``TANDEM_TRAINER_MEMORY_BYTES``: the memory of the trainer, which a run's memory plan must fit
+  (tandem/configs/memory_plan.py; default: unchecked).
 
 The footprint is computed from the config alone (and the checkpoint's
 ``config.json`` when the platform can read it): no JAX, no weights.
@@ -44,6 +46,8 @@ class RunQuotas:
     max_active_runs_per_project: int = 8
     # TANDEM_WORKER_CONCURRENCY: task threads per worker, which share one engine's slots.
     worker_concurrency: int = 4
+    # TANDEM_TRAINER_MEMORY_BYTES: the trainer's memory (its device's, or its host's on CPU); None: unchecked.
+    trainer_memory_bytes: int | None = None
 
     @classmethod
     def from_environment(cls) -> RunQuotas:
@@ -61,6 +65,7 @@ QUOTA_SETTINGS = {
     "max_episodes_per_step": "TANDEM_MAX_EPISODES_PER_STEP",
     "max_active_runs_per_project": "TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT",
     "worker_concurrency": "TANDEM_WORKER_CONCURRENCY",
+    "trainer_memory_bytes": "TANDEM_TRAINER_MEMORY_BYTES",
 }
 
 

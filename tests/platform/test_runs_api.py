@@ -167,7 +167,7 @@ def test_showing_a_run(api, project, environment, make_run):
     expected_keys = {
         "id", "project", "name", "environment", "environment_version", "status", "status_reason", "config",
         "policy_version", "trainer_step", "attempts", "attempt_history", "restarts", "claimable_after", "stalled_since",
-        "heartbeat_at", "created_at", "started_at", "finished_at", "urls", "tags", "notes",
+        "heartbeat_at", "created_at", "started_at", "finished_at", "urls", "tags", "notes", "memory_plan",
     }  # fmt: skip
     assert set(body) == expected_keys
     assert body["name"] == "shown" and body["status"] == "queued"

@@ -61,3 +61,22 @@ def test_the_default_run_and_the_real_model_fit_the_default_caps(smollm2):
     arch = architecture(real.model_dump(mode="json")["model"])
     assert parameter_count(arch) == 134_515_008  # SmolLM2-135M, read from its config.json
     check_run_quotas(real.model_dump(mode="json"), defaults)
+
+
+def test_a_run_whose_trainer_would_not_fit_is_refused_naming_the_memory_settings(api, project, environment,
+                                                                                  settings):
+    settings.TANDEM_RUN_QUOTAS = RunQuotas(trainer_memory_bytes=800 * 2**20)
+    big_batch = {"rollout": {"groups_per_step": 64, "group_size": 16}, "model": {"max_seq_len": 512}}
+
+    refused = _create(api, project, big_batch)
+    bounded = _create(api, project, {**big_batch, "memory": {"micro_batch_tokens": 2048}})
+
+    assert refused.status_code == 400, refused.json()
+    fields = refused.json()["error"]["fields"]
+    assert list(fields) == ["config.memory.micro_batch_tokens"]
+    assert "TANDEM_TRAINER_MEMORY_BYTES" in fields["config.memory.micro_batch_tokens"][0]
+    assert bounded.status_code == 201, bounded.json()
+    plan = bounded.json()["memory_plan"]
+    assert plan["trainer"]["micro_batch_rows"] == 4 and plan["trainer"]["micro_batches"] == 256
+    assert 0 < plan["trainer"]["peak_bytes"] <= 800 * 2**20 and plan["producer"]["kv_cache_bytes"] > 0
+    assert Run.objects.count() == 1
