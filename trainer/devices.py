@@ -5,8 +5,9 @@ host's sums: allocator memory, NVML or libtpu figures of that device, and the
 trainer's duty cycle and MFU, which are the same on every device of the mesh.
 
 Everything here is read where the platform reports it and left None where it
-does not: no memory figures on CPU, no MFU on a device kind whose peak is not
-in :data:`PEAK_BF16_FLOPS`, no NVML figures without ``pynvml`` (the
+does not: no memory figures on CPU, no MFU on an accelerator whose peak is not
+in :data:`PEAK_BF16_FLOPS` (on CPU the peak is a measured matmul's, and the report
+says so: ``peak_flops_source``), no NVML figures without ``pynvml`` (the
 ``nvidia-ml-py`` package) or an NVIDIA driver, no libtpu figures off TPU.
 """
 
@@ -59,18 +60,41 @@ def peak_flops_per_device(device_kind: str) -> float | None:
     return None
 
 
+def attention_width(model) -> int:
+    """``layers x heads x head_dim`` of a policy (or of a ``PolicyWithValue``'s policy): its attention's
+    share of the model FLOPs per token and position (:func:`training_flops`)."""
+    config = getattr(model, "policy", model).config
+    return config.num_layers * config.num_heads * config.head_dim
+
+
 def parameter_count(params) -> int:
     return sum(int(leaf.size) for leaf in jax.tree.leaves(params) if hasattr(leaf, "size"))
 
 
-def training_flops(*, parameters: int, tokens: int) -> float:
-    """Model FLOPs of a training step: 6 per parameter per token (forward 2, backward 4).
+def training_flops(*, parameters: int, tokens: int, attention_width: int = 0, length: int = 0) -> float:
+    """Model FLOPs of a training step: 6 per parameter per token (forward 2, backward 4), plus the
+    attention's, PaLM's ``12 x layers x heads x head_dim x sequence length`` per token.
 
-    The usual approximation (Kaplan et al.; PaLM's MFU): it leaves out the
-    attention's quadratic term and any extra forward pass (a reference policy),
-    so MFU is, if anything, understated.
+    ``attention_width``: ``layers x heads x head_dim`` of the model; ``length``: the batch's padded
+    sequence length. As in PaLM's MFU, any extra forward pass (a reference policy, a rematerialised
+    block) is left out: that is hardware FLOPs, not model FLOPs, so MFU is, if anything, understated.
     """
-    return 6.0 * parameters * tokens
+    return 6.0 * parameters * tokens + 12.0 * attention_width * length * tokens
+
+
+def measured_matmul_flops(*, size: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of the best of ``repeats`` float32 ``size x size`` matmuls on the default device, compiled
+    and warmed up: the peak MFU divides by where no data sheet has one (a CPU)."""
+    left = jax.random.normal(jax.random.key(0), (size, size), jax.numpy.float32)
+    right = jax.random.normal(jax.random.key(1), (size, size), jax.numpy.float32)
+    product = jax.jit(jax.numpy.dot)
+    product(left, right).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        product(left, right).block_until_ready()
+        best = min(best, time.perf_counter() - started)
+    return 2.0 * size**3 / best
 
 
 @dataclass(frozen=True)
@@ -287,10 +311,12 @@ class DeviceMonitor:
     itself (allocator stats, NVML, the host's CPU and memory) happens at most once per interval.
     """
 
-    def __init__(self, *, parameters: int, interval_s: float = 10.0, clock=time.monotonic):
+    def __init__(self, *, parameters: int, attention_width: int = 0, interval_s: float = 10.0,
+                 clock=time.monotonic):
         self.interval_s = interval_s
         self._clock = clock
         self._parameters = parameters
+        self._attention_width = attention_width
         devices = jax.devices()
         self.platform = jax.default_backend()
         self.device_kind = devices[0].device_kind
@@ -298,7 +324,11 @@ class DeviceMonitor:
         self.local_devices = jax.local_devices()
         self.local_device_count = len(self.local_devices)
         self.process_index = jax.process_index()
-        self.peak_flops = peak_flops_per_device(self.device_kind) if self.platform != "cpu" else None
+        if self.platform == "cpu":
+            self.peak_flops, self.peak_flops_source = measured_matmul_flops(), "measured_matmul"
+        else:
+            self.peak_flops = peak_flops_per_device(self.device_kind)
+            self.peak_flops_source = "data_sheet" if self.peak_flops is not None else None
         self._nvml = _Nvml() if self.platform == "gpu" else None
         # Which NVML entry each local device is; fixed for the life of the process.
         self._nvml_indices = [self._nvml.index_of(device) if self._nvml is not None else None
@@ -309,11 +339,13 @@ class DeviceMonitor:
         self._last_sample: float | None = None
         self._wall_s = self._compute_s = self._flops = 0.0
 
-    def observe(self, timeline: StepTimeline, *, tokens: int) -> None:
+    def observe(self, timeline: StepTimeline, *, tokens: int, length: int = 0) -> None:
+        """Count a step of ``timeline`` that trained ``tokens`` in rows padded to ``length``."""
         seconds = timeline.seconds_by_stage()
         self._wall_s += sum(seconds.values())
         self._compute_s += seconds.get("compute", 0.0)
-        self._flops += training_flops(parameters=self._parameters, tokens=tokens)
+        self._flops += training_flops(parameters=self._parameters, tokens=tokens,
+                                      attention_width=self._attention_width, length=length)
 
     def due(self) -> bool:
         return self._last_sample is None or self._clock() - self._last_sample >= self.interval_s
@@ -355,6 +387,7 @@ class DeviceMonitor:
             memory_peak_bytes=_sum_reported([stats.peak for stats in allocator]),
             memory_limit_bytes=_sum_reported([stats.limit for stats in allocator]),
             duty_cycle=duty_cycle, mfu=mfu, peak_flops_per_device=self.peak_flops,
+            peak_flops_source=self.peak_flops_source,
             # Every GPU of the host, as before: NVML sees them whether or not this process uses them.
             gpu_utilisation=(sum(gpu.utilisation for gpu in nvml.values()) / len(nvml)) if nvml else None,
             gpu_memory_used_bytes=sum(gpu.memory_used_bytes for gpu in nvml.values()) if nvml else None,

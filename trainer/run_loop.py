@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import redis
 from celery import Celery
+from flax import nnx
 
 from environments import Tool
 from policy import (
@@ -55,7 +56,7 @@ from trainer.datasets import (
     rendered_conversations,
 )
 from trainer.demonstrations import DemonstrationFeed
-from trainer.devices import DeviceMonitor, parameter_count
+from trainer.devices import DeviceMonitor, attention_width, parameter_count
 from trainer.evaluation import Evaluations, FinishedEvaluation, evaluation_points
 from trainer.lockstep import SINGLE_PROCESS, AnnouncedReference, Lockstep, OrderKind
 from trainer.platform_client import (
@@ -211,6 +212,7 @@ class RunTrainer:
             redis_max_bytes=weights.redis_max_mb * 2**20,
         )
         self.devices = DeviceMonitor(parameters=parameter_count(self.state.params),
+                                     attention_width=attention_width(nnx.merge(self.graphdef, self.state.params)),
                                      interval_s=settings.device_report_interval_s)
         self._train_steps = {
             "sft": make_train_step(self.graphdef, self.optimizer, self.algorithm.sft_loss_fn, shardings=self.shardings,
@@ -516,7 +518,8 @@ class RunTrainer:
                     algorithm_metrics={"sft/demonstration_tokens_cut": float(self._demonstration_tokens_cut),
                                        SFT_TOKENS_METRIC: float(tokens),
                                        **mix.metrics(counts, demonstrations_used=demonstrations_used)},
-                    **profile_fields(timeline, tokens=tokens, padded_tokens=batch.tokens.size, devices=self.devices),
+                    **profile_fields(timeline, tokens=tokens, padded_tokens=batch.tokens.size,
+                                     length=batch.tokens.shape[1], devices=self.devices),
                 ))
                 self.traces.after_step(self.step)
                 self._heartbeat()
@@ -732,7 +735,7 @@ class RunTrainer:
             timeline = self.stages.finish()
             with stage("telemetry"):  # counted in the next step: this one's timeline is closed
                 profile = profile_fields(timeline, tokens=batch_tokens(batch), padded_tokens=batch.tokens.size,
-                                         updates=updates, devices=self.devices)
+                                         length=batch.tokens.shape[1], updates=updates, devices=self.devices)
                 self.telemetry.emit(rl_step_event(
                     run_id=self.run_id, step=self.step, policy_version=self.policy_version,
                     records=taken.records, metrics=metrics, batch_stats=prepared.stats, profile=profile,

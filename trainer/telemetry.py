@@ -94,19 +94,19 @@ class StepEventBatcher:
         self.last_flush = time.monotonic()
 
 
-def profile_fields(timeline: StepTimeline, *, tokens: int, padded_tokens: int, updates: int = 1,
+def profile_fields(timeline: StepTimeline, *, tokens: int, padded_tokens: int, length: int, updates: int = 1,
                    devices: DeviceMonitor) -> dict:
     """A step event's stage fields, tokens/s and padding, from its timeline, and a device report when one is due.
 
     ``tokens``: the step's batch tokens; ``padded_tokens``: the slots of its padded batch (rows x
-    length). ``updates``: optimizer updates run on that batch; each
+    length), ``length`` its padded sequence length. ``updates``: optimizer updates run on that batch; each
     costs the model FLOPs of its tokens, but tokens/s counts the batch's tokens once, as
     samples/s counts its samples.
     """
     seconds = timeline.seconds_by_stage()
     wall_s = timeline_wall_s(timeline)
     wait_s, compute_s, publish_s = (seconds.get(name, 0.0) for name in (IDLE_STAGE, "compute", "publish"))
-    devices.observe(timeline, tokens=tokens * updates)
+    devices.observe(timeline, tokens=tokens * updates, length=length)
     return {
         "wall_s": wall_s, "wait_s": wait_s, "compute_s": compute_s, "publish_s": publish_s,
         "other_s": max(wall_s - wait_s - compute_s - publish_s, 0.0), "timeline": timeline,

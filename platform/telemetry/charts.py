@@ -90,7 +90,8 @@ def stage_styles() -> list[dict]:
 SYSTEM_CHARTS: list[dict] = [
     {
         "id": "chart-device-use", "title": "Device use", "empty": "No device report yet.",
-        "caption": "duty cycle (compute / wall), MFU, and each GPU's NVML busy share where reported",
+        "caption": "duty cycle (compute / wall), MFU (model FLOPs over the peak: a data sheet's, or on a CPU a "
+                   "measured matmul's), and each GPU's NVML busy share where reported",
         "kind": "lines", "smooth": False, "range_min": 0, "min_span": 0.1,
         "series": [
             {"name": device_metric_name("duty_cycle"), "label": "duty cycle", "colour": 0},

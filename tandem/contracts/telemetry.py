@@ -175,10 +175,15 @@ class DeviceReport(BaseModel):
         None, description="Share of the trainer's wall time in the compute stage since the last report."
     )
     mfu: float | None = Field(
-        None, description="Model FLOPs (6 x parameters x trained tokens) per wall second over the devices' "
-        "peak dense bf16 FLOP/s, since the last report; None on a device kind of unknown peak."
+        None, description="Model FLOPs (6 x parameters, plus 12 x layers x heads x head_dim x sequence length, "
+        "per trained token) per wall second over the devices' peak FLOP/s (peak_flops_source), since the "
+        "last report; None on an accelerator of unknown peak."
     )
     peak_flops_per_device: float | None = Field(None, description="The peak used for `mfu`.")
+    peak_flops_source: Literal["data_sheet", "measured_matmul"] | None = Field(
+        None, description="Where that peak comes from: the device's data sheet (dense bf16), or, on a CPU, "
+        "the best of a few float32 1024 x 1024 matmuls measured when the trainer started.",
+    )
     gpu_utilisation: float | None = Field(None, description="NVML: mean GPU utilisation over local GPUs, 0-1.")
     gpu_memory_used_bytes: int | None = Field(None, description="NVML: memory used on local GPUs (all processes).")
     tpu_duty_cycle: float | None = Field(None, description="libtpu monitoring: mean TensorCore duty cycle, 0-1.")

@@ -57,25 +57,28 @@ def _timeline(start: float, **seconds: float) -> StepTimeline:
     return StepTimeline(spans=spans)
 
 
-def test_on_cpu_the_report_has_the_duty_cycle_and_host_figures_but_no_mfu_or_device_memory():
+def test_on_cpu_the_report_has_the_duty_cycle_host_figures_and_mfu_of_a_measured_peak_but_no_device_memory():
     clock = [0.0]
-    monitor = DeviceMonitor(parameters=1000, interval_s=10.0, clock=lambda: clock[0])
+    monitor = DeviceMonitor(parameters=1000, attention_width=64, interval_s=10.0, clock=lambda: clock[0])
     assert monitor.due()  # the first step reports at once
-    monitor.observe(_timeline(100.0, data_wait=1.0, compute=3.0), tokens=64)
-    monitor.observe(_timeline(104.0, compute=1.0, publish=1.0), tokens=64)
+    monitor.observe(_timeline(100.0, data_wait=1.0, compute=3.0), tokens=64, length=32)
+    monitor.observe(_timeline(104.0, compute=1.0, publish=1.0), tokens=64, length=32)
 
     report = monitor.sample()
 
     assert (report.platform, report.device_kind) == ("cpu", jax.devices()[0].device_kind)
     assert report.device_count == len(jax.devices()) and report.local_device_count >= 1
     assert report.duty_cycle == pytest.approx(4.0 / 6.0)
-    assert report.mfu is None and report.peak_flops_per_device is None
+    # No data sheet for a CPU: the peak is a matmul timed when the monitor started, and says so.
+    assert report.peak_flops_source == "measured_matmul" and report.peak_flops_per_device > 1e8
+    flops = 2 * (6 * 1000 * 64 + 12 * 64 * 32 * 64)
+    assert report.mfu == pytest.approx(flops / 6.0 / (report.peak_flops_per_device * report.device_count))
     assert report.memory_in_use_bytes is None and report.gpu_utilisation is None
     assert report.process_rss_bytes > 0 and report.host_memory_total_bytes > report.host_memory_used_bytes > 0
     assert 0.0 <= report.host_cpu_percent <= 100.0
     values = report.metric_values()
     assert values["device/duty_cycle"] == pytest.approx(4.0 / 6.0)
-    assert "device/mfu" not in values and "device/memory_in_use_bytes" not in values
+    assert values["device/mfu"] == report.mfu and "device/memory_in_use_bytes" not in values
     assert values["trainer/rss_bytes"] == report.process_rss_bytes
     # Not due again until the interval has passed; the next window starts empty.
     assert not monitor.due()
@@ -94,6 +97,13 @@ def test_mfu_is_model_flops_per_wall_second_over_the_devices_peak():
 
     assert report.mfu == pytest.approx(6 * 10**9 * 100_000 / 2.0 / (989e12 * 8))
     assert report.peak_flops_per_device == 989e12
+
+
+def test_model_flops_count_the_attention_over_the_sequence_as_palm_does():
+    # SmolLM2-135M: 30 layers of 9 heads of 64; 1,024 tokens of a 1,024-token row.
+    assert training_flops(parameters=134_515_008, tokens=1024, attention_width=30 * 9 * 64, length=1024) == (
+        6 * 134_515_008 * 1024 + 12 * 17_280 * 1024 * 1024)
+    assert training_flops(parameters=10, tokens=3) == 180
 
 
 def test_a_report_travels_with_the_step_event():
@@ -136,12 +146,13 @@ def test_each_local_device_has_its_own_row(four_device_report):
     assert report.hostname and report.process_id > 0
 
 
-def test_on_cpu_devices_report_no_allocator_memory_and_no_mfu(four_device_report):
+def test_on_cpu_devices_report_no_allocator_memory_and_the_mfu_of_a_measured_peak(four_device_report):
     for device in four_device_report.devices:
         assert (device.memory_in_use_bytes, device.memory_peak_bytes, device.memory_limit_bytes) == (
             None, None, None)
-        assert device.mfu is None
-    assert four_device_report.memory_in_use_bytes is None and four_device_report.mfu is None
+        assert device.mfu == four_device_report.mfu
+    assert four_device_report.memory_in_use_bytes is None
+    assert four_device_report.peak_flops_source == "measured_matmul" and four_device_report.mfu > 0
 
 
 def test_every_device_has_the_trainers_duty_cycle(four_device_report):

@@ -115,7 +115,7 @@ def test_the_share_of_padding_in_a_step_is_charted_from_the_batch_the_step_train
     with recorder.stage("compute"):
         pass
     profile = profile_fields(recorder.finish(), tokens=batch_tokens(batch), padded_tokens=batch.tokens.size,
-                             devices=DeviceMonitor(parameters=10, interval_s=3600.0))
+                             length=batch.tokens.shape[1], devices=DeviceMonitor(parameters=10, interval_s=3600.0))
     event = TrainerStepEvent(run_id=1, step=1, phase="sft", policy_version=0, loss=0.1, emitted_at=time.time(),
                              **profile)
 

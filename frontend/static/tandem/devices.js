@@ -125,7 +125,10 @@
       memoryCell(device),
       driverCell(device),
       el("td", { class: "device-mfu" }, missing(device.mfu)
-        ? el("span", { class: "muted not-reported" }, NOT_REPORTED) : percent(device.mfu)),
+        ? el("span", { class: "muted not-reported" }, NOT_REPORTED) : percent(device.mfu),
+        // A CPU has no data sheet: its peak is a matmul the trainer timed, and the cell says so.
+        report.peak_flops_source === "measured_matmul"
+          ? el("div", { class: "muted small mfu-peak" }, "of a measured matmul's peak") : null),
     );
   }
 
