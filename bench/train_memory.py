@@ -1,0 +1,177 @@
+"""Trainer memory as batches grow: the peak of a full GRPO update with the KL penalty, per model and batch.
+
+For each model and episode count, a process of its own (so that each has its own high-water mark)
+builds the model with random weights (memory and speed do not depend on their values), a batch of
+that many episodes of varied lengths up to ``--tokens`` (the first fifth a prompt, the rest the
+policy's), computes the reference's log-probs as the trainer does, and runs the update twice: the
+first compiles, the second is timed. It reports:
+
+- ``peak_bytes``: the process's resident high-water mark (``ru_maxrss``) on CPU, the device's
+  ``peak_bytes_in_use`` where the backend reports one;
+- ``planned_peak_bytes``: the run's memory plan for the same config (tandem/configs/memory_plan.py);
+- ``tokens_per_s``: the batch's real tokens over the timed update's wall time;
+- ``padding_fraction``: the share of the padded batch that was padding.
+
+``unchunked`` runs today's step before this change on the counts up to ``--unchunked-max``: the whole
+batch at once, no remat, and log-probs from the full ``[B, T, V]`` logits.
+
+Usage: ``python bench/train_memory.py [--models smollm2-135m] [--episodes 16,64,256] [--tokens 1024]
+[--micro-batch-tokens 4096] [--remat full] [--logits-chunk-tokens 4096] [--unchunked-max 16]``.
+Prints one JSON line. Gemma 3 270M is listed as blocked until its architecture is supported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BLOCKED_MODELS = {"gemma3-270m": "the Gemma 3 text architecture is not supported yet (issue 30, point 8)"}
+
+
+def _arguments(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    parser.add_argument("--episodes", default="16,64,256")
+    parser.add_argument("--tokens", type=int, default=1024, help="the longest episode; the length bucket")
+    parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--remat", default="full", choices=["none", "full", "save_matmuls"])
+    parser.add_argument("--logits-chunk-tokens", type=int, default=4096)
+    parser.add_argument("--unchunked-max", type=int, default=16,
+                        help="run today's unchunked step on counts up to this (0: none)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def _run_config(model: str, episodes: int, arguments: argparse.Namespace, *, unchunked: bool) -> dict:
+    from bench.train_step import MODEL_SIZES
+    from tandem.configs.run import RunConfig
+
+    shape = MODEL_SIZES[model]
+    memory = ({"micro_batch_tokens": None, "remat": "none"} if unchunked else
+              {"micro_batch_tokens": arguments.micro_batch_tokens, "remat": arguments.remat,
+               "logits_chunk_tokens": arguments.logits_chunk_tokens})
+    group_size = min(8, episodes)
+    return RunConfig.model_validate({
+        "model": {**shape.config.model_dump(), "max_seq_len": arguments.tokens},
+        "algorithm": {"name": "grpo", "kl": {}},
+        "rollout": {"groups_per_step": episodes // group_size, "group_size": group_size},
+        "sft_batch_size": 1,
+        "memory": memory,
+    }).model_dump(mode="json")
+
+
+def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchunked: bool) -> dict:
+    """In this process: one compiled and one timed update of ``episodes`` episodes."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    import tandem.configs.memory_plan as plans
+    from bench.train_step import MODEL_SIZES
+    from policy import Transformer, TransformerConfig
+    from tandem.configs.algorithm import AlgorithmConfig
+    from tandem.configs.run import RunConfig
+    from trainer import algorithms
+    from trainer.algorithms import ReferencePolicy, build_algorithm
+    from trainer.token_statistics import logits_token_statistics
+    from trainer.train_state import make_optimizer
+    from trainer.train_step import create_train_state, make_train_step, pad_batch
+
+    shape = MODEL_SIZES[model]
+    config = RunConfig.model_validate(_run_config(model, episodes, arguments, unchunked=unchunked))
+    if unchunked:
+        def full_logits(model, batch, *, temperature=1.0, chunk_tokens, remat="none"):
+            hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask)
+            return logits_token_statistics(model.logits(hidden), batch.tokens, temperature=temperature), hidden
+
+        algorithms.policy_token_statistics = full_logits
+    algorithm = build_algorithm(AlgorithmConfig.model_validate(config.algorithm.model_dump()),
+                                temperature=1.0, max_policy_tokens=arguments.tokens,
+                                logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat)
+    transformer = TransformerConfig.from_model_config(config.model, vocab_size=shape.vocab_size)
+    optimizer = make_optimizer(1e-5, config.optimizer)
+    graphdef, state = create_train_state(Transformer(transformer, rngs=nnx.Rngs(0)), optimizer)
+    reference = ReferencePolicy(graphdef, jax.tree.map(lambda leaf: leaf.copy(), state.params))
+
+    rng = np.random.default_rng(episodes)
+    sequences, masks, behaviour = [], [], []
+    for _ in range(episodes):
+        length = int(rng.integers(arguments.tokens // 4, arguments.tokens + 1))
+        prompt = length // 5
+        sequences.append(rng.integers(0, shape.sampled_ids, length).tolist())
+        masks.append([0] * prompt + [1] * (length - prompt))
+        behaviour.append([0.0] * prompt + (-rng.exponential(2.0, length - prompt)).tolist())
+    batch = pad_batch(sequences, loss_masks=masks, behaviour_logprobs=behaviour,
+                      advantages=rng.standard_normal(episodes).tolist(), batch_size=episodes,
+                      length_buckets=(arguments.tokens,), pad_id=0)
+    batch = batch.replace(extras={"reference_logprobs": reference.logprobs(
+        batch, temperature=1.0, logits_chunk_tokens=config.memory.logits_chunk_tokens)})
+    step = make_train_step(graphdef, optimizer, algorithm.loss_fn, micro_batch_tokens=config.memory.micro_batch_tokens)
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    started = time.perf_counter()
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    wall_s = time.perf_counter() - started
+    tokens = sum(len(sequence) for sequence in sequences)
+    device = jax.devices()[0].memory_stats() or {}
+    # The plan reads the architecture from a checkpoint's config.json; here it is the shape's, vocabulary included.
+    architecture = plans.architecture(_run_config(model, episodes, arguments, unchunked=unchunked)["model"])
+    plans.architecture = lambda model_config: dataclasses.replace(architecture, vocab_size=shape.vocab_size)
+    plan = plans.trainer_memory_plan(_run_config(model, episodes, arguments, unchunked=unchunked))
+    return {
+        "peak_bytes": int(device.get("peak_bytes_in_use") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+        "peak_source": "device" if device.get("peak_bytes_in_use") else "process_rss",
+        "planned_peak_bytes": plan.peak_bytes,
+        "tokens_per_s": tokens / wall_s,
+        "step_s": wall_s,
+        "padding_fraction": 1.0 - tokens / (episodes * arguments.tokens),
+        "micro_batches": plan.micro_batches,
+        "loss": float(metrics["loss"]),
+    }
+
+
+def _in_child(model: str, episodes: int, arguments: argparse.Namespace, *, unchunked: bool) -> dict:
+    command = [sys.executable, __file__, "--child", json.dumps({"model": model, "episodes": episodes,
+                                                                 "unchunked": unchunked}),
+               "--tokens", str(arguments.tokens), "--micro-batch-tokens", str(arguments.micro_batch_tokens),
+               "--remat", arguments.remat, "--logits-chunk-tokens", str(arguments.logits_chunk_tokens)]
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode != 0:
+        # Killed for memory (-9) or failed: recorded, not hidden.
+        return {"error": f"exit {finished.returncode}: {finished.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    arguments = _arguments(argv)
+    if arguments.child:
+        job = json.loads(arguments.child)
+        print(json.dumps(_measure(job["model"], job["episodes"], arguments, unchunked=job["unchunked"])))
+        return
+    counts = [int(count) for count in arguments.episodes.split(",")]
+    sizes, unchunked, blocked = {}, {}, {}
+    for model in arguments.models.split(","):
+        if model in BLOCKED_MODELS:
+            blocked[model] = BLOCKED_MODELS[model]
+            continue
+        sizes[model] = {str(count): _in_child(model, count, arguments, unchunked=False) for count in counts}
+        unchunked[model] = {str(count): _in_child(model, count, arguments, unchunked=True)
+                            for count in counts if count <= arguments.unchunked_max}
+    print(json.dumps({
+        "bench": "train_memory", "tokens": arguments.tokens, "micro_batch_tokens": arguments.micro_batch_tokens,
+        "remat": arguments.remat, "logits_chunk_tokens": arguments.logits_chunk_tokens,
+        "sizes": sizes, "unchunked": unchunked, "blocked": blocked,
+    }))
+
+
+if __name__ == "__main__":
+    main()
