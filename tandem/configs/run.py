@@ -56,7 +56,7 @@ class RunConfig(BaseModel):
     memory: TrainerMemoryConfig = Field(
         default_factory=TrainerMemoryConfig,
         description="The trainer's activation memory: micro-batches of a token budget with gradient "
-        "accumulation, and how many tokens' logits exist at once.",
+        "accumulation, how many tokens' logits exist at once, and remat per transformer block.",
     )
     seed: int = Field(0, description="Seeds parameter init, tasks and sampling.")
     optimizer: OptimizerConfig = Field(
