@@ -148,7 +148,6 @@ def _leader_of_a_run(directory: Path) -> dict:
     from trainer.checkpoints import RunCheckpointer, RunProgress
     from trainer.dataset_evaluation import held_out_token_statistics
     from trainer.lockstep import AnnouncedReference, Leader
-    from trainer.losses import sft_loss
     from trainer.sharding import (
         host_copy,
         make_mesh,
@@ -157,19 +156,26 @@ def _leader_of_a_run(directory: Path) -> dict:
         step_shardings,
     )
     from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
-    from trainer.train_step import make_train_step, mean_metrics, on_token_statistics, train_updates
+    from trainer.train_step import make_train_step, mean_metrics, train_updates
 
     lockstep = Leader()
+    # Micro-batches of two rows and small logits chunks: the follower builds its steps from the same
+    # memory section, and accumulates the gradients of its half of each micro-batch with the leader's.
     config = RunConfig.model_validate({"mesh": {"data": 2, "fsdp": 2}, "algorithm": {"kl": {}},
-                                       "model": {"max_seq_len": 64}})
+                                       "model": {"max_seq_len": 64},
+                                       "memory": {"micro_batch_tokens": 64, "logits_chunk_tokens": 32}})
     algorithm = build_algorithm(config.algorithm, temperature=config.sampling.temperature,
-                                max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns)
+                                max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns,
+                                logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat)
     optimizer = make_optimizer(config.learning_rate, config.optimizer)
     graphdef, state = initial_train_state(config, vocab_size=64, needs_value_head=False, optimizer=optimizer)
     shardings = step_shardings(make_mesh(config.mesh), state)
     state = shard_train_state(state, shardings)
-    steps = {"sft": make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings),
-             "rl": make_train_step(graphdef, optimizer, algorithm.loss_fn, shardings=shardings)}
+    micro_batch_tokens = config.memory.micro_batch_tokens
+    steps = {"sft": make_train_step(graphdef, optimizer, algorithm.sft_loss_fn, shardings=shardings,
+                                    micro_batch_tokens=micro_batch_tokens),
+             "rl": make_train_step(graphdef, optimizer, algorithm.loss_fn, shardings=shardings,
+                                   micro_batch_tokens=micro_batch_tokens)}
     lockstep.announce(OrderKind.START, {"run_id": 1, "config": config.model_dump(mode="json"), "vocab_size": 64,
                                         "checkpoint_directory": str(directory / "run-1"),
                                         "weights_directory": str(directory / "weights")})
@@ -187,7 +193,8 @@ def _leader_of_a_run(directory: Path) -> dict:
     lockstep.announce(OrderKind.REFERENCE)
     reference = AnnouncedReference(graphdef, jax.tree.map(jnp.copy, state.params), lockstep=lockstep)
     base = _batch(4, 32).replace(extras={})
-    rl_batch = base.replace(extras={"reference_logprobs": reference.logprobs(base, temperature=1.0)})
+    rl_batch = base.replace(extras={"reference_logprobs": reference.logprobs(
+        base, temperature=1.0, logits_chunk_tokens=config.memory.logits_chunk_tokens)})
     lockstep.announce_batch(OrderKind.SCORE, base)
     scored = host_copy(held_out_token_statistics(graphdef, state.params, shard_batch(base, shardings)))
     lockstep.announce(OrderKind.CHECKPOINT, {"step": 1, "progress": RunProgress(step=1).model_dump(mode="json"),

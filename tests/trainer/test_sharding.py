@@ -24,6 +24,7 @@ import optax
 import pytest
 import redis
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
@@ -118,6 +119,8 @@ def test_sharded_steps_lay_out_every_parameter_and_match_one_device(sharded_repo
     # Output shardings are pinned: a step returns the layout it was given.
     assert run["output_layout_unchanged"]
     assert run["max_abs_diff_to_one_device"] <= ATOL, run["max_abs_diff_to_one_device"]
+    # Micro-batches of one row, accumulated across the mesh: the same parameters.
+    assert run["micro_batches_max_abs_diff_to_one_device"] <= ATOL, run["micro_batches_max_abs_diff_to_one_device"]
     if lora:
         assert run["base_unchanged"]
 
@@ -172,6 +175,9 @@ def test_two_processes_join_one_mesh_and_only_process_zero_publishes(redis_url, 
     assert [report["process"] for report in reports] == [0, 1]
     assert all(report["devices"] == 4 and report["local_devices"] == 2 for report in reports)
     assert reports[0]["loss"] == reports[1]["loss"]
+    # Micro-batches whose gradients the two processes accumulate give the whole batch's step.
+    assert all(abs(report["micro_batches_loss"] - report["loss"]) <= ATOL for report in reports)
+    assert all(report["micro_batches_max_abs_diff"] <= ATOL for report in reports)
     base_and_adapters, adapters_only = reports[0]["published_bytes"]
     assert 0 < adapters_only < base_and_adapters
     assert reports[1]["published_bytes"] == [0, 0]
@@ -242,11 +248,17 @@ def _sharded_runs() -> dict:
         state = shard_train_state(state, shardings)
         layout = {path: leaf.sharding for path, leaf in flat(state).items()}
         train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings)
+        # The same steps in micro-batches of one row (16 tokens), their gradients accumulated on the mesh.
+        micro_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings,
+                                     micro_batch_tokens=16)
+        micro_state = shard_train_state(fresh_state(lora)[1], shardings)
         for step in range(STEPS):
             sharded_batch = shard_batch(batch(step), shardings)
             state, metrics = train_step(state, sharded_batch)
+            micro_state, _ = micro_step(micro_state, shard_batch(batch(step), shardings))
         jax.block_until_ready(state)
         params = flat(state.params)
+        micro_params = flat(micro_state.params)
         runs[f"{data}x{fsdp}x{tensor}-{'lora' if lora else 'full'}"] = {
             "device_count": jax.device_count(),
             "trace_count": train_step.trace_count,
@@ -258,6 +270,10 @@ def _sharded_runs() -> dict:
             "max_abs_diff_to_one_device": max(
                 float(np.max(np.abs(np.asarray(leaf) - reference[path])))
                 for path, leaf in params.items()
+            ),
+            "micro_batches_max_abs_diff_to_one_device": max(
+                float(np.max(np.abs(np.asarray(leaf) - reference[path])))
+                for path, leaf in micro_params.items()
             ),
             "base_unchanged": all(
                 np.array_equal(np.asarray(params[path]), value)
@@ -301,8 +317,16 @@ def _one_of_two_processes(process_id: int, port: int, run_id: int, redis_url: st
     sequences = [rng.integers(1, 64, size=10).tolist() for _ in range(4)]
     batch = pad_batch(sequences, loss_masks=[[0] + [1] * 9] * 4, behaviour_logprobs=None,
                       advantages=None, batch_size=4, length_buckets=(16,), pad_id=0)
+    # The same two steps in micro-batches of one row, their gradients accumulated across both processes.
+    micro_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings,
+                                 micro_batch_tokens=16)
+    micro_state = shard_train_state(jax.tree.map(jnp.copy, state), shardings)
     for _ in range(2):
         state, metrics = train_step(state, shard_batch(batch, shardings))
+        micro_state, micro_metrics = micro_step(micro_state, shard_batch(batch, shardings))
+    micro_diff = max(float(jnp.max(jnp.abs(whole - micro))) for whole, micro in zip(
+        jax.tree.leaves(multihost_utils.process_allgather(state.params, tiled=True)),
+        jax.tree.leaves(multihost_utils.process_allgather(micro_state.params, tiled=True)), strict=True))
     publisher = RedisWeightPublisher(redis.Redis.from_url(redis_url), lora=lora)
     published = [publisher.publish(run_id=run_id, version=version, params=state.params)
                  for version in range(2)]
@@ -313,6 +337,7 @@ def _one_of_two_processes(process_id: int, port: int, run_id: int, redis_url: st
         filesystem_refused = str(refused)
     return {"process": jax.process_index(), "devices": jax.device_count(),
             "local_devices": jax.local_device_count(), "loss": float(metrics["loss"]),
+            "micro_batches_loss": float(micro_metrics["loss"]), "micro_batches_max_abs_diff": micro_diff,
             "published_bytes": published, "filesystem_refused": filesystem_refused}
 
 
