@@ -24,9 +24,8 @@ from policy import (
     split_adapters,
 )
 from tandem.configs.run import RunConfig
-from trainer.algorithms import build_algorithm
 from trainer.checkpoints import RunCheckpointer
-from trainer.train_state import initial_train_state, make_optimizer
+from trainer.learner import Learner
 
 
 def hf_architecture(config: TransformerConfig) -> str:
@@ -44,11 +43,9 @@ def restore_policy(run_config: dict, *, run_directory: Path, step: int) -> Trans
     """The plain policy of checkpoint ``step`` of the run whose checkpoints are in ``run_directory``."""
     config = RunConfig.model_validate(run_config)
     vocab_size = load_tokenizer(config.model.tokenizer).vocab_size
-    algorithm = build_algorithm(config.algorithm, temperature=config.sampling.temperature,
-                                max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns)
-    graphdef, state = initial_train_state(config, vocab_size=vocab_size,
-                                          needs_value_head=algorithm.needs_value_head,
-                                          optimizer=make_optimizer(config.learning_rate, config.optimizer))
+    # The structure the trainer saved: built as the trainer builds it, off its mesh.
+    learner = Learner(config, vocab_size=vocab_size, on_mesh=False)
+    algorithm, graphdef, state = learner.algorithm, learner.graphdef, learner.state
     # Never saves, so retention never deletes anything here.
     checkpointer = RunCheckpointer(run_directory, max_to_keep=None)
     try:

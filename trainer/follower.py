@@ -23,17 +23,17 @@ import jax
 import jax.numpy as jnp
 import redis
 
-from policy import RedisWeightPublisher, WeightPublisher, publication_bytes, weight_publisher
+from policy import RedisWeightPublisher, WeightPublisher
 from tandem.configs.run import RunConfig
-from trainer.algorithms import ReferencePolicy, build_algorithm
+from trainer.algorithms import ReferencePolicy
 from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.dataset_evaluation import held_out_token_statistics
+from trainer.learner import Learner
 from trainer.lockstep import Order, OrderKind, arrays_batch, log_trained, receive
 from trainer.lockstep import agree as all_agree
-from trainer.sharding import host_copy, make_mesh, shard_batch, shard_train_state, step_shardings
-from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
-from trainer.train_step import make_train_step, mean_metrics, train_updates
-from trainer.value_head import policy_params
+from trainer.sharding import host_copy, shard_batch, shard_train_state
+from trainer.train_state import set_learning_rate
+from trainer.train_step import mean_metrics, train_updates
 
 logger = logging.getLogger(__name__)
 
@@ -44,40 +44,19 @@ class FollowedRun:
     def __init__(self, fields: dict, *, unused_redis: redis.Redis):
         self.run_id = fields["run_id"]
         self.config = config = RunConfig.model_validate(fields["config"])
-        self.algorithm = build_algorithm(
-            config.algorithm, temperature=config.sampling.temperature,
-            max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns,
-            logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat)
-        optimizer = make_optimizer(config.learning_rate, config.optimizer)
         # Built as the leader builds it (RunTrainer), from the same config and seed.
-        self.graphdef, state = initial_train_state(config, vocab_size=fields["vocab_size"],
-                                                   needs_value_head=self.algorithm.needs_value_head,
-                                                   optimizer=optimizer)
-        self.shardings = step_shardings(make_mesh(config.mesh), state)
-        self.state = shard_train_state(state, self.shardings)
-        self.steps = {
-            "sft": make_train_step(self.graphdef, optimizer, self.algorithm.sft_loss_fn, shardings=self.shardings,
-                                   micro_batch_tokens=config.memory.micro_batch_tokens),
-            "rl": make_train_step(self.graphdef, optimizer, self.algorithm.loss_fn, shardings=self.shardings,
-                                  micro_batch_tokens=config.memory.micro_batch_tokens),
-        }
-        weights = config.weights
+        self.learner = Learner(config, vocab_size=fields["vocab_size"])
         # The same transport the leader chose; off process 0 a publisher only gathers (a collective)
         # and never touches Redis, so its client never connects.
         self._redis = unused_redis
-        self.publisher: WeightPublisher = weight_publisher(
-            unused_redis, transport=weights.transport, directory=Path(fields["weights_directory"]),
-            lora=config.lora, publish_dtype=weights.publish_dtype,
-            parameter_bytes=publication_bytes(self._published_params(), weights.publish_dtype),
-            redis_max_bytes=weights.redis_max_mb * 2**20)
+        self.publisher: WeightPublisher = self.learner.publisher(unused_redis,
+                                                                 directory=Path(fields["weights_directory"]))
         self.reference: ReferencePolicy | None = None
         self.checkpointer = RunCheckpointer(Path(fields["checkpoint_directory"]),
                                             max_to_keep=config.checkpoint.kept)
         logger.info("process %d follows run %s on a %s mesh", jax.process_index(), self.run_id,
-                    dict(self.shardings.batch.mesh.shape))
+                    dict(self.learner.shardings.batch.mesh.shape))
 
-    def _published_params(self):
-        return policy_params(self.state.params) if self.algorithm.needs_value_head else self.state.params
 
     def obey(self, order: Order) -> None:
         """Make the call ``order`` announces, as the leader makes it (see RunTrainer)."""
@@ -86,41 +65,41 @@ class FollowedRun:
             case OrderKind.IDLE:
                 pass
             case OrderKind.TRAIN:
-                set_learning_rate(self.state, fields["learning_rate"])
-                sharded = shard_batch(arrays_batch(order.arrays), self.shardings)
-                self.state, per_update = train_updates(self.steps[fields["phase"]], self.state, sharded,
+                set_learning_rate(self.learner.state, fields["learning_rate"])
+                sharded = shard_batch(arrays_batch(order.arrays), self.learner.shardings)
+                self.learner.state, per_update = train_updates(self.learner.steps[fields["phase"]], self.learner.state, sharded,
                                                        updates=fields["updates"])
                 log_trained(step=fields["step"], phase=fields["phase"], metrics=mean_metrics(per_update))
             case OrderKind.PUBLISH:
-                self.publisher.publish(run_id=self.run_id, version=fields["version"], params=self._published_params())
+                self.publisher.publish(run_id=self.run_id, version=fields["version"], params=self.learner.published_params())
             case OrderKind.PUBLISH_KEPT:
                 key = fields["key"]
                 kept = RedisWeightPublisher(self._redis, lora=self.config.lora,
                                             publish_dtype=self.config.weights.publish_dtype,
                                             key_of=lambda run_id: key)
-                kept.publish(run_id=self.run_id, version=fields["version"], params=self._published_params())
+                kept.publish(run_id=self.run_id, version=fields["version"], params=self.learner.published_params())
             case OrderKind.REFERENCE:
-                self.reference = ReferencePolicy(self.graphdef, jax.tree.map(jnp.copy, self.state.params))
+                self.reference = ReferencePolicy(self.learner.graphdef, jax.tree.map(jnp.copy, self.learner.state.params))
             case OrderKind.REFERENCE_LOGPROBS:
                 self.reference.logprobs(arrays_batch(order.arrays), temperature=fields["temperature"],
                                         logits_chunk_tokens=fields["logits_chunk_tokens"])
             case OrderKind.SCORE:
-                host_copy(held_out_token_statistics(self.graphdef, self.state.params,
-                                                    shard_batch(arrays_batch(order.arrays), self.shardings)))
+                host_copy(held_out_token_statistics(self.learner.graphdef, self.learner.state.params,
+                                                    shard_batch(arrays_batch(order.arrays), self.learner.shardings)))
             case OrderKind.CHECKPOINT:
                 self.checkpointer.save(
-                    fields["step"], train_state=self.state, progress=RunProgress.model_validate(fields["progress"]),
+                    fields["step"], train_state=self.learner.state, progress=RunProgress.model_validate(fields["progress"]),
                     reference_params=self.reference.params if fields["with_reference"] else None)
             case OrderKind.WAIT_FOR_CHECKPOINTS:
                 self.checkpointer.wait_until_finished()
             case OrderKind.RESTORE:
-                state, _ = self.checkpointer.restore(fields["step"], abstract_train_state=self.state)
-                self.state = shard_train_state(state, self.shardings)
+                state, _ = self.checkpointer.restore(fields["step"], abstract_train_state=self.learner.state)
+                self.learner.state = shard_train_state(state, self.learner.shardings)
                 logger.info("process %d restored run %s at step %d", jax.process_index(), self.run_id,
                             fields["step"])
             case OrderKind.RESTORE_REFERENCE:
-                reference = self.checkpointer.restore_reference(fields["step"], abstract_params=self.state.params)
-                self.reference = ReferencePolicy(self.graphdef, reference)
+                reference = self.checkpointer.restore_reference(fields["step"], abstract_params=self.learner.state.params)
+                self.reference = ReferencePolicy(self.learner.graphdef, reference)
             case OrderKind.START_FROM:
                 self._start_from(fields)
             case _:
@@ -132,14 +111,14 @@ class FollowedRun:
         try:
             checkpointer = RunCheckpointer(Path(fields["directory"]), read_only=True)
             try:
-                restored, _ = checkpointer.restore(fields["step"], abstract_train_state=self.state)
+                restored, _ = checkpointer.restore(fields["step"], abstract_train_state=self.learner.state)
             finally:
                 checkpointer.close()
         except Exception:  # noqa: BLE001 - the leader fails the run, with its own reason
             logger.exception("process %d could not restore checkpoint %s of %s", jax.process_index(),
                              fields["step"], fields["directory"])
         if all_agree(restored is not None):
-            self.state = shard_train_state(restored, self.shardings)
+            self.learner.state = shard_train_state(restored, self.learner.shardings)
 
     def close(self) -> None:
         self.checkpointer.close()

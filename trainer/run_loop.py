@@ -26,8 +26,6 @@ from policy import (
     WeightPublisher,
     load_tokenizer,
     prompt_layout,
-    publication_bytes,
-    weight_publisher,
 )
 from tandem.allowlists.model_paths import check_model_config_paths
 from tandem.contracts import (
@@ -45,7 +43,6 @@ from tandem.contracts import (
     run_spec_key,
     run_stop_key,
 )
-from trainer.algorithms import build_algorithm
 from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.dataset_evaluation import DatasetEvaluations, held_out_token_statistics
 from trainer.datasets import (
@@ -58,6 +55,7 @@ from trainer.datasets import (
 from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, attention_width, parameter_count
 from trainer.evaluation import Evaluations, FinishedEvaluation, evaluation_points
+from trainer.learner import Learner
 from trainer.lockstep import SINGLE_PROCESS, AnnouncedReference, Lockstep, OrderKind
 from trainer.platform_client import (
     ClaimedRun,
@@ -69,19 +67,17 @@ from trainer.platform_client import (
 )
 from trainer.profiling import StageRecorder
 from trainer.rollout_feed import RolloutFeed
-from trainer.sharding import host_copy, make_mesh, shard_batch, shard_train_state, step_shardings
+from trainer.sharding import host_copy, shard_batch, shard_train_state
 from trainer.telemetry import StepEventBatcher, profile_fields, rl_step_event
 from trainer.tracing import CapturedTrace, TraceCapture
-from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
+from trainer.train_state import set_learning_rate
 from trainer.train_step import (
     batch_tokens,
-    make_train_step,
     mean_metrics,
     pad_batch,
     train_updates,
 )
 from trainer.trajectory_samples import TrajectorySampleBuffer
-from trainer.value_head import policy_params
 
 logger = logging.getLogger(__name__)
 
@@ -188,38 +184,14 @@ class RunTrainer:
         # Tokens of demonstrations longer than max_seq_len that SFT did not see (logged per demonstration).
         self._demonstration_tokens_cut = 0
 
-        self.algorithm = build_algorithm(
-            self.config.algorithm,
-            temperature=self.config.sampling.temperature,
-            max_policy_tokens=self.config.sampling.max_new_tokens * self.config.rollout.max_turns,
-            logits_chunk_tokens=self.config.memory.logits_chunk_tokens,
-            remat=self.config.memory.remat,
-        )
-        self.optimizer = make_optimizer(self.config.learning_rate, self.config.optimizer)
-        self.graphdef, state = initial_train_state(self.config, vocab_size=self.tokenizer.vocab_size,
-                                                   needs_value_head=self.algorithm.needs_value_head,
-                                                   optimizer=self.optimizer)
-        self.shardings = step_shardings(make_mesh(self.config.mesh), state)
-        self.state = shard_train_state(state, self.shardings)
+        self.learner = Learner(self.config, vocab_size=self.tokenizer.vocab_size)
         # Chosen now, so weights too large for the run's transport fail the run before anything is sent.
-        weights = self.config.weights
         weights_directory = settings.weight_dir or settings.checkpoint_root / "weights"
-        self.publisher: WeightPublisher = weight_publisher(
-            redis_client, transport=weights.transport,
-            directory=weights_directory,
-            lora=self.config.lora, publish_dtype=weights.publish_dtype,
-            parameter_bytes=publication_bytes(self._published_params(), weights.publish_dtype),
-            redis_max_bytes=weights.redis_max_mb * 2**20,
-        )
-        self.devices = DeviceMonitor(parameters=parameter_count(self.state.params),
-                                     attention_width=attention_width(nnx.merge(self.graphdef, self.state.params)),
+        self.publisher: WeightPublisher = self.learner.publisher(redis_client, directory=weights_directory)
+        self.devices = DeviceMonitor(parameters=parameter_count(self.learner.state.params),
+                                     attention_width=attention_width(nnx.merge(self.learner.graphdef,
+                                                                               self.learner.state.params)),
                                      interval_s=settings.device_report_interval_s)
-        self._train_steps = {
-            "sft": make_train_step(self.graphdef, self.optimizer, self.algorithm.sft_loss_fn, shardings=self.shardings,
-                                   micro_batch_tokens=self.config.memory.micro_batch_tokens),
-            "rl": make_train_step(self.graphdef, self.optimizer, self.algorithm.loss_fn, shardings=self.shardings,
-                                  micro_batch_tokens=self.config.memory.micro_batch_tokens),
-        }
         self._last_acked_entry_id: str | None = None
         self._trained_group_count = 0
         self._rl_steps_done = 0
@@ -309,10 +281,10 @@ class RunTrainer:
         try:
             self._heartbeat(force=True)
             self._sft_phase()
-            if self.algorithm.needs_reference and self.reference is None:
+            if self.learner.algorithm.needs_reference and self.reference is None:
                 # The reference policy of the KL penalty is the policy RL starts from.
                 self.lockstep.announce(OrderKind.REFERENCE)
-                self.reference = self._reference_policy(jax.tree.map(jnp.copy, self.state.params))
+                self.reference = self._reference_policy(jax.tree.map(jnp.copy, self.learner.state.params))
             self._publish()
             if self.config.algorithm.name != "sft":
                 self._rl_phase()
@@ -353,7 +325,7 @@ class RunTrainer:
         try:
             checkpointer = RunCheckpointer(directory, read_only=True)
             try:
-                state, _ = checkpointer.restore(source.step, abstract_train_state=self.state)
+                state, _ = checkpointer.restore(source.step, abstract_train_state=self.learner.state)
             finally:
                 checkpointer.close()
         except Exception as exc:  # noqa: BLE001 - gone, unreadable, or another structure: the run fails saying so
@@ -363,7 +335,7 @@ class RunTrainer:
             reason = f"{type(error).__name__}: {error}" if error else "another trainer process could not read it"
             raise StartFromError(f"checkpoint {source.step} of run {source.run} could not be restored "
                                  f"from {directory}: {reason}") from error
-        self.state = shard_train_state(state, self.shardings)
+        self.learner.state = shard_train_state(state, self.learner.shardings)
         logger.info("run %s starts from checkpoint %d of run %d", self.run_id, source.step, source.run)
 
     def _resume_from_checkpoint(self) -> None:
@@ -377,8 +349,8 @@ class RunTrainer:
             logger.warning("run %s resumes with no checkpoint: training starts over", self.run_id)
         else:
             self.lockstep.announce(OrderKind.RESTORE, {"step": latest})
-            self.state, progress = self.checkpointer.restore(latest, abstract_train_state=self.state)
-            self.state = shard_train_state(self.state, self.shardings)
+            self.learner.state, progress = self.checkpointer.restore(latest, abstract_train_state=self.learner.state)
+            self.learner.state = shard_train_state(self.learner.state, self.learner.shardings)
             self.step = progress.step
             self._rl_steps_done = progress.rl_steps
             self._trained_group_count = progress.trained_group_count
@@ -387,7 +359,7 @@ class RunTrainer:
             if progress.has_reference:
                 self.lockstep.announce(OrderKind.RESTORE_REFERENCE, {"step": progress.step})
                 self.reference = self._reference_policy(
-                    self.checkpointer.restore_reference(progress.step, abstract_params=self.state.params))
+                    self.checkpointer.restore_reference(progress.step, abstract_params=self.learner.state.params))
             logger.info("run %s resumes from its checkpoint of step %d (%d RL steps)", self.run_id,
                         self.step, self._rl_steps_done)
         # Versions published after the checkpoint stay behind us: the next one is newer still.
@@ -539,11 +511,11 @@ class RunTrainer:
         with stage("host_to_device"):
             self.lockstep.announce_batch(OrderKind.TRAIN, batch, {
                 "phase": phase, "step": self.step + 1, "learning_rate": learning_rate, "updates": updates})
-            set_learning_rate(self.state, learning_rate)
-            sharded = jax.block_until_ready(shard_batch(batch, self.shardings))
+            set_learning_rate(self.learner.state, learning_rate)
+            sharded = jax.block_until_ready(shard_batch(batch, self.learner.shardings))
         with stage("compute"):
-            self.state, per_update = train_updates(self._train_steps[phase], self.state, sharded, updates=updates)
-            jax.block_until_ready(self.state)
+            self.learner.state, per_update = train_updates(self.learner.steps[phase], self.learner.state, sharded, updates=updates)
+            jax.block_until_ready(self.learner.state)
             metrics = mean_metrics(per_update)
         self.lockstep.trained(step=self.step + 1, phase=phase, metrics=metrics)
         return metrics
@@ -556,18 +528,14 @@ class RunTrainer:
 
     # -- RL ----------------------------------------------------------------
 
-    def _published_params(self):
-        # Producers only ever sample: a PPO critic stays on the trainer.
-        return policy_params(self.state.params) if self.algorithm.needs_value_head else self.state.params
-
     def _reference_policy(self, params) -> AnnouncedReference:
-        return AnnouncedReference(self.graphdef, params, lockstep=self.lockstep)
+        return AnnouncedReference(self.learner.graphdef, params, lockstep=self.lockstep)
 
     def _publish(self) -> float:
         started = time.perf_counter()
         self.policy_version += 1
         self.lockstep.announce(OrderKind.PUBLISH, {"version": self.policy_version})
-        self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=self._published_params())
+        self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=self.learner.published_params())
         return time.perf_counter() - started
 
     def _publish_kept(self, version: int, key: str) -> None:
@@ -576,7 +544,7 @@ class RunTrainer:
         kept = RedisWeightPublisher(self.redis, lora=self.config.lora, publish_dtype=weights.publish_dtype,
                                     key_of=lambda run_id: key)
         self.lockstep.announce(OrderKind.PUBLISH_KEPT, {"version": version, "key": key})
-        kept.publish(run_id=self.run_id, version=version, params=self._published_params())
+        kept.publish(run_id=self.run_id, version=version, params=self.learner.published_params())
 
     def _evaluate_if_due(self) -> None:
         """Evaluate the version just published, if this is one of the run's points: ask producers for its
@@ -597,8 +565,8 @@ class RunTrainer:
 
             def score(batch):
                 self.lockstep.announce_batch(OrderKind.SCORE, batch)
-                sharded = shard_batch(batch, self.shardings)
-                return host_copy(held_out_token_statistics(self.graphdef, self.state.params, sharded))
+                sharded = shard_batch(batch, self.learner.shardings)
+                return host_copy(held_out_token_statistics(self.learner.graphdef, self.learner.state.params, sharded))
 
             self._dataset_evaluations = DatasetEvaluations(
                 datasets=datasets, rows_per_dataset=self.config.evaluation.dataset_rows,
@@ -643,7 +611,7 @@ class RunTrainer:
         )
         self.lockstep.announce(OrderKind.CHECKPOINT, {"step": self.step, "progress": progress.model_dump(mode="json"),
                                                       "with_reference": self.reference is not None})
-        self.checkpointer.save(self.step, train_state=self.state, progress=progress,
+        self.checkpointer.save(self.step, train_state=self.learner.state, progress=progress,
                                reference_params=self.reference.params if self.reference is not None else None)
 
     def _wait_for_checkpoints(self) -> None:
@@ -697,14 +665,14 @@ class RunTrainer:
             taken = feed.next_step(after_step=self.step, policy_version=self.policy_version,
                                    waiting=stage(IDLE_STAGE), between_reads=self._heartbeat)
             with stage("batch"):
-                prepared = self.algorithm.prepare(taken.trajectories)
+                prepared = self.learner.algorithm.prepare(taken.trajectories)
             if not prepared.records:
                 # Dynamic sampling dropped every group (no reward variance): nothing to learn from.
                 # This step goes on: its stages so far count in the next update's timeline.
                 feed.filtered_out(taken, after_step=self.step, policy_version=self.policy_version)
                 continue
             with stage("batch"):
-                batch = self.algorithm.batch(
+                batch = self.learner.algorithm.batch(
                     prepared, batch_size=config.rollout.episodes_per_step, length_buckets=self._buckets,
                     pad_id=self.tokenizer.pad_id, reference=self.reference,
                 )
@@ -724,7 +692,7 @@ class RunTrainer:
             # Acknowledged once a checkpoint with this update is committed (see _checkpoint_committed).
             feed.trained(taken, kept=prepared.records, step=self.step, policy_version=self.policy_version)
             # GAE's advantages are per token, computed in the update: the browser shows none for them.
-            episode_advantages = {} if self.algorithm.needs_value_head else {
+            episode_advantages = {} if self.learner.algorithm.needs_value_head else {
                 record.trajectory_id: float(advantage)
                 for record, advantage in zip(prepared.records, prepared.advantages, strict=True)}
             self.telemetry.trajectories.add_step(step=self.step, records=taken.records,

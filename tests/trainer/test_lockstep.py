@@ -144,19 +144,13 @@ def _leader_of_a_run(directory: Path) -> dict:
     import jax.numpy as jnp
 
     from tandem.configs.run import RunConfig
-    from trainer.algorithms import build_algorithm
     from trainer.checkpoints import RunCheckpointer, RunProgress
     from trainer.dataset_evaluation import held_out_token_statistics
+    from trainer.learner import Learner
     from trainer.lockstep import AnnouncedReference, Leader
-    from trainer.sharding import (
-        host_copy,
-        make_mesh,
-        shard_batch,
-        shard_train_state,
-        step_shardings,
-    )
-    from trainer.train_state import initial_train_state, make_optimizer, set_learning_rate
-    from trainer.train_step import make_train_step, mean_metrics, train_updates
+    from trainer.sharding import host_copy, shard_batch, shard_train_state
+    from trainer.train_state import set_learning_rate
+    from trainer.train_step import mean_metrics, train_updates
 
     lockstep = Leader()
     # Micro-batches of two rows and small logits chunks: the follower builds its steps from the same
@@ -164,18 +158,9 @@ def _leader_of_a_run(directory: Path) -> dict:
     config = RunConfig.model_validate({"mesh": {"data": 2, "fsdp": 2}, "algorithm": {"kl": {}},
                                        "model": {"max_seq_len": 64},
                                        "memory": {"micro_batch_tokens": 64, "logits_chunk_tokens": 32}})
-    algorithm = build_algorithm(config.algorithm, temperature=config.sampling.temperature,
-                                max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns,
-                                logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat)
-    optimizer = make_optimizer(config.learning_rate, config.optimizer)
-    graphdef, state = initial_train_state(config, vocab_size=64, needs_value_head=False, optimizer=optimizer)
-    shardings = step_shardings(make_mesh(config.mesh), state)
-    state = shard_train_state(state, shardings)
-    micro_batch_tokens = config.memory.micro_batch_tokens
-    steps = {"sft": make_train_step(graphdef, optimizer, algorithm.sft_loss_fn, shardings=shardings,
-                                    micro_batch_tokens=micro_batch_tokens),
-             "rl": make_train_step(graphdef, optimizer, algorithm.loss_fn, shardings=shardings,
-                                   micro_batch_tokens=micro_batch_tokens)}
+    # Built as RunTrainer builds it, so the follower's (FollowedRun's) is the same.
+    learner = Learner(config, vocab_size=64)
+    graphdef, state, shardings, steps = learner.graphdef, learner.state, learner.shardings, learner.steps
     lockstep.announce(OrderKind.START, {"run_id": 1, "config": config.model_dump(mode="json"), "vocab_size": 64,
                                         "checkpoint_directory": str(directory / "run-1"),
                                         "weights_directory": str(directory / "weights")})
