@@ -26,6 +26,8 @@ from .trajectory_builders import CALC, TOKENIZER, calculator_record, chat_calcul
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
+# How long a live update may take to reach the page on a loaded machine (two suites side by side).
+LOADED_MS = 60_000
 RUN_CHARTS = ("chart-reward", "chart-loss", "chart-kl-entropy", "chart-stages", "chart-samples", "chart-tokens",
               "chart-staleness", "chart-latency", "chart-errors", "chart-policy")
 
@@ -272,7 +274,7 @@ def test_every_run_chart_receives_live_points_and_a_trace_can_be_requested(
     page = chromium_page(server, f"/runs/{running_run.pk}/")
     navigations: list[str] = []
     page.on("framenavigated", lambda frame: navigations.append(frame.url))
-    page.wait_for_function("() => window.tandemRunPage && window.tandemRunPage.lastStep === 1")
+    page.wait_for_function("() => window.tandemRunPage && window.tandemRunPage.lastStep === 1", timeout=LOADED_MS)
     assert page.get_attribute("#timeline-link", "href") == f"/runs/{running_run.pk}/timeline/"
     assert page.get_attribute("#devices-link", "href") == "/devices/"
 
@@ -283,8 +285,8 @@ def test_every_run_chart_receives_live_points_and_a_trace_can_be_requested(
     assert all(backfilled[chart] > 0 for chart in RUN_CHARTS), backfilled
     for step in range(2, 6):
         client.post_events(running_run.pk, [full_rl_step_event(running_run.pk, step)])
-        page.wait_for_function(f"() => window.tandemRunPage.lastStep === {step}", timeout=10_000)
-    page.wait_for_function("(n) => window.tandemRunPage.drawnAt[n] !== undefined", arg=5)
+        page.wait_for_function(f"() => window.tandemRunPage.lastStep === {step}", timeout=LOADED_MS)
+    page.wait_for_function("(n) => window.tandemRunPage.drawnAt[n] !== undefined", arg=5, timeout=LOADED_MS)
     live = chart_points()
     # Every chart got points of every live step (each step carries the same series).
     assert {chart: live[chart] for chart in RUN_CHARTS} == {
@@ -312,11 +314,14 @@ def test_every_run_chart_receives_live_points_and_a_trace_can_be_requested(
     assert rows.locator(".u-value").all_inner_texts()[0] == "5"
     assert rows.locator(".u-value").all_inner_texts()[1].endswith("(0.5)")
 
-    # Redraws are coalesced: twenty steps in one post (twenty socket messages) are a redraw or three.
+    # Redraws are coalesced: twenty steps in one post (twenty socket messages) take fewer redraws than
+    # messages, and two redraws are never closer than the 250 ms the page allows itself, however the
+    # messages are spread (on a loaded machine they arrive over longer).
     redraws = page.evaluate("window.tandemRunPage.redraws")
     client.post_events(running_run.pk, [full_rl_step_event(running_run.pk, step) for step in range(6, 26)])
-    page.wait_for_function("() => window.tandemRunPage.drawnAt[25] !== undefined")
-    assert page.evaluate("window.tandemRunPage.redraws") - redraws <= 3
+    page.wait_for_function("() => window.tandemRunPage.drawnAt[25] !== undefined", timeout=LOADED_MS)
+    assert page.evaluate("window.tandemRunPage.redraws") - redraws < 20
+    assert page.evaluate("window.tandemRunPage.shortestRedrawGapMs") >= 245
     assert chart_points()["chart-latency"] == 25 * backfilled["chart-latency"]
 
     # Capture trace: the request is listed at once, and the trainer is told of it in its next reply.

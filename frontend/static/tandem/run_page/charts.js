@@ -228,7 +228,11 @@
 
   function redraw() {
     redrawTimer = null;
-    lastRedraw = performance.now();
+    const redrawnAt = performance.now();
+    if (lastRedraw !== -Infinity) {
+      page.shortestRedrawGapMs = Math.min(page.shortestRedrawGapMs ?? Infinity, redrawnAt - lastRedraw);
+    }
+    lastRedraw = redrawnAt;
     const drawing = undrawnSteps.splice(0);
     for (const chart of charts) drawChart(chart);
     page.redraws += 1;
