@@ -170,7 +170,12 @@
       // Evaluations move neither the trainer's step nor its version on screen.
       if (Object.keys(values).length === 0) return;
     }
-    if (seenSteps.has(step)) return;
+    if (seenSteps.has(step)) {
+      // The backfill and the socket can both bring a step, the backfill a part of it (read while
+      // the step's points were being stored): the values it lacks are added, none counted twice.
+      mergeStep(step, values);
+      return;
+    }
     seenSteps.add(step);
     let index = steps.length;
     if (index > 0 && steps[index - 1] > step) index = lowerBound(steps, step);
@@ -200,6 +205,31 @@
       if (values.policy_version !== undefined) rp.showRun({ policy_version: values.policy_version });
     }
     rp.scheduleRedraw();
+  }
+
+  function mergeStep(step, values) {
+    const index = lowerBound(steps, step);
+    let added = false;
+    for (const [name, value] of Object.entries(values)) {
+      if (value === undefined || value === null || !stored(name)) continue;
+      if (!names.has(name)) {
+        names.add(name);
+        columns.set(name, new Array(steps.length).fill(null));
+        valueCounts.set(name, 0);
+        for (const chart of chartsFor(name)) chart.stale = true;
+      }
+      const column = columns.get(name);
+      if (column[index] !== null) continue;
+      column[index] = value;
+      valueCounts.set(name, valueCounts.get(name) + 1);
+      for (const chart of chartsFor(name)) page.chartPoints[chart.spec.id] += 1;
+      page.pointCount += 1;
+      added = true;
+    }
+    if (added) {
+      undrawnSteps.push(step);
+      rp.scheduleRedraw();
+    }
   }
 
   // Set (or replace) the evaluation series' values at `step`; each (series, step) counts once.
