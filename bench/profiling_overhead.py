@@ -48,13 +48,9 @@ from trainer.losses import grpo_loss  # noqa: E402
 from trainer.profiling import StageRecorder, timeline_wall_s  # noqa: E402
 from trainer.run_loop import TrainerSettings  # noqa: E402
 from trainer.sharding import make_mesh, shard_batch, shard_train_state, step_shardings  # noqa: E402
-from trainer.train_state import make_optimizer  # noqa: E402
-from trainer.train_step import (  # noqa: E402
-    batch_tokens,
-    create_train_state,
-    make_train_step,
-    on_token_statistics,
-)
+from trainer.train_batch import batch_tokens  # noqa: E402
+from trainer.train_state import create_train_state, make_optimizer  # noqa: E402
+from trainer.train_step import make_train_step, on_token_statistics  # noqa: E402
 
 
 def _event(step: int, loss: float, **fields) -> str:

@@ -280,8 +280,9 @@ def generation(args) -> dict:
 
 def train_step_times(args) -> dict:
     from trainer.losses import grpo_loss
+    from trainer.train_batch import pad_batch
     from trainer.train_state import initial_train_state, make_optimizer
-    from trainer.train_step import make_train_step, on_token_statistics, pad_batch
+    from trainer.train_step import make_train_step, on_token_statistics
 
     results = {}
     for mode in ("full", "lora"):

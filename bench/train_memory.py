@@ -82,8 +82,9 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     from trainer import algorithms
     from trainer.algorithms import ReferencePolicy, build_algorithm
     from trainer.token_statistics import logits_token_statistics
-    from trainer.train_state import make_optimizer
-    from trainer.train_step import create_train_state, make_train_step, pad_batch
+    from trainer.train_batch import pad_batch
+    from trainer.train_state import create_train_state, make_optimizer
+    from trainer.train_step import make_train_step
 
     shape = MODEL_SIZES[model]
     config = RunConfig.model_validate(_run_config(model, episodes, arguments, unchunked=unchunked))

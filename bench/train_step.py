@@ -46,14 +46,9 @@ from flax import nnx  # noqa: E402
 from policy import ByteTokenizer, Transformer, TransformerConfig, count_parameters  # noqa: E402
 from tandem.configs.model import PARAM_DTYPES, ModelConfig  # noqa: E402
 from trainer.losses import grpo_loss  # noqa: E402
-from trainer.train_state import make_optimizer  # noqa: E402
-from trainer.train_step import (  # noqa: E402
-    TrainBatch,
-    create_train_state,
-    make_train_step,
-    on_token_statistics,
-    pad_batch,
-)
+from trainer.train_batch import TrainBatch, pad_batch  # noqa: E402
+from trainer.train_state import create_train_state, make_optimizer  # noqa: E402
+from trainer.train_step import make_train_step, on_token_statistics  # noqa: E402
 
 BYTE_VOCAB = ByteTokenizer().vocab_size
 

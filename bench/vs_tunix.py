@@ -58,8 +58,9 @@ from tandem.configs.run import RunConfig  # noqa: E402
 from tandem.contracts import weights_key  # noqa: E402
 from trainer.algorithms import build_algorithm  # noqa: E402
 from trainer.run_loop import length_buckets  # noqa: E402
-from trainer.train_state import make_optimizer  # noqa: E402
-from trainer.train_step import create_train_state, make_train_step, pad_batch  # noqa: E402
+from trainer.train_batch import pad_batch  # noqa: E402
+from trainer.train_state import create_train_state, make_optimizer  # noqa: E402
+from trainer.train_step import make_train_step  # noqa: E402
 from workers.agent import EpisodeLimits, run_episode  # noqa: E402
 from workers.policy import BatchingPolicy, PolicyRuntime  # noqa: E402
 

@@ -11,7 +11,7 @@ SFT, GRPO, Dr. GRPO, DAPO, RLOO or PPO:
    adds its penalty to the rewards; the group estimator turns rewards into
    advantages.
 2. :meth:`Algorithm.batch` (host, then device): pads the prepared episodes
-   into a :class:`~trainer.train_step.TrainBatch` whose ``extras`` hold every
+   into a :class:`~trainer.train_batch.TrainBatch` whose ``extras`` hold every
    key in :attr:`Algorithm.extras_keys` (per-token rewards for PPO, reference
    log-probs for a KL penalty, computed here with the reference policy
    outside the train step).
@@ -66,12 +66,11 @@ from trainer.advantages import (
 )
 from trainer.losses import PPOTargets, policy_gradient_loss, ppo_loss, ppo_targets, sft_loss
 from trainer.token_statistics import policy_token_statistics
+from trainer.train_batch import TrainBatch, pad_batch
 from trainer.train_step import (
     DEFAULT_LOGITS_CHUNK_TOKENS,
     StepLoss,
-    TrainBatch,
     join_micro_batches,
-    pad_batch,
     split_micro_batches,
 )
 

@@ -27,7 +27,8 @@ from tandem.contracts import EvaluationReport
 from trainer.datasets import Conversation, DatasetSource
 from trainer.evaluation import FinishedEvaluation
 from trainer.token_statistics import policy_token_statistics
-from trainer.train_step import DEFAULT_LOGITS_CHUNK_TOKENS, TrainBatch
+from trainer.train_batch import TrainBatch
+from trainer.train_step import DEFAULT_LOGITS_CHUNK_TOKENS
 
 
 @functools.partial(jax.jit, static_argnums=(0,))

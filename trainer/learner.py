@@ -18,8 +18,8 @@ from policy import WeightPublisher, publication_bytes, weight_publisher
 from tandem.configs.run import RunConfig
 from trainer.algorithms import Algorithm, build_algorithm
 from trainer.sharding import make_mesh, shard_train_state, step_shardings
-from trainer.train_state import initial_train_state, make_optimizer
-from trainer.train_step import TrainState, TrainStep, make_train_step
+from trainer.train_state import TrainState, initial_train_state, make_optimizer
+from trainer.train_step import TrainStep, make_train_step
 from trainer.value_head import policy_params
 
 

@@ -36,7 +36,8 @@ from flax import serialization
 from jax.experimental import multihost_utils
 
 from trainer.algorithms import ReferencePolicy
-from trainer.train_step import DEFAULT_LOGITS_CHUNK_TOKENS, TrainBatch
+from trainer.train_batch import TrainBatch
+from trainer.train_step import DEFAULT_LOGITS_CHUNK_TOKENS
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ Every loss returns ``(scalar loss, dict of scalar metrics)``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import flax.struct
 import jax
@@ -34,9 +34,7 @@ import jax.numpy as jnp
 
 from trainer.advantages import gae_advantages, grpo_advantages
 from trainer.token_statistics import TokenStatistics
-
-if TYPE_CHECKING:
-    from trainer.train_step import TrainBatch
+from trainer.train_batch import TrainBatch
 
 __all__ = [
     "LossFn",
@@ -82,7 +80,7 @@ def step_totals(batch: TrainBatch) -> StepTotals:
 
 # A loss maps the policy's token statistics [B, T - 1], the batch they came from and the step's
 # totals to (scalar loss, scalar metrics). The train step differentiates the loss only.
-LossFn = Callable[[TokenStatistics, "TrainBatch", StepTotals], tuple[jax.Array, dict[str, jax.Array]]]
+LossFn = Callable[[TokenStatistics, TrainBatch, StepTotals], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def combine_metrics(per_micro_batch: dict[str, jax.Array]) -> dict[str, jax.Array]:

@@ -70,13 +70,9 @@ from trainer.rollout_feed import RolloutFeed
 from trainer.sharding import host_copy, shard_batch, shard_train_state
 from trainer.telemetry import StepEventBatcher, profile_fields, rl_step_event
 from trainer.tracing import CapturedTrace, TraceCapture
+from trainer.train_batch import batch_tokens, pad_batch
 from trainer.train_state import set_learning_rate
-from trainer.train_step import (
-    batch_tokens,
-    mean_metrics,
-    pad_batch,
-    train_updates,
-)
+from trainer.train_step import mean_metrics, train_updates
 from trainer.trajectory_samples import TrajectorySampleBuffer
 
 logger = logging.getLogger(__name__)

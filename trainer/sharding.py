@@ -39,7 +39,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tandem.configs.parallelism import MeshConfig
-from trainer.train_step import TrainBatch, TrainState
+from trainer.train_batch import TrainBatch
+from trainer.train_state import TrainState
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The optimizer and the train state a run starts from: the structure its checkpoints restore into.
+"""The train state, the optimizer, and the state a run starts from: the structure its checkpoints restore into.
 
 The trainer builds them once per run; a checkpoint export builds the same ones
 (only their structure matters there) to restore a step into.
@@ -6,17 +6,52 @@ The trainer builds them once per run; a checkpoint export builds the same ones
 
 from __future__ import annotations
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
-from policy import apply_lora, create_model
+from policy import FrozenParam, Transformer, apply_lora, create_model, split_model
 from tandem.configs.optimizer import OptimizerConfig
 from tandem.configs.run import RunConfig
-from trainer.train_step import create_train_state
 from trainer.value_head import with_value_head
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything the update changes; a pytree, so it can be donated and checkpointed."""
+
+    # All model parameters, trained and frozen: the second half of
+    # policy.model.split_model, so nnx.merge(graphdef, params) is the model.
+    params: nnx.State
+    # Optimizer state of the transformation the step was built with, over the
+    # trained parameters only (see trainable_params).
+    opt_state: optax.OptState
+    # int32 scalar, number of updates applied.
+    step: jax.Array
+
+
+def trainable_params(params: nnx.State) -> tuple[nnx.State, nnx.State]:
+    """``(trained, frozen)``: frozen are the weights LoRA keeps fixed (none without LoRA)."""
+    frozen, trained = nnx.split_state(params, FrozenParam, ...)
+    return trained, frozen
+
+
+def create_train_state(
+    model: Transformer, optimizer: optax.GradientTransformation
+) -> tuple[nnx.GraphDef[Transformer], TrainState]:
+    """Split ``model`` and initialize the optimizer on its trained parameters.
+
+    The parameters are copied: the train step donates its state, and without
+    a copy the first step would delete the arrays ``model`` still refers to.
+    """
+    graphdef, params = split_model(model)
+    params = jax.tree.map(jnp.copy, params)
+    trained, _ = trainable_params(params)
+    state = TrainState(params=params, opt_state=optimizer.init(trained), step=jnp.int32(0))
+    return graphdef, state
 
 
 def make_optimizer(learning_rate: float, optimizer: OptimizerConfig | None = None) -> optax.GradientTransformation:

@@ -1,7 +1,7 @@
 """The trainer's jitted update: one pure ``train_step(state, batch) -> (state, metrics)``.
 
 Batches are right-padded to a few length buckets and a fixed row count by
-:func:`pad_batch`, so after one compilation per bucket the step never
+:func:`trainer.train_batch.pad_batch`, so after one compilation per bucket the step never
 recompiles; :attr:`TrainStep.trace_count` lets a test prove it. The state is
 donated, so XLA updates parameters and optimizer moments in place.
 
@@ -20,21 +20,21 @@ the ``data`` and ``fsdp`` axes, metrics replicated).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
-from policy import FrozenParam, Transformer, split_model
+from policy import Transformer
 from trainer.losses import StepTotals, combine_metrics, finish_metrics, step_totals
 from trainer.token_statistics import policy_token_statistics
+from trainer.train_batch import TrainBatch
+from trainer.train_state import TrainState, trainable_params
 
 if TYPE_CHECKING:
     from trainer.losses import LossFn
@@ -75,145 +75,6 @@ def on_token_statistics(
         return loss_fn(statistics, batch, totals)
 
     return StepLoss(model_loss)
-
-
-@flax.struct.dataclass
-class TrainBatch:
-    """A padded batch of sequences, the input of every loss.
-
-    Padding is on the right: row ``b`` holds its tokens at slots ``0 ..
-    n_b - 1`` with positions ``0 .. n_b - 1``.
-    """
-
-    # int32 [B, T] token ids; pad_id after each sequence.
-    tokens: jax.Array
-    # int32 [B, T] rotary positions.
-    positions: jax.Array
-    # int32 [B, T] segment ids: 1 on a sequence's tokens (2, 3... on later segments of a
-    # record with several contexts), 0 on padding. Tokens attend only within their segment.
-    attention_mask: jax.Array
-    # float32 [B, T], 1 on tokens the policy generated (the only ones trained on).
-    loss_mask: jax.Array
-    # float32 [B] per-sequence advantage (RL); zeros for SFT.
-    advantages: jax.Array
-    # float32 [B, T] log-prob of each token under the policy that sampled it (RL); zeros for SFT.
-    behaviour_logprobs: jax.Array
-    # Algorithm-specific arrays, e.g. reference log-probs [B, T] for a KL penalty or
-    # returns and old values for PPO. Keys are fixed per algorithm, so shapes stay static.
-    extras: dict[str, jax.Array] = flax.struct.field(default_factory=dict)
-
-
-def pad_batch(
-    sequences: list[list[int]],
-    *,
-    loss_masks: list[list[int]],
-    segment_starts: list[tuple[int, ...]] | None = None,
-    behaviour_logprobs: list[list[float]] | None,
-    advantages: list[float] | None,
-    batch_size: int,
-    length_buckets: tuple[int, ...],
-    pad_id: int,
-) -> TrainBatch:
-    """Right-pad sequences to the smallest length bucket that fits, and to ``batch_size`` rows.
-
-    Extra rows are fully masked (no attention, loss mask 0, advantage 0), so
-    a partial batch trains exactly like the same sequences alone. Missing
-    ``behaviour_logprobs`` or ``advantages`` (SFT) become zeros. A sequence with
-    ``segment_starts`` beyond 0 holds several contexts: each gets its own segment
-    id and positions from 0, so it trains as if alone.
-
-    Raises:
-      ValueError: more sequences than ``batch_size``, a sequence longer than
-        the largest bucket, or per-token lists whose lengths do not match.
-    """
-    if len(sequences) > batch_size:
-        raise ValueError(f"{len(sequences)} sequences do not fit batch_size={batch_size}")
-    if len(loss_masks) != len(sequences):
-        raise ValueError(f"{len(loss_masks)} loss masks for {len(sequences)} sequences")
-    if behaviour_logprobs is not None and len(behaviour_logprobs) != len(sequences):
-        raise ValueError(
-            f"{len(behaviour_logprobs)} behaviour log-prob lists for {len(sequences)} sequences"
-        )
-    if advantages is not None and len(advantages) != len(sequences):
-        raise ValueError(f"{len(advantages)} advantages for {len(sequences)} sequences")
-    buckets = sorted(length_buckets)
-    longest = max((len(sequence) for sequence in sequences), default=0)
-    if longest > buckets[-1]:
-        raise ValueError(
-            f"a sequence of {longest} tokens exceeds the largest length bucket {buckets[-1]}"
-        )
-    length = buckets[bisect.bisect_left(buckets, longest)]
-
-    tokens = np.full((batch_size, length), pad_id, np.int32)
-    attention_mask = np.zeros((batch_size, length), np.int32)
-    positions = np.tile(np.arange(length, dtype=np.int32), (batch_size, 1))
-    loss_mask = np.zeros((batch_size, length), np.float32)
-    behaviour = np.zeros((batch_size, length), np.float32)
-    advantage = np.zeros((batch_size,), np.float32)
-    for row, sequence in enumerate(sequences):
-        size = len(sequence)
-        if len(loss_masks[row]) != size:
-            raise ValueError(
-                f"sequence {row} has {size} tokens but its loss mask has {len(loss_masks[row])}"
-            )
-        tokens[row, :size] = sequence
-        starts = [start for start in (segment_starts[row] if segment_starts else (0,)) if start < size] or [0]
-        for segment, (begin, end) in enumerate(zip(starts, [*starts[1:], size], strict=True), start=1):
-            attention_mask[row, begin:end] = segment
-            positions[row, begin:end] = np.arange(end - begin, dtype=np.int32)
-        loss_mask[row, :size] = loss_masks[row]
-        if behaviour_logprobs is not None:
-            if len(behaviour_logprobs[row]) != size:
-                raise ValueError(
-                    f"sequence {row} has {size} tokens but {len(behaviour_logprobs[row])} "
-                    "behaviour log-probs"
-                )
-            behaviour[row, :size] = behaviour_logprobs[row]
-        if advantages is not None:
-            advantage[row] = advantages[row]
-    return TrainBatch(
-        tokens=jnp.asarray(tokens),
-        positions=jnp.asarray(positions),
-        attention_mask=jnp.asarray(attention_mask),
-        loss_mask=jnp.asarray(loss_mask),
-        advantages=jnp.asarray(advantage),
-        behaviour_logprobs=jnp.asarray(behaviour),
-    )
-
-
-@flax.struct.dataclass
-class TrainState:
-    """Everything the update changes; a pytree, so it can be donated and checkpointed."""
-
-    # All model parameters, trained and frozen: the second half of
-    # policy.model.split_model, so nnx.merge(graphdef, params) is the model.
-    params: nnx.State
-    # Optimizer state of the transformation the step was built with, over the
-    # trained parameters only (see trainable_params).
-    opt_state: optax.OptState
-    # int32 scalar, number of updates applied.
-    step: jax.Array
-
-
-def trainable_params(params: nnx.State) -> tuple[nnx.State, nnx.State]:
-    """``(trained, frozen)``: frozen are the weights LoRA keeps fixed (none without LoRA)."""
-    frozen, trained = nnx.split_state(params, FrozenParam, ...)
-    return trained, frozen
-
-
-def create_train_state(
-    model: Transformer, optimizer: optax.GradientTransformation
-) -> tuple[nnx.GraphDef[Transformer], TrainState]:
-    """Split ``model`` and initialize the optimizer on its trained parameters.
-
-    The parameters are copied: the train step donates its state, and without
-    a copy the first step would delete the arrays ``model`` still refers to.
-    """
-    graphdef, params = split_model(model)
-    params = jax.tree.map(jnp.copy, params)
-    trained, _ = trainable_params(params)
-    state = TrainState(params=params, opt_state=optimizer.init(trained), step=jnp.int32(0))
-    return graphdef, state
 
 
 def micro_batch_rows(rows: int, length: int, micro_batch_tokens: int | None) -> int:
@@ -367,13 +228,3 @@ def train_updates(train_step: TrainStep, state: TrainState, batch: TrainBatch, *
 def mean_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:
     """Each scalar metric's mean over the updates of one step (as :func:`train_updates` returns them)."""
     return {name: float(np.mean([metrics[name] for metrics in per_update])) for name in per_update[0]}
-
-
-def batch_tokens(batch: TrainBatch) -> int:
-    """Tokens the batch trains on (its attention mask), counted on the host.
-
-    ``batch.attention_mask.sum()`` would dispatch a device reduction and wait
-    for it: about 0.4 ms a step on CPU, most of the profiling's whole cost.
-    The mask already sits where the host can read it (or is a few kB away).
-    """
-    return int(np.count_nonzero(np.asarray(batch.attention_mask)))

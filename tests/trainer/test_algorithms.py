@@ -25,7 +25,9 @@ from trainer.advantages import (
 )
 from trainer.algorithms import ReferencePolicy, build_algorithm, reference_logprobs
 from trainer.losses import token_logprobs
-from trainer.train_step import create_train_state, make_train_step, pad_batch
+from trainer.train_batch import pad_batch
+from trainer.train_state import create_train_state
+from trainer.train_step import make_train_step
 from trainer.value_head import PolicyWithValue, policy_params, with_value_head
 
 TOLERANCE = 1e-5

@@ -20,7 +20,9 @@ from flax import nnx
 from policy.model import Transformer, TransformerConfig
 from trainer.checkpoints import RunCheckpointer, RunProgress, step_rng
 from trainer.losses import sft_loss
-from trainer.train_step import create_train_state, make_train_step, on_token_statistics, pad_batch
+from trainer.train_batch import pad_batch
+from trainer.train_state import create_train_state
+from trainer.train_step import make_train_step, on_token_statistics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SEED = 7

@@ -21,8 +21,8 @@ from trainer.dataset_evaluation import (
 )
 from trainer.datasets import load_dataset, rendered_conversations
 from trainer.run_loop import length_buckets
+from trainer.train_batch import pad_batch
 from trainer.train_state import initial_train_state, make_optimizer
-from trainer.train_step import pad_batch
 
 
 class RowsPlatform:

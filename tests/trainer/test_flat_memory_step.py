@@ -27,12 +27,8 @@ from tandem.configs.parallelism import LoRAConfig
 from trainer import algorithms
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.token_statistics import chunked_token_statistics, logits_token_statistics
-from trainer.train_step import (
-    create_train_state,
-    make_train_step,
-    micro_batch_rows,
-    split_micro_batches,
-)
+from trainer.train_state import create_train_state
+from trainer.train_step import make_train_step, micro_batch_rows, split_micro_batches
 from trainer.value_head import with_value_head
 
 from .test_algorithms import ALGORITHMS, BUCKETS, CONFIG, PAD_ID, _on_policy_groups
@@ -122,8 +118,8 @@ def test_the_chunked_step_gives_the_loss_and_gradients_of_the_full_logits_step(c
     algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case, logits_chunk_tokens=8)
     chunked = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
 
-    def full_logits_statistics(model, batch, *, temperature=1.0, chunk_tokens):
-        hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask)
+    def full_logits_statistics(model, batch, *, temperature=1.0, chunk_tokens, remat="none"):
+        hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat)
         return logits_token_statistics(model.logits(hidden), batch.tokens, temperature=temperature), hidden
 
     # Today's step: the algorithm's losses read statistics of the whole [B, T, V] logits.

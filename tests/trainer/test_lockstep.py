@@ -28,7 +28,7 @@ from trainer.lockstep import (
     decode,
     encode,
 )
-from trainer.train_step import pad_batch
+from trainer.train_batch import pad_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,9 @@ from tandem.configs.run import RunConfig
 from tandem.contracts import weights_key
 from trainer.losses import sft_loss
 from trainer.token_statistics import logits_token_statistics
-from trainer.train_step import create_train_state, make_train_step, on_token_statistics, pad_batch
+from trainer.train_batch import pad_batch
+from trainer.train_state import create_train_state
+from trainer.train_step import make_train_step, on_token_statistics
 from trainer.value_head import with_value_head
 from workers.policy import PolicyRuntime
 

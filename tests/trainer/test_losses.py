@@ -20,7 +20,7 @@ from trainer.losses import (
     truncated_importance_weights,
 )
 from trainer.token_statistics import logits_token_statistics
-from trainer.train_step import TrainBatch
+from trainer.train_batch import TrainBatch
 
 TOLERANCE = 1e-5
 

@@ -106,7 +106,7 @@ def test_tokens_per_s_is_charted_when_the_trainer_sets_it_and_absent_otherwise()
 def test_the_share_of_padding_in_a_step_is_charted_from_the_batch_the_step_trained():
     from trainer.devices import DeviceMonitor
     from trainer.telemetry import profile_fields
-    from trainer.train_step import batch_tokens, pad_batch
+    from trainer.train_batch import batch_tokens, pad_batch
 
     # 3 episodes of 5, 9 and 2 tokens in 4 rows of the 16-token bucket: 16 of 64 slots are tokens.
     batch = pad_batch([[1] * 5, [1] * 9, [1] * 2], loss_masks=[[0] * 5, [0] * 9, [0] * 2], behaviour_logprobs=None,

@@ -45,7 +45,9 @@ from trainer.sharding import (
     shard_train_state,
     step_shardings,
 )
-from trainer.train_step import create_train_state, make_train_step, on_token_statistics, pad_batch
+from trainer.train_batch import pad_batch
+from trainer.train_state import create_train_state
+from trainer.train_step import make_train_step, on_token_statistics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Children compile a handful of small SPMD programs; unoptimized CPU code

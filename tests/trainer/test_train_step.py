@@ -16,15 +16,9 @@ from policy.model import Transformer, TransformerConfig
 from policy.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from tandem.configs.parallelism import LoRAConfig
 from trainer.losses import grpo_loss, sft_loss, token_logprobs
-from trainer.train_step import (
-    batch_tokens,
-    create_train_state,
-    make_train_step,
-    on_token_statistics,
-    pad_batch,
-    train_updates,
-    trainable_params,
-)
+from trainer.train_batch import batch_tokens, pad_batch
+from trainer.train_state import create_train_state, trainable_params
+from trainer.train_step import make_train_step, on_token_statistics, train_updates
 
 CONFIG = TransformerConfig(
     vocab_size=VOCAB_SIZE, d_model=32, num_layers=2, num_heads=2, mlp_dim=64, max_seq_len=64
