@@ -157,6 +157,14 @@
   const isEvaluationSeries = (name) => chartsFor(name).some((chart) => chart.spec.source === "evaluations");
   const valueCounts = new Map(); // per stored series, its points that have a value
 
+  // A series first seen: an empty column of `length` points in `into`; the charts that draw it re-lay out.
+  function addSeries(name, into, length) {
+    names.add(name);
+    into.set(name, new Array(length).fill(null));
+    valueCounts.set(name, 0);
+    for (const chart of chartsFor(name)) chart.stale = true;
+  }
+
   function ingestStep(step, values) {
     // A REST page holds the evaluation series too, at the steps they were recorded at.
     const evaluationValues = {};
@@ -180,12 +188,7 @@
     let index = steps.length;
     if (index > 0 && steps[index - 1] > step) index = lowerBound(steps, step);
     for (const name of Object.keys(values)) {
-      if (!names.has(name) && stored(name)) {
-        names.add(name);
-        columns.set(name, new Array(steps.length).fill(null));
-        valueCounts.set(name, 0);
-        for (const chart of chartsFor(name)) chart.stale = true;
-      }
+      if (!names.has(name) && stored(name)) addSeries(name, columns, steps.length);
     }
     steps.splice(index, 0, step);
     for (const [name, column] of columns) {
@@ -212,12 +215,7 @@
     let added = false;
     for (const [name, value] of Object.entries(values)) {
       if (value === undefined || value === null || !stored(name)) continue;
-      if (!names.has(name)) {
-        names.add(name);
-        columns.set(name, new Array(steps.length).fill(null));
-        valueCounts.set(name, 0);
-        for (const chart of chartsFor(name)) chart.stale = true;
-      }
+      if (!names.has(name)) addSeries(name, columns, steps.length);
       const column = columns.get(name);
       if (column[index] !== null) continue;
       column[index] = value;
@@ -240,12 +238,7 @@
       for (const column of evaluationColumns.values()) column.splice(index, 0, null);
     }
     for (const [name, value] of Object.entries(values)) {
-      if (!evaluationColumns.has(name)) {
-        names.add(name);
-        evaluationColumns.set(name, new Array(evaluationSteps.length).fill(null));
-        valueCounts.set(name, 0);
-        for (const chart of chartsFor(name)) chart.stale = true;
-      }
+      if (!evaluationColumns.has(name)) addSeries(name, evaluationColumns, evaluationSteps.length);
       const column = evaluationColumns.get(name);
       if (column[index] === null && value !== null) {
         valueCounts.set(name, valueCounts.get(name) + 1);
