@@ -15,6 +15,7 @@ from tests.e2e.conftest import (
     register_http_environment,
     user_api,
 )
+from tests.polling import poll_until
 
 
 @pytest.fixture
@@ -31,6 +32,7 @@ def own_stack(tmp_path):
         yield stack
 
 
+@pytest.mark.timeout(1800)  # above its inner waits (tests/test_timeouts.py)
 def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_environment_url):
     stack = own_stack
     credentials = stack.prepare()
@@ -39,13 +41,13 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     register_http_environment(api, project_id=credentials.project_id, name="slow-remote", url=slow_environment_url)
     run = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "producer death", "environment": "slow-remote",
-        # 50 steps of 2 s episodes last well past rollout.timeout_s (about 55 s on a quiet machine),
+        # 100 steps of 2 s episodes last well past rollout.timeout_s (about 110 s on a quiet machine),
         # so the killed worker's groups expire, and are counted, before the run ends.
-        "config": {"sft_steps": 0, "rl_steps": 50, "rollout": {
+        "config": {"sft_steps": 0, "rl_steps": 100, "rollout": {
             "groups_per_step": 2, "group_size": 2, "groups_per_task": 1, "max_turns": 1,
-            # Long enough that a live but slow (loaded) producer's groups never count as
-            # lost; only the killed worker's do.
-            "timeout_s": 25}},
+            # Long enough that a live but slow producer's groups never count as lost, even with
+            # two suites side by side on the machine; only the killed worker's do.
+            "timeout_s": 60}},
     })
     assert run.status_code == 201, run.text
     run_id = run.json()["id"]
@@ -53,10 +55,8 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     # Kill the first worker as soon as it holds a rollout task.
     victim = stack.processes["worker-0"]
     log = stack.log_dir / "worker-0.log"
-    deadline = time.monotonic() + 120
-    while f"Task {ROLLOUTS.name}" not in log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, "worker-0 never received a rollout task"
-        time.sleep(0.2)
+    poll_until(lambda: f"Task {ROLLOUTS.name}" in log.read_text(errors="replace"), timeout_s=600,
+               interval_s=0.2, what="worker-0 to receive a rollout task")
     time.sleep(1.0)  # its episodes are now waiting on the 2 s environment step
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(timeout=10)
@@ -64,11 +64,12 @@ def test_a_killed_producer_loses_only_its_in_flight_episodes(own_stack, slow_env
     assert not [line for line in log.read_text(errors="replace").splitlines()
                 if ROLLOUTS.name in line and "succeeded" in line]
 
-    deadline = time.monotonic() + 240
-    while (status := api.get(f"/api/runs/{run_id}/").json()["status"]) not in {"finished", "failed"}:
-        assert time.monotonic() < deadline, "the run did not finish after its producer died"
+    def trainer_alive():
         assert stack.processes["trainer"].poll() is None, "the trainer died"
-        time.sleep(1)
+
+    status = poll_until(
+        lambda: (status := api.get(f"/api/runs/{run_id}/").json()["status"]) in {"finished", "failed"} and status,
+        timeout_s=900, interval_s=1.0, between=trainer_alive, what="the run to end after its producer died")
     assert status == "finished"
 
     points = api.get(f"/api/runs/{run_id}/metrics/", params={"after_step": -1, "names": "episodes_lost"})
