@@ -11,16 +11,19 @@ run trains (its algorithm, its memory settings, a value head, LoRA).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import redis
-
-from policy import WeightPublisher, publication_bytes, weight_publisher
 from tandem.configs.run import RunConfig
 from trainer.algorithms import Algorithm, build_algorithm
 from trainer.sharding import make_mesh, shard_train_state, step_shardings
 from trainer.train_state import TrainState, initial_train_state, make_optimizer
 from trainer.train_step import TrainStep, make_train_step
 from trainer.value_head import policy_params
+
+if TYPE_CHECKING:
+    import redis
+
+    from policy import WeightPublisher
 
 
 class Learner:
@@ -61,6 +64,9 @@ class Learner:
     def publisher(self, redis_client: redis.Redis, *, directory: Path) -> WeightPublisher:
         """The run's weight transport, chosen now, so that weights too large for it fail the run before
         anything is sent. Off process 0 a publisher only gathers (a collective) and never uses Redis."""
+        # Imported here: the checkpoint export builds a Learner and must not load Redis (test_import_rules).
+        from policy import publication_bytes, weight_publisher
+
         weights = self.config.weights
         return weight_publisher(
             redis_client, transport=weights.transport, directory=directory, lora=self.config.lora,
