@@ -13,6 +13,7 @@ says so: ``peak_flops_source``), no NVML figures without ``pynvml`` (the
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -82,9 +83,11 @@ def training_flops(*, parameters: int, tokens: int, attention_width: int = 0, le
     return 6.0 * parameters * tokens + 12.0 * attention_width * length * tokens
 
 
+@functools.cache
 def measured_matmul_flops(*, size: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of the best of ``repeats`` float32 ``size x size`` matmuls on the default device, compiled
-    and warmed up: the peak MFU divides by where no data sheet has one (a CPU)."""
+    and warmed up: the peak MFU divides by where no data sheet has one (a CPU). Measured once per process:
+    a trainer builds a DeviceMonitor for every run it claims."""
     left = jax.random.normal(jax.random.key(0), (size, size), jax.numpy.float32)
     right = jax.random.normal(jax.random.key(1), (size, size), jax.numpy.float32)
     product = jax.jit(jax.numpy.dot)

@@ -31,6 +31,7 @@ import math
 from typing import Any
 
 from tandem.configs.quotas import (
+    DTYPE_BYTES,
     Architecture,
     QuotaExceeded,
     architecture,
@@ -39,7 +40,6 @@ from tandem.configs.quotas import (
     parameter_count,
 )
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 #: The process around the arrays: the interpreter, JAX's runtime and compiled programs.
 OVERHEAD_BYTES = 600 * 2**20
 #: XLA's temporaries beside the arrays the plan counts (fusion outputs, transposed copies).
@@ -118,10 +118,11 @@ def activation_elements_per_token(arch: Architecture, *, length: int, remat: str
     return arch.num_layers * arch.d_model + full_block
 
 
-def trainer_memory_plan(config: dict[str, Any]) -> TrainerMemoryPlan:
-    """The trainer's plan for ``config`` (a normalised run config, as JSON)."""
-    arch = architecture(config["model"])
-    dtype_bytes = _DTYPE_BYTES[config["model"]["param_dtype"]]
+def trainer_memory_plan(config: dict[str, Any], *, arch: Architecture | None = None) -> TrainerMemoryPlan:
+    """The trainer's plan for ``config`` (a normalised run config, as JSON); ``arch``: its architecture,
+    when the caller has read it already."""
+    arch = arch or architecture(config["model"])
+    dtype_bytes = DTYPE_BYTES[config["model"]["param_dtype"]]
     parameters = parameter_count(arch)
     lora = config.get("lora") or {}
     algorithm = config["algorithm"]
@@ -155,11 +156,12 @@ def trainer_memory_plan(config: dict[str, Any]) -> TrainerMemoryPlan:
                              length_tokens=length, trained_parameters=trained, peak_bytes=peak)
 
 
-def producer_memory_plan(config: dict[str, Any], *, worker_concurrency: int) -> ProducerMemoryPlan:
+def producer_memory_plan(config: dict[str, Any], *, worker_concurrency: int,
+                         arch: Architecture | None = None) -> ProducerMemoryPlan:
     """One producer engine's plan for ``config`` with ``worker_concurrency`` task threads sharing it."""
-    arch = architecture(config["model"])
+    arch = arch or architecture(config["model"])
     slots = inference_slots(config, worker_concurrency)
-    weights = parameter_count(arch) * _DTYPE_BYTES[config["model"]["param_dtype"]]
+    weights = parameter_count(arch) * DTYPE_BYTES[config["model"]["param_dtype"]]
     cache = kv_cache_bytes(config, arch, worker_concurrency)
     logits = 4 * slots * arch.vocab_size
     return ProducerMemoryPlan(weights_bytes=weights, kv_cache_bytes=cache, logits_bytes=logits, slots=slots,
@@ -168,8 +170,10 @@ def producer_memory_plan(config: dict[str, Any], *, worker_concurrency: int) -> 
 
 def memory_plan(config: dict[str, Any], *, worker_concurrency: int) -> MemoryPlan:
     """The trainer's and one producer engine's plan for ``config`` (a normalised run config, as JSON)."""
-    return MemoryPlan(trainer=trainer_memory_plan(config),
-                      producer=producer_memory_plan(config, worker_concurrency=worker_concurrency))
+    # Read once: the architecture may come from the checkpoint's config.json.
+    arch = architecture(config["model"])
+    return MemoryPlan(trainer=trainer_memory_plan(config, arch=arch),
+                      producer=producer_memory_plan(config, worker_concurrency=worker_concurrency, arch=arch))
 
 
 def check_trainer_memory(plan: TrainerMemoryPlan, *, limit_bytes: int | None, setting: str) -> None:

@@ -29,7 +29,8 @@ from tandem.configs.model import BYTE_VOCAB_SIZE
 
 #: Inference slots of a worker engine when a run does not set them (workers/policy.py).
 DEFAULT_SLOTS_CAP = 256
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+#: Bytes of one parameter (or cache entry) of each model.param_dtype.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +150,7 @@ def kv_cache_bytes(config: dict[str, Any], arch: Architecture, worker_concurrenc
     """Bytes of one worker engine's KV cache: keys and values of every slot, layer and position."""
     model = config["model"]
     per_slot = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * (model["max_seq_len"] + 1)
-    return inference_slots(config, worker_concurrency) * per_slot * _DTYPE_BYTES[model["param_dtype"]]
+    return inference_slots(config, worker_concurrency) * per_slot * DTYPE_BYTES[model["param_dtype"]]
 
 
 def check_run_quotas(config: dict[str, Any], quotas: RunQuotas) -> None:
