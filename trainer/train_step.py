@@ -31,6 +31,7 @@ import optax
 from flax import nnx
 
 from policy import Transformer
+from tandem.configs.memory import micro_batch_rows
 from trainer.losses import StepTotals, combine_metrics, finish_metrics, step_totals
 from trainer.token_statistics import policy_token_statistics
 from trainer.train_batch import TrainBatch
@@ -75,14 +76,6 @@ def on_token_statistics(
         return loss_fn(statistics, batch, totals)
 
     return StepLoss(model_loss)
-
-
-def micro_batch_rows(rows: int, length: int, micro_batch_tokens: int | None) -> int:
-    """Rows of each micro-batch of a ``[rows, length]`` batch: as many as ``micro_batch_tokens`` holds
-    (at least one); all of them without a budget."""
-    if micro_batch_tokens is None:
-        return rows
-    return max(1, min(rows, micro_batch_tokens // length))
 
 
 def split_micro_batches(batch: TrainBatch, rows_each: int) -> TrainBatch:

@@ -43,3 +43,11 @@ class TrainerMemoryConfig(BaseModel):
         "the matmul outputs and recompute the element-wise work between them (norms, rotary, softmax, "
         "activations): a few percent slower, most of the saving where those dominate.",
     )
+
+
+def micro_batch_rows(rows: int, length: int, micro_batch_tokens: int | None) -> int:
+    """Rows of each micro-batch of a ``[rows, length]`` batch: as many as ``micro_batch_tokens`` holds
+    (at least one); all of them without a budget. The train step splits by it; the memory plan counts by it."""
+    if micro_batch_tokens is None:
+        return rows
+    return max(1, min(rows, micro_batch_tokens // length))

@@ -23,12 +23,13 @@ from flax import nnx
 from policy.lora import apply_lora
 from policy.model import Transformer, TransformerConfig
 from tandem.configs.algorithm import AlgorithmConfig
+from tandem.configs.memory import micro_batch_rows
 from tandem.configs.parallelism import LoRAConfig
 from trainer import algorithms
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.token_statistics import chunked_token_statistics, logits_token_statistics
 from trainer.train_state import create_train_state
-from trainer.train_step import make_train_step, micro_batch_rows, split_micro_batches
+from trainer.train_step import make_train_step, split_micro_batches
 from trainer.value_head import with_value_head
 
 from .test_algorithms import ALGORITHMS, BUCKETS, CONFIG, PAD_ID, _on_policy_groups
