@@ -85,15 +85,17 @@ def test_a_requested_trace_of_the_next_steps_is_captured_by_the_trainer_and_serv
         assert {"stage/batch_s", "stage/host_to_device_s", "stage/compute_s"} <= stages.keys(), (step, stages)
         assert sum(stages.values()) == pytest.approx(values["wall_s"], rel=1e-6, abs=1e-6)
         assert values["trainer_utilisation"] == pytest.approx(values["stage/compute_s"] / values["wall_s"])
-    # The first step carries a device report: on CPU, the kind and count, no MFU and no device memory.
+    # The first step carries a device report: on CPU, the kind and count, an MFU over a measured matmul
+    # peak (no data sheet for a CPU), and no device memory.
     first = by_step[1]
     assert first["device/count"] >= 1 and first["trainer/rss_bytes"] > 0
-    assert "device/mfu" not in first and "device/memory_in_use_bytes" not in first
+    assert first["device/mfu"] > 0 and "device/memory_in_use_bytes" not in first
     devices = api.get(f"/api/runs/{run_id}/devices/").json()["report"]
-    assert (devices["platform"], devices["mfu"], devices["memory_in_use_bytes"]) == ("cpu", None, None)
+    assert (devices["platform"], devices["memory_in_use_bytes"]) == ("cpu", None)
+    assert devices["peak_flops_source"] == "measured_matmul" and devices["mfu"] > 0
     assert devices["device_kind"] and devices["process_rss_bytes"] > 0
-    # A row per local device, each with the trainer's duty cycle and, on CPU, no allocator memory.
+    # A row per local device, each with the trainer's duty cycle and MFU and, on CPU, no allocator memory.
     assert [row["id"] for row in devices["devices"]] == list(range(devices["local_device_count"]))
-    assert all(row["memory_in_use_bytes"] is None and row["mfu"] is None for row in devices["devices"])
+    assert all(row["memory_in_use_bytes"] is None and row["mfu"] == devices["mfu"] for row in devices["devices"])
     # Tracing is charted where it cost time: the steps around the trace spent it in telemetry.
     assert max(values.get("stage/telemetry_s", 0.0) for values in by_step.values()) > 0
