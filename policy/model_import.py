@@ -11,6 +11,13 @@ and ``accelerate``: the ``models`` extra). Only this import uses them, and
 imports them when it runs: the trainer and the producers never load torch.
 ``save_pretrained`` refuses a model loaded from GGUF, so its state dict is
 written with safetensors directly (a tied ``lm_head`` as the embedding alone).
+
+A base model's file may hold no chat template (Gemma 3 270M's does not, though
+its tokenizer knows ``<start_of_turn>`` and ``<end_of_turn>``): the caller gives
+one (``--chat-template FILE``), written as the directory's ``chat_template.jinja``.
+Without one, such a model imports, but a run can only use it with
+``prompt_format: byte``, which a pretrained vocabulary was never trained on;
+the import says so.
 """
 
 from __future__ import annotations
@@ -38,24 +45,57 @@ class ModelImportError(RuntimeError):
     """The source cannot become a Tandem model; the message says why and what is supported."""
 
 
-def import_model(source: str | Path, destination: str | Path) -> Path:
+def import_model(
+    source: str | Path, destination: str | Path, *, chat_template: str | Path | None = None
+) -> Path:
     """Write the model at ``source`` (a ``.gguf`` file or a Hugging Face directory) to ``destination``.
+
+    ``chat_template``: a Jinja file that becomes the model's chat template, in place of any
+    its tokenizer has.
 
     Returns ``destination``. Raises :class:`ModelImportError` for a source that
     is missing, of an architecture Tandem does not build, or quantized in a way
-    that cannot be dequantized.
+    that cannot be dequantized, and for a template file that is missing or not Jinja.
     """
     source, destination = Path(source), Path(destination)
     if not source.exists():
         raise ModelImportError(f"{source} does not exist")
+    template_source = _read_template(Path(chat_template)) if chat_template is not None else None
     if source.is_file() and source.suffix == ".gguf":
         _import_gguf(source, destination)
     elif source.is_dir():
         _import_directory(source, destination)
     else:
         raise ModelImportError(f"{source} is neither a .gguf file nor a Hugging Face directory")
+    if template_source is not None:
+        _replace_template(destination, template_source)
     _check(destination)
     return destination
+
+
+def _read_template(path: Path) -> str:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelImportError(f"--chat-template {path}: {exc}") from exc
+    try:
+        import jinja2
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ModelImportError(f"--chat-template {path}: not a Jinja template: {exc}") from exc
+    return text
+
+
+def _replace_template(destination: Path, template: str) -> None:
+    """Make ``template`` the directory's chat template: a template in tokenizer_config.json wins over
+    the file, so one there goes."""
+    config_path = destination / "tokenizer_config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text())
+        if config.pop("chat_template", None) is not None:
+            config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    (destination / "chat_template.json").unlink(missing_ok=True)
+    (destination / "chat_template.jinja").write_text(template)
 
 
 def _supported(config: dict, source: Path) -> None:

@@ -16,7 +16,6 @@ from flax import nnx
 
 from policy import (
     Transformer,
-    TransformerConfig,
     create_model,
     export_hf_checkpoint,
     fold_adapters,
@@ -26,17 +25,6 @@ from policy import (
 from tandem.configs.run import RunConfig
 from trainer.checkpoints import RunCheckpointer
 from trainer.learner import Learner
-
-
-def hf_architecture(config: TransformerConfig) -> str:
-    """The Hugging Face architecture that expresses ``config`` (QK-norm: Qwen3, QKV bias: Qwen2)."""
-    if config.qk_norm and config.qkv_bias:
-        raise ValueError("no supported Hugging Face architecture has both qk_norm and qkv_bias")
-    if config.qk_norm:
-        return "Qwen3ForCausalLM"
-    if config.qkv_bias:
-        return "Qwen2ForCausalLM"
-    return "LlamaForCausalLM"
 
 
 def restore_policy(run_config: dict, *, run_directory: Path, step: int) -> Transformer:
@@ -69,4 +57,4 @@ def restore_policy(run_config: dict, *, run_directory: Path, step: int) -> Trans
 def export_checkpoint(run_config: dict, *, run_directory: Path, step: int, destination: Path) -> list[Path]:
     """Write checkpoint ``step`` as a Hugging Face checkpoint into ``destination``; returns the files."""
     model = restore_policy(run_config, run_directory=run_directory, step=step)
-    return export_hf_checkpoint(model, destination, architecture=hf_architecture(model.config))
+    return export_hf_checkpoint(model, destination)

@@ -190,7 +190,8 @@ def cmd_up(args) -> int:
 
 def cmd_models_import(args) -> int:
     """A GGUF file or a Hugging Face directory, as a Tandem-ready Hugging Face directory: ``python -m policy import``."""
-    _become([sys.executable, "-m", "policy", "import", args.source, args.destination])
+    template = ["--chat-template", args.chat_template] if args.chat_template else []
+    _become([sys.executable, "-m", "policy", "import", args.source, args.destination, *template])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(safetensors, config.json, tokenizer.json, the chat template), dequantized")
     model_import.add_argument("source", help="a .gguf file, or a directory with config.json and *.safetensors")
     model_import.add_argument("destination", help="the directory to write, e.g. var/models/<name>")
+    model_import.add_argument(
+        "--chat-template", metavar="FILE", default=None,
+        help="a Jinja chat template for a model whose tokenizer has none (a base model such as Gemma 3 "
+        "270M: policy/chat_templates/gemma3.jinja is Gemma's turn format); replaces any it has")
     model_import.set_defaults(func=cmd_models_import)
 
     from tandem.cli.client_commands import (

@@ -33,6 +33,14 @@ ToolCallFormat = Literal["tandem", "qwen", "hermes", "llama3"]
 PastReasoning = Literal["keep", "drop"]
 
 
+#: What a layer's queries attend to: ``full``, every earlier token; ``sliding``, only the last
+#: ``sliding_window`` tokens, itself included (Gemma 3's local layers).
+AttentionKind = Literal["full", "sliding"]
+#: The gate of a gated MLP: ``silu`` (SwiGLU: Llama, Qwen) or ``gelu_tanh`` (GeGLU with GELU's tanh
+#: approximation: Gemma).
+MlpActivation = Literal["silu", "gelu_tanh"]
+
+
 def attention_heads(
     *, d_model: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None
 ) -> tuple[int, int]:

@@ -1,7 +1,10 @@
 """Hugging Face checkpoints: our logits against ``transformers``' PyTorch models.
 
-Tiny random Llama 3 (llama3 rope scaling), Qwen2 (QKV bias) and Qwen3
-(QK-norm, explicit head_dim, tied embeddings) models are built with
+Tiny random Llama 3 (llama3 rope scaling), Qwen2 (QKV bias), Qwen3
+(QK-norm, explicit head_dim, tied embeddings) and Gemma 3 (sliding-window layers
+with their own rotary base, a window far shorter than the rows, norms after each
+sublayer stored as ``weight - 1``, GeGLU, scaled embeddings, a query scale apart
+from head_dim) models are built with
 ``transformers``, their weights re-drawn at unit scale (the default init,
 std 0.02, makes attention nearly uniform and would hide rotary or bias
 mistakes), saved with ``save_pretrained`` and loaded with
@@ -46,6 +49,7 @@ from tests.policy.factories import forward, random_model  # noqa: E402
 
 FLOAT32_TOLERANCE = 1e-4
 VOCAB = 128
+GEMMA_WINDOW = 6  # far below the rows' 24 tokens, so a query that saw past it would show
 LENGTHS = (24, 15, 5)  # real tokens per row; rows are right-padded to the longest
 
 COMMON = dict(
@@ -77,6 +81,13 @@ def _hf_config(family: str):
         return transformers.Qwen2Config(**COMMON, rope_theta=1_000_000.0)
     if family == "qwen3":
         return transformers.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=True)
+    if family == "gemma3":
+        return transformers.Gemma3TextConfig(
+            **COMMON, head_dim=32, query_pre_attn_scalar=24, sliding_window=GEMMA_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        )
     raise ValueError(family)
 
 
@@ -87,7 +98,9 @@ def _randomize(model, seed: int) -> None:
         for name, parameter in model.named_parameters():
             noise = torch.randn(parameter.shape, generator=generator)
             if name.endswith("norm.weight"):
-                parameter.copy_(1 + 0.2 * noise)
+                # Gemma's norms scale by 1 + weight: the same unit scale, stored as Gemma stores it.
+                offset = 0.0 if isinstance(model, transformers.Gemma3ForCausalLM) else 1.0
+                parameter.copy_(offset + 0.2 * noise)
             elif parameter.ndim == 1:  # QKV biases
                 parameter.copy_(0.5 * noise)
             else:
@@ -134,7 +147,7 @@ def _max_error_on_real_positions(ours, reference, mask) -> float:
 def checkpoints(tmp_path_factory):
     """family -> (torch model, checkpoint directory); Llama is saved sharded."""
     saved = {}
-    for family in ("llama", "qwen2", "qwen3"):
+    for family in ("llama", "qwen2", "qwen3", "gemma3"):
         model = _torch_model(family)
         directory = tmp_path_factory.mktemp(family)
         shard = {"max_shard_size": "40KB"} if family == "llama" else {}
@@ -143,7 +156,7 @@ def checkpoints(tmp_path_factory):
     return saved
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_loaded_checkpoint_gives_the_logits_of_transformers(checkpoints, family):
     torch_model, directory = checkpoints[family]
     model = load_hf_checkpoint(directory)
@@ -178,6 +191,32 @@ def test_rope_scaling_is_what_the_llama_parity_depends_on(checkpoints):
         _torch_logits(torch_model, tokens, mask),
         mask,
     )
+    assert error > 100 * FLOAT32_TOLERANCE
+
+
+def test_gemma3_config_is_read_with_its_layer_pattern_window_and_two_rotary_bases(checkpoints):
+    config = load_hf_config(checkpoints["gemma3"][1])
+    assert (config.layer_attention, config.sliding_window) == (("sliding", "full"), GEMMA_WINDOW)
+    assert (config.rope_theta, config.sliding_rope_theta, config.query_pre_attention_scalar) == (1e6, 1e4, 24)
+    assert config.qk_norm and config.post_sublayer_norms and config.scale_embeddings and config.tie_embeddings
+    assert config.mlp_activation == "gelu_tanh"
+
+
+@pytest.mark.parametrize("change", ["no window", "one rotary base", "head_dim query scale"])
+def test_each_gemma3_feature_is_what_its_parity_depends_on(checkpoints, change):
+    """Negative controls: without the window, the local rotary base or the query scale, the logits miss."""
+    torch_model, directory = checkpoints["gemma3"]
+    model = load_hf_checkpoint(directory)
+    altered_config = dataclasses.replace(model.config, **{
+        "no window": {"layer_attention": None},
+        "one rotary base": {"sliding_rope_theta": None},
+        "head_dim query scale": {"query_pre_attention_scalar": None},
+    }[change])
+    abstract = nnx.eval_shape(lambda: Transformer(altered_config, rngs=nnx.Rngs(0)))
+    altered = nnx.merge(split_model(abstract)[0], split_model(model)[1])
+    tokens, positions, mask = _batch()
+    error = _max_error_on_real_positions(
+        _our_logits(altered, tokens, positions, mask), _torch_logits(torch_model, tokens, mask), mask)
     assert error > 100 * FLOAT32_TOLERANCE
 
 
@@ -218,6 +257,11 @@ FAMILY_CONFIGS = {
     ),
     "Qwen2ForCausalLM": dict(qkv_bias=True, rope_theta=1_000_000.0),
     "Qwen3ForCausalLM": dict(qk_norm=True, head_dim=32, tie_embeddings=True),
+    "Gemma3ForCausalLM": dict(
+        qk_norm=True, head_dim=32, tie_embeddings=True, post_sublayer_norms=True, scale_embeddings=True,
+        mlp_activation="gelu_tanh", layer_attention=("full", "sliding"), sliding_window=GEMMA_WINDOW,
+        rope_theta=1_000_000.0, sliding_rope_theta=10_000.0, query_pre_attention_scalar=48,
+    ),
 }
 
 
@@ -260,13 +304,25 @@ def test_exported_checkpoint_loads_in_transformers_with_the_same_logits(tmp_path
     theirs = jax.tree.leaves_with_path(nnx.to_pure_dict(split_model(reloaded)[1]))
     assert [path for path, _ in ours] == [path for path, _ in theirs]
     for (path, our_value), (_, their_value) in zip(ours, theirs, strict=True):
-        np.testing.assert_array_equal(our_value, their_value, err_msg=jax.tree_util.keystr(path))
+        if architecture == "Gemma3ForCausalLM" and path[-1].key == "scale":
+            # Stored as scale - 1 and read back as weight + 1: one float32 rounding each way.
+            np.testing.assert_allclose(our_value, their_value, rtol=2e-7, err_msg=jax.tree_util.keystr(path))
+        else:
+            np.testing.assert_array_equal(our_value, their_value, err_msg=jax.tree_util.keystr(path))
 
 
 def test_export_refuses_an_architecture_that_cannot_express_the_model(tmp_path):
     model = _randomized_ours("Qwen3ForCausalLM")
     with pytest.raises(ValueError, match="qk_norm"):
         export_hf_checkpoint(model, tmp_path, architecture="LlamaForCausalLM")
+    with pytest.raises(ValueError, match="post_sublayer_norms"):
+        export_hf_checkpoint(_randomized_ours("Gemma3ForCausalLM"), tmp_path, architecture="Qwen3ForCausalLM")
+
+
+@pytest.mark.parametrize("architecture", sorted(FAMILY_CONFIGS))
+def test_without_an_architecture_the_export_takes_the_one_that_expresses_the_model(tmp_path, architecture):
+    export_hf_checkpoint(_randomized_ours(architecture), tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [architecture]
 
 
 def _copy_checkpoint(source, destination):

@@ -6,6 +6,7 @@ Tolerances: see tests/policy/sampling_reference.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import jax
@@ -16,11 +17,13 @@ from flax import nnx
 from policy.engine import Completion, InferenceEngine, SamplingParams, sample_tokens
 from policy.model import Transformer, split_model
 from policy.tokenizer import BOS_ID, PAD_ID, ByteTokenizer
+from tests.policy.factories import random_model
 from tests.policy.sampling_reference import (
     CHUNK,
     CONFIG,
     NUM_SLOTS,
     TOLERANCE,
+    full_forward_logprobs,
     random_tokens,
     token_logprobs,
 )
@@ -113,6 +116,31 @@ def test_multi_turn_logprobs_match_a_full_forward_pass_of_the_final_sequence(
             reference[start - 1 : start - 1 + len(completion.token_ids)],
             atol=TOLERANCE,
         )
+
+
+def test_a_model_with_sliding_window_layers_decodes_as_its_full_forward_pass():
+    # Gemma 3's layout at toy size: a window of 5 tokens, far shorter than the conversation,
+    # so a cached decode, a prefill extending a session or a chunk that saw past it would miss.
+    config = dataclasses.replace(
+        CONFIG, layer_attention=("sliding", "full"), sliding_window=5, sliding_rope_theta=100.0,
+        qk_norm=True, post_sublayer_norms=True, scale_embeddings=True, mlp_activation="gelu_tanh")
+    model = random_model(config, 7)
+    graphdef, params = split_model(model)
+    engine = InferenceEngine(graphdef, config=config, eos_id=-1, pad_id=PAD_ID, num_slots=NUM_SLOTS,
+                             chunk_size=CHUNK, detokenize=ByteTokenizer().decode, background=False)
+    try:
+        engine.set_params(params, version=1)
+        conversation, spans = random_tokens(3, 12), []
+        for turn in range(3):
+            completion = _run(engine, "sliding", conversation, max_new_tokens=9, temperature=0.7, seed=turn)
+            spans.append((len(conversation), completion))
+            conversation = conversation + completion.token_ids + random_tokens(20 + turn, 6)[1:]
+    finally:
+        engine.close()
+    reference = token_logprobs(full_forward_logprobs(model)(params, conversation, 0.7), conversation)
+    for start, completion in spans:
+        np.testing.assert_allclose(
+            completion.logprobs, reference[start - 1 : start - 1 + len(completion.token_ids)], atol=TOLERANCE)
 
 
 def test_the_next_turn_prefills_only_the_new_tokens_and_matches_a_full_re_encode(engine):
