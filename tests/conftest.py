@@ -15,7 +15,7 @@ each in the suite's PostgreSQL.
 
 Markers, put on by directory and fixture here (never by hand): ``e2e`` (tests/e2e), ``browser``
 (Chromium, found by `launch_chromium` in the test or its fixtures), ``multihost``
-(tests/e2e/test_multi_host.py), ``real_model`` (the ``smollm2`` fixture). `make test-fast` runs
+(tests/e2e/test_multi_host.py), ``real_model`` (the ``smollm2`` and ``gemma3`` fixtures). `make test-fast` runs
 the rest.
 """
 
@@ -42,6 +42,8 @@ TEST_REDIS_URL = os.environ.get("TANDEM_TEST_REDIS_URL", "")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: SmolLM2-135M-Instruct as `make models` imports it (make test runs that first).
 SMOLLM2_DIR = Path(os.environ.get("TANDEM_SMOLLM2_DIR", REPO_ROOT / "var/models/smollm2-135m-instruct"))
+#: Google's pretrained Gemma 3 270M, with Gemma's turn format, as `make models` imports it.
+GEMMA3_DIR = Path(os.environ.get("TANDEM_GEMMA3_DIR", REPO_ROOT / "var/models/gemma3-270m"))
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +52,14 @@ def smollm2() -> Path:
     if not (SMOLLM2_DIR / ".imported").is_file():
         pytest.fail(f"{SMOLLM2_DIR} is missing: run `make models` (make test does) to import SmolLM2")
     return SMOLLM2_DIR
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> Path:
+    """The real Gemma 3 270M base model's directory; fails (never skips) when it was not imported."""
+    if not (GEMMA3_DIR / ".imported").is_file():
+        pytest.fail(f"{GEMMA3_DIR} is missing: run `make models` (make test does) to import Gemma 3 270M")
+    return GEMMA3_DIR
 
 
 @pytest.fixture(scope="session")
@@ -129,7 +139,7 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.path)).resolve()
         if TESTS_DIR / "e2e" in path.parents:
             item.add_marker(pytest.mark.e2e)
-        if "smollm2" in item.fixturenames:
+        if "smollm2" in item.fixturenames or "gemma3" in item.fixturenames:
             item.add_marker(pytest.mark.real_model)
         sources = _reached_sources(item)
         for marker, call in MARKER_CALLS.items():
