@@ -89,6 +89,15 @@ class Architecture:
     mlp_dim: int
     tie_embeddings: bool
     qkv_bias: bool
+    # RMSNorm over each query and key head (Qwen3, Gemma 3).
+    qk_norm: bool = False
+    # A norm after each sublayer as well as before it (Gemma 3).
+    post_sublayer_norms: bool = False
+
+
+# Architectures (config.json's ``architectures``) with QK-norm and with norms after their sublayers.
+_QK_NORM_ARCHITECTURES = {"Qwen3ForCausalLM", "Gemma3ForCausalLM"}
+_POST_SUBLAYER_NORM_ARCHITECTURES = {"Gemma3ForCausalLM"}
 
 
 def architecture(model: dict[str, Any]) -> Architecture:
@@ -99,7 +108,10 @@ def architecture(model: dict[str, Any]) -> Architecture:
     config_file = Path(checkpoint) / "config.json" if checkpoint else None
     if config_file is not None and config_file.is_file():
         hf = json.loads(config_file.read_text())
+        named = set(hf.get("architectures") or [])
         source.update(
+            qk_norm=bool(named & _QK_NORM_ARCHITECTURES),
+            post_sublayer_norms=bool(named & _POST_SUBLAYER_NORM_ARCHITECTURES),
             d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
             num_heads=hf["num_attention_heads"],
             num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
@@ -115,6 +127,7 @@ def architecture(model: dict[str, Any]) -> Architecture:
         num_heads=num_heads, num_kv_heads=int(source.get("num_kv_heads") or num_heads),
         head_dim=head_dim, mlp_dim=int(source["mlp_dim"]),
         tie_embeddings=bool(source.get("tie_embeddings")), qkv_bias=bool(source.get("qkv_bias")),
+        qk_norm=bool(source.get("qk_norm")), post_sublayer_norms=bool(source.get("post_sublayer_norms")),
     )
 
 
@@ -124,7 +137,10 @@ def parameter_count(arch: Architecture) -> int:
     attention = arch.d_model * query + 2 * arch.d_model * kv + query * arch.d_model
     if arch.qkv_bias:
         attention += query + 2 * kv
-    block = attention + 3 * arch.d_model * arch.mlp_dim + 2 * arch.d_model
+    if arch.qk_norm:
+        attention += 2 * arch.head_dim
+    norms = (4 if arch.post_sublayer_norms else 2) * arch.d_model
+    block = attention + 3 * arch.d_model * arch.mlp_dim + norms
     embedding = arch.vocab_size * arch.d_model
     head = 0 if arch.tie_embeddings else arch.vocab_size * arch.d_model
     return embedding + arch.num_layers * block + arch.d_model + head

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from policy import count_parameters, load_hf_checkpoint
 from runs.models import Run
 from tandem.configs.quotas import RunQuotas, architecture, check_run_quotas, parameter_count
 from tandem.configs.run import RunConfig
@@ -61,6 +62,12 @@ def test_the_default_run_and_the_real_model_fit_the_default_caps(smollm2):
     arch = architecture(real.model_dump(mode="json")["model"])
     assert parameter_count(arch) == 134_515_008  # SmolLM2-135M, read from its config.json
     check_run_quotas(real.model_dump(mode="json"), defaults)
+
+
+def test_gemma3_is_counted_parameter_for_parameter_from_its_config_json(gemma3):
+    arch = architecture({"hf_checkpoint": str(gemma3)})
+    assert (arch.qk_norm, arch.post_sublayer_norms, arch.vocab_size) == (True, True, 262_144)
+    assert parameter_count(arch) == count_parameters(load_hf_checkpoint(gemma3)) == 268_098_176
 
 
 def test_a_run_whose_trainer_would_not_fit_is_refused_naming_the_memory_settings(api, project, environment,

@@ -13,6 +13,8 @@ before by exactly the gradient, and comparing them compares the gradients.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,16 +43,24 @@ CASES = {**ALGORITHMS, "grpo_lora": {"name": "grpo", "kl": {"coef": 0.05, "estim
 ROWS, MICRO_BATCH_TOKENS = 10, 3 * BUCKETS[0]
 
 
-def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8):
+# Gemma 3's layout at toy size: a sliding layer with a window of 5 and its own rotary base, then a
+# full one; norms after the sublayers, GeGLU, QK-norm, scaled and tied embeddings.
+GEMMA3_SHAPED = dataclasses.replace(
+    CONFIG, num_layers=2, layer_attention=("sliding", "full"), sliding_window=5, sliding_rope_theta=100.0,
+    qk_norm=True, post_sublayer_norms=True, scale_embeddings=True, mlp_activation="gelu_tanh",
+    tie_embeddings=True, query_pre_attention_scalar=8)
+
+
+def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8, config: TransformerConfig = CONFIG):
     """The case's algorithm, a model's graphdef and state (SGD), and a step's batch with every extra."""
     algorithm = build_algorithm(AlgorithmConfig.model_validate(CASES[case]), max_policy_tokens=8,
                                 temperature=0.8, logits_chunk_tokens=logits_chunk_tokens)
-    model = Transformer(CONFIG, rngs=nnx.Rngs(0))
+    model = Transformer(config, rngs=nnx.Rngs(0))
     if case.endswith("lora"):
         model = apply_lora(model, LoRAConfig(enabled=True, rank=2, targets=["attention.query", "mlp.up"]),
                            rngs=nnx.Rngs(5))
     if algorithm.needs_value_head:
-        model = with_value_head(model, d_model=CONFIG.d_model, rngs=nnx.Rngs(1))
+        model = with_value_head(model, d_model=config.d_model, rngs=nnx.Rngs(1))
     optimizer = optax.sgd(1.0)
     graphdef, state = create_train_state(model, optimizer)
     # A reference a little away from the policy, so that the KL term and its gradient are not zero.
@@ -147,6 +157,23 @@ def test_a_step_in_micro_batches_equals_the_step_in_one_batch(case):
         assert whole[1]["kl"] != 0.0
     if algorithm.config.importance_sampling is not None:
         assert whole[1]["tis_ratio_max"] >= whole[1]["tis_ratio_min"] > 0
+
+
+@pytest.mark.parametrize("case", ["grpo_lora", "ppo_kl"])
+def test_a_gemma3_shaped_policy_steps_alike_in_chunks_and_micro_batches(case, monkeypatch):
+    algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case, config=GEMMA3_SHAPED)
+    in_micro_batches = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch,
+                                 micro_batch_tokens=MICRO_BATCH_TOKENS)
+
+    def full_logits_statistics(model, batch, *, temperature=1.0, chunk_tokens, remat="none"):
+        hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat)
+        return logits_token_statistics(model.logits(hidden), batch.tokens, temperature=temperature), hidden
+
+    monkeypatch.setattr(algorithms, "policy_token_statistics", full_logits_statistics)
+    whole_with_full_logits = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
+
+    _assert_same_step(whole_with_full_logits, in_micro_batches)
+    assert whole_with_full_logits[1]["grad_norm"] > 0
 
 
 def test_the_sft_phase_in_micro_batches_equals_it_in_one_batch():
