@@ -616,9 +616,37 @@ def run_heartbeat(*, run: Run, heartbeat: TrainerHeartbeat) -> Run:
             retry_after_s=heartbeat.retry_after_s)
     if run.status == RunStatus.STARTING and heartbeat.status != RunStatus.FAILED:
         run_transition(run=run, to_status=RunStatus.RUNNING, reason="")
-    if heartbeat.status != RunStatus.RUNNING:
+    if heartbeat.status == RunStatus.FINISHED:
+        run_transition(run=run, **_finished_outcome(run, heartbeat.message))
+    elif heartbeat.status != RunStatus.RUNNING:
         run_transition(run=run, to_status=heartbeat.status, reason=heartbeat.message)
     return run
+
+
+def _finished_outcome(run: Run, message: str) -> dict[str, str]:
+    """How a run its trainer finished ends: finished, unless evaluations of it came back incomplete.
+
+    The trainer posts its last evaluations before it reports the end. A run that only evaluates (no
+    SFT or RL step) and whose evaluation is incomplete did not do its one job: it fails, with the
+    evaluation's reason. A training run that trained every step
+    finishes, its reason naming the incomplete evaluations, never hiding them under a plain finished.
+    """
+    incomplete = run.evaluations.filter(status="incomplete").order_by("index")
+    if not incomplete.exists():
+        return {"to_status": RunStatus.FINISHED, "reason": message}
+    count = incomplete.count()
+    details = "; ".join(
+        f"evaluation {evaluation.index} of {evaluation.environment or 'the run'} at step {evaluation.step}: "
+        f"{evaluation.episodes} of {evaluation.tasks * evaluation.samples_per_task} episodes"
+        + (f" ({evaluation.reason})" if evaluation.reason else "")
+        for evaluation in incomplete[:3])
+    more = f"; and {count - 3} more" if count > 3 else ""
+    evaluation_only = not run.config.get("sft_steps") and not run.config.get("rl_steps")
+    if evaluation_only:
+        return {"to_status": RunStatus.FAILED,
+                "reason": f"Its evaluation is incomplete: {details}{more}."[:2000]}
+    return {"to_status": RunStatus.FINISHED,
+            "reason": f"Finished with {count} incomplete evaluation{'s' if count > 1 else ''}: {details}{more}."[:2000]}
 
 
 @transaction.atomic

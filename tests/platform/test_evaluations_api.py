@@ -9,6 +9,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from evaluations.models import Evaluation
+from runs.services import run_claim_next
 from tandem.contracts import (
     EVALUATION_STATUSES,
     TRAINER_HEADER,
@@ -414,3 +415,58 @@ def test_an_evaluation_of_an_environment_of_the_longest_name_keeps_every_metric_
     assert all(name.startswith(f"eval/{posted.json()['series_label']}/") for name in names)
     assert {name.rsplit("/", 1)[1] for name in names} == set(evaluation_report()["metrics"])
     assert len({name.rsplit("/", 1)[0] for name in names}) == 1  # one label, one cut, one hash
+
+
+def _claimed(make_run, project, environment, config):
+    run = make_run(project, environment=environment, config=config)
+    claimed = run_claim_next(worker="trainer-host:1")
+    assert claimed is not None and claimed.pk == run.pk
+    return run
+
+
+def _finish(trainer_api, run) -> dict:
+    trainer_api.post(f"/api/trainer/runs/{run.pk}/heartbeat/", {"worker": "trainer-host:1"}, format="json")
+    response = trainer_api.post(f"/api/trainer/runs/{run.pk}/heartbeat/",
+                                {"status": "finished", "worker": "trainer-host:1", "message": "done"}, format="json")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+INCOMPLETE = {"status": "incomplete", "episodes": 0, "trajectory_ids": [],
+              "reason": "0 of 32 episodes came back within evaluation.timeout_s (600s) of the run's end"}
+
+
+def test_an_evaluation_only_run_whose_evaluation_is_incomplete_fails_with_its_reason(
+        trainer_api, api, make_run, project, environment):
+    run = _claimed(make_run, project, environment, {"sft_steps": 0, "rl_steps": 0, "evaluation": {"tasks": 8}})
+    assert trainer_api.post(_trainer_evaluations(run.pk), evaluation_report(0, step=0, **INCOMPLETE),
+                            format="json").status_code == 201
+
+    assert _finish(trainer_api, run)["status"] == "failed"
+    shown = api.get(f"/api/runs/{run.pk}/").json()
+    assert shown["status"] == "failed"
+    assert shown["status_reason"].startswith("Its evaluation is incomplete: evaluation 0 of calculator@1 at step 0: "
+                                             "0 of 32 episodes (0 of 32 episodes came back within")
+
+
+def test_a_training_run_with_an_incomplete_evaluation_finishes_saying_so(
+        trainer_api, api, make_run, project, environment):
+    run = _claimed(make_run, project, environment, {"sft_steps": 0, "rl_steps": 2, "evaluation": {"tasks": 8}})
+    for report in (evaluation_report(0, step=0), evaluation_report(1, step=2, **INCOMPLETE)):
+        assert trainer_api.post(_trainer_evaluations(run.pk), report, format="json").status_code == 201
+
+    assert _finish(trainer_api, run)["status"] == "finished"
+    reason = api.get(f"/api/runs/{run.pk}/").json()["status_reason"]
+    assert reason.startswith("Finished with 1 incomplete evaluation: evaluation 1 of calculator@1 at step 2: "
+                             "0 of 32 episodes")
+    assert "evaluation 0" not in reason
+
+
+def test_a_run_whose_evaluations_all_came_back_finishes_with_the_trainers_message(
+        trainer_api, api, make_run, project, environment):
+    run = _claimed(make_run, project, environment, {"sft_steps": 0, "rl_steps": 0, "evaluation": {"tasks": 8}})
+    assert trainer_api.post(_trainer_evaluations(run.pk), evaluation_report(0, step=0),
+                            format="json").status_code == 201
+
+    assert _finish(trainer_api, run)["status"] == "finished"
+    assert api.get(f"/api/runs/{run.pk}/").json()["status_reason"] == "done"
