@@ -66,10 +66,16 @@ def _start_process_report(sender, **_):
                                run_ids=process_activity.running_run_ids)
         # What a task logs goes to its run's log too (workers/run_logs.py scopes each task).
         start_run_log_shipping(redis_url=redis_url(), role="rollout_worker")
+        # An ended run's engines give their memory back. Imported here: it loads the engine (JAX),
+        # which this module, imported by whoever sends tasks, must not.
+        from workers.engine_release import start_engine_release
+        start_engine_release(redis_url=redis_url())
 
 
 @worker_shutdown.connect
 def _stop_process_report(sender, **_):
     if sender.app is app:
+        from workers.engine_release import stop_engine_release
+        stop_engine_release()
         stop_run_log_shipping()
         stop_process_reporter()

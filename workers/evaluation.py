@@ -20,6 +20,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 
+import redis
+
 from environments import load_environment_class
 from policy import Completion, RedisWeightSubscriber
 from tandem.configs.run import RunConfig
@@ -55,6 +57,21 @@ logger = logging.getLogger(__name__)
 _runtimes: OrderedDict[tuple[int, int], list] = OrderedDict()
 _runtimes_lock = threading.Lock()
 _KEPT_IDLE_RUNTIMES = 2
+
+
+def release_stopped_evaluation_runtimes(client: redis.Redis) -> list[tuple[int, int]]:
+    """Close the idle evaluation runtimes of runs that stopped; returns their (run, version) keys.
+
+    As :func:`workers.producer.release_stopped_runtimes`: an ended run's engines release their memory.
+    """
+    with _runtimes_lock:
+        idle = [key for key, (_, users) in _runtimes.items() if users == 0]
+    stopped = {key for key in idle if client.exists(run_stop_key(key[0]))}
+    with _runtimes_lock:
+        released = [key for key in stopped if key in _runtimes and _runtimes[key][1] == 0]
+        for key in released:
+            _runtimes.pop(key)[0].close()
+    return sorted(released)
 
 
 class EvaluationSliceError(RuntimeError):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import redis
@@ -41,8 +44,12 @@ logger = logging.getLogger(__name__)
 
 # Runtimes stay warm across tasks: rebuilding the sampler would recompile it.
 _runtimes: dict[int, PolicyRuntime] = {}
+# The task threads using each run's runtime: one in use is never closed.
+_runtime_users: collections.Counter[int] = collections.Counter()
 # Task threads (Celery's threads pool) share the runtimes; creating one is guarded.
 _runtimes_lock = threading.Lock()
+# Runtimes kept warm for runs that have not stopped; a worker rarely serves more at once.
+_KEPT_RUNTIMES = 2
 
 
 class RunNotReadyError(RuntimeError):
@@ -113,20 +120,57 @@ def load_environment_secrets(client: redis.Redis, spec: RunSpec,
     return SecretSettings(secrets.revealed())
 
 
-def runtime_for(redis_url: str, spec: RunSpec) -> PolicyRuntime:
-    """The warm runtime of ``spec``'s run, shared by every task thread of this worker process."""
+@contextlib.contextmanager
+def runtime_for(redis_url: str, spec: RunSpec) -> Iterator[PolicyRuntime]:
+    """The warm runtime of ``spec``'s run, shared by every task thread of this worker process, held
+    while the block runs: nothing closes it meanwhile."""
     with _runtimes_lock:
         runtime = _runtimes.get(spec.run_id)
         if runtime is None:
             runtime = PolicyRuntime(run_id=spec.run_id, config=spec.config,
                                     redis_client=durable_redis(redis_url))
             _runtimes[spec.run_id] = runtime
-            # Keep the two most recent runs warm; a worker rarely serves more at once,
-            # and each runtime holds a KV cache.
-            while len(_runtimes) > 2:
-                oldest = next(iter(_runtimes))
-                _runtimes.pop(oldest).close()
-        return runtime
+            # The oldest idle ones go beyond the kept few: each holds weights and a KV cache.
+            idle = [run_id for run_id in _runtimes if not _runtime_users[run_id] and run_id != spec.run_id]
+            for oldest in idle[:max(0, len(_runtimes) - _KEPT_RUNTIMES)]:
+                _close_runtime(oldest)
+        _runtime_users[spec.run_id] += 1
+    try:
+        yield runtime
+    finally:
+        with _runtimes_lock:
+            _runtime_users[spec.run_id] -= 1
+
+
+def _close_runtime(run_id: int) -> None:
+    """Forget and close run ``run_id``'s runtime; the caller holds ``_runtimes_lock``."""
+    del _runtime_users[run_id]
+    _runtimes.pop(run_id).close()
+
+
+def release_stopped_runtimes(client: redis.Redis) -> list[int]:
+    """Close the runtimes of runs that stopped (their stop key is set) and that no task uses; returns their runs.
+
+    The engine's weights, KV cache, logits and thread go as soon as the run ends, instead of
+    staying until two newer runs push them out: a worker that served a large model would otherwise
+    hold its memory for as long as it idles. A run resumed later builds its runtime again.
+    """
+    with _runtimes_lock:
+        idle = [run_id for run_id in _runtimes if not _runtime_users[run_id]]
+    stopped = {run_id for run_id in idle if client.exists(run_stop_key(run_id))}
+    with _runtimes_lock:
+        released = [run_id for run_id in stopped if run_id in _runtimes and not _runtime_users[run_id]]
+        for run_id in released:
+            _close_runtime(run_id)
+    for run_id in released:
+        logger.info("run %s stopped: its inference engine on this worker is released", run_id)
+    return sorted(released)
+
+
+def held_runtime_runs() -> list[int]:
+    """The runs whose runtime this process holds (warm or in use)."""
+    with _runtimes_lock:
+        return sorted(_runtimes)
 
 
 def group_task_seed(run_seed: int, group_index: int) -> int:
@@ -251,31 +295,31 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
         process_activity.task_started(run_id=run_id)
         try:
             report_activity(client, run_id)
-            runtime = runtime_for(redis_url, spec)
-            try:
-                runtime.refresh_weights(force=True)
-            except PolicyNotPublishedError as exc:
-                raise RunNotReadyError(str(exc)) from exc
-            except WeightsNotVisibleError as exc:
-                # Every try, here or on any host without that storage, fails alike: the trainer
-                # fails the run with this reason rather than wait for episodes that cannot come.
-                report_producer_fault(client, run_id, ProducerFault(
-                    kind="weights_not_visible", reason=str(exc), producer=WORKER_NAME))
-                raise
-            runtime.warm_up()
-            time_limit_s = min(runtime.config.rollout.timeout_s, ROLLOUT_TASK_TIME_LIMIT_S)
-            try:
-                summary = process_episode_loop.run(produce_groups(
-                    redis_url=redis_url, spec=spec, runtime=runtime,
-                    first_group_index=first_group_index, num_groups=num_groups,
-                    redis_client=process_episode_loop.redis(redis_url), secrets=secrets,
-                ), timeout_s=time_limit_s)
-            except TimeoutError as exc:
-                # Not retried: the trainer counts the groups lost after rollout.timeout_s and asks again.
-                raise RolloutTaskTimeLimitError(
-                    f"run {run_id}: groups {first_group_index}..{first_group_index + num_groups - 1} did not "
-                    f"finish within {time_limit_s:g}s; their episodes were cancelled") from exc
-            return summary
+            with runtime_for(redis_url, spec) as runtime:
+                try:
+                    runtime.refresh_weights(force=True)
+                except PolicyNotPublishedError as exc:
+                    raise RunNotReadyError(str(exc)) from exc
+                except WeightsNotVisibleError as exc:
+                    # Every try, here or on any host without that storage, fails alike: the trainer
+                    # fails the run with this reason rather than wait for episodes that cannot come.
+                    report_producer_fault(client, run_id, ProducerFault(
+                        kind="weights_not_visible", reason=str(exc), producer=WORKER_NAME))
+                    raise
+                runtime.warm_up()
+                time_limit_s = min(runtime.config.rollout.timeout_s, ROLLOUT_TASK_TIME_LIMIT_S)
+                try:
+                    summary = process_episode_loop.run(produce_groups(
+                        redis_url=redis_url, spec=spec, runtime=runtime,
+                        first_group_index=first_group_index, num_groups=num_groups,
+                        redis_client=process_episode_loop.redis(redis_url), secrets=secrets,
+                    ), timeout_s=time_limit_s)
+                except TimeoutError as exc:
+                    # Not retried: the trainer counts the groups lost after rollout.timeout_s and asks again.
+                    raise RolloutTaskTimeLimitError(
+                        f"run {run_id}: groups {first_group_index}..{first_group_index + num_groups - 1} did not "
+                        f"finish within {time_limit_s:g}s; their episodes were cancelled") from exc
+                return summary
         finally:
             process_activity.task_finished(run_id=run_id, episodes=summary.episodes if summary else 0,
                                            failed=summary.failed if summary else 0)

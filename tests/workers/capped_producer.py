@@ -21,9 +21,9 @@ def main() -> None:
     client = durable_redis(redis_url)
     spec = load_run_spec(client, int(run_id))
     # Compiling takes each process its own while; the episodes of every process should compete.
-    runtime = runtime_for(redis_url, spec)
-    runtime.refresh_weights(force=True)
-    runtime.warm_up()
+    with runtime_for(redis_url, spec) as runtime:
+        runtime.refresh_weights(force=True)
+        runtime.warm_up()
     client.incr(barrier)
     while int(client.get(barrier)) < int(processes):
         time.sleep(0.01)
