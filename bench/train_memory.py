@@ -17,7 +17,7 @@ batch at once, no remat, and log-probs from the full ``[B, T, V]`` logits.
 
 Usage: ``python bench/train_memory.py [--models smollm2-135m] [--episodes 16,64,256] [--tokens 1024]
 [--micro-batch-tokens 4096] [--remat full] [--logits-chunk-tokens 4096] [--unchunked-max 16]``.
-Prints one JSON line. Gemma 3 270M is listed as blocked until its architecture is supported.
+Prints one JSON line. Gemma 3 270M is built from its shape (bench/train_step.py), sliding layers and all.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-BLOCKED_MODELS = {"gemma3-270m": "the Gemma 3 text architecture is not supported yet (issue 30, point 8)"}
 
 
 def _arguments(argv=None) -> argparse.Namespace:
@@ -76,7 +74,7 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
 
     import tandem.configs.memory_plan as plans
     from bench.train_step import MODEL_SIZES
-    from policy import Transformer, TransformerConfig
+    from policy import Transformer
     from tandem.configs.algorithm import AlgorithmConfig
     from tandem.configs.run import RunConfig
     from trainer import algorithms
@@ -97,7 +95,7 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     algorithm = build_algorithm(AlgorithmConfig.model_validate(config.algorithm.model_dump()),
                                 temperature=1.0, max_policy_tokens=arguments.tokens,
                                 logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat)
-    transformer = TransformerConfig.from_model_config(config.model, vocab_size=shape.vocab_size)
+    transformer = shape.transformer(config.model)
     optimizer = make_optimizer(1e-5, config.optimizer)
     graphdef, state = create_train_state(Transformer(transformer, rngs=nnx.Rngs(0)), optimizer)
     reference = ReferencePolicy(graphdef, jax.tree.map(lambda leaf: leaf.copy(), state.params))
@@ -126,7 +124,9 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     device = jax.devices()[0].memory_stats() or {}
     # The plan reads the architecture from a checkpoint's config.json; here it is the shape's, vocabulary included.
     architecture = plans.architecture(_run_config(model, episodes, arguments, unchunked=unchunked)["model"])
-    plans.architecture = lambda model_config: dataclasses.replace(architecture, vocab_size=shape.vocab_size)
+    plans.architecture = lambda model_config: dataclasses.replace(
+        architecture, vocab_size=shape.vocab_size, qk_norm=transformer.qk_norm,
+        post_sublayer_norms=transformer.post_sublayer_norms)
     plan = plans.trainer_memory_plan(_run_config(model, episodes, arguments, unchunked=unchunked))
     return {
         "peak_bytes": int(device.get("peak_bytes_in_use") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
@@ -159,18 +159,15 @@ def main(argv=None) -> None:
         print(json.dumps(_measure(job["model"], job["episodes"], arguments, unchunked=job["unchunked"])))
         return
     counts = [int(count) for count in arguments.episodes.split(",")]
-    sizes, unchunked, blocked = {}, {}, {}
+    sizes, unchunked = {}, {}
     for model in arguments.models.split(","):
-        if model in BLOCKED_MODELS:
-            blocked[model] = BLOCKED_MODELS[model]
-            continue
         sizes[model] = {str(count): _in_child(model, count, arguments, unchunked=False) for count in counts}
         unchunked[model] = {str(count): _in_child(model, count, arguments, unchunked=True)
                             for count in counts if count <= arguments.unchunked_max}
     print(json.dumps({
         "bench": "train_memory", "tokens": arguments.tokens, "micro_batch_tokens": arguments.micro_batch_tokens,
         "remat": arguments.remat, "logits_chunk_tokens": arguments.logits_chunk_tokens,
-        "sizes": sizes, "unchunked": unchunked, "blocked": blocked,
+        "sizes": sizes, "unchunked": unchunked,
     }))
 
 

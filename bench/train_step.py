@@ -28,12 +28,13 @@ times tokens/s, over a square matmul's measured FLOP/s in the same dtype
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,6 +60,13 @@ class ModelShape:
 
     config: ModelConfig
     vocab_size: int = BYTE_VOCAB
+    # TransformerConfig fields a run config cannot set, which the model's checkpoint sets (Gemma 3's).
+    features: dict = field(default_factory=dict)
+
+    def transformer(self, model_config: ModelConfig | None = None) -> TransformerConfig:
+        """The policy's architecture, at ``model_config``'s sizes (default: the shape's own)."""
+        base = TransformerConfig.from_model_config(model_config or self.config, self.vocab_size)
+        return dataclasses.replace(base, **self.features)
 
     @property
     def sampled_ids(self) -> int:
@@ -75,6 +83,14 @@ MODEL_SIZES = {
     "smollm2-135m": ModelShape(ModelConfig(d_model=576, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
                                            mlp_dim=1536, rope_theta=100_000.0, rms_norm_eps=1e-5,
                                            tie_embeddings=True, max_seq_len=1024), vocab_size=49_152),
+    # Gemma 3 270M's config.json, as `tandem models import` reads it.
+    "gemma3-270m": ModelShape(
+        ModelConfig(d_model=640, num_layers=18, num_heads=4, num_kv_heads=1, head_dim=256, mlp_dim=2048,
+                    rope_theta=1_000_000.0, qk_norm=True, tie_embeddings=True, max_seq_len=1024),
+        vocab_size=262_144,
+        features=dict(layer_attention=(("sliding",) * 5 + ("full",)) * 3, sliding_window=512,
+                      sliding_rope_theta=10_000.0, query_pre_attention_scalar=256, post_sublayer_norms=True,
+                      scale_embeddings=True, mlp_activation="gelu_tanh")),
 }
 
 
@@ -141,7 +157,7 @@ def bench_size(shape: ModelShape, *, batch_size: int, steps: int, seed: int, seq
     overrides = {key: value for key, value in (("max_seq_len", seq_len), ("param_dtype", param_dtype)) if value}
     model_config = shape.config.model_copy(update=overrides)
     tokenizer = ByteTokenizer()
-    config = TransformerConfig.from_model_config(model_config, shape.vocab_size)
+    config = shape.transformer(model_config)
     model = Transformer(config, rngs=nnx.Rngs(seed))
     params = count_parameters(model)
     flops_per_token = model_flops_per_token(model, config, config.max_seq_len)
