@@ -256,6 +256,17 @@ class LocalStack:
     def start_workers(self) -> None:
         for index in range(self.config.workers):
             self.start_worker(index)
+        self.start_probe_worker()
+
+    def start_probe_worker(self) -> None:
+        """A worker for environment probes and health checks alone, so that they never wait behind
+        episodes: a rollout worker whose threads all run episodes takes nothing else meanwhile (it
+        consumes probes too, when it has a thread free)."""
+        from tandem.contracts import PROBE_QUEUE
+
+        self._spawn("probe-worker", [
+            sys.executable, "-m", "workers", "--queues", PROBE_QUEUE, "--name", "probes@%h", "--concurrency", "2",
+        ])
 
     def start_worker(self, index: int) -> None:
         """Rollout worker ``worker-{index}`` (one more producer process; ``start_workers`` starts them all)."""

@@ -73,6 +73,7 @@ REDIS_ROLES = {
     "web": ("tandem-platform", "REDIS_PLATFORM_PASSWORD"),
     "platform-worker": ("tandem-platform", "REDIS_PLATFORM_PASSWORD"),
     "worker": ("tandem-worker", "REDIS_WORKER_PASSWORD"),
+    "probe-worker": ("tandem-worker", "REDIS_WORKER_PASSWORD"),
     "trainer": ("tandem-trainer", "REDIS_TRAINER_PASSWORD"),
 }
 
@@ -147,7 +148,7 @@ def test_the_acl_file_is_not_written_with_a_missing_or_short_password(tmp_path, 
 
 
 def test_compose_gives_the_secrets_key_to_every_process_that_opens_secrets_and_never_to_the_trainer():
-    for name in ("web", "platform-worker", "platform-webhooks", "platform-datasets", "worker"):
+    for name in ("web", "platform-worker", "platform-webhooks", "platform-datasets", "worker", "probe-worker"):
         assert SERVICES[name]["environment"]["TANDEM_SECRETS_KEY"].startswith("${TANDEM_SECRETS_KEY:?"), name
     assert "TANDEM_SECRETS_KEY" not in SERVICES["trainer"]["environment"]
 
@@ -159,6 +160,12 @@ def test_compose_runs_the_platform_queues_on_workers_of_their_own():
         assert SERVICES[queue]["environment"]["REDIS_URL"] == SERVICES["platform-worker"]["environment"]["REDIS_URL"]
     # Beat runs in exactly one process: the platform queue's worker.
     assert all("--beat" not in SERVICES[queue]["command"] for queue in ("platform-webhooks", "platform-datasets"))
+
+
+def test_compose_runs_probes_on_a_worker_of_their_own_beside_the_rollout_workers():
+    assert "--queues probes" in SERVICES["probe-worker"]["command"]
+    assert "--queues" not in SERVICES["worker"]["command"]  # the default queues: probes too, when idle
+    assert not {"DATABASE_URL", "DJANGO_SECRET_KEY"} & set(SERVICES["probe-worker"]["environment"])
 
 
 def test_compose_gives_workers_no_database_and_the_trainer_its_token_in_the_environment():
