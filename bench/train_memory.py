@@ -15,6 +15,13 @@ first compiles, the second is timed. It reports:
 ``unchunked`` runs today's step before this change on the counts up to ``--unchunked-max``: the whole
 batch at once, no remat, and log-probs from the full ``[B, T, V]`` logits.
 
+``producer_warmup_s`` times a producer's inference engine (``--producer-slots`` KV-cache rows, buckets
+up to ``--tokens``) compiling every prefill and decode bucket before its first episode, per model:
+``first``, a worker's first run of the model on an empty compilation cache; ``second``, the next run's
+engine in the same process (the compiled kernels are shared); ``new_process``, a new worker process on
+the same host's persistent compilation cache (policy/compilation_cache.py). ``producer_peak_bytes`` is
+the first process's resident high-water mark with its engine.
+
 Usage: ``python bench/train_memory.py [--models smollm2-135m] [--episodes 16,64,256] [--tokens 1024]
 [--micro-batch-tokens 4096] [--remat full] [--logits-chunk-tokens 4096] [--unchunked-max 16]``.
 Prints one JSON line. Gemma 3 270M is built from its shape (bench/train_step.py), sliding layers and all.
@@ -44,6 +51,7 @@ def _arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--logits-chunk-tokens", type=int, default=4096)
     parser.add_argument("--unchunked-max", type=int, default=16,
                         help="run today's unchunked step on counts up to this (0: none)")
+    parser.add_argument("--producer-slots", type=int, default=16, help="KV-cache rows of the timed engines")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -140,6 +148,53 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     }
 
 
+def _producer_warmup(model: str, arguments: argparse.Namespace, *, cache_dir: str, engines: int) -> dict:
+    """In this process: ``engines`` engines of ``model`` one after the other, each warmed up and closed."""
+    from flax import nnx
+
+    from bench.train_step import MODEL_SIZES
+    from policy import InferenceEngine, Transformer, enable_compilation_cache, split_model
+    from tandem.configs.rollout import SamplingConfig
+    from tandem.configs.run import ModelConfig
+
+    enable_compilation_cache(cache_dir)
+    shape = MODEL_SIZES[model]
+    config = shape.transformer(ModelConfig(**{**shape.config.model_dump(), "max_seq_len": arguments.tokens}))
+    graphdef, params = split_model(Transformer(config, rngs=nnx.Rngs(0)))
+    warmups = []
+    for _ in range(engines):
+        engine = InferenceEngine(graphdef, config=config, eos_id=-1, pad_id=0, num_slots=arguments.producer_slots,
+                                 chunk_size=SamplingConfig().decode_chunk_tokens, background=False)
+        engine.set_params(params, version=1)
+        started = time.perf_counter()
+        engine.warmup()
+        warmups.append(time.perf_counter() - started)
+        engine.close()
+    return {"warmup_s": warmups, "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def _producer_in_children(model: str, arguments: argparse.Namespace) -> dict:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tandem-jax-cache-") as cache_dir:
+        first = _child(["--child", json.dumps({"producer": model, "cache_dir": cache_dir, "engines": 2})], arguments)
+        again = _child(["--child", json.dumps({"producer": model, "cache_dir": cache_dir, "engines": 1})], arguments)
+    if "error" in first or "error" in again:
+        return {"error": first.get("error") or again.get("error")}
+    return {"warmup_s": {"first": first["warmup_s"][0], "second": first["warmup_s"][1],
+                         "new_process": again["warmup_s"][0]},
+            "peak_bytes": first["peak_bytes"]}
+
+
+def _child(extra: list[str], arguments: argparse.Namespace) -> dict:
+    command = [sys.executable, __file__, *extra, "--tokens", str(arguments.tokens),
+               "--producer-slots", str(arguments.producer_slots)]
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode != 0:
+        return {"error": f"exit {finished.returncode}: {finished.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
 def _in_child(model: str, episodes: int, arguments: argparse.Namespace, *, unchunked: bool) -> dict:
     command = [sys.executable, __file__, "--child", json.dumps({"model": model, "episodes": episodes,
                                                                  "unchunked": unchunked}),
@@ -156,11 +211,16 @@ def main(argv=None) -> None:
     arguments = _arguments(argv)
     if arguments.child:
         job = json.loads(arguments.child)
-        print(json.dumps(_measure(job["model"], job["episodes"], arguments, unchunked=job["unchunked"])))
+        if "producer" in job:
+            print(json.dumps(_producer_warmup(job["producer"], arguments, cache_dir=job["cache_dir"],
+                                              engines=job["engines"])))
+        else:
+            print(json.dumps(_measure(job["model"], job["episodes"], arguments, unchunked=job["unchunked"])))
         return
     counts = [int(count) for count in arguments.episodes.split(",")]
-    sizes, unchunked = {}, {}
+    sizes, unchunked, producers = {}, {}, {}
     for model in arguments.models.split(","):
+        producers[model] = _producer_in_children(model, arguments)
         sizes[model] = {str(count): _in_child(model, count, arguments, unchunked=False) for count in counts}
         unchunked[model] = {str(count): _in_child(model, count, arguments, unchunked=True)
                             for count in counts if count <= arguments.unchunked_max}
@@ -168,6 +228,9 @@ def main(argv=None) -> None:
         "bench": "train_memory", "tokens": arguments.tokens, "micro_batch_tokens": arguments.micro_batch_tokens,
         "remat": arguments.remat, "logits_chunk_tokens": arguments.logits_chunk_tokens,
         "sizes": sizes, "unchunked": unchunked,
+        "producer_warmup_s": {model: result.get("warmup_s", result) for model, result in producers.items()},
+        "producer_peak_bytes": {model: result.get("peak_bytes") for model, result in producers.items()},
+        "producer_slots": arguments.producer_slots,
     }))
 
 
