@@ -73,6 +73,12 @@ def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8, config: Transfo
     return algorithm, graphdef, state, optimizer, batch
 
 
+def _full_logits_statistics(model, batch, *, temperature=1.0, chunk_tokens, remat="none"):
+    """The statistics today's step took: from the whole [B, T, V] logits (in place of policy_token_statistics)."""
+    hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat)
+    return logits_token_statistics(model.logits(hidden), batch.tokens, temperature=temperature), hidden
+
+
 def _one_step(graphdef, state, optimizer, loss_fn, batch, *, micro_batch_tokens=None):
     step = make_train_step(graphdef, optimizer, loss_fn, micro_batch_tokens=micro_batch_tokens)
     state, metrics = step(jax.tree.map(jnp.copy, state), batch)
@@ -129,12 +135,8 @@ def test_the_chunked_step_gives_the_loss_and_gradients_of_the_full_logits_step(c
     algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case, logits_chunk_tokens=8)
     chunked = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
 
-    def full_logits_statistics(model, batch, *, temperature=1.0, chunk_tokens, remat="none"):
-        hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat)
-        return logits_token_statistics(model.logits(hidden), batch.tokens, temperature=temperature), hidden
-
     # Today's step: the algorithm's losses read statistics of the whole [B, T, V] logits.
-    monkeypatch.setattr(algorithms, "policy_token_statistics", full_logits_statistics)
+    monkeypatch.setattr(algorithms, "policy_token_statistics", _full_logits_statistics)
     full = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
 
     _assert_same_step(full, chunked)
@@ -165,11 +167,7 @@ def test_a_gemma3_shaped_policy_steps_alike_in_chunks_and_micro_batches(case, mo
     in_micro_batches = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch,
                                  micro_batch_tokens=MICRO_BATCH_TOKENS)
 
-    def full_logits_statistics(model, batch, *, temperature=1.0, chunk_tokens, remat="none"):
-        hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat)
-        return logits_token_statistics(model.logits(hidden), batch.tokens, temperature=temperature), hidden
-
-    monkeypatch.setattr(algorithms, "policy_token_statistics", full_logits_statistics)
+    monkeypatch.setattr(algorithms, "policy_token_statistics", _full_logits_statistics)
     whole_with_full_logits = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
 
     _assert_same_step(whole_with_full_logits, in_micro_batches)
