@@ -72,4 +72,9 @@ def smollm2_config(directory: Path) -> dict[str, Any]:
         # with learning rates for a pretrained model rather than one trained from scratch.
         **SHORT_RUN_CONFIG,
         "learning_rate": 3e-5, "rl_learning_rate": 1e-5,
+        # A laptop's memory: micro-batches of four 512-token rows, each block recomputed in the
+        # backward pass, and logits of 1,024 tokens at a time (200 MB at SmolLM2's 49,152 tokens);
+        # the whole step at once held several GB more, and the kernel killed the trainer beside
+        # another suite.
+        "memory": {"micro_batch_tokens": 2048, "remat": "full", "logits_chunk_tokens": 1024},
     }
