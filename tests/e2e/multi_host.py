@@ -61,6 +61,8 @@ class MultiHostStack(LocalStack):
     def host_of(self, process_name: str) -> Host:
         if process_name.startswith("worker-"):
             return self.net[self.producer_hosts[int(process_name.split("-")[1])]]
+        if process_name == "probe-worker":  # a producer too: it runs environment code, beside the first worker
+            return self.net[self.producer_hosts[0]]
         if process_name.startswith("trainer"):
             return self.net[TRAINER_HOST]
         return self.net[PLATFORM_HOST]
@@ -71,7 +73,7 @@ class MultiHostStack(LocalStack):
         hidden: tuple[Path, ...] = ()
         if host.name != PLATFORM_HOST:
             env.pop("DATABASE_URL", None)  # only the platform's processes use the database
-        if name.startswith("worker-"):
+        if name.startswith("worker-") or name == "probe-worker":
             hidden = (self.config.var_dir,)
         super()._spawn(name, host.command(command, hidden=hidden), cwd=cwd or _REPO_ROOT, env=env)
         self._supervised[name].command = command  # a restart goes through here again

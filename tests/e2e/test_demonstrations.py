@@ -52,8 +52,10 @@ def test_trainer_never_imports_the_environment_for_demonstrations(stack, credent
     assert sorted(point["step"] for point in points) == list(range(1, SFT_STEPS + 1))
     # ... and never in the trainer: only producers (probe and demonstrations) imported the module.
     importers = {int(pid) for pid in client.lrange(IMPORTERS_KEY, 0, -1)}
-    worker_pids = {process.pid for name, process in local.processes.items() if name.startswith("worker-")}
-    assert importers and importers <= worker_pids, (importers, worker_pids)
+    # The producers: the rollout workers and the probe worker, which probed the environment.
+    producer_pids = {process.pid for name, process in local.processes.items()
+                     if name.startswith("worker-") or name == "probe-worker"}
+    assert importers and importers <= producer_pids, (importers, producer_pids)
     assert local.processes["trainer"].pid not in importers
     client.close()
 
