@@ -86,8 +86,9 @@ def test_tandem_s_logits_match_transformers_past_the_sliding_window(gemma3, mode
     ours = np.asarray(_logits_at(model, long_tokens, positions, mask, COMPARED))
     assert np.abs(ours - theirs).max() < FLOAT32_TOLERANCE
     assert (ours[0].argmax(-1) == theirs[0].argmax(-1)).mean() > 0.99
-    # Past the window the sliding layers matter: the same weights with every layer full miss by far there.
-    unwindowed_config = dataclasses.replace(model.config, layer_attention=None)
+    # Past the window the sliding layers' limit matters: the same weights with a window as long as the
+    # rows (each layer keeping its own rotary base) miss by far there, and agree before it.
+    unwindowed_config = dataclasses.replace(model.config, sliding_window=LENGTH)
     abstract = nnx.eval_shape(lambda: Transformer(unwindowed_config, rngs=nnx.Rngs(0)))
     unwindowed = nnx.merge(split_model(abstract)[0], split_model(model)[1])
     missed = np.asarray(_logits_at(unwindowed, long_tokens, positions, mask, COMPARED))

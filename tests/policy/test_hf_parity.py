@@ -208,7 +208,7 @@ def test_each_gemma3_feature_is_what_its_parity_depends_on(checkpoints, change):
     torch_model, directory = checkpoints["gemma3"]
     model = load_hf_checkpoint(directory)
     altered_config = dataclasses.replace(model.config, **{
-        "no window": {"layer_attention": None},
+        "no window": {"sliding_window": 10 * max(LENGTHS)},
         "one rotary base": {"sliding_rope_theta": None},
         "head_dim query scale": {"query_pre_attention_scalar": None},
     }[change])
