@@ -334,8 +334,9 @@ def load_hf_checkpoint(
         or unexpected (named in the message).
     """
     directory = Path(path)
-    config = load_hf_config(directory, max_seq_len=max_seq_len, param_dtype=param_dtype)
-    norm_offset = _NORM_WEIGHT_OFFSET.get(_architecture(_read_json(directory / "config.json")), 0.0)
+    hf_config = _read_json(directory / "config.json")
+    config = transformer_config_from_hf(hf_config, max_seq_len=max_seq_len, param_dtype=param_dtype)
+    norm_offset = _NORM_WEIGHT_OFFSET.get(_architecture(hf_config), 0.0)
     locations = _safetensors_files(directory)
     layout = list(_hf_tensor_layout(config))
 
