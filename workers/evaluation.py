@@ -40,7 +40,13 @@ from tandem.runtime.redis_clients import durable_redis
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
 from workers.episode_slots import RunStoppedWaiting, episode_slots_for
-from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime, inference_slots
+from workers.policy import (
+    BatchingPolicy,
+    PolicyNotPublishedError,
+    PolicyRuntime,
+    close_stopped_idle_runtimes,
+    inference_slots,
+)
 from workers.producer import (
     EnvironmentPausedError,
     RunNotReadyError,
@@ -60,18 +66,8 @@ _KEPT_IDLE_RUNTIMES = 2
 
 
 def release_stopped_evaluation_runtimes(client: redis.Redis) -> list[tuple[int, int]]:
-    """Close the idle evaluation runtimes of runs that stopped; returns their (run, version) keys.
-
-    As :func:`workers.producer.release_stopped_runtimes`: an ended run's engines release their memory.
-    """
-    with _runtimes_lock:
-        idle = [key for key, (_, users) in _runtimes.items() if users == 0]
-    stopped = {key for key in idle if client.exists(run_stop_key(key[0]))}
-    with _runtimes_lock:
-        released = [key for key in stopped if key in _runtimes and _runtimes[key][1] == 0]
-        for key in released:
-            _runtimes.pop(key)[0].close()
-    return sorted(released)
+    """Close the idle evaluation runtimes of runs that stopped; returns their (run, version) keys."""
+    return close_stopped_idle_runtimes(_runtimes, _runtimes_lock, client, run_of=lambda key: key[0])
 
 
 class EvaluationSliceError(RuntimeError):

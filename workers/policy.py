@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, MutableMapping
+from typing import TypeVar
 
 import redis
 from flax import nnx
@@ -38,6 +39,7 @@ from policy import (
 from tandem.allowlists.model_paths import check_model_config_paths
 from tandem.configs.quotas import slot_count
 from tandem.configs.run import RunConfig
+from tandem.contracts import run_stop_key
 from workers.settings import task_concurrency
 
 logger = logging.getLogger(__name__)
@@ -163,6 +165,24 @@ class PolicyRuntime:
     def close(self) -> None:
         """Stop the engine's thread and cancel what it still holds."""
         self.engine.close()
+
+
+RuntimeKey = TypeVar("RuntimeKey", bound=Hashable)
+
+
+def close_stopped_idle_runtimes(runtimes: MutableMapping[RuntimeKey, list], lock: threading.Lock,
+                                client: redis.Redis, *, run_of: Callable[[RuntimeKey], int]) -> list[RuntimeKey]:
+    """Close the ``[runtime, tasks using it]`` entries of ``runtimes`` that no task uses and whose run
+    stopped (its stop key is set); returns their keys. The stop keys are read outside ``lock``: an
+    entry a task took meanwhile is kept."""
+    with lock:
+        idle = [key for key, (_, users) in runtimes.items() if users == 0]
+    stopped = {key for key in idle if client.exists(run_stop_key(run_of(key)))}
+    with lock:
+        released = [key for key in stopped if key in runtimes and runtimes[key][1] == 0]
+        for key in released:
+            runtimes.pop(key)[0].close()
+    return sorted(released)
 
 
 class BatchingPolicy:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import random
@@ -35,17 +34,21 @@ from workers.activity import WORKER_NAME, process_activity, report_activity
 from workers.agent import EpisodeLimits, run_episode
 from workers.episode_loop import process_episode_loop
 from workers.episode_slots import RunStoppedWaiting, episode_slots_for
-from workers.policy import BatchingPolicy, PolicyNotPublishedError, PolicyRuntime
+from workers.policy import (
+    BatchingPolicy,
+    PolicyNotPublishedError,
+    PolicyRuntime,
+    close_stopped_idle_runtimes,
+)
 from workers.run_logs import redact_run_logs_with
 from workers.secret_settings import SecretSettings
 from workers.settings import ROLLOUT_TASK_TIME_LIMIT_S
 
 logger = logging.getLogger(__name__)
 
-# Runtimes stay warm across tasks: rebuilding the sampler would recompile it.
-_runtimes: dict[int, PolicyRuntime] = {}
-# The task threads using each run's runtime: one in use is never closed.
-_runtime_users: collections.Counter[int] = collections.Counter()
+# Runtimes stay warm across tasks: rebuilding the sampler would recompile it. Run -> [runtime, task
+# threads using it]: one in use is never closed.
+_runtimes: dict[int, list] = {}
 # Task threads (Celery's threads pool) share the runtimes; creating one is guarded.
 _runtimes_lock = threading.Lock()
 # Runtimes kept warm for runs that have not stopped; a worker rarely serves more at once.
@@ -125,27 +128,20 @@ def runtime_for(redis_url: str, spec: RunSpec) -> Iterator[PolicyRuntime]:
     """The warm runtime of ``spec``'s run, shared by every task thread of this worker process, held
     while the block runs: nothing closes it meanwhile."""
     with _runtimes_lock:
-        runtime = _runtimes.get(spec.run_id)
-        if runtime is None:
-            runtime = PolicyRuntime(run_id=spec.run_id, config=spec.config,
-                                    redis_client=durable_redis(redis_url))
-            _runtimes[spec.run_id] = runtime
+        entry = _runtimes.get(spec.run_id)
+        if entry is None:
+            entry = _runtimes[spec.run_id] = [PolicyRuntime(run_id=spec.run_id, config=spec.config,
+                                                            redis_client=durable_redis(redis_url)), 0]
             # The oldest idle ones go beyond the kept few: each holds weights and a KV cache.
-            idle = [run_id for run_id in _runtimes if not _runtime_users[run_id] and run_id != spec.run_id]
+            idle = [run_id for run_id, (_, users) in _runtimes.items() if users == 0 and run_id != spec.run_id]
             for oldest in idle[:max(0, len(_runtimes) - _KEPT_RUNTIMES)]:
-                _close_runtime(oldest)
-        _runtime_users[spec.run_id] += 1
+                _runtimes.pop(oldest)[0].close()
+        entry[1] += 1
     try:
-        yield runtime
+        yield entry[0]
     finally:
         with _runtimes_lock:
-            _runtime_users[spec.run_id] -= 1
-
-
-def _close_runtime(run_id: int) -> None:
-    """Forget and close run ``run_id``'s runtime; the caller holds ``_runtimes_lock``."""
-    del _runtime_users[run_id]
-    _runtimes.pop(run_id).close()
+            entry[1] -= 1
 
 
 def release_stopped_runtimes(client: redis.Redis) -> list[int]:
@@ -155,16 +151,10 @@ def release_stopped_runtimes(client: redis.Redis) -> list[int]:
     staying until two newer runs push them out: a worker that served a large model would otherwise
     hold its memory for as long as it idles. A run resumed later builds its runtime again.
     """
-    with _runtimes_lock:
-        idle = [run_id for run_id in _runtimes if not _runtime_users[run_id]]
-    stopped = {run_id for run_id in idle if client.exists(run_stop_key(run_id))}
-    with _runtimes_lock:
-        released = [run_id for run_id in stopped if run_id in _runtimes and not _runtime_users[run_id]]
-        for run_id in released:
-            _close_runtime(run_id)
+    released = close_stopped_idle_runtimes(_runtimes, _runtimes_lock, client, run_of=lambda run_id: run_id)
     for run_id in released:
         logger.info("run %s stopped: its inference engine on this worker is released", run_id)
-    return sorted(released)
+    return released
 
 
 def held_runtime_runs() -> list[int]:
