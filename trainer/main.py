@@ -18,6 +18,7 @@ from policy import enable_compilation_cache
 from tandem.contracts import RETRY_AFTER_MAX_S, RunStatus, TrainerHeartbeat, task_routes
 from tandem.runtime.process_reports import start_process_reporter, stop_process_reporter
 from tandem.runtime.redis_clients import durable_redis, durable_task_publishing
+from tandem.runtime.resource_usage import return_freed_memory
 from tandem.runtime.run_logs import (
     process_run_log_scope,
     start_run_log_shipping,
@@ -146,6 +147,9 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                 finally:
                     liveness.stop()
                     working_on.clear()
+                    # The run's model, optimizer state and compiled steps are garbage now: the
+                    # process waits for the next run at its idle size, not at this run's peak.
+                    return_freed_memory()
             trained += 1
     except LostProcessError:
         job_lost = True

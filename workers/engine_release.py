@@ -14,6 +14,7 @@ import threading
 import redis
 
 from tandem.runtime.redis_clients import durable_redis
+from tandem.runtime.resource_usage import return_freed_memory
 from workers.evaluation import release_stopped_evaluation_runtimes
 from workers.producer import release_stopped_runtimes
 
@@ -27,6 +28,8 @@ def release_stopped_engines(client: redis.Redis) -> list[int]:
     """Close every idle engine of a stopped run in this process; returns the runs released."""
     released = set(release_stopped_runtimes(client))
     released.update(run_id for run_id, _ in release_stopped_evaluation_runtimes(client))
+    if released:
+        return_freed_memory()
     return sorted(released)
 
 

@@ -9,6 +9,9 @@ exactly the time since its own previous report.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import sys
 import time
 from collections.abc import Callable
@@ -102,3 +105,19 @@ class ResourceSampler:
             host_cpu_percent=host_cpu_percent, host_memory_used_bytes=int(memory.total - memory.available),
             host_memory_total_bytes=int(memory.total),
         )
+
+
+def return_freed_memory() -> None:
+    """Hand the memory of what was just released back to the host.
+
+    Once a run's arrays and engines are gone, their buffers sit free in the allocator's arenas:
+    glibc keeps freed memory inside the process, so the resident size would stay at the run's
+    peak while the process idles or serves a smaller run. A collection first breaks the cycles
+    that still hold arrays, then ``malloc_trim`` returns the free pages (a no-op without glibc).
+    """
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator keeps its own policy

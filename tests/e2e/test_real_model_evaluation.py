@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.sdk.client import TandemClient
-from tests.e2e.conftest import run_ended, user_api
+from tests.e2e.conftest import private_stack, run_ended, user_api
 
 EVALUATION = {"tasks": 4, "samples_per_task": 2, "pass_k": [1, 2], "temperature": 0}
 EPISODES = EVALUATION["tasks"] * EVALUATION["samples_per_task"]
@@ -27,28 +27,13 @@ RUN_CONFIG = {"model": {"max_seq_len": 512}, "sampling": {"max_new_tokens": 40, 
 # Two runs of a real model, each loading it and compiling its engine on a CPU: longer than the
 # suite's default limit on a loaded machine. A guard against a hang, not a measure of speed.
 @pytest.mark.timeout(1800)
-def test_an_evaluation_only_run_of_the_real_model_evaluates_it_once_and_reproducibly(stack, credentials, smollm2):
-    local, _ = stack
-    api = user_api(local, credentials)
-    outcomes = []
-    with TandemClient(local.config.platform_url, credentials.user_token, timeout=30) as client:
-        for attempt in range(2):
-            created = client.runs.evaluate_model(
-                smollm2.resolve(), environment="calculator-chat", evaluation=EVALUATION, config=RUN_CONFIG,
-                project=credentials.project_id, name=f"SmolLM2 evaluated as imported ({attempt})")
-            assert (created.config["sft_steps"], created.config["rl_steps"]) == (0, 0)
-            assert created.config["model"]["hf_checkpoint"] == str(smollm2.resolve())
-            ended = run_ended(local, api, created.id, timeout_s=1500)
-            assert ended["status"] == "finished", ended["status_reason"]
-            assert ended["trainer_step"] == 0  # nothing trained
-
-            (evaluation,) = client.runs.evaluations(created.id)
-            assert (evaluation.index, evaluation.status, evaluation.episodes) == (0, "complete", EPISODES), \
-                evaluation.reason
-            assert evaluation.environment.startswith("calculator-chat@") and evaluation.temperature == 0
-            trajectory_ids = evaluation.trajectory_ids
-            assert len(trajectory_ids) == EPISODES
-            outcomes.append((evaluation, _episodes_in_order(api, created.id, trajectory_ids)))
+def test_an_evaluation_only_run_of_the_real_model_evaluates_it_once_and_reproducibly(tmp_path, smollm2):
+    # A stack of its own with one producer: the real-model lock then covers all the memory the model
+    # takes (its trainer and its engine), and none of it stays in the session's stack afterwards.
+    with private_stack(tmp_path, workers=1, log_lines=40) as local:
+        credentials = local.prepare()
+        local.start(credentials)
+        outcomes = [_evaluated(local, credentials, smollm2, attempt) for attempt in range(2)]
 
     (first, first_episodes), (second, second_episodes) = outcomes
 
@@ -68,6 +53,27 @@ def test_an_evaluation_only_run_of_the_real_model_evaluates_it_once_and_reproduc
     first_logprobs, second_logprobs = _logprobs(first_episodes), _logprobs(second_episodes)
     assert len(first_logprobs) == len(second_logprobs) > 0
     assert second_logprobs == pytest.approx(first_logprobs, abs=1e-3)
+
+
+def _evaluated(local, credentials, smollm2, attempt: int) -> tuple:
+    """One evaluation-only run of the imported model: its evaluation, and its episodes in order."""
+    api = user_api(local, credentials)
+    with TandemClient(local.config.platform_url, credentials.user_token, timeout=30) as client:
+        created = client.runs.evaluate_model(
+            smollm2.resolve(), environment="calculator-chat", evaluation=EVALUATION, config=RUN_CONFIG,
+            project=credentials.project_id, name=f"SmolLM2 evaluated as imported ({attempt})")
+        assert (created.config["sft_steps"], created.config["rl_steps"]) == (0, 0)
+        assert created.config["model"]["hf_checkpoint"] == str(smollm2.resolve())
+        ended = run_ended(local, api, created.id, timeout_s=1500)
+        assert ended["status"] == "finished", ended["status_reason"]
+        assert ended["trainer_step"] == 0  # nothing trained
+
+        (evaluation,) = client.runs.evaluations(created.id)
+    assert (evaluation.index, evaluation.status, evaluation.episodes) == (0, "complete", EPISODES), \
+        evaluation.reason
+    assert evaluation.environment.startswith("calculator-chat@") and evaluation.temperature == 0
+    assert len(evaluation.trajectory_ids) == EPISODES
+    return evaluation, _episodes_in_order(api, created.id, evaluation.trajectory_ids)
 
 
 def _without_logprobs(episodes: list[dict]) -> list[dict]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 
-from tandem.runtime.resource_usage import ResourceSampler
+from tandem.runtime.resource_usage import ResourceSampler, return_freed_memory
 
 
 def _burn_cpu(seconds: float) -> float:
@@ -53,3 +54,20 @@ def test_without_a_baseline_the_first_sample_is_the_average_since_the_process_st
 
     assert usage.host_cpu_percent is None  # nothing to compare the host's counters with yet
     assert usage.cpu_cores > 0 and sampler.started_at < usage.at
+
+
+def test_freed_memory_goes_back_to_the_host():
+    # Blocks under glibc's mmap threshold, freed with the last one kept: glibc keeps their pages in
+    # its heap (nothing at its top to trim by itself) until told to give them back.
+    process = psutil.Process()
+    blocks = [bytes(1000) + bytes([index % 256]) for index in range(200_000)]
+    last = blocks[-1]
+    held = process.memory_info().rss
+    del blocks
+    still_held = process.memory_info().rss
+    assert still_held > held - 100 * 2**20  # the allocator kept the freed pages
+
+    return_freed_memory()
+
+    assert process.memory_info().rss < still_held - 100 * 2**20
+    assert last  # kept alive to the end
