@@ -65,14 +65,16 @@ class StepLoss:
 
 
 def on_token_statistics(
-    loss_fn: LossFn, *, temperature: float = 1.0, logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS
+    loss_fn: LossFn, *, temperature: float = 1.0, logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
+    remat: str = "none",
 ) -> StepLoss:
     """Lift a loss of ``(token statistics, batch, totals)`` to a :class:`StepLoss` of the model: the
-    statistics come from its hidden states in chunks (:func:`trainer.token_statistics.policy_token_statistics`)."""
+    statistics come from its hidden states in chunks (:func:`trainer.token_statistics.policy_token_statistics`),
+    whose backward pass keeps of each block what ``remat`` says (``policy.REMAT_POLICIES``)."""
 
     def model_loss(model: Transformer, batch: TrainBatch, totals: StepTotals):
         statistics, _ = policy_token_statistics(model, batch, temperature=temperature,
-                                                chunk_tokens=logits_chunk_tokens)
+                                                chunk_tokens=logits_chunk_tokens, remat=remat)
         return loss_fn(statistics, batch, totals)
 
     return StepLoss(model_loss)

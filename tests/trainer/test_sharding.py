@@ -123,6 +123,8 @@ def test_sharded_steps_lay_out_every_parameter_and_match_one_device(sharded_repo
     assert run["max_abs_diff_to_one_device"] <= ATOL, run["max_abs_diff_to_one_device"]
     # Micro-batches of one row, accumulated across the mesh: the same parameters.
     assert run["micro_batches_max_abs_diff_to_one_device"] <= ATOL, run["micro_batches_max_abs_diff_to_one_device"]
+    assert run["remat_micro_batches_max_abs_diff_to_one_device"] <= ATOL, \
+        run["remat_micro_batches_max_abs_diff_to_one_device"]
     if lora:
         assert run["base_unchanged"]
 
@@ -254,13 +256,19 @@ def _sharded_runs() -> dict:
         micro_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings,
                                      micro_batch_tokens=16)
         micro_state = shard_train_state(fresh_state(lora)[1], shardings)
+        # And once more with every block rematerialised (its backward pass in a conditional on CPU).
+        remat_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss, remat="full"),
+                                     shardings=shardings, micro_batch_tokens=16)
+        remat_state = shard_train_state(fresh_state(lora)[1], shardings)
         for step in range(STEPS):
             sharded_batch = shard_batch(batch(step), shardings)
             state, metrics = train_step(state, sharded_batch)
             micro_state, _ = micro_step(micro_state, shard_batch(batch(step), shardings))
+            remat_state, _ = remat_step(remat_state, shard_batch(batch(step), shardings))
         jax.block_until_ready(state)
         params = flat(state.params)
         micro_params = flat(micro_state.params)
+        remat_params = flat(remat_state.params)
         runs[f"{data}x{fsdp}x{tensor}-{'lora' if lora else 'full'}"] = {
             "device_count": jax.device_count(),
             "trace_count": train_step.trace_count,
@@ -276,6 +284,10 @@ def _sharded_runs() -> dict:
             "micro_batches_max_abs_diff_to_one_device": max(
                 float(np.max(np.abs(np.asarray(leaf) - reference[path])))
                 for path, leaf in micro_params.items()
+            ),
+            "remat_micro_batches_max_abs_diff_to_one_device": max(
+                float(np.max(np.abs(np.asarray(leaf) - reference[path])))
+                for path, leaf in remat_params.items()
             ),
             "base_unchanged": all(
                 np.array_equal(np.asarray(params[path]), value)
