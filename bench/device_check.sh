@@ -2,7 +2,7 @@
 # The trainer's jitted GRPO update and the inference engine on an accelerator, in one go of
 # under 10 minutes: step time, tokens/s, MFU and device memory for the nano and small models
 # and for SmolLM2-135M's architecture (random weights: the imported model is 500 MB and need not
-# travel), in float32 and bfloat16; then the engine's generated tokens/s at 1, 8 and 64
+# travel), in float32 and bfloat16, then SmolLM2's and Gemma 3 270M's in bfloat16; then the engine's generated tokens/s at 1, 8 and 64
 # sessions on that architecture. Each part writes its JSON line to OUT_DIR/<part>.json (and its
 # log to <part>.err) as it ends, so a part that runs out of time leaves the others' figures.
 #
@@ -34,5 +34,8 @@ part() {
 part train_nano_small bench/train_step.py --steps 10 --batch-size 32
 part train_smollm2_f32 bench/train_step.py --sizes smollm2-135m --steps 5 --batch-size 16 --seq-len 1024
 part train_smollm2_bf16 bench/train_step.py --sizes smollm2-135m --steps 5 --batch-size 16 --seq-len 1024 \
+  --param-dtype bfloat16
+# Both real families' shapes in one process, the update as the trainer runs it (chunked logits).
+part train_models_bf16 bench/train_step.py --sizes smollm2-135m,gemma3-270m --steps 5 --batch-size 8 --seq-len 1024 \
   --param-dtype bfloat16
 part engine_smollm2_bf16 bench/sampler.py --size smollm2-135m --param-dtype bfloat16 --episodes-scale 0.25
