@@ -10,7 +10,8 @@ first compiles, the second is timed. It reports:
   ``peak_bytes_in_use`` where the backend reports one;
 - ``planned_peak_bytes``: the run's memory plan for the same config (tandem/configs/memory_plan.py);
 - ``tokens_per_s``: the batch's real tokens over the timed update's wall time;
-- ``padding_fraction``: the share of the padded batch that was padding.
+- ``padding_fraction``: the share of the padded batch that was padding; ``rows``: the batch's rows
+  (fewer than the episodes with ``--pack``, which packs them several to a row).
 
 ``unchunked`` runs today's step before this change on the counts up to ``--unchunked-max``: the whole
 batch at once, no remat, and log-probs from the full ``[B, T, V]`` logits.
@@ -23,7 +24,7 @@ the same host's persistent compilation cache (policy/compilation_cache.py). ``pr
 the first process's resident high-water mark with its engine.
 
 Usage: ``python bench/train_memory.py [--models smollm2-135m] [--episodes 16,64,256] [--tokens 1024]
-[--micro-batch-tokens 4096] [--remat full] [--logits-chunk-tokens 4096] [--unchunked-max 16]``.
+[--micro-batch-tokens 4096] [--remat full] [--logits-chunk-tokens 4096] [--unchunked-max 16] [--pack]``.
 Prints one JSON line. Gemma 3 270M is built from its shape (bench/train_step.py), sliding layers and all.
 """
 
@@ -49,6 +50,8 @@ def _arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--remat", default="full", choices=["none", "full", "save_matmuls"])
     parser.add_argument("--logits-chunk-tokens", type=int, default=4096)
+    parser.add_argument("--pack", action="store_true",
+                        help="pack the episodes several to a row (memory.pack_episodes)")
     parser.add_argument("--unchunked-max", type=int, default=16,
                         help="run today's unchunked step on counts up to this (0: none)")
     parser.add_argument("--producer-slots", type=int, default=16, help="KV-cache rows of the timed engines")
@@ -88,7 +91,7 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     from trainer import algorithms
     from trainer.algorithms import ReferencePolicy, build_algorithm
     from trainer.token_statistics import logits_token_statistics
-    from trainer.train_batch import pad_batch
+    from trainer.train_batch import pack_batch, pad_batch
     from trainer.train_state import create_train_state, make_optimizer
     from trainer.train_step import make_train_step
 
@@ -116,9 +119,13 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
         sequences.append(rng.integers(0, shape.sampled_ids, length).tolist())
         masks.append([0] * prompt + [1] * (length - prompt))
         behaviour.append([0.0] * prompt + (-rng.exponential(2.0, length - prompt)).tolist())
-    batch = pad_batch(sequences, loss_masks=masks, behaviour_logprobs=behaviour,
-                      advantages=rng.standard_normal(episodes).tolist(), batch_size=episodes,
-                      length_buckets=(arguments.tokens,), pad_id=0)
+    advantages = rng.standard_normal(episodes).tolist()
+    if arguments.pack and not unchunked:
+        batch = pack_batch(sequences, loss_masks=masks, behaviour_logprobs=behaviour, advantages=advantages,
+                           length_buckets=(arguments.tokens,), pad_id=0)
+    else:
+        batch = pad_batch(sequences, loss_masks=masks, behaviour_logprobs=behaviour, advantages=advantages,
+                          batch_size=episodes, length_buckets=(arguments.tokens,), pad_id=0)
     batch = batch.replace(extras={"reference_logprobs": reference.logprobs(
         batch, temperature=1.0, logits_chunk_tokens=config.memory.logits_chunk_tokens)})
     step = make_train_step(graphdef, optimizer, algorithm.loss_fn, micro_batch_tokens=config.memory.micro_batch_tokens)
@@ -142,7 +149,8 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
         "planned_peak_bytes": plan.peak_bytes,
         "tokens_per_s": tokens / wall_s,
         "step_s": wall_s,
-        "padding_fraction": 1.0 - tokens / (episodes * arguments.tokens),
+        "padding_fraction": 1.0 - tokens / batch.tokens.size,
+        "rows": int(batch.tokens.shape[0]),
         "micro_batches": plan.micro_batches,
         "loss": float(metrics["loss"]),
     }
@@ -199,7 +207,8 @@ def _in_child(model: str, episodes: int, arguments: argparse.Namespace, *, unchu
     command = [sys.executable, __file__, "--child", json.dumps({"model": model, "episodes": episodes,
                                                                  "unchunked": unchunked}),
                "--tokens", str(arguments.tokens), "--micro-batch-tokens", str(arguments.micro_batch_tokens),
-               "--remat", arguments.remat, "--logits-chunk-tokens", str(arguments.logits_chunk_tokens)]
+               "--remat", arguments.remat, "--logits-chunk-tokens", str(arguments.logits_chunk_tokens),
+               *(["--pack"] if arguments.pack else [])]
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
         # Killed for memory (-9) or failed: recorded, not hidden.
@@ -226,7 +235,7 @@ def main(argv=None) -> None:
                             for count in counts if count <= arguments.unchunked_max}
     print(json.dumps({
         "bench": "train_memory", "tokens": arguments.tokens, "micro_batch_tokens": arguments.micro_batch_tokens,
-        "remat": arguments.remat, "logits_chunk_tokens": arguments.logits_chunk_tokens,
+        "remat": arguments.remat, "logits_chunk_tokens": arguments.logits_chunk_tokens, "pack": arguments.pack,
         "sizes": sizes, "unchunked": unchunked,
         "producer_warmup_s": {model: result.get("warmup_s", result) for model, result in producers.items()},
         "producer_peak_bytes": {model: result.get("peak_bytes") for model, result in producers.items()},

@@ -98,6 +98,7 @@ def gae_advantages(
     *,
     gamma: float,
     lam: float,
+    episodes: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Generalised advantage estimation over the policy's tokens only (Schulman et al., 2016).
 
@@ -117,25 +118,37 @@ def gae_advantages(
       rewards, values: float [B, L], both already at the action's slot.
       mask: [B, L], 1 on policy tokens.
       gamma, lam: discount and GAE lambda.
+      episodes: int [B, L], a packed row's episode of each slot (``TrainBatch.episodes``): an
+        episode's last policy token has no successor, whatever follows it in the row. None: each
+        row is one episode.
     Returns:
       (advantages [B, L], returns = advantages + values [B, L]), 0 off the mask.
     """
     rewards = rewards.astype(jnp.float32)
     values = values.astype(jnp.float32)
     on = mask > 0
+    if episodes is None:
+        episodes = jnp.ones(rewards.shape, jnp.int32)
 
     def step(carry, inputs):
-        next_value, next_advantage = carry
-        reward, value, is_action = inputs
+        next_value, next_advantage, next_episode = carry
+        reward, value, is_action, episode = inputs
+        # The successor is in another episode (or there is none yet): this is its episode's last action.
+        same_episode = next_episode == episode
+        next_value = jnp.where(same_episode, next_value, 0.0)
+        next_advantage = jnp.where(same_episode, next_advantage, 0.0)
         advantage = reward + gamma * next_value - value + gamma * lam * next_advantage
         carry = (
             jnp.where(is_action, value, next_value),
             jnp.where(is_action, advantage, next_advantage),
+            jnp.where(is_action, episode, next_episode),
         )
         return carry, jnp.where(is_action, advantage, 0.0)
 
     zeros = jnp.zeros(rewards.shape[0], jnp.float32)
-    _, advantages = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, on.T), reverse=True)
+    none_yet = jnp.zeros(rewards.shape[0], jnp.int32)
+    _, advantages = jax.lax.scan(step, (zeros, zeros, none_yet), (rewards.T, values.T, on.T, episodes.T),
+                                 reverse=True)
     advantages = advantages.T
     returns = jnp.where(on, advantages + values, 0.0)
     return advantages, returns

@@ -66,7 +66,7 @@ from trainer.advantages import (
 )
 from trainer.losses import PPOTargets, policy_gradient_loss, ppo_loss, ppo_targets, sft_loss
 from trainer.token_statistics import policy_token_statistics
-from trainer.train_batch import TrainBatch, pad_batch
+from trainer.train_batch import TrainBatch, pack_batch, pad_batch
 from trainer.train_step import (
     DEFAULT_LOGITS_CHUNK_TOKENS,
     StepLoss,
@@ -333,41 +333,60 @@ class Algorithm:
         length_buckets: tuple[int, ...],
         pad_id: int,
         reference: ReferencePolicy | None = None,
+        pack_row_multiple: int | None = None,
     ) -> TrainBatch:
         """Pad prepared episodes into a TrainBatch with every extra :attr:`loss_fn` reads.
 
         Episodes are cut to the largest length bucket. PPO's outcome reward
         goes on the last policy token that survives the cut. With a KL
         penalty, ``reference`` is required and its log-probs are computed
-        here, outside the train step.
+        here, outside the train step. With ``pack_row_multiple`` the episodes are
+        packed several to a row (:func:`trainer.train_batch.pack_batch`, rows a multiple of it)
+        instead of one to each of ``batch_size`` rows; the losses give the same result.
         """
         if self.needs_reference and reference is None:
             raise ValueError(f"{self.config.name} with a KL penalty needs the reference policy")
         max_len = max(length_buckets)
         records = prepared.records
         masks = [record.loss_mask[:max_len] for record in records]
-        batch = pad_batch(
-            [record.token_ids[:max_len] for record in records],
-            loss_masks=masks,
-            segment_starts=[record.segment_starts for record in records],
-            behaviour_logprobs=[record.behaviour_logprobs[:max_len] for record in records],
-            advantages=[float(a) for a in prepared.advantages],
-            batch_size=batch_size,
-            length_buckets=length_buckets,
-            pad_id=pad_id,
-        )
-        extras: dict[str, jax.Array] = {}
+        token_extras: dict[str, list[list[float]]] = {}
         if self.needs_value_head:
-            token_rewards = np.zeros(batch.tokens.shape, np.float32)
-            for row, (mask, reward) in enumerate(zip(masks, prepared.rewards, strict=True)):
-                policy_slots = np.flatnonzero(np.asarray(mask))
-                if policy_slots.size:
-                    token_rewards[row, policy_slots[-1]] = reward
-            extras[TOKEN_REWARDS] = jnp.asarray(token_rewards)
+            token_extras[TOKEN_REWARDS] = [_outcome_on_last_policy_token(mask, reward)
+                                           for mask, reward in zip(masks, prepared.rewards, strict=True)]
+        common = {
+            "loss_masks": masks,
+            "segment_starts": [record.segment_starts for record in records],
+            "behaviour_logprobs": [record.behaviour_logprobs[:max_len] for record in records],
+            "advantages": [float(a) for a in prepared.advantages],
+            "length_buckets": length_buckets,
+            "pad_id": pad_id,
+        }
+        sequences = [record.token_ids[:max_len] for record in records]
+        if pack_row_multiple is not None:
+            batch = pack_batch(sequences, **common, row_multiple=pack_row_multiple, token_extras=token_extras)
+            extras = dict(batch.extras)
+        else:
+            batch = pad_batch(sequences, **common, batch_size=batch_size)
+            extras = {}
+            for key, per_token in token_extras.items():
+                padded = np.zeros(batch.tokens.shape, np.float32)
+                for row, values in enumerate(per_token):
+                    padded[row, :len(values)] = values
+                extras[key] = jnp.asarray(padded)
         if self.needs_reference:
             extras[REFERENCE_LOGPROBS] = reference.logprobs(batch, temperature=self.temperature,
                                                             logits_chunk_tokens=self.logits_chunk_tokens)
         return batch.replace(extras=extras)
+
+
+def _outcome_on_last_policy_token(mask: list[int], reward: float) -> list[float]:
+    """A sequence's token rewards: its outcome ``reward`` on its last policy token, 0 elsewhere (and
+    everywhere, for a sequence without one)."""
+    rewards = [0.0] * len(mask)
+    policy_slots = np.flatnonzero(np.asarray(mask))
+    if policy_slots.size:
+        rewards[int(policy_slots[-1])] = float(reward)
+    return rewards
 
 
 def build_algorithm(

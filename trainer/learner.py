@@ -57,6 +57,14 @@ class Learner:
             }
         self.state: TrainState = state
 
+    @property
+    def batch_ways(self) -> int:
+        """Devices a batch's rows are split over (data x fsdp): a packed batch's rows are a multiple of it."""
+        if self.shardings is None:
+            return 1
+        mesh = self.shardings.batch.mesh
+        return int(mesh.shape["data"] * mesh.shape["fsdp"])
+
     def published_params(self):
         """What producers load of the state: the policy's parameters (without a value head's)."""
         return policy_params(self.state.params) if self.algorithm.needs_value_head else self.state.params

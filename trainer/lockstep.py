@@ -105,6 +105,8 @@ def decode(message: bytes) -> Order:
 def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:
     """A batch as flat host arrays (extras prefixed ``extras/``); every array fully on this host."""
     arrays = {name: np.asarray(getattr(batch, name)) for name in _BATCH_FIELDS}
+    if batch.episodes is not None:
+        arrays["episodes"] = np.asarray(batch.episodes)
     arrays |= {f"extras/{name}": np.asarray(value) for name, value in batch.extras.items()}
     return arrays
 
@@ -112,7 +114,7 @@ def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:
 def arrays_batch(arrays: dict[str, np.ndarray]) -> TrainBatch:
     """The inverse of :func:`batch_arrays`."""
     extras = {name.removeprefix("extras/"): value for name, value in arrays.items() if name.startswith("extras/")}
-    return TrainBatch(**{name: arrays[name] for name in _BATCH_FIELDS}, extras=extras)
+    return TrainBatch(**{name: arrays[name] for name in _BATCH_FIELDS}, extras=extras, episodes=arrays.get("episodes"))
 
 
 _BATCH_FIELDS = ("tokens", "positions", "attention_mask", "loss_mask", "advantages", "behaviour_logprobs")

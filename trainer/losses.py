@@ -75,7 +75,30 @@ class StepTotals:
 
 def step_totals(batch: TrainBatch) -> StepTotals:
     """The totals of ``batch`` taken as a whole step."""
-    return step_totals_of_mask(batch.loss_mask[:, 1:])
+    return step_totals_of_mask(batch.loss_mask[:, 1:], episode_membership(batch))
+
+
+def episode_membership(batch: TrainBatch) -> jax.Array | None:
+    """float32 [B, T - 1, K]: 1 where the predicted token at a slot belongs to its row's ``k + 1``-th
+    episode; None where each row is one episode (an unpacked batch)."""
+    if batch.episodes is None:
+        return None
+    slots = batch.advantages.shape[1]
+    return (batch.episodes[:, 1:, None] == jnp.arange(1, slots + 1, dtype=jnp.int32)).astype(jnp.float32)
+
+
+def _per_episode_sum(values: jax.Array, membership: jax.Array | None) -> jax.Array:
+    """[B, L] -> [B, K]: each episode's sum (K = 1, the row's, without ``membership``)."""
+    if membership is None:
+        return jnp.sum(values, axis=-1, keepdims=True)
+    return jnp.einsum("blk,bl->bk", membership, values)
+
+
+def _per_token(per_episode: jax.Array, membership: jax.Array | None) -> jax.Array:
+    """[B, K] -> [B, L] (or [B, 1] to broadcast, without ``membership``): each token its episode's value."""
+    if membership is None:
+        return per_episode
+    return jnp.einsum("blk,bk->bl", membership, per_episode)
 
 
 # A loss maps the policy's token statistics [B, T - 1], the batch they came from and the step's
@@ -140,6 +163,7 @@ def aggregate_loss(
     *,
     token_sum_length: int | None = None,
     totals: StepTotals | None = None,
+    membership: jax.Array | None = None,
 ) -> jax.Array:
     """Reduce a per-token loss [B, L] over the policy tokens in ``mask`` [B, L] to a scalar.
 
@@ -158,19 +182,20 @@ def aggregate_loss(
 
     Padding rows (``n_b = 0``) count in none of them; an empty mask gives 0. The sums over ``b`` and
     the counts of tokens and rows are the step's (``totals``): a micro-batch's loss is its share of
-    the step's. Without ``totals`` they are those of ``mask`` alone.
+    the step's. Without ``totals`` they are those of ``mask`` alone. In a packed batch an episode is
+    one of a row's (``membership``, :func:`episode_membership`), not the row.
     """
     mask = mask.astype(jnp.float32)
     total = jnp.sum(per_token * mask)
-    tokens_per_row = jnp.sum(mask, axis=-1)
-    has_tokens = (tokens_per_row > 0).astype(jnp.float32)
-    totals = totals or step_totals_of_mask(mask)
+    tokens_per_episode = _per_episode_sum(mask, membership)
+    has_tokens = (tokens_per_episode > 0).astype(jnp.float32)
+    totals = totals or step_totals_of_mask(mask, membership)
     num_sequences = totals.sequences
     if mode == "token_mean":
         return total / totals.policy_tokens
     if mode == "seq_mean_token_mean":
-        row_means = jnp.sum(per_token * mask, axis=-1) / jnp.maximum(tokens_per_row, 1.0)
-        return jnp.sum(row_means * has_tokens) / num_sequences
+        episode_means = _per_episode_sum(per_token * mask, membership) / jnp.maximum(tokens_per_episode, 1.0)
+        return jnp.sum(episode_means * has_tokens) / num_sequences
     if mode == "token_sum":
         if token_sum_length is None:
             raise ValueError("token_sum aggregation needs token_sum_length")
@@ -207,6 +232,7 @@ def truncated_importance_weights(
     level: Literal["token", "sequence"],
     cap: float,
     totals: StepTotals | None = None,
+    membership: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Truncated importance weights ``min(pi_proximal / pi_behaviour, cap)`` per token [B, L].
 
@@ -221,7 +247,8 @@ def truncated_importance_weights(
     (sequence level), of the untruncated ratio: ``tis_ratio_mean``,
     ``tis_ratio_min``, ``tis_ratio_max`` (log-ratios capped at 80 for
     reporting), ``tis_truncated_fraction`` (ratio > cap) and
-    ``tis_weight_mean`` (the truncated weight).
+    ``tis_weight_mean`` (the truncated weight). ``membership``: a packed batch's episodes
+    (:func:`episode_membership`); without it, each row is one.
     """
     mask = mask.astype(jnp.float32)
     log_ratio = jnp.where(mask > 0, proximal_logprobs - behaviour_logprobs, 0.0)
@@ -231,12 +258,12 @@ def truncated_importance_weights(
         units_log_ratio, units = log_ratio, mask
         weights = jnp.exp(jnp.minimum(log_ratio, log_cap)) * mask
     elif level == "sequence":
-        units_log_ratio = jnp.sum(log_ratio, axis=-1)
-        units = (jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)
-        weights = jnp.exp(jnp.minimum(units_log_ratio, log_cap))[:, None] * mask
+        units_log_ratio = _per_episode_sum(log_ratio, membership)
+        units = (_per_episode_sum(mask, membership) > 0).astype(jnp.float32)
+        weights = _per_token(jnp.exp(jnp.minimum(units_log_ratio, log_cap)), membership) * mask
     else:
         raise ValueError(f"unknown importance-sampling level {level!r}")
-    totals = totals or step_totals_of_mask(mask)
+    totals = totals or step_totals_of_mask(mask, membership)
     units_total = totals.policy_tokens if level == "token" else totals.sequences
     reported = jnp.exp(jnp.minimum(units_log_ratio, _MAX_REPORTED_LOG_RATIO))
     smallest, largest = _masked_min_max(reported, units)
@@ -251,11 +278,12 @@ def truncated_importance_weights(
     return weights, metrics
 
 
-def step_totals_of_mask(mask: jax.Array) -> StepTotals:
-    """The totals of a policy-token ``mask`` [B, L] taken as a whole step."""
+def step_totals_of_mask(mask: jax.Array, membership: jax.Array | None = None) -> StepTotals:
+    """The totals of a policy-token ``mask`` [B, L] taken as a whole step; the episodes are the rows,
+    or those of a packed batch's ``membership`` (:func:`episode_membership`)."""
     mask = mask.astype(jnp.float32)
     return StepTotals(policy_tokens=jnp.maximum(jnp.sum(mask), 1.0),
-                      sequences=jnp.maximum(jnp.sum(jnp.sum(mask, axis=-1) > 0), 1.0))
+                      sequences=jnp.maximum(jnp.sum(_per_episode_sum(mask, membership) > 0), 1.0))
 
 
 def clipped_value_loss(
@@ -309,7 +337,8 @@ def policy_gradient_loss(
         ``advantages`` is given) and, with a KL penalty, ``extras["reference_logprobs"]``.
       epsilon_low, epsilon_high: asymmetric clip range (DAPO clip-higher).
       advantages: per-token advantages [B, T - 1] at the predicted token's
-        slots (PPO); default ``batch.advantages`` [B] broadcast over tokens.
+        slots (PPO); default ``batch.advantages`` [B] broadcast over tokens (a packed batch's
+        [B, K], each episode's over its tokens).
       aggregation, token_sum_length, totals: see :func:`aggregate_loss`.
       kl_coef: None disables the KL term (and reading the reference).
       kl_estimator: see :func:`kl_estimate`.
@@ -324,11 +353,13 @@ def policy_gradient_loss(
     estimator); with TIS, the metrics of :func:`truncated_importance_weights`.
     """
     mask = _policy_mask(batch)
-    totals = totals or step_totals_of_mask(mask)
+    membership = episode_membership(batch)
+    totals = totals or step_totals_of_mask(mask, membership)
     policy_logprobs = statistics.logprobs
     behaviour_logprobs = batch.behaviour_logprobs[:, 1:].astype(jnp.float32)
     if advantages is None:
-        advantages = batch.advantages.astype(jnp.float32)[:, None]
+        per_episode = batch.advantages.astype(jnp.float32)
+        advantages = _per_token(per_episode if membership is not None else per_episode[:, None], membership)
     advantages = jnp.broadcast_to(advantages.astype(jnp.float32), mask.shape)
 
     metrics: dict[str, jax.Array] = {}
@@ -347,13 +378,15 @@ def policy_gradient_loss(
             level=importance_sampling,
             cap=importance_sampling_cap,
             totals=totals,
+            membership=membership,
         )
         metrics.update(tis_metrics)
     ratio = jnp.exp(log_ratio)
     lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
     clipped_ratio = jnp.clip(ratio, lower, upper)
     objective = weights * jnp.minimum(ratio * advantages, clipped_ratio * advantages)
-    policy_loss = -aggregate_loss(objective, mask, aggregation, token_sum_length=token_sum_length, totals=totals)
+    policy_loss = -aggregate_loss(objective, mask, aggregation, token_sum_length=token_sum_length, totals=totals,
+                                  membership=membership)
     loss = policy_loss
 
     tokens = totals.policy_tokens
@@ -361,7 +394,7 @@ def policy_gradient_loss(
         reference_logprobs = batch.extras["reference_logprobs"][:, 1:].astype(jnp.float32)
         kl = kl_estimate(policy_logprobs, reference_logprobs, mask, kl_estimator)
         loss = loss + kl_coef * aggregate_loss(
-            kl, mask, aggregation, token_sum_length=token_sum_length, totals=totals
+            kl, mask, aggregation, token_sum_length=token_sum_length, totals=totals, membership=membership
         )
         metrics["kl"] = _step_mean(kl, mask, tokens)
 
@@ -425,7 +458,8 @@ def ppo_targets(
     mask = _policy_mask(batch)
     old_values = jax.lax.stop_gradient(values[:, :-1].astype(jnp.float32))
     token_rewards = batch.extras["token_rewards"][:, 1:].astype(jnp.float32)
-    advantages, returns = gae_advantages(token_rewards, old_values, mask, gamma=gamma, lam=lam)
+    episodes = None if batch.episodes is None else batch.episodes[:, 1:]
+    advantages, returns = gae_advantages(token_rewards, old_values, mask, gamma=gamma, lam=lam, episodes=episodes)
     gae_advantage_mean = _masked_mean(advantages, mask)
     if normalize_advantages:
         centred = advantages - gae_advantage_mean
@@ -468,7 +502,8 @@ def ppo_loss(
     after whitening) plus ``value_loss``.
     """
     mask = _policy_mask(batch)
-    totals = totals or step_totals_of_mask(mask)
+    membership = episode_membership(batch)
+    totals = totals or step_totals_of_mask(mask, membership)
     loss, metrics = policy_gradient_loss(
         statistics, batch, advantages=targets.advantages, totals=totals, **policy_loss_options
     )
@@ -479,6 +514,7 @@ def ppo_loss(
         policy_loss_options.get("aggregation", "token_mean"),
         token_sum_length=policy_loss_options.get("token_sum_length"),
         totals=totals,
+        membership=membership,
     )
     metrics["value_loss"] = value_loss
     return loss + value_coef * value_loss, metrics

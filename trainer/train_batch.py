@@ -31,13 +31,17 @@ class TrainBatch:
     attention_mask: jax.Array
     # float32 [B, T], 1 on tokens the policy generated (the only ones trained on).
     loss_mask: jax.Array
-    # float32 [B] per-sequence advantage (RL); zeros for SFT.
+    # float32 [B] per-sequence advantage (RL); zeros for SFT. Packed: [B, K], the advantage of each
+    # of a row's episodes, in the order they sit in it.
     advantages: jax.Array
     # float32 [B, T] log-prob of each token under the policy that sampled it (RL); zeros for SFT.
     behaviour_logprobs: jax.Array
     # Algorithm-specific arrays, e.g. reference log-probs [B, T] for a KL penalty or
     # returns and old values for PPO. Keys are fixed per algorithm, so shapes stay static.
     extras: dict[str, jax.Array] = flax.struct.field(default_factory=dict)
+    # Packed rows only (:func:`pack_batch`): int32 [B, T], which of its row's episodes a token belongs
+    # to, 1 .. K, 0 on padding. None: each row is one episode.
+    episodes: jax.Array | None = None
 
 
 def pad_batch(
@@ -115,6 +119,108 @@ def pad_batch(
         loss_mask=jnp.asarray(loss_mask),
         advantages=jnp.asarray(advantage),
         behaviour_logprobs=jnp.asarray(behaviour),
+    )
+
+
+def pack_batch(
+    sequences: list[list[int]],
+    *,
+    loss_masks: list[list[int]],
+    segment_starts: list[tuple[int, ...]] | None = None,
+    behaviour_logprobs: list[list[float]] | None,
+    advantages: list[float] | None,
+    length_buckets: tuple[int, ...],
+    pad_id: int,
+    row_multiple: int = 1,
+    token_extras: dict[str, list[list[float]]] | None = None,
+) -> TrainBatch:
+    """Episodes packed several to a row of the smallest length bucket that holds the longest.
+
+    Each episode keeps what it has alone: its own segment ids (tokens attend only within them),
+    positions from 0, its loss mask, behaviour log-probs and advantage (``advantages[:, k]`` of
+    the row's ``k + 1``-th episode, as ``episodes`` numbers its tokens). The first token of an episode
+    after the first in a row is never trained on: it is predicted from the previous episode's last
+    token, where alone nothing predicts it. Rows are filled first-fit, longest episode first, and their
+    count is rounded up to a multiple of ``row_multiple`` (the data-parallel ways, or the micro-batch
+    rows), so a step compiles once per row count and bucket; ``K`` is the most episodes a row holds,
+    rounded up to a power of two. ``token_extras``: per-token values laid out like ``sequences``
+    (PPO's token rewards), packed the same way into ``extras``.
+
+    Raises:
+      ValueError: a sequence longer than the largest bucket, or per-token lists whose lengths do not match.
+    """
+    for name, per_token in (("loss mask", loss_masks), ("behaviour log-prob list", behaviour_logprobs),
+                            *((f"{key} list", values) for key, values in (token_extras or {}).items())):
+        if per_token is not None and len(per_token) != len(sequences):
+            raise ValueError(f"{len(per_token)} {name}s for {len(sequences)} sequences")
+        for index, values in enumerate(per_token or []):
+            if len(values) != len(sequences[index]):
+                raise ValueError(f"sequence {index} has {len(sequences[index])} tokens but its {name} has "
+                                 f"{len(values)}")
+    if advantages is not None and len(advantages) != len(sequences):
+        raise ValueError(f"{len(advantages)} advantages for {len(sequences)} sequences")
+    buckets = sorted(length_buckets)
+    longest = max((len(sequence) for sequence in sequences), default=0)
+    if longest > buckets[-1]:
+        raise ValueError(f"a sequence of {longest} tokens exceeds the largest length bucket {buckets[-1]}")
+    length = buckets[bisect.bisect_left(buckets, longest)]
+
+    # First fit, longest first: each row's free slots and the episodes placed in it.
+    free: list[int] = []
+    placed: list[list[int]] = []
+    for index in sorted(range(len(sequences)), key=lambda index: -len(sequences[index])):
+        size = len(sequences[index])
+        row = next((row for row, room in enumerate(free) if room >= size), None)
+        if row is None:
+            free.append(length)
+            placed.append([])
+            row = len(free) - 1
+        free[row] -= size
+        placed[row].append(index)
+    rows = max(1, -(-len(placed) // row_multiple)) * row_multiple
+    per_row = max((len(indices) for indices in placed), default=1)
+    episode_slots = 1 << (per_row - 1).bit_length()
+
+    tokens = np.full((rows, length), pad_id, np.int32)
+    attention_mask = np.zeros((rows, length), np.int32)
+    positions = np.tile(np.arange(length, dtype=np.int32), (rows, 1))
+    loss_mask = np.zeros((rows, length), np.float32)
+    behaviour = np.zeros((rows, length), np.float32)
+    episodes = np.zeros((rows, length), np.int32)
+    advantage = np.zeros((rows, episode_slots), np.float32)
+    extras = {key: np.zeros((rows, length), np.float32) for key in token_extras or {}}
+    for row, indices in enumerate(placed):
+        offset, segment = 0, 0
+        for slot, index in enumerate(indices):
+            sequence = sequences[index]
+            size = len(sequence)
+            end = offset + size
+            tokens[row, offset:end] = sequence
+            starts = [start for start in (segment_starts[index] if segment_starts else (0,)) if start < size] or [0]
+            for begin, stop in zip(starts, [*starts[1:], size], strict=True):
+                segment += 1
+                attention_mask[row, offset + begin:offset + stop] = segment
+                positions[row, offset + begin:offset + stop] = np.arange(stop - begin, dtype=np.int32)
+            loss_mask[row, offset:end] = loss_masks[index]
+            if slot > 0:
+                loss_mask[row, offset] = 0.0
+            if behaviour_logprobs is not None:
+                behaviour[row, offset:end] = behaviour_logprobs[index]
+            for key, values in (token_extras or {}).items():
+                extras[key][row, offset:end] = values[index]
+            episodes[row, offset:end] = slot + 1
+            if advantages is not None:
+                advantage[row, slot] = advantages[index]
+            offset = end
+    return TrainBatch(
+        tokens=jnp.asarray(tokens),
+        positions=jnp.asarray(positions),
+        attention_mask=jnp.asarray(attention_mask),
+        loss_mask=jnp.asarray(loss_mask),
+        advantages=jnp.asarray(advantage),
+        behaviour_logprobs=jnp.asarray(behaviour),
+        extras={key: jnp.asarray(values) for key, values in extras.items()},
+        episodes=jnp.asarray(episodes),
     )
 
 

@@ -1,4 +1,4 @@
-"""How the trainer bounds its memory as batches grow: micro-batches, chunked logits and remat.
+"""How the trainer bounds its memory as batches grow: micro-batches, chunked logits, remat and packing.
 
 A part of :class:`tandem.configs.run.RunConfig`. None of the settings changes what a step computes, only
 how much of it exists at once: a step in micro-batches equals the step in one batch (its losses
@@ -42,6 +42,16 @@ class TrainerMemoryConfig(BaseModel):
         "more forward pass, roughly +30% step time; activations of one block at a time). save_matmuls: keep "
         "the matmul outputs and recompute the element-wise work between them (norms, rotary, softmax, "
         "activations): a few percent slower, most of the saving where those dominate.",
+    )
+
+
+    pack_episodes: bool = Field(
+        False,
+        description="Pack a step's episodes several to a row (first fit, longest first) instead of one to "
+        "each row padded to the longest: each keeps its own attention segments, positions from 0, loss "
+        "mask and advantage, so the losses and gradients are those of the unpacked batch, with fewer rows "
+        "of padding to compute. Rows are a multiple of the data-parallel ways; each new row count "
+        "compiles the step once.",
     )
 
 

@@ -30,6 +30,7 @@ from tandem.configs.parallelism import LoRAConfig
 from trainer import algorithms
 from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.token_statistics import chunked_token_statistics, logits_token_statistics
+from trainer.train_batch import batch_tokens, pack_batch
 from trainer.train_state import create_train_state
 from trainer.train_step import make_train_step, split_micro_batches
 from trainer.value_head import with_value_head
@@ -51,8 +52,10 @@ GEMMA3_SHAPED = dataclasses.replace(
     tie_embeddings=True, query_pre_attention_scalar=8)
 
 
-def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8, config: TransformerConfig = CONFIG):
-    """The case's algorithm, a model's graphdef and state (SGD), and a step's batch with every extra."""
+def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8, config: TransformerConfig = CONFIG,
+                     pack: bool = False):
+    """The case's algorithm, a model's graphdef and state (SGD), and a step's batch with every extra
+    (with ``pack``, its episodes packed several to a row)."""
     algorithm = build_algorithm(AlgorithmConfig.model_validate(CASES[case]), max_policy_tokens=8,
                                 temperature=0.8, logits_chunk_tokens=logits_chunk_tokens)
     model = Transformer(config, rngs=nnx.Rngs(0))
@@ -69,7 +72,7 @@ def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8, config: Transfo
     prepared = algorithm.prepare(_on_policy_groups(graphdef, state.params))
     batch = algorithm.batch(prepared, batch_size=ROWS, length_buckets=BUCKETS, pad_id=PAD_ID,
                             reference=ReferencePolicy(graphdef, reference_params) if algorithm.needs_reference
-                            else None)
+                            else None, pack_row_multiple=1 if pack else None)
     return algorithm, graphdef, state, optimizer, batch
 
 
@@ -224,3 +227,49 @@ def test_remat_bounds_what_the_compiled_backward_pass_holds():
     held = {remat: temporaries(remat) for remat in ("none", "save_matmuls", "full")}
     assert held["full"] < held["save_matmuls"] < held["none"] / 2, held
     assert held["full"] < held["none"] / 4, held
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_packed_batch_gives_the_loss_and_gradients_of_the_unpacked_one(case):
+    algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case)
+    *_, packed = _algorithm_batch(case, pack=True)
+    # The same tokens in fewer rows, some of which hold two episodes.
+    assert batch_tokens(packed) == batch_tokens(batch)
+    assert packed.tokens.shape[0] < ROWS and int(jnp.max(packed.episodes)) == 2
+    assert set(packed.extras) == set(batch.extras)
+
+    unpacked = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
+    _assert_same_step(unpacked, _one_step(graphdef, state, optimizer, algorithm.loss_fn, packed))
+    # And packed rows in micro-batches of two rows.
+    _assert_same_step(unpacked, _one_step(graphdef, state, optimizer, algorithm.loss_fn, packed,
+                                          micro_batch_tokens=2 * BUCKETS[0]))
+    assert unpacked[1]["grad_norm"] > 0
+
+
+def test_packing_keeps_each_episode_as_it_is_alone():
+    # Three episodes in rows of 8, longest first: the 5-token one, then the 4-token one (two contexts,
+    # segments of 3 and 1) in a row of its own, then the 3-token one in the first row's room.
+    sequences = [[5, 6, 7], [1, 2, 3, 4, 9], [8, 8, 8, 8]]
+    packed = pack_batch(sequences, loss_masks=[[1, 1, 1], [0, 1, 1, 1, 1], [0, 1, 0, 1]],
+                        segment_starts=[(0,), (0,), (0, 3)],
+                        behaviour_logprobs=[[-5.0, -1, -2], [0.0] * 5, [0.0, -3, 0.0, -4]],
+                        advantages=[0.5, -1.0, 2.0], length_buckets=(8,), pad_id=0, row_multiple=4,
+                        token_extras={"token_rewards": [[0, 0, 1], [0, 0, 0, 0, 2], [0, 0, 0, 3]]})
+
+    assert packed.tokens.shape == (4, 8)  # 2 rows of episodes, rounded up to a multiple of 4
+    np.testing.assert_array_equal(packed.tokens[:2], [[1, 2, 3, 4, 9, 5, 6, 7], [8, 8, 8, 8, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(packed.attention_mask[:2], [[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 1, 2, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(packed.positions[:2, :5], [[0, 1, 2, 3, 4], [0, 1, 2, 0, 4]])
+    np.testing.assert_array_equal(packed.positions[0, 5:], [0, 1, 2])
+    np.testing.assert_array_equal(packed.episodes[:2], [[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(packed.advantages, [[-1.0, 0.5], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    # The second episode's first token is predicted from the first's last: never trained on.
+    np.testing.assert_array_equal(packed.loss_mask[:2], [[0, 1, 1, 1, 1, 0, 1, 1], [0, 1, 0, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(packed.behaviour_logprobs[:2, :8], [[0, 0, 0, 0, 0, -5, -1, -2],
+                                                                      [0, -3, 0, -4, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(packed.extras["token_rewards"][:2], [[0, 0, 0, 0, 2, 0, 0, 1],
+                                                                       [0, 0, 0, 3, 0, 0, 0, 0]])
+    assert not packed.attention_mask[2:].any() and not packed.loss_mask[2:].any()
+    with pytest.raises(ValueError, match="sequence 1 has 5 tokens but its loss mask has 4"):
+        pack_batch(sequences, loss_masks=[[0, 1, 1], [0, 1, 1, 1], [0, 1, 0, 1]], behaviour_logprobs=None,
+                   advantages=None, length_buckets=(8,), pad_id=0)

@@ -28,7 +28,7 @@ from trainer.lockstep import (
     decode,
     encode,
 )
-from trainer.train_batch import pad_batch
+from trainer.train_batch import pack_batch, pad_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,6 +136,17 @@ def test_a_batch_crosses_as_arrays_and_comes_back_the_same():
         assert np.array_equal(np.asarray(getattr(again, name)), np.asarray(getattr(batch, name))), name
         assert np.asarray(getattr(again, name)).dtype == np.asarray(getattr(batch, name)).dtype, name
     assert np.array_equal(again.extras["reference_logprobs"], batch.extras["reference_logprobs"])
+    assert again.episodes is None  # unpacked: each row one episode
+
+
+def test_a_packed_batch_crosses_with_its_episodes():
+    sequences = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    batch = pack_batch(sequences, loss_masks=[[0, 1, 1], [0, 1], [0, 1, 1, 1]], behaviour_logprobs=None,
+                       advantages=[0.5, -0.5, 1.0], length_buckets=(8,), pad_id=0, row_multiple=2)
+    again = arrays_batch(decode(encode(Order(OrderKind.TRAIN, {}, batch_arrays(batch)))).arrays)
+    assert np.array_equal(np.asarray(again.episodes), np.asarray(batch.episodes))
+    assert np.array_equal(np.asarray(again.advantages), np.asarray(batch.advantages))
+    assert int(np.max(np.asarray(again.episodes))) == 2
 
 
 def _leader_of_a_run(directory: Path) -> dict:
