@@ -13,7 +13,7 @@ import pytest
 import redis
 from websockets.sync.client import connect
 
-from tandem.contracts import TRAINER_CONSUMER_GROUP, trajectory_stream
+from tandem.contracts import PADDING_FRACTION_METRIC, TRAINER_CONSUMER_GROUP, trajectory_stream
 from tests.e2e.conftest import StreamObserver
 
 SMALL_RUN = {
@@ -21,6 +21,8 @@ SMALL_RUN = {
     "rl_steps": 4,
     "rollout": {"groups_per_step": 2, "group_size": 4, "groups_per_task": 1},
     "checkpoint": {"every": 2},
+    # Its RL steps pack their episodes several to a row (trainer/train_batch.py's pack_batch).
+    "memory": {"pack_episodes": True},
 }
 EPISODES_PER_STEP = SMALL_RUN["rollout"]["groups_per_step"] * SMALL_RUN["rollout"]["group_size"]
 
@@ -136,6 +138,9 @@ def test_a_run_trains_end_to_end_through_stream_trainer_and_platform(stack, cred
     assert {"trainer_utilisation", "device/count", "producers/generation_share", "producers/environment_share",
             "producers/tool_share", "producers/stream_put_share", "producers/stream_put_s",
             "producers/cpu_cores", "producers/rss_bytes"} <= names
+    # Each packed RL step says how much of its batch was padding.
+    padding = {p["step"]: p["value"] for p in points if p["name"] == PADDING_FRACTION_METRIC}
+    assert set(rl_steps) <= padding.keys() and all(0.0 <= padding[step] < 1.0 for step in rl_steps), padding
     shares = [p["value"] for p in points if p["name"].endswith("_share") and p["name"].startswith("producers/")]
     assert all(0.0 <= share <= 1.0 for share in shares)
     assert max(p["value"] for p in points if p["name"] == "producers/generation_share") > 0
