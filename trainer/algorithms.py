@@ -360,19 +360,14 @@ class Algorithm:
             "advantages": [float(a) for a in prepared.advantages],
             "length_buckets": length_buckets,
             "pad_id": pad_id,
+            "token_extras": token_extras,
         }
         sequences = [record.token_ids[:max_len] for record in records]
         if pack_row_multiple is not None:
-            batch = pack_batch(sequences, **common, row_multiple=pack_row_multiple, token_extras=token_extras)
-            extras = dict(batch.extras)
+            batch = pack_batch(sequences, **common, row_multiple=pack_row_multiple)
         else:
             batch = pad_batch(sequences, **common, batch_size=batch_size)
-            extras = {}
-            for key, per_token in token_extras.items():
-                padded = np.zeros(batch.tokens.shape, np.float32)
-                for row, values in enumerate(per_token):
-                    padded[row, :len(values)] = values
-                extras[key] = jnp.asarray(padded)
+        extras = dict(batch.extras)
         if self.needs_reference:
             extras[REFERENCE_LOGPROBS] = reference.logprobs(batch, temperature=self.temperature,
                                                             logits_chunk_tokens=self.logits_chunk_tokens)

@@ -44,6 +44,84 @@ class TrainBatch:
     episodes: jax.Array | None = None
 
 
+def _length_bucket(sequences: list[list[int]], length_buckets: tuple[int, ...]) -> int:
+    """The smallest of ``length_buckets`` that holds the longest sequence."""
+    buckets = sorted(length_buckets)
+    longest = max((len(sequence) for sequence in sequences), default=0)
+    if longest > buckets[-1]:
+        raise ValueError(f"a sequence of {longest} tokens exceeds the largest length bucket {buckets[-1]}")
+    return buckets[bisect.bisect_left(buckets, longest)]
+
+
+def _check_lengths(sequences: list[list[int]], *, loss_masks: list[list[int]],
+                   behaviour_logprobs: list[list[float]] | None, advantages: list[float] | None,
+                   token_extras: dict[str, list[list[float]]]) -> None:
+    """Every per-sequence list has one entry per sequence, and every per-token one a value per token."""
+    per_token_lists = {"loss mask": loss_masks, "behaviour log-prob list": behaviour_logprobs,
+                       **{f"{key} list": values for key, values in token_extras.items()}}
+    for name, per_token in per_token_lists.items():
+        if per_token is None:
+            continue
+        if len(per_token) != len(sequences):
+            raise ValueError(f"{len(per_token)} {name}s for {len(sequences)} sequences")
+        for index, values in enumerate(per_token):
+            if len(values) != len(sequences[index]):
+                raise ValueError(f"sequence {index} has {len(sequences[index])} tokens but its {name} has "
+                                 f"{len(values)}")
+    if advantages is not None and len(advantages) != len(sequences):
+        raise ValueError(f"{len(advantages)} advantages for {len(sequences)} sequences")
+
+
+def _laid_out(sequences: list[list[int]], rows: list[list[int]], *, row_count: int, length: int,
+              episode_slots: int, loss_masks: list[list[int]], segment_starts: list[tuple[int, ...]] | None,
+              behaviour_logprobs: list[list[float]] | None, advantages: list[float] | None,
+              token_extras: dict[str, list[list[float]]], pad_id: int) -> TrainBatch:
+    """``sequences`` at their places: ``rows[r]`` lists the sequences of row ``r``, in order from its
+    start. Every segment of a sequence gets an id of its own in its row and positions from 0; a row's
+    sequences are its episodes 1, 2, ...; the rows past ``rows`` up to ``row_count`` are padding."""
+    tokens = np.full((row_count, length), pad_id, np.int32)
+    attention_mask = np.zeros((row_count, length), np.int32)
+    positions = np.tile(np.arange(length, dtype=np.int32), (row_count, 1))
+    loss_mask = np.zeros((row_count, length), np.float32)
+    behaviour = np.zeros((row_count, length), np.float32)
+    episodes = np.zeros((row_count, length), np.int32)
+    advantage = np.zeros((row_count, episode_slots), np.float32)
+    extras = {key: np.zeros((row_count, length), np.float32) for key in token_extras}
+    for row, indices in enumerate(rows):
+        offset, segment = 0, 0
+        for slot, index in enumerate(indices):
+            size = len(sequences[index])
+            end = offset + size
+            tokens[row, offset:end] = sequences[index]
+            starts = [start for start in (segment_starts[index] if segment_starts else (0,)) if start < size] or [0]
+            for begin, stop in zip(starts, [*starts[1:], size], strict=True):
+                segment += 1
+                attention_mask[row, offset + begin:offset + stop] = segment
+                positions[row, offset + begin:offset + stop] = np.arange(stop - begin, dtype=np.int32)
+            loss_mask[row, offset:end] = loss_masks[index]
+            if slot > 0:
+                # Predicted from the previous episode's last token, where alone nothing predicts it.
+                loss_mask[row, offset] = 0.0
+            if behaviour_logprobs is not None:
+                behaviour[row, offset:end] = behaviour_logprobs[index]
+            for key, values in token_extras.items():
+                extras[key][row, offset:end] = values[index]
+            episodes[row, offset:end] = slot + 1
+            if advantages is not None:
+                advantage[row, slot] = advantages[index]
+            offset = end
+    return TrainBatch(
+        tokens=jnp.asarray(tokens),
+        positions=jnp.asarray(positions),
+        attention_mask=jnp.asarray(attention_mask),
+        loss_mask=jnp.asarray(loss_mask),
+        advantages=jnp.asarray(advantage),
+        behaviour_logprobs=jnp.asarray(behaviour),
+        extras={key: jnp.asarray(values) for key, values in extras.items()},
+        episodes=jnp.asarray(episodes),
+    )
+
+
 def pad_batch(
     sequences: list[list[int]],
     *,
@@ -54,6 +132,7 @@ def pad_batch(
     batch_size: int,
     length_buckets: tuple[int, ...],
     pad_id: int,
+    token_extras: dict[str, list[list[float]]] | None = None,
 ) -> TrainBatch:
     """Right-pad sequences to the smallest length bucket that fits, and to ``batch_size`` rows.
 
@@ -61,7 +140,8 @@ def pad_batch(
     a partial batch trains exactly like the same sequences alone. Missing
     ``behaviour_logprobs`` or ``advantages`` (SFT) become zeros. A sequence with
     ``segment_starts`` beyond 0 holds several contexts: each gets its own segment
-    id and positions from 0, so it trains as if alone.
+    id and positions from 0, so it trains as if alone. ``token_extras``: per-token
+    values laid out like ``sequences`` (PPO's token rewards), padded into ``extras``.
 
     Raises:
       ValueError: more sequences than ``batch_size``, a sequence longer than
@@ -69,57 +149,15 @@ def pad_batch(
     """
     if len(sequences) > batch_size:
         raise ValueError(f"{len(sequences)} sequences do not fit batch_size={batch_size}")
-    if len(loss_masks) != len(sequences):
-        raise ValueError(f"{len(loss_masks)} loss masks for {len(sequences)} sequences")
-    if behaviour_logprobs is not None and len(behaviour_logprobs) != len(sequences):
-        raise ValueError(
-            f"{len(behaviour_logprobs)} behaviour log-prob lists for {len(sequences)} sequences"
-        )
-    if advantages is not None and len(advantages) != len(sequences):
-        raise ValueError(f"{len(advantages)} advantages for {len(sequences)} sequences")
-    buckets = sorted(length_buckets)
-    longest = max((len(sequence) for sequence in sequences), default=0)
-    if longest > buckets[-1]:
-        raise ValueError(
-            f"a sequence of {longest} tokens exceeds the largest length bucket {buckets[-1]}"
-        )
-    length = buckets[bisect.bisect_left(buckets, longest)]
-
-    tokens = np.full((batch_size, length), pad_id, np.int32)
-    attention_mask = np.zeros((batch_size, length), np.int32)
-    positions = np.tile(np.arange(length, dtype=np.int32), (batch_size, 1))
-    loss_mask = np.zeros((batch_size, length), np.float32)
-    behaviour = np.zeros((batch_size, length), np.float32)
-    advantage = np.zeros((batch_size,), np.float32)
-    for row, sequence in enumerate(sequences):
-        size = len(sequence)
-        if len(loss_masks[row]) != size:
-            raise ValueError(
-                f"sequence {row} has {size} tokens but its loss mask has {len(loss_masks[row])}"
-            )
-        tokens[row, :size] = sequence
-        starts = [start for start in (segment_starts[row] if segment_starts else (0,)) if start < size] or [0]
-        for segment, (begin, end) in enumerate(zip(starts, [*starts[1:], size], strict=True), start=1):
-            attention_mask[row, begin:end] = segment
-            positions[row, begin:end] = np.arange(end - begin, dtype=np.int32)
-        loss_mask[row, :size] = loss_masks[row]
-        if behaviour_logprobs is not None:
-            if len(behaviour_logprobs[row]) != size:
-                raise ValueError(
-                    f"sequence {row} has {size} tokens but {len(behaviour_logprobs[row])} "
-                    "behaviour log-probs"
-                )
-            behaviour[row, :size] = behaviour_logprobs[row]
-        if advantages is not None:
-            advantage[row] = advantages[row]
-    return TrainBatch(
-        tokens=jnp.asarray(tokens),
-        positions=jnp.asarray(positions),
-        attention_mask=jnp.asarray(attention_mask),
-        loss_mask=jnp.asarray(loss_mask),
-        advantages=jnp.asarray(advantage),
-        behaviour_logprobs=jnp.asarray(behaviour),
-    )
+    token_extras = token_extras or {}
+    _check_lengths(sequences, loss_masks=loss_masks, behaviour_logprobs=behaviour_logprobs,
+                   advantages=advantages, token_extras=token_extras)
+    batch = _laid_out(sequences, [[index] for index in range(len(sequences))], row_count=batch_size,
+                      length=_length_bucket(sequences, length_buckets), episode_slots=1, loss_masks=loss_masks,
+                      segment_starts=segment_starts, behaviour_logprobs=behaviour_logprobs, advantages=advantages,
+                      token_extras=token_extras, pad_id=pad_id)
+    # One episode a row: a row's advantage, and no episode numbers to read.
+    return batch.replace(advantages=batch.advantages[:, 0], episodes=None)
 
 
 def pack_batch(
@@ -141,87 +179,33 @@ def pack_batch(
     the row's ``k + 1``-th episode, as ``episodes`` numbers its tokens). The first token of an episode
     after the first in a row is never trained on: it is predicted from the previous episode's last
     token, where alone nothing predicts it. Rows are filled first-fit, longest episode first, and their
-    count is rounded up to a multiple of ``row_multiple`` (the data-parallel ways, or the micro-batch
-    rows), so a step compiles once per row count and bucket; ``K`` is the most episodes a row holds,
-    rounded up to a power of two. ``token_extras``: per-token values laid out like ``sequences``
-    (PPO's token rewards), packed the same way into ``extras``.
+    count is rounded up to a multiple of ``row_multiple`` (the data-parallel ways), so a step compiles
+    once per row count and bucket; ``K`` is the most episodes a row holds, rounded up to a power of
+    two. ``token_extras``: as :func:`pad_batch`'s.
 
     Raises:
       ValueError: a sequence longer than the largest bucket, or per-token lists whose lengths do not match.
     """
-    for name, per_token in (("loss mask", loss_masks), ("behaviour log-prob list", behaviour_logprobs),
-                            *((f"{key} list", values) for key, values in (token_extras or {}).items())):
-        if per_token is not None and len(per_token) != len(sequences):
-            raise ValueError(f"{len(per_token)} {name}s for {len(sequences)} sequences")
-        for index, values in enumerate(per_token or []):
-            if len(values) != len(sequences[index]):
-                raise ValueError(f"sequence {index} has {len(sequences[index])} tokens but its {name} has "
-                                 f"{len(values)}")
-    if advantages is not None and len(advantages) != len(sequences):
-        raise ValueError(f"{len(advantages)} advantages for {len(sequences)} sequences")
-    buckets = sorted(length_buckets)
-    longest = max((len(sequence) for sequence in sequences), default=0)
-    if longest > buckets[-1]:
-        raise ValueError(f"a sequence of {longest} tokens exceeds the largest length bucket {buckets[-1]}")
-    length = buckets[bisect.bisect_left(buckets, longest)]
-
-    # First fit, longest first: each row's free slots and the episodes placed in it.
-    free: list[int] = []
-    placed: list[list[int]] = []
+    token_extras = token_extras or {}
+    _check_lengths(sequences, loss_masks=loss_masks, behaviour_logprobs=behaviour_logprobs,
+                   advantages=advantages, token_extras=token_extras)
+    length = _length_bucket(sequences, length_buckets)
+    free: list[int] = []  # each row's free slots
+    rows: list[list[int]] = []
     for index in sorted(range(len(sequences)), key=lambda index: -len(sequences[index])):
         size = len(sequences[index])
         row = next((row for row, room in enumerate(free) if room >= size), None)
         if row is None:
             free.append(length)
-            placed.append([])
+            rows.append([])
             row = len(free) - 1
         free[row] -= size
-        placed[row].append(index)
-    rows = max(1, -(-len(placed) // row_multiple)) * row_multiple
-    per_row = max((len(indices) for indices in placed), default=1)
-    episode_slots = 1 << (per_row - 1).bit_length()
-
-    tokens = np.full((rows, length), pad_id, np.int32)
-    attention_mask = np.zeros((rows, length), np.int32)
-    positions = np.tile(np.arange(length, dtype=np.int32), (rows, 1))
-    loss_mask = np.zeros((rows, length), np.float32)
-    behaviour = np.zeros((rows, length), np.float32)
-    episodes = np.zeros((rows, length), np.int32)
-    advantage = np.zeros((rows, episode_slots), np.float32)
-    extras = {key: np.zeros((rows, length), np.float32) for key in token_extras or {}}
-    for row, indices in enumerate(placed):
-        offset, segment = 0, 0
-        for slot, index in enumerate(indices):
-            sequence = sequences[index]
-            size = len(sequence)
-            end = offset + size
-            tokens[row, offset:end] = sequence
-            starts = [start for start in (segment_starts[index] if segment_starts else (0,)) if start < size] or [0]
-            for begin, stop in zip(starts, [*starts[1:], size], strict=True):
-                segment += 1
-                attention_mask[row, offset + begin:offset + stop] = segment
-                positions[row, offset + begin:offset + stop] = np.arange(stop - begin, dtype=np.int32)
-            loss_mask[row, offset:end] = loss_masks[index]
-            if slot > 0:
-                loss_mask[row, offset] = 0.0
-            if behaviour_logprobs is not None:
-                behaviour[row, offset:end] = behaviour_logprobs[index]
-            for key, values in (token_extras or {}).items():
-                extras[key][row, offset:end] = values[index]
-            episodes[row, offset:end] = slot + 1
-            if advantages is not None:
-                advantage[row, slot] = advantages[index]
-            offset = end
-    return TrainBatch(
-        tokens=jnp.asarray(tokens),
-        positions=jnp.asarray(positions),
-        attention_mask=jnp.asarray(attention_mask),
-        loss_mask=jnp.asarray(loss_mask),
-        advantages=jnp.asarray(advantage),
-        behaviour_logprobs=jnp.asarray(behaviour),
-        extras={key: jnp.asarray(values) for key, values in extras.items()},
-        episodes=jnp.asarray(episodes),
-    )
+        rows[row].append(index)
+    per_row = max((len(indices) for indices in rows), default=1)
+    return _laid_out(sequences, rows, row_count=max(1, -(-len(rows) // row_multiple)) * row_multiple,
+                     length=length, episode_slots=1 << (per_row - 1).bit_length(), loss_masks=loss_masks,
+                     segment_starts=segment_starts, behaviour_logprobs=behaviour_logprobs, advantages=advantages,
+                     token_extras=token_extras, pad_id=pad_id)
 
 
 def batch_tokens(batch: TrainBatch) -> int:
