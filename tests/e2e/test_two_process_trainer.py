@@ -177,9 +177,13 @@ def test_a_followers_death_sends_the_run_back_to_the_queue_and_both_processes_re
     (counted against max_restarts) and exits, and the job started again resumes from the checkpoint."""
     config = {**RUN_CONFIG, "max_restarts": 2}
     # The reaper's timeout as deployed: the run goes back to the queue through the leader, which
-    # lives on (beating) until it released the run, never through a reaper's presumption.
+    # lives on (beating) until it released the run, never through a reaper's presumption. The JAX
+    # job's heartbeat timeout is longer than deployed (30 s): past it, JAX's coordination service
+    # ends the leader at once, and on a loaded host (two suites at once) it did so before the
+    # leader's next collective found the follower gone and gave the run back.
     with multi_host_stack(tmp_path, producer_hosts=("host-b",), extra_hosts=(FOLLOWER_HOST,), log_lines=40,
-                          extra_env={"TANDEM_REAPER_INTERVAL_S": "1"}) as (stack, _):
+                          extra_env={"TANDEM_REAPER_INTERVAL_S": "1",
+                                     "TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S": "120"}) as (stack, _):
         credentials = stack.prepare()
         stack.start_web()
         stack.start_platform_worker()
