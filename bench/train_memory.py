@@ -10,8 +10,9 @@ first compiles, the second is timed. It reports:
   ``peak_bytes_in_use`` where the backend reports one;
 - ``planned_peak_bytes``: the run's memory plan for the same config (tandem/configs/memory_plan.py);
 - ``tokens_per_s``: the batch's real tokens over the timed update's wall time;
-- ``padding_fraction``: the share of the padded batch that was padding; ``rows``: the batch's rows
-  (fewer than the episodes with ``--pack``, which packs them several to a row).
+- ``padding_fraction``: the share of the slots the step computed that was padding (the batch's rows
+  and the empty rows that fill its last micro-batch); ``rows``: the batch's rows (fewer than the
+  episodes with ``--pack``, which packs them several to a row).
 
 ``unchunked`` runs today's step before this change on the counts up to ``--unchunked-max``: the whole
 batch at once, no remat, and log-probs from the full ``[B, T, V]`` logits.
@@ -93,7 +94,7 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     from trainer.token_statistics import logits_token_statistics
     from trainer.train_batch import pack_batch, pad_batch
     from trainer.train_state import create_train_state, make_optimizer
-    from trainer.train_step import make_train_step
+    from trainer.train_step import computed_slots, make_train_step
 
     shape = MODEL_SIZES[model]
     config = RunConfig.model_validate(_run_config(model, episodes, arguments, unchunked=unchunked))
@@ -149,7 +150,7 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
         "planned_peak_bytes": plan.peak_bytes,
         "tokens_per_s": tokens / wall_s,
         "step_s": wall_s,
-        "padding_fraction": 1.0 - tokens / batch.tokens.size,
+        "padding_fraction": 1.0 - tokens / computed_slots(batch, config.memory.micro_batch_tokens),
         "rows": int(batch.tokens.shape[0]),
         "micro_batches": plan.micro_batches,
         "loss": float(metrics["loss"]),

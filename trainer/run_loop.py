@@ -72,7 +72,7 @@ from trainer.telemetry import StepEventBatcher, profile_fields, rl_step_event
 from trainer.tracing import CapturedTrace, TraceCapture
 from trainer.train_batch import batch_tokens, pad_batch
 from trainer.train_state import set_learning_rate
-from trainer.train_step import mean_metrics, train_updates
+from trainer.train_step import computed_slots, mean_metrics, train_updates
 from trainer.trajectory_samples import TrajectorySampleBuffer
 
 logger = logging.getLogger(__name__)
@@ -486,7 +486,8 @@ class RunTrainer:
                     algorithm_metrics={"sft/demonstration_tokens_cut": float(self._demonstration_tokens_cut),
                                        SFT_TOKENS_METRIC: float(tokens),
                                        **mix.metrics(counts, demonstrations_used=demonstrations_used)},
-                    **profile_fields(timeline, tokens=tokens, padded_tokens=batch.tokens.size,
+                    **profile_fields(timeline, tokens=tokens,
+                                     padded_tokens=computed_slots(batch, self.config.memory.micro_batch_tokens),
                                      length=batch.tokens.shape[1], devices=self.devices),
                 ))
                 self.traces.after_step(self.step)
@@ -699,7 +700,8 @@ class RunTrainer:
                     self._checkpoint()
             timeline = self.stages.finish()
             with stage("telemetry"):  # counted in the next step: this one's timeline is closed
-                profile = profile_fields(timeline, tokens=batch_tokens(batch), padded_tokens=batch.tokens.size,
+                profile = profile_fields(timeline, tokens=batch_tokens(batch),
+                                         padded_tokens=computed_slots(batch, config.memory.micro_batch_tokens),
                                          length=batch.tokens.shape[1], updates=updates, devices=self.devices)
                 self.telemetry.emit(rl_step_event(
                     run_id=self.run_id, step=self.step, policy_version=self.policy_version,

@@ -94,6 +94,14 @@ def split_micro_batches(batch: TrainBatch, rows_each: int) -> TrainBatch:
     return jax.tree.map(split, batch)
 
 
+def computed_slots(batch: TrainBatch, micro_batch_tokens: int | None) -> int:
+    """Token slots the step computes for ``batch``: its rows, and the empty rows that fill its last
+    micro-batch (:func:`split_micro_batches`), times its length. A step's padding is these less its tokens."""
+    rows, length = batch.tokens.shape
+    rows_each = micro_batch_rows(rows, length, micro_batch_tokens)
+    return -(-rows // rows_each) * rows_each * length
+
+
 def join_micro_batches(values: jax.Array, rows: int) -> jax.Array:
     """The inverse of :func:`split_micro_batches` for one array: ``[micro-batches, rows_each, ...]`` to
     its first ``rows`` rows."""

@@ -32,7 +32,7 @@ from trainer.algorithms import ReferencePolicy, build_algorithm
 from trainer.token_statistics import chunked_token_statistics, logits_token_statistics
 from trainer.train_batch import batch_tokens, pack_batch
 from trainer.train_state import create_train_state
-from trainer.train_step import make_train_step, split_micro_batches
+from trainer.train_step import computed_slots, make_train_step, split_micro_batches
 from trainer.value_head import with_value_head
 
 from .test_algorithms import ALGORITHMS, BUCKETS, CONFIG, PAD_ID, _on_policy_groups
@@ -157,6 +157,9 @@ def test_a_step_in_micro_batches_equals_the_step_in_one_batch(case):
                                  micro_batch_tokens=MICRO_BATCH_TOKENS)
 
     _assert_same_step(whole, in_micro_batches)
+    # Padding counts the empty rows that fill the last micro-batch too: 4 micro-batches of 3 rows.
+    assert computed_slots(batch, MICRO_BATCH_TOKENS) == 12 * BUCKETS[0]
+    assert computed_slots(batch, None) == ROWS * BUCKETS[0]
     assert whole[1]["grad_norm"] > 0
     if algorithm.needs_reference:
         assert whole[1]["kl"] != 0.0
