@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tandem.configs.run import RunConfig
 from trainer.algorithms import Algorithm, build_algorithm
-from trainer.sharding import make_mesh, shard_train_state, step_shardings
+from trainer.sharding import batch_ways, make_mesh, shard_train_state, step_shardings
 from trainer.train_state import TrainState, initial_train_state, make_optimizer
 from trainer.train_step import TrainStep, make_train_step
 from trainer.value_head import policy_params
@@ -60,10 +60,7 @@ class Learner:
     @property
     def batch_ways(self) -> int:
         """Devices a batch's rows are split over (data x fsdp): a packed batch's rows are a multiple of it."""
-        if self.shardings is None:
-            return 1
-        mesh = self.shardings.batch.mesh
-        return int(mesh.shape["data"] * mesh.shape["fsdp"])
+        return 1 if self.shardings is None else batch_ways(self.shardings)
 
     def published_params(self):
         """What producers load of the state: the policy's parameters (without a value head's)."""

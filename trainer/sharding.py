@@ -239,14 +239,19 @@ def shard_train_state(state: TrainState, shardings: StepShardings) -> TrainState
     return _put(state, shardings.state)
 
 
+def batch_ways(shardings: StepShardings) -> int:
+    """Devices a batch's rows are split over (data x fsdp): its row count must be a multiple of it."""
+    mesh = shardings.batch.mesh
+    return int(mesh.shape["data"] * mesh.shape["fsdp"])
+
+
 def shard_batch(batch: TrainBatch, shardings: StepShardings) -> TrainBatch:
     """Split ``batch`` over the data-parallel axes.
 
     Raises:
       ValueError: the batch size is not a multiple of data x fsdp.
     """
-    mesh = shardings.batch.mesh
-    ways = mesh.shape["data"] * mesh.shape["fsdp"]
+    ways = batch_ways(shardings)
     rows = batch.tokens.shape[0]
     if rows % ways:
         raise ValueError(

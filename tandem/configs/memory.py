@@ -43,8 +43,6 @@ class TrainerMemoryConfig(BaseModel):
         "the matmul outputs and recompute the element-wise work between them (norms, rotary, softmax, "
         "activations): a few percent slower, most of the saving where those dominate.",
     )
-
-
     pack_episodes: bool = Field(
         False,
         description="Pack a step's episodes several to a row (first fit, longest first) instead of one to "
