@@ -3,11 +3,12 @@
 # under 10 minutes: step time, tokens/s, MFU and device memory for the nano and small models
 # and for SmolLM2-135M's architecture (random weights: the imported model is 500 MB and need not
 # travel), in float32 and bfloat16, then SmolLM2's and Gemma 3 270M's in bfloat16; then the engine's generated tokens/s at 1, 8 and 64
-# sessions on that architecture. Each part writes its JSON line to OUT_DIR/<part>.json (and its
+# sessions on SmolLM2's and Gemma 3 270M's architectures. Each part writes its JSON line to OUT_DIR/<part>.json (and its
 # log to <part>.err) as it ends, so a part that runs out of time leaves the others' figures.
 #
 # Usage: bash bench/device_check.sh [OUT_DIR]   (default: $OUT, else var/device-check)
-# PYTHON picks the interpreter (default python3); PART_TIMEOUT_S bounds each part (default 150).
+# PYTHON picks the interpreter (default python3); PART_TIMEOUT_S bounds each part (default 150);
+# PARTS, a comma-separated list of part names, runs only those (a device lent for minutes at a time).
 # A machine without pydantic takes it from wheels in .whl/ (bench/README.md says how to fetch them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,9 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 part() {
   local name=$1
   shift
+  if [ -n "${PARTS:-}" ] && [[ ",$PARTS," != *",$name,"* ]]; then
+    return
+  fi
   local began=$SECONDS
   timeout "${PART_TIMEOUT_S:-150}" "$python" "$@" > "$out/$name.json" 2> "$out/$name.err"
   echo "$name: exit $? after $((SECONDS - began)) s"
@@ -39,3 +43,4 @@ part train_smollm2_bf16 bench/train_step.py --sizes smollm2-135m --steps 5 --bat
 part train_models_bf16 bench/train_step.py --sizes smollm2-135m,gemma3-270m --steps 5 --batch-size 8 --seq-len 1024 \
   --param-dtype bfloat16
 part engine_smollm2_bf16 bench/sampler.py --size smollm2-135m --param-dtype bfloat16 --episodes-scale 0.25
+part engine_gemma3_bf16 bench/sampler.py --size gemma3-270m --param-dtype bfloat16 --episodes-scale 0.25

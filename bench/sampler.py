@@ -94,6 +94,9 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--size", default="nano", choices=sorted(MODEL_SIZES))
     parser.add_argument("--param-dtype", choices=PARAM_DTYPES, help="default: the size's (float32)")
+    parser.add_argument("--prefill-buckets", type=lambda text: [int(n) for n in text.split(",")],
+                        help="prefill length buckets, comma-separated (default: the engine's, 16 up to the "
+                             "model's max_seq_len); max_seq_len is always one. Fewer buckets, fewer compilations")
     parser.add_argument("--episodes-scale", type=float, default=1.0,
                         help="run this fraction of each workload's episodes (a large model on a slow device)")
     args = parser.parse_args()
@@ -113,12 +116,14 @@ def main() -> None:
         pad_id=BYTES.pad_id,
         num_slots=args.slots,
         chunk_size=args.chunk_size,
+        prefill_buckets=args.prefill_buckets,
     )
     engine.set_params(params, version=0)
     began = time.perf_counter()
     engine.warmup()
     warmup_s = time.perf_counter() - began
     warm_traces = engine.trace_count
+    print(f"warm-up: {warm_traces} compilations in {warmup_s:.1f} s", file=sys.stderr, flush=True)
 
     throughput = {}
     turn_latency_p50_ms = {}
@@ -136,6 +141,7 @@ def main() -> None:
             )
         )
         throughput[str(concurrency)] = round(result["tokens"] / result["wall_s"], 1)
+        print(f"{concurrency} sessions: {throughput[str(concurrency)]} tokens/s", file=sys.stderr, flush=True)
         turn_latency_p50_ms[str(concurrency)] = round(
             1e3 * float(np.median(result["latencies"])), 2
         )
@@ -191,6 +197,7 @@ def main() -> None:
                 "episodes_scale": args.episodes_scale,
                 "num_slots": args.slots,
                 "chunk_size": args.chunk_size,
+                "prefill_buckets": args.prefill_buckets,  # None: the engine's default
                 "warmup_s": round(warmup_s, 1),
                 "compilations": warm_traces,
                 "recompilations_after_warmup": engine.trace_count - warm_traces,

@@ -716,6 +716,7 @@ class Transformer(nnx.Module):
         cache: KVCache,
         cache_index: jax.Array,
         key_mask: jax.Array,
+        logits_at: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Run T new tokens against the cache, functionally.
 
@@ -734,8 +735,11 @@ class Transformer(nnx.Module):
           cache_index: int32 scalar or [B], the slot of ``tokens[:, 0]`` (per row when a
             vector); may be traced.
           key_mask: bool [B, cache_len], False on padding slots.
+          logits_at: int32 [B], optional: the one position of each row whose logits are wanted
+            (a prefill's last prompt token). The LM head then runs on B hidden states instead of
+            B x T: at a vocabulary of 262k, a prefill window's full logits outgrow the KV cache.
         Returns:
-          (float32 [B, T, V] logits, updated cache).
+          (float32 [B, T, V] logits, or [B, 1, V] with ``logits_at``; updated cache).
         """
         cache_index = jnp.broadcast_to(jnp.asarray(cache_index, jnp.int32), tokens.shape[:1])
         x = self.embed(tokens)
@@ -743,6 +747,8 @@ class Transformer(nnx.Module):
         for block, layer_cache in zip(self.blocks, cache, strict=True):
             x, updated = block(x, positions, key_mask, layer_cache, cache_index)
             new_cache.append(updated)
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
         return self.logits(self.final_norm(x)), new_cache
 
 

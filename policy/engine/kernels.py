@@ -102,8 +102,10 @@ class Kernels:
         positions = starts[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
         # Right padding and stale slots lie after the real tokens: causality hides them.
         key_mask = jnp.ones((count, self._cache_len), jnp.bool_)
-        window_logits, row_cache = model.decode(tokens, positions, row_cache, starts, key_mask)
-        last_logits = jnp.take_along_axis(window_logits, last_index[:, None, None], axis=1)[:, 0]
+        last_logits, row_cache = model.decode(
+            tokens, positions, row_cache, starts, key_mask, logits_at=last_index
+        )
+        last_logits = last_logits[:, 0]
         cache = [
             {
                 name: array.at[rows].set(row_layer[name], mode="drop")

@@ -133,3 +133,25 @@ def test_cached_decode_matches_the_full_forward_pass_with_left_padding(model):
 
     real = np.asarray(mask)
     np.testing.assert_allclose(np.asarray(decoded)[real], np.asarray(full)[real], atol=TOLERANCE)
+
+
+def test_decode_with_logits_at_gives_those_positions_logits_and_the_same_cache(model):
+    sequences = [_random_tokens(5, 11), _random_tokens(6, 5)]
+    width, cache_len = 12, 16
+    tokens, positions, mask = _left_padded(sequences, width)
+    key_mask = jnp.concatenate([mask, jnp.ones((2, cache_len - width), jnp.bool_)], axis=1)
+    last = jnp.asarray([width - 1, width - 4], jnp.int32)
+
+    full, full_cache = model.decode(
+        tokens, positions, model.init_cache(2, cache_len, jnp.float32), 0, key_mask
+    )
+    picked, picked_cache = model.decode(
+        tokens, positions, model.init_cache(2, cache_len, jnp.float32), 0, key_mask, logits_at=last
+    )
+
+    assert picked.shape == (2, 1, full.shape[-1])
+    np.testing.assert_allclose(
+        np.asarray(picked[:, 0]), np.asarray(full)[np.arange(2), np.asarray(last)], atol=TOLERANCE
+    )
+    for full_layer, picked_layer in zip(full_cache, picked_cache, strict=True):
+        np.testing.assert_array_equal(np.asarray(full_layer["key"]), np.asarray(picked_layer["key"]))
