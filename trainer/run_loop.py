@@ -31,7 +31,6 @@ from tandem.allowlists.model_paths import check_model_config_paths
 from tandem.contracts import (
     IDLE_STAGE,
     RELEASED_RUN_STATUSES,
-    CheckpointReport,
     DemonstrationMessage,
     RunSpec,
     RunStatus,
@@ -43,8 +42,9 @@ from tandem.contracts import (
     run_spec_key,
     run_stop_key,
 )
+from trainer.checkpoint_reports import CheckpointReporter
 from trainer.checkpoints import RunCheckpointer, RunProgress
-from trainer.dataset_evaluation import DatasetEvaluations, held_out_token_statistics
+from trainer.dataset_evaluation import held_out_token_statistics
 from trainer.datasets import (
     SFT_TOKENS_METRIC,
     DatasetSource,
@@ -54,7 +54,6 @@ from trainer.datasets import (
 )
 from trainer.demonstrations import DemonstrationFeed
 from trainer.devices import DeviceMonitor, attention_width, parameter_count
-from trainer.evaluation import Evaluations, FinishedEvaluation, evaluation_points
 from trainer.learner import Learner
 from trainer.lockstep import SINGLE_PROCESS, AnnouncedReference, Lockstep, OrderKind
 from trainer.platform_client import (
@@ -67,6 +66,7 @@ from trainer.platform_client import (
 )
 from trainer.profiling import StageRecorder
 from trainer.rollout_feed import RolloutFeed
+from trainer.run_evaluation import RunEvaluation
 from trainer.sharding import host_copy, shard_batch, shard_train_state
 from trainer.telemetry import StepEventBatcher, profile_fields, rl_step_event
 from trainer.tracing import CapturedTrace, TraceCapture
@@ -133,10 +133,6 @@ def length_buckets(max_seq_len: int) -> tuple[int, ...]:
     return (*buckets, max_seq_len)
 
 
-# A platform that fails a checkpoint report is asked again no sooner than this.
-CHECKPOINT_REPORT_RETRY_S = 10.0
-
-
 class RunTrainer:
     """The learner of one claimed run; its RL phase takes episodes from a :class:`RolloutFeed`."""
 
@@ -195,24 +191,11 @@ class RunTrainer:
         self._feed: RolloutFeed | None = None
         self._taken_over = False
         self.reference: AnnouncedReference | None = None
-        # Held-out evaluations of the run's policies, run by producers beside training; an SFT
-        # run's policy is evaluated once, at its end.
-        evaluation = self.config.evaluation
-        rl_steps = 0 if self.config.algorithm.name == "sft" else self.config.rl_steps
-        self._evaluation_points = evaluation_points(rl_steps, evaluation.every_steps) if evaluation else []
-        self.evaluations: Evaluations | None = None
-        if evaluation is not None and (evaluation.environment or claimed.evaluation_environments):
-            self.evaluations = Evaluations(
-                redis_client=redis_client, celery_app=celery_app, run_id=self.run_id,
-                config=evaluation, environment=claimed.environment.label, publish_kept=self._publish_kept,
-                other_environments=[environment.label for environment in claimed.evaluation_environments])
-        # Scored by this trainer on its evaluation datasets' held-out rows; loaded at the first point.
-        self._dataset_evaluations: DatasetEvaluations | None = None
-        # Evaluation results the platform did not take yet (it was away): posted again after the next step.
-        self._evaluation_reports_unsent: list = []
-        # The committed step last reported to the platform, and when a failed report may be retried.
-        self._reported_checkpoint_step: int | None = None
-        self._checkpoint_report_retry_at = 0.0
+        self.evaluation = RunEvaluation(
+            claimed, platform=platform, redis_client=redis_client, celery_app=celery_app,
+            publish_kept=self._publish_kept,
+            load_dataset=lambda name, version: self._load_dataset(name, version, weight=1.0),
+            render=self._held_out_batches, score=self._score_held_out, trajectories=self.telemetry.trajectories)
         checkpoint_dir = settings.checkpoint_root / f"run-{self.run_id}"
         if not claimed.is_resume and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
             # A freshly claimed run has never trained here: these belong to a run
@@ -225,6 +208,8 @@ class RunTrainer:
             "vocab_size": self.tokenizer.vocab_size, "checkpoint_directory": str(checkpoint_dir.resolve()),
             "weights_directory": str(weights_directory.resolve())})
         self.checkpointer = RunCheckpointer(checkpoint_dir, max_to_keep=self.config.checkpoint.kept)
+        self.checkpoint_reports = CheckpointReporter(
+            platform, self.run_id, committed_checkpoints=self.checkpointer.committed_checkpoints)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -284,9 +269,9 @@ class RunTrainer:
             self._publish()
             if self.config.algorithm.name != "sft":
                 self._rl_phase()
-            elif self.config.evaluation is not None:
+            elif self.evaluation.configured:
                 self._evaluate_if_due()
-                self._finish_evaluations()
+                self.evaluation.finish(between=self._heartbeat)
             self._checkpoint()
             self.telemetry.flush(wait=True)
             self._report(RunStatus.FINISHED)
@@ -544,59 +529,14 @@ class RunTrainer:
         kept.publish(run_id=self.run_id, version=version, params=self.learner.published_params())
 
     def _evaluate_if_due(self) -> None:
-        """Evaluate the version just published, if this is one of the run's points: ask producers for its
-        episodes on the environment's held-out tasks, and score it on the datasets' held-out rows."""
-        if self._rl_steps_done not in self._evaluation_points:
-            return
-        index = self._evaluation_points.index(self._rl_steps_done)
-        if self.evaluations is not None:
-            self.evaluations.request(index=index, step=self.step, policy_version=self.policy_version)
-        if self.config.evaluation.datasets:
-            self._post_evaluations(self._held_out_datasets().evaluate(
-                index=index, step=self.step, policy_version=self.policy_version))
+        self.evaluation.evaluate_if_due(rl_steps_done=self._rl_steps_done, step=self.step,
+                                        policy_version=self.policy_version)
 
-    def _held_out_datasets(self) -> DatasetEvaluations:
-        if self._dataset_evaluations is None:
-            datasets = [self._load_dataset(dataset.name, dataset.version, weight=1.0)
-                        for dataset in self.config.evaluation.datasets]
-
-            def score(batch):
-                self.lockstep.announce_batch(OrderKind.SCORE, batch)
-                sharded = shard_batch(batch, self.learner.shardings)
-                return host_copy(held_out_token_statistics(self.learner.graphdef, self.learner.state.params, sharded))
-
-            self._dataset_evaluations = DatasetEvaluations(
-                datasets=datasets, rows_per_dataset=self.config.evaluation.dataset_rows,
-                render=self._held_out_batches, score=score)
-        return self._dataset_evaluations
-
-    def _finish_evaluations(self) -> None:
-        """The one wait on evaluation: its last results, before the run is reported finished."""
-        if self.evaluations is not None:
-            self._post_evaluations(self.evaluations.finish(timeout_s=self.config.evaluation.timeout_s,
-                                                           between=self._heartbeat), final=True)
-        elif self._evaluation_reports_unsent:
-            self._post_evaluations([], final=True)
-
-    def _post_evaluations(self, finished: list[FinishedEvaluation], *, final: bool = False) -> None:
-        """Post evaluation results; while the platform is away they wait for the next step (or, at the
-        end of the run, are retried like the run's other final reports). A few of each evaluation's
-        episodes go to the trajectory browser, as a step's do."""
-        tools = {environment.label: environment.tools for environment in self.claimed.evaluation_environments}
-        for evaluation in filter(lambda evaluation: evaluation.records, finished):
-            self.telemetry.trajectories.add_step(step=evaluation.report.step, records=evaluation.records,
-                                                 purpose="evaluation", tools=tools.get(evaluation.report.environment))
-        reports = [evaluation.report for evaluation in finished]
-        pending, self._evaluation_reports_unsent = self._evaluation_reports_unsent + reports, []
-        for report in pending:
-            try:
-                self.platform.post_evaluation(self.run_id, report, retries="default" if final else 0)
-            except (PlatformUnavailableError, httpx.HTTPError) as exc:
-                if not final and (isinstance(exc, PlatformUnavailableError) or is_retryable(exc)):
-                    self._evaluation_reports_unsent.append(report)
-                    continue
-                logger.error("run %s: evaluation %d could not be recorded (%s): %s", self.run_id,
-                             report.evaluation, exc, report.model_dump_json())
+    def _score_held_out(self, batch):
+        """The current policy's token statistics on a batch of held-out dataset rows."""
+        self.lockstep.announce_batch(OrderKind.SCORE, batch)
+        sharded = shard_batch(batch, self.learner.shardings)
+        return host_copy(held_out_token_statistics(self.learner.graphdef, self.learner.state.params, sharded))
 
     def _checkpoint(self) -> None:
         if self.checkpointer.latest_step() == self.step:
@@ -615,29 +555,11 @@ class RunTrainer:
         self.lockstep.announce(OrderKind.WAIT_FOR_CHECKPOINTS)
         self.checkpointer.wait_until_finished()
 
-    def _report_checkpoints(self, committed: int | None) -> None:
-        """Tell the platform which checkpoints are on disk once a new one (``committed``) is committed.
-
-        A failed post is logged and retried some seconds later: it never stops training.
-        """
-        if (committed is None or committed == self._reported_checkpoint_step
-                or time.monotonic() < self._checkpoint_report_retry_at):
-            return
-        try:
-            report = CheckpointReport(checkpoints=self.checkpointer.committed_checkpoints())
-            self.platform.report_checkpoints(self.run_id, report)
-        except Exception:
-            logger.exception("run %s: reporting checkpoints failed; retrying in %ss", self.run_id,
-                             CHECKPOINT_REPORT_RETRY_S)
-            self._checkpoint_report_retry_at = time.monotonic() + CHECKPOINT_REPORT_RETRY_S
-            return
-        self._reported_checkpoint_step = committed
-
     def _checkpoint_committed(self) -> None:
         """Report the checkpoints on disk, and let the feed acknowledge the data the newest one holds."""
         # Asked once: the same answer serves the report and the acknowledgements.
         committed = self.checkpointer.committed_step()
-        self._report_checkpoints(committed)
+        self.checkpoint_reports.committed(committed)
         if committed is not None and self._feed is not None:
             self._feed.checkpoint_committed(committed)
 
@@ -709,11 +631,10 @@ class RunTrainer:
                     rollout=feed.step_fields(wall_s=profile["wall_s"]),
                 ))
                 self.traces.after_step(self.step)
-                if self.evaluations is not None:
-                    self._post_evaluations(self.evaluations.collect())
+                self.evaluation.after_step()
                 self._heartbeat()
 
-        self._finish_evaluations()
+        self.evaluation.finish(between=self._heartbeat)
         self._checkpoint()
         self._wait_for_checkpoints()
         self._checkpoint_committed()
