@@ -121,6 +121,14 @@ def allocator_stats(device) -> AllocatorStats:
                           limit=figure("bytes_limit"))
 
 
+def smallest_device_memory() -> int | None:
+    """The memory XLA may use on the smallest of this process's accelerator devices; None on CPU, whose
+    allocator reports no limit (the host's memory is the operator's to declare)."""
+    limits = [allocator_stats(device).limit for device in jax.local_devices() if device.platform != "cpu"]
+    reported = [limit for limit in limits if limit is not None]
+    return min(reported) if reported else None
+
+
 def _sum_reported(values: list[int | None]) -> int | None:
     """The sum of the values some device reported; None when none did."""
     reported = [value for value in values if value is not None]

@@ -24,6 +24,7 @@ from tandem.runtime.run_logs import (
     start_run_log_shipping,
     stop_run_log_shipping,
 )
+from trainer.devices import smallest_device_memory
 from trainer.follower import follow
 from trainer.lockstep import (
     LOST_PROCESS_EXIT_CODE,
@@ -87,7 +88,10 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     trained = 0
     # The run this trainer holds, for its process report (read from the reporter's thread).
     working_on: list[int] = []
-    start_process_reporter(redis_url=redis_url, role="trainer", run_ids=lambda: list(working_on))
+    # Its device's memory is the limit the platform holds a new run's memory plan to, unless the
+    # operator declares one (TANDEM_TRAINER_MEMORY_BYTES).
+    start_process_reporter(redis_url=redis_url, role="trainer", run_ids=lambda: list(working_on),
+                           device_memory_bytes=smallest_device_memory())
     # What this process logs while it holds a run goes to the run's log too (tandem/runtime/run_logs.py).
     start_run_log_shipping(redis_url=redis_url, role="trainer")
     logger.info("trainer %s waiting for runs at %s", consumer, platform_url)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
+import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -12,8 +16,11 @@ from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_version_resolve
 from tandem.configs.memory_plan import memory_plan
 from tandem.contracts import TERMINAL_RUN_STATUSES, TRAINER_HEADER, TrainerConflictCode
+from tandem.runtime.process_reports import live_process_reports
 
 from .models import Run, RunAttempt
+
+logger = logging.getLogger(__name__)
 
 
 def run_list(*, user: AbstractBaseUser, status: str | None = None) -> QuerySet[Run]:
@@ -117,6 +124,34 @@ def run_memory_plan(run: Run) -> dict[str, dict[str, int]]:
     """The run's expected peak memory of its trainer and of one producer engine, by part
     (tandem/configs/memory_plan.py), for this deployment's worker concurrency."""
     return memory_plan(run.config, worker_concurrency=settings.TANDEM_RUN_QUOTAS.worker_concurrency).as_dict()
+
+
+@dataclass(frozen=True)
+class TrainerDeviceMemory:
+    """The most device memory a live trainer of this deployment reports, and which trainer."""
+
+    bytes: int
+    trainer: str  # hostname:pid
+
+
+def trainer_device_memory() -> TrainerDeviceMemory | None:
+    """The largest device memory that a live trainer reports (each its smallest accelerator's): the most a
+    run can be given. None when no live trainer reports one (CPU trainers, none started yet) or Redis
+    cannot be read: the run's plan is then checked against TANDEM_TRAINER_MEMORY_BYTES alone."""
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            reports = live_process_reports(client)
+        finally:
+            client.close()
+    except redis.RedisError as exc:
+        logger.warning("trainers' device memory not read: %s", exc)
+        return None
+    reported = [report for report in reports if report.role == "trainer" and report.device_memory_bytes]
+    if not reported:
+        return None
+    largest = max(reported, key=lambda report: report.device_memory_bytes)
+    return TrainerDeviceMemory(bytes=largest.device_memory_bytes, trainer=f"{largest.hostname}:{largest.pid}")
 
 
 def run_evaluation_environments(run: Run) -> list[EnvironmentVersion]:

@@ -28,7 +28,8 @@ class RunSerializer(serializers.ModelSerializer):
     memory_plan = serializers.SerializerMethodField(
         help_text="Expected peak memory in bytes, by part, of the run's trainer (parameters, reference, gradients, "
         "optimizer, one micro-batch's activations and logits) and of one producer engine (weights, KV cache, "
-        "logits), from its config. A run whose trainer needs more than TANDEM_TRAINER_MEMORY_BYTES is refused.")
+        "logits), from its config. A run whose trainer needs more than TANDEM_TRAINER_MEMORY_BYTES (by default, "
+        "the device memory live trainers report) is refused.")
 
     class Meta:
         model = Run

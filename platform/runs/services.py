@@ -47,7 +47,7 @@ from tandem.contracts import (
 
 from .models import Run, RunAttempt
 from .realtime import run_broadcast_on_commit
-from .selectors import run_evaluation_environments
+from .selectors import run_evaluation_environments, trainer_device_memory
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +95,10 @@ def run_config_normalise(config: dict[str, Any] | None) -> dict[str, Any]:
     # What the run would ask of the shared trainer and workers: within the operator's caps.
     try:
         check_run_quotas(normalised, settings.TANDEM_RUN_QUOTAS)
-        check_trainer_memory(trainer_memory_plan(normalised), limit_bytes=settings.TANDEM_RUN_QUOTAS.trainer_memory_bytes,
-                             setting=QUOTA_SETTINGS["trainer_memory_bytes"])
+        limit_bytes, setting = settings.TANDEM_RUN_QUOTAS.trainer_memory_bytes, QUOTA_SETTINGS["trainer_memory_bytes"]
+        if limit_bytes is None and (device := trainer_device_memory()) is not None:
+            limit_bytes, setting = device.bytes, f"the device memory that trainer {device.trainer} reports"
+        check_trainer_memory(trainer_memory_plan(normalised), limit_bytes=limit_bytes, setting=setting)
     except QuotaExceeded as error:
         raise InvalidInput.for_field(error.field, str(error)) from None
     return normalised

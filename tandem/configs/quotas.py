@@ -11,7 +11,8 @@ when it is written (a 400 naming the cap's setting):
 - ``TANDEM_MAX_EPISODES_PER_STEP``: ``groups_per_step * group_size`` (default 4096);
 - ``TANDEM_MAX_ACTIVE_RUNS_PER_PROJECT``: queued, running and paused runs of a project (default 8);
 - ``TANDEM_TRAINER_MEMORY_BYTES``: the memory of the trainer, which a run's memory plan must fit
-  (tandem/configs/memory_plan.py; default: unchecked).
+  (tandem/configs/memory_plan.py; default: the device memory that live trainers on accelerators report,
+  unchecked on CPU).
 
 The footprint is computed from the config alone (and the checkpoint's
 ``config.json`` when the platform can read it): no JAX, no weights.

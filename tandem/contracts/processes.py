@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -81,6 +81,10 @@ class ProcessReport(Record):
     :func:`process_reports_key` every ``interval_s`` seconds, busy or idle.
     """
 
+    # 2: a trainer's device_memory_bytes. Version 1 reports (without it) read as reports of no device memory.
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2})
+    schema_version: int = 2
+
     role: ProcessRole
     name: str = Field("", description="What the process calls itself where that tells processes of one role "
                       "apart: the Celery node name (`rollouts-1@host`), `celery beat`, `uvicorn`.")
@@ -102,6 +106,10 @@ class ProcessReport(Record):
     host_memory_total_bytes: int = Field(description="Host memory installed.")
     run_ids: list[int] = Field(default_factory=list, description="Runs the process is working on now: "
                                "a rollout worker's running tasks' runs, a trainer's claimed run.")
+    device_memory_bytes: int | None = Field(
+        None, ge=0, description="A trainer's: the memory XLA may use on the smallest of its accelerator devices "
+        "(`bytes_limit`), the limit a run's memory plan must fit when the operator declares none "
+        "(TANDEM_TRAINER_MEMORY_BYTES). None on CPU, and for the other roles.")
 
     @property
     def field(self) -> str:

@@ -76,9 +76,10 @@ class ProcessSampler:
     """
 
     def __init__(self, *, role: ProcessRole, name: str = "", interval_s: float,
-                 run_ids: Callable[[], Iterable[int]] | None = None,
+                 run_ids: Callable[[], Iterable[int]] | None = None, device_memory_bytes: int | None = None,
                  process: psutil.Process | None = None, clock: Callable[[], float] = time.time):
         self.role = role
+        self.device_memory_bytes = device_memory_bytes
         self.name = name
         self.interval_s = interval_s
         self.hostname = socket.gethostname()
@@ -98,6 +99,7 @@ class ProcessSampler:
             host_cpu_percent=usage.host_cpu_percent, host_memory_used_bytes=usage.host_memory_used_bytes,
             host_memory_total_bytes=usage.host_memory_total_bytes,
             run_ids=sorted(set(self._run_ids())) if self._run_ids is not None else [],
+            device_memory_bytes=self.device_memory_bytes,
         )
 
 
@@ -109,9 +111,11 @@ class ProcessReporter:
     """
 
     def __init__(self, *, redis_url: str, role: ProcessRole, name: str = "",
-                 run_ids: Callable[[], Iterable[int]] | None = None, interval_s: float | None = None):
+                 run_ids: Callable[[], Iterable[int]] | None = None, interval_s: float | None = None,
+                 device_memory_bytes: int | None = None):
         self.interval_s = interval_s if interval_s is not None else report_interval_s()
-        self.sampler = ProcessSampler(role=role, name=name, interval_s=self.interval_s, run_ids=run_ids)
+        self.sampler = ProcessSampler(role=role, name=name, interval_s=self.interval_s, run_ids=run_ids,
+                                      device_memory_bytes=device_memory_bytes)
         self._client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"tandem-process-report-{role}", daemon=True)
@@ -177,15 +181,19 @@ os.register_at_fork(after_in_child=_forget_reporter_in_child)
 
 def start_process_reporter(*, redis_url: str, role: ProcessRole, name: str = "",
                            run_ids: Callable[[], Iterable[int]] | None = None,
-                           interval_s: float | None = None) -> ProcessReporter | None:
-    """Start this process's reporter, unless one is running; None if it could not start (logged)."""
+                           interval_s: float | None = None,
+                           device_memory_bytes: int | None = None) -> ProcessReporter | None:
+    """Start this process's reporter, unless one is running; None if it could not start (logged).
+
+    ``device_memory_bytes``: a trainer's smallest accelerator's memory (see ProcessReport).
+    """
     global _reporter
     with _reporter_lock:
         if _reporter is not None:
             return _reporter
         try:
             _reporter = ProcessReporter(redis_url=redis_url, role=role, name=name, run_ids=run_ids,
-                                        interval_s=interval_s).start()
+                                        interval_s=interval_s, device_memory_bytes=device_memory_bytes).start()
         except Exception:
             logger.warning("process reporter not started", exc_info=True)
             return None

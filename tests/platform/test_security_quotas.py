@@ -6,12 +6,16 @@ slots, and run the trainer and every worker out of memory.
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import redis
 
 from policy import count_parameters, load_hf_checkpoint
 from runs.models import Run
 from tandem.configs.quotas import RunQuotas, architecture, check_run_quotas, parameter_count
 from tandem.configs.run import RunConfig
+from tandem.contracts import ProcessReport, process_reports_key
 
 
 @pytest.fixture
@@ -87,3 +91,36 @@ def test_a_run_whose_trainer_would_not_fit_is_refused_naming_the_memory_settings
     assert plan["trainer"]["micro_batch_rows"] == 4 and plan["trainer"]["micro_batches"] == 256
     assert 0 < plan["trainer"]["peak_bytes"] <= 800 * 2**20 and plan["producer"]["kv_cache_bytes"] > 0
     assert Run.objects.count() == 1
+
+
+@pytest.fixture
+def gpu_trainer_report(settings):
+    """A live trainer's process report, as a trainer on an accelerator of 800 MiB writes it to Redis."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    now = time.time()
+    report = ProcessReport(role="trainer", hostname="gpu-host", pid=4242, started_at=now - 60, reported_at=now,
+                           interval_s=600, cpu_cores=1.0, rss_bytes=2**30, host_cpu_count=8,
+                           host_memory_used_bytes=2**33, host_memory_total_bytes=2**35,
+                           device_memory_bytes=800 * 2**20)
+    client.hset(process_reports_key(), report.field, report.model_dump_json())
+    yield report
+    client.hdel(process_reports_key(), report.field)
+    client.close()
+
+
+def test_without_a_declared_limit_a_run_must_fit_the_device_a_live_trainer_reports(api, project, environment,
+                                                                                    settings, gpu_trainer_report):
+    settings.TANDEM_RUN_QUOTAS = RunQuotas()
+    big_batch = {"rollout": {"groups_per_step": 64, "group_size": 16}, "model": {"max_seq_len": 512}}
+
+    refused = _create(api, project, big_batch)
+    bounded = _create(api, project, {**big_batch, "memory": {"micro_batch_tokens": 2048}})
+
+    assert refused.status_code == 400, refused.json()
+    message = refused.json()["error"]["fields"]["config.memory.micro_batch_tokens"][0]
+    assert "0.8 GiB (the device memory that trainer gpu-host:4242 reports)" in message
+    assert bounded.status_code == 201, bounded.json()
+
+    # The operator's declared figure is the limit whatever trainers report.
+    settings.TANDEM_RUN_QUOTAS = RunQuotas(trainer_memory_bytes=2**40)
+    assert _create(api, project, big_batch).status_code == 201
