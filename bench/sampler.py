@@ -34,7 +34,6 @@ from policy import (  # noqa: E402
     InferenceEngine,
     SamplingParams,
     Transformer,
-    TransformerConfig,
     split_model,
 )
 from tandem.configs.model import PARAM_DTYPES  # noqa: E402
@@ -103,7 +102,7 @@ def main() -> None:
 
     shape = MODEL_SIZES[args.size]
     model_config = shape.config.model_copy(update={"param_dtype": args.param_dtype} if args.param_dtype else {})
-    config = TransformerConfig.from_model_config(model_config, shape.vocab_size)
+    config = shape.transformer(model_config)  # Gemma 3's sliding layers and all
 
     def scaled(episodes: int) -> int:
         return max(1, round(episodes * args.episodes_scale))
