@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from policy import Transformer
 from tandem.configs.memory import micro_batch_rows
@@ -94,6 +95,24 @@ def split_micro_batches(batch: TrainBatch, rows_each: int) -> TrainBatch:
     return jax.tree.map(split, batch)
 
 
+def split_micro_batches_per_shard(batch: TrainBatch, rows_each: int, shards: int) -> TrainBatch:
+    """``batch`` as ``[micro-batches, rows_each, ...]`` where each micro-batch takes ``rows_each // shards``
+    rows of each of the ``shards`` contiguous blocks the batch's rows are sharded in: so a data shard's
+    micro-batches hold only its own rows, and no row moves between devices. Each block's last
+    micro-batch is filled with empty rows, as :func:`split_micro_batches` fills the batch's."""
+    rows = batch.tokens.shape[0]
+    local, per_shard = rows // shards, rows_each // shards
+    count = -(-local // per_shard)
+
+    def split(values: jax.Array) -> jax.Array:
+        values = values.reshape(shards, local, *values.shape[1:])
+        values = jnp.pad(values, [(0, 0), (0, count * per_shard - local)] + [(0, 0)] * (values.ndim - 2))
+        values = values.reshape(shards, count, per_shard, *values.shape[2:])
+        return jnp.swapaxes(values, 0, 1).reshape(count, rows_each, *values.shape[3:])
+
+    return jax.tree.map(split, batch)
+
+
 def computed_slots(batch: TrainBatch, micro_batch_tokens: int | None) -> int:
     """Token slots the step computes for ``batch``: its rows, and the empty rows that fill its last
     micro-batch (:func:`split_micro_batches`), times its length. A step's padding is these less its tokens."""
@@ -135,6 +154,12 @@ class TrainStep:
         self._loss = loss_fn if isinstance(loss_fn, StepLoss) else StepLoss(loss_fn)
         self._micro_batch_tokens = micro_batch_tokens
         self._trace_count = 0
+        # On a mesh with a data axis, micro-batches accumulate each data shard's gradients where they are
+        # and reduce them over ``data`` once per step. Within a data shard, fsdp reduce-scatters each
+        # micro-batch's gradients as they come (as ZeRO does), so each device holds only its share.
+        self._mesh = None if shardings is None else shardings.batch.mesh
+        self._data_shards = 1 if self._mesh is None else int(self._mesh.shape["data"])
+        self._row_shards = 1 if self._mesh is None else int(self._mesh.shape["data"] * self._mesh.shape["fsdp"])
         if shardings is None:
             self._step = jax.jit(self._traced, donate_argnums=(0,))
         else:
@@ -154,6 +179,40 @@ class TrainStep:
         self, state: TrainState, batch: TrainBatch
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         return self._step(state, batch)
+
+    def _accumulated_per_shard(self, trained: nnx.State, frozen: nnx.State, batch: TrainBatch,
+                               totals: StepTotals, rows_each: int):
+        """The step's float32 gradient sum, loss and metrics over its micro-batches, with each data shard's
+        gradients accumulated on its own devices and reduced over the ``data`` axis once, after the last
+        micro-batch, instead of once per micro-batch (manual over ``data``, GSPMD's for the other axes)."""
+        def local(trained, frozen, micro_batches, totals):
+            def loss_of(trained, micro_batch):
+                return self._loss.loss(nnx.merge(self._graphdef, trained, frozen), micro_batch, totals)
+
+            gradient = jax.value_and_grad(loss_of, has_aux=True)
+
+            def accumulate(carry, micro_batch):
+                grads_sum, loss_sum = carry
+                (loss, metrics), grads = gradient(trained, micro_batch)
+                grads_sum = jax.tree.map(lambda total, grad: total + grad.astype(jnp.float32), grads_sum, grads)
+                return (grads_sum, loss_sum + loss), metrics
+
+            zeros = jax.tree.map(lambda param: jnp.zeros(param.shape, jnp.float32), trained)
+            (grads, loss), per_micro_batch = jax.lax.scan(
+                accumulate, (zeros, jnp.zeros((), jnp.float32)), micro_batches)
+            metrics = {name: (jax.lax.pmin(value, "data") if name.endswith("_min") else
+                              jax.lax.pmax(value, "data") if name.endswith("_max") else
+                              jax.lax.psum(value, "data"))
+                       for name, value in combine_metrics(per_micro_batch).items()}
+            return jax.lax.psum(grads, "data"), jax.lax.psum(loss, "data"), metrics
+
+        replicated, rows_over_data = PartitionSpec(), PartitionSpec(None, "data")
+        # Unchecked: the gradients of the replicated parameters are this shard's own until the psum.
+        return jax.shard_map(
+            local, mesh=self._mesh, axis_names={"data"}, check_vma=False,
+            in_specs=(replicated, replicated, rows_over_data, replicated),
+            out_specs=(replicated, replicated, replicated),
+        )(trained, frozen, split_micro_batches_per_shard(batch, rows_each, self._row_shards), totals)
 
     def _traced(
         self, state: TrainState, batch: TrainBatch
@@ -175,6 +234,9 @@ class TrainStep:
         gradient = jax.value_and_grad(loss_of, has_aux=True)
         if rows_each == rows:
             (loss, metrics), grads = gradient(trained, batch)
+        elif self._data_shards > 1 and rows_each % self._row_shards == 0:
+            grads, loss, metrics = self._accumulated_per_shard(trained, frozen, batch, totals, rows_each)
+            grads = jax.tree.map(lambda grad, param: grad.astype(param.dtype), grads, trained)
         else:
             def accumulate(carry, micro_batch):
                 grads_sum, loss_sum = carry

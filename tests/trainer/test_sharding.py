@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -127,6 +128,18 @@ def test_sharded_steps_lay_out_every_parameter_and_match_one_device(sharded_repo
         run["remat_micro_batches_max_abs_diff_to_one_device"]
     if lora:
         assert run["base_unchanged"]
+
+
+def test_micro_batches_reduce_gradients_over_the_data_axis_once_per_step(sharded_report):
+    """On a data x fsdp mesh, the collectives inside the micro-batch loop are fsdp's alone (gathering
+    parameters, reduce-scattering gradients within a data shard); the reduction over ``data`` is outside
+    it, once per step. Before, every micro-batch's gradients were all-reduced over all four devices."""
+    layout = sharded_report["reductions"]
+    assert layout["micro_batches"] == 2
+    assert layout["max_abs_diff_to_one_device"] <= ATOL, layout["max_abs_diff_to_one_device"]
+    assert layout["loop_collectives"], "no collective in the loop: fsdp's gathers are expected there"
+    assert all(groups == layout["fsdp_groups"] for groups in layout["loop_collectives"]), layout
+    assert layout["data_groups"] in layout["step_collectives"], layout
 
 
 def test_a_sharded_state_restores_from_a_checkpoint_onto_its_layout(sharded_report):
@@ -309,11 +322,70 @@ def _sharded_runs() -> dict:
         "same_values": all(np.array_equal(np.asarray(loaded[path]), np.asarray(leaf))
                            for path, leaf in saved.items()),
     }
-    return {"runs": runs, "checkpoint": checkpoint}
+    return {"runs": runs, "checkpoint": checkpoint, "reductions": _reduction_layout(config, optimizer)}
+
+
+def _replica_groups(text: str) -> list[list[int]] | None:
+    """An HLO collective's ``replica_groups`` (explicit ``{{0,2},{1,3}}``, or iota ``[2,2]<=[4]`` with an
+    optional ``T(...)``) as sorted groups of device ids; None for a form this does not read."""
+    if text.startswith("{"):
+        return sorted(sorted(map(int, group.split(","))) for group in re.findall(r"\{([\d,]+)\}", text))
+    iota = re.fullmatch(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?,?", text)
+    if iota is None:
+        return None
+    dims = [int(size) for size in iota.group(3).split(",")]
+    ids = np.arange(int(np.prod(dims))).reshape(dims)
+    if iota.group(4):
+        ids = ids.transpose([int(axis) for axis in iota.group(4).split(",")])
+    return sorted(sorted(row) for row in ids.reshape(int(iota.group(1)), int(iota.group(2))).tolist())
+
+
+def _reduction_layout(config: TransformerConfig, optimizer) -> dict:
+    """Child process: where a micro-batched step on a (2, 2, 1) mesh makes its collectives."""
+    rng = np.random.default_rng(7)
+    sequences = [rng.integers(1, 64, size=int(rng.integers(6, 16))).tolist() for _ in range(8)]
+    batch = pad_batch(sequences, loss_masks=[[0] + [1] * (len(s) - 1) for s in sequences],
+                      behaviour_logprobs=None, advantages=None, batch_size=8, length_buckets=(16,), pad_id=0)
+    graphdef, initial = create_train_state(Transformer(config, rngs=nnx.Rngs(0)), optimizer)
+    reference_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
+    reference, _ = reference_step(jax.tree.map(jnp.copy, initial), batch)
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=1))
+    shardings = step_shardings(mesh, initial)
+    # Micro-batches of 4 rows of 16 tokens: two a step, each one row of each device's two.
+    step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings,
+                           micro_batch_tokens=64)
+    state = shard_train_state(jax.tree.map(jnp.copy, initial), shardings)
+    sharded = shard_batch(batch, shardings)
+    program = step._step.lower(state, sharded).compile().as_text()
+    state, _ = step(state, sharded)
+
+    ids = np.vectorize(lambda device: device.id)(mesh.devices)  # [data, fsdp, tensor]
+    fsdp_groups = sorted(sorted(ids[d, :, 0].tolist()) for d in range(2))
+    data_groups = sorted(sorted(ids[:, f, 0].tolist()) for f in range(2))
+    loop_bodies = set(re.findall(r"body=%?([\w.\-]+)", program))
+    in_loop, in_step, computation = [], [], None
+    for line in program.splitlines():
+        header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header:
+            computation = header.group(1)
+        collective = re.search(r" = .*\b(all-reduce|all-gather|reduce-scatter|all-to-all)(?:-start)?\(", line)
+        if collective:
+            groups = re.search(r"replica_groups=(\S+)", line)
+            parsed = _replica_groups(groups.group(1)) if groups else None
+            (in_loop if computation in loop_bodies else in_step).append(parsed)
+    return {
+        "micro_batches": 2,
+        "max_abs_diff_to_one_device": max(
+            float(np.max(np.abs(np.asarray(leaf) - np.asarray(expected))))
+            for leaf, expected in zip(jax.tree.leaves(state.params), jax.tree.leaves(reference.params), strict=True)),
+        "fsdp_groups": fsdp_groups, "data_groups": data_groups,
+        "loop_collectives": in_loop, "step_collectives": in_step,
+    }
 
 
 def _one_of_two_processes(process_id: int, port: int, run_id: int, redis_url: str) -> dict:
-    """Child process: one of two "hosts" with 2 CPU devices each, on one (1, 2, 2) mesh."""
+    """Child process: one of two "hosts" with 2 CPU devices each, on one (2, 1, 2) mesh: its data axis
+    spans the two processes, its tensor axis each one's two devices."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     assert initialize_distributed(f"127.0.0.1:{port}", 2, process_id)
     lora = LoRAConfig(enabled=True, rank=4, targets=["attention.query", "mlp.down"])
@@ -323,7 +395,7 @@ def _one_of_two_processes(process_id: int, port: int, run_id: int, redis_url: st
     model = apply_lora(Transformer(config, rngs=nnx.Rngs(0)), lora, rngs=nnx.Rngs(1))
     optimizer = optax.sgd(0.1)
     graphdef, state = create_train_state(model, optimizer)
-    mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=2))
+    mesh = make_mesh(MeshConfig(data=2, fsdp=1, tensor=2))
     shardings = step_shardings(mesh, state)
     state = shard_train_state(state, shardings)
     train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings)
@@ -331,9 +403,10 @@ def _one_of_two_processes(process_id: int, port: int, run_id: int, redis_url: st
     sequences = [rng.integers(1, 64, size=10).tolist() for _ in range(4)]
     batch = pad_batch(sequences, loss_masks=[[0] + [1] * 9] * 4, behaviour_logprobs=None,
                       advantages=None, batch_size=4, length_buckets=(16,), pad_id=0)
-    # The same two steps in micro-batches of one row, their gradients accumulated across both processes.
+    # The same two steps in two micro-batches of one row of each process's, their gradients accumulated
+    # in each process and reduced across both once per step.
     micro_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss), shardings=shardings,
-                                 micro_batch_tokens=16)
+                                 micro_batch_tokens=32)
     micro_state = shard_train_state(jax.tree.map(jnp.copy, state), shardings)
     for _ in range(2):
         state, metrics = train_step(state, shard_batch(batch, shardings))
