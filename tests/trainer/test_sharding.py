@@ -142,6 +142,17 @@ def test_micro_batches_reduce_gradients_over_the_data_axis_once_per_step(sharded
     assert layout["data_groups"] in layout["step_collectives"], layout
 
 
+@pytest.mark.parametrize("case", ["ppo_kl", "grpo_lora", "dr_grpo_kl"])
+def test_each_algorithm_steps_alike_in_one_batch_and_in_micro_batches_on_a_data_mesh(sharded_report, case):
+    """PPO with its value head and the KL penalty, GRPO with LoRA, Dr. GRPO with the KL penalty: three
+    micro-batches on a (2, 2, 1) mesh, reduced over data once, give one device's step in one batch."""
+    compared = sharded_report["algorithms"][case]
+    assert compared["micro_batches"] == 3
+    assert compared["max_abs_param_diff"] <= 1e-5, compared
+    assert compared["max_abs_metric_diff"] <= 1e-5, compared
+    assert compared["grad_norm"] > 0
+
+
 def test_a_sharded_state_restores_from_a_checkpoint_onto_its_layout(sharded_report):
     assert sharded_report["checkpoint"] == {"same_layout": True, "same_values": True}
 
@@ -322,7 +333,35 @@ def _sharded_runs() -> dict:
         "same_values": all(np.array_equal(np.asarray(loaded[path]), np.asarray(leaf))
                            for path, leaf in saved.items()),
     }
-    return {"runs": runs, "checkpoint": checkpoint, "reductions": _reduction_layout(config, optimizer)}
+    return {"runs": runs, "checkpoint": checkpoint, "reductions": _reduction_layout(config, optimizer),
+            "algorithms": _algorithms_on_a_data_mesh()}
+
+
+def _algorithms_on_a_data_mesh() -> dict:
+    """Child process: test_flat_memory_step's algorithm cases, one device's step in one batch against
+    the step in micro-batches of 4 rows on a (2, 2, 1) mesh (the batch's 10 rows and 2 empty ones)."""
+    from tests.trainer.test_flat_memory_step import BUCKETS, _algorithm_batch
+
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=1))
+    compared = {}
+    for case in ("ppo_kl", "grpo_lora", "dr_grpo_kl"):
+        algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case)
+        batch = jax.tree.map(lambda values: jnp.pad(values, [(0, 2)] + [(0, 0)] * (values.ndim - 1)), batch)
+        whole_state, whole = make_train_step(graphdef, optimizer, algorithm.loss_fn)(
+            jax.tree.map(jnp.copy, state), batch)
+        shardings = step_shardings(mesh, state)
+        step = make_train_step(graphdef, optimizer, algorithm.loss_fn, shardings=shardings,
+                               micro_batch_tokens=4 * BUCKETS[0])
+        micro_state, micro = step(shard_train_state(jax.tree.map(jnp.copy, state), shardings),
+                                  shard_batch(batch, shardings))
+        compared[case] = {
+            "micro_batches": -(-batch.tokens.shape[0] // 4),
+            "max_abs_param_diff": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
+                jax.tree.leaves(whole_state.params), jax.tree.leaves(micro_state.params), strict=True)),
+            "max_abs_metric_diff": max(abs(float(whole[name]) - float(micro[name])) for name in whole),
+            "grad_norm": float(whole["grad_norm"]),
+        }
+    return compared
 
 
 def _replica_groups(text: str) -> list[list[int]] | None:
