@@ -189,17 +189,8 @@ class TrainStep:
             def loss_of(trained, micro_batch):
                 return self._loss.loss(nnx.merge(self._graphdef, trained, frozen), micro_batch, totals)
 
-            gradient = jax.value_and_grad(loss_of, has_aux=True)
-
-            def accumulate(carry, micro_batch):
-                grads_sum, loss_sum = carry
-                (loss, metrics), grads = gradient(trained, micro_batch)
-                grads_sum = jax.tree.map(lambda total, grad: total + grad.astype(jnp.float32), grads_sum, grads)
-                return (grads_sum, loss_sum + loss), metrics
-
-            zeros = jax.tree.map(lambda param: jnp.zeros(param.shape, jnp.float32), trained)
-            (grads, loss), per_micro_batch = jax.lax.scan(
-                accumulate, (zeros, jnp.zeros((), jnp.float32)), micro_batches)
+            grads, loss, per_micro_batch = _accumulated(
+                jax.value_and_grad(loss_of, has_aux=True), trained, micro_batches)
             metrics = {name: (jax.lax.pmin(value, "data") if name.endswith("_min") else
                               jax.lax.pmax(value, "data") if name.endswith("_max") else
                               jax.lax.psum(value, "data"))
@@ -238,15 +229,7 @@ class TrainStep:
             grads, loss, metrics = self._accumulated_per_shard(trained, frozen, batch, totals, rows_each)
             grads = jax.tree.map(lambda grad, param: grad.astype(param.dtype), grads, trained)
         else:
-            def accumulate(carry, micro_batch):
-                grads_sum, loss_sum = carry
-                (loss, metrics), grads = gradient(trained, micro_batch)
-                grads_sum = jax.tree.map(lambda total, grad: total + grad.astype(jnp.float32), grads_sum, grads)
-                return (grads_sum, loss_sum + loss), metrics
-
-            zeros = jax.tree.map(lambda param: jnp.zeros(param.shape, jnp.float32), trained)
-            (grads, loss), per_micro_batch = jax.lax.scan(
-                accumulate, (zeros, jnp.zeros((), jnp.float32)), split_micro_batches(batch, rows_each))
+            grads, loss, per_micro_batch = _accumulated(gradient, trained, split_micro_batches(batch, rows_each))
             grads = jax.tree.map(lambda grad, param: grad.astype(param.dtype), grads, trained)
             metrics = combine_metrics(per_micro_batch)
         updates, opt_state = self._optimizer.update(grads, state.opt_state, trained)
@@ -254,6 +237,20 @@ class TrainStep:
         params = nnx.merge_state(trained, frozen)
         metrics = finish_metrics({**step_metrics, **metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)})
         return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+
+def _accumulated(gradient: Callable, trained: nnx.State, micro_batches: TrainBatch):
+    """``gradient`` (a ``value_and_grad`` with metrics) over ``micro_batches`` ``[count, rows, ...]`` in a
+    scan: the float32 sum of their gradients, the sum of their losses, and their metrics stacked."""
+    def accumulate(carry, micro_batch):
+        grads_sum, loss_sum = carry
+        (loss, metrics), grads = gradient(trained, micro_batch)
+        grads_sum = jax.tree.map(lambda total, grad: total + grad.astype(jnp.float32), grads_sum, grads)
+        return (grads_sum, loss_sum + loss), metrics
+
+    zeros = jax.tree.map(lambda param: jnp.zeros(param.shape, jnp.float32), trained)
+    (grads, loss), per_micro_batch = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32)), micro_batches)
+    return grads, loss, per_micro_batch
 
 
 def make_train_step(

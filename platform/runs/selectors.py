@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
-import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -16,11 +14,9 @@ from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_version_resolve
 from tandem.configs.memory_plan import memory_plan
 from tandem.contracts import TERMINAL_RUN_STATUSES, TRAINER_HEADER, TrainerConflictCode
-from tandem.runtime.process_reports import live_process_reports
+from tandem.runtime.process_reports import live_process_reports_at
 
 from .models import Run, RunAttempt
-
-logger = logging.getLogger(__name__)
 
 
 def run_list(*, user: AbstractBaseUser, status: str | None = None) -> QuerySet[Run]:
@@ -138,15 +134,7 @@ def trainer_device_memory() -> TrainerDeviceMemory | None:
     """The largest device memory that a live trainer reports (each its smallest accelerator's): the most a
     run can be given. None when no live trainer reports one (CPU trainers, none started yet) or Redis
     cannot be read: the run's plan is then checked against TANDEM_TRAINER_MEMORY_BYTES alone."""
-    try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        try:
-            reports = live_process_reports(client)
-        finally:
-            client.close()
-    except redis.RedisError as exc:
-        logger.warning("trainers' device memory not read: %s", exc)
-        return None
+    reports = live_process_reports_at(settings.REDIS_URL) or []
     reported = [report for report in reports if report.role == "trainer" and report.device_memory_bytes]
     if not reported:
         return None

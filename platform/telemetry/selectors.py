@@ -37,7 +37,7 @@ from tandem.contracts import (
     TraceRequest,
     producers_key,
 )
-from tandem.runtime.process_reports import live_process_reports
+from tandem.runtime.process_reports import live_process_reports_at
 
 from .models import DeviceSnapshot, MetricBucket, MetricPoint, StepTimelineRecord, Trace
 
@@ -361,14 +361,8 @@ def process_listing(*, user: AbstractBaseUser) -> ProcessListing | None:
     runs they work on, only those of the user's projects are named. Reading
     prunes the reports of dead processes (``tandem.runtime.process_reports``).
     """
-    try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
-        try:
-            reports = live_process_reports(client)
-        finally:
-            client.close()
-    except redis.RedisError as exc:
-        logger.warning("process reports not read: %s", exc)
+    reports = live_process_reports_at(settings.REDIS_URL)
+    if reports is None:
         return None
     run_ids = {run_id for report in reports for run_id in report.run_ids}
     visible = run_list(user=user).filter(pk__in=run_ids).values_list("pk", flat=True) if run_ids else []

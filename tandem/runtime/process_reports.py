@@ -251,3 +251,17 @@ def live_process_reports(client: redis.Redis, *, now: float | None = None) -> li
                 delete_if_unchanged(keys=[process_reports_key()], args=[field, raw], client=pipe)
             pipe.execute()
     return sorted(live, key=lambda r: (_ROLE_ORDER.get(r.role, 9), r.hostname, r.name, r.pid))
+
+
+def live_process_reports_at(redis_url: str) -> list[ProcessReport] | None:
+    """:func:`live_process_reports` of the Redis at ``redis_url``, on a client of its own; None (logged)
+    when that Redis cannot be read, for readers that show or check what they can without it."""
+    try:
+        client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            return live_process_reports(client)
+        finally:
+            client.close()
+    except redis.RedisError as exc:
+        logger.warning("process reports not read: %s", exc)
+        return None
