@@ -81,25 +81,12 @@ def on_token_statistics(
     return StepLoss(model_loss)
 
 
-def split_micro_batches(batch: TrainBatch, rows_each: int) -> TrainBatch:
-    """``batch`` as ``[micro-batches, rows_each, ...]``; the last is filled with empty rows (no token
-    attends, trains or counts), which leave the loss and the gradients as they are."""
-    rows = batch.tokens.shape[0]
-    count = -(-rows // rows_each)
-    padding = count * rows_each - rows
-
-    def split(values: jax.Array) -> jax.Array:
-        values = jnp.pad(values, [(0, padding)] + [(0, 0)] * (values.ndim - 1))
-        return values.reshape(count, rows_each, *values.shape[1:])
-
-    return jax.tree.map(split, batch)
-
-
-def split_micro_batches_per_shard(batch: TrainBatch, rows_each: int, shards: int) -> TrainBatch:
-    """``batch`` as ``[micro-batches, rows_each, ...]`` where each micro-batch takes ``rows_each // shards``
-    rows of each of the ``shards`` contiguous blocks the batch's rows are sharded in: so a data shard's
-    micro-batches hold only its own rows, and no row moves between devices. Each block's last
-    micro-batch is filled with empty rows, as :func:`split_micro_batches` fills the batch's."""
+def split_micro_batches(batch: TrainBatch, rows_each: int, shards: int = 1) -> TrainBatch:
+    """``batch`` as ``[micro-batches, rows_each, ...]``. With ``shards``, each micro-batch takes
+    ``rows_each // shards`` rows of each of the ``shards`` contiguous blocks the batch's rows are sharded
+    in, so a data shard's micro-batches hold only its own rows and no row moves between devices. Each
+    block's last micro-batch is filled with empty rows (no token attends, trains or counts), which leave
+    the loss and the gradients as they are."""
     rows = batch.tokens.shape[0]
     local, per_shard = rows // shards, rows_each // shards
     count = -(-local // per_shard)
@@ -203,7 +190,7 @@ class TrainStep:
             local, mesh=self._mesh, axis_names={"data"}, check_vma=False,
             in_specs=(replicated, replicated, rows_over_data, replicated),
             out_specs=(replicated, replicated, replicated),
-        )(trained, frozen, split_micro_batches_per_shard(batch, rows_each, self._row_shards), totals)
+        )(trained, frozen, split_micro_batches(batch, rows_each, self._row_shards), totals)
 
     def _traced(
         self, state: TrainState, batch: TrainBatch
