@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -21,6 +21,8 @@ from trainer.checkpoint_reports import CheckpointReporter
 from trainer.datasets import load_dataset
 from trainer.platform_client import ClaimedRun, PlatformClient
 from trainer.run_evaluation import RunEvaluation
+
+from .test_platform_retries import serving
 
 
 class FlakyPlatform:
@@ -61,16 +63,12 @@ class FlakyPlatform:
 
 @contextlib.contextmanager
 def platform_client(platform: FlakyPlatform):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), platform.handler())
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    client = PlatformClient(f"http://127.0.0.1:{server.server_address[1]}", "token", trainer_name="w:1")
-    try:
-        yield client
-    finally:
-        client.close()
-        server.shutdown()
-        server.server_close()
+    with serving(platform) as url:
+        client = PlatformClient(url, "token", trainer_name="w:1")
+        try:
+            yield client
+        finally:
+            client.close()
 
 
 def _checkpoint(step: int) -> CheckpointInfo:
