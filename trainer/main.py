@@ -26,6 +26,7 @@ from tandem.runtime.run_logs import (
 )
 from trainer.devices import smallest_device_memory
 from trainer.follower import follow
+from trainer.job_liveness import FollowerWatch, ProcessBeat, follower_lapse_s
 from trainer.lockstep import (
     LOST_PROCESS_EXIT_CODE,
     SINGLE_PROCESS,
@@ -40,7 +41,7 @@ from trainer.platform_client import (
     UnusableClaimError,
 )
 from trainer.run_loop import RunSetAsideError, RunTrainer, TrainerSettings
-from trainer.sharding import initialize_distributed
+from trainer.sharding import distributed_heartbeat_timeout_s, initialize_distributed
 
 logger = logging.getLogger("tandem.trainer")
 
@@ -60,10 +61,15 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     initialize_distributed()
     enable_compilation_cache()
     if jax.process_index() != 0:
+        # Process 0 counts this one lost when these stop (trainer/job_liveness.py).
+        beat = ProcessBeat(jax.process_index())
+        beat.start()
         try:
             return follow(redis_url=redis_url)
         except jax.errors.JaxRuntimeError as exc:
             raise LostProcessError(f"process 0 of the trainer's JAX job is gone: {exc}") from exc
+        finally:
+            beat.stop()
     lockstep: Lockstep = Leader() if jax.process_count() > 1 else SINGLE_PROCESS
     consumer = f"{socket.gethostname()}:{os.getpid()}"
     # Retries for as long as it takes: at first boot the platform may still be migrating. A request
@@ -94,6 +100,26 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                            device_memory_bytes=smallest_device_memory())
     # What this process logs while it holds a run goes to the run's log too (tandem/runtime/run_logs.py).
     start_run_log_shipping(redis_url=redis_url, role="trainer")
+    # A follower that dies in the middle of a collective can leave this process waiting in it for
+    # good: the watch then gives the held run back and ends the process, as a failed collective does.
+    give_back_once = _GiveBackOnce()
+    follower_watch = None
+    if lockstep.leading:
+        def on_silent_follower(process_id: int, silent_s: float) -> None:
+            lost = LostProcessError(f"lost a process of its JAX job (process {process_id} has not beaten for "
+                                    f"{silent_s:.0f} s)")
+            if working_on:
+                # A client of its own: the main thread's may be in the middle of a request.
+                reporter = PlatformClient(platform_url, token, trainer_name=consumer)
+                try:
+                    give_back_once(reporter, working_on[0], consumer, str(lost))
+                finally:
+                    reporter.close()
+            exit_for_restart(lost)
+
+        follower_watch = FollowerWatch(list(range(1, jax.process_count())), on_silent=on_silent_follower,
+                                       lapse_s=follower_lapse_s(distributed_heartbeat_timeout_s()))
+        follower_watch.start()
     logger.info("trainer %s waiting for runs at %s", consumer, platform_url)
     job_lost = False
     try:
@@ -144,7 +170,7 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
                         # the supervisor has started every process again.
                         lost = LostProcessError(_lost_process_message(exc))
                         logger.exception("run %s: the trainer %s; giving the run back", claimed.run_id, lost)
-                        _give_back(platform, claimed.run_id, consumer, str(lost))
+                        give_back_once(platform, claimed.run_id, consumer, str(lost))
                         raise lost from exc
                     logger.exception("run %s failed", claimed.run_id)
                     _report_failure(platform, claimed.run_id, consumer, f"trainer error: {type(exc).__name__}: {exc}")
@@ -164,6 +190,8 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
         job_lost = True  # learnt between runs (a keep-alive's broadcast failed): no run to give back
         raise LostProcessError(_lost_process_message(exc)) from exc
     finally:
+        if follower_watch is not None:
+            follower_watch.stop()  # the followers stop beating once they are released
         try:
             if not job_lost:
                 lockstep.quit()
@@ -242,6 +270,21 @@ LOST_PROCESS_MESSAGE_CHARS = 500
 
 def _lost_process_message(error: BaseException) -> str:
     return f"lost a process of its JAX job ({type(error).__name__}: {str(error)[:LOST_PROCESS_MESSAGE_CHARS]})"
+
+
+class _GiveBackOnce:
+    """The held run goes back to the queue once, by whichever thread learns first that the job lost a
+    process (a failed collective, or the follower watch); the other waits for it before ending."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._given_back = False
+
+    def __call__(self, platform: PlatformClient, run_id: int, worker: str, message: str) -> None:
+        with self._lock:
+            if not self._given_back:
+                self._given_back = True
+                _give_back(platform, run_id, worker, message)
 
 
 def _give_back(platform: PlatformClient, run_id: int, worker: str, message: str, *,

@@ -92,6 +92,11 @@ class StepShardings:
 DISTRIBUTED_HEARTBEAT_TIMEOUT_S = 30
 
 
+def distributed_heartbeat_timeout_s() -> int:
+    """``TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S``, or :data:`DISTRIBUTED_HEARTBEAT_TIMEOUT_S` when unset."""
+    return int(os.environ.get("TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S", DISTRIBUTED_HEARTBEAT_TIMEOUT_S))
+
+
 def initialize_distributed(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -119,8 +124,7 @@ def initialize_distributed(
     if jax.distributed.is_initialized():
         return True
     if heartbeat_timeout_s is None:
-        heartbeat_timeout_s = int(os.environ.get("TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S",
-                                                 DISTRIBUTED_HEARTBEAT_TIMEOUT_S))
+        heartbeat_timeout_s = distributed_heartbeat_timeout_s()
     jax.distributed.initialize(
         coordinator_address=coordinator_address,
         num_processes=num_processes,

@@ -177,13 +177,14 @@ def test_a_followers_death_sends_the_run_back_to_the_queue_and_both_processes_re
     (counted against max_restarts) and exits, and the job started again resumes from the checkpoint."""
     config = {**RUN_CONFIG, "max_restarts": 2}
     # The reaper's timeout as deployed: the run goes back to the queue through the leader, which
-    # lives on (beating) until it released the run, never through a reaper's presumption. The JAX
-    # job's heartbeat timeout is longer than deployed (30 s): past it, JAX's coordination service
-    # ends the leader at once, and on a loaded host (two suites at once) it did so before the
-    # leader's next collective found the follower gone and gave the run back.
+    # lives on (beating) until it released the run, never through a reaper's presumption. The leader
+    # learns of the death at its next collective or, when Gloo's all-reduce waits on the dead process
+    # for good, from its watch on the follower's beats (a third of the JAX job's heartbeat timeout);
+    # the timeout is longer than deployed (30 s) so that on a loaded host the coordination service
+    # cannot end the leader before the watch has given the run back.
     with multi_host_stack(tmp_path, producer_hosts=("host-b",), extra_hosts=(FOLLOWER_HOST,), log_lines=40,
                           extra_env={"TANDEM_REAPER_INTERVAL_S": "1",
-                                     "TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S": "120"}) as (stack, _):
+                                     "TANDEM_DISTRIBUTED_HEARTBEAT_TIMEOUT_S": "60"}) as (stack, _):
         credentials = stack.prepare()
         stack.start_web()
         stack.start_platform_worker()
@@ -201,8 +202,8 @@ def test_a_followers_death_sends_the_run_back_to_the_queue_and_both_processes_re
         assert api.get(f"/api/runs/{run_id}/").json()["status"] == "running"
 
         trainer.kill(process_ids=(1,))
-        # The leader learns of it at its next collective, lets go of the run and exits (a JAX job
-        # cannot lose a process and go on); the web server and workers live on meanwhile.
+        # The leader learns of it (a collective fails, or the follower's beats stop), lets go of the run
+        # and exits (a JAX job cannot lose a process and go on); the web server and workers live on.
         leader_name = trainer.log_name(0)
         others = [name for name in stack.processes if name != leader_name]
 

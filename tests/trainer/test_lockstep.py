@@ -18,8 +18,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from tandem.runtime.local_ports import free_local_port
+from trainer.job_liveness import BEAT_S, FollowerWatch, follower_lapse_s
 from trainer.lockstep import (
     FIRST_BLOCK_BYTES,
+    LOST_PROCESS_EXIT_CODE,
     SINGLE_PROCESS,
     Order,
     OrderKind,
@@ -31,6 +33,8 @@ from trainer.lockstep import (
 from trainer.train_batch import pack_batch, pad_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The follower watch's lapse in the follower_dies children.
+LAPSE_S = 5.0
 
 
 def _batch(rows: int, length: int):
@@ -97,6 +101,47 @@ def test_a_follower_whose_leader_dies_exits_with_an_error_instead_of_waiting_for
     stdout, stderr = follower.communicate(timeout=120)
     assert follower.returncode != 0
     assert "received idle" in stdout, stderr[-4000:]
+
+
+def test_a_follower_killed_while_the_leader_waits_in_a_collective_is_noticed_by_its_silence():
+    """The follower beats, then is SIGKILLed while the leader waits for good (as in a Gloo all-reduce
+    on CPU, which never fails): the leader's watch names the silent process once its beats lapse."""
+    leader, follower = _processes("follower_dies", free_local_port())
+    stdout, stderr = follower.communicate(timeout=180)
+    assert follower.returncode == -signal.SIGKILL, stderr[-4000:]
+    died_at = float(stdout.split("dies at ", 1)[1].split()[0])
+    beats_before_death = int(stdout.split("after beats ", 1)[1].split()[0])
+    stdout, stderr = leader.communicate(timeout=180)
+    assert leader.returncode == LOST_PROCESS_EXIT_CODE, stderr[-4000:]
+    report = json.loads(stdout.split("silent: ", 1)[1].splitlines()[0])
+    assert report["process"] == 1 and report["silent_s"] >= LAPSE_S
+    # Silent since the death, never before it: the follower had beaten the whole time it lived.
+    assert beats_before_death >= 3
+    assert report["at"] >= died_at + LAPSE_S - BEAT_S
+
+
+def test_the_watch_counts_a_follower_silent_only_when_its_beats_stop_changing():
+    now = [0.0]
+    beats: dict[int, str] = {}
+    watch = FollowerWatch([1, 2], lapse_s=5.0, on_silent=lambda *_: None, read=lambda: dict(beats),
+                          clock=lambda: now[0])
+    seen: dict = {}
+    for second in range(1, 20):
+        now[0] = float(second)
+        beats = {1: str(second), 2: str(second)}  # both beat every second
+        assert watch.check(seen) is None
+    beats = {1: "19"}  # process 2 loses its key; process 1 stops beating
+    now[0] = 23.0
+    assert watch.check(seen) is None  # 1: 4 s silent; 2: its change (to nothing) is news
+    now[0] = 24.0
+    assert watch.check(seen) == (1, 5.0)
+    # A follower that never beat counts as silent from the watch's first look.
+    fresh: dict = {}
+    never = FollowerWatch([1], lapse_s=5.0, on_silent=lambda *_: None, read=dict, clock=lambda: now[0])
+    assert never.check(fresh) is None
+    now[0] = 29.0
+    assert never.check(fresh) == (1, 5.0)
+    assert follower_lapse_s(30) == 10.0 and follower_lapse_s(3) == 5 * BEAT_S
 
 
 def test_a_follower_obeys_every_order_of_a_run_and_computes_what_the_leader_computes(tmp_path):
@@ -212,6 +257,38 @@ def _leader_of_a_run(directory: Path) -> dict:
     return {"restored_step": progress.step, "scored_rows": len(scored[0])}
 
 
+def _follower_dies(process_id: int) -> dict:
+    import threading
+    import time
+
+    import jax
+
+    from trainer.job_liveness import FollowerWatch, ProcessBeat, read_beats
+    from trainer.lockstep import Leader, receive
+
+    if process_id == 0:
+        def on_silent(silent_process: int, silent_s: float) -> None:
+            print("silent: " + json.dumps({"process": silent_process, "silent_s": silent_s, "at": time.time()}),
+                  flush=True)
+            os._exit(LOST_PROCESS_EXIT_CODE)
+
+        FollowerWatch([1], lapse_s=LAPSE_S, on_silent=on_silent).start()
+        Leader().announce(OrderKind.IDLE)
+        # Stands in for a collective that waits for good on a dead process; the watch ends this process.
+        threading.Event().wait(120)
+        return {"unexpected": "the watch never noticed the dead follower"}
+    ProcessBeat(jax.process_index(), beat_s=BEAT_S).start()
+    receive()
+    # Beats for three lapses, so that a watch that misread a live follower would show it.
+    deadline = time.monotonic() + 3 * LAPSE_S
+    while time.monotonic() < deadline:
+        time.sleep(BEAT_S)
+    beats = int(read_beats()[1])
+    print(f"dies at {time.time()} after beats {beats}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
 def _child(role: str, process_id: int, port: int, *args: str) -> dict:
     import logging
 
@@ -236,6 +313,8 @@ def _child(role: str, process_id: int, port: int, *args: str) -> dict:
         while not received or received[-1]["kind"] != OrderKind.QUIT:
             received.append(_digest(receive()))
         return {"received": received}
+    if role == "follower_dies":
+        return _follower_dies(process_id)
     # leader_dies
     if process_id == 0:
         Leader().announce(OrderKind.IDLE)
