@@ -3,8 +3,8 @@
 For each model and episode count, a process of its own (so that each has its own high-water mark)
 builds the model with random weights (memory and speed do not depend on their values), a batch of
 that many episodes of varied lengths up to ``--tokens`` (the first fifth a prompt, the rest the
-policy's), computes the reference's log-probs as the trainer does, and runs the update twice: the
-first compiles, the second is timed. It reports:
+policy's), computes the reference's log-probs as the trainer does, compiles the update ahead of time
+(``compile_s``) and runs it once, timed. It reports:
 
 - ``peak_bytes``: the process's resident high-water mark (``ru_maxrss``) on CPU, the device's
   ``peak_bytes_in_use`` where the backend reports one;
@@ -15,7 +15,9 @@ first compiles, the second is timed. It reports:
   episodes with ``--pack``, which packs them several to a row).
 
 ``unchunked`` runs today's step before this change on the counts up to ``--unchunked-max``: the whole
-batch at once, no remat, and log-probs from the full ``[B, T, V]`` logits.
+batch at once, no remat, and log-probs from the full ``[B, T, V]`` logits. A count whose plan (the whole
+batch's logits as one chunk) exceeds the machine's available memory is ``skipped`` with both figures,
+not run into the kernel's OOM killer; a measurement's process offers itself to that killer first.
 
 ``producer_warmup_s`` times a producer's inference engine (``--producer-slots`` KV-cache rows, buckets
 up to ``--tokens``) compiling every prefill and decode bucket before its first episode, per model:
@@ -25,8 +27,8 @@ the same host's persistent compilation cache (policy/compilation_cache.py). ``pr
 the first process's resident high-water mark with its engine.
 
 Usage: ``python bench/train_memory.py [--models smollm2-135m] [--episodes 16,64,256] [--tokens 1024]
-[--micro-batch-tokens 4096] [--remat full] [--logits-chunk-tokens 4096] [--unchunked-max 16] [--pack]``.
-Prints one JSON line. Gemma 3 270M is built from its shape (bench/train_step.py), sliding layers and all.
+[--micro-batch-tokens 4096] [--remat full] [--logits-chunk-tokens 4096] [--unchunked-max 16] [--pack]
+[--no-producers]``. Prints one JSON line, and each measurement as it ends on stderr. Gemma 3 270M is built from its shape (bench/train_step.py), sliding layers and all.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def _arguments(argv=None) -> argparse.Namespace:
                         help="pack the episodes several to a row (memory.pack_episodes)")
     parser.add_argument("--unchunked-max", type=int, default=16,
                         help="run today's unchunked step on counts up to this (0: none)")
+    parser.add_argument("--no-producers", dest="producers", action="store_false",
+                        help="leave out the producers' warm-up (producer_warmup_s, producer_peak_bytes)")
     parser.add_argument("--producer-slots", type=int, default=16, help="KV-cache rows of the timed engines")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -65,7 +69,9 @@ def _run_config(model: str, episodes: int, arguments: argparse.Namespace, *, unc
     from tandem.configs.run import RunConfig
 
     shape = MODEL_SIZES[model]
-    memory = ({"micro_batch_tokens": None, "remat": "none"} if unchunked else
+    # Today's step holds the whole batch's logits: its plan counts them as one chunk.
+    memory = ({"micro_batch_tokens": None, "remat": "none", "logits_chunk_tokens": episodes * arguments.tokens}
+              if unchunked else
               {"micro_batch_tokens": arguments.micro_batch_tokens, "remat": arguments.remat,
                "logits_chunk_tokens": arguments.logits_chunk_tokens})
     group_size = min(8, episodes)
@@ -98,6 +104,18 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
 
     shape = MODEL_SIZES[model]
     config = RunConfig.model_validate(_run_config(model, episodes, arguments, unchunked=unchunked))
+    transformer = shape.transformer(config.model)
+    # The plan reads the architecture from a checkpoint's config.json; here it is the shape's, vocabulary included.
+    architecture = plans.architecture(_run_config(model, episodes, arguments, unchunked=unchunked)["model"])
+    plans.architecture = lambda model_config: dataclasses.replace(
+        architecture, vocab_size=shape.vocab_size, qk_norm=transformer.qk_norm,
+        post_sublayer_norms=transformer.post_sublayer_norms)
+    plan = plans.trainer_memory_plan(_run_config(model, episodes, arguments, unchunked=unchunked))
+    available = _available_memory_bytes()
+    if unchunked and plan.peak_bytes > available:
+        # Run, it would only be killed for memory, and might take other processes with it.
+        return {"skipped": "does not fit: its plan exceeds this machine's available memory",
+                "planned_peak_bytes": plan.peak_bytes, "available_bytes": available}
     if unchunked:
         def full_logits(model, batch, *, temperature=1.0, chunk_tokens, remat="none"):
             hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask)
@@ -107,7 +125,6 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     algorithm = build_algorithm(AlgorithmConfig.model_validate(config.algorithm.model_dump()),
                                 temperature=1.0, max_policy_tokens=arguments.tokens,
                                 logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat)
-    transformer = shape.transformer(config.model)
     optimizer = make_optimizer(1e-5, config.optimizer)
     graphdef, state = create_train_state(Transformer(transformer, rngs=nnx.Rngs(0)), optimizer)
     reference = ReferencePolicy(graphdef, jax.tree.map(lambda leaf: leaf.copy(), state.params))
@@ -130,31 +147,37 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     batch = batch.replace(extras={"reference_logprobs": reference.logprobs(
         batch, temperature=1.0, logits_chunk_tokens=config.memory.logits_chunk_tokens)})
     step = make_train_step(graphdef, optimizer, algorithm.loss_fn, micro_batch_tokens=config.memory.micro_batch_tokens)
-    state, metrics = step(state, batch)
-    jax.block_until_ready(metrics)
+    # Compiled ahead rather than by a first update: at 256 episodes an update takes most of an hour here.
     started = time.perf_counter()
-    state, metrics = step(state, batch)
+    compiled_step = step.compiled(state, batch)
+    compile_s = time.perf_counter() - started
+    started = time.perf_counter()
+    state, metrics = compiled_step(state, batch)
     jax.block_until_ready(metrics)
     wall_s = time.perf_counter() - started
     tokens = sum(len(sequence) for sequence in sequences)
     device = jax.devices()[0].memory_stats() or {}
-    # The plan reads the architecture from a checkpoint's config.json; here it is the shape's, vocabulary included.
-    architecture = plans.architecture(_run_config(model, episodes, arguments, unchunked=unchunked)["model"])
-    plans.architecture = lambda model_config: dataclasses.replace(
-        architecture, vocab_size=shape.vocab_size, qk_norm=transformer.qk_norm,
-        post_sublayer_norms=transformer.post_sublayer_norms)
-    plan = plans.trainer_memory_plan(_run_config(model, episodes, arguments, unchunked=unchunked))
     return {
         "peak_bytes": int(device.get("peak_bytes_in_use") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
         "peak_source": "device" if device.get("peak_bytes_in_use") else "process_rss",
         "planned_peak_bytes": plan.peak_bytes,
         "tokens_per_s": tokens / wall_s,
         "step_s": wall_s,
+        "compile_s": compile_s,
         "padding_fraction": 1.0 - tokens / computed_slots(batch, config.memory.micro_batch_tokens),
         "rows": int(batch.tokens.shape[0]),
         "micro_batches": plan.micro_batches,
         "loss": float(metrics["loss"]),
     }
+
+
+def _available_memory_bytes() -> int:
+    """MemAvailable of /proc/meminfo (what can be allocated without swapping or killing)."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
 def _producer_warmup(model: str, arguments: argparse.Namespace, *, cache_dir: str, engines: int) -> dict:
@@ -217,9 +240,17 @@ def _in_child(model: str, episodes: int, arguments: argparse.Namespace, *, unchu
     return json.loads(finished.stdout.strip().splitlines()[-1])
 
 
+def _progress(model: str, what, result: dict) -> dict:
+    # Each measurement as it ends, on stderr: a long run's results survive its interruption.
+    print(json.dumps({"model": model, "measured": str(what), **result}), file=sys.stderr, flush=True)
+    return result
+
+
 def main(argv=None) -> None:
     arguments = _arguments(argv)
     if arguments.child:
+        # Should a measurement outgrow the machine, the kernel kills it rather than another process.
+        Path("/proc/self/oom_score_adj").write_text("1000")
         job = json.loads(arguments.child)
         if "producer" in job:
             print(json.dumps(_producer_warmup(job["producer"], arguments, cache_dir=job["cache_dir"],
@@ -230,9 +261,12 @@ def main(argv=None) -> None:
     counts = [int(count) for count in arguments.episodes.split(",")]
     sizes, unchunked, producers = {}, {}, {}
     for model in arguments.models.split(","):
-        producers[model] = _producer_in_children(model, arguments)
-        sizes[model] = {str(count): _in_child(model, count, arguments, unchunked=False) for count in counts}
-        unchunked[model] = {str(count): _in_child(model, count, arguments, unchunked=True)
+        if arguments.producers:
+            producers[model] = _progress(model, "producer", _producer_in_children(model, arguments))
+        sizes[model] = {str(count): _progress(model, count, _in_child(model, count, arguments, unchunked=False))
+                        for count in counts}
+        unchunked[model] = {str(count): _progress(model, f"{count} unchunked",
+                                                  _in_child(model, count, arguments, unchunked=True))
                             for count in counts if count <= arguments.unchunked_max}
     print(json.dumps({
         "bench": "train_memory", "tokens": arguments.tokens, "micro_batch_tokens": arguments.micro_batch_tokens,

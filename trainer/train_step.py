@@ -167,6 +167,10 @@ class TrainStep:
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         return self._step(state, batch)
 
+    def compiled(self, state: TrainState, batch: TrainBatch):
+        """The step compiled for ``state`` and ``batch``'s shapes without running it (called alike)."""
+        return self._step.lower(state, batch).compile()
+
     def _accumulated_per_shard(self, trained: nnx.State, frozen: nnx.State, batch: TrainBatch,
                                totals: StepTotals, rows_each: int):
         """The step's float32 gradient sum, loss and metrics over its micro-batches, with each data shard's
