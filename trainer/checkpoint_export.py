@@ -23,7 +23,6 @@ from policy import (
     split_adapters,
 )
 from tandem.configs.run import RunConfig
-from trainer.checkpoints import RunCheckpointer
 from trainer.learner import Learner
 
 
@@ -33,13 +32,8 @@ def restore_policy(run_config: dict, *, run_directory: Path, step: int) -> Trans
     vocab_size = load_tokenizer(config.model.tokenizer).vocab_size
     # The structure the trainer saved: built as the trainer builds it, off its mesh.
     learner = Learner(config, vocab_size=vocab_size, on_mesh=False)
-    algorithm, graphdef, state = learner.algorithm, learner.graphdef, learner.state
-    # Never saves, so retention never deletes anything here.
-    checkpointer = RunCheckpointer(run_directory, max_to_keep=None)
-    try:
-        restored, _ = checkpointer.restore(step, abstract_train_state=state)
-    finally:
-        checkpointer.close()
+    algorithm, graphdef = learner.algorithm, learner.graphdef
+    restored = learner.read_checkpoint(run_directory, step)
     params = restored.params["policy"] if algorithm.needs_value_head else restored.params
     if not config.lora.enabled:
         if algorithm.needs_value_head:

@@ -23,15 +23,14 @@ import jax
 import jax.numpy as jnp
 import redis
 
-from policy import RedisWeightPublisher, WeightPublisher
 from tandem.configs.run import RunConfig
 from trainer.algorithms import ReferencePolicy
-from trainer.checkpoints import RunCheckpointer, RunProgress
+from trainer.checkpoints import RunProgress
 from trainer.dataset_evaluation import held_out_token_statistics
 from trainer.learner import Learner
 from trainer.lockstep import Order, OrderKind, arrays_batch, log_trained, receive
 from trainer.lockstep import agree as all_agree
-from trainer.sharding import host_copy, shard_batch, shard_train_state
+from trainer.sharding import host_copy, shard_batch
 from trainer.train_state import set_learning_rate
 from trainer.train_step import mean_metrics, train_updates
 
@@ -49,11 +48,9 @@ class FollowedRun:
         # The same transport the leader chose; off process 0 a publisher only gathers (a collective)
         # and never touches Redis, so its client never connects.
         self._redis = unused_redis
-        self.publisher: WeightPublisher = self.learner.publisher(unused_redis,
-                                                                 directory=Path(fields["weights_directory"]))
+        self.learner.open_publisher(unused_redis, directory=Path(fields["weights_directory"]))
         self.reference: ReferencePolicy | None = None
-        self.checkpointer = RunCheckpointer(Path(fields["checkpoint_directory"]),
-                                            max_to_keep=config.checkpoint.kept)
+        self.learner.open_checkpoints(Path(fields["checkpoint_directory"]), max_to_keep=config.checkpoint.kept)
         logger.info("process %d follows run %s on a %s mesh", jax.process_index(), self.run_id,
                     dict(self.learner.shardings.batch.mesh.shape))
 
@@ -71,35 +68,31 @@ class FollowedRun:
                                                        updates=fields["updates"])
                 log_trained(step=fields["step"], phase=fields["phase"], metrics=mean_metrics(per_update))
             case OrderKind.PUBLISH:
-                self.publisher.publish(run_id=self.run_id, version=fields["version"], params=self.learner.published_params())
+                self.learner.publish(run_id=self.run_id, version=fields["version"])
             case OrderKind.PUBLISH_KEPT:
-                key = fields["key"]
-                kept = RedisWeightPublisher(self._redis, lora=self.config.lora,
-                                            publish_dtype=self.config.weights.publish_dtype,
-                                            key_of=lambda run_id: key)
-                kept.publish(run_id=self.run_id, version=fields["version"], params=self.learner.published_params())
+                self.learner.publish_kept(self._redis, run_id=self.run_id, version=fields["version"],
+                                          key=fields["key"])
             case OrderKind.REFERENCE:
                 self.reference = ReferencePolicy(self.learner.graphdef, jax.tree.map(jnp.copy, self.learner.state.params))
             case OrderKind.REFERENCE_LOGPROBS:
                 self.reference.logprobs(arrays_batch(order.arrays), temperature=fields["temperature"],
-                                        logits_chunk_tokens=fields["logits_chunk_tokens"])
+                                        logits_chunk_tokens=fields["logits_chunk_tokens"],
+                                        micro_batch_tokens=fields.get("micro_batch_tokens"))
             case OrderKind.SCORE:
                 host_copy(held_out_token_statistics(self.learner.graphdef, self.learner.state.params,
                                                     shard_batch(arrays_batch(order.arrays), self.learner.shardings)))
             case OrderKind.CHECKPOINT:
-                self.checkpointer.save(
-                    fields["step"], train_state=self.learner.state, progress=RunProgress.model_validate(fields["progress"]),
+                self.learner.save_checkpoint(
+                    fields["step"], progress=RunProgress.model_validate(fields["progress"]),
                     reference_params=self.reference.params if fields["with_reference"] else None)
             case OrderKind.WAIT_FOR_CHECKPOINTS:
-                self.checkpointer.wait_until_finished()
+                self.learner.checkpointer.wait_until_finished()
             case OrderKind.RESTORE:
-                state, _ = self.checkpointer.restore(fields["step"], abstract_train_state=self.learner.state)
-                self.learner.state = shard_train_state(state, self.learner.shardings)
+                self.learner.restore_checkpoint(fields["step"])
                 logger.info("process %d restored run %s at step %d", jax.process_index(), self.run_id,
                             fields["step"])
             case OrderKind.RESTORE_REFERENCE:
-                reference = self.checkpointer.restore_reference(fields["step"], abstract_params=self.learner.state.params)
-                self.reference = ReferencePolicy(self.learner.graphdef, reference)
+                self.reference = ReferencePolicy(self.learner.graphdef, self.learner.restore_reference(fields["step"]))
             case OrderKind.START_FROM:
                 self._start_from(fields)
             case _:
@@ -109,19 +102,15 @@ class FollowedRun:
         """Another run's checkpoint; every process says whether it could, as the leader does."""
         restored = None
         try:
-            checkpointer = RunCheckpointer(Path(fields["directory"]), read_only=True)
-            try:
-                restored, _ = checkpointer.restore(fields["step"], abstract_train_state=self.learner.state)
-            finally:
-                checkpointer.close()
+            restored = self.learner.read_checkpoint(Path(fields["directory"]), fields["step"])
         except Exception:  # noqa: BLE001 - the leader fails the run, with its own reason
             logger.exception("process %d could not restore checkpoint %s of %s", jax.process_index(),
                              fields["step"], fields["directory"])
         if all_agree(restored is not None):
-            self.learner.state = shard_train_state(restored, self.learner.shardings)
+            self.learner.adopt(restored)
 
     def close(self) -> None:
-        self.checkpointer.close()
+        self.learner.close()
 
 
 def follow(*, redis_url: str) -> int:

@@ -3,9 +3,10 @@
 The leader (:class:`trainer.run_loop.RunTrainer`), every follower of a multi-process trainer
 (:class:`trainer.follower.FollowedRun`) and the checkpoint export
 (:func:`trainer.checkpoint_export.restore_policy`) build their model, train state and steps
-here, from the same config and seed: so a follower holds the same shards of the same state as the
-leader, and a checkpoint restores into the structure it was saved from, whatever changes in how a
-run trains (its algorithm, its memory settings, a value head, LoRA).
+here, from the same config and seed, and save, restore and publish that state through it: so a
+follower holds the same shards of the same state as the leader, and a checkpoint restores into the
+structure it was saved from, whatever changes in how a run trains (its algorithm, its memory
+settings, a value head, LoRA).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tandem.configs.run import RunConfig
 from trainer.algorithms import Algorithm, build_algorithm
+from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.sharding import batch_ways, make_mesh, shard_train_state, step_shardings
 from trainer.train_state import TrainState, initial_train_state, make_optimizer
 from trainer.train_step import TrainStep, make_train_step
@@ -27,10 +29,15 @@ if TYPE_CHECKING:
 
 
 class Learner:
-    """The algorithm, optimizer, graph, train state, shardings and both train steps of a run.
+    """The algorithm, optimizer, graph, train state, shardings and both train steps of a run, and,
+    once opened, its weight publisher and checkpointer.
 
     ``on_mesh`` false (the checkpoint export): the state stays where it was built, unsharded, and
     there are no steps; the structure is what a checkpoint restores into.
+
+    The publisher and the checkpointer are opened apart from the build (:meth:`open_publisher`,
+    :meth:`open_checkpoints`): on a multi-process trainer the checkpointer's creation is a collective
+    that the leader makes only once its followers have begun the run.
     """
 
     def __init__(self, config: RunConfig, *, vocab_size: int, on_mesh: bool = True):
@@ -38,7 +45,8 @@ class Learner:
         self.algorithm: Algorithm = build_algorithm(
             config.algorithm, temperature=config.sampling.temperature,
             max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns,
-            logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat)
+            logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat,
+            micro_batch_tokens=config.memory.micro_batch_tokens)
         self.optimizer = make_optimizer(config.learning_rate, config.optimizer)
         self.graphdef, state = initial_train_state(config, vocab_size=vocab_size,
                                                    needs_value_head=self.algorithm.needs_value_head,
@@ -56,6 +64,8 @@ class Learner:
                                       shardings=self.shardings, micro_batch_tokens=micro_batch_tokens),
             }
         self.state: TrainState = state
+        self.weight_publisher: WeightPublisher | None = None
+        self.checkpointer: RunCheckpointer | None = None
 
     @property
     def batch_ways(self) -> int:
@@ -66,15 +76,69 @@ class Learner:
         """What producers load of the state: the policy's parameters (without a value head's)."""
         return policy_params(self.state.params) if self.algorithm.needs_value_head else self.state.params
 
-    def publisher(self, redis_client: redis.Redis, *, directory: Path) -> WeightPublisher:
-        """The run's weight transport, chosen now, so that weights too large for it fail the run before
+    # -- weights -------------------------------------------------------------
+
+    def open_publisher(self, redis_client: redis.Redis, *, directory: Path) -> None:
+        """Choose the run's weight transport now, so that weights too large for it fail the run before
         anything is sent. Off process 0 a publisher only gathers (a collective) and never uses Redis."""
         # Imported here: the checkpoint export builds a Learner and must not load Redis (test_import_rules).
         from policy import publication_bytes, weight_publisher
 
         weights = self.config.weights
-        return weight_publisher(
+        self.weight_publisher = weight_publisher(
             redis_client, transport=weights.transport, directory=directory, lora=self.config.lora,
             publish_dtype=weights.publish_dtype,
             parameter_bytes=publication_bytes(self.published_params(), weights.publish_dtype),
             redis_max_bytes=weights.redis_max_mb * 2**20)
+
+    def publish(self, *, run_id: int, version: int) -> None:
+        """The policy's parameters as ``version`` through the run's transport (a gather on every process)."""
+        self.weight_publisher.publish(run_id=run_id, version=version, params=self.published_params())
+
+    def publish_kept(self, redis_client: redis.Redis, *, run_id: int, version: int, key: str) -> None:
+        """The same parameters again, as ``version``, in the Redis hash ``key``: an evaluation's own copy."""
+        from policy import RedisWeightPublisher
+
+        weights = self.config.weights
+        kept = RedisWeightPublisher(redis_client, lora=self.config.lora, publish_dtype=weights.publish_dtype,
+                                    key_of=lambda run_id: key)
+        kept.publish(run_id=run_id, version=version, params=self.published_params())
+
+    # -- checkpoints ---------------------------------------------------------
+
+    def open_checkpoints(self, directory: Path, *, max_to_keep: int | None) -> RunCheckpointer:
+        """The run's checkpointer on ``directory`` (every process of a trainer opens it together)."""
+        self.checkpointer = RunCheckpointer(directory, max_to_keep=max_to_keep)
+        return self.checkpointer
+
+    def save_checkpoint(self, step: int, *, progress: RunProgress, reference_params=None) -> None:
+        self.checkpointer.save(step, train_state=self.state, progress=progress, reference_params=reference_params)
+
+    def restore_checkpoint(self, step: int) -> RunProgress:
+        """The state of this run's checkpoint ``step``, laid out on the learner's mesh; returns its progress."""
+        state, progress = self.checkpointer.restore(step, abstract_train_state=self.state)
+        self.adopt(state)
+        return progress
+
+    def restore_reference(self, step: int):
+        """The KL penalty's reference parameters saved with checkpoint ``step``."""
+        return self.checkpointer.restore_reference(step, abstract_params=self.state.params)
+
+    def read_checkpoint(self, directory: Path, step: int) -> TrainState:
+        """Checkpoint ``step`` of the checkpoints in ``directory`` (another run's: read only), in this run's
+        structure; :meth:`adopt` makes it the learner's state."""
+        checkpointer = RunCheckpointer(directory, read_only=True)
+        try:
+            state, _ = checkpointer.restore(step, abstract_train_state=self.state)
+        finally:
+            checkpointer.close()
+        return state
+
+    def adopt(self, state: TrainState) -> None:
+        """``state`` as the learner's, laid out on its mesh."""
+        self.state = state if self.shardings is None else shard_train_state(state, self.shardings)
+
+    def close(self) -> None:
+        """Close the checkpointer (every process of a trainer together: Orbax's barriers)."""
+        if self.checkpointer is not None:
+            self.checkpointer.close()

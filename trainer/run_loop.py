@@ -21,9 +21,7 @@ from flax import nnx
 
 from environments import Tool
 from policy import (
-    RedisWeightPublisher,
     RedisWeightSubscriber,
-    WeightPublisher,
     load_tokenizer,
     prompt_layout,
 )
@@ -43,7 +41,7 @@ from tandem.contracts import (
     run_stop_key,
 )
 from trainer.checkpoint_reports import CheckpointReporter
-from trainer.checkpoints import RunCheckpointer, RunProgress
+from trainer.checkpoints import RunProgress
 from trainer.dataset_evaluation import held_out_token_statistics
 from trainer.datasets import (
     SFT_TOKENS_METRIC,
@@ -67,7 +65,7 @@ from trainer.platform_client import (
 from trainer.profiling import StageRecorder
 from trainer.rollout_feed import RolloutFeed
 from trainer.run_evaluation import RunEvaluation
-from trainer.sharding import host_copy, shard_batch, shard_train_state
+from trainer.sharding import host_copy, shard_batch
 from trainer.telemetry import StepEventBatcher, profile_fields, rl_step_event
 from trainer.tracing import CapturedTrace, TraceCapture
 from trainer.train_batch import batch_tokens, pad_batch
@@ -179,7 +177,7 @@ class RunTrainer:
         self.learner = Learner(self.config, vocab_size=self.tokenizer.vocab_size)
         # Chosen now, so weights too large for the run's transport fail the run before anything is sent.
         weights_directory = settings.weight_dir or settings.checkpoint_root / "weights"
-        self.publisher: WeightPublisher = self.learner.publisher(redis_client, directory=weights_directory)
+        self.learner.open_publisher(redis_client, directory=weights_directory)
         self.devices = DeviceMonitor(parameters=parameter_count(self.learner.state.params),
                                      attention_width=attention_width(nnx.merge(self.learner.graphdef,
                                                                                self.learner.state.params)),
@@ -207,9 +205,9 @@ class RunTrainer:
             "run_id": self.run_id, "config": self.config.model_dump(mode="json"),
             "vocab_size": self.tokenizer.vocab_size, "checkpoint_directory": str(checkpoint_dir.resolve()),
             "weights_directory": str(weights_directory.resolve())})
-        self.checkpointer = RunCheckpointer(checkpoint_dir, max_to_keep=self.config.checkpoint.kept)
+        self.learner.open_checkpoints(checkpoint_dir, max_to_keep=self.config.checkpoint.kept)
         self.checkpoint_reports = CheckpointReporter(
-            platform, self.run_id, committed_checkpoints=self.checkpointer.committed_checkpoints)
+            platform, self.run_id, committed_checkpoints=self.learner.checkpointer.committed_checkpoints)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -220,7 +218,7 @@ class RunTrainer:
         finally:
             # Every process of the trainer closes the checkpointer together (Orbax's barriers).
             self.lockstep.announce(OrderKind.END)
-            self.checkpointer.close()
+            self.learner.close()
 
     def _run(self) -> str:
         spec = RunSpec(run_id=self.run_id, config=self.config, environment=self.claimed.environment,
@@ -304,11 +302,7 @@ class RunTrainer:
         self.lockstep.announce(OrderKind.START_FROM, {"directory": str(directory), "step": source.step})
         state, error = None, None
         try:
-            checkpointer = RunCheckpointer(directory, read_only=True)
-            try:
-                state, _ = checkpointer.restore(source.step, abstract_train_state=self.learner.state)
-            finally:
-                checkpointer.close()
+            state = self.learner.read_checkpoint(directory, source.step)
         except Exception as exc:  # noqa: BLE001 - gone, unreadable, or another structure: the run fails saying so
             error = exc
         # Every process of the trainer restored it, or none goes on from it.
@@ -316,13 +310,13 @@ class RunTrainer:
             reason = f"{type(error).__name__}: {error}" if error else "another trainer process could not read it"
             raise StartFromError(f"checkpoint {source.step} of run {source.run} could not be restored "
                                  f"from {directory}: {reason}") from error
-        self.learner.state = shard_train_state(state, self.learner.shardings)
+        self.learner.adopt(state)
         logger.info("run %s starts from checkpoint %d of run %d", self.run_id, source.step, source.run)
 
     def _resume_from_checkpoint(self) -> None:
         """Continue from the newest committed checkpoint, with policy versions that only go up."""
         published = RedisWeightSubscriber(self.redis).latest_version(self.run_id)
-        latest = self.checkpointer.latest_step()
+        latest = self.learner.checkpointer.latest_step()
         if latest is None and self.config.start_from is not None:
             # Nothing of its own yet (an evaluation-only run checkpoints only at its end).
             self._start_from_checkpoint()
@@ -330,8 +324,7 @@ class RunTrainer:
             logger.warning("run %s resumes with no checkpoint: training starts over", self.run_id)
         else:
             self.lockstep.announce(OrderKind.RESTORE, {"step": latest})
-            self.learner.state, progress = self.checkpointer.restore(latest, abstract_train_state=self.learner.state)
-            self.learner.state = shard_train_state(self.learner.state, self.learner.shardings)
+            progress = self.learner.restore_checkpoint(latest)
             self.step = progress.step
             self._rl_steps_done = progress.rl_steps
             self._trained_group_count = progress.trained_group_count
@@ -339,8 +332,7 @@ class RunTrainer:
             self.policy_version = progress.policy_version
             if progress.has_reference:
                 self.lockstep.announce(OrderKind.RESTORE_REFERENCE, {"step": progress.step})
-                self.reference = self._reference_policy(
-                    self.checkpointer.restore_reference(progress.step, abstract_params=self.learner.state.params))
+                self.reference = self._reference_policy(self.learner.restore_reference(progress.step))
             logger.info("run %s resumes from its checkpoint of step %d (%d RL steps)", self.run_id,
                         self.step, self._rl_steps_done)
         # Versions published after the checkpoint stay behind us: the next one is newer still.
@@ -517,16 +509,13 @@ class RunTrainer:
         started = time.perf_counter()
         self.policy_version += 1
         self.lockstep.announce(OrderKind.PUBLISH, {"version": self.policy_version})
-        self.publisher.publish(run_id=self.run_id, version=self.policy_version, params=self.learner.published_params())
+        self.learner.publish(run_id=self.run_id, version=self.policy_version)
         return time.perf_counter() - started
 
     def _publish_kept(self, version: int, key: str) -> None:
         """The published parameters again, as ``version``, in the hash ``key``: an evaluation's own copy."""
-        weights = self.config.weights
-        kept = RedisWeightPublisher(self.redis, lora=self.config.lora, publish_dtype=weights.publish_dtype,
-                                    key_of=lambda run_id: key)
         self.lockstep.announce(OrderKind.PUBLISH_KEPT, {"version": version, "key": key})
-        kept.publish(run_id=self.run_id, version=version, params=self.learner.published_params())
+        self.learner.publish_kept(self.redis, run_id=self.run_id, version=version, key=key)
 
     def _evaluate_if_due(self) -> None:
         self.evaluation.evaluate_if_due(rl_steps_done=self._rl_steps_done, step=self.step,
@@ -539,7 +528,7 @@ class RunTrainer:
         return host_copy(held_out_token_statistics(self.learner.graphdef, self.learner.state.params, sharded))
 
     def _checkpoint(self) -> None:
-        if self.checkpointer.latest_step() == self.step:
+        if self.learner.checkpointer.latest_step() == self.step:
             return  # the last periodic save already holds this step
         progress = RunProgress(
             step=self.step, policy_version=self.policy_version, run_id=self.run_id,
@@ -548,17 +537,17 @@ class RunTrainer:
         )
         self.lockstep.announce(OrderKind.CHECKPOINT, {"step": self.step, "progress": progress.model_dump(mode="json"),
                                                       "with_reference": self.reference is not None})
-        self.checkpointer.save(self.step, train_state=self.learner.state, progress=progress,
-                               reference_params=self.reference.params if self.reference is not None else None)
+        self.learner.save_checkpoint(self.step, progress=progress,
+                                     reference_params=self.reference.params if self.reference is not None else None)
 
     def _wait_for_checkpoints(self) -> None:
         self.lockstep.announce(OrderKind.WAIT_FOR_CHECKPOINTS)
-        self.checkpointer.wait_until_finished()
+        self.learner.checkpointer.wait_until_finished()
 
     def _checkpoint_committed(self) -> None:
         """Report the checkpoints on disk, and let the feed acknowledge the data the newest one holds."""
         # Asked once: the same answer serves the report and the acknowledgements.
-        committed = self.checkpointer.committed_step()
+        committed = self.learner.checkpointer.committed_step()
         self.checkpoint_reports.committed(committed)
         if committed is not None and self._feed is not None:
             self._feed.checkpoint_committed(committed)

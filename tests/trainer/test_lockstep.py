@@ -200,11 +200,11 @@ def _leader_of_a_run(directory: Path) -> dict:
     import jax.numpy as jnp
 
     from tandem.configs.run import RunConfig
-    from trainer.checkpoints import RunCheckpointer, RunProgress
+    from trainer.checkpoints import RunProgress
     from trainer.dataset_evaluation import held_out_token_statistics
     from trainer.learner import Learner
     from trainer.lockstep import AnnouncedReference, Leader
-    from trainer.sharding import host_copy, shard_batch, shard_train_state
+    from trainer.sharding import host_copy, shard_batch
     from trainer.train_state import set_learning_rate
     from trainer.train_step import mean_metrics, train_updates
 
@@ -216,43 +216,41 @@ def _leader_of_a_run(directory: Path) -> dict:
                                        "memory": {"micro_batch_tokens": 64, "logits_chunk_tokens": 32}})
     # Built as RunTrainer builds it, so the follower's (FollowedRun's) is the same.
     learner = Learner(config, vocab_size=64)
-    graphdef, state, shardings, steps = learner.graphdef, learner.state, learner.shardings, learner.steps
+    graphdef, shardings = learner.graphdef, learner.shardings
     lockstep.announce(OrderKind.START, {"run_id": 1, "config": config.model_dump(mode="json"), "vocab_size": 64,
                                         "checkpoint_directory": str(directory / "run-1"),
                                         "weights_directory": str(directory / "weights")})
-    checkpointer = RunCheckpointer(directory / "run-1")
+    learner.open_checkpoints(directory / "run-1", max_to_keep=3)
 
     def train(phase, batch, step, learning_rate):
-        nonlocal state
         lockstep.announce_batch(OrderKind.TRAIN, batch, {"phase": phase, "step": step,
                                                          "learning_rate": learning_rate, "updates": 1})
-        set_learning_rate(state, learning_rate)
-        state, per_update = train_updates(steps[phase], state, shard_batch(batch, shardings), updates=1)
+        set_learning_rate(learner.state, learning_rate)
+        learner.state, per_update = train_updates(learner.steps[phase], learner.state,
+                                                  shard_batch(batch, shardings), updates=1)
         lockstep.trained(step=step, phase=phase, metrics=mean_metrics(per_update))
 
     train("sft", _batch(4, 32), 1, 1e-3)
     lockstep.announce(OrderKind.REFERENCE)
-    reference = AnnouncedReference(graphdef, jax.tree.map(jnp.copy, state.params), lockstep=lockstep)
+    reference = AnnouncedReference(graphdef, jax.tree.map(jnp.copy, learner.state.params), lockstep=lockstep)
     base = _batch(4, 32).replace(extras={})
     rl_batch = base.replace(extras={"reference_logprobs": reference.logprobs(
         base, temperature=1.0, logits_chunk_tokens=config.memory.logits_chunk_tokens)})
     lockstep.announce_batch(OrderKind.SCORE, base)
-    scored = host_copy(held_out_token_statistics(graphdef, state.params, shard_batch(base, shardings)))
+    scored = host_copy(held_out_token_statistics(graphdef, learner.state.params, shard_batch(base, shardings)))
     lockstep.announce(OrderKind.CHECKPOINT, {"step": 1, "progress": RunProgress(step=1).model_dump(mode="json"),
                                              "with_reference": True})
-    checkpointer.save(1, train_state=state, progress=RunProgress(step=1), reference_params=reference.params)
+    learner.save_checkpoint(1, progress=RunProgress(step=1), reference_params=reference.params)
     lockstep.announce(OrderKind.WAIT_FOR_CHECKPOINTS)
-    checkpointer.wait_until_finished()
+    learner.checkpointer.wait_until_finished()
     train("sft", _batch(4, 32), 2, 5e-4)  # moved on from the checkpoint, then back to it
     lockstep.announce(OrderKind.RESTORE, {"step": 1})
-    state, progress = checkpointer.restore(1, abstract_train_state=state)
-    state = shard_train_state(state, shardings)
+    progress = learner.restore_checkpoint(1)
     lockstep.announce(OrderKind.RESTORE_REFERENCE, {"step": 1})
-    reference = AnnouncedReference(graphdef, checkpointer.restore_reference(1, abstract_params=state.params),
-                                   lockstep=lockstep)
+    reference = AnnouncedReference(graphdef, learner.restore_reference(1), lockstep=lockstep)
     train("rl", rl_batch, 2, 2e-4)
     lockstep.announce(OrderKind.END)
-    checkpointer.close()
+    learner.close()
     lockstep.quit()
     return {"restored_step": progress.step, "scored_rows": len(scored[0])}
 
