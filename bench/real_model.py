@@ -18,14 +18,19 @@ Three parts, each also runnable alone (``--parts``); one JSON line in all:
   ``generate`` prefills for every row.
 - ``train_step``: step time and tokens/s of the trainer's jitted GRPO update,
   full fine-tune and LoRA, on ``--train-batch`` x ``--train-len`` tokens.
+- ``first_episode`` (only when asked for): ``--first-episode-runs`` runs of one RL step, one after
+  the other, through one stack whose worker starts on an empty compilation cache; for each, the
+  seconds from its claim to its first episode in the trajectory stream.
 
-Usage: ``python bench/real_model.py [--parts learning,generation,train_step] [--minutes 30]``
+Usage: ``python bench/real_model.py [--parts learning,generation,train_step,first_episode] [--minutes 30]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import datetime
 import functools
 import json
 import os
@@ -125,11 +130,37 @@ def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int) -> 
     }
 
 
-def learning(args) -> dict:
+@contextlib.contextmanager
+def _calculator_stack(args, *, environ: dict[str, str] | None = None):
+    """A whole stack (web, one Celery worker, trainer) on ``args.redis_url`` and a fresh SQLite database,
+    with the calculator environment registered: yields an API client, the project's id and the stack."""
     import httpx
-    import redis
 
     from tandem.cli.stack import LocalStack, StackConfig
+
+    var_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-real-"))
+    os.environ.update(environ or {})
+    stack = LocalStack(StackConfig(redis_url=args.redis_url, port=args.port, var_dir=var_dir, workers=1,
+                                   database_url=f"sqlite:///{var_dir / 'bench.sqlite3'}"))
+    credentials = stack.prepare()
+    try:
+        stack.start(credentials)
+        client = httpx.Client(base_url=stack.config.platform_url,
+                              headers={"Authorization": f"Token {credentials.user_token}"}, timeout=30)
+        environment = client.post("/api/environments/", json={
+            "project": credentials.project_id, "name": ENVIRONMENT, "kind": "python",
+            "entrypoint": "environments.builtin.calculator:CalculatorEnvironment",
+            "settings": ENVIRONMENT_SETTINGS, "tools": [tool_schema()],
+        })
+        environment.raise_for_status()
+        yield client, credentials.project_id, stack
+    finally:
+        stack.stop()
+
+
+def learning(args) -> dict:
+    import redis
+
     from tandem.contracts import TERMINAL_RUN_STATUSES
 
     redis_client = redis.Redis.from_url(args.redis_url)
@@ -145,26 +176,13 @@ def learning(args) -> dict:
     before = evaluate(redis_client, run_id=base_run_id, config=config, episodes=args.eval_episodes)
     print(f"before: {before}", file=sys.stderr)
 
-    var_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-real-"))
-    stack = LocalStack(StackConfig(redis_url=args.redis_url, port=args.port, var_dir=var_dir, workers=1,
-                                   database_url=f"sqlite:///{var_dir / 'bench.sqlite3'}"))
-    credentials = stack.prepare()
     started = time.time()
     run_status, steps = None, 0
-    try:
-        stack.start(credentials)
-        client = httpx.Client(base_url=stack.config.platform_url,
-                              headers={"Authorization": f"Token {credentials.user_token}"}, timeout=30)
-        environment = client.post("/api/environments/", json={
-            "project": credentials.project_id, "name": ENVIRONMENT, "kind": "python",
-            "entrypoint": "environments.builtin.calculator:CalculatorEnvironment",
-            "settings": ENVIRONMENT_SETTINGS, "tools": [tool_schema()],
-        })
-        environment.raise_for_status()
+    with _calculator_stack(args) as (client, project_id, stack):
         run_config = json.loads(config.model_dump_json())
         run_config.update({"sft_steps": 0, "rl_steps": args.rl_steps, "rl_learning_rate": args.learning_rate,
                            "checkpoint": {"every": 1000}})
-        run = client.post("/api/runs/", json={"project": credentials.project_id, "name": "bench: real model",
+        run = client.post("/api/runs/", json={"project": project_id, "name": "bench: real model",
                                               "environment": ENVIRONMENT, "config": run_config})
         run.raise_for_status()
         run_id = run.json()["id"]
@@ -179,8 +197,6 @@ def learning(args) -> dict:
                 client.post(f"/api/runs/{run_id}/cancel/").raise_for_status()
             time.sleep(5)
         wall_s = time.time() - started
-    finally:
-        stack.stop()
     after = evaluate(redis_client, run_id=run_id, config=config, episodes=args.eval_episodes)
     print(f"after: {after}", file=sys.stderr)
     return {
@@ -317,6 +333,49 @@ def train_step_times(args) -> dict:
     return results
 
 
+def first_episode(args) -> dict:
+    """Runs of the model one after the other through one stack, whose one worker starts on an empty
+    compilation cache: from each run's claim (its ``started_at``) to its first episode in the trajectory
+    stream (the entry's id is the time Redis took it), and the run's status."""
+    import redis
+
+    from policy.compilation_cache import CACHE_DIR_VARIABLE
+    from tandem.contracts import TERMINAL_RUN_STATUSES
+    from tandem.contracts.keys import trajectory_stream
+
+    redis_client = redis.Redis.from_url(args.redis_url)
+    redis_client.flushdb()
+    run_config = json.loads(real_model_config().model_dump_json())
+    run_config.update({"sft_steps": 0, "rl_steps": 1, "checkpoint": {"every": 1000}})
+    cache_dir = tempfile.mkdtemp(prefix="tandem-bench-jax-cache-")
+    runs = []
+    with _calculator_stack(args, environ={CACHE_DIR_VARIABLE: cache_dir}) as (client, project_id, stack):
+        for index in range(args.first_episode_runs):
+            created = client.post("/api/runs/", json={"project": project_id, "name": f"bench: first episode {index}",
+                                                      "environment": ENVIRONMENT, "config": run_config})
+            created.raise_for_status()
+            run_id = created.json()["id"]
+            first_entry_ms = None
+            deadline = time.time() + args.minutes * 60
+            while True:
+                stack.check_alive()
+                if first_entry_ms is None:
+                    entries = redis_client.xrange(trajectory_stream(run_id), count=1)
+                    if entries:
+                        first_entry_ms = int(entries[0][0].split(b"-")[0])
+                run = client.get(f"/api/runs/{run_id}/").json()
+                if run["status"] in TERMINAL_RUN_STATUSES or time.time() > deadline:
+                    break
+                time.sleep(0.5)
+            claimed = datetime.datetime.fromisoformat(run["started_at"]).timestamp() if run["started_at"] else None
+            runs.append({"run_id": run_id, "status": run["status"], "status_reason": run["status_reason"],
+                         "claim_to_first_episode_s": (round(first_entry_ms / 1000 - claimed, 1)
+                                                      if claimed and first_entry_ms else None)})
+            print(f"first episode, run {index}: {runs[-1]}", file=sys.stderr, flush=True)
+    return {"runs": runs, "claim_to_first_episode_s": [run["claim_to_first_episode_s"] for run in runs],
+            "compilation_cache": "empty at the worker's start"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="learning,generation,train_step")
@@ -325,6 +384,8 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=3e-5, help="the run's rl_learning_rate")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of every weight")
     parser.add_argument("--eval-episodes", type=int, default=64)
+    parser.add_argument("--first-episode-runs", type=int, default=2,
+                        help="first_episode: runs one after the other on the same worker")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--train-batch", type=int, default=4)
     parser.add_argument("--train-len", type=int, default=256)
@@ -337,7 +398,8 @@ def main() -> None:
     parts = args.parts.split(",")
     output: dict = {"model": "SmolLM2-135M-Instruct", "backend": jax.default_backend(),
                     "device": jax.devices()[0].device_kind, "cpu_count": os.cpu_count()}
-    for part, measure in (("train_step", train_step_times), ("generation", generation), ("learning", learning)):
+    for part, measure in (("train_step", train_step_times), ("generation", generation), ("learning", learning),
+                          ("first_episode", first_episode)):
         if part in parts:
             output[part] = measure(args)
             print(f"{part}: {json.dumps(output[part])}", file=sys.stderr, flush=True)

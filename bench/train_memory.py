@@ -124,7 +124,8 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
         algorithms.policy_token_statistics = full_logits
     algorithm = build_algorithm(AlgorithmConfig.model_validate(config.algorithm.model_dump()),
                                 temperature=1.0, max_policy_tokens=arguments.tokens,
-                                logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat)
+                                logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat,
+                                micro_batch_tokens=config.memory.micro_batch_tokens)
     optimizer = make_optimizer(1e-5, config.optimizer)
     graphdef, state = create_train_state(Transformer(transformer, rngs=nnx.Rngs(0)), optimizer)
     reference = ReferencePolicy(graphdef, jax.tree.map(lambda leaf: leaf.copy(), state.params))
@@ -145,7 +146,8 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
         batch = pad_batch(sequences, loss_masks=masks, behaviour_logprobs=behaviour, advantages=advantages,
                           batch_size=episodes, length_buckets=(arguments.tokens,), pad_id=0)
     batch = batch.replace(extras={"reference_logprobs": reference.logprobs(
-        batch, temperature=1.0, logits_chunk_tokens=config.memory.logits_chunk_tokens)})
+        batch, temperature=1.0, logits_chunk_tokens=config.memory.logits_chunk_tokens,
+        micro_batch_tokens=config.memory.micro_batch_tokens)})
     step = make_train_step(graphdef, optimizer, algorithm.loss_fn, micro_batch_tokens=config.memory.micro_batch_tokens)
     # Compiled ahead rather than by a first update: at 256 episodes an update takes most of an hour here.
     started = time.perf_counter()

@@ -56,6 +56,7 @@ import numpy as np
 from flax import nnx
 
 from tandem.configs.algorithm import AlgorithmConfig
+from tandem.configs.memory import micro_batch_rows
 from tandem.contracts import TrajectoryRecord
 from trainer.advantages import (
     dr_grpo_advantages,
@@ -105,11 +106,12 @@ class ReferencePolicy:
     params: nnx.State
 
     def logprobs(self, batch: TrainBatch, *, temperature: float,
-                 logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS) -> jax.Array:
+                 logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
+                 micro_batch_tokens: int | None = None) -> jax.Array:
         """:func:`reference_logprobs` of ``batch`` (the leader of a multi-process trainer overrides it to
         announce the call, which is a collective: trainer/lockstep.py)."""
         return reference_logprobs(self.graphdef, self.params, batch, temperature=temperature,
-                                  logits_chunk_tokens=logits_chunk_tokens)
+                                  logits_chunk_tokens=logits_chunk_tokens, micro_batch_tokens=micro_batch_tokens)
 
 
 @dataclass(frozen=True)
@@ -129,10 +131,11 @@ class PreparedEpisodes:
     stats: dict[str, float]
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("temperature", "logits_chunk_tokens"))
+@functools.partial(jax.jit, static_argnums=(0,),
+                   static_argnames=("temperature", "logits_chunk_tokens", "micro_batch_tokens"))
 def reference_logprobs(
     graphdef: nnx.GraphDef, ref_params: nnx.State, batch: TrainBatch, *, temperature: float = 1.0,
-    logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
+    logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS, micro_batch_tokens: int | None = None,
 ) -> jax.Array:
     """Log-probs of the batch's tokens under the reference policy, float32 [B, T].
 
@@ -140,13 +143,23 @@ def reference_logprobs(
     of the token at slot ``t`` (so slot 0 is 0), of the temperature-scaled
     distribution, and 0 where the loss mask is 0. Pure and jitted once per
     batch shape; call it outside the train step, no gradient is needed. The
-    logits exist ``logits_chunk_tokens`` at a time (trainer/token_statistics.py).
+    logits exist ``logits_chunk_tokens`` at a time (trainer/token_statistics.py), and the forward pass
+    runs in the train step's micro-batches of ``micro_batch_tokens``, so that its activations stay
+    those of one micro-batch however many episodes the step has.
     """
     model = nnx.merge(graphdef, ref_params)
-    statistics, _ = policy_token_statistics(model, batch, temperature=temperature,
-                                            chunk_tokens=logits_chunk_tokens)
-    logprobs = jnp.where(batch.loss_mask[:, 1:] > 0, statistics.logprobs, 0.0)
-    return jnp.pad(logprobs, ((0, 0), (1, 0)))
+
+    def logprobs_of(part: TrainBatch) -> jax.Array:
+        statistics, _ = policy_token_statistics(model, part, temperature=temperature,
+                                                chunk_tokens=logits_chunk_tokens)
+        logprobs = jnp.where(part.loss_mask[:, 1:] > 0, statistics.logprobs, 0.0)
+        return jnp.pad(logprobs, ((0, 0), (1, 0)))
+
+    rows, length = batch.tokens.shape
+    rows_each = micro_batch_rows(rows, length, micro_batch_tokens)
+    if rows_each == rows:
+        return logprobs_of(batch)
+    return join_micro_batches(jax.lax.map(logprobs_of, split_micro_batches(batch, rows_each)), rows)
 
 
 class Algorithm:
@@ -155,10 +168,12 @@ class Algorithm:
     def __init__(
         self, config: AlgorithmConfig, *, temperature: float, max_policy_tokens: int | None,
         logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS, remat: str = "none",
+        micro_batch_tokens: int | None = None,
     ):
         self.config = config
         self.temperature = temperature
         self.logits_chunk_tokens = logits_chunk_tokens
+        self.micro_batch_tokens = micro_batch_tokens
         self.remat = remat
         estimator = config.advantage_estimator
         # Keep a frozen reference and fill extras["reference_logprobs"] (KL penalty).
@@ -370,7 +385,8 @@ class Algorithm:
         extras = dict(batch.extras)
         if self.needs_reference:
             extras[REFERENCE_LOGPROBS] = reference.logprobs(batch, temperature=self.temperature,
-                                                            logits_chunk_tokens=self.logits_chunk_tokens)
+                                                            logits_chunk_tokens=self.logits_chunk_tokens,
+                                                            micro_batch_tokens=self.micro_batch_tokens)
         return batch.replace(extras=extras)
 
 
@@ -391,6 +407,7 @@ def build_algorithm(
     max_policy_tokens: int | None = None,
     logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
     remat: str = "none",
+    micro_batch_tokens: int | None = None,
 ) -> Algorithm:
     """The algorithm ``config`` describes.
 
@@ -405,8 +422,9 @@ def build_algorithm(
         one of them is used and not set.
       logits_chunk_tokens: tokens whose logits exist at once (trainer/token_statistics.py).
       remat: what the backward pass keeps of each block (``policy.REMAT_POLICIES``).
+      micro_batch_tokens: the train step's micro-batch budget, which the reference's forward pass keeps too.
     Raises:
       ValueError: a length the config needs is missing.
     """
     return Algorithm(config, temperature=temperature, max_policy_tokens=max_policy_tokens,
-                     logits_chunk_tokens=logits_chunk_tokens, remat=remat)
+                     logits_chunk_tokens=logits_chunk_tokens, remat=remat, micro_batch_tokens=micro_batch_tokens)

@@ -246,7 +246,10 @@ class AnnouncedReference(ReferencePolicy):
     lockstep: Lockstep = SINGLE_PROCESS
 
     def logprobs(self, batch: TrainBatch, *, temperature: float,
-                 logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS) -> jax.Array:
+                 logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
+                 micro_batch_tokens: int | None = None) -> jax.Array:
         self.lockstep.announce_batch(OrderKind.REFERENCE_LOGPROBS, batch, {
-            "temperature": temperature, "logits_chunk_tokens": logits_chunk_tokens})
-        return super().logprobs(batch, temperature=temperature, logits_chunk_tokens=logits_chunk_tokens)
+            "temperature": temperature, "logits_chunk_tokens": logits_chunk_tokens,
+            "micro_batch_tokens": micro_batch_tokens})
+        return super().logprobs(batch, temperature=temperature, logits_chunk_tokens=logits_chunk_tokens,
+                                micro_batch_tokens=micro_batch_tokens)

@@ -167,6 +167,30 @@ def test_a_step_in_micro_batches_equals_the_step_in_one_batch(case):
         assert whole[1]["tis_ratio_max"] >= whole[1]["tis_ratio_min"] > 0
 
 
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_reference_log_probs_in_micro_batches_equal_them_in_one_batch(pack):
+    """The KL penalty's reference pass runs in the step's micro-batches (its activations stay those of one
+    micro-batch), and gives what one pass over the whole batch gives."""
+    algorithm, graphdef, state, _, batch = _algorithm_batch("dr_grpo_kl", pack=pack)
+    reference = ReferencePolicy(graphdef, state.params)
+    whole = reference.logprobs(batch, temperature=0.8, logits_chunk_tokens=8)
+    rows, length = batch.tokens.shape
+    micro_batch_tokens = 2 * length if pack else MICRO_BATCH_TOKENS
+    assert micro_batch_rows(rows, length, micro_batch_tokens) < rows
+    in_micro_batches = reference.logprobs(batch, temperature=0.8, logits_chunk_tokens=8,
+                                          micro_batch_tokens=micro_batch_tokens)
+    assert in_micro_batches.shape == whole.shape == (rows, length)
+    np.testing.assert_allclose(np.asarray(in_micro_batches), np.asarray(whole), atol=TOLERANCE, rtol=0)
+    assert float(jnp.sum(jnp.abs(whole))) > 0
+
+    def temporaries(budget):
+        compiled = algorithms.reference_logprobs.lower(graphdef, state.params, batch, temperature=0.8,
+                                                       logits_chunk_tokens=8, micro_batch_tokens=budget).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    assert temporaries(micro_batch_tokens) < temporaries(None)
+
+
 @pytest.mark.parametrize("case", ["grpo_lora", "ppo_kl"])
 def test_a_gemma3_shaped_policy_steps_alike_in_chunks_and_micro_batches(case, monkeypatch):
     algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case, config=GEMMA3_SHAPED)
