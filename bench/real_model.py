@@ -20,7 +20,8 @@ Three parts, each also runnable alone (``--parts``); one JSON line in all:
   full fine-tune and LoRA, on ``--train-batch`` x ``--train-len`` tokens.
 - ``first_episode`` (only when asked for): ``--first-episode-runs`` runs of one RL step, one after
   the other, through one stack whose worker starts on an empty compilation cache; for each, the
-  seconds from its claim to its first episode in the trajectory stream.
+  seconds from its claim to its first episode's start (the episode's own ``timings.started_at``) and
+  to the first episode in the trajectory stream.
 
 Usage: ``python bench/real_model.py [--parts learning,generation,train_step,first_episode] [--minutes 30]``
 """
@@ -335,12 +336,13 @@ def train_step_times(args) -> dict:
 
 def first_episode(args) -> dict:
     """Runs of the model one after the other through one stack, whose one worker starts on an empty
-    compilation cache: from each run's claim (its ``started_at``) to its first episode in the trajectory
-    stream (the entry's id is the time Redis took it), and the run's status."""
+    compilation cache: from each run's claim (its ``started_at``) to its first episode's start (the
+    earliest ``timings.started_at`` among the first episodes in the stream) and to its first episode in
+    the trajectory stream (the entry's id is the time Redis took it), and the run's status."""
     import redis
 
     from policy.compilation_cache import CACHE_DIR_VARIABLE
-    from tandem.contracts import TERMINAL_RUN_STATUSES
+    from tandem.contracts import TERMINAL_RUN_STATUSES, TrajectoryRecord
     from tandem.contracts.keys import trajectory_stream
 
     redis_client = redis.Redis.from_url(args.redis_url)
@@ -355,25 +357,32 @@ def first_episode(args) -> dict:
                                                       "environment": ENVIRONMENT, "config": run_config})
             created.raise_for_status()
             run_id = created.json()["id"]
-            first_entry_ms = None
+            first_entry_ms, first_started_at = None, None
             deadline = time.time() + args.minutes * 60
             while True:
                 stack.check_alive()
                 if first_entry_ms is None:
-                    entries = redis_client.xrange(trajectory_stream(run_id), count=1)
+                    entries = redis_client.xrange(trajectory_stream(run_id))
                     if entries:
                         first_entry_ms = int(entries[0][0].split(b"-")[0])
+                        # The episodes of the first group start together; the first to end need not
+                        # have started first.
+                        first_started_at = min(TrajectoryRecord.from_stream_fields(fields).timings.started_at
+                                               for _, fields in entries)
                 run = client.get(f"/api/runs/{run_id}/").json()
                 if run["status"] in TERMINAL_RUN_STATUSES or time.time() > deadline:
                     break
                 time.sleep(0.5)
             claimed = datetime.datetime.fromisoformat(run["started_at"]).timestamp() if run["started_at"] else None
             runs.append({"run_id": run_id, "status": run["status"], "status_reason": run["status_reason"],
-                         "claim_to_first_episode_s": (round(first_entry_ms / 1000 - claimed, 1)
-                                                      if claimed and first_entry_ms else None)})
+                         "claim_to_first_episode_s": (round(first_started_at - claimed, 1)
+                                                      if claimed and first_started_at else None),
+                         "claim_to_first_episode_end_s": (round(first_entry_ms / 1000 - claimed, 1)
+                                                          if claimed and first_entry_ms else None)})
             print(f"first episode, run {index}: {runs[-1]}", file=sys.stderr, flush=True)
     return {"runs": runs, "claim_to_first_episode_s": [run["claim_to_first_episode_s"] for run in runs],
-            "compilation_cache": "empty at the worker's start"}
+            "claim_to_first_episode_end_s": [run["claim_to_first_episode_end_s"] for run in runs],
+            "compilation_cache": "empty at the worker's start", "load_average_1m": round(os.getloadavg()[0], 2)}
 
 
 def main() -> None:
