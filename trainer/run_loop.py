@@ -464,7 +464,8 @@ class RunTrainer:
                                        SFT_TOKENS_METRIC: float(tokens),
                                        **mix.metrics(counts, demonstrations_used=demonstrations_used)},
                     **profile_fields(timeline, tokens=tokens,
-                                     padded_tokens=computed_slots(batch, self.config.memory.micro_batch_tokens),
+                                     padded_tokens=computed_slots(batch, self.config.memory.micro_batch_tokens,
+                                                                  batch_ways=self.learner.batch_ways),
                                      length=batch.tokens.shape[1], devices=self.devices),
                 ))
                 self.traces.after_step(self.step)
@@ -612,7 +613,8 @@ class RunTrainer:
             timeline = self.stages.finish()
             with stage("telemetry"):  # counted in the next step: this one's timeline is closed
                 profile = profile_fields(timeline, tokens=batch_tokens(batch),
-                                         padded_tokens=computed_slots(batch, config.memory.micro_batch_tokens),
+                                         padded_tokens=computed_slots(batch, config.memory.micro_batch_tokens,
+                                                                      batch_ways=self.learner.batch_ways),
                                          length=batch.tokens.shape[1], updates=updates, devices=self.devices)
                 self.telemetry.emit(rl_step_event(
                     run_id=self.run_id, step=self.step, policy_version=self.policy_version,

@@ -100,11 +100,12 @@ def split_micro_batches(batch: TrainBatch, rows_each: int, shards: int = 1) -> T
     return jax.tree.map(split, batch)
 
 
-def computed_slots(batch: TrainBatch, micro_batch_tokens: int | None) -> int:
+def computed_slots(batch: TrainBatch, micro_batch_tokens: int | None, *, batch_ways: int = 1) -> int:
     """Token slots the step computes for ``batch``: its rows, and the empty rows that fill its last
-    micro-batch (:func:`split_micro_batches`), times its length. A step's padding is these less its tokens."""
+    micro-batch (:func:`split_micro_batches`), times its length. A step's padding is these less its tokens.
+    ``batch_ways``: the devices a batch's rows are split over, as the step counts them."""
     rows, length = batch.tokens.shape
-    rows_each = micro_batch_rows(rows, length, micro_batch_tokens)
+    rows_each = micro_batch_rows(rows, length, micro_batch_tokens, multiple=batch_ways)
     return -(-rows // rows_each) * rows_each * length
 
 
@@ -204,7 +205,7 @@ class TrainStep:
 
         trained, frozen = trainable_params(state.params)
         rows, length = batch.tokens.shape
-        rows_each = micro_batch_rows(rows, length, self._micro_batch_tokens)
+        rows_each = micro_batch_rows(rows, length, self._micro_batch_tokens, multiple=self._row_shards)
         step_metrics: dict[str, jax.Array] = {}
         if self._loss.prepare is not None:
             batch, step_metrics = self._loss.prepare(nnx.merge(self._graphdef, trained, frozen), batch, rows_each)

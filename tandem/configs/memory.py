@@ -53,9 +53,22 @@ class TrainerMemoryConfig(BaseModel):
     )
 
 
-def micro_batch_rows(rows: int, length: int, micro_batch_tokens: int | None) -> int:
-    """Rows of each micro-batch of a ``[rows, length]`` batch: as many as ``micro_batch_tokens`` holds
-    (at least one); all of them without a budget. The train step splits by it; the memory plan counts by it."""
+def budget_rows(rows: int, length: int, micro_batch_tokens: int | None) -> int:
+    """The most rows of a ``[rows, length]`` batch one micro-batch may hold: as many as
+    ``micro_batch_tokens`` holds (at least one); all of them without a budget. The memory plan counts by it."""
     if micro_batch_tokens is None:
         return rows
     return max(1, min(rows, micro_batch_tokens // length))
+
+
+def micro_batch_rows(rows: int, length: int, micro_batch_tokens: int | None, *, multiple: int = 1) -> int:
+    """Rows of each micro-batch of a ``[rows, length]`` batch, which the train step splits by: of the
+    counts from :func:`budget_rows` down to half of it (multiples of ``multiple``, the data-parallel
+    ways, where the budget allows one), the one that leaves the fewest empty rows in the last
+    micro-batch, the largest of those. 10 rows under a budget of 8 go as 2 micro-batches of 5, not
+    2 of 8 with 6 rows of padding computed."""
+    most = budget_rows(rows, length, micro_batch_tokens)
+    if most == rows or most < multiple:
+        return most
+    candidates = [count for count in range(most, (most - 1) // 2, -1) if count % multiple == 0]
+    return min(candidates, key=lambda count: (-(-rows // count) * count - rows, -count))

@@ -30,7 +30,7 @@ import dataclasses
 import math
 from typing import Any
 
-from tandem.configs.memory import micro_batch_rows
+from tandem.configs.memory import budget_rows
 from tandem.configs.quotas import (
     DTYPE_BYTES,
     Architecture,
@@ -133,7 +133,8 @@ def trainer_memory_plan(config: dict[str, Any], *, arch: Architecture | None = N
     memory = config.get("memory") or {}
     rows = max(rollout["groups_per_step"] * rollout["group_size"], config.get("sft_batch_size", 0))
     length = int(config["model"]["max_seq_len"])
-    rows_each = micro_batch_rows(rows, length, memory.get("micro_batch_tokens"))
+    # The largest micro-batch the budget allows: the step may split a batch finer, never coarser.
+    rows_each = budget_rows(rows, length, memory.get("micro_batch_tokens"))
     micro_batches = math.ceil(rows / rows_each)
     micro_tokens = rows_each * length
     remat = memory.get("remat", "none")

@@ -97,3 +97,19 @@ def test_the_producer_plan_holds_the_weights_and_the_kv_cache_of_its_slots():
     assert producer.weights_bytes == 4 * parameter_count(arch)
     assert producer.kv_cache_bytes == 16 * 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * (
         config["model"]["max_seq_len"] + 1) * 4
+
+
+def test_micro_batches_leave_the_fewest_empty_rows_the_budget_allows():
+    from tandem.configs.memory import budget_rows, micro_batch_rows
+
+    # From the budget's rows down to half of it, the count whose last micro-batch is fullest.
+    assert micro_batch_rows(10, 1024, 8 * 1024) == 5  # 2 of 5, not 2 of 8 (6 empty rows)
+    assert micro_batch_rows(44, 1024, 8 * 1024) == 4  # 11 of 4, where 6 of 8 compute 4 empty rows
+    assert micro_batch_rows(7, 16, 4 * 16) == 4  # none divides 7: the largest of the fewest empty rows
+    assert micro_batch_rows(10, 16, 3 * 16) == 2
+    # Data-parallel ways: only multiples of them, where the budget holds one.
+    assert micro_batch_rows(12, 16, 8 * 16, multiple=2) == 6
+    assert micro_batch_rows(12, 16, 2 * 16, multiple=4) == 2
+    # Within the budget, and whole when it fits.
+    assert micro_batch_rows(6, 16, 8 * 16) == 6 and micro_batch_rows(6, 16, None) == 6
+    assert budget_rows(10, 1024, 8 * 1024) == 8 and budget_rows(10, 1024, 100) == 1

@@ -149,7 +149,8 @@ def test_the_chunked_step_gives_the_loss_and_gradients_of_the_full_logits_step(c
 @pytest.mark.parametrize("case", CASES)
 def test_a_step_in_micro_batches_equals_the_step_in_one_batch(case):
     algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case)
-    assert micro_batch_rows(ROWS, BUCKETS[0], MICRO_BATCH_TOKENS) == 3
+    # A budget of 3 rows: 10 rows go as 5 micro-batches of 2, where 4 of 3 would compute 2 empty rows.
+    assert micro_batch_rows(ROWS, BUCKETS[0], MICRO_BATCH_TOKENS) == 2
     assert split_micro_batches(batch, 3).tokens.shape == (4, 3, BUCKETS[0])
 
     whole = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
@@ -157,9 +158,17 @@ def test_a_step_in_micro_batches_equals_the_step_in_one_batch(case):
                                  micro_batch_tokens=MICRO_BATCH_TOKENS)
 
     _assert_same_step(whole, in_micro_batches)
-    # Padding counts the empty rows that fill the last micro-batch too: 4 micro-batches of 3 rows.
-    assert computed_slots(batch, MICRO_BATCH_TOKENS) == 12 * BUCKETS[0]
+    assert computed_slots(batch, MICRO_BATCH_TOKENS) == ROWS * BUCKETS[0]
     assert computed_slots(batch, None) == ROWS * BUCKETS[0]
+
+    # 7 rows under a budget of 4 can only go with an empty row: 2 micro-batches of 4, the last one
+    # filled with an empty row, which changes nothing and which padding counts.
+    seven = jax.tree.map(lambda rows: rows[:7], batch)
+    assert micro_batch_rows(7, BUCKETS[0], 4 * BUCKETS[0]) == 4
+    _assert_same_step(_one_step(graphdef, state, optimizer, algorithm.loss_fn, seven),
+                      _one_step(graphdef, state, optimizer, algorithm.loss_fn, seven,
+                                micro_batch_tokens=4 * BUCKETS[0]))
+    assert computed_slots(seven, 4 * BUCKETS[0]) == 8 * BUCKETS[0]
     assert whole[1]["grad_norm"] > 0
     if algorithm.needs_reference:
         assert whole[1]["kl"] != 0.0
