@@ -285,7 +285,9 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
         process_activity.task_started(run_id=run_id)
         try:
             report_activity(client, run_id)
+            began = time.perf_counter()
             with runtime_for(redis_url, spec) as runtime:
+                built = time.perf_counter()
                 try:
                     runtime.refresh_weights(force=True)
                 except PolicyNotPublishedError as exc:
@@ -296,7 +298,13 @@ def produce(*, redis_url: str, run_id: int, first_group_index: int, num_groups: 
                     report_producer_fault(client, run_id, ProducerFault(
                         kind="weights_not_visible", reason=str(exc), producer=WORKER_NAME))
                     raise
+                fetched = time.perf_counter()
                 runtime.warm_up()
+                # Where a task's seconds before its first episode went (a first run of a model on a
+                # host compiles; later ones should take seconds).
+                logger.info("run %s: ready for episodes %.1f s after the task began (runtime %.1f s, weights "
+                            "%.1f s, warm-up %.1f s)", run_id, time.perf_counter() - began, built - began,
+                            fetched - built, time.perf_counter() - fetched)
                 time_limit_s = min(runtime.config.rollout.timeout_s, ROLLOUT_TASK_TIME_LIMIT_S)
                 try:
                     summary = process_episode_loop.run(produce_groups(
