@@ -94,6 +94,7 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     from bench.train_step import MODEL_SIZES
     from policy import Transformer
     from tandem.configs.algorithm import AlgorithmConfig
+    from tandem.configs.memory import micro_batch_rows
     from tandem.configs.run import RunConfig
     from trainer import algorithms
     from trainer.algorithms import ReferencePolicy, build_algorithm
@@ -168,7 +169,9 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
         "compile_s": compile_s,
         "padding_fraction": 1.0 - tokens / computed_slots(batch, config.memory.micro_batch_tokens),
         "rows": int(batch.tokens.shape[0]),
-        "micro_batches": plan.micro_batches,
+        # As the step splits this batch (the plan counts a row per episode).
+        "micro_batches": -(-int(batch.tokens.shape[0]) // micro_batch_rows(
+            int(batch.tokens.shape[0]), arguments.tokens, config.memory.micro_batch_tokens)),
         "loss": float(metrics["loss"]),
     }
 
