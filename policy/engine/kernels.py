@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+from collections.abc import Hashable
 from typing import Any
 
 import jax
@@ -61,6 +62,9 @@ class Kernels:
         # One scratch slot past max_seq_len: rows that are not decoding write there.
         self._cache_len = shape.config.max_seq_len + 1
         self.trace_counts: collections.Counter[str] = collections.Counter()
+        # What an engine's warm-up compiled already: its buckets with its weights' shapes and dtypes. A
+        # later engine's warm-up of the same would only run every compiled bucket once more.
+        self.warmed: set[Hashable] = set()
         self.init_state = jax.jit(self._init_state_traced)
         self.prefill = jax.jit(self._prefill_traced, donate_argnums=(1, 2))
         self.decode = jax.jit(self._decode_traced, donate_argnums=(1, 2), static_argnames=("rows",))

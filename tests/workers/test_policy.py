@@ -165,3 +165,30 @@ def test_an_episode_records_weights_that_changed_within_a_turn(redis_client, run
     assert sum(record.loss_mask) > 8  # the turn outlived its first chunk (8 tokens)
     assert record.policy_versions == [1] and record.newest_policy_version == 2
     assert in_flight_versions(record) == 1 and in_queue_versions(record, policy_version=2) == 0
+
+
+def test_the_next_runtime_of_the_same_model_skips_the_warm_up_its_kernels_had(redis_client, run_id):
+    """Engines of one shape share their compiled kernels: a later runtime's warm-up has nothing to
+    compile, so it does not run every bucket again, and its episodes trace nothing new."""
+    RedisWeightPublisher(redis_client).publish(run_id=run_id, version=1, params=_params(0))
+    first = PolicyRuntime(run_id=run_id, config=CONFIG, redis_client=redis_client)
+    first.refresh_weights(force=True)
+    first.engine.warmup()  # this shape's buckets compiled, whatever ran before in this process
+    first.close()
+    later = PolicyRuntime(run_id=run_id, config=CONFIG, redis_client=redis_client)
+    later.refresh_weights(force=True)
+    traces = later.engine.trace_count
+    assert later.engine.warmup() is False
+    policy = BatchingPolicy(later, seed=0)
+
+    async def one_turn():
+        completion = await policy.generate([BOS_ID, 65, 66], session_id="episode")
+        await policy.close()
+        return completion
+
+    try:
+        completion = asyncio.run(one_turn())
+    finally:
+        later.close()
+    assert completion.token_ids
+    assert later.engine.trace_count == traces
