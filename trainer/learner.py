@@ -125,8 +125,8 @@ class Learner:
         return self.checkpointer.restore_reference(step, abstract_params=self.state.params)
 
     def read_checkpoint(self, directory: Path, step: int) -> TrainState:
-        """Checkpoint ``step`` of the checkpoints in ``directory`` (another run's: read only), in this run's
-        structure; :meth:`adopt` makes it the learner's state."""
+        """Checkpoint ``step`` of the checkpoints in ``directory``, opened read only (another run's, or
+        one being exported), in this run's structure; :meth:`adopt` makes it the learner's state."""
         checkpointer = RunCheckpointer(directory, read_only=True)
         try:
             state, _ = checkpointer.restore(step, abstract_train_state=self.state)
