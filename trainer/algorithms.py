@@ -71,8 +71,7 @@ from trainer.train_batch import TrainBatch, pack_batch, pad_batch
 from trainer.train_step import (
     DEFAULT_LOGITS_CHUNK_TOKENS,
     StepLoss,
-    join_micro_batches,
-    split_micro_batches,
+    per_row_in_micro_batches,
 )
 
 REFERENCE_LOGPROBS = "reference_logprobs"
@@ -156,10 +155,7 @@ def reference_logprobs(
         return jnp.pad(logprobs, ((0, 0), (1, 0)))
 
     rows, length = batch.tokens.shape
-    rows_each = micro_batch_rows(rows, length, micro_batch_tokens)
-    if rows_each == rows:
-        return logprobs_of(batch)
-    return join_micro_batches(jax.lax.map(logprobs_of, split_micro_batches(batch, rows_each)), rows)
+    return per_row_in_micro_batches(logprobs_of, batch, micro_batch_rows(rows, length, micro_batch_tokens))
 
 
 class Algorithm:
@@ -245,13 +241,8 @@ class Algorithm:
             def critic_targets(model, batch, rows_each):
                 # The critic's values at the start of the step, micro-batch by micro-batch; the
                 # advantages from them are whitened over the whole step.
-                rows = batch.tokens.shape[0]
-                if rows_each == rows:
-                    values = model.values(batch.tokens, batch.positions, batch.attention_mask)
-                else:
-                    split = split_micro_batches(batch, rows_each)
-                    values = join_micro_batches(jax.lax.map(
-                        lambda part: model.values(part.tokens, part.positions, part.attention_mask), split), rows)
+                values = per_row_in_micro_batches(
+                    lambda part: model.values(part.tokens, part.positions, part.attention_mask), batch, rows_each)
                 targets, metrics = ppo_targets(values, batch, gamma=value.gamma, lam=value.lam,
                                                normalize_advantages=value.normalize_advantages)
                 extras = {**batch.extras, **{key: getattr(targets, field)

@@ -106,10 +106,9 @@ class Learner:
 
     # -- checkpoints ---------------------------------------------------------
 
-    def open_checkpoints(self, directory: Path, *, max_to_keep: int | None) -> RunCheckpointer:
+    def open_checkpoints(self, directory: Path, *, max_to_keep: int | None) -> None:
         """The run's checkpointer on ``directory`` (every process of a trainer opens it together)."""
         self.checkpointer = RunCheckpointer(directory, max_to_keep=max_to_keep)
-        return self.checkpointer
 
     def save_checkpoint(self, step: int, *, progress: RunProgress, reference_params=None) -> None:
         self.checkpointer.save(step, train_state=self.state, progress=progress, reference_params=reference_params)

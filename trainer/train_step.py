@@ -115,6 +115,16 @@ def join_micro_batches(values: jax.Array, rows: int) -> jax.Array:
     return values.reshape(-1, *values.shape[2:])[:rows]
 
 
+def per_row_in_micro_batches(compute: Callable[[TrainBatch], jax.Array], batch: TrainBatch,
+                             rows_each: int) -> jax.Array:
+    """``compute``'s per-row result (no gradient) over ``batch``, ``rows_each`` rows at a time, so that
+    its activations are one micro-batch's; in one call when the batch is no larger."""
+    rows = batch.tokens.shape[0]
+    if rows_each >= rows:
+        return compute(batch)
+    return join_micro_batches(jax.lax.map(compute, split_micro_batches(batch, rows_each)), rows)
+
+
 class TrainStep:
     """``train_step(state, batch) -> (state, metrics)``, jitted once with the state donated.
 
