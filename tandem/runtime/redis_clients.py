@@ -66,6 +66,11 @@ def durable_redis(url: str, **options) -> redis.Redis:
 
 #: Connections one asyncio client opens at most; commands beyond them wait for a free one.
 ASYNC_MAX_CONNECTIONS = 128
+#: Seconds an asyncio client waits for a connection or for a reply before it drops the connection
+#: and tries again. redis-py waits forever by default, so one reply that never came (seen once in CI:
+#: an episode slot's EVALSHA on loopback) held an episode, and its rollout task, until killed. The
+#: producers send no blocking commands on these clients, so no answer takes this long.
+ASYNC_REPLY_TIMEOUT_S = 30.0
 
 
 def durable_async_redis(url: str, *, max_connections: int = ASYNC_MAX_CONNECTIONS, **options) -> aioredis.Redis:
@@ -73,10 +78,14 @@ def durable_async_redis(url: str, *, max_connections: int = ASYNC_MAX_CONNECTION
 
     Its pool blocks when every connection is in use: the default pool raises
     MaxConnectionsError past 100, which a producer running a few hundred episodes
-    at once (an evaluation beside training) reaches.
+    at once (an evaluation beside training) reaches. A reply that has not come after
+    :data:`ASYNC_REPLY_TIMEOUT_S` counts as a dropped connection: the command runs
+    again on a new one. Not for blocking commands that wait longer than that.
     """
+    timeouts = {"socket_timeout": ASYNC_REPLY_TIMEOUT_S, "socket_connect_timeout": ASYNC_REPLY_TIMEOUT_S}
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=None, **{**_retry_options(url, AsyncRetry), **options})
+        url, max_connections=max_connections, timeout=None,
+        **{**_retry_options(url, AsyncRetry), **timeouts, **options})
     client = aioredis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # closing the client closes its pool, as from_url's do
     return client

@@ -12,7 +12,12 @@ import redis
 from celery import Celery
 
 from tandem.runtime.local_ports import free_local_port
-from tandem.runtime.redis_clients import durable_async_redis, durable_redis, durable_task_publishing
+from tandem.runtime.redis_clients import (
+    ASYNC_REPLY_TIMEOUT_S,
+    durable_async_redis,
+    durable_redis,
+    durable_task_publishing,
+)
 from tests.redis_servers import PERSISTENT, start_redis_server
 
 
@@ -109,3 +114,54 @@ def test_the_async_client_waits_for_a_connection_instead_of_refusing_past_its_po
             await client.aclose()
 
     assert asyncio.run(run()) == [None] * 150
+
+
+def test_a_reply_that_never_comes_costs_the_async_client_a_timeout_and_a_retry_not_a_hang(redis_url):
+    """redis-py waits for a reply forever by default: one EVALSHA of an episode slot that never got
+    its answer held a CI run for 600 s. A proxy in front of the real Redis forwards every command but
+    swallows all the replies of its first connection."""
+    upstream = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs
+    key = f"tandem:test:lost-reply:{free_local_port()}"
+    connections = []
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, swallow: bool) -> None:
+        try:
+            while data := await reader.read(65536):
+                if not swallow:
+                    writer.write(data)
+                    await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def proxied(client_reader, client_writer) -> None:
+        connections.append(client_writer)
+        server_reader, server_writer = await asyncio.open_connection(upstream["host"], upstream["port"])
+        await asyncio.gather(relay(client_reader, server_writer, swallow=False),
+                             relay(server_reader, client_writer, swallow=len(connections) == 1))
+
+    async def run() -> tuple[int, bytes]:
+        proxy = await asyncio.start_server(proxied, "127.0.0.1", 0)
+        port = proxy.sockets[0].getsockname()[1]
+        client = durable_async_redis(f"redis://127.0.0.1:{port}/{upstream.get('db', 0)}", socket_timeout=0.5)
+        try:
+            reply = await asyncio.wait_for(client.incr(key), 60)
+            return reply, await client.get(key)
+        finally:
+            await client.aclose()
+            proxy.close()
+
+    try:
+        reply, stored = asyncio.run(run())
+    finally:
+        redis.Redis.from_url(redis_url).delete(key)
+    assert len(connections) >= 2  # the first connection was given up on
+    # INCR reached Redis on the first connection too: the retry ran it again, so the key may be 2.
+    assert stored == str(reply).encode() and reply >= 1
+
+
+def test_the_async_client_has_a_reply_timeout_by_default(redis_url):
+    kwargs = durable_async_redis(redis_url).connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == ASYNC_REPLY_TIMEOUT_S
+    assert kwargs["socket_connect_timeout"] == ASYNC_REPLY_TIMEOUT_S

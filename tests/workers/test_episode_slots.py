@@ -76,7 +76,7 @@ def test_episodes_of_one_process_wait_for_a_slot_and_never_exceed_the_limit(redi
         await client.aclose()
         return peak, waits, left
 
-    peak, waits, left = asyncio.run(scenario())
+    peak, waits, left = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert peak == 2
     # Six episodes of 50 ms through two slots: four of them waited for one to end.
     assert sum(wait >= 0.05 for wait in waits) >= 4
@@ -133,7 +133,8 @@ def test_a_held_slot_is_renewed_past_its_lease(redis_url, slots_key):
         finally:
             await client.aclose()
 
-    assert asyncio.run(scenario()) is False
+    # Bounded: a command that hangs fails the test in a minute rather than at pytest's timeout.
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) is False
 
 
 def test_a_stopped_run_stops_its_episodes_waiting(redis_url, slots_key):
@@ -155,7 +156,7 @@ def test_a_stopped_run_stops_its_episodes_waiting(redis_url, slots_key):
         finally:
             await client.aclose()
 
-    assert asyncio.run(scenario()) == 0
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == 0
 
 
 def test_an_http_server_advertises_its_capacity_in_its_schema():
@@ -228,4 +229,4 @@ def test_a_cancelled_episode_leaves_no_slot_taken(redis_url, slots_key):
         finally:
             await client.aclose()
 
-    assert asyncio.run(scenario()) == 0
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == 0
