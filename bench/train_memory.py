@@ -6,8 +6,10 @@ that many episodes of varied lengths up to ``--tokens`` (the first fifth a promp
 policy's), computes the reference's log-probs as the trainer does, compiles the update ahead of time
 (``compile_s``) and runs it once, timed. It reports:
 
-- ``peak_bytes``: the process's resident high-water mark (``ru_maxrss``) on CPU, the device's
-  ``peak_bytes_in_use`` where the backend reports one;
+- ``peak_bytes``: the process's resident high-water mark (``ru_maxrss``) on CPU; on an accelerator,
+  the device's ``peak_bytes_in_use`` plus its ``peak_bytes_reserved``, where the backend reports them.
+  On a TPU a compiled program's temporaries (the gradients, activations and logits chunks of the step)
+  sit in a reserved block that ``bytes_in_use`` leaves out: alone, it showed the state and the code;
 - ``planned_peak_bytes``: the run's memory plan for the same config (tandem/configs/memory_plan.py);
 - ``tokens_per_s``: the batch's real tokens over the timed update's wall time;
 - ``padding_fraction``: the share of the slots the step computed that was padding (the batch's rows
@@ -96,6 +98,7 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     from tandem.configs.algorithm import AlgorithmConfig
     from tandem.configs.memory import micro_batch_rows
     from tandem.configs.run import RunConfig
+    from tandem.runtime.resource_usage import release_free_pages
     from trainer import algorithms
     from trainer.algorithms import ReferencePolicy, build_algorithm
     from trainer.token_statistics import logits_token_statistics
@@ -130,6 +133,7 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     optimizer = make_optimizer(1e-5, config.optimizer)
     graphdef, state = create_train_state(Transformer(transformer, rngs=nnx.Rngs(0)), optimizer)
     reference = ReferencePolicy(graphdef, jax.tree.map(lambda leaf: leaf.copy(), state.params))
+    release_free_pages()  # as the trainer's Learner does once its state is built
 
     rng = np.random.default_rng(episodes)
     sequences, masks, behaviour = [], [], []
@@ -160,9 +164,12 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     wall_s = time.perf_counter() - started
     tokens = sum(len(sequence) for sequence in sequences)
     device = jax.devices()[0].memory_stats() or {}
+    device_peak = device.get("peak_bytes_in_use", 0) + device.get("peak_bytes_reserved", 0)
     return {
-        "peak_bytes": int(device.get("peak_bytes_in_use") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
-        "peak_source": "device" if device.get("peak_bytes_in_use") else "process_rss",
+        "peak_bytes": int(device_peak or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+        "peak_source": "device_in_use_and_reserved" if device_peak else "process_rss",
+        "device_memory_stats": {key: device[key] for key in ("peak_bytes_in_use", "peak_bytes_reserved",
+                                                              "bytes_limit") if key in device},
         "planned_peak_bytes": plan.peak_bytes,
         "tokens_per_s": tokens / wall_s,
         "step_s": wall_s,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tandem.configs.run import RunConfig
+from tandem.runtime.resource_usage import release_free_pages
 from trainer.algorithms import Algorithm, build_algorithm
 from trainer.checkpoints import RunCheckpointer, RunProgress
 from trainer.sharding import batch_ways, make_mesh, shard_train_state, step_shardings
@@ -64,6 +65,7 @@ class Learner:
                                       shardings=self.shardings, micro_batch_tokens=micro_batch_tokens),
             }
         self.state: TrainState = state
+        release_free_pages()  # the initialisers' temporaries, freed but kept by the allocator
         self.weight_publisher: WeightPublisher | None = None
         self.checkpointer: RunCheckpointer | None = None
 

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec
 
 from policy import Transformer
 from tandem.configs.memory import micro_batch_rows
+from tandem.runtime.resource_usage import release_free_pages
 from trainer.losses import StepTotals, combine_metrics, finish_metrics, step_totals
 from trainer.token_statistics import policy_token_statistics
 from trainer.train_batch import TrainBatch
@@ -176,11 +177,17 @@ class TrainStep:
     def __call__(
         self, state: TrainState, batch: TrainBatch
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self._step(state, batch)
+        traced = self._trace_count
+        result = self._step(state, batch)
+        if self._trace_count != traced:
+            release_free_pages()  # the compiler's working memory, freed by now but kept by the allocator
+        return result
 
     def compiled(self, state: TrainState, batch: TrainBatch):
         """The step compiled for ``state`` and ``batch``'s shapes without running it (called alike)."""
-        return self._step.lower(state, batch).compile()
+        compiled = self._step.lower(state, batch).compile()
+        release_free_pages()
+        return compiled
 
     def _accumulated_per_shard(self, trained: nnx.State, frozen: nnx.State, batch: TrainBatch,
                                totals: StepTotals, rows_each: int):

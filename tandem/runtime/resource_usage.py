@@ -116,6 +116,18 @@ def return_freed_memory() -> None:
     that still hold arrays, then ``malloc_trim`` returns the free pages (a no-op without glibc).
     """
     gc.collect()
+    release_free_pages()
+
+
+def release_free_pages() -> None:
+    """``malloc_trim``: the allocator's free pages go back to the host (a no-op without glibc).
+
+    Cheap enough after each compilation: XLA's compiler frees its working memory (hundreds of MB
+    for a train step) into glibc's heap, which keeps it, fragmented, so the arrays allocated after
+    it add to the resident size instead of reusing it. SmolLM2's step at 64 x 1,024 tokens on CPU:
+    a 4.64 GB resident peak, 4.16 GB with the pages given back after the state's build and the
+    step's compilation.
+    """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.malloc_trim(0)

@@ -142,6 +142,28 @@ def test_no_retrace_across_batches_of_the_same_bucket():
     assert train_step.trace_count == 2
 
 
+def test_the_step_gives_the_compilers_freed_memory_back_after_each_new_shape_only(monkeypatch):
+    """glibc keeps what XLA's compiler freed (hundreds of MB for a real model's step), so the step's
+    own arrays add to the resident size instead of reusing it; a trim per update would cost every step."""
+    import trainer.train_step as train_step_module
+
+    releases = []
+    monkeypatch.setattr(train_step_module, "release_free_pages", lambda: releases.append(1))
+    model = Transformer(CONFIG, rngs=nnx.Rngs(1))
+    optimizer = _optimizer()
+    graphdef, state = create_train_state(model, optimizer)
+    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
+    sequences, masks = _demonstrations()
+
+    state, _ = train_step(state, _sft_batch(sequences, masks))
+    state, _ = train_step(state, _sft_batch(sequences[:1], masks[:1]))  # the same bucket: compiled already
+    assert len(releases) == 1
+    state, _ = train_step(state, _sft_batch([[BOS_ID] * 20], [[1] * 20]))
+    assert len(releases) == 2
+    train_step.compiled(state, _sft_batch(sequences, masks, batch_size=8))  # more rows: another shape
+    assert len(releases) == 3
+
+
 def test_padding_rows_and_trailing_tool_tokens_do_not_change_the_gradient():
     """Only the loss-masked tokens and their context reach the update."""
     model = Transformer(CONFIG, rngs=nnx.Rngs(2))
