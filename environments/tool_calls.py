@@ -21,9 +21,12 @@ Three formats are understood:
 :func:`demonstration_messages` turns a :class:`~environments.base.Demonstration`
 (written in the ``tandem`` format) into chat messages in a model's own format.
 
-A turn whose tool-call markup is malformed (bad JSON, unknown tool, arguments
-that are not an object) is no call at all: the text goes to ``step`` as an
-action, and ``parse_tool_calls(...).error`` says why it was not a call.
+A turn whose tool-call markup is malformed (bad JSON, an unclosed block, arguments that are not
+an object), names a tool the environment does not offer, or passes arguments its JSON schema
+refuses makes no call: ``parse_tool_calls(...).status`` says which
+(:data:`~tandem.contracts.ToolCallStatus`) and ``.error`` why. The agent answers it with a tool
+message that says so, and the episode goes on; it is never taken as the answer. Text with no
+markup at all (prose, or ``f(x)`` of no declared tool in the ``tandem`` format) is an answer.
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
+import jsonschema
+
 from environments.base import Demonstration, Tool
 from tandem.configs.model import ToolCallFormat
+from tandem.contracts import ToolCallStatus
 
 _CALL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\((.*)\)\s*$", re.DOTALL)
 _JSON_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -59,6 +65,33 @@ class ToolCallParse:
     calls: list[ToolCall] = field(default_factory=list)
     format: str | None = None
     error: str | None = None
+    #: None: no tool-call markup (the turn is an answer); ok: ``calls``; else why there are none.
+    status: ToolCallStatus | None = None
+
+    @classmethod
+    def failed(cls, fmt: str, failure: _Failure) -> ToolCallParse:
+        return cls([], fmt, failure.reason, failure.status)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    status: ToolCallStatus
+    reason: str
+
+
+def _schema_refusal(tool: Tool, arguments: dict[str, Any], *, typed: bool) -> str | None:
+    """Why ``tool``'s JSON schema refuses ``arguments``, or None. ``typed`` false (Qwen3-Coder's XML,
+    whose values are all text): only the required parameters are checked."""
+    schema = tool.parameters if typed else {"required": tool.parameters.get("required", [])}
+    try:
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
+    except jsonschema.exceptions.SchemaError:
+        return None  # the tool's own schema is broken: its arguments are its to judge
+    if error is None:
+        return None
+    where = ".".join(str(part) for part in error.absolute_path)
+    return f"arguments of {tool.name!r} do not match its schema" + (f" at {where}" if where else "") \
+        + f": {error.message}"
 
 
 def _parse_tandem(text: str, by_name: dict[str, Tool]) -> ToolCallParse | None:
@@ -70,51 +103,62 @@ def _parse_tandem(text: str, by_name: dict[str, Tool]) -> ToolCallParse | None:
         return None  # prose like "f(x)" is an answer, not a failed call
     required = tool.parameters.get("required") or list(tool.parameters.get("properties", {}))
     arguments = {required[0]: match.group(2)} if required else {}
-    return ToolCallParse([ToolCall(tool, arguments)], "tandem")
+    return ToolCallParse([ToolCall(tool, arguments)], "tandem", status="ok")
 
 
-def _json_call(block: str, by_name: dict[str, Tool]) -> ToolCall | str:
-    """A call, or the reason the block is not one."""
+def _unknown_tool(name: str, by_name: dict[str, Tool]) -> _Failure:
+    return _Failure("unknown_tool", f"unknown tool {name!r}; the tools are {', '.join(sorted(by_name))}")
+
+
+def _json_call(block: str, by_name: dict[str, Tool]) -> ToolCall | _Failure:
+    """A call, or why the block is not one."""
     try:
         payload = json.loads(block)
     except json.JSONDecodeError as exc:
-        return f"tool call is not valid JSON: {exc}"
+        return _Failure("unparsed", f"tool call is not valid JSON: {exc}")
     if not isinstance(payload, dict):
-        return "tool call is not a JSON object"
+        return _Failure("unparsed", "tool call is not a JSON object")
     name = payload.get("name")
     if not isinstance(name, str):
-        return "tool call has no string 'name'"
+        return _Failure("unparsed", "tool call has no string 'name'")
     tool = by_name.get(name)
     if tool is None:
-        return f"unknown tool {name!r}"
+        return _unknown_tool(name, by_name)
     arguments = payload.get("arguments", payload.get("parameters", {}))
     if isinstance(arguments, str):
         # Some templates double-encode the arguments as a JSON string.
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as exc:
-            return f"arguments of {name!r} are a string that is not JSON: {exc}"
+            return _Failure("unparsed", f"arguments of {name!r} are a string that is not JSON: {exc}")
     if not isinstance(arguments, dict):
-        return f"arguments of {name!r} are not a JSON object"
+        return _Failure("unparsed", f"arguments of {name!r} are not a JSON object")
+    refusal = _schema_refusal(tool, arguments, typed=True)
+    if refusal is not None:
+        return _Failure("invalid_arguments", refusal)
     return ToolCall(tool, arguments)
 
 
-def _xml_call(block: str, by_name: dict[str, Tool]) -> ToolCall | str:
+def _xml_call(block: str, by_name: dict[str, Tool]) -> ToolCall | _Failure:
     match = _XML_FUNCTION.match(block)
     if match is None:
-        return "tool call is neither JSON nor <function=...>...</function>"
+        return _Failure("unparsed", "tool call is neither JSON nor <function=...>...</function>")
     tool = by_name.get(match.group(1))
     if tool is None:
-        return f"unknown tool {match.group(1)!r}"
+        return _unknown_tool(match.group(1), by_name)
     # Parameter values are text, as the template writes them; a tool parses what it needs.
-    return ToolCall(tool, dict(_XML_PARAMETER.findall(match.group(2))))
+    arguments = dict(_XML_PARAMETER.findall(match.group(2)))
+    refusal = _schema_refusal(tool, arguments, typed=False)
+    if refusal is not None:
+        return _Failure("invalid_arguments", refusal)
+    return ToolCall(tool, arguments)
 
 
 def _parse_blocks(text: str, by_name: dict[str, Tool], *, fmt: str) -> ToolCallParse | None:
     blocks = _JSON_BLOCK.findall(text)
     if not blocks:
         if _UNCLOSED_BLOCK.search(text):
-            return ToolCallParse([], fmt, "<tool_call> without </tool_call>")
+            return ToolCallParse.failed(fmt, _Failure("unparsed", "<tool_call> without </tool_call>"))
         return None
     calls = []
     for block in blocks:
@@ -123,11 +167,11 @@ def _parse_blocks(text: str, by_name: dict[str, Tool], *, fmt: str) -> ToolCallP
             call = _xml_call(block, by_name)
         else:
             call = _json_call(block, by_name)
-        if isinstance(call, str):
+        if isinstance(call, _Failure):
             # One bad block spoils the turn: running only some of the calls would be a guess.
-            return ToolCallParse([], fmt, call)
+            return ToolCallParse.failed(fmt, call)
         calls.append(call)
-    return ToolCallParse(calls, fmt)
+    return ToolCallParse(calls, fmt, status="ok")
 
 
 def _parse_llama3(text: str, by_name: dict[str, Tool]) -> ToolCallParse | None:
@@ -135,9 +179,9 @@ def _parse_llama3(text: str, by_name: dict[str, Tool]) -> ToolCallParse | None:
     if not (stripped.startswith("{") and '"name"' in stripped):
         return None  # prose, not an attempt at a call
     call = _json_call(stripped, by_name)
-    if isinstance(call, str):
-        return ToolCallParse([], "llama3", call)
-    return ToolCallParse([call], "llama3")
+    if isinstance(call, _Failure):
+        return ToolCallParse.failed("llama3", call)
+    return ToolCallParse([call], "llama3", status="ok")
 
 
 def parse_tool_calls(text: str, tools: Sequence[Tool], *, formats: Sequence[str] = FORMATS) -> ToolCallParse:

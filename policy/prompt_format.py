@@ -97,6 +97,14 @@ class EpisodeTokens:
     def _add_message(self, role: str, content: str, start: int, **extra: Any) -> None:
         self.messages.append({"role": role, "content": content, "start": start, "end": len(self), **extra})
 
+    def note_tool_call_outcome(self, status: str | None, error: str | None) -> None:
+        """Record on the last message (the assistant turn just added) what became of its tool-call
+        markup: ``status`` as :data:`tandem.contracts.ToolCallStatus`, and ``error`` why it made no call."""
+        if status is not None:
+            self.messages[-1]["tool_call_status"] = status
+        if error:
+            self.messages[-1]["tool_call_error"] = error
+
     def _append_messages(self, messages: Sequence[Message], pieces: Sequence[Sequence[int]], *,
                          generation_prompt: Sequence[int] = (), max_tokens: int | None) -> bool:
         """Append each message's tokens (masked), then the generation prompt that opens the next

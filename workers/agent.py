@@ -208,11 +208,20 @@ async def run_episode(
             # A turn cut off at max_new_tokens still acts: the environment judges
             # whatever was said, so a policy that never stops gets no free pass.
             text = tokenizer.decode(completion.token_ids)
-            calls = parse_tool_calls(text, environment.tools, formats=parse_formats).calls
+            parsed = parse_tool_calls(text, environment.tools, formats=parse_formats)
+            calls = parsed.calls
             layout.add_sampled(
                 episode, completion.token_ids, completion.logprobs, content=text,
                 tool_calls=[{"name": call.tool.name, "arguments": call.arguments} for call in calls],
             )
+            episode.note_tool_call_outcome(parsed.status, parsed.error)
+            if parsed.error is not None:
+                # An attempt at a call that is none: the model is told why, in its tool role, and the
+                # episode goes on. Passed to `step` instead, it would be judged as the final answer.
+                if not _append(episode, layout, [{"role": "tool", "content": f"error: {parsed.error}"}], limits):
+                    truncated(f"the tool-call error after turn {turn + 1} does not fit: {overflow()}")
+                    break
+                continue
             began = time.perf_counter()
             if calls:
                 # Several calls in one turn (Hermes style) run in order; each result is a tool message.

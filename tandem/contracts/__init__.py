@@ -274,11 +274,13 @@ from tandem.contracts.telemetry import (
 )
 from tandem.contracts.trajectories import (
     EPISODE_STATUSES,
+    TOOL_CALL_STATUSES,
     ConversationMessage,
     EpisodeStatus,
     EpisodeTimings,
     MessageRole,
     MessageToolCall,
+    ToolCallStatus,
     TrajectoryRecord,
     episode_status_choices,
 )
@@ -411,6 +413,8 @@ __all__ = [
     "EpisodeTimings",
     "MessageRole",
     "MessageToolCall",
+    "TOOL_CALL_STATUSES",
+    "ToolCallStatus",
     "TrajectoryRecord",
     "TrainerStage",
     "TrainerStageDefinition",

@@ -25,6 +25,14 @@ def episode_status_choices() -> list[tuple[str, str]]:
 #: Who speaks in a message of an episode's conversation.
 MessageRole = Literal["system", "user", "assistant", "tool"]
 
+#: What became of an assistant turn's tool-call markup. ok: every call parsed and named a declared
+#: tool with arguments its schema accepts; unparsed: markup that is no well-formed call (bad JSON, an
+#: unclosed block, arguments that are no object); unknown_tool: a call of a tool the environment does
+#: not offer; invalid_arguments: arguments the tool's JSON schema refuses. A failed attempt runs no
+#: call and is never the episode's answer: a tool message says what was wrong, and the episode goes on.
+ToolCallStatus = Literal["ok", "unparsed", "unknown_tool", "invalid_arguments"]
+TOOL_CALL_STATUSES: tuple[str, ...] = get_args(ToolCallStatus)
+
 
 class MessageToolCall(BaseModel):
     """A tool call an assistant message made, as the producer parsed it."""
@@ -46,6 +54,11 @@ class ConversationMessage(BaseModel):
                                          "generation prompt, other messages at the template's markup before them.")
     end: int = Field(ge=0, description="One past its last token.")
     tool_calls: tuple[MessageToolCall, ...] = Field((), description="Calls it made (assistant messages).")
+    tool_call_status: ToolCallStatus | None = Field(
+        None, description="An assistant message with tool-call markup: what became of it. None: no markup "
+        "(an answer), or a record from before this field.")
+    tool_call_error: str = Field("", description="Why its tool-call markup was no call (the tool message "
+                                                 "that followed told the model the same).")
 
 
 class EpisodeTimings(BaseModel):

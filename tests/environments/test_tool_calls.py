@@ -116,11 +116,13 @@ def test_the_agent_runs_every_call_of_a_hermes_turn_and_shows_the_results():
     assert "</tool_call>=2\n=4\nA:2" in transcript
 
 
-def test_a_malformed_json_call_is_an_action_for_the_environment():
+def test_a_malformed_json_call_is_answered_and_the_calculator_still_gets_its_answer():
     from environments.builtin.calculator import CalculatorEnvironment
 
-    record, _ = _agent_episode(CalculatorEnvironment(), {"expression": "1+1"}, ["<tool_call>{oops</tool_call>"])
-    assert record.status == "ok" and record.reward == 0.0 and record.num_turns == 1
+    record, transcript = _agent_episode(CalculatorEnvironment(), {"expression": "1+1"},
+                                        ["<tool_call>{oops</tool_call>", "A:2"])
+    assert record.status == "ok" and record.reward == 1.0 and record.num_turns == 2
+    assert "tool call is not valid JSON" in transcript
 
 
 def test_a_guessing_game_episode_rewards_binary_search_through_the_agent():

@@ -269,33 +269,60 @@ def test_text_that_is_no_call_of_a_declared_tool_is_the_action_verbatim(bigram):
     assert environment.actions == ["xy(1)"] and go.calls == []  # `xy` is no declared tool
 
 
-@pytest.mark.parametrize("text", [
-    "I would call go",                                             # prose
-    "f(x)",                                                        # an unknown tool, tandem style
-    '<tool_call>{"name": "f", "arguments": {}}</tool_call>',       # an unknown tool, Hermes style
-    "<tool_call>{oops</tool_call>",                                # bad JSON
-    '<tool_call>{"name": "go", "arguments": {"what": "1"}}',       # unclosed
-    '<tool_call>{"name": "go", "arguments": ["1"]}</tool_call>',   # arguments that are no object
-])
-def test_prose_unknown_tools_and_malformed_markup_are_actions(text):
-    """"Prose, an unknown tool name (`f(x)`) and malformed markup are all actions.\""""
+@pytest.mark.parametrize("text", ["I would call go", "f(x)"])  # prose; an unknown tool, tandem style
+def test_text_without_tool_call_markup_is_an_action(text):
+    """"A turn without tool-call markup is an action [...] Prose and, in the byte layout's `tandem`
+    format, `f(x)` of no declared tool are actions.\""""
     go = Counted(result="ran\n")
     environment = Scripted(prompt="call\n", tools=[_tool(go)], replies=[StepResult("", 0.0, True)])
     record = _scripted_episode(environment, [text], _limits())
     assert environment.actions == [text] and go.calls == [] and record.status == "ok"
+    assert record.messages[-1].tool_call_status is None
 
 
-def test_one_malformed_block_spoils_its_turn_and_its_reason_is_not_passed_on():
-    """"One malformed block spoils its whole turn, so none of that turn's calls run, and the parser's
-    reason is neither passed to `step` nor recorded.\""""
+@pytest.mark.parametrize(("text", "status", "reason"), [
+    ('<tool_call>{"name": "f", "arguments": {}}</tool_call>', "unknown_tool", "unknown tool 'f'; the tools are go"),
+    ("<tool_call>{oops</tool_call>", "unparsed", "tool call is not valid JSON"),
+    ('<tool_call>{"name": "go", "arguments": {"what": "1"}}', "unparsed", "<tool_call> without </tool_call>"),
+    ('<tool_call>{"name": "go", "arguments": ["1"]}</tool_call>', "unparsed", "arguments of 'go' are not a JSON object"),
+    ('<tool_call>{"name": "go", "arguments": {"how": "1"}}</tool_call>', "invalid_arguments",
+     "'what' is a required property"),
+    ('<tool_call>{"name": "go", "arguments": {"what": 1}}</tool_call>', "invalid_arguments",
+     "at what: 1 is not of type 'string'"),
+])
+def test_markup_that_makes_no_call_is_answered_with_why_and_the_episode_goes_on(text, status, reason):
+    """"Markup that makes no call is feedback, never an answer [...] a tool message in the model's format
+    says what was wrong [...] and the episode goes on, the turn counting against `max_turns`.\""""
+    go = Counted(result="ran\n")
+    environment = Scripted(prompt="call\n", tools=[_tool(go)], replies=[StepResult("", 1.0, True)])
+    record = _scripted_episode(environment, [text, "the answer"], _limits())
+    assert go.calls == [] and environment.actions == ["the answer"]  # never taken as the answer
+    assert record.status == "ok" and record.reward == 1.0 and record.num_turns == 2
+    attempt, told, answer = record.messages[-3:]
+    assert (attempt.role, attempt.tool_call_status, attempt.tool_calls) == ("assistant", status, ())
+    assert reason in attempt.tool_call_error
+    assert told.role == "tool" and told.content == f"error: {attempt.tool_call_error}"
+    assert (answer.role, answer.content, answer.tool_call_status) == ("assistant", "the answer", None)
+    assert f"error: {attempt.tool_call_error}".encode() in _text(record)  # the model saw it
+
+
+def test_one_malformed_block_spoils_its_turn():
+    """"One bad block spoils its whole turn: running only some of its calls would be a guess.\""""
     go = Counted(result="ran\n")
     environment = Scripted(prompt="call\n", tools=[_tool(go)], replies=[StepResult("", 0.0, True)])
     text = '<tool_call>{"name": "go", "arguments": {"what": "1"}}</tool_call><tool_call>{oops</tool_call>'
-    record = _scripted_episode(environment, [text], _limits())
-    assert go.calls == [] and environment.actions == [text]
-    assert record.status == "ok" and record.failure_reason == ""
-    assert record.messages[-1].role == "assistant" and not record.messages[-1].tool_calls
-    assert "JSON" not in record.model_dump_json()  # "tool call is not valid JSON: ..." is nowhere
+    record = _scripted_episode(environment, [text, "done"], _limits())
+    assert go.calls == [] and environment.actions == ["done"]
+    assert record.messages[-3].tool_call_status == "unparsed" and not record.messages[-3].tool_calls
+
+
+def test_calls_that_ran_are_recorded_ok():
+    go = Counted(result="ran\n")
+    environment = Scripted(prompt="call\n", tools=[_tool(go)], replies=[StepResult("", 0.0, True)])
+    record = _scripted_episode(environment, ['<tool_call>{"name": "go", "arguments": {"what": "1"}}</tool_call>',
+                                             "done"], _limits())
+    assert go.calls == [{"what": "1"}]
+    assert [message.tool_call_status for message in record.messages if message.role == "assistant"] == ["ok", None]
 
 
 # -- rewards -----------------------------------------------------------------------------------------------
