@@ -45,4 +45,32 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
         # Cut off by max_turns or max_seq_len: trained with the reward so far, so worth watching.
         truncated = sum(r.status == "truncated" for r in episodes)
         metrics[metric_series_name("rollout", environment, "truncated_rate")] = truncated / len(episodes)
+        if any(r.offered_tools for r in episodes):
+            metrics.update({metric_series_name("rollout", environment, name): value
+                            for name, value in tool_use_metrics(episodes).items()})
+    return metrics
+
+
+def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
+    """How a policy uses the tools an environment offers, over ``episodes`` (at least one).
+
+    ``tool_call_rate``: the share of episodes with at least one call that ran; ``tool_calls_per_episode``:
+    calls that ran per episode; ``answered_without_tools_rate``: the share that ended, not failed, with
+    none. Of the turns that wrote tool-call markup (only when there were some), the shares whose markup
+    made no call: ``tool_parse_failure_rate`` (it did not parse), ``unknown_tool_rate`` and
+    ``invalid_arguments_rate`` (the tool's schema refused them).
+    """
+    calls_run = [record.tool_calls_run() for record in episodes]
+    metrics = {
+        "tool_call_rate": sum(calls > 0 for calls in calls_run) / len(episodes),
+        "tool_calls_per_episode": sum(calls_run) / len(episodes),
+        "answered_without_tools_rate": sum(
+            calls == 0 and record.status != "failed" for calls, record in zip(calls_run, episodes, strict=True)
+        ) / len(episodes),
+    }
+    outcomes = [outcome for record in episodes for outcome in record.tool_call_outcomes()]
+    if outcomes:
+        for status, name in (("unparsed", "tool_parse_failure_rate"), ("unknown_tool", "unknown_tool_rate"),
+                             ("invalid_arguments", "invalid_arguments_rate")):
+            metrics[name] = outcomes.count(status) / len(outcomes)
     return metrics

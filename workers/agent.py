@@ -307,6 +307,7 @@ async def run_episode(
         ),
         messages=tuple(ConversationMessage(**message) for message in episode.messages),
         segment_starts=tuple(episode.segment_starts),
+        offered_tools=tuple(tool.name for tool in environment.tools),
     )
 
 

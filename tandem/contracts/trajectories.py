@@ -122,6 +122,17 @@ class TrajectoryRecord(Record):
         description="Token indices where a new context starts (model.past_reasoning: drop re-renders the "
         "conversation without past reasoning); training attends within a segment only.",
     )
+    offered_tools: tuple[str, ...] | None = Field(
+        None, description="Names of the tools the environment offered the policy. None in records from "
+        "before this field: unknown.")
+
+    def tool_call_outcomes(self) -> list[str]:
+        """The :data:`ToolCallStatus` of each assistant turn that wrote tool-call markup, in order."""
+        return [message.tool_call_status for message in self.messages if message.tool_call_status is not None]
+
+    def tool_calls_run(self) -> int:
+        """Calls of its tools that parsed and ran."""
+        return sum(len(message.tool_calls) for message in self.messages if message.tool_call_status == "ok")
 
     @model_validator(mode="after")
     def _aligned(self):

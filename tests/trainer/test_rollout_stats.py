@@ -56,3 +56,43 @@ def test_two_environments_of_long_names_sharing_their_start_get_series_of_their_
     assert len(metrics) == 2 * 14  # 4 latencies x 3 percentiles, and 2 rates, for each environment
     assert sorted(value for name, value in metrics.items() if name.endswith("/error_rate")) == [0.0, 1.0]
     assert max(len(name) for name in metrics) <= METRIC_NAME_LENGTH_MAX
+
+
+def _tool_episode(turns, *, offered=("calc",), status="ok"):
+    """An episode whose assistant turns had these tool-call outcomes: None (an answer), or (status, calls)."""
+    from tandem.contracts import ConversationMessage, MessageToolCall
+
+    messages = []
+    for turn in turns:
+        outcome, calls = turn if turn is not None else (None, 0)
+        messages.append(ConversationMessage(
+            role="assistant", content="...", start=0, end=1, tool_call_status=outcome,
+            tool_calls=tuple(MessageToolCall(name="calc") for _ in range(calls)),
+            tool_call_error="" if outcome in (None, "ok") else "why"))
+    record = _record("calc", total=1.0, generation=0.5, status=status)
+    return record.model_copy(update={"messages": tuple(messages), "offered_tools": offered})
+
+
+def test_tool_use_per_environment_counts_calls_that_ran_and_each_way_markup_made_no_call():
+    records = [
+        _tool_episode([("unparsed", 0), ("ok", 2), None]),          # a failed parse, two calls, the answer
+        _tool_episode([("unknown_tool", 0), ("invalid_arguments", 0), None]),
+        _tool_episode([None]),                                      # answered from memory
+        _tool_episode([("ok", 1)], status="failed"),                # failed after its call
+    ]
+    metrics = rollout_metrics(records)
+    assert metrics["rollout/calc/tool_call_rate"] == 0.5
+    assert metrics["rollout/calc/tool_calls_per_episode"] == 0.75
+    assert metrics["rollout/calc/answered_without_tools_rate"] == 0.5
+    # Five turns wrote markup: one did not parse, one named an unknown tool, one had bad arguments.
+    assert metrics["rollout/calc/tool_parse_failure_rate"] == 0.2
+    assert metrics["rollout/calc/unknown_tool_rate"] == 0.2
+    assert metrics["rollout/calc/invalid_arguments_rate"] == 0.2
+
+
+def test_tool_metrics_only_where_tools_were_offered_and_failure_rates_only_where_markup_was_written():
+    plain = rollout_metrics([_tool_episode([None], offered=())])
+    assert not any("tool" in name for name in plain)
+    unused = rollout_metrics([_tool_episode([None]), _tool_episode([None])])
+    assert unused["rollout/calc/tool_call_rate"] == 0.0 and unused["rollout/calc/answered_without_tools_rate"] == 1.0
+    assert "rollout/calc/tool_parse_failure_rate" not in unused  # no markup: no rate to speak of

@@ -71,6 +71,7 @@ def test_each_failed_call_is_told_to_the_model_in_its_format_and_the_episode_sti
 
     # Four failed attempts, a call that ran, and the answer: none of the failures was the answer.
     assert record.status == "ok" and record.reward == 1.0 and record.num_turns == len(turns)
+    assert record.offered_tools == ("calc",) and record.tool_calls_run() == 1
     assistant = [message for message in record.messages if message.role == "assistant"]
     answers = [message for message in record.messages if message.role == "tool"]
     assert [message.tool_call_status for message in assistant] == \
