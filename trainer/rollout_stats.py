@@ -7,7 +7,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from tandem.contracts import TrajectoryRecord, metric_series_name
+from tandem.contracts import (
+    ROLLOUT_SERIES_PREFIX,
+    TOOL_CALL_RATE_FIGURE,
+    TrajectoryRecord,
+    metric_series_name,
+)
 
 PERCENTILES = (50, 90, 99)
 
@@ -46,7 +51,7 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
         truncated = sum(r.status == "truncated" for r in episodes)
         metrics[metric_series_name("rollout", environment, "truncated_rate")] = truncated / len(episodes)
         if any(r.offered_tools for r in episodes):
-            metrics.update({metric_series_name("rollout", environment, name): value
+            metrics.update({metric_series_name(ROLLOUT_SERIES_PREFIX, environment, name): value
                             for name, value in tool_use_metrics(episodes).items()})
     return metrics
 
@@ -62,7 +67,7 @@ def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
     """
     calls_run = [record.tool_calls_run() for record in episodes]
     metrics = {
-        "tool_call_rate": sum(calls > 0 for calls in calls_run) / len(episodes),
+        TOOL_CALL_RATE_FIGURE: sum(calls > 0 for calls in calls_run) / len(episodes),
         "tool_calls_per_episode": sum(calls_run) / len(episodes),
         "answered_without_tools_rate": sum(
             calls == 0 and record.status != "failed" for calls, record in zip(calls_run, episodes, strict=True)

@@ -11,6 +11,7 @@ from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from alerts.services import alert_default_rules_create
 from common.domain_errors import Conflict, InvalidInput
 
 from .models import ApiToken, Membership, MetricExplorerLayout, Project
@@ -37,6 +38,7 @@ def project_create(*, owner: AbstractBaseUser, name: str) -> Project:
             fields={"name": [f"You already own a project named '{name}'."]},
         ) from None
     Membership.objects.create(project=project, user=owner, role=Membership.Role.OWNER)
+    alert_default_rules_create(project=project)
     return project
 
 

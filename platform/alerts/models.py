@@ -16,6 +16,7 @@ class AlertRule(models.Model):
         NO_PROGRESS = "no_progress", "No progress"
         PROBE_FAILED = "probe_failed", "Probe failed"
         ENVIRONMENT_UNHEALTHY = "environment_unhealthy", "Environment unhealthy"
+        TOOLS_UNUSED = "tools_unused", "Tools unused"
 
     class Comparison(models.TextChoices):
         ABOVE = "above", "above"
@@ -30,7 +31,8 @@ class AlertRule(models.Model):
     comparison = models.CharField(max_length=8, choices=Comparison.choices, blank=True)
     # metric_threshold: the bound; trainer_idle: the idle fraction (0..1) the trainer stays above.
     threshold = models.FloatField(null=True, blank=True)
-    # metric_threshold: consecutive steps the metric must stay past the bound.
+    # metric_threshold: consecutive steps the metric must stay past the bound; tools_unused: consecutive
+    # RL steps in which an environment that offers tools saw none of them called.
     steps = models.PositiveIntegerField(null=True, blank=True)
     # trainer_idle: how long the trainer stays idle; no_progress: how long the step stands still.
     minutes = models.FloatField(null=True, blank=True)

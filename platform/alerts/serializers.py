@@ -70,7 +70,8 @@ class AlertRuleWriteSerializer(serializers.Serializer):
         help_text="metric_threshold: the bound; trainer_idle: the idle fraction of a step, 0 to 1.")
     steps = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=1, max_value=1_000_000,
-        help_text="metric_threshold: consecutive steps past the threshold before the rule fires.")
+        help_text="metric_threshold: consecutive steps past the threshold before the rule fires; tools_unused: "
+                  "consecutive RL steps in which an environment that offers tools saw none called.")
     minutes = serializers.FloatField(
         required=False, allow_null=True, default=None, min_value=0, max_value=100_000,
         help_text="trainer_idle: how long the trainer stays idle; no_progress: how long the step stands still.")

@@ -37,7 +37,7 @@ from accounts.models import Membership, Project
 from accounts.permissions import project_require_writer
 from common.domain_errors import Conflict, InvalidInput
 from environment_registry.models import EnvironmentProbe, EnvironmentVersion
-from tandem.contracts import RunStatus, TrainerStepEvent
+from tandem.contracts import RunStatus, TrainerStepEvent, tool_call_rates
 
 from .models import (
     AlertCondition,
@@ -60,7 +60,7 @@ RATE_KEY = "alerts:webhook-posts:{url_hash}:{window}"
 # The run status each status rule waits for.
 RUN_STATUS_OF_KIND = {Kind.RUN_FAILED: RunStatus.FAILED, Kind.RUN_FINISHED: RunStatus.FINISHED}
 # Kinds judged on each trainer step, and on each probe report.
-STEP_KINDS = (Kind.METRIC_THRESHOLD, Kind.TRAINER_IDLE)
+STEP_KINDS = (Kind.METRIC_THRESHOLD, Kind.TRAINER_IDLE, Kind.TOOLS_UNUSED)
 PROBE_KINDS = (Kind.PROBE_FAILED, Kind.ENVIRONMENT_UNHEALTHY)
 # The series a trainer_idle rule reads (TrainerStepEvent.metric_values): data_wait over wall time.
 IDLE_METRIC = "trainer_idle_fraction"
@@ -70,7 +70,10 @@ SETTINGS_OF_KIND: dict[str, tuple[str, ...]] = {
     Kind.METRIC_THRESHOLD: ("metric", "comparison", "threshold", "steps"),
     Kind.TRAINER_IDLE: ("threshold", "minutes"),
     Kind.NO_PROGRESS: ("minutes",),
+    Kind.TOOLS_UNUSED: ("steps",),
 }
+# The tools_unused rule every project starts with (alert_default_rules_create): on, and editable.
+DEFAULT_TOOLS_UNUSED_RULE = {"name": "Tools unused", "kind": Kind.TOOLS_UNUSED, "steps": 10}
 RULE_SETTINGS = ("metric", "comparison", "threshold", "steps", "minutes")
 EDITABLE_FIELDS = ("name", "kind", "enabled", *RULE_SETTINGS, "webhook_url", "webhook_secret")
 
@@ -101,6 +104,12 @@ def alert_rule_create(*, user: AbstractBaseUser, project: Project, name: str, ki
             f"project '{project.name}' has {rules} alert rules; this deployment allows at most {cap} "
             f"(TANDEM_MAX_ALERT_RULES_PER_PROJECT): delete one first"))
     return _rule_save(rule)
+
+
+def alert_default_rules_create(*, project: Project) -> None:
+    """The rules a new project starts with, on, which its writers may change or delete: tools_unused,
+    so that a policy that answers without the tools its environment offers is said out loud."""
+    AlertRule.objects.create(project=project, **DEFAULT_TOOLS_UNUSED_RULE)
 
 
 @transaction.atomic
@@ -263,7 +272,13 @@ def _steps_evaluate(seen: _RunSeen, events: list[TrainerStepEvent]) -> None:
         condition = _condition_locked(rule, subject_key("run", seen.run_id))
         metric = rule.metric if rule.kind == Kind.METRIC_THRESHOLD else IDLE_METRIC
         for step, values in steps:
-            value = values.get(metric)
+            if rule.kind == Kind.TOOLS_UNUSED:
+                # The least used of the step's environments that offer tools (none: an SFT step, or
+                # no tools, which neither extends nor breaks a streak).
+                metric, value = min(tool_call_rates(values).items(), key=lambda item: item[1],
+                                    default=(metric, None))
+            else:
+                value = values.get(metric)
             # A step without the series (an SFT step has no reward, a diverged loss is not finite)
             # neither extends nor breaks a streak; a step seen before (a retried post, a resumed
             # trainer) counts once.
@@ -281,7 +296,7 @@ def _steps_evaluate(seen: _RunSeen, events: list[TrainerStepEvent]) -> None:
                 continue
             condition.active = True
             alert_fire(rule=rule, subject=condition.subject, run_id=seen.run_id,
-                       text=_step_text(rule, seen, condition, step, value),
+                       text=_step_text(rule, seen, condition, step, value, metric),
                        details={"metric": metric, "value": value, "step": step.step, "threshold": rule.threshold,
                                 "comparison": rule.comparison or "above", "steps": condition.streak,
                                 "seconds": round(step.emitted_at - condition.streak_started_at, 3)})
@@ -289,23 +304,29 @@ def _steps_evaluate(seen: _RunSeen, events: list[TrainerStepEvent]) -> None:
 
 
 def _past_threshold(rule: AlertRule, value: float) -> bool:
+    if rule.kind == Kind.TOOLS_UNUSED:
+        return value == 0
     if rule.kind == Kind.TRAINER_IDLE or rule.comparison == AlertRule.Comparison.ABOVE:
         return value > rule.threshold
     return value < rule.threshold
 
 
 def _streak_long_enough(rule: AlertRule, condition: AlertCondition, step: TrainerStepEvent) -> bool:
-    if rule.kind == Kind.METRIC_THRESHOLD:
+    if rule.kind in (Kind.METRIC_THRESHOLD, Kind.TOOLS_UNUSED):
         return condition.streak >= rule.steps
     # Measured by the trainer's own clock: from the start of the first idle step to this one's end.
     return step.emitted_at - condition.streak_started_at >= rule.minutes * 60
 
 
 def _step_text(rule: AlertRule, seen: _RunSeen, condition: AlertCondition, step: TrainerStepEvent,
-               value: float) -> str:
+               value: float, metric: str) -> str:
     if rule.kind == Kind.METRIC_THRESHOLD:
         return (f"{seen.label}: {rule.metric} {rule.comparison} {rule.threshold:g} for {condition.streak} "
                 f"steps ({value:.4g} at step {step.step}).")
+    if rule.kind == Kind.TOOLS_UNUSED:
+        environment = metric.split("/")[1]
+        return (f"{seen.label}: the policy has called none of environment {environment}'s tools for "
+                f"{condition.streak} steps (up to step {step.step}): it answers without them.")
     return (f"{seen.label}: trainer idle above {rule.threshold:.0%} for {rule.minutes:g} min "
             f"({value:.0%} of step {step.step} waiting for data).")
 

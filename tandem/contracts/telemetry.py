@@ -317,6 +317,21 @@ def metric_series_name(prefix: str, label: str, suffix: str = "") -> str:
     return name
 
 
+#: The prefix of every per-environment rollout series (``rollout/<environment>/<figure>``).
+ROLLOUT_SERIES_PREFIX = "rollout"
+#: The figure of an environment's tool-call rate: the share of a step's episodes that called a tool
+#: and saw it run. The trainer reports it for each environment that offers tools; the platform's
+#: ``tools_unused`` alert rules read it.
+TOOL_CALL_RATE_FIGURE = "tool_call_rate"
+
+
+def tool_call_rates(values: dict[str, float]) -> dict[str, float]:
+    """The tool-call rate series among a step's ``values``, by series name."""
+    ending = f"/{TOOL_CALL_RATE_FIGURE}"
+    return {name: value for name, value in values.items()
+            if name.startswith(f"{ROLLOUT_SERIES_PREFIX}/") and name.endswith(ending)}
+
+
 def producer_metric_name(worker: str, figure: str) -> str:
     """The series of one producer process's figure: ``producers/rollouts-1@gpu-host-2:311/cpu_cores``.
 

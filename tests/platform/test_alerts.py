@@ -124,6 +124,32 @@ def test_a_metric_above_its_threshold_fires(running_run, project, on_commit):
     assert firing.details == {**firing.details, "metric": "loss", "value": 3.0, "step": 2}
 
 
+def test_every_project_starts_with_a_tools_unused_rule_that_fires_when_an_environments_tools_go_unused(
+        running_run, project, on_commit):
+    [rule] = AlertRule.objects.filter(project=project, kind=AlertRule.Kind.TOOLS_UNUSED)
+    assert rule.enabled and rule.steps == 10
+    AlertRule.objects.filter(pk=rule.pk).update(steps=3)
+    run_id = running_run.pk
+
+    def rates(step, calc, search=None):
+        metrics = {"rollout/calc/tool_call_rate": calc, "rollout/calc/latency_p50_s": 1.0}
+        if search is not None:
+            metrics["rollout/search/tool_call_rate"] = search
+        return step_event(run_id, step, rollout_metrics=metrics)
+
+    # An SFT step and a step without tools neither extend nor break the streak.
+    _post_steps(running_run, on_commit, rates(1, 0.0), step_event(run_id, 2, phase="sft"), rates(3, 0.0, 0.5))
+    assert _fired(rule) == []
+    _post_steps(running_run, on_commit, rates(4, 0.25), rates(5, 0.0), rates(6, 0.0))  # used at step 4: re-armed
+    assert _fired(rule) == []
+    _post_steps(running_run, on_commit, rates(7, 0.0, 0.75))
+    [firing] = _fired(rule)
+    assert firing.details == {**firing.details, "metric": "rollout/calc/tool_call_rate", "value": 0.0,
+                              "step": 7, "steps": 3}
+    assert "called none of environment calc's tools for 3 steps" in firing.text
+    assert Notification.objects.filter(firing=firing).count() == 1
+
+
 def test_a_trainer_idle_past_its_share_for_y_minutes_fires_once_and_rearms(running_run, project, on_commit):
     rule = _rule(project, AlertRule.Kind.TRAINER_IDLE, threshold=0.5, minutes=2)
     start = 1_700_000_000.0

@@ -45,7 +45,8 @@ def test_a_writer_creates_reads_changes_and_deletes_a_rule_and_never_sees_the_se
     for response in [created, *responses]:
         assert response.status_code == 200 or response.status_code == 201, response.content[:300]
         assert SECRET not in response.content.decode()
-    assert responses[0].json()["count"] == 1 and responses[1].json()["count"] == 1
+    # The project's own rule, and the tools_unused rule every project starts with.
+    assert responses[0].json()["count"] == 2 and responses[1].json()["count"] == 1
     changed = responses[3].json()
     assert (changed["threshold"], changed["name"], changed["webhook_secret_set"]) == (0.2, "collapse", True)
     assert AlertRule.objects.get(pk=rule["id"]).webhook_secret == SECRET  # kept: left out of the PATCH
@@ -113,7 +114,8 @@ def test_another_projects_user_can_neither_see_nor_change_a_rule(api, project, m
     make_project(owner=outsider)
     theirs = client_for(outsider)
 
-    assert theirs.get("/api/alert-rules/").json()["count"] == 0
+    assert [row["project"] for row in theirs.get("/api/alert-rules/").json()["results"]] == \
+        [AlertRule.objects.get(project__owner=outsider).project_id]  # only their project's default rule
     assert theirs.get(f"/api/alert-rules/?project={project.pk}").status_code == 404
     for method in ("get", "patch", "delete"):
         assert getattr(theirs, method)(f"/api/alert-rules/{rule['id']}/", {}, format="json").status_code == 404

@@ -6,6 +6,7 @@
     metric_threshold: ["metric", "comparison", "threshold", "steps"],
     trainer_idle: ["threshold", "minutes"],
     no_progress: ["minutes"],
+    tools_unused: ["steps"],
   };
   const SETTINGS = ["metric", "comparison", "threshold", "steps", "minutes"];
 
