@@ -124,11 +124,15 @@ def test_sft_steps_on_a_fixed_batch_reduce_the_loss_without_touching_the_model()
     assert bool(jnp.all(jnp.isfinite(model.head.kernel[...])))
 
 
-def test_no_retrace_across_batches_of_the_same_bucket():
-    model = Transformer(CONFIG, rngs=nnx.Rngs(1))
+def _sft_step():
+    """A fresh model's state and its SFT step."""
     optimizer = _optimizer()
-    graphdef, state = create_train_state(model, optimizer)
-    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
+    graphdef, state = create_train_state(Transformer(CONFIG, rngs=nnx.Rngs(1)), optimizer)
+    return state, make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
+
+
+def test_no_retrace_across_batches_of_the_same_bucket():
+    state, train_step = _sft_step()
     sequences, masks = _demonstrations()
 
     state, _ = train_step(state, _sft_batch(sequences, masks))
@@ -149,10 +153,7 @@ def test_the_step_gives_the_compilers_freed_memory_back_after_each_new_shape_onl
 
     releases = []
     monkeypatch.setattr(train_step_module, "release_free_pages", lambda: releases.append(1))
-    model = Transformer(CONFIG, rngs=nnx.Rngs(1))
-    optimizer = _optimizer()
-    graphdef, state = create_train_state(model, optimizer)
-    train_step = make_train_step(graphdef, optimizer, on_token_statistics(sft_loss))
+    state, train_step = _sft_step()
     sequences, masks = _demonstrations()
 
     state, _ = train_step(state, _sft_batch(sequences, masks))
