@@ -41,7 +41,7 @@ from tandem.contracts import (
     evaluation_stream_record,
     evaluation_weights_key,
 )
-from trainer.rollout_stats import succeeded
+from trainer.rollout_stats import EPISODE_TOOL_RATES, succeeded, tool_use_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,16 @@ def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequenc
     }
     intervals = {EVALUATION_SUCCESS_RATE: wilson_interval(successes, count),
                  EVALUATION_MEAN_REWARD: mean_interval(rewards)}
+    if any(record.offered_tools for record in records):
+        # As the training steps report them (rollout/<env>/...), with Wilson intervals: the episode
+        # rates over the episodes, the failure rates over the turns that wrote tool-call markup.
+        tools = tool_use_metrics(records)
+        metrics.update(tools)
+        attempts = sum(len(record.tool_call_outcomes()) for record in records)
+        for name, value in tools.items():
+            if name.endswith("_rate"):
+                over = count if name in EPISODE_TOOL_RATES else attempts
+                intervals[name] = wilson_interval(round(value * over), over)
     per_task_success = [sum(map(succeeded, task)) / len(task) for task in by_task.values()]
     for k in pass_k:
         per_task = [pass_at_k(len(task), sum(map(succeeded, task)), k) for task in by_task.values() if len(task) >= k]

@@ -56,6 +56,11 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
     return metrics
 
 
+#: The tool-use rates of :func:`tool_use_metrics` that are shares of episodes (the others are shares
+#: of the turns that wrote tool-call markup).
+EPISODE_TOOL_RATES = (TOOL_CALL_RATE_FIGURE, "answered_without_tools_rate")
+
+
 def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
     """How a policy uses the tools an environment offers, over ``episodes`` (at least one).
 

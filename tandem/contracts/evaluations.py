@@ -156,9 +156,11 @@ class EvaluationReport(Record):
     samples_per_task: int = Field(ge=1)
     temperature: float = Field(ge=0)
     episodes: int = Field(ge=0, description="Episodes the metrics are of.")
-    metrics: dict[str, float] = Field(description="EVALUATION_METRICS, pass@k and avg@k (an environment's), or "
-                                      "DATASET_EVALUATION_METRICS (a dataset's), and wall_s: seconds from the "
-                                      "trainer's request to the last episode it read.")
+    metrics: dict[str, float] = Field(description="EVALUATION_METRICS, pass@k and avg@k (an environment's; "
+                                      "for one that offers tools, its tool use as the rollout/<env>/ series "
+                                      "name it, tool_call_rate and the rest), or DATASET_EVALUATION_METRICS (a "
+                                      "dataset's), and wall_s: seconds from the trainer's request to the last "
+                                      "episode it read.")
     intervals: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="95% intervals of the metrics that have one (Wilson for rates, "
         "normal for means), over tasks.")
