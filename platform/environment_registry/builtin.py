@@ -31,4 +31,30 @@ CALCULATOR_CHAT = CALCULATOR.model_copy(update={
     "settings": {"prompt_style": "chat", "min_operand": 1, "max_operand": 9, "operators": "+"},
 })
 
-BUILTIN_ENVIRONMENTS = (CALCULATOR, CALCULATOR_CHAT)
+# Products a model cannot work out in its head (3 digits by 3), asked in words: the calculator is needed.
+CALCULATOR_PRODUCTS = CALCULATOR.model_copy(update={
+    "name": "calculator-products",
+    "settings": {"prompt_style": "chat", "min_operand": 100, "max_operand": 999, "operators": "*"},
+})
+
+# An order's total at a shop whose prices only its lookup tool knows: two different tools, several calls.
+SHOP = EnvironmentSpec(
+    name="shop",
+    kind="python",
+    entrypoint="environments.builtin.shop:ShopEnvironment",
+    settings={},
+    tools=(
+        ToolSchema(
+            name="lookup",
+            description="Looks up the price, in dollars, of one item at this episode's shop.",
+            parameters={
+                "type": "object",
+                "properties": {"item": {"type": "string", "description": "an item the shop sells, e.g. lamp"}},
+                "required": ["item"],
+            },
+        ),
+        CALCULATOR.tools[0],
+    ),
+)
+
+BUILTIN_ENVIRONMENTS = (CALCULATOR, CALCULATOR_CHAT, CALCULATOR_PRODUCTS, SHOP)

@@ -68,7 +68,7 @@ def test_bootstrap_is_idempotent_and_replaces_its_tokens(db, capsys):
         assert api_token_authenticate(raw=first[key]) is None
         assert api_token_authenticate(raw=second[key]) is not None
     assert get_user_model().objects.count() == 2
-    assert Environment.objects.count() == len(BUILTIN_ENVIRONMENTS)  # calculator, calculator-chat
+    assert Environment.objects.count() == len(BUILTIN_ENVIRONMENTS)  # calculator (three presets), shop
     assert EnvironmentVersion.objects.count() == len(BUILTIN_ENVIRONMENTS)
     assert authenticate(username="demo", password="demo") is not None
 
