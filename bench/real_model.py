@@ -61,6 +61,7 @@ from policy import (  # noqa: E402
 from tandem.configs.demo_runs import SMOLLM2_DIR  # noqa: E402
 from tandem.configs.run import RunConfig  # noqa: E402
 from trainer.evaluation import wilson_interval  # noqa: E402
+from trainer.rollout_stats import tool_use_metrics  # noqa: E402
 
 # The calculator as the learning part asks it; its untrained reward must lie in 0.05..0.5.
 ENVIRONMENT = "calculator-chat-bench"
@@ -88,8 +89,12 @@ def real_model_config(**overrides) -> RunConfig:
 # -- learning ------------------------------------------------------------------------------
 
 
-def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int) -> dict:
-    """Mean reward of the policy published under ``run_id`` on held-out calculator tasks."""
+def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int,
+             make_environment=lambda: CalculatorEnvironment(**ENVIRONMENT_SETTINGS),
+             environment_name: str = ENVIRONMENT, evaluation_split: bool = False) -> dict:
+    """Mean reward of the policy published under ``run_id`` on held-out tasks of ``make_environment()``'s
+    (by default the learning part's calculator), and its episodes' tool use. ``evaluation_split``: tasks of the
+    environment's own held-out split (``sample_evaluation_task``), not training tasks of far seeds."""
     from workers.agent import EpisodeLimits, run_episode
     from workers.policy import BatchingPolicy, PolicyRuntime
 
@@ -102,10 +107,11 @@ def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int) -> 
 
     async def all_episodes():
         async def one(index: int):
-            environment = CalculatorEnvironment(**ENVIRONMENT_SETTINGS)
-            task = environment.sample_task(random.Random(HELD_OUT_SEED + index))
+            environment = make_environment()
+            draw = environment.sample_evaluation_task if evaluation_split else environment.sample_task
+            task = draw(random.Random(HELD_OUT_SEED + index))
             return await run_episode(run_id=run_id, group_id=f"eval-{index}", group_size=1,
-                                     environment_name=ENVIRONMENT, environment=environment, task=task,
+                                     environment_name=environment_name, environment=environment, task=task,
                                      policy=policy, limits=limits, tokenizer=runtime.tokenizer,
                                      layout=runtime.prompt_layout)
         try:
@@ -120,7 +126,11 @@ def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int) -> 
         runtime.close()
     rewards = [record.reward for record in records]
     tool_calls = sum(any(m.tool_calls for m in record.messages) for record in records)
+    tools = tool_use_metrics(records) if any(record.offered_tools for record in records) else {}
     return {
+        "tool_use": {name: round(value, 4) for name, value in tools.items()},
+        "examples": [[message.content for message in record.messages if message.role != "system"]
+                     for record in records[:3]],
         "policy_version": version,
         "mean": round(statistics.fmean(rewards), 4),
         "ci95": tuple(round(bound, 4) for bound in wilson_interval(sum(rewards), len(rewards))),
