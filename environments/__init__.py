@@ -6,8 +6,8 @@ import from here, never from its modules. Entrypoint strings
 ``tandem.contracts.ENVIRONMENT_KINDS``) name modules on purpose: producers load
 them by name.
 
-- the interface: :class:`Environment`, :class:`StepResult`, :class:`Tool`,
-  :class:`Demonstration` and :class:`DemonstrationTurn`;
+- the interface: :class:`Environment`, :class:`StepResult`, :class:`Tool` (whose calls may raise
+  :class:`ToolError`), :class:`Demonstration` and :class:`DemonstrationTurn`;
 - the checks of what an environment returns (``checked_*``), which raise
   :class:`MalformedOutputError`;
 - loading a registration's class: :func:`load_environment_class`, which wraps a
@@ -28,6 +28,7 @@ from environments.base import (
     MalformedOutputError,
     StepResult,
     Tool,
+    ToolError,
     checked_demonstrations,
     checked_json,
     checked_observation,
@@ -61,6 +62,7 @@ __all__ = [
     "SharedHTTPSession",
     "StepResult",
     "Tool",
+    "ToolError",
     "ToolCall",
     "ToolCallFormat",
     "ToolCallParse",

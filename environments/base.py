@@ -68,6 +68,12 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+class ToolError(Exception):
+    """What a tool raises for a call it cannot serve (an expression it cannot evaluate, an item it does
+    not know): the model is told ``error: <message>`` as the tool's answer, and the episode goes on. Any
+    other exception from a tool is the environment's fault and fails the episode."""
+
+
 class MalformedOutputError(ValueError):
     """An environment returned something outside this interface; the message says what and where."""
 

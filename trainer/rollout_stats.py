@@ -68,7 +68,8 @@ def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
     calls that ran per episode; ``answered_without_tools_rate``: the share that ended, not failed, with
     none. Of the turns that wrote tool-call markup (only when there were some), the shares whose markup
     made no call: ``tool_parse_failure_rate`` (it did not parse), ``unknown_tool_rate`` and
-    ``invalid_arguments_rate`` (the tool's schema refused them).
+    ``invalid_arguments_rate`` (the tool's schema refused them), and those whose tool refused a call
+    that ran, ``tool_error_rate``.
     """
     calls_run = [record.tool_calls_run() for record in episodes]
     metrics = {
@@ -81,6 +82,6 @@ def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
     outcomes = [outcome for record in episodes for outcome in record.tool_call_outcomes()]
     if outcomes:
         for status, name in (("unparsed", "tool_parse_failure_rate"), ("unknown_tool", "unknown_tool_rate"),
-                             ("invalid_arguments", "invalid_arguments_rate")):
+                             ("invalid_arguments", "invalid_arguments_rate"), ("tool_error", "tool_error_rate")):
             metrics[name] = outcomes.count(status) / len(outcomes)
     return metrics

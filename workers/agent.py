@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 import uuid
@@ -19,6 +20,7 @@ from typing import Any
 from environments import (
     Environment,
     MalformedOutputError,
+    ToolError,
     checked_observation,
     checked_step_result,
     parse_tool_calls,
@@ -76,6 +78,14 @@ class EnvironmentFault(EpisodeFailure):
     """An episode failure the environment caused; these count towards its circuit breaker."""
 
 
+def _call_environment_check(check, value):
+    """``check(value)``, a malformed value failing the episode as the environment's fault."""
+    try:
+        return check(value)
+    except MalformedOutputError as exc:
+        raise EnvironmentFault(str(exc)) from exc
+
+
 async def _call_environment(awaitable, *, what: str, timeout_s: float, check=None):
     """The call's result, passed through ``check`` (which raises MalformedOutputError on garbage)."""
     try:
@@ -83,7 +93,7 @@ async def _call_environment(awaitable, *, what: str, timeout_s: float, check=Non
         return check(result) if check is not None else result
     except TimeoutError as exc:
         raise EnvironmentFault(f"{what} timed out after {timeout_s:g}s") from exc
-    except EpisodeFailure:
+    except (EpisodeFailure, ToolError):
         raise
     except MalformedOutputError as exc:
         raise EnvironmentFault(str(exc)) from exc
@@ -225,15 +235,21 @@ async def run_episode(
             began = time.perf_counter()
             if calls:
                 # Several calls in one turn (Hermes style) run in order; each result is a tool message.
-                results = []
+                results, refusals = [], []
                 for call in calls:
-                    results.append({"role": "tool", "content": await _call_environment(
-                        call.tool.run(call.arguments), what=f"tool {call.tool.name}",
-                        timeout_s=limits.environment_timeout_s,
+                    observe = functools.partial(checked_observation, where=f"tool {call.tool.name}",
+                                                max_chars=limits.max_observation_chars)
+                    try:
                         # Tools may answer with any value; its text is the observation.
-                        check=lambda value, name=call.tool.name: checked_observation(
-                            str(value), f"tool {name}", max_chars=limits.max_observation_chars),
-                    )})
+                        content = await _call_environment(
+                            call.tool.run(call.arguments), what=f"tool {call.tool.name}",
+                            timeout_s=limits.environment_timeout_s, check=lambda value, see=observe: see(str(value)))
+                    except ToolError as exc:
+                        refusals.append(f"{call.tool.name}: {exc}")
+                        content = _call_environment_check(observe, f"error: {exc}")
+                    results.append({"role": "tool", "content": content})
+                if refusals:
+                    episode.note_tool_call_outcome("tool_error", "; ".join(refusals))
                 tool_s += time.perf_counter() - began
                 if not _append(episode, layout, results, limits):
                     truncated(f"the tool results after turn {turn + 1} do not fit: {overflow()}")

@@ -26,6 +26,7 @@ from environments.base import (
     Environment,
     StepResult,
     Tool,
+    ToolError,
     draw_from_split,
     stable_fraction,
 )
@@ -80,7 +81,7 @@ async def _calculator_tool(arguments: dict[str, Any]) -> str:
     try:
         return f"={evaluate_expression(str(arguments.get('expression', '')))}\n"
     except CalculatorError as exc:
-        return f"error: {exc}\n"
+        raise ToolError(str(exc)) from exc
 
 
 CALCULATOR_TOOL = Tool(

@@ -24,6 +24,7 @@ from environments.base import (
     Environment,
     StepResult,
     Tool,
+    ToolError,
     draw_from_split,
     stable_fraction,
 )
@@ -91,7 +92,7 @@ class ShopEnvironment(Environment):
             raise RuntimeError("lookup called before reset()")
         item = _singular(str(arguments.get("item", "")))
         if item not in ITEMS:
-            return f"error: this shop sells no {item!r}; it sells {', '.join(ITEMS)}\n"
+            raise ToolError(f"this shop sells no {item!r}; it sells {', '.join(ITEMS)}")
         return f"{item}: ${price(self._task['shop'], item)}\n"
 
     def _any_task(self, rng: random.Random) -> dict[str, Any]:

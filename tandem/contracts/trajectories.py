@@ -25,12 +25,13 @@ def episode_status_choices() -> list[tuple[str, str]]:
 #: Who speaks in a message of an episode's conversation.
 MessageRole = Literal["system", "user", "assistant", "tool"]
 
-#: What became of an assistant turn's tool-call markup. ok: every call parsed and named a declared
-#: tool with arguments its schema accepts; unparsed: markup that is no well-formed call (bad JSON, an
-#: unclosed block, arguments that are no object); unknown_tool: a call of a tool the environment does
-#: not offer; invalid_arguments: arguments the tool's JSON schema refuses. A failed attempt runs no
-#: call and is never the episode's answer: a tool message says what was wrong, and the episode goes on.
-ToolCallStatus = Literal["ok", "unparsed", "unknown_tool", "invalid_arguments"]
+#: What became of an assistant turn's tool-call markup. ok: every call parsed, named a declared tool
+#: with arguments its schema accepts, and ran; unparsed: markup that is no well-formed call (bad JSON,
+#: an unclosed block, arguments that are no object); unknown_tool: a call of a tool the environment does
+#: not offer; invalid_arguments: arguments the tool's JSON schema refuses; tool_error: the calls parsed
+#: and ran, and a tool refused one (``environments.ToolError``). None of these is ever the episode's
+#: answer: a tool message says what was wrong, and the episode goes on.
+ToolCallStatus = Literal["ok", "unparsed", "unknown_tool", "invalid_arguments", "tool_error"]
 TOOL_CALL_STATUSES: tuple[str, ...] = get_args(ToolCallStatus)
 
 

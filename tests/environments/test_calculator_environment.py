@@ -3,6 +3,7 @@ import random
 
 import pytest
 
+from environments import ToolError
 from environments.builtin.calculator import (
     CalculatorEnvironment,
     CalculatorError,
@@ -39,6 +40,14 @@ def test_calculator_tool_call_returns_the_result_as_an_observation():
     assert asyncio.run(call.tool.run(call.arguments)) == "=2146\n"
     assert parse_tool_call("A:2146", env.tools) is None
     assert parse_tool_call("search(37)", env.tools) is None
+
+
+def test_an_expression_the_calculator_cannot_evaluate_is_a_tool_error_the_model_is_told_of():
+    tool = CalculatorEnvironment().tools[0]
+    for expression, message in (("2**8", "unsupported expression"), ("37*", "cannot parse"),
+                                ("9" * 70, "expression too long")):
+        with pytest.raises(ToolError, match=message):
+            asyncio.run(tool.run({"expression": expression}))
 
 
 def test_demonstrations_mix_tool_use_with_wrong_guesses():

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from environments import format_tool_call
+from environments import ToolError, format_tool_call
 from environments.builtin.shop import ShopEnvironment, order_total, price
 from policy import ChatTemplateLayout, Completion, load_tokenizer
 from workers.agent import EpisodeLimits, run_episode
@@ -29,8 +29,8 @@ def test_lookup_answers_for_the_episodes_shop_and_names_what_it_sells_when_asked
     assert "3 lamps and 2 chairs" in prompt and "#48213" in prompt
     lookup = environment.tools[0]
     assert asyncio.run(lookup.run({"item": "lamps"})) == f"lamp: ${price(48213, 'lamp')}\n"
-    unknown = asyncio.run(lookup.run({"item": "sofa"}))
-    assert unknown.startswith("error: this shop sells no 'sofa'") and "lamp" in unknown
+    with pytest.raises(ToolError, match="this shop sells no 'sofa'; it sells lamp"):
+        asyncio.run(lookup.run({"item": "sofa"}))
 
 
 def test_only_the_total_as_the_last_number_is_rewarded():

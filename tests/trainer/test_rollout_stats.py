@@ -88,6 +88,7 @@ def test_tool_use_per_environment_counts_calls_that_ran_and_each_way_markup_made
     assert metrics["rollout/calc/tool_parse_failure_rate"] == 0.2
     assert metrics["rollout/calc/unknown_tool_rate"] == 0.2
     assert metrics["rollout/calc/invalid_arguments_rate"] == 0.2
+    assert metrics["rollout/calc/tool_error_rate"] == 0.0
 
 
 def test_tool_metrics_only_where_tools_were_offered_and_failure_rates_only_where_markup_was_written():

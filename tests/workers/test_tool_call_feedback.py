@@ -88,3 +88,23 @@ def test_each_failed_call_is_told_to_the_model_in_its_format_and_the_episode_sti
     # Only what the policy said is trained on; the tool turns are masked out.
     for message in answers:
         assert not any(record.loss_mask[message.start:message.end])
+
+
+def test_a_tool_that_refuses_a_call_answers_with_its_error_and_the_episode_goes_on(tokenizer):
+    """A ToolError is the tool's answer, not the environment's fault: the turn records tool_error, the
+    model reads why, and it may try again."""
+    layout = _layouts(tokenizer)["hermes"]
+    turns = [format_tool_call("calc", {"expression": "2**8"}, "hermes"),
+             format_tool_call("calc", {"expression": "2*2*2*2*2*2*2*2"}, "hermes"), "A:256"]
+    record = asyncio.run(run_episode(
+        run_id=1, group_id="1-0", group_size=1, environment_name="calculator",
+        environment=CalculatorEnvironment(), task={"expression": "16*16"},
+        policy=ScriptedTurns(tokenizer, layout, turns), tokenizer=tokenizer, layout=layout,
+        limits=EpisodeLimits(max_turns=4, max_seq_len=2048, max_new_tokens=64, environment_timeout_s=5),
+        circuit_breakers=CircuitBreakers()))
+    assert record.status == "ok" and record.reward == 1.0
+    refused, ran, _answer = [message for message in record.messages if message.role == "assistant"]
+    assert refused.tool_call_status == "tool_error" and "calc: unsupported expression" in refused.tool_call_error
+    assert ran.tool_call_status == "ok" and record.tool_calls_run() == 1  # a refused call ran for nothing
+    told = [message.content for message in record.messages if message.role == "tool"]
+    assert told[0].startswith("error: unsupported expression") and told[1] == "=256\n"
