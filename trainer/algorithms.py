@@ -265,7 +265,7 @@ class Algorithm:
 
         return StepLoss(policy_gradient)
 
-    def prepare(self, groups: Sequence[Sequence[TrajectoryRecord]]) -> PreparedEpisodes:
+    def prepare(self, groups: Sequence[Sequence[TrajectoryRecord]], *, rl_step: int = 0) -> PreparedEpisodes:
         """Filter, shape and score complete groups of episodes (host side).
 
         ``groups`` are the step's groups, each every episode of one task.
@@ -273,7 +273,7 @@ class Algorithm:
         count in their group's statistics. Dynamic sampling tests the raw
         rewards (before shaping), as DAPO filters on accuracy. The result may
         be empty (every group dropped): skip the update then, or take more
-        groups.
+        groups. ``rl_step`` (0-based): where a decaying tool-call bonus stands.
         """
         records = [record for group in groups for record in group]
         group_ids = np.array(
@@ -298,7 +298,11 @@ class Algorithm:
                 cache_length=cache_length,
                 penalty_factor=self.config.overlong.penalty_factor,
             )
-        shaped = raw + penalty
+        bonus = np.zeros_like(raw)
+        if self.config.tool_call_bonus is not None:
+            bonus = np.array([self.config.tool_call_bonus.bonus(record.tool_calls_run(), rl_step=rl_step)
+                              for record in records], dtype=np.float32)
+        shaped = raw + penalty + bonus
 
         advantages = np.zeros_like(raw)
         if self._group_estimator is not None and records:
@@ -322,6 +326,7 @@ class Algorithm:
             "shaped_reward_mean": mean(shaped, kept),
             "overlong_penalty_mean": mean(penalty, valid),
             "overlong_penalized_fraction": mean((penalty < 0).astype(np.float32), valid),
+            "tool_call_bonus_mean": mean(bonus, valid),
             "policy_tokens_mean": mean(lengths, valid),
         }
         return PreparedEpisodes(

@@ -574,7 +574,7 @@ class RunTrainer:
             taken = feed.next_step(after_step=self.step, policy_version=self.policy_version,
                                    waiting=stage(IDLE_STAGE), between_reads=self._heartbeat)
             with stage("batch"):
-                prepared = self.learner.algorithm.prepare(taken.trajectories)
+                prepared = self.learner.algorithm.prepare(taken.trajectories, rl_step=self._rl_steps_done)
             if not prepared.records:
                 # Dynamic sampling dropped every group (no reward variance): nothing to learn from.
                 # This step goes on: its stages so far count in the next update's timeline.

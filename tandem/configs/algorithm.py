@@ -66,6 +66,30 @@ class KLPenaltyConfig(BaseModel):
     )
 
 
+class ToolCallBonusConfig(BaseModel):
+    """A reward for calling the environment's tools, to start a model that never calls them.
+
+    An episode earns ``per_call`` for each call that parsed, named a declared tool with arguments its
+    schema accepts, and ran without the tool refusing it, up to ``max_per_episode``; markup that made
+    no call and refused calls earn nothing. From the first RL step the bonus shrinks linearly to 0
+    at step ``decay_steps`` (None: it never shrinks), so the task's own reward is what the policy
+    ends up trained on. It is added to the reward the advantages are computed from and reported
+    apart (``tool_call_bonus_mean``); ``reward_mean`` stays the environment's alone.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_call: float = Field(0.1, gt=0, le=1, description="Reward per call that ran.")
+    max_per_episode: float = Field(0.2, gt=0, le=1, description="The most one episode earns of the bonus.")
+    decay_steps: int | None = Field(
+        None, ge=1, description="RL steps over which the bonus shrinks linearly to 0; None: it stays whole.")
+
+    def bonus(self, calls_run: int, *, rl_step: int) -> float:
+        """The bonus of an episode with ``calls_run`` calls that ran, at RL step ``rl_step`` (0-based)."""
+        scale = 1.0 if self.decay_steps is None else max(0.0, 1.0 - rl_step / self.decay_steps)
+        return min(self.per_call * calls_run, self.max_per_episode) * scale
+
+
 class OverlongShapingConfig(BaseModel):
     """DAPO's soft overlong punishment, added to each episode's reward.
 
@@ -241,6 +265,10 @@ class AlgorithmConfig(BaseModel):
     )
     overlong: OverlongShapingConfig | None = Field(
         None, description="DAPO overlong reward shaping; None disables it."
+    )
+    tool_call_bonus: ToolCallBonusConfig | None = Field(
+        None, description="A reward for each call of the environment's tools that ran (capped, optionally "
+        "decaying), to start a policy that never calls them; None disables it."
     )
     dynamic_sampling: bool = Field(
         False,

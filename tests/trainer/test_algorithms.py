@@ -230,6 +230,49 @@ def test_dapo_prepare_drops_groups_on_raw_rewards_and_shapes_the_survivors():
     np.testing.assert_allclose(prepared.stats["overlong_penalized_fraction"], 2 / 6, atol=TOLERANCE)
 
 
+def _calling(reward: float, *outcomes: str | None, calls_each: int = 1, status: str = "ok") -> TrajectoryRecord:
+    """An episode whose assistant turns had these tool-call outcomes (None: an answer)."""
+    from tandem.contracts import ConversationMessage, MessageToolCall
+
+    messages = tuple(ConversationMessage(
+        role="assistant", content="...", start=0, end=1, tool_call_status=outcome,
+        tool_calls=tuple(MessageToolCall(name="calc") for _ in range(calls_each if outcome in ("ok", "tool_error")
+                                                                     else 0)))
+        for outcome in outcomes)
+    return _with_policy_tokens(3, reward, status=status).model_copy(
+        update={"messages": messages, "offered_tools": ("calc",)})
+
+
+def test_the_tool_call_bonus_pays_calls_that_ran_capped_and_decaying_and_never_failed_ones():
+    config = AlgorithmConfig(name="grpo", tool_call_bonus={"per_call": 0.1, "max_per_episode": 0.25,
+                                                           "decay_steps": 10})
+    algorithm = build_algorithm(config)
+    group = [
+        _calling(0.0, "ok", None),                           # one call that ran: 0.1
+        _calling(1.0, "ok", "ok", None, calls_each=2),       # four calls: capped at 0.25
+        _calling(0.0, "unparsed", "unknown_tool", "invalid_arguments", None),  # none made: 0
+        _calling(0.0, "tool_error", None),                   # refused by the tool: 0
+        _calling(0.0, None),                                 # answered from memory: 0
+    ]
+    at_start = algorithm.prepare([group], rl_step=0)
+    np.testing.assert_allclose(at_start.rewards, [0.1, 1.25, 0.0, 0.0, 0.0], atol=TOLERANCE)
+    assert at_start.stats["reward_mean"] == pytest.approx(0.2)  # the task's reward alone
+    assert at_start.stats["tool_call_bonus_mean"] == pytest.approx(0.35 / 5)
+    halfway = algorithm.prepare([group], rl_step=5)
+    np.testing.assert_allclose(halfway.rewards, [0.05, 1.125, 0.0, 0.0, 0.0], atol=TOLERANCE)
+    spent = algorithm.prepare([group], rl_step=10)
+    np.testing.assert_allclose(spent.rewards, [0.0, 1.0, 0.0, 0.0, 0.0], atol=TOLERANCE)
+    assert spent.stats["tool_call_bonus_mean"] == 0.0
+    # Without the setting, nothing is added.
+    plain = build_algorithm(AlgorithmConfig(name="grpo")).prepare([group])
+    np.testing.assert_allclose(plain.rewards, [0.0, 1.0, 0.0, 0.0, 0.0], atol=TOLERANCE)
+
+
+def test_a_tool_call_bonus_setting_names_its_field_when_out_of_range():
+    with pytest.raises(ValidationError, match="tool_call_bonus.per_call"):
+        AlgorithmConfig(name="grpo", tool_call_bonus={"per_call": 0})
+
+
 def test_prepare_without_dynamic_sampling_keeps_zero_variance_groups():
     algorithm = build_algorithm(AlgorithmConfig(name="rloo"))
     groups = [
