@@ -45,6 +45,7 @@ LABELS = {
     "evaluation.pass_k": "pass@k",
     "algorithm.kl": "KL penalty",
     "algorithm.overlong": "Overlong shaping (DAPO)",
+    "algorithm.tool_call_bonus": "Tool-call bonus",
     "algorithm.value": "Value head (PPO)",
     "start_from": "Start from a checkpoint",
     "": "Run",

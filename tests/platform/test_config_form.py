@@ -65,7 +65,8 @@ def test_optional_sections_are_fieldsets_with_a_toggle_not_json_boxes():
     optional = {section.path: section for section in form.optional_sections}
 
     assert set(optional) == {"evaluation", "start_from", "algorithm.kl", "algorithm.overlong",
-                             "algorithm.importance_sampling", "algorithm.value"}
+                             "algorithm.importance_sampling", "algorithm.value", "algorithm.tool_call_bonus"}
+    assert optional["algorithm.tool_call_bonus"].title == "Tool-call bonus"
     evaluation = optional["evaluation"]
     assert evaluation in form.basic.children  # evaluation on/off is a basic choice
     assert evaluation.input_name == "config.evaluation" and evaluation.input_id == "id_config_evaluation"
@@ -303,6 +304,6 @@ def test_a_stored_config_shows_as_the_inputs_that_hold_it():
     assert state.rows["sft.datasets"] == [{"name": "chats", "version": "2", "weight": "1.0"}]
     assert state.sections_on == {"evaluation": True, "start_from": False, "algorithm.kl": False,
                                  "algorithm.overlong": False, "algorithm.importance_sampling": False,
-                                 "algorithm.value": False}
+                                 "algorithm.value": False, "algorithm.tool_call_bonus": False}
     assert state.texts["evaluation.pass_k"] == "1, 4"
     assert state.texts["sampling.stop_strings"] == "A\nB"
