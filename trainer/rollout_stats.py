@@ -58,14 +58,14 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
 
 #: The tool-use rates of :func:`tool_use_metrics` that are shares of episodes (the others are shares
 #: of the turns that wrote tool-call markup).
-EPISODE_TOOL_RATES = (TOOL_CALL_RATE_FIGURE, "answered_without_tools_rate")
+EPISODE_TOOL_RATES = (TOOL_CALL_RATE_FIGURE, "answered_no_tools_rate")
 
 
 def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
     """How a policy uses the tools an environment offers, over ``episodes`` (at least one).
 
     ``tool_call_rate``: the share of episodes with at least one call that ran; ``tool_calls_per_episode``:
-    calls that ran per episode; ``answered_without_tools_rate``: the share that ended, not failed, with
+    calls that ran per episode; ``answered_no_tools_rate``: the share that ended, not failed, with
     none. Of the turns that wrote tool-call markup (only when there were some), the shares whose markup
     made no call: ``tool_parse_failure_rate`` (it did not parse), ``unknown_tool_rate`` and
     ``invalid_arguments_rate`` (the tool's schema refused them), and those whose tool refused a call
@@ -75,7 +75,7 @@ def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
     metrics = {
         TOOL_CALL_RATE_FIGURE: sum(calls > 0 for calls in calls_run) / len(episodes),
         "tool_calls_per_episode": sum(calls_run) / len(episodes),
-        "answered_without_tools_rate": sum(
+        "answered_no_tools_rate": sum(
             calls == 0 and record.status != "failed" for calls, record in zip(calls_run, episodes, strict=True)
         ) / len(episodes),
     }

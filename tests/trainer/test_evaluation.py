@@ -105,7 +105,7 @@ def test_an_evaluation_of_an_environment_with_tools_reports_their_use_with_inter
                 with_turns(_episode(run_id, 0, 3, reward=0.0), "unknown_tool", None)]
     metrics, intervals = evaluation_metrics(episodes, pass_k=[1])
     assert metrics["tool_call_rate"] == 0.5 and metrics["tool_calls_per_episode"] == 0.5
-    assert metrics["answered_without_tools_rate"] == 0.5
+    assert metrics["answered_no_tools_rate"] == 0.5
     # Four turns wrote markup: one did not parse, one named an unknown tool.
     assert metrics["tool_parse_failure_rate"] == metrics["unknown_tool_rate"] == 0.25
     assert metrics["invalid_arguments_rate"] == 0.0

@@ -83,7 +83,7 @@ def test_tool_use_per_environment_counts_calls_that_ran_and_each_way_markup_made
     metrics = rollout_metrics(records)
     assert metrics["rollout/calc/tool_call_rate"] == 0.5
     assert metrics["rollout/calc/tool_calls_per_episode"] == 0.75
-    assert metrics["rollout/calc/answered_without_tools_rate"] == 0.5
+    assert metrics["rollout/calc/answered_no_tools_rate"] == 0.5
     # Five turns wrote markup: one did not parse, one named an unknown tool, one had bad arguments.
     assert metrics["rollout/calc/tool_parse_failure_rate"] == 0.2
     assert metrics["rollout/calc/unknown_tool_rate"] == 0.2
@@ -95,5 +95,22 @@ def test_tool_metrics_only_where_tools_were_offered_and_failure_rates_only_where
     plain = rollout_metrics([_tool_episode([None], offered=())])
     assert not any("tool" in name for name in plain)
     unused = rollout_metrics([_tool_episode([None]), _tool_episode([None])])
-    assert unused["rollout/calc/tool_call_rate"] == 0.0 and unused["rollout/calc/answered_without_tools_rate"] == 1.0
+    assert unused["rollout/calc/tool_call_rate"] == 0.0 and unused["rollout/calc/answered_no_tools_rate"] == 1.0
     assert "rollout/calc/tool_parse_failure_rate" not in unused  # no markup: no rate to speak of
+
+
+def test_every_tool_series_of_the_longest_environment_name_fits_the_platforms_names():
+    """Before, `answered_without_tools_rate` left no room for a cut label: a run on an environment of the
+    registry's longest name failed at its first RL step (tests/e2e/test_long_environment_names.py)."""
+    from tandem.contracts import EVALUATION_METRIC_PREFIX, metric_series_name
+    from trainer.rollout_stats import tool_use_metrics
+
+    long_name = "customer-support-desk-" + "x" * 78
+    episode = _tool_episode([("unparsed", 0), ("ok", 1), None]).model_copy(update={"environment": long_name})
+    metrics = rollout_metrics([episode])
+    figures = tool_use_metrics([episode])
+    assert len(figures) == 7 and len([name for name in metrics if name.rsplit("/", 1)[1] in figures]) == 7
+    assert max(len(name) for name in metrics) <= METRIC_NAME_LENGTH_MAX
+    # Evaluations name the same figures under eval/<label>/.
+    for figure in figures:
+        assert len(metric_series_name(EVALUATION_METRIC_PREFIX.rstrip("/"), long_name, figure)) <= METRIC_NAME_LENGTH_MAX
