@@ -67,9 +67,10 @@ def durable_redis(url: str, **options) -> redis.Redis:
 #: Connections one asyncio client opens at most; commands beyond them wait for a free one.
 ASYNC_MAX_CONNECTIONS = 128
 #: Seconds an asyncio client waits for a connection or for a reply before it drops the connection
-#: and tries again. redis-py waits forever by default, so one reply that never came (seen once in CI:
-#: an episode slot's EVALSHA on loopback) held an episode, and its rollout task, until killed. The
-#: producers send no blocking commands on these clients, so no answer takes this long.
+#: and tries again. redis-py waits forever by default, so a reply that never comes holds an episode,
+#: and its rollout task, until killed (most likely what hung a CI run for 600 s: an episode slot's
+#: EVALSHA on loopback, its renewals still answered). The producers send no blocking commands on
+#: these clients, so no answer takes this long.
 ASYNC_REPLY_TIMEOUT_S = 30.0
 
 
