@@ -10,7 +10,8 @@ import pytest
 
 from environments import ToolError, format_tool_call
 from environments.builtin.shop import ShopEnvironment, order_total, price
-from policy import ChatTemplateLayout, Completion, load_tokenizer
+from policy import ChatTemplateLayout, load_tokenizer
+from tests.workers.test_tool_call_feedback import ScriptedTurns
 from workers.agent import EpisodeLimits, run_episode
 from workers.circuit_breaker import CircuitBreakers
 
@@ -53,19 +54,6 @@ def test_held_out_orders_are_never_drawn_for_training_and_demonstrations_add_up(
         if len(policy_turns) > 1:  # one that looks the prices up: each lookup, one calc, the total
             assert [text.split("(")[0] for text in policy_turns[:-1]] == ["lookup"] * (len(policy_turns) - 2) + ["calc"]
         assert policy_turns[-1].startswith("The total is $")
-
-
-class ScriptedTurns:
-    def __init__(self, tokenizer, layout, turns):
-        self.tokenizer, self.layout, self.turns = tokenizer, layout, list(turns)
-
-    async def generate(self, token_ids, *, session_id):
-        tokens = [*self.tokenizer.encode(self.turns.pop(0)), self.layout.end_of_turn_id]
-        return Completion(token_ids=tokens, logprobs=[-0.1] * len(tokens), finished=True, stop_reason="eos",
-                          policy_version=1, last_policy_version=1)
-
-    def end_session(self, session_id):
-        pass
 
 
 @pytest.mark.parametrize("uses_tools", [True, False])
