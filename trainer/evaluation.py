@@ -81,10 +81,6 @@ def mean_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, floa
     return (mean - half, mean + half)
 
 
-def tool_calls(record: TrajectoryRecord) -> int:
-    return sum(len(message.tool_calls) for message in record.messages if message.role == "assistant")
-
-
 def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequence[int]
                        ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """The metrics of an evaluation's episodes, and the 95% intervals of those that have one.
@@ -106,7 +102,7 @@ def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequenc
         EVALUATION_MEAN_REWARD: statistics.fmean(rewards),
         EVALUATION_SUCCESS_RATE: successes / count,
         "mean_turns": statistics.fmean(record.num_turns for record in records),
-        "tool_calls_per_episode": statistics.fmean(tool_calls(record) for record in records),
+        "tool_calls_per_episode": statistics.fmean(record.tool_calls_run() for record in records),
         "truncation_rate": sum(record.status == "truncated" for record in records) / count,
         "failure_rate": sum(record.status == "failed" for record in records) / count,
     }

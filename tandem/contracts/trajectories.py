@@ -132,8 +132,9 @@ class TrajectoryRecord(Record):
         return [message.tool_call_status for message in self.messages if message.tool_call_status is not None]
 
     def tool_calls_run(self) -> int:
-        """Calls of its tools that parsed and ran."""
-        return sum(len(message.tool_calls) for message in self.messages if message.tool_call_status == "ok")
+        """Calls of its tools that parsed and ran: every call its messages record, but those of a turn whose
+        tool refused one (markup that made no call records none; older records' calls all ran)."""
+        return sum(len(message.tool_calls) for message in self.messages if message.tool_call_status != "tool_error")
 
     @model_validator(mode="after")
     def _aligned(self):
