@@ -11,9 +11,7 @@ import pytest
 from environments import ToolError, format_tool_call
 from environments.builtin.shop import ShopEnvironment, order_total, price
 from policy import ChatTemplateLayout, load_tokenizer
-from tests.workers.test_tool_call_feedback import ScriptedTurns
-from workers.agent import EpisodeLimits, run_episode
-from workers.circuit_breaker import CircuitBreakers
+from tests.workers.test_tool_call_feedback import scripted_episode
 
 TASK = {"shop": 48213, "order": [["lamp", 3], ["chair", 2]]}
 
@@ -68,11 +66,7 @@ def test_an_episode_needs_both_tools_to_earn_its_reward(smollm2, uses_tools):
                  f"The total is ${order_total(TASK)}."]
     else:
         turns = ["Lamps are usually $20 and chairs $30, so the total is $120."]
-    record = asyncio.run(run_episode(
-        run_id=1, group_id="1-0", group_size=1, environment_name="shop", environment=ShopEnvironment(), task=TASK,
-        policy=ScriptedTurns(tokenizer, layout, turns), tokenizer=tokenizer, layout=layout,
-        limits=EpisodeLimits(max_turns=6, max_seq_len=2048, max_new_tokens=64, environment_timeout_s=5),
-        circuit_breakers=CircuitBreakers()))
+    record = scripted_episode(tokenizer, layout, ShopEnvironment(), TASK, turns, max_turns=6, name="shop")
     assert record.status == "ok" and record.offered_tools == ("lookup", "calc")
     called = [call.name for message in record.messages for call in message.tool_calls]
     if uses_tools:

@@ -32,6 +32,15 @@ class ScriptedTurns:
         pass
 
 
+def scripted_episode(tokenizer, layout, environment, task, turns, *, max_turns, name="calculator"):
+    """One episode of the real agent loop whose policy says ``turns`` under ``layout``."""
+    return asyncio.run(run_episode(
+        run_id=1, group_id="1-0", group_size=1, environment_name=name, environment=environment, task=task,
+        policy=ScriptedTurns(tokenizer, layout, turns), tokenizer=tokenizer, layout=layout,
+        limits=EpisodeLimits(max_turns=max_turns, max_seq_len=2048, max_new_tokens=64, environment_timeout_s=5),
+        circuit_breakers=CircuitBreakers()))
+
+
 @pytest.fixture(scope="module")
 def tokenizer(smollm2):
     return load_tokenizer(str(smollm2))
@@ -62,12 +71,7 @@ def test_each_failed_call_is_told_to_the_model_in_its_format_and_the_episode_sti
     failures = _failed_calls(fmt)
     good_call = format_tool_call("calc", {"expression": "2+3"}, fmt)
     turns = [text for text, _, _ in failures] + [good_call, "A:5"]
-    record = asyncio.run(run_episode(
-        run_id=1, group_id="1-0", group_size=1, environment_name="calculator",
-        environment=CalculatorEnvironment(), task={"expression": "2+3"},
-        policy=ScriptedTurns(tokenizer, layout, turns), tokenizer=tokenizer, layout=layout,
-        limits=EpisodeLimits(max_turns=8, max_seq_len=2048, max_new_tokens=64, environment_timeout_s=5),
-        circuit_breakers=CircuitBreakers()))
+    record = scripted_episode(tokenizer, layout, CalculatorEnvironment(), {"expression": "2+3"}, turns, max_turns=8)
 
     # Four failed attempts, a call that ran, and the answer: none of the failures was the answer.
     assert record.status == "ok" and record.reward == 1.0 and record.num_turns == len(turns)
@@ -96,12 +100,7 @@ def test_a_tool_that_refuses_a_call_answers_with_its_error_and_the_episode_goes_
     layout = _layouts(tokenizer)["hermes"]
     turns = [format_tool_call("calc", {"expression": "2**8"}, "hermes"),
              format_tool_call("calc", {"expression": "2*2*2*2*2*2*2*2"}, "hermes"), "A:256"]
-    record = asyncio.run(run_episode(
-        run_id=1, group_id="1-0", group_size=1, environment_name="calculator",
-        environment=CalculatorEnvironment(), task={"expression": "16*16"},
-        policy=ScriptedTurns(tokenizer, layout, turns), tokenizer=tokenizer, layout=layout,
-        limits=EpisodeLimits(max_turns=4, max_seq_len=2048, max_new_tokens=64, environment_timeout_s=5),
-        circuit_breakers=CircuitBreakers()))
+    record = scripted_episode(tokenizer, layout, CalculatorEnvironment(), {"expression": "16*16"}, turns, max_turns=4)
     assert record.status == "ok" and record.reward == 1.0
     refused, ran, _answer = [message for message in record.messages if message.role == "assistant"]
     assert refused.tool_call_status == "tool_error" and "calc: unsupported expression" in refused.tool_call_error
