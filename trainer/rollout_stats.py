@@ -44,12 +44,12 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
         }
         for name, values in series.items():
             for percentile, value in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
-                metrics[metric_series_name("rollout", environment, f"{name}_p{percentile}_s")] = float(value)
+                metrics[metric_series_name(ROLLOUT_SERIES_PREFIX, environment, f"{name}_p{percentile}_s")] = float(value)
         failed = sum(r.status == "failed" for r in episodes)
-        metrics[metric_series_name("rollout", environment, "error_rate")] = failed / len(episodes)
+        metrics[metric_series_name(ROLLOUT_SERIES_PREFIX, environment, "error_rate")] = failed / len(episodes)
         # Cut off by max_turns or max_seq_len: trained with the reward so far, so worth watching.
         truncated = sum(r.status == "truncated" for r in episodes)
-        metrics[metric_series_name("rollout", environment, "truncated_rate")] = truncated / len(episodes)
+        metrics[metric_series_name(ROLLOUT_SERIES_PREFIX, environment, "truncated_rate")] = truncated / len(episodes)
         if any(r.offered_tools for r in episodes):
             metrics.update({metric_series_name(ROLLOUT_SERIES_PREFIX, environment, name): value
                             for name, value in tool_use_metrics(episodes).items()})

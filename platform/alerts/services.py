@@ -276,7 +276,7 @@ def _steps_evaluate(seen: _RunSeen, events: list[TrainerStepEvent]) -> None:
                 # The least used of the step's environments that offer tools (none: an SFT step, or
                 # no tools, which neither extends nor breaks a streak).
                 metric, value = min(tool_call_rates(values).items(), key=lambda item: item[1],
-                                    default=(metric, None))
+                                    default=(None, None))
             else:
                 value = values.get(metric)
             # A step without the series (an SFT step has no reward, a diverged loss is not finite)
