@@ -117,9 +117,9 @@ def test_the_async_client_waits_for_a_connection_instead_of_refusing_past_its_po
 
 
 def test_a_reply_that_never_comes_costs_the_async_client_a_timeout_and_a_retry_not_a_hang(redis_url):
-    """redis-py waits for a reply forever by default: one EVALSHA of an episode slot that never got
-    its answer held a CI run for 600 s. A proxy in front of the real Redis forwards every command but
-    swallows all the replies of its first connection."""
+    """redis-py waits for a reply forever by default: most likely how one EVALSHA of an episode slot
+    held a CI run for 600 s. A proxy in front of the real Redis forwards every command but swallows
+    all the replies of its first connection."""
     upstream = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs
     key = f"tandem:test:lost-reply:{free_local_port()}"
     connections = []
