@@ -142,9 +142,9 @@ def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int,
 
 
 @contextlib.contextmanager
-def _calculator_stack(args, *, environ: dict[str, str] | None = None):
-    """A whole stack (web, one Celery worker, trainer) on ``args.redis_url`` and a fresh SQLite database,
-    with the calculator environment registered: yields an API client, the project's id and the stack."""
+def bench_stack(args, *, environ: dict[str, str] | None = None):
+    """A whole stack (web, one Celery worker, trainer) on ``args.redis_url`` and a fresh SQLite database, its
+    project holding the built-in environments: yields an API client, the project's id and the stack."""
     import httpx
 
     from tandem.cli.stack import LocalStack, StackConfig
@@ -158,21 +158,51 @@ def _calculator_stack(args, *, environ: dict[str, str] | None = None):
         stack.start(credentials)
         client = httpx.Client(base_url=stack.config.platform_url,
                               headers={"Authorization": f"Token {credentials.user_token}"}, timeout=30)
-        environment = client.post("/api/environments/", json={
-            "project": credentials.project_id, "name": ENVIRONMENT, "kind": "python",
-            "entrypoint": "environments.builtin.calculator:CalculatorEnvironment",
-            "settings": ENVIRONMENT_SETTINGS, "tools": [tool_schema()],
-        })
-        environment.raise_for_status()
         yield client, credentials.project_id, stack
     finally:
         stack.stop()
 
 
+@contextlib.contextmanager
+def _calculator_stack(args, *, environ: dict[str, str] | None = None):
+    """``bench_stack`` with the learning part's calculator registered."""
+    with bench_stack(args, environ=environ) as (client, project_id, stack):
+        environment = client.post("/api/environments/", json={
+            "project": project_id, "name": ENVIRONMENT, "kind": "python",
+            "entrypoint": "environments.builtin.calculator:CalculatorEnvironment",
+            "settings": ENVIRONMENT_SETTINGS, "tools": [tool_schema()],
+        })
+        environment.raise_for_status()
+        yield client, project_id, stack
+
+
+def run_to_end(client, stack, *, project_id: int, name: str, environment: str, config: dict,
+               minutes: float) -> dict:
+    """Create a run through REST and wait for it to end, cancelling it once ``minutes`` have passed:
+    its id, final status, trainer step and wall seconds."""
+    from tandem.contracts import TERMINAL_RUN_STATUSES
+
+    started = time.time()
+    run = client.post("/api/runs/", json={"project": project_id, "name": name, "environment": environment,
+                                          "config": config})
+    run.raise_for_status()
+    run_id = run.json()["id"]
+    deadline, cancelled = started + minutes * 60, False
+    while True:
+        stack.check_alive()
+        status = client.get(f"/api/runs/{run_id}/").json()
+        if status["status"] in TERMINAL_RUN_STATUSES:
+            break
+        if time.time() > deadline and not cancelled:
+            client.post(f"/api/runs/{run_id}/cancel/").raise_for_status()
+            cancelled = True
+        time.sleep(5)
+    return {"run_id": run_id, "status": status["status"], "trainer_step": status.get("trainer_step", 0),
+            "wall_s": round(time.time() - started, 1)}
+
+
 def learning(args) -> dict:
     import redis
-
-    from tandem.contracts import TERMINAL_RUN_STATUSES
 
     redis_client = redis.Redis.from_url(args.redis_url)
     redis_client.flushdb()
@@ -187,27 +217,13 @@ def learning(args) -> dict:
     before = evaluate(redis_client, run_id=base_run_id, config=config, episodes=args.eval_episodes)
     print(f"before: {before}", file=sys.stderr)
 
-    started = time.time()
-    run_status, steps = None, 0
     with _calculator_stack(args) as (client, project_id, stack):
         run_config = json.loads(config.model_dump_json())
         run_config.update({"sft_steps": 0, "rl_steps": args.rl_steps, "rl_learning_rate": args.learning_rate,
                            "checkpoint": {"every": 1000}})
-        run = client.post("/api/runs/", json={"project": project_id, "name": "bench: real model",
-                                              "environment": ENVIRONMENT, "config": run_config})
-        run.raise_for_status()
-        run_id = run.json()["id"]
-        deadline = started + args.minutes * 60
-        while True:
-            stack.check_alive()
-            status = client.get(f"/api/runs/{run_id}/").json()
-            run_status, steps = status["status"], status.get("trainer_step", 0)
-            if run_status in TERMINAL_RUN_STATUSES:
-                break
-            if time.time() > deadline:
-                client.post(f"/api/runs/{run_id}/cancel/").raise_for_status()
-            time.sleep(5)
-        wall_s = time.time() - started
+        run = run_to_end(client, stack, project_id=project_id, name="bench: real model", environment=ENVIRONMENT,
+                         config=run_config, minutes=args.minutes)
+    run_id, run_status, steps, wall_s = run["run_id"], run["status"], run["trainer_step"], run["wall_s"]
     after = evaluate(redis_client, run_id=run_id, config=config, episodes=args.eval_episodes)
     print(f"after: {after}", file=sys.stderr)
     return {

@@ -8,17 +8,30 @@ Each arm is evaluated on ``--eval-episodes`` held-out episodes (the environment'
 in the model's own ``<tool_call>`` format: mean reward with its 95% Wilson interval, the share of
 episodes that called a tool and saw it run (``tool_call_rate``), the share of the turns that wrote
 call markup which did not parse (``parse_failure_rate``, null when none wrote any), calls that ran per
-episode and wall time; ``examples`` quotes three episodes. Arms: ``imported``, the model as imported
-(issue 31 asks it to score at most 0.05 on each task, so that the tool is needed). The trained arms
-(``sft``, ``sft_grpo``, ``grpo``, ``grpo_bonus``) are not built yet.
+episode and wall time; ``examples`` quotes three episodes. The arms (``--arms``):
 
-Usage: ``python bench/tool_learning.py [--tasks calculator,multi_step] [--eval-episodes 64]``. Prints one
-JSON line. Uses the Redis of ``--redis-url`` (db 14 by default) for the published weights, and deletes them.
+- ``imported``: the model as imported (issue 31 asks it to score at most 0.05 on each task, so that
+  the tool is needed);
+- ``sft``: a run of ``--sft-steps`` SFT steps on the environment's default demonstrations (half of
+  them answer without the tool), no RL;
+- ``sft_grpo``: the same SFT, then GRPO in the same run for ``--grpo-minutes``;
+- ``grpo``: GRPO alone from the imported model for ``--grpo-minutes``;
+- ``grpo_bonus``: the same with ``algorithm.tool_call_bonus`` (0.1 a call that ran, 0.2 at most).
+
+Trained arms are runs through REST on one whole stack per task (web, one Celery worker, trainer, a
+fresh SQLite database, the built-in environments); a GRPO run is cancelled once its minutes are up, and
+the policy it last published is evaluated. Each trained arm adds ``run`` (status, steps, wall seconds).
+
+Usage: ``python bench/tool_learning.py [--tasks calculator,multi_step] [--arms imported,sft,...]
+[--eval-episodes 64] [--grpo-minutes 30]``. Prints one JSON line. Uses the Redis of ``--redis-url``
+(db 14 by default) for the published weights, and flushes it first.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import sys
@@ -26,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.real_model import evaluate, real_model_config  # noqa: E402
+from bench.real_model import bench_stack, evaluate, real_model_config, run_to_end  # noqa: E402
 from environments.builtin.calculator import CalculatorEnvironment  # noqa: E402
 from environments.builtin.shop import ShopEnvironment  # noqa: E402
 from policy import RedisWeightPublisher, create_model, load_tokenizer, split_model  # noqa: E402
@@ -39,6 +52,8 @@ TASKS = {
     "multi_step": ("shop", ShopEnvironment, 6),
 }
 IMPORTED_RUN_ID = 999_000_031
+ARMS = ("imported", "sft", "sft_grpo", "grpo", "grpo_bonus")
+TOOL_CALL_BONUS = {"per_call": 0.1, "max_per_episode": 0.2}
 
 
 def _arm(result: dict) -> dict:
@@ -52,38 +67,78 @@ def _arm(result: dict) -> dict:
     }
 
 
+def _evaluated(redis_client, run_id: int, *, config, task: str, episodes: int) -> dict:
+    environment_name, make_environment, _ = TASKS[task]
+    return _arm(evaluate(redis_client, run_id=run_id, config=config, episodes=episodes,
+                         make_environment=make_environment, environment_name=environment_name,
+                         evaluation_split=True))
+
+
+def _arm_run_config(arm: str, config, args) -> dict:
+    """The run config of a trained arm: ``config`` with its phases."""
+    body = json.loads(config.model_dump_json())
+    sft_steps = args.sft_steps if arm in ("sft", "sft_grpo") else 0
+    rl_steps = 0 if arm == "sft" else args.rl_steps
+    body.update({"sft_steps": sft_steps, "sft_batch_size": args.sft_batch_size, "rl_steps": rl_steps,
+                 "learning_rate": args.sft_learning_rate, "rl_learning_rate": args.rl_learning_rate,
+                 "checkpoint": {"every": 1000}})
+    if arm == "grpo_bonus":
+        body["algorithm"] = {**body["algorithm"], "tool_call_bonus": TOOL_CALL_BONUS}
+    return body
+
+
 def main() -> None:
     import redis
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="calculator,multi_step")
+    parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--eval-episodes", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--sft-steps", type=int, default=10)
+    parser.add_argument("--sft-batch-size", type=int, default=8)
+    parser.add_argument("--sft-learning-rate", type=float, default=1e-4)
+    parser.add_argument("--rl-learning-rate", type=float, default=3e-5)
+    parser.add_argument("--rl-steps", type=int, default=500, help="the GRPO runs' rl_steps (the minutes end them)")
+    parser.add_argument("--grpo-minutes", type=float, default=30.0, help="wall time of each GRPO phase")
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
+    parser.add_argument("--port", type=int, default=8767)
     args = parser.parse_args()
+    arms = args.arms.split(",")
+    if unknown := set(arms) - set(ARMS):
+        sys.exit(f"unknown arms {sorted(unknown)}; the arms are {ARMS}")
     if not (SMOLLM2_DIR / "config.json").is_file():
         sys.exit(f"{SMOLLM2_DIR} holds no model: run `make models` first")
     redis_client = redis.Redis.from_url(args.redis_url)
-    output: dict = {"bench": "tool_learning", "model": "SmolLM2-135M-Instruct", "eval_episodes": args.eval_episodes}
-    publisher = RedisWeightPublisher(redis_client)
-    try:
-        for task in args.tasks.split(","):
-            environment_name, make_environment, max_turns = TASKS[task]
-            config = real_model_config(model={"max_seq_len": 1024},
-                                       sampling={"max_new_tokens": args.max_new_tokens, "temperature": 0.8},
-                                       rollout={"max_turns": max_turns})
+    redis_client.flushdb()
+    output: dict = {"bench": "tool_learning", "model": "SmolLM2-135M-Instruct", "eval_episodes": args.eval_episodes,
+                    "sft_steps": args.sft_steps, "sft_batch_size": args.sft_batch_size,
+                    "grpo_minutes": args.grpo_minutes, "cpu_count": os.cpu_count()}
+    for task in args.tasks.split(","):
+        environment_name, _, max_turns = TASKS[task]
+        config = real_model_config(model={"max_seq_len": 1024},
+                                   sampling={"max_new_tokens": args.max_new_tokens, "temperature": 0.8},
+                                   rollout={"max_turns": max_turns})
+        evaluated = functools.partial(_evaluated, redis_client, config=config, task=task,
+                                      episodes=args.eval_episodes)
+        output[task] = {"environment": environment_name}
+        if "imported" in arms:
             tokenizer = load_tokenizer(config.model.tokenizer)
             base = create_model(config.model, vocab_size=tokenizer.vocab_size, rngs=None)
-            publisher.publish(run_id=IMPORTED_RUN_ID, version=0, params=split_model(base)[1])
+            RedisWeightPublisher(redis_client).publish(run_id=IMPORTED_RUN_ID, version=0, params=split_model(base)[1])
             del base
-            result = evaluate(redis_client, run_id=IMPORTED_RUN_ID, config=config, episodes=args.eval_episodes,
-                              make_environment=make_environment, environment_name=environment_name,
-                              evaluation_split=True)
-            output[task] = {"environment": environment_name, "imported": _arm(result)}
-            print(f"{task}: {json.dumps(output[task])}", file=sys.stderr, flush=True)
-    finally:
-        for key in redis_client.scan_iter(f"*{IMPORTED_RUN_ID}*"):
-            redis_client.delete(key)
+            output[task]["imported"] = evaluated(IMPORTED_RUN_ID)
+            print(f"{task} imported: {json.dumps(output[task]['imported'])}", file=sys.stderr, flush=True)
+        trained = [arm for arm in arms if arm != "imported"]
+        with bench_stack(args) if trained else contextlib.nullcontext((None, None, None)) as (client, project, stack):
+            for arm in trained:
+                minutes = 24 * 60 if arm == "sft" else args.grpo_minutes + (5 if arm == "sft_grpo" else 0)
+                run = run_to_end(client, stack, project_id=project, name=f"bench: {task} {arm}",
+                                 environment=environment_name, config=_arm_run_config(arm, config, args),
+                                 minutes=minutes)
+                output[task][arm] = {**evaluated(run["run_id"]), "run": run}
+                print(f"{task} {arm}: {json.dumps(output[task][arm])}", file=sys.stderr, flush=True)
+    redis_client.flushdb()
     print(json.dumps(output))
 
 
