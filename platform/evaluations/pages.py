@@ -18,7 +18,7 @@ from django.shortcuts import render
 
 from accounts.selectors import project_list
 from common.spreadsheet import spreadsheet_safe
-from tandem.contracts import DATASET_EVALUATION_METRICS, EVALUATION_LEADING_METRICS
+from tandem.contracts import DATASET_EVALUATION_METRICS, EVALUATION_LEADING_METRICS, EVALUATION_TOOL_METRICS
 
 from .models import Evaluation
 from .selectors import evaluation_list_for_user
@@ -57,11 +57,13 @@ def policy_label(evaluation: Evaluation) -> str:
 
 
 def metric_columns(evaluations: list[Evaluation]) -> list[str]:
-    """Success rate and mean reward, then each pass@k and avg@k that any row has, by k, then the held-out
-    loss, perplexity and token accuracy if any row is of a dataset."""
+    """Success rate and mean reward, then each pass@k and avg@k that any row has, by k, then the tool-use
+    metrics if any row's environment offers tools, then the held-out loss, perplexity and token accuracy
+    if any row is of a dataset."""
     names = {name for evaluation in evaluations for name in evaluation.metrics}
     others = {name for name in names if name.startswith(("pass@", "avg@"))}
     return [*EVALUATION_LEADING_METRICS, *sorted(others, key=lambda name: (int(name.split("@")[1]), name)),
+            *(name for name in EVALUATION_TOOL_METRICS if name in names),
             *(name for name in DATASET_EVALUATION_METRICS if name in names)]
 
 

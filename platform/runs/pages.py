@@ -26,6 +26,7 @@ from evaluations.selectors import evaluation_list
 from tandem.contracts import (
     DATASET_EVALUATION_METRICS,
     EVALUATION_LEADING_METRICS,
+    EVALUATION_TOOL_METRICS,
     RELEASED_RUN_STATUSES,
     TRAINER_HELD_RUN_STATUSES,
     RunStatus,
@@ -177,8 +178,9 @@ def _evaluation_table(run: Run) -> dict | None:
     """The run's evaluations as the page's table; None without any.
 
     Success rate and mean reward, then a column per pass@k that any evaluation has
-    (smallest k first), then a dataset's held-out loss, perplexity and token accuracy if
-    any evaluation is of a dataset; each cell its value and the 95% interval where there is one.
+    (smallest k first), then the tool-use metrics if any evaluation's environment offers tools,
+    then a dataset's held-out loss, perplexity and token accuracy if any evaluation is of a
+    dataset; each cell its value and the 95% interval where there is one.
     """
     evaluations = list(evaluation_list(run=run).defer("trajectory_ids"))  # up to 100,000 ids each
     if not evaluations:
@@ -187,7 +189,8 @@ def _evaluation_table(run: Run) -> dict | None:
                         if _PASS_AT_K.fullmatch(name)}, key=lambda name: int(name.removeprefix("pass@")))
     names = {name for evaluation in evaluations for name in evaluation.metrics}
     columns = [(name, evaluation_metric_label(name)) for name in (
-        *EVALUATION_LEADING_METRICS, *pass_at_k, *(name for name in DATASET_EVALUATION_METRICS if name in names))]
+        *EVALUATION_LEADING_METRICS, *pass_at_k, *(name for name in EVALUATION_TOOL_METRICS if name in names),
+        *(name for name in DATASET_EVALUATION_METRICS if name in names))]
     rows = [
         {"evaluation": evaluation,
          "cells": [metric_cell(evaluation, name) for name, _ in columns]}

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from tandem.configs.evaluation import MAX_EVALUATION_EPISODES
 from tandem.contracts.schema import Record, StreamRecord
+from tandem.contracts.telemetry import TOOL_CALL_RATE_FIGURE
 from tandem.contracts.trajectories import TrajectoryRecord
 
 #: complete: every episode came back; incomplete: the run ended (or its timeout passed)
@@ -62,14 +63,25 @@ EVALUATION_METRIC_PREFIX = "eval/"
 #: What sets a dataset's evaluation series apart from an environment's of the same name: ``dataset:``.
 DATASET_SERIES_LABEL_PREFIX = "dataset:"
 
-#: The metrics every table of evaluations shows first, in this order (then pass@k by k, then a
-#: dataset's DATASET_EVALUATION_METRICS).
+#: The metrics every table of evaluations shows first, in this order (then pass@k by k, then
+#: EVALUATION_TOOL_METRICS and a dataset's DATASET_EVALUATION_METRICS where a row has them).
 EVALUATION_LEADING_METRICS: tuple[str, ...] = (EVALUATION_SUCCESS_RATE, EVALUATION_MEAN_REWARD)
+
+#: How the policy used the tools of an environment that offers some, as a table of evaluations shows
+#: it: the share of episodes with a call that ran, calls that ran per episode, and the share of the
+#: turns that wrote tool-call markup that did not parse.
+EVALUATION_TOOL_METRICS: tuple[str, ...] = (
+    TOOL_CALL_RATE_FIGURE, "tool_calls_per_episode", "tool_parse_failure_rate",
+)
+_EVALUATION_TOOL_LABELS = {TOOL_CALL_RATE_FIGURE: "Tool-call rate", "tool_calls_per_episode": "Tool calls per episode",
+                           "tool_parse_failure_rate": "Tool-call parse failures"}
 
 
 def evaluation_metric_label(name: str) -> str:
-    """How a table of evaluations heads a metric's column: "Success rate", "Mean reward", "Held-out loss" ...;
-    any other metric (pass@k, avg@k) by its name."""
+    """How a table of evaluations heads a metric's column: "Success rate", "Mean reward", "Tool-call rate",
+    "Held-out loss" ...; any other metric (pass@k, avg@k) by its name."""
+    if name in _EVALUATION_TOOL_LABELS:
+        return _EVALUATION_TOOL_LABELS[name]
     if name in EVALUATION_LEADING_METRICS:
         return name.replace("_", " ").capitalize()
     if name in DATASET_EVALUATION_METRICS:

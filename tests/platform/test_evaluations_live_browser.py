@@ -139,6 +139,18 @@ def test_evaluations_reach_the_open_run_page_without_a_reload(server, running_ru
         _wait_for(page, 'p.chartSteps["chart-evaluation-datasets"] === 1')
         assert page.evaluate('window.tandemRunPage.chartSeries["chart-evaluation-datasets"]') == ["support@1"]
         assert page.evaluate(f'window.tandemRunPage.chartSteps["{CHART}"]') == 3
+
+        # One whose environment offers tools: its tool-use columns go after pass@k, before the dataset's.
+        tool_use = {"success_rate": 0.5, "mean_reward": 0.5, "tool_call_rate": 0.75, "tool_calls_per_episode": 1.5,
+                    "tool_parse_failure_rate": 0.25}
+        post_evaluation(evaluation_report(3, step=40, metrics=tool_use, intervals={"tool_call_rate": [0.5, 0.9]}))
+        page.wait_for_selector('#evaluations-table tr[data-evaluation="3"]', timeout=WAIT_MS)
+        assert _headers(page) == ["Success rate", "Mean reward", "pass@1", "pass@4", "pass@16", "Tool-call rate",
+                                  "Tool calls per episode", "Tool-call parse failures", "Held-out loss",
+                                  "Held-out perplexity", "Held-out token accuracy"]
+        assert _cells(page, 3)[6:] == ["0.500", "0.500", "—", "—", "—", "0.750 [0.500, 0.900]", "1.500", "0.250",
+                                       "—", "—", "—"]
+        assert _cells(page, 2, "support@1")[-6:] == ["—", "—", "—", "1.250 [1.000, 1.500]", "3.490", "0.500"]
         browser.close()
 
     assert errors == []  # page errors, console errors and navigations (a reload) alike

@@ -54,6 +54,25 @@ def test_the_page_lists_the_users_evaluations_sorted_by_a_metric(user, evaluatio
     assert "[0.150, 0.350]" in page  # baseline's interval
 
 
+def test_tool_use_columns_come_after_pass_at_k_once_an_environment_offers_tools(user, evaluations, make_run,
+                                                                                 project, environment):
+    plain = _page(user).content.decode()
+    assert 'data-sort="tool_call_rate"' not in plain
+    run = make_run(project, environment=environment, name="with-tools")
+    metrics = {"success_rate": 0.5, "mean_reward": 0.5, "tool_call_rate": 0.875, "tool_calls_per_episode": 2.0,
+               "tool_parse_failure_rate": 0.125, "pass@4": 0.75}
+    evaluation_record(run=run, report=EvaluationReport.model_validate(evaluation_report(
+        metrics=metrics, intervals={"tool_call_rate": [0.7, 0.95]})))
+
+    page = _page(user, "?sort=tool_call_rate&order=desc").content.decode()
+    headers = [page.index(f'data-sort="{name}"') for name in (
+        "mean_reward", "pass@4", "tool_call_rate", "tool_calls_per_episode", "tool_parse_failure_rate")]
+    assert headers == sorted(headers)
+    assert "[0.700, 0.950]" in page
+    # Sorted by the tool-call rate: the run with tools first, the rows without it after.
+    assert page.index("with-tools v10") < page.index("baseline v10")
+
+
 def test_ticked_rows_are_compared_side_by_side(user, evaluations):
     baseline, _, tuned = evaluations
     page = _page(user, f"?compare={baseline.pk}&compare={tuned.pk}").content.decode()

@@ -24,6 +24,7 @@ from tandem.contracts import (
     EPISODE_STATUSES,
     EVALUATION_LEADING_METRICS,
     EVALUATION_METRIC_PREFIX,
+    EVALUATION_TOOL_METRICS,
     PROCESS_ROLE_LABELS,
     SAMPLE_PURPOSES,
     TERMINAL_RUN_STATUSES,
@@ -66,9 +67,10 @@ def contracts_vocabulary_data() -> dict:
         "evaluation_metrics": {
             "series_prefix": EVALUATION_METRIC_PREFIX,
             "leading": list(EVALUATION_LEADING_METRICS),
+            "tools": list(EVALUATION_TOOL_METRICS),
             "dataset": list(DATASET_EVALUATION_METRICS),
-            "labels": {name: evaluation_metric_label(name)
-                       for name in (*EVALUATION_LEADING_METRICS, *DATASET_EVALUATION_METRICS)},
+            "labels": {name: evaluation_metric_label(name) for name in (
+                *EVALUATION_LEADING_METRICS, *EVALUATION_TOOL_METRICS, *DATASET_EVALUATION_METRICS)},
         },
     }
 

@@ -21,11 +21,13 @@
 
   // The table's metric columns as runs/pages.py (_evaluation_table) orders and labels them, from the
   // contracts (window.tandemContracts): the leading metrics (tandem.contracts.EVALUATION_LEADING_METRICS),
-  // a column per pass@k by k, then a dataset's held-out metrics (DATASET_EVALUATION_METRICS), each only
-  // once some evaluation has it; labelled as evaluation_metric_label labels them.
+  // a column per pass@k by k, then the tool-use metrics (EVALUATION_TOOL_METRICS) and a dataset's
+  // held-out metrics (DATASET_EVALUATION_METRICS), each only once some evaluation has it; labelled as
+  // evaluation_metric_label labels them.
   const EVALUATION_VOCABULARY = window.tandemContracts.evaluation_metrics;
   const EVALUATION_LEADING_METRICS = EVALUATION_VOCABULARY.leading;
   const PASS_AT_K = /^pass@(\d+)$/;
+  const EVALUATION_TOOL_METRICS = EVALUATION_VOCABULARY.tools;
   const DATASET_EVALUATION_METRICS = EVALUATION_VOCABULARY.dataset;
   const EVALUATION_FIXED_COLUMNS = ["#", "Step", "Policy version", "Environment", "Status", "Episodes"];
 
@@ -38,7 +40,8 @@
     if (EVALUATION_LEADING_METRICS.includes(name)) return [0, EVALUATION_LEADING_METRICS.indexOf(name)];
     const passAtK = PASS_AT_K.exec(name);
     if (passAtK) return [1, Number(passAtK[1])];
-    if (DATASET_EVALUATION_METRICS.includes(name)) return [2, DATASET_EVALUATION_METRICS.indexOf(name)];
+    if (EVALUATION_TOOL_METRICS.includes(name)) return [2, EVALUATION_TOOL_METRICS.indexOf(name)];
+    if (DATASET_EVALUATION_METRICS.includes(name)) return [3, DATASET_EVALUATION_METRICS.indexOf(name)];
     return null;
   }
 
@@ -82,7 +85,8 @@
   function addEvaluationColumns(table, metrics) {
     const header = table.tHead.rows[0];
     const labels = [...header.cells].slice(EVALUATION_FIXED_COLUMNS.length).map((cell) => cell.textContent);
-    const known = [...EVALUATION_LEADING_METRICS, ...Object.keys(metrics), ...DATASET_EVALUATION_METRICS];
+    const known = [...EVALUATION_LEADING_METRICS, ...Object.keys(metrics), ...EVALUATION_TOOL_METRICS,
+                   ...DATASET_EVALUATION_METRICS];
     const nameOf = new Map(known.map((name) => [evaluationColumnLabel(name), name]));
     const shown = labels.map((label) => nameOf.get(label) ?? label);
     const before = (a, b) => {
