@@ -238,7 +238,8 @@ def _message_turns(record: TrajectoryRecord, tokenizer: Tokenizer,
             turns.append(TrajectoryTurn(
                 role="policy", text=message.content, spans=spans,
                 policy_version=versions[policy_turns] if policy_turns < len(versions) else None,
-                tool_calls=message.tool_calls,
+                tool_calls=message.tool_calls, tool_call_status=message.tool_call_status,
+                tool_call_error=message.tool_call_error,
             ))
             policy_turns += 1
         else:

@@ -18,7 +18,11 @@ from django.shortcuts import render
 
 from accounts.selectors import project_list
 from common.spreadsheet import spreadsheet_safe
-from tandem.contracts import DATASET_EVALUATION_METRICS, EVALUATION_LEADING_METRICS, EVALUATION_TOOL_METRICS
+from tandem.contracts import (
+    DATASET_EVALUATION_METRICS,
+    EVALUATION_LEADING_METRICS,
+    EVALUATION_TOOL_METRICS,
+)
 
 from .models import Evaluation
 from .selectors import evaluation_list_for_user

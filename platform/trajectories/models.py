@@ -42,6 +42,12 @@ class TrajectorySample(models.Model):
         help_text="Its turns' text, one turn a line: what the browser's search matches (icontains). On "
         "PostgreSQL a trigram index on UPPER(search_text) serves it (migration 0004).",
     )
+    tool_calls_run = models.IntegerField(default=0, help_text="Calls of its tools that parsed and ran.")
+    tool_calls_unparsed = models.IntegerField(
+        default=0, help_text="Its policy turns whose tool-call markup did not parse.")
+    tool_calls_failed = models.IntegerField(
+        default=0, help_text="Its policy turns whose tool-call markup made no call that ran: it did not parse, "
+        "named an unknown tool, failed the tool's schema, or the tool refused it.")
     payload = models.JSONField(help_text="The TrajectorySample record as the trainer posted it.")
     recorded_at = models.DateTimeField(default=timezone.now)
 

@@ -9,6 +9,7 @@ from common.domain_errors import DomainError, NotFound
 from runs.selectors import run_get_for_user
 
 from .selectors import (
+    TOOL_USE_FILTERS,
     TrajectoryFilters,
     trajectory_environments,
     trajectory_group_get,
@@ -44,8 +45,9 @@ def trajectory_list_page(request, run_id: int):
         "run": run,
         "page": page,
         "filters": {key: request.GET.get(key, "")
-                    for key in ("status", "purpose", "environment", "min_reward", "max_reward", "q")},
+                    for key in ("status", "purpose", "environment", "min_reward", "max_reward", "q", "tool_use")},
         "filter_errors": errors,
+        "tool_use_choices": [(name, label) for name, (label, _) in TOOL_USE_FILTERS.items()],
         "environments": trajectory_environments(run=run),
         "query": query.urlencode(),
     }
@@ -112,6 +114,9 @@ def _turns(record) -> list[dict]:
         turns.append({
             "role": turn.role, "text": turn.text, "policy_version": turn.policy_version,
             "tool_calls": turn.tool_calls, "spans": spans, "message": record.by_message,
+            # Only a call that came to nothing: "ok" goes without saying beside the calls.
+            "tool_call_problem": turn.tool_call_status if turn.tool_call_status not in (None, "ok") else None,
+            "tool_call_error": turn.tool_call_error,
             "tokens": sum(span.tokens for span in turn.spans),
             "trained_tokens": sum(span.tokens for span in turn.spans if span.trained),
         })

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from common.domain_errors import InvalidInput, NotFound
 from runs.models import Run
 
 from .models import TrajectorySample
+
+#: The trajectory browser's tool-use filter: each choice, what it says, and the samples it keeps.
+TOOL_USE_FILTERS: dict[str, tuple[str, Q]] = {
+    "called": ("called a tool", Q(tool_calls_run__gt=0)),
+    "not_called": ("called no tool", Q(tool_calls_run=0)),
+    "unparsed": ("a call failed to parse", Q(tool_calls_unparsed__gt=0)),
+    "failed": ("a call did not run", Q(tool_calls_failed__gt=0)),
+}
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,8 @@ class TrajectoryFilters:
     max_reward: float | None = None
     # Text in any of its turns, any case.
     text: str | None = None
+    # A key of TOOL_USE_FILTERS.
+    tool_use: str | None = None
 
 
 def trajectory_sample_list(*, run: Run, filters: TrajectoryFilters = TrajectoryFilters()) -> QuerySet[TrajectorySample]:
@@ -43,6 +53,11 @@ def trajectory_sample_list(*, run: Run, filters: TrajectoryFilters = TrajectoryF
         samples = samples.filter(reward__lte=filters.max_reward)
     if filters.text:
         samples = samples.filter(search_text__icontains=filters.text)
+    if filters.tool_use is not None:
+        if filters.tool_use not in TOOL_USE_FILTERS:
+            raise InvalidInput.for_field(
+                "tool_use", f"Unknown tool use '{filters.tool_use}'; one of {', '.join(TOOL_USE_FILTERS)}.")
+        samples = samples.filter(TOOL_USE_FILTERS[filters.tool_use][1])
     return samples.defer("payload", "search_text").order_by("-step", "-id")
 
 

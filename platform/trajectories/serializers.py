@@ -6,6 +6,7 @@ from tandem.contracts import TrajectorySample as TrajectorySampleRecord
 from tandem.contracts import sample_purpose_choices
 
 from .models import TrajectorySample
+from .selectors import TOOL_USE_FILTERS
 
 
 class StoredTextField(serializers.CharField):
@@ -105,6 +106,11 @@ class TrajectoryFiltersSerializer(serializers.Serializer):
     max_reward = serializers.FloatField(required=False)
     q = serializers.CharField(max_length=200, required=False, trim_whitespace=True,
                               help_text="Text in any of its turns, any case.")
+    tool_use = serializers.ChoiceField(
+        choices=[(name, label) for name, (label, _) in TOOL_USE_FILTERS.items()], required=False,
+        help_text="called: a call of its tools ran; not_called: none did; unparsed: a turn's tool-call markup "
+        "did not parse; failed: a turn's markup made no call that ran (did not parse, unknown tool, invalid "
+        "arguments, or the tool refused it).")
 
     def validate(self, attrs):
         # The selector's filter is named for what it matches; ``q`` is the query string's name for it.

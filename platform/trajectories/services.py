@@ -57,6 +57,9 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
             group_size=sample.group_size,
             advantage=sample.advantage,
             search_text=text_escape(trajectory_search_text(sample)),
+            tool_calls_run=sample.tool_calls_run(),
+            tool_calls_unparsed=sample.tool_call_outcomes().count("unparsed"),
+            tool_calls_failed=sum(outcome != "ok" for outcome in sample.tool_call_outcomes()),
             # Python's dump: JSON's would refuse a lone surrogate, which the escape keeps.
             payload=json_text_escape(sample.model_dump()),
             recorded_at=now,
@@ -66,6 +69,7 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
     TrajectorySample.objects.bulk_create(
         rows.values(), update_conflicts=True, unique_fields=["run", "trajectory_id"],
         update_fields=["step", "selected_because", "purpose", "group_id", "group_size", "advantage", "search_text",
-                       "payload", "recorded_at"], batch_size=200,
+                       "tool_calls_run", "tool_calls_unparsed", "tool_calls_failed", "payload", "recorded_at"],
+        batch_size=200,
     )
     return len(samples)

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.contracts.schema import Record
-from tandem.contracts.trajectories import EpisodeStatus, MessageToolCall
+from tandem.contracts.trajectories import EpisodeStatus, MessageToolCall, ToolCallStatus
 
 TurnRole = Literal["prompt", "policy", "environment", "tool"]
 #: What a sampled episode was for: a trained step's, or a held-out evaluation's (never trained on).
@@ -76,6 +76,10 @@ class TrajectoryTurn(BaseModel):
     spans: tuple[TokenSpan, ...] = Field(description="The turn's tokens, run-length encoded by the loss mask.")
     policy_version: int | None = Field(None, description="Policy version that generated it (policy turns).")
     tool_calls: tuple[ToolCallSample, ...] = Field((), description="Calls the turn made (policy turns).")
+    tool_call_status: ToolCallStatus | None = Field(
+        None, description="A policy turn that wrote tool-call markup: what came of it (ok, unparsed, unknown_tool, "
+        "invalid_arguments, tool_error); None: it wrote none, or the record predates the status.")
+    tool_call_error: str = Field("", description="Why its markup made no call that ran, as the tool message said.")
 
 
 class TrajectorySample(Record):
@@ -123,6 +127,14 @@ class TrajectorySample(Record):
         False, description="True: turns are the producer's messages (their text without the template's "
         "markup, which their spans keep); False: turns told apart by the loss mask (older records)."
     )
+
+    def tool_calls_run(self) -> int:
+        """Calls that parsed and ran, as :meth:`TrajectoryRecord.tool_calls_run` counts them."""
+        return sum(len(turn.tool_calls) for turn in self.turns if turn.tool_call_status != "tool_error")
+
+    def tool_call_outcomes(self) -> list[str]:
+        """The status of each policy turn that wrote tool-call markup, in order."""
+        return [turn.tool_call_status for turn in self.turns if turn.tool_call_status is not None]
 
     @model_validator(mode="before")
     @classmethod

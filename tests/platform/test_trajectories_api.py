@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 from runs.services import run_claim_next
 from trajectories.models import TrajectorySample
 
-from .trajectory_builders import calculator_sample, post_body
+from .trajectory_builders import calculator_sample, post_body, tool_use_sample
 
 
 def _trainer_named(trainer, name: str) -> APIClient:
@@ -277,3 +277,51 @@ def test_the_pages_search_and_link_a_sample_to_its_group(api, trainer_api, runni
     assert f"/runs/{running_run.pk}/trajectory-groups/{found.group_id}/" in listing
     assert group.status_code == 200 and group.content.decode().count('class="group-episode card"') == 2
     assert browser.get(f"/runs/{running_run.pk}/trajectory-groups/nothing/").status_code == 404
+
+
+def test_the_list_filters_by_tool_use_and_the_page_says_why_a_call_came_to_nothing(
+    api, trainer_api, running_run, user
+):
+    from django.test import Client
+
+    called, unparsed, answered = (tool_use_sample(running_run.pk, first_turn=first_turn)
+                                  for first_turn in ("ok", "unparsed", "answer"))
+    assert _post(trainer_api, running_run.pk, called, unparsed, answered).status_code == 202
+    url = f"/api/runs/{running_run.pk}/trajectories/"
+
+    def ids(**query):
+        response = api.get(url, query)
+        assert response.status_code == 200, response.content
+        return {row["id"] for row in response.json()["results"]}
+
+    assert ids(tool_use="called") == {called.trajectory_id}
+    assert ids(tool_use="not_called") == {unparsed.trajectory_id, answered.trajectory_id}
+    assert ids(tool_use="unparsed") == ids(tool_use="failed") == {unparsed.trajectory_id}
+    bad = api.get(url, {"tool_use": "sometimes"})
+    assert bad.status_code == 400 and set(bad.json()["error"]["fields"]) == {"tool_use"}
+    detail = api.get(f"{url}{unparsed.trajectory_id}/").json()
+    assert detail["turns"][1]["tool_call_status"] == "unparsed"
+
+    browser = Client()
+    browser.force_login(user)
+    listing = browser.get(f"/runs/{running_run.pk}/trajectories/", {"tool_use": "unparsed"}).content.decode()
+    assert unparsed.trajectory_id[:10] in listing and called.trajectory_id[:10] not in listing
+    assert '<option value="unparsed" selected>a call failed to parse</option>' in listing
+    page = browser.get(f"/runs/{running_run.pk}/trajectories/{unparsed.trajectory_id}/").content.decode()
+    assert 'class="badge badge-failed">unparsed</span>' in page and "the call markup is not closed" in page
+
+
+def test_the_migration_counts_the_calls_of_samples_stored_before_the_tool_use_fields(trainer_api, running_run):
+    import importlib
+
+    from django.apps import apps
+
+    called, answered = (tool_use_sample(running_run.pk, first_turn=first_turn) for first_turn in ("ok", "answer"))
+    _post(trainer_api, running_run.pk, called, answered)
+    TrajectorySample.objects.update(tool_calls_run=0)  # as the rows stood before migration 0005
+
+    migration = importlib.import_module("trajectories.migrations.0005_sample_tool_use")
+    migration._count_tool_use(apps, None)
+
+    counts = dict(TrajectorySample.objects.values_list("trajectory_id", "tool_calls_run"))
+    assert counts == {called.trajectory_id: 1, answered.trajectory_id: 0}

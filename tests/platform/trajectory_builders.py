@@ -84,3 +84,45 @@ def schema_1_payload(sample: TrajectorySample) -> dict:
 
 def post_body(*samples: TrajectorySample) -> dict:
     return {"samples": [sample.model_dump(mode="json") for sample in samples]}
+
+
+def tool_use_record(run_id: int, *, first_turn: str) -> TrajectoryRecord:
+    """An episode of the byte layout whose first policy turn calls ``calc`` (``first_turn`` "ok"), writes
+    call markup that does not parse ("unparsed": the tool message says why and the episode goes on), or
+    answers at once ("answer"), as workers.agent records them."""
+    from environments import Tool, format_tool_call
+    from policy import ByteLayout
+    from tandem.contracts import ConversationMessage
+
+    layout = ByteLayout(TOKENIZER)
+    episode = layout.start("What is 2+3?", [Tool(name=CALC.name, description=CALC.description,
+                                                  parameters=CALC.parameters, run=None)])
+
+    def sampled(text: str, **calls) -> None:
+        tokens = TOKENIZER.encode(text) + [EOS_ID]
+        layout.add_sampled(episode, tokens, [-0.5] * len(tokens), content=text, **calls)
+
+    if first_turn == "ok":
+        sampled(format_tool_call("calc", {"expression": "2+3"}, "tandem"),
+                tool_calls=[{"name": "calc", "arguments": {"expression": "2+3"}}])
+        episode.note_tool_call_outcome("ok", None)
+        layout.add_messages(episode, [{"role": "tool", "content": "=5"}])
+    elif first_turn == "unparsed":
+        sampled("<tool_call>calc(2+3")
+        episode.note_tool_call_outcome("unparsed", "the call markup is not closed")
+        layout.add_messages(episode, [{"role": "tool", "content": "error: the call markup is not closed"}])
+    sampled("5")
+    turns = sum(message["role"] == "assistant" for message in episode.messages)
+    return TrajectoryRecord(
+        trajectory_id=uuid.uuid4().hex, run_id=run_id, group_id=f"{run_id}-0", group_size=4,
+        environment="calculator", policy_version=3, policy_versions=[3] * turns,
+        token_ids=episode.token_ids, behaviour_logprobs=episode.behaviour_logprobs, loss_mask=episode.loss_mask,
+        reward=1.0, status="ok", num_turns=turns,
+        timings=EpisodeTimings(started_at=100.0, finished_at=101.5, generation_s=1.0, environment_s=0.2),
+        messages=tuple(ConversationMessage(**message) for message in episode.messages),
+    )
+
+
+def tool_use_sample(run_id: int, *, first_turn: str, step: int = 1) -> TrajectorySample:
+    return trajectory_sample(tool_use_record(run_id, first_turn=first_turn), step=step, selected_because="best",
+                             tokenizer=TOKENIZER, tools=[CALC])
