@@ -60,7 +60,8 @@ def test_a_run_created_from_the_form_grows_its_charts_live_without_reloading(sta
         # A real SFT + RL run feeds every chart of the page.
         chart_points = page.evaluate("window.tandemRunPage.chartPoints")
         for chart in ("chart-reward", "chart-loss", "chart-kl-entropy", "chart-stages", "chart-samples",
-                      "chart-tokens", "chart-staleness", "chart-latency", "chart-errors", "chart-policy"):
+                      "chart-tokens", "chart-staleness", "chart-latency", "chart-errors", "chart-tools",
+                      "chart-policy"):
             assert page.locator(f"#{chart} canvas").count() == 1, f"{chart} has no chart"
             assert chart_points[chart] > 0, (chart, chart_points)
         ARTIFACTS.mkdir(exist_ok=True)

@@ -95,13 +95,15 @@ def full_rl_step_event(run_id: int, step: int) -> TrainerStepEvent:
     ``StageRecorder`` on a fake clock; the loss's own scalars (KL, entropy)
     and tokens/s are set as ``trainer.telemetry.profile_fields`` sets them.
     """
-    from tests.platform.trajectory_builders import calculator_record
+    from tests.platform.trajectory_builders import calculator_record, tool_use_record
     from trainer.idle_attribution import IdleAttribution
     from trainer.profiling import StageRecorder
     from trainer.rollout_stats import rollout_metrics
     from trainer.staleness import StalenessRecorder
 
-    records = [calculator_record(run_id, environment="calculator") for _ in range(3)]
+    # The calculator offers its tool: two of its episodes call it, one writes a call that does not parse.
+    records = [tool_use_record(run_id, first_turn=first_turn).model_copy(update={"offered_tools": ("calc",)})
+               for first_turn in ("ok", "ok", "unparsed")]
     records += [calculator_record(run_id, environment="echo-http", status="failed" if step % 2 else "ok")]
     # Episodes of different ages and lengths, so histograms and percentiles have some spread.
     records = [

@@ -29,7 +29,7 @@ SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
 # How long a live update may take to reach the page on a loaded machine (two suites side by side).
 LOADED_MS = 60_000
 RUN_CHARTS = ("chart-reward", "chart-loss", "chart-kl-entropy", "chart-stages", "chart-samples", "chart-tokens",
-              "chart-staleness", "chart-latency", "chart-errors", "chart-policy")
+              "chart-staleness", "chart-latency", "chart-errors", "chart-tools", "chart-policy")
 
 
 @pytest.fixture
@@ -299,6 +299,7 @@ def test_every_run_chart_receives_live_points_and_a_trace_can_be_requested(
     # Series discovered from the names: per environment, per percentile, per staleness bucket, per stage.
     assert series["chart-latency"] == [f"{env} p{p}" for env in ("calculator", "echo-http") for p in (50, 90, 99)]
     assert series["chart-errors"] == ["calculator", "echo-http"]
+    assert series["chart-tools"] == ["calculator"]  # echo-http offers no tools
     assert series["chart-staleness"] == ["1 version", "2 versions", "3 versions", "4 versions"]
     assert series["chart-stages"] == ["data wait", "batch", "host to device", "compute", "publish", "checkpoint",
                                       "telemetry"]
