@@ -8,8 +8,20 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from accounts.models import Membership, Project
 from common.domain_errors import NotFound
 
-from .models import AlertRule, Notification, WebhookDelivery
+from .models import AlertCondition, AlertFiring, AlertRule, Notification, WebhookDelivery
 from .webhooks import webhook_url_redacted
+
+
+def subject_key(kind: str, object_id: int) -> str:
+    """How an AlertCondition and an AlertFiring name what they are about: ``run:12``, ``environment_version:3``."""
+    return f"{kind}:{object_id}"
+
+
+def run_alert_change(rule: AlertRule, *, active: bool, firing: AlertFiring | None = None) -> dict:
+    """One of a run's alerts as its page shows it: the rule, and while it holds, what its firing said."""
+    return {"rule": rule.pk, "name": rule.name, "kind": rule.kind, "active": active,
+            "text": firing.text if firing else "", "fired_at": firing.fired_at.isoformat() if firing else None}
+
 
 # The delivery statuses each rule counts (``deliveries_<status>``), as the API shows them.
 COUNTED_DELIVERY_STATUSES = tuple(WebhookDelivery.Status.values)
@@ -69,3 +81,15 @@ def notification_get_for_user(*, user: AbstractBaseUser, notification_id: int) -
 def notification_unread_count(*, user: AbstractBaseUser) -> int:
     """What the navigation's badge shows."""
     return Notification.objects.filter(user=user, read_at__isnull=True).count()
+
+
+def run_alerts_active(*, run_id: int) -> list[dict]:
+    """The run's alerts whose condition holds now, as its page shows them: each rule's newest firing on
+    the run (alerts.services.run_alert_change's shape), oldest rule first. The caller may see the run."""
+    subject = subject_key("run", run_id)
+    active = AlertCondition.objects.filter(subject=subject, active=True, rule__enabled=True).select_related("rule")
+    alerts = []
+    for condition in active.order_by("rule_id"):
+        firing = AlertFiring.objects.filter(rule=condition.rule, subject=subject).first()  # newest: Meta.ordering
+        alerts.append(run_alert_change(condition.rule, active=True, firing=firing))
+    return alerts

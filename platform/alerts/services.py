@@ -20,7 +20,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import datetime, timedelta
@@ -47,6 +47,7 @@ from .models import (
     WebhookAttempt,
     WebhookDelivery,
 )
+from .selectors import run_alert_change, subject_key
 from .webhooks import PostResult, WebhookURLRefused, slack_escape, webhook_post, webhook_url_check
 
 logger = logging.getLogger(__name__)
@@ -76,11 +77,6 @@ SETTINGS_OF_KIND: dict[str, tuple[str, ...]] = {
 DEFAULT_TOOLS_UNUSED_RULE = {"name": "Tools unused", "kind": Kind.TOOLS_UNUSED, "steps": 10}
 RULE_SETTINGS = ("metric", "comparison", "threshold", "steps", "minutes")
 EDITABLE_FIELDS = ("name", "kind", "enabled", *RULE_SETTINGS, "webhook_url", "webhook_secret")
-
-
-def subject_key(kind: str, object_id: int) -> str:
-    """How an AlertCondition and an AlertFiring name what they are about: ``run:12``, ``environment_version:3``."""
-    return f"{kind}:{object_id}"
 
 
 # ---- rules ----------------------------------------------------------------------------------------
@@ -194,12 +190,23 @@ def alerts_run_status_changed(*, run) -> None:
     transaction.on_commit(lambda: _run_status_evaluate(seen, status=status, reason=reason), robust=True)
 
 
-def alerts_step_events_recorded(*, run, events: Sequence[TrainerStepEvent]) -> None:
+def alerts_step_events_recorded(*, run, events: Sequence[TrainerStepEvent],
+                                on_change: Callable[[list[dict]], None] | None = None) -> None:
     """A run's trainer steps were stored (telemetry.services.metric_events_record): judge the
-    metric_threshold and trainer_idle rules on them, step by step."""
+    metric_threshold, trainer_idle and tools_unused rules on them, step by step.
+
+    ``on_change`` hears, once they are judged, of each of the run's alerts that started or stopped
+    holding (as :func:`run_alert_change` describes it), so the run's open pages can show it.
+    """
     seen = _RunSeen(run_id=run.pk, project_id=run.project_id, name=run.name)
     events = list(events)
-    transaction.on_commit(lambda: _steps_evaluate(seen, events), robust=True)
+
+    def evaluate() -> None:
+        changes = _steps_evaluate(seen, events)
+        if changes and on_change is not None:
+            on_change(changes)
+
+    transaction.on_commit(evaluate, robust=True)
 
 
 def alerts_progress_check(*, now=None) -> None:
@@ -263,13 +270,16 @@ def _run_status_evaluate(seen: _RunSeen, *, status: str, reason: str) -> None:
 
 
 @transaction.atomic
-def _steps_evaluate(seen: _RunSeen, events: list[TrainerStepEvent]) -> None:
+def _steps_evaluate(seen: _RunSeen, events: list[TrainerStepEvent]) -> list[dict]:
+    """Judge the step rules; returns the run's alerts that started or stopped holding (run_alert_change)."""
     rules = _rules(seen.project_id, STEP_KINDS)
+    changes: list[dict] = []
     if not rules:
-        return
+        return changes
     steps = [(event, event.metric_values()) for event in sorted(events, key=lambda event: event.step)]
     for rule in rules:
         condition = _condition_locked(rule, subject_key("run", seen.run_id))
+        was_active, firing = condition.active, None
         metric = rule.metric if rule.kind == Kind.METRIC_THRESHOLD else IDLE_METRIC
         for step, values in steps:
             if rule.kind == Kind.TOOLS_UNUSED:
@@ -295,12 +305,15 @@ def _steps_evaluate(seen: _RunSeen, events: list[TrainerStepEvent]) -> None:
             if condition.active or not _streak_long_enough(rule, condition, step):
                 continue
             condition.active = True
-            alert_fire(rule=rule, subject=condition.subject, run_id=seen.run_id,
-                       text=_step_text(rule, seen, condition, step, value, metric),
-                       details={"metric": metric, "value": value, "step": step.step, "threshold": rule.threshold,
-                                "comparison": rule.comparison or "above", "steps": condition.streak,
-                                "seconds": round(step.emitted_at - condition.streak_started_at, 3)})
+            firing = alert_fire(rule=rule, subject=condition.subject, run_id=seen.run_id,
+                               text=_step_text(rule, seen, condition, step, value, metric),
+                               details={"metric": metric, "value": value, "step": step.step, "threshold": rule.threshold,
+                                        "comparison": rule.comparison or "above", "steps": condition.streak,
+                                        "seconds": round(step.emitted_at - condition.streak_started_at, 3)})
         condition.save()
+        if firing is not None or (was_active and not condition.active):
+            changes.append(run_alert_change(rule, active=condition.active, firing=firing if condition.active else None))
+    return changes
 
 
 def _past_threshold(rule: AlertRule, value: float) -> bool:

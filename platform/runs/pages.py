@@ -15,6 +15,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.models import Membership
 from accounts.selectors import project_get_for_user, project_list, project_role
+from alerts.selectors import run_alerts_active
 from common.confirmation import action_confirmed, confirmation_page
 from common.domain_errors import DomainError, Forbidden, NotFound
 from common.form_errors import error_placements
@@ -155,6 +156,8 @@ def run_page(request, run_id: int):
         in Membership.WRITER_ROLES,
         "explorer": _metric_explorer("run", [run]),
         "memory_plan": run_memory_plan(run),
+        # Alert rules whose condition holds on the run now; run_page/status.js keeps them current.
+        "alerts": run_alerts_active(run_id=run.pk),
     }
     return render(request, "runs/detail.html", context)
 

@@ -1,6 +1,8 @@
 from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from alerts.selectors import run_alerts_active
 from common.db_limits import require_no_nul
 from environment_registry.serializers import EnvironmentVersionStatusSerializer
 
@@ -74,6 +76,29 @@ class RunSerializer(serializers.ModelSerializer):
             "page": request.build_absolute_uri(page),
             "websocket": f"{scheme}://{request.get_host()}{websocket}",
         }
+
+
+class RunAlertSerializer(serializers.Serializer):
+    rule = serializers.IntegerField(help_text="The alert rule's id.")
+    name = serializers.CharField()
+    kind = serializers.CharField()
+    active = serializers.BooleanField()
+    text = serializers.CharField(help_text="What its newest firing on the run said.")
+    fired_at = serializers.DateTimeField(allow_null=True)
+
+
+class RunDetailSerializer(RunSerializer):
+    """A run with the alerts whose condition holds on it now (a tools_unused rule's, say)."""
+
+    alerts = serializers.SerializerMethodField(help_text="The project's alert rules whose condition holds on this "
+                                               "run now, each with what its newest firing said.")
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "alerts"]
+
+    @extend_schema_field(RunAlertSerializer(many=True))
+    def get_alerts(self, run: Run) -> list[dict]:
+        return run_alerts_active(run_id=run.pk)
 
 
 class RunAnnotationSerializer(serializers.Serializer):

@@ -25,6 +25,7 @@ from .serializers import (
     RunAnnotationSerializer,
     RunCloneSerializer,
     RunCreateSerializer,
+    RunDetailSerializer,
     RunSerializer,
     TrainerClaimSerializer,
 )
@@ -87,20 +88,20 @@ class RunListCreateView(ListAPIView):
 
 @extend_schema(tags=["runs"])
 class RunDetailView(GenericAPIView):
-    serializer_class = RunSerializer
+    serializer_class = RunDetailSerializer
 
     def get(self, request, run_id: int):
         run = run_get_for_user(user=request.user, run_id=run_id)
-        return Response(RunSerializer(run, context={"request": request}).data)
+        return Response(RunDetailSerializer(run, context={"request": request}).data)
 
-    @extend_schema(request=RunAnnotationSerializer, responses={200: RunSerializer},
+    @extend_schema(request=RunAnnotationSerializer, responses={200: RunDetailSerializer},
                    summary="Edit a run's tags and notes (a writer of its project)")
     def patch(self, request, run_id: int):
         serializer = RunAnnotationSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         run = run_annotate(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id),
                            tags=serializer.validated_data.get("tags"), notes=serializer.validated_data.get("notes"))
-        return Response(RunSerializer(run, context={"request": request}).data)
+        return Response(RunDetailSerializer(run, context={"request": request}).data)
 
 
 @extend_schema(tags=["runs"])

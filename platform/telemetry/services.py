@@ -19,7 +19,7 @@ from alerts.services import alerts_step_events_recorded
 from common.domain_errors import Conflict, InvalidInput
 from common.stored_text import json_text_escape
 from runs.models import Run
-from runs.realtime import run_broadcast_on_commit
+from runs.realtime import run_broadcast, run_broadcast_on_commit
 from runs.services import run_progress_record
 from tandem.contracts import SERIES_REFUSED_METRIC, RefusedSeries, StepEpisodes, TrainerStepEvent
 
@@ -95,7 +95,10 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent],
 
     run = run_progress_record(run=run, trainer_step=max(event.step for event in events),
                               policy_version=max(event.policy_version for event in events), at=now)
-    alerts_step_events_recorded(run=run, events=events)
+    run_id = run.pk
+    # Judged once this commits: the run's open pages learn of an alert as it starts or stops holding.
+    alerts_step_events_recorded(run=run, events=events, on_change=lambda changes: run_broadcast(
+        run_id, [{"type": "alert", "run": run_id, **change} for change in changes]))
 
     run_broadcast_on_commit(
         run.pk,

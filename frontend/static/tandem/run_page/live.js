@@ -93,6 +93,8 @@
           rp.showRun(message);
         } else if (message.type === "evaluation") {
           rp.showEvaluation(message);
+        } else if (message.type === "alert") {
+          rp.showAlert(message);
         }
       },
       onClose: () => {

@@ -1,5 +1,6 @@
 // The run page's status and facts (see data.js): the badge, the actions on offer, the stall
-// flag, the policy version, the connection, and the sentence of what the trainer waited on.
+// flag, the alerts that hold, the policy version, the connection, and the sentence of what the trainer
+// waited on.
 (function () {
   "use strict";
 
@@ -43,6 +44,42 @@
     }
   }
 
+  // The alerts whose condition holds on the run (runs/detail.html draws them): a badge with the rule's
+  // name and what its firing said; an alert that stops holding goes. From the socket ("alert" messages)
+  // and from the run's REST answer (its whole list, after a reconnect).
+  function alertItem(alert) {
+    const item = document.createElement("li");
+    item.dataset.rule = String(alert.rule);
+    item.dataset.kind = alert.kind;
+    const badge = item.appendChild(document.createElement("span"));
+    badge.className = "badge badge-alert";
+    badge.textContent = alert.name;
+    const text = document.createElement("span");
+    text.className = "alert-text";
+    text.textContent = alert.text;
+    item.append(" ", text);
+    return item;
+  }
+
+  function showAlert(alert) {
+    const list = document.getElementById("run-alerts");
+    const existing = list.querySelector(`li[data-rule="${Number(alert.rule)}"]`);
+    if (alert.active) {
+      const item = alertItem(alert);
+      if (existing) existing.replaceWith(item);
+      else list.appendChild(item);
+    } else if (existing) {
+      existing.remove();
+    }
+    list.hidden = list.children.length === 0;
+  }
+
+  function showAlerts(alerts) {
+    const list = document.getElementById("run-alerts");
+    list.replaceChildren(...alerts.map(alertItem));
+    list.hidden = alerts.length === 0;
+  }
+
   function showConnection(text) {
     if (TERMINAL.has(page.status)) showRunEnded();
     else el.connection.textContent = text;
@@ -55,7 +92,10 @@
 
   async function refreshRun() {
     const response = await fetch(runUrl, { credentials: "same-origin", headers: { Accept: "application/json" } });
-    if (response.ok) showRun(await response.json());
+    if (!response.ok) return;
+    const run = await response.json();
+    showRun(run);
+    if (run.alerts) showAlerts(run.alerts);
   }
 
   // The sentence of what the trainer waited on, asked again at most every IDLE_REFRESH_MS while steps come.
@@ -89,5 +129,5 @@
     }, page.idleRefreshes === 0 ? 0 : IDLE_REFRESH_MS);
   }
 
-  Object.assign(rp, { showRun, showConnection, showRunEnded, refreshRun, refreshIdle });
+  Object.assign(rp, { showRun, showAlert, showConnection, showRunEnded, refreshRun, refreshIdle });
 })();
