@@ -18,6 +18,7 @@ from typing import Any
 from tandem.configs.changes import merge_changes
 from tandem.contracts import (
     EVALUATION_LEADING_METRICS,
+    EVALUATION_TOOL_METRICS,
     REWARD_MEAN_METRIC,
     SUCCESS_RATE_METRIC,
     RunStatus,
@@ -259,7 +260,8 @@ def _metric_cell(evaluation, name: str) -> str:
 
 
 def cmd_eval_list(args) -> int:
-    """A run's evaluations as a table: success rate, mean reward and pass@k with their 95% intervals."""
+    """A run's evaluations as a table: success rate, mean reward, pass@k, and where the environment offers
+    tools the tool-call rate, calls per episode and parse failures, with their 95% intervals."""
     with _client() as client:
         evaluations = client.runs.evaluations(args.run_id)
     if args.json:
@@ -270,7 +272,8 @@ def cmd_eval_list(args) -> int:
         return 0
     pass_k = sorted({name for e in evaluations for name in e.metrics if name.startswith("pass@")},
                     key=lambda name: int(name.split("@")[1]))
-    columns = [*EVALUATION_LEADING_METRICS, *pass_k]
+    tool_use = [name for name in EVALUATION_TOOL_METRICS if any(name in e.metrics for e in evaluations)]
+    columns = [*EVALUATION_LEADING_METRICS, *pass_k, *tool_use]
     rows = [("#", "STEP", "VERSION", "ENVIRONMENT", "STATUS", "EPISODES", *(name.upper() for name in columns))]
     rows += [(str(e.index), str(e.step), f"v{e.policy_version}", e.environment, e.status, str(e.episodes),
               *(_metric_cell(e, name) for name in columns)) for e in evaluations]

@@ -205,7 +205,8 @@ def _evaluation_report(index: int, *, status: str = "complete") -> dict:
     return {"evaluation": index, "step": 10 * index, "policy_version": 10 * index, "environment": "calculator@1",
             "status": status, "reason": "" if status == "complete" else "3 of 8 episodes came back",
             "tasks": 4, "samples_per_task": 2, "temperature": 0.0, "episodes": 8 if status == "complete" else 3,
-            "metrics": {"success_rate": 0.25 * (index + 1), "mean_reward": 0.5, "pass@1": 0.25, "pass@2": 0.5},
+            "metrics": {"success_rate": 0.25 * (index + 1), "mean_reward": 0.5, "pass@1": 0.25, "pass@2": 0.5,
+                        "tool_call_rate": 0.75, "tool_calls_per_episode": 1.25},
             "intervals": {"success_rate": [0.1, 0.6]}}
 
 
@@ -223,7 +224,8 @@ def test_eval_list_and_show_print_a_runs_evaluations_with_their_intervals(tandem
     assert listed.returncode == 0, listed.stderr
     header, first, second = listed.stdout.splitlines()
     assert header.split() == ["#", "STEP", "VERSION", "ENVIRONMENT", "STATUS", "EPISODES", "SUCCESS_RATE",
-                              "MEAN_REWARD", "PASS@1", "PASS@2"]
+                              "MEAN_REWARD", "PASS@1", "PASS@2", "TOOL_CALL_RATE", "TOOL_CALLS_PER_EPISODE"]
+    assert first.split()[-2:] == ["0.750", "1.250"]  # no parse failures recorded: no column for them
     assert first.split()[:7] == ["0", "0", "v0", "calculator@1", "complete", "8", "0.250"]
     assert "[0.10, 0.60]" in first and second.split()[4] == "incomplete"
     assert [row["index"] for row in json.loads(tandem("eval", "list", str(run.id), "--json").stdout)] == [0, 1]
