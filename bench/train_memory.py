@@ -10,7 +10,9 @@ policy's), computes the reference's log-probs as the trainer does, compiles the 
   the device's ``peak_bytes_in_use`` plus its ``peak_bytes_reserved``, where the backend reports them.
   On a TPU a compiled program's temporaries (the gradients, activations and logits chunks of the step)
   sit in a reserved block that ``bytes_in_use`` leaves out: alone, it showed the state and the code;
-- ``planned_peak_bytes``: the run's memory plan for the same config (tandem/configs/memory_plan.py);
+- ``planned_peak_bytes``: the run's memory plan for the same config (tandem/configs/memory_plan.py), and
+  ``planned_parts`` its terms; ``compiled_memory``: XLA's ``memory_analysis()`` of the compiled update
+  (temporaries, arguments, outputs, aliased and code bytes), to tell which term of the plan is off;
 - ``tokens_per_s``: the batch's real tokens over the timed update's wall time;
 - ``padding_fraction``: the share of the slots the step computed that was padding (the batch's rows
   and the empty rows that fill its last micro-batch); ``rows``: the batch's rows (fewer than the
@@ -165,8 +167,14 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     tokens = sum(len(sequence) for sequence in sequences)
     device = jax.devices()[0].memory_stats() or {}
     device_peak = device.get("peak_bytes_in_use", 0) + device.get("peak_bytes_reserved", 0)
+    analysis = compiled_step.memory_analysis()
     return {
         "peak_bytes": int(device_peak or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+        # XLA's own account of the compiled update: its temporaries (gradients, activations, logits
+        # chunks), arguments, outputs and code; and the plan's parts, to tell which term is off.
+        "compiled_memory": {name: int(getattr(analysis, f"{name}_size_in_bytes")) for name in (
+            "temp", "argument", "output", "alias", "generated_code")} if analysis is not None else None,
+        "planned_parts": {name: value for name, value in dataclasses.asdict(plan).items() if name.endswith("_bytes")},
         "peak_source": "device_in_use_and_reserved" if device_peak else "process_rss",
         "device_memory_stats": {key: device[key] for key in ("peak_bytes_in_use", "peak_bytes_reserved",
                                                               "bytes_limit") if key in device},
