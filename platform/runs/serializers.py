@@ -88,7 +88,8 @@ class RunAlertSerializer(serializers.Serializer):
 
 
 class RunDetailSerializer(RunSerializer):
-    """A run with the alerts whose condition holds on it now (a tools_unused rule's, say)."""
+    """One run, as every endpoint about a single run answers: with the alerts whose condition holds on it
+    now (a tools_unused rule's, say). The list leaves them out (a query per run)."""
 
     alerts = serializers.SerializerMethodField(help_text="The project's alert rules whose condition holds on this "
                                                "run now, each with what its newest firing said.")

@@ -69,7 +69,7 @@ class RunListCreateView(ListAPIView):
         # Each run's attempts in one more query for the page, not one per run.
         return run_list(user=self.request.user).prefetch_related("attempt_history")
 
-    @extend_schema(request=RunCreateSerializer, responses={201: RunSerializer})
+    @extend_schema(request=RunCreateSerializer, responses={201: RunDetailSerializer})
     def post(self, request):
         serializer = RunCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -82,7 +82,7 @@ class RunListCreateView(ListAPIView):
             config=data["config"],
             name=data["name"],
         )
-        body = RunSerializer(run, context={"request": request}).data
+        body = RunDetailSerializer(run, context={"request": request}).data
         return Response(body, status=status.HTTP_201_CREATED)
 
 
@@ -106,39 +106,39 @@ class RunDetailView(GenericAPIView):
 
 @extend_schema(tags=["runs"])
 class RunCancelView(GenericAPIView):
-    serializer_class = RunSerializer
+    serializer_class = RunDetailSerializer
 
-    @extend_schema(request=None, responses={200: RunSerializer, **CONFLICT})
+    @extend_schema(request=None, responses={200: RunDetailSerializer, **CONFLICT})
     def post(self, request, run_id: int):
         run = run_cancel(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id))
-        return Response(RunSerializer(run, context={"request": request}).data)
+        return Response(RunDetailSerializer(run, context={"request": request}).data)
 
 
 @extend_schema(tags=["runs"])
 class RunPauseView(GenericAPIView):
-    serializer_class = RunSerializer
+    serializer_class = RunDetailSerializer
 
-    @extend_schema(request=None, responses={200: RunSerializer, **TRANSITION_CONFLICT})
+    @extend_schema(request=None, responses={200: RunDetailSerializer, **TRANSITION_CONFLICT})
     def post(self, request, run_id: int):
         run = run_pause(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id))
-        return Response(RunSerializer(run, context={"request": request}).data)
+        return Response(RunDetailSerializer(run, context={"request": request}).data)
 
 
 @extend_schema(tags=["runs"])
 class RunResumeView(GenericAPIView):
-    serializer_class = RunSerializer
+    serializer_class = RunDetailSerializer
 
-    @extend_schema(request=None, responses={200: RunSerializer, **TRANSITION_CONFLICT})
+    @extend_schema(request=None, responses={200: RunDetailSerializer, **TRANSITION_CONFLICT})
     def post(self, request, run_id: int):
         run = run_resume(user=request.user, run=run_get_for_user(user=request.user, run_id=run_id))
-        return Response(RunSerializer(run, context={"request": request}).data)
+        return Response(RunDetailSerializer(run, context={"request": request}).data)
 
 
 @extend_schema(tags=["runs"])
 class RunCloneView(GenericAPIView):
     serializer_class = RunCloneSerializer
 
-    @extend_schema(request=RunCloneSerializer, responses={201: RunSerializer})
+    @extend_schema(request=RunCloneSerializer, responses={201: RunDetailSerializer})
     def post(self, request, run_id: int):
         serializer = RunCloneSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -148,7 +148,7 @@ class RunCloneView(GenericAPIView):
             config_changes=serializer.validated_data["config"],
             name=serializer.validated_data["name"],
         )
-        body = RunSerializer(run, context={"request": request}).data
+        body = RunDetailSerializer(run, context={"request": request}).data
         return Response(body, status=status.HTTP_201_CREATED)
 
 

@@ -81,6 +81,8 @@ def test_cancelling_an_ended_run_is_a_conflict(client):
 
 
 def test_pause_resume_and_clone(client, trainer):
+    # Claimable once its environment passed a probe: the stack's own may not have ended yet on a busy machine.
+    assert client.environments.probe("calculator", wait_s=90)["status"] == "passed"
     run = client.runs.create(environment="calculator", config={"rl_steps": 5, "seed": 7}, name="original")
     trainer.claim(run.id)
     assert client.runs.get(run.id).status == "running"
