@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from environments.base import Environment, MalformedOutputError, StepResult
+from environments.mcp_tools import with_mcp_tools
 from tandem.allowlists.environment_modules import EnvironmentModuleRefused, check_environment_target
+from tandem.allowlists.mcp_servers import check_mcp_server
 from tandem.contracts import ADAPTER_ENTRYPOINTS, EnvironmentSpec
 
 _REQUIRED = {"sample_task": False, "reset": True, "step": True}  # method: must be async
@@ -30,12 +32,25 @@ class EnvironmentLoadError(RuntimeError):
 
 
 def load_environment_class(spec: EnvironmentSpec) -> type[Environment]:
-    """The class of ``spec``: an adapter, or a class of an allowed module; nothing else is imported.
+    """The class of ``spec``: an adapter, or a class of an allowed module; nothing else is imported. With a
+    ``tool_server``, its episodes also take that MCP server's tools (environments/mcp_tools.py).
 
     Raises:
       EnvironmentLoadError: the entrypoint is malformed, its module is not one the operator
-        allows (tandem.allowlists.environment_modules; checked before any import), or it is no environment.
+        allows (tandem.allowlists.environment_modules; checked before any import), it is no environment,
+        or its tool server is not one the operator lists (TANDEM_MCP_SERVERS).
     """
+    cls = _environment_class(spec)
+    if spec.tool_server is None:
+        return cls
+    try:
+        check_mcp_server(spec.tool_server.command)
+    except ValueError as exc:  # McpServerRefused, or a malformed TANDEM_MCP_SERVERS
+        raise EnvironmentLoadError(f"tool_server: {exc}") from None
+    return with_mcp_tools(cls, spec.tool_server)
+
+
+def _environment_class(spec: EnvironmentSpec) -> type[Environment]:
     module_name, _, class_name = spec.entrypoint.partition(":")
     if not module_name or not class_name:
         raise EnvironmentLoadError(f"entrypoint {spec.entrypoint!r} is not of the form module:Class")

@@ -62,6 +62,11 @@ class EnvironmentVersion(models.Model):
     secret_setting_names = models.JSONField(
         default=list, blank=True, help_text="Names of the write-only secret settings, sorted."
     )
+    tool_server = models.JSONField(
+        null=True, blank=True,
+        help_text="The MCP server its episodes take tools from ({command: a name of TANDEM_MCP_SERVERS}); "
+        "empty: none.",
+    )
     max_concurrent_episodes = models.PositiveIntegerField(
         null=True, blank=True,
         help_text="Registered limit of episodes at once, across every producer; empty: no limit.",
@@ -113,6 +118,7 @@ class EnvironmentVersion(models.Model):
             entrypoint=self.entrypoint,
             settings=self.settings,
             tools=self.tools,
+            tool_server=self.tool_server,
             secret_setting_names=tuple(self.secret_setting_names),
             max_concurrent_episodes=self.episode_limit,
         )

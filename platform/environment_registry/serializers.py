@@ -12,6 +12,12 @@ class ToolSchemaSerializer(serializers.Serializer):
     parameters = serializers.DictField(help_text="JSON schema of the arguments, of type 'object'.")
 
 
+class ToolServerSerializer(serializers.Serializer):
+    command = serializers.CharField(
+        max_length=64, help_text="A name of the operator's TANDEM_MCP_SERVERS: the MCP server (over stdio) each "
+        "episode starts and stops.")
+
+
 class EnvironmentVersionRegisterSerializer(serializers.Serializer):
     """A version's definition: what producers load, with which settings and tools."""
 
@@ -28,6 +34,11 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
     tools = ToolSchemaSerializer(
         many=True, required=False, default=list,
         help_text="Tools the environment exposes, exactly; the probe checks them.",
+    )
+    tool_server = ToolServerSerializer(
+        required=False, allow_null=True, default=None,
+        help_text="An MCP server the episodes also take tools from; declare its tools in `tools` as the probe "
+        "lists them (it calls none).",
     )
     max_concurrent_episodes = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=1, max_value=1_000_000,
@@ -70,6 +81,7 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
             entrypoint=data["entrypoint"],
             settings=data["settings"],
             tools=tuple(ToolSchema(**tool) for tool in data["tools"]),
+            tool_server=data["tool_server"],
             max_concurrent_episodes=data["max_concurrent_episodes"],
         )
 
@@ -112,7 +124,7 @@ class EnvironmentVersionSerializer(EnvironmentVersionStatusSerializer):
 
     class Meta(EnvironmentVersionStatusSerializer.Meta):
         fields = [*EnvironmentVersionStatusSerializer.Meta.fields, "kind", "entrypoint",
-                  "settings", "secret_setting_names", "tools", "max_concurrent_episodes",
+                  "settings", "secret_setting_names", "tools", "tool_server", "max_concurrent_episodes",
                   "advertised_max_concurrent_episodes", "episode_limit", "created_by", "created_at"]
 
 

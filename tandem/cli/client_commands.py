@@ -408,6 +408,8 @@ def cmd_envs_register(args) -> int:
         except (OSError, ValueError) as exc:
             raise CommandError(f"--tools: {exc}") from None
     extra = parse_assignments(args.field or [], option="--field")
+    if args.tool_server:
+        extra["tool_server"] = {"command": args.tool_server}
     with _client() as client:
         environment = client.environments.register(
             args.name, entrypoint=args.entrypoint, kind=args.kind, settings=settings or None, tools=tools,
@@ -579,6 +581,9 @@ def register_subcommands(commands: argparse._SubParsersAction) -> None:
     register.add_argument("--setting", action="append", metavar="KEY=VALUE",
                           help="one keyword argument; repeatable")
     register.add_argument("--tools", metavar="FILE", help="a JSON file: the tools' schemas, a list")
+    register.add_argument("--tool-server", metavar="NAME",
+                          help="an MCP server of the operator's TANDEM_MCP_SERVERS that episodes also take tools "
+                          "from (declare its tools with --tools; the probe lists them)")
     register.add_argument("--field", action="append", metavar="KEY=VALUE",
                           help="any other registration field the platform accepts, sent as is; repeatable")
     register.add_argument("--project", type=int, help="default: your only project")

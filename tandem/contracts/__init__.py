@@ -78,6 +78,7 @@ from tandem.contracts.environments import (
     RequiredSetting,
     SecretSettingValues,
     ToolSchema,
+    ToolServerSpec,
     environment_kind_choices,
 )
 from tandem.contracts.errors import (
@@ -396,6 +397,7 @@ __all__ = [
     "environment_kind_choices",
     "episode_status_choices",
     "ToolSchema",
+    "ToolServerSpec",
     "EnvironmentSpec",
     "EnvironmentSecrets",
     "SecretSettingValues",

@@ -116,17 +116,33 @@ class ToolSchema(BaseModel):
     parameters: dict = Field(description="JSON schema of the arguments (an object schema).")
 
 
+class ToolServerSpec(BaseModel):
+    """An MCP server an environment takes tools from, besides any of its own (environments/mcp_tools.py).
+
+    Each episode starts the server (over stdio) and closes it at the episode's end, so a stateful
+    server never carries one episode's state into another.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str = Field(
+        min_length=1, max_length=64,
+        description="A name of the operator's TANDEM_MCP_SERVERS (name to argv): the server a worker starts. "
+        "A registration never gives a command line itself.")
+
+
 class EnvironmentSpec(Record):
     """One immutable version of a registered environment, as producers and probes need it.
 
     Schema 2 added ``version``, ``version_id``, ``tools`` and the adapter kinds;
     a schema 1 record (kind 'python', no version) is read as version 0. Schema 3
     renamed ``params`` to ``settings``, the API's name for them; a record of an
-    older schema is read with its ``params`` as ``settings``.
+    older schema is read with its ``params`` as ``settings``. Schema 4 added
+    ``tool_server``; an older record has none.
     """
 
-    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2, 3})
-    schema_version: int = 3
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2, 3, 4})
+    schema_version: int = 4
 
     name: str = Field(description="Registered name, unique within a project.")
     version: int = Field(
@@ -153,6 +169,10 @@ class EnvironmentSpec(Record):
         (), description="Names of the version's secret settings (keyword arguments too); their values never "
         "travel in a spec, only to producers and probes (EnvironmentSecrets)."
     )
+    tool_server: ToolServerSpec | None = Field(
+        None, description="An MCP server the environment takes tools from, per episode; its tools are "
+        "declared in `tools` like any other, and the probe checks them."
+    )
     max_concurrent_episodes: int | None = Field(
         None, ge=1, description="At most this many episodes of the version run at once, across every "
         "producer on every host (workers/episode_slots.py); an episode waits for a slot. None: no limit. "
@@ -164,8 +184,10 @@ class EnvironmentSpec(Record):
     def _upgrade_and_fill_adapter(cls, data):
         if isinstance(data, dict):
             if data.get("schema_version") in (1, 2):
-                data = {**data, "schema_version": 3,
+                data = {**data, "schema_version": 4,
                         "entrypoint": moved_entrypoint(data.get("entrypoint") or "")}
+            elif data.get("schema_version") == 3:
+                data = {**data, "schema_version": 4}
             if "params" in data and "settings" not in data:
                 # Written by a process from before schema 3 (a RunSpec or ProbeRequest in Redis).
                 data = {key: value for key, value in data.items() if key != "params"} | {

@@ -301,3 +301,33 @@ def test_environments_are_deleted_with_their_versions(project, environment):
     project.delete()
 
     assert not Environment.objects.exists() and not EnvironmentVersion.objects.exists()
+
+
+def test_a_tool_server_must_be_one_the_operator_lists_and_reaches_the_probe(
+    api, project, user, settings, redis_client, django_capture_on_commit_callbacks
+):
+    from django.test import Client
+
+    settings.TANDEM_MCP_SERVERS = {"arithmetic": ("python", "server.py")}
+    refused = _register(api, project=project.pk, tool_server={"command": "rm"})
+    assert refused.status_code == 400 and _fields(refused) == ["tool_server.command"]
+    assert "TANDEM_MCP_SERVERS" in refused.json()["error"]["fields"]["tool_server.command"][0]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        registered = _register(api, project=project.pk, tool_server={"command": "arithmetic"})
+
+    assert registered.status_code == 201, registered.json()
+    [version] = registered.json()["versions"]
+    assert version["tool_server"] == {"command": "arithmetic"}
+    probe = EnvironmentProbe.objects.get(version_id=version["id"])
+    request = ProbeRequest.model_validate_json(redis_client.get(probe_request_key(probe.pk)))
+    assert request.environment.tool_server.command == "arithmetic"
+    # Without the server it is another definition: a version of its own.
+    again = api.post(f"/api/environments/{registered.json()['id']}/versions/", {
+        "kind": "python", "entrypoint": "tests.workers.maze:MazeEnvironment", "settings": {"size": 5},
+        "tools": [CALC_TOOL], "tool_server": None}, format="json")
+    assert again.status_code == 201 and again.json()["number"] == 2, again.json()
+    browser = Client()
+    browser.force_login(user)
+    page = browser.get(f"/environments/{registered.json()['id']}/").content.decode()
+    assert "MCP server <code>arithmetic</code>" in page

@@ -5,6 +5,7 @@ import json
 from django.core.exceptions import ImproperlyConfigured
 
 from tandem.allowlists.environment_modules import allowed_environment_modules
+from tandem.allowlists.mcp_servers import configured_mcp_servers
 from tandem.runtime.secrets_at_rest import (
     SecretsCipher,
     SecretsKeyError,
@@ -17,6 +18,10 @@ from .env_vars import env_list, env_str
 # (tandem/allowlists/environment_modules.py): the built-ins and TANDEM_ENVIRONMENT_MODULES.
 # Workers read the same variable and refuse the rest before importing anything.
 TANDEM_ENVIRONMENT_MODULES = allowed_environment_modules()
+
+# The MCP servers an environment may take tools from, name to argv (tandem/allowlists/mcp_servers.py);
+# a registration names one, and workers start only these. Unset: none.
+TANDEM_MCP_SERVERS = configured_mcp_servers()
 
 # Hosts and networks remote environment URLs may reach (tandem/allowlists/environment_urls.py).
 # Unset: everything except link-local and cloud-metadata addresses.

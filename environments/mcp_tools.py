@@ -1,0 +1,173 @@
+"""Tools from an MCP server: an environment whose registration names a ``tool_server`` gets its tools from it.
+
+Each episode starts the operator's server (``TANDEM_MCP_SERVERS``, tandem/allowlists/mcp_servers.py)
+over stdio when it resets, lists its tools and adds them to the environment's own, and stops it when
+the episode closes: a stateful server never carries one episode's state into another. A call goes to
+the server and its text comes back as the tool's result. A call the server refuses (``isError``), a
+server that died or a call past its timeout raises :class:`~environments.base.ToolError`: the agent
+gives the policy that message and the episode goes on.
+
+The client's streams live in one task of the episode's event loop, started at reset and ended at
+close, because ``mcp``'s transports must be entered and left in the same task; calls come from
+whichever task runs the tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from environments.base import Environment, Tool, ToolError
+from tandem.allowlists.mcp_servers import check_mcp_server
+from tandem.contracts import ToolServerSpec
+
+logger = logging.getLogger(__name__)
+
+#: How long a server may take to start and list its tools, and to answer one call.
+START_TIMEOUT_S = 30.0
+CALL_TIMEOUT_S = 60.0
+
+
+class McpServerError(RuntimeError):
+    """The episode's MCP server could not be started or did not list its tools."""
+
+
+class McpToolSession:
+    """One episode's connection to an MCP server: its tools, their calls, and its end."""
+
+    def __init__(self, server: ToolServerSpec, *, start_timeout_s: float = START_TIMEOUT_S,
+                 call_timeout_s: float = CALL_TIMEOUT_S):
+        self._argv = check_mcp_server(server.command)
+        self._name = server.command
+        self._start_timeout_s = start_timeout_s
+        self._call_timeout_s = call_timeout_s
+        self._client = None
+        self._closing: asyncio.Event | None = None
+        self._owner: asyncio.Task | None = None
+
+    async def open(self) -> tuple[Tool, ...]:
+        """Start the server and list its tools, each as a :class:`Tool` that calls it.
+
+        Raises:
+          McpServerError: the server did not start, or did not list its tools, within the start timeout.
+        """
+        ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._closing = asyncio.Event()
+        self._owner = asyncio.create_task(self._serve(ready), name=f"mcp server {self._name}")
+        try:
+            listed = await asyncio.wait_for(asyncio.shield(ready), self._start_timeout_s)
+        except TimeoutError:
+            await self.close()
+            raise McpServerError(f"MCP server {self._name!r} did not list its tools within "
+                                 f"{self._start_timeout_s:g}s") from None
+        except Exception as exc:
+            await self.close()
+            raise McpServerError(f"MCP server {self._name!r} did not start: {_reason(exc)}") from exc
+        return tuple(Tool(name=tool.name, description=tool.description or "",
+                          parameters=dict(tool.input_schema), run=self._caller(tool.name))
+                     for tool in listed)
+
+    async def _serve(self, ready: asyncio.Future) -> None:
+        from mcp.client import Client
+        from mcp.client.stdio import StdioServerParameters
+
+        command, *arguments = self._argv
+        try:
+            # env None: only the variables mcp deems safe to inherit, never the worker's own secrets.
+            async with Client(StdioServerParameters(command=command, args=list(arguments)), cache=None) as client:
+                listed = await client.list_tools()
+                self._client = client
+                ready.set_result(listed.tools)
+                await self._closing.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, Exception) else McpServerError(repr(exc)))
+            elif not isinstance(exc, asyncio.CancelledError):
+                logger.warning("MCP server %r ended with an error", self._name, exc_info=True)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            self._client = None
+
+    def _caller(self, name: str):
+        async def call(arguments: dict[str, Any]) -> str:
+            client = self._client
+            if client is None:
+                raise ToolError(f"the MCP server {self._name!r} is not running")
+            try:
+                result = await asyncio.wait_for(client.call_tool(name, arguments), self._call_timeout_s)
+            except TimeoutError:
+                raise ToolError(f"the MCP server did not answer within {self._call_timeout_s:g}s") from None
+            except Exception as exc:
+                raise ToolError(f"the MCP server failed: {_reason(exc)}") from None
+            text = "\n".join(_content_text(part) for part in result.content)
+            if result.is_error:
+                raise ToolError(text or "the MCP server refused the call")
+            return text
+
+        return call
+
+    async def close(self) -> None:
+        """Stop the server; safe to call more than once, and after a failed open."""
+        if self._closing is not None:
+            self._closing.set()
+        owner, self._owner = self._owner, None
+        if owner is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(owner), self._start_timeout_s)
+        except TimeoutError:
+            owner.cancel()
+            with contextlib.suppress(BaseException):
+                await owner
+        except Exception:
+            pass  # _serve logged it or handed it to open()
+
+
+def _content_text(part: Any) -> str:
+    """A result's content part as text: its text, or what kind of content it was."""
+    text = getattr(part, "text", None)
+    return text if isinstance(text, str) else f"[{getattr(part, 'type', 'unknown')} content]"
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def with_mcp_tools(cls: type[Environment], server: ToolServerSpec) -> type[Environment]:
+    """``cls`` whose episodes also get ``server``'s tools: started at reset, stopped at close."""
+
+    class WithMcpTools(cls):
+        async def reset(self, task: dict[str, Any]) -> str:
+            await self._mcp_close()
+            own = getattr(self, "_own_tools", None)
+            if own is None:
+                self._own_tools = own = tuple(self.tools)
+            session = McpToolSession(server)
+            self._mcp_session = session
+            served = await session.open()
+            clashing = sorted({tool.name for tool in own} & {tool.name for tool in served})
+            if clashing:
+                raise McpServerError(f"MCP server {server.command!r} serves tools the environment has itself: "
+                                     f"{', '.join(clashing)}")
+            self.tools = (*own, *served)
+            return await super().reset(task)
+
+        async def close(self) -> None:
+            try:
+                await super().close()
+            finally:
+                await self._mcp_close()
+
+        async def _mcp_close(self) -> None:
+            session = getattr(self, "_mcp_session", None)
+            self._mcp_session = None
+            if session is not None:
+                await session.close()
+
+    WithMcpTools.__name__ = WithMcpTools.__qualname__ = cls.__name__
+    WithMcpTools.__module__ = cls.__module__
+    WithMcpTools.__doc__ = cls.__doc__
+    return WithMcpTools

@@ -1,0 +1,121 @@
+"""Issue 32, point 4: an environment takes its tools from a real MCP server (tests/workers/mcp_arithmetic_server.py,
+over stdio), started per episode from the operator's list, through the real agent loop and the real probe."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from environments import EnvironmentLoadError, ToolError, format_tool_call, load_environment_class
+from policy import ByteLayout, ByteTokenizer
+from tandem.allowlists.mcp_servers import configured_mcp_servers
+from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts, ToolSchema
+from workers.agent import EpisodeLimits, run_episode
+from workers.circuit_breaker import CircuitBreakers
+from workers.probe import run_probe
+
+from .test_tool_call_feedback import ScriptedTurns
+
+SERVER = Path(__file__).with_name("mcp_arithmetic_server.py")
+# Starting a Python MCP server (its imports) takes a second or two.
+TIMEOUTS = ProbeTimeouts(url=5, load=10, reset=30, tools=5, step=5, close=30)
+
+
+@pytest.fixture(autouse=True)
+def operator_servers(monkeypatch):
+    monkeypatch.setenv("TANDEM_MCP_SERVERS", json.dumps({"arithmetic": [sys.executable, str(SERVER)]}))
+
+
+def _spec(server: str = "arithmetic", *, tools: tuple[ToolSchema, ...] = ()) -> EnvironmentSpec:
+    return EnvironmentSpec(name="sums", kind="python", entrypoint="tests.workers.mcp_task:SumTask",
+                           tool_server={"command": server}, tools=tools)
+
+
+def _tool(environment, name):
+    return next(tool for tool in environment.tools if tool.name == name)
+
+
+def test_each_episode_starts_the_server_lists_its_tools_and_stops_it_at_close():
+    environment = load_environment_class(_spec())()
+
+    async def episode() -> list[str]:
+        await environment.reset({"a": 2, "b": 3})
+        answers = [await _tool(environment, "add").run({"a": 2, "b": 3}),
+                   await _tool(environment, "count").run({}), await _tool(environment, "count").run({})]
+        with pytest.raises(ToolError, match="Error executing tool refuse"):
+            await _tool(environment, "refuse").run({"reason": "no"})
+        await environment.close()
+        with pytest.raises(ToolError, match="is not running"):  # its server has stopped
+            await _tool(environment, "add").run({"a": 1, "b": 1})
+        return answers
+
+    assert environment.tools == ()  # none before the episode's server is started
+    assert asyncio.run(episode()) == ["5", "1", "2"]
+    assert [tool.name for tool in environment.tools] == ["add", "refuse", "count"]
+    assert _tool(environment, "add").parameters["required"] == ["a", "b"]
+    # The next episode's server starts from scratch: no state carries over.
+    assert asyncio.run(episode()) == ["5", "1", "2"]
+
+
+def test_a_server_the_operator_does_not_list_is_never_started():
+    with pytest.raises(EnvironmentLoadError, match="'shell' is not one the operator allows.*TANDEM_MCP_SERVERS"):
+        load_environment_class(_spec("shell"))
+
+
+def test_an_episode_calls_the_servers_tool_and_a_refused_call_is_told_to_the_model():
+    tokenizer = ByteTokenizer()
+    # Hermes blocks: the byte layout's own format takes one string argument, and add takes two integers.
+    layout = ByteLayout(tokenizer, tool_call_format="hermes")
+    environment = load_environment_class(_spec())()
+    turns = [format_tool_call("refuse", {"reason": "not today"}, "hermes"),
+             format_tool_call("add", {"a": 417, "b": 389}, "hermes"), "806"]
+    record = asyncio.run(run_episode(
+        run_id=1, group_id="1-0", group_size=1, environment_name="sums", environment=environment,
+        task={"a": 417, "b": 389}, policy=ScriptedTurns(tokenizer, layout, turns), tokenizer=tokenizer,
+        layout=layout, limits=EpisodeLimits(max_turns=4, max_seq_len=4096, max_new_tokens=64,
+                                            environment_timeout_s=30),
+        circuit_breakers=CircuitBreakers()))
+
+    assert record.status == "ok" and record.reward == 1.0, record.failure_reason
+    assert record.offered_tools == ("add", "refuse", "count")
+    assistant = [message for message in record.messages if message.role == "assistant"]
+    assert [message.tool_call_status for message in assistant] == ["tool_error", "ok", None]
+    tool_results = [message.content for message in record.messages if message.role == "tool"]
+    assert "Error executing tool refuse" in tool_results[0] and tool_results[1].strip().endswith("806")
+    assert record.tool_calls_run() == 1
+
+
+def test_the_probe_checks_the_servers_tools_against_the_declaration_and_calls_none():
+    environment = load_environment_class(_spec())()
+
+    async def listed():
+        await environment.reset({"a": 1, "b": 2})
+        await environment.close()
+        return [ToolSchema(name=tool.name, description=tool.description, parameters=tool.parameters)
+                for tool in environment.tools]
+
+    declared = tuple(asyncio.run(listed()))
+    passed = run_probe(ProbeRequest(probe_id=1, purpose="registration", environment=_spec(tools=declared),
+                                    timeouts=TIMEOUTS))
+    assert {check.name: check.status for check in passed.checks}["tools"] == "passed", passed.checks
+
+    undeclared = run_probe(ProbeRequest(probe_id=2, purpose="registration", environment=_spec(),
+                                        timeouts=TIMEOUTS))
+    tools = next(check for check in undeclared.checks if check.name == "tools")
+    assert tools.status == "failed"
+    assert "exposed but not declared (register them)" in tools.message and '"name": "add"' in tools.message
+
+
+@pytest.mark.parametrize(("configured", "message"), [
+    ("[1, 2]", "must be a JSON object"),
+    ('{"calc": "python server.py"}', "must be a non-empty list of strings"),
+    ('{"../x": ["python"]}', "is not a name"),
+    ("{calc", "is not JSON"),
+])
+def test_a_malformed_operator_list_is_refused_with_its_setting_named(configured, message):
+    with pytest.raises(ValueError, match=f"TANDEM_MCP_SERVERS.*{message}|{message}"):
+        configured_mcp_servers(configured)
