@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
 from typing import Any
 
 from environments.base import Environment, Tool, ToolError
@@ -71,12 +73,15 @@ class McpToolSession:
 
     async def _serve(self, ready: asyncio.Future) -> None:
         from mcp.client import Client
-        from mcp.client.stdio import StdioServerParameters
+        from mcp.client.stdio import StdioServerParameters, stdio_client
 
         command, *arguments = self._argv
+        # env None: only the variables mcp deems safe to inherit, never the worker's own secrets.
+        parameters = StdioServerParameters(command=command, args=list(arguments))
         try:
-            # env None: only the variables mcp deems safe to inherit, never the worker's own secrets.
-            async with Client(StdioServerParameters(command=command, args=list(arguments)), cache=None) as client:
+            # The server's stderr goes to the process's own (a worker's log): a Celery worker's sys.stderr is
+            # a logging proxy with no file descriptor for a subprocess to write to.
+            async with Client(stdio_client(parameters, errlog=_stderr()), cache=None) as client:
                 listed = await client.list_tools()
                 self._client = client
                 ready.set_result(listed.tools)
@@ -124,6 +129,18 @@ class McpToolSession:
                 await owner
         except Exception:
             pass  # _serve logged it or handed it to open()
+
+
+def _stderr():
+    """A stream with a file descriptor for the server's stderr: the process's original one, else /dev/null."""
+    stream = sys.__stderr__
+    try:
+        if stream is not None:
+            stream.fileno()
+            return stream
+    except (AttributeError, OSError, ValueError):
+        pass
+    return open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
 
 
 def _content_text(part: Any) -> str:

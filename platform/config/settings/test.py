@@ -1,6 +1,9 @@
 """Test runs: the suite's own PostgreSQL and Redis (tests/suite_services.py), fast hashing."""
 
+import json
 import os
+import sys
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -25,6 +28,9 @@ os.environ["REDIS_URL"] = _suite_service("TANDEM_TEST_REDIS_URL")
 # The test environments' packages, as an operator would allow a team's; workers the tests
 # start inherit it. tests.untrusted_environment stays outside on purpose.
 os.environ.setdefault("TANDEM_ENVIRONMENT_MODULES", "tests.workers,tests.e2e")
+# The tests' MCP tool server, as an operator would list a team's (tests/workers/mcp_arithmetic_server.py).
+os.environ.setdefault("TANDEM_MCP_SERVERS", json.dumps({"arithmetic": [
+    sys.executable, str(Path(__file__).resolve().parents[3] / "tests" / "workers" / "mcp_arithmetic_server.py")]}))
 # Every test client comes from 127.0.0.1: the suite's deliberate bad tokens and passwords must
 # not add up to a lock-out of later tests (tests/platform/test_security_throttling.py sets its own).
 os.environ.setdefault("TANDEM_AUTH_FAILURES_ALLOWED", "1000000")
