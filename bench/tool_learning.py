@@ -116,9 +116,13 @@ def main() -> None:
                     "grpo_minutes": args.grpo_minutes, "cpu_count": os.cpu_count()}
     for task in args.tasks.split(","):
         environment_name, _, max_turns = TASKS[task]
+        # Micro-batches, small logits chunks and remat keep the trainer near 4 GB (bench/train_memory.py): the
+        # whole step at once held 10 GB here and was killed for memory beside other jobs.
         config = real_model_config(model={"max_seq_len": 1024},
                                    sampling={"max_new_tokens": args.max_new_tokens, "temperature": 0.8},
-                                   rollout={"max_turns": max_turns})
+                                   rollout={"max_turns": max_turns},
+                                   memory={"micro_batch_tokens": 2048, "logits_chunk_tokens": 512, "remat": "full",
+                                           "pack_episodes": True})
         evaluated = functools.partial(_evaluated, redis_client, config=config, task=task,
                                       episodes=args.eval_episodes)
         output[task] = {"environment": environment_name}
