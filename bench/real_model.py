@@ -176,16 +176,34 @@ def _calculator_stack(args, *, environ: dict[str, str] | None = None):
         yield client, project_id, stack
 
 
+def _environment_ready(client, stack, name: str, *, timeout_s: float = 600.0) -> None:
+    """Wait for ``name``'s newest version to pass its probe: a fresh stack probes its environments one after
+    another, and a run of SFT on one whose demonstrations are not yet probed is refused."""
+    deadline = time.time() + timeout_s
+    while True:
+        stack.check_alive()
+        listed = client.get("/api/environments/", params={"page_size": 100}).json()
+        rows = listed["results"] if isinstance(listed, dict) else listed
+        status = next((row["latest_version"]["status"] for row in rows if row["name"] == name), None)
+        if status == "ready":
+            return
+        if status == "failed" or time.time() > deadline:
+            raise RuntimeError(f"environment {name} is {status} (not ready)")
+        time.sleep(2)
+
+
 def run_to_end(client, stack, *, project_id: int, name: str, environment: str, config: dict,
                minutes: float) -> dict:
     """Create a run through REST and wait for it to end, cancelling it once ``minutes`` have passed:
     its id, final status, trainer step and wall seconds."""
     from tandem.contracts import TERMINAL_RUN_STATUSES
 
+    _environment_ready(client, stack, environment)
     started = time.time()
     run = client.post("/api/runs/", json={"project": project_id, "name": name, "environment": environment,
                                           "config": config})
-    run.raise_for_status()
+    if run.status_code != 201:
+        raise RuntimeError(f"the run was refused: {run.status_code} {run.text}")
     run_id = run.json()["id"]
     deadline, cancelled = started + minutes * 60, False
     while True:
