@@ -167,10 +167,11 @@ def test_showing_a_run(api, project, environment, make_run):
     expected_keys = {
         "id", "project", "name", "environment", "environment_version", "status", "status_reason", "config",
         "policy_version", "trainer_step", "attempts", "attempt_history", "restarts", "claimable_after", "stalled_since",
-        "heartbeat_at", "created_at", "started_at", "finished_at", "urls", "tags", "notes", "memory_plan",
+        "heartbeat_at", "created_at", "started_at", "finished_at", "urls", "tags", "notes", "memory_plan", "alerts",
     }  # fmt: skip
     assert set(body) == expected_keys
     assert body["name"] == "shown" and body["status"] == "queued"
+    assert body["alerts"] == []  # no rule's condition holds on a run that has not started
     assert body["environment_version"]["number"] == 1
     assert body["environment_version"]["status"] == "ready"
 
