@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -42,6 +43,19 @@ class MessageToolCall(BaseModel):
 
     name: str
     arguments: dict = Field(default_factory=dict)
+
+
+def tool_call_outcomes_of(turns: Iterable) -> list[str]:
+    """The :data:`ToolCallStatus` of each of ``turns`` (conversation messages, or a sample's turns: anything
+    with ``tool_call_status``) that wrote tool-call markup, in order."""
+    return [turn.tool_call_status for turn in turns if turn.tool_call_status is not None]
+
+
+def tool_calls_run_in(turns: Iterable) -> int:
+    """Calls that parsed and ran over ``turns`` (anything with ``tool_calls`` and ``tool_call_status``): every
+    call they record, but those of a turn whose tool refused one (markup that made no call records none;
+    older records' calls all ran)."""
+    return sum(len(turn.tool_calls) for turn in turns if turn.tool_call_status != "tool_error")
 
 
 class ConversationMessage(BaseModel):
@@ -129,12 +143,11 @@ class TrajectoryRecord(Record):
 
     def tool_call_outcomes(self) -> list[str]:
         """The :data:`ToolCallStatus` of each assistant turn that wrote tool-call markup, in order."""
-        return [message.tool_call_status for message in self.messages if message.tool_call_status is not None]
+        return tool_call_outcomes_of(self.messages)
 
     def tool_calls_run(self) -> int:
-        """Calls of its tools that parsed and ran: every call its messages record, but those of a turn whose
-        tool refused one (markup that made no call records none; older records' calls all ran)."""
-        return sum(len(message.tool_calls) for message in self.messages if message.tool_call_status != "tool_error")
+        """Calls of its tools that parsed and ran (:func:`tool_calls_run_in`)."""
+        return tool_calls_run_in(self.messages)
 
     @model_validator(mode="after")
     def _aligned(self):

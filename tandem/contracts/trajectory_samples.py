@@ -7,7 +7,13 @@ from typing import ClassVar, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.contracts.schema import Record
-from tandem.contracts.trajectories import EpisodeStatus, MessageToolCall, ToolCallStatus
+from tandem.contracts.trajectories import (
+    EpisodeStatus,
+    MessageToolCall,
+    ToolCallStatus,
+    tool_call_outcomes_of,
+    tool_calls_run_in,
+)
 
 TurnRole = Literal["prompt", "policy", "environment", "tool"]
 #: What a sampled episode was for: a trained step's, or a held-out evaluation's (never trained on).
@@ -130,11 +136,11 @@ class TrajectorySample(Record):
 
     def tool_calls_run(self) -> int:
         """Calls that parsed and ran, as :meth:`TrajectoryRecord.tool_calls_run` counts them."""
-        return sum(len(turn.tool_calls) for turn in self.turns if turn.tool_call_status != "tool_error")
+        return tool_calls_run_in(self.turns)
 
     def tool_call_outcomes(self) -> list[str]:
         """The status of each policy turn that wrote tool-call markup, in order."""
-        return [turn.tool_call_status for turn in self.turns if turn.tool_call_status is not None]
+        return tool_call_outcomes_of(self.turns)
 
     @model_validator(mode="before")
     @classmethod

@@ -107,6 +107,21 @@ def run_ended(stack: LocalStack, api: httpx.Client, run_id: int, *, timeout_s: f
                       what=lambda: f"run {run_id} to end: {api.get(f'/api/runs/{run_id}/').json()}")
 
 
+def registration_probed(stack: LocalStack, api: httpx.Client, environment_id: int, *,
+                        timeout_s: float = 120) -> tuple[dict, dict]:
+    """Version 1 of the environment once its probe ended, and its registration probe: the stack's beat may
+    already have sent a health probe of a version that passed."""
+
+    def probed() -> dict | None:
+        version = api.get(f"/api/environments/{environment_id}/versions/1/").json()
+        return version if version["status"] != "pending" else None
+
+    version = poll_until(probed, timeout_s=timeout_s, interval_s=1.0, between=stack.check_alive,
+                         what=f"the registration probe of environment {environment_id}")
+    [probe] = [probe for probe in version["probes"] if probe["purpose"] == "registration"]
+    return version, probe
+
+
 def dataset_stored(stack: LocalStack, api: httpx.Client, uploaded: httpx.Response, *, timeout_s: float = 300) -> dict:
     """The version an upload's 202 accepted, once the stack's datasets worker has stored its rows."""
     assert uploaded.status_code == 202, uploaded.text

@@ -9,32 +9,13 @@ environment's tool metrics, and no episode fails.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from environments import load_environment_class
-from tandem.contracts import EnvironmentSpec
-from tests.e2e.conftest import run_ended, user_api
-from tests.polling import poll_until
+from tests.e2e.conftest import registration_probed, run_ended, user_api
+from tests.workers.test_mcp_tools import served_tool_schemas
 
 NAME = "sums-mcp"
 RL_STEPS = 2
-
-
-def _served_tools() -> list[dict]:
-    """The server's tools as it lists them: what a registration declares."""
-    spec = EnvironmentSpec(name=NAME, kind="python", entrypoint="tests.workers.mcp_task:SumTask",
-                           tool_server={"command": "arithmetic"})
-    environment = load_environment_class(spec)()
-
-    async def listed():
-        await environment.reset({"a": 1, "b": 2})
-        await environment.close()
-        return environment.tools
-
-    return [{"name": tool.name, "description": tool.description, "parameters": tool.parameters}
-            for tool in asyncio.run(listed())]
 
 
 @pytest.mark.timeout(900)  # above its inner waits (tests/test_timeouts.py)
@@ -44,18 +25,10 @@ def test_a_run_offers_the_tools_of_an_mcp_server_started_per_episode(stack, cred
     registered = api.post("/api/environments/", json={
         "project": credentials.project_id, "name": NAME, "kind": "python",
         "entrypoint": "tests.workers.mcp_task:SumTask", "tool_server": {"command": "arithmetic"},
-        "tools": _served_tools()})
+        "tools": [tool.model_dump() for tool in served_tool_schemas()]})
     assert registered.status_code == 201, registered.text
-    environment_id = registered.json()["id"]
-
-    def probed() -> dict | None:
-        version = api.get(f"/api/environments/{environment_id}/versions/1/").json()
-        return version if version["status"] != "pending" else None
-
-    version = poll_until(probed, timeout_s=120, interval_s=1.0, between=local.check_alive,
-                         what="the MCP environment's registration probe")
+    version, probe = registration_probed(local, api, registered.json()["id"])
     assert version["status"] == "ready", (version["status_reason"], version["probes"])
-    [probe] = [probe for probe in version["probes"] if probe["purpose"] == "registration"]
     assert {check["name"]: check["status"] for check in probe["checks"]}["tools"] == "passed"
 
     created = api.post("/api/runs/", json={

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.e2e.conftest import user_api
-from tests.polling import poll_until
+from tests.e2e.conftest import registration_probed, user_api
 from tests.workers.secret_environments import API_KEY
 
 
@@ -23,18 +22,9 @@ def test_a_worker_process_probes_with_a_secret_setting_stored_encrypted(stack, c
         "entrypoint": "tests.workers.secret_environments:KeyedEnvironment", "settings": {"greeting": "hi"},
         "secret_settings": {"api_key": API_KEY}})
     assert registered.status_code == 201, registered.text
-    environment_id = registered.json()["id"]
-
-    def probed() -> dict | None:
-        version = api.get(f"/api/environments/{environment_id}/versions/1/").json()
-        return version if version["status"] != "pending" else None
-
-    version = poll_until(probed, timeout_s=120, interval_s=1.0, between=local.check_alive,
-                         what="the keyed version's registration probe")
+    version, probe = registration_probed(local, api, registered.json()["id"])
 
     assert version["status"] == "ready", version
-    # The stack's beat may have sent a health probe already; the registration probe is the one asked for.
-    [probe] = [probe for probe in version["probes"] if probe["purpose"] == "registration"]
     step = next(check for check in probe["checks"] if check["name"] == "step")
     assert step["message"] == "reward 1, done True"  # KeyedEnvironment got the decrypted key
     with psycopg.connect(e2e_database_url) as connection:

@@ -89,16 +89,21 @@ def test_an_episode_calls_the_servers_tool_and_a_refused_call_is_told_to_the_mod
     assert record.tool_calls_run() == 1
 
 
-def test_the_probe_checks_the_servers_tools_against_the_declaration_and_calls_none():
+def served_tool_schemas() -> tuple[ToolSchema, ...]:
+    """The tools the suite's server lists, through one episode of SumTask: what a registration declares."""
     environment = load_environment_class(_spec())()
 
     async def listed():
         await environment.reset({"a": 1, "b": 2})
         await environment.close()
-        return [ToolSchema(name=tool.name, description=tool.description, parameters=tool.parameters)
-                for tool in environment.tools]
+        return environment.tools
 
-    declared = tuple(asyncio.run(listed()))
+    return tuple(ToolSchema(name=tool.name, description=tool.description, parameters=tool.parameters)
+                 for tool in asyncio.run(listed()))
+
+
+def test_the_probe_checks_the_servers_tools_against_the_declaration_and_calls_none():
+    declared = served_tool_schemas()
     passed = run_probe(ProbeRequest(probe_id=1, purpose="registration", environment=_spec(tools=declared),
                                     timeouts=TIMEOUTS))
     assert {check.name: check.status for check in passed.checks}["tools"] == "passed", passed.checks
