@@ -20,6 +20,14 @@ def trajectory_search_text(sample: TrajectorySampleRecord) -> str:
     return "\n".join(turn.text for turn in sample.turns)
 
 
+def _tool_use_counts(sample: TrajectorySampleRecord) -> dict[str, int]:
+    """What the browser's tool-use filter reads (selectors.TOOL_USE_FILTERS): calls that ran, and the turns
+    whose call markup did not parse, or made no call that ran."""
+    outcomes = sample.tool_call_outcomes()
+    return {"tool_calls_run": sample.tool_calls_run(), "tool_calls_unparsed": outcomes.count("unparsed"),
+            "tool_calls_failed": sum(outcome != "ok" for outcome in outcomes)}
+
+
 @transaction.atomic
 def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRecord]) -> int:
     """Store the samples of ``run``; a retried post stores each once, the newest copy winning.
@@ -57,9 +65,7 @@ def trajectory_samples_record(*, run: Run, samples: Sequence[TrajectorySampleRec
             group_size=sample.group_size,
             advantage=sample.advantage,
             search_text=text_escape(trajectory_search_text(sample)),
-            tool_calls_run=sample.tool_calls_run(),
-            tool_calls_unparsed=sample.tool_call_outcomes().count("unparsed"),
-            tool_calls_failed=sum(outcome != "ok" for outcome in sample.tool_call_outcomes()),
+            **_tool_use_counts(sample),
             # Python's dump: JSON's would refuse a lone surrogate, which the escape keeps.
             payload=json_text_escape(sample.model_dump()),
             recorded_at=now,
