@@ -110,12 +110,28 @@ def _unknown_tool(name: str, by_name: dict[str, Tool]) -> _Failure:
     return _Failure("unknown_tool", f"unknown tool {name!r}; the tools are {', '.join(sorted(by_name))}")
 
 
-def _json_call(block: str, by_name: dict[str, Tool]) -> ToolCall | _Failure:
-    """A call, or why the block is not one."""
+def _json_calls(block: str, by_name: dict[str, Tool]) -> list[ToolCall] | _Failure:
+    """The calls of a JSON block: one object, or a list of them (SmolLM2's format, from APIGen's
+    function-calling data: ``<tool_call>[{"name": ...}, ...]</tool_call>``); or why it holds none."""
     try:
         payload = json.loads(block)
     except json.JSONDecodeError as exc:
         return _Failure("unparsed", f"tool call is not valid JSON: {exc}")
+    if not isinstance(payload, list):
+        payload = [payload]
+    elif not payload:
+        return _Failure("unparsed", "tool call is an empty list")
+    calls = []
+    for item in payload:
+        call = _json_call(item, by_name)
+        if isinstance(call, _Failure):
+            return call
+        calls.append(call)
+    return calls
+
+
+def _json_call(payload: Any, by_name: dict[str, Tool]) -> ToolCall | _Failure:
+    """The call one decoded JSON value makes, or why it is not one."""
     if not isinstance(payload, dict):
         return _Failure("unparsed", "tool call is not a JSON object")
     name = payload.get("name")
@@ -165,12 +181,13 @@ def _parse_blocks(text: str, by_name: dict[str, Tool], *, fmt: str) -> ToolCallP
         block = block.strip()
         if fmt == "qwen" and block.startswith("<function="):
             call = _xml_call(block, by_name)
+            block_calls = call if isinstance(call, _Failure) else [call]
         else:
-            call = _json_call(block, by_name)
-        if isinstance(call, _Failure):
+            block_calls = _json_calls(block, by_name)
+        if isinstance(block_calls, _Failure):
             # One bad block spoils the turn: running only some of the calls would be a guess.
-            return ToolCallParse.failed(fmt, call)
-        calls.append(call)
+            return ToolCallParse.failed(fmt, block_calls)
+        calls.extend(block_calls)
     return ToolCallParse(calls, fmt, status="ok")
 
 
@@ -178,7 +195,11 @@ def _parse_llama3(text: str, by_name: dict[str, Tool]) -> ToolCallParse | None:
     stripped = text.strip()
     if not (stripped.startswith("{") and '"name"' in stripped):
         return None  # prose, not an attempt at a call
-    call = _json_call(stripped, by_name)
+    try:
+        payload = json.loads(stripped)
+    except json.JSONDecodeError as exc:
+        return ToolCallParse.failed("llama3", _Failure("unparsed", f"tool call is not valid JSON: {exc}"))
+    call = _json_call(payload, by_name)
     if isinstance(call, _Failure):
         return ToolCallParse.failed("llama3", call)
     return ToolCallParse([call], "llama3", status="ok")
@@ -241,14 +262,40 @@ def tool_schemas(tools: Sequence[Tool]) -> list[dict[str, Any]]:
     ]
 
 
+def example_arguments(tool: Tool) -> dict[str, Any] | None:
+    """Arguments of an example call of ``tool``: the first of each required parameter's JSON Schema
+    ``examples``; None when a required parameter has none (no example is made up)."""
+    properties = tool.parameters.get("properties", {})
+    arguments = {}
+    for name in tool.parameters.get("required", []):
+        examples = properties.get(name, {}).get("examples")
+        if not isinstance(examples, list) or not examples:
+            return None
+        arguments[name] = examples[0]
+    return arguments
+
+
 def tool_instructions(tools: Sequence[Tool]) -> str:
-    """A system message describing ``tools`` and the Hermes call syntax, for templates that know no tools."""
+    """A system message describing ``tools`` and the Hermes call syntax, for templates that know no tools.
+
+    It ends with one whole example call, of the first tool whose required parameters declare
+    ``examples``: a model that knows no tool format (SmolLM2-135M-Instruct) copies a concrete call far
+    more often than it fills in the syntax's placeholders, and GRPO with no demonstrations needs a
+    few calls that run to learn from (issue 31, bench/README.md).
+    """
     listed = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in tool_schemas(tools))
-    return (
+    text = (
         "You may call these tools, described as JSON schemas:\n<tools>\n" + listed + "\n</tools>\n"
         'To call one, reply with <tool_call>{"name": <tool name>, "arguments": <arguments object>}'
         "</tool_call> and nothing else; its result comes back in the next message."
     )
+    for tool in tools:
+        arguments = example_arguments(tool)
+        if arguments is not None:
+            # On one line, as the syntax above it is written.
+            call = json.dumps({"name": tool.name, "arguments": arguments}, ensure_ascii=False)
+            return text + f"\nFor example: <tool_call>{call}</tool_call>"
+    return text
 
 
 def format_tool_call(name: str, arguments: dict[str, Any], fmt: ToolCallFormat) -> str:

@@ -89,7 +89,7 @@ CALCULATOR_TOOL = Tool(
     description="Evaluates an integer arithmetic expression with + - * and parentheses.",
     parameters={
         "type": "object",
-        "properties": {"expression": {"type": "string", "description": "e.g. 37*58"}},
+        "properties": {"expression": {"type": "string", "description": "e.g. 37*58", "examples": ["37*58"]}},
         "required": ["expression"],
     },
     run=_calculator_tool,

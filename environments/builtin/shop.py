@@ -42,7 +42,7 @@ _NUMBER = re.compile(r"-?\d+")
 
 LOOKUP_TOOL_PARAMETERS = {
     "type": "object",
-    "properties": {"item": {"type": "string", "description": "an item the shop sells, e.g. lamp"}},
+    "properties": {"item": {"type": "string", "description": "an item the shop sells, e.g. lamp", "examples": ["lamp"]}},
     "required": ["item"],
 }
 LOOKUP_TOOL_DESCRIPTION = "Looks up the price, in dollars, of one item at this episode's shop."

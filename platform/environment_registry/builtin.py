@@ -18,7 +18,7 @@ CALCULATOR = EnvironmentSpec(
             description="Evaluates an integer arithmetic expression with + - * and parentheses.",
             parameters={
                 "type": "object",
-                "properties": {"expression": {"type": "string", "description": "e.g. 37*58"}},
+                "properties": {"expression": {"type": "string", "description": "e.g. 37*58", "examples": ["37*58"]}},
                 "required": ["expression"],
             },
         ),
@@ -49,7 +49,8 @@ SHOP = EnvironmentSpec(
             description="Looks up the price, in dollars, of one item at this episode's shop.",
             parameters={
                 "type": "object",
-                "properties": {"item": {"type": "string", "description": "an item the shop sells, e.g. lamp"}},
+                "properties": {"item": {"type": "string", "description": "an item the shop sells, e.g. lamp",
+                                        "examples": ["lamp"]}},
                 "required": ["item"],
             },
         ),

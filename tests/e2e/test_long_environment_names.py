@@ -26,7 +26,8 @@ RL_STEPS = 4
 # The calculator's tool, declared as the probe checks it (platform/environment_registry/builtin.py).
 CALCULATOR_TOOL = {
     "name": "calc", "description": "Evaluates an integer arithmetic expression with + - * and parentheses.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 37*58"}},
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 37*58",
+                                                                    "examples": ["37*58"]}},
                    "required": ["expression"]},
 }
 

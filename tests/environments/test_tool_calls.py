@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from environments.base import Tool
 from environments.builtin.calculator import CALCULATOR_TOOL
-from environments.tool_calls import parse_tool_call, parse_tool_calls
+from environments.builtin.shop import ShopEnvironment
+from environments.tool_calls import parse_tool_call, parse_tool_calls, tool_instructions
 from policy import Completion
 
 TOOLS = [CALCULATOR_TOOL]
@@ -48,9 +50,19 @@ def test_hermes_turns_may_make_several_calls_in_order():
     assert parse_tool_call(text, TOOLS).arguments == {"expression": "1+1"}
 
 
+def test_a_block_may_list_its_calls_as_smollm2_writes_them():
+    """SmolLM2's function-calling data (APIGen) puts a JSON list in one block; each runs, in order."""
+    text = '<tool_call>[\n{"name": "calc", "arguments": {"expression": "1+1"}},\n' \
+           '{"name": "calc", "arguments": {"expression": "2*3"}}\n]</tool_call>'
+    parsed = parse_tool_calls(text, TOOLS)
+    assert parsed.status == "ok" and [c.arguments["expression"] for c in parsed.calls] == ["1+1", "2*3"]
+
+
 @pytest.mark.parametrize(("text", "error"), [
     ('<tool_call>{"name": "calc", "arguments": {</tool_call>', "tool call is not valid JSON"),
     ('<tool_call>["calc"]</tool_call>', "tool call is not a JSON object"),
+    ('<tool_call>[]</tool_call>', "tool call is an empty list"),
+    ('<tool_call>[{"name": "calc", "arguments": {"expression": "1"}}, {"name": "rm"}]</tool_call>', "unknown tool 'rm'"),
     ('<tool_call>{"arguments": {}}</tool_call>', "tool call has no string 'name'"),
     ('<tool_call>{"name": "rm", "arguments": {}}</tool_call>', "unknown tool 'rm'"),
     ('<tool_call>{"name": "calc", "arguments": [1]}</tool_call>', "arguments of 'calc' are not a JSON object"),
@@ -152,3 +164,17 @@ def test_tool_calls_are_timed_apart_from_the_environments_reset_and_step():
     assert record.status == "ok" and record.reward == 1.0
     assert 0.2 <= record.timings.tool_s < 0.5
     assert record.timings.environment_s < 0.1  # reset and the final step only
+
+
+def test_tool_instructions_end_with_an_example_call_from_the_schemas_examples():
+    """A model that knows no tool format copies a whole call; the example comes from the first tool
+    whose required parameters declare JSON Schema ``examples``, and none is made up."""
+    instructions = tool_instructions(ShopEnvironment().tools)
+    example = instructions.rsplit("For example: ", 1)[1]
+    assert example == '<tool_call>{"name": "lookup", "arguments": {"item": "lamp"}}</tool_call>'
+    assert [c.arguments for c in parse_tool_calls(example, ShopEnvironment().tools).calls] == [{"item": "lamp"}]
+    bare = Tool(name="echo", description="Echoes.", run=CALCULATOR_TOOL.run,
+                parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
+    assert "For example" not in tool_instructions([bare])
+    assert tool_instructions([bare, CALCULATOR_TOOL]).endswith(
+        '<tool_call>{"name": "calc", "arguments": {"expression": "37*58"}}</tool_call>')
