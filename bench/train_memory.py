@@ -10,8 +10,8 @@ policy's), computes the reference's log-probs as the trainer does, compiles the 
   the device's ``peak_bytes_in_use`` plus its ``peak_bytes_reserved``, where the backend reports them.
   On a TPU a compiled program's temporaries (the gradients, activations and logits chunks of the step)
   sit in a reserved block that ``bytes_in_use`` leaves out: alone, it showed the state and the code;
-- ``planned_peak_bytes``: the run's memory plan for the same config (tandem/configs/memory_plan.py), and
-  ``planned_parts`` its terms; ``compiled_memory``: XLA's ``memory_analysis()`` of the compiled update
+- ``planned_peak_bytes``: the run's memory plan for the same config and this device's platform
+  (tandem/configs/memory_plan.py), and ``planned_parts`` its terms; ``compiled_memory``: XLA's ``memory_analysis()`` of the compiled update
   (temporaries, arguments, outputs, aliased and code bytes), to tell which term of the plan is off;
 - ``tokens_per_s``: the batch's real tokens over the timed update's wall time;
 - ``padding_fraction``: the share of the slots the step computed that was padding (the batch's rows
@@ -116,7 +116,10 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     plans.architecture = lambda model_config: dataclasses.replace(
         architecture, vocab_size=shape.vocab_size, qk_norm=transformer.qk_norm,
         post_sublayer_norms=transformer.post_sublayer_norms)
-    plan = plans.trainer_memory_plan(_run_config(model, episodes, arguments, unchunked=unchunked))
+    # As the platform plans it for a trainer that reports this device's platform (none on a CPU).
+    platform = jax.devices()[0].platform
+    plan = plans.trainer_memory_plan(_run_config(model, episodes, arguments, unchunked=unchunked),
+                                     device_platform=None if platform == "cpu" else platform)
     available = _available_memory_bytes()
     if unchunked and plan.peak_bytes > available:
         # Run, it would only be killed for memory, and might take other processes with it.

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import jax
 
 from tandem.contracts import DeviceReport, DeviceSample, StepTimeline
+from tandem.runtime.process_reports import TrainerDevice
 from tandem.runtime.resource_usage import ResourceSampler
 
 logger = logging.getLogger(__name__)
@@ -121,12 +122,14 @@ def allocator_stats(device) -> AllocatorStats:
                           limit=figure("bytes_limit"))
 
 
-def smallest_device_memory() -> int | None:
-    """The memory XLA may use on the smallest of this process's accelerator devices; None on CPU, whose
-    allocator reports no limit (the host's memory is the operator's to declare)."""
-    limits = [allocator_stats(device).limit for device in jax.local_devices() if device.platform != "cpu"]
-    reported = [limit for limit in limits if limit is not None]
-    return min(reported) if reported else None
+def trainer_device() -> TrainerDevice:
+    """This process's accelerator, for its reports: the memory XLA may use on the smallest of its
+    accelerator devices, and their platform. Both None on CPU, whose allocator reports no limit (the
+    host's memory is the operator's to declare)."""
+    accelerators = [device for device in jax.local_devices() if device.platform != "cpu"]
+    limits = [limit for limit in (allocator_stats(device).limit for device in accelerators) if limit is not None]
+    return TrainerDevice(memory_bytes=min(limits) if limits else None,
+                         platform=accelerators[0].platform if accelerators else None)
 
 
 def _sum_reported(values: list[int | None]) -> int | None:

@@ -24,7 +24,7 @@ from tandem.runtime.run_logs import (
     start_run_log_shipping,
     stop_run_log_shipping,
 )
-from trainer.devices import smallest_device_memory
+from trainer.devices import trainer_device
 from trainer.follower import follow
 from trainer.job_liveness import FollowerWatch, ProcessBeat, follower_lapse_s
 from trainer.lockstep import (
@@ -95,9 +95,9 @@ def serve(*, platform_url: str, token: str, redis_url: str, checkpoint_root: Pat
     # The run this trainer holds, for its process report (read from the reporter's thread).
     working_on: list[int] = []
     # Its device's memory is the limit the platform holds a new run's memory plan to, unless the
-    # operator declares one (TANDEM_TRAINER_MEMORY_BYTES).
+    # operator declares one (TANDEM_TRAINER_MEMORY_BYTES); its platform, how that plan counts logits.
     start_process_reporter(redis_url=redis_url, role="trainer", run_ids=lambda: list(working_on),
-                           device_memory_bytes=smallest_device_memory())
+                           device=trainer_device())
     # What this process logs while it holds a run goes to the run's log too (tandem/runtime/run_logs.py).
     start_run_log_shipping(redis_url=redis_url, role="trainer")
     # A follower that dies in the middle of a collective can leave this process waiting in it for

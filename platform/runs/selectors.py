@@ -118,8 +118,11 @@ def run_search(
 
 def run_memory_plan(run: Run) -> dict[str, dict[str, int]]:
     """The run's expected peak memory of its trainer and of one producer engine, by part
-    (tandem/configs/memory_plan.py), for this deployment's worker concurrency."""
-    return memory_plan(run.config, worker_concurrency=settings.TANDEM_RUN_QUOTAS.worker_concurrency).as_dict()
+    (tandem/configs/memory_plan.py), for this deployment's worker concurrency and, where a live
+    trainer reports one, the platform of its largest device (as the run was checked against it)."""
+    device = trainer_device_memory()
+    return memory_plan(run.config, worker_concurrency=settings.TANDEM_RUN_QUOTAS.worker_concurrency,
+                       trainer_platform=device.platform if device else None).as_dict()
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ class TrainerDeviceMemory:
 
     bytes: int
     trainer: str  # hostname:pid
+    platform: str | None  # its devices' JAX platform (tpu, gpu); None in reports from before it was sent
 
 
 def trainer_device_memory() -> TrainerDeviceMemory | None:
@@ -139,7 +143,8 @@ def trainer_device_memory() -> TrainerDeviceMemory | None:
     if not reported:
         return None
     largest = max(reported, key=lambda report: report.device_memory_bytes)
-    return TrainerDeviceMemory(bytes=largest.device_memory_bytes, trainer=f"{largest.hostname}:{largest.pid}")
+    return TrainerDeviceMemory(bytes=largest.device_memory_bytes, trainer=f"{largest.hostname}:{largest.pid}",
+                               platform=largest.device_platform)
 
 
 def run_evaluation_environments(run: Run) -> list[EnvironmentVersion]:

@@ -96,9 +96,11 @@ def run_config_normalise(config: dict[str, Any] | None) -> dict[str, Any]:
     try:
         check_run_quotas(normalised, settings.TANDEM_RUN_QUOTAS)
         limit_bytes, setting = settings.TANDEM_RUN_QUOTAS.trainer_memory_bytes, QUOTA_SETTINGS["trainer_memory_bytes"]
-        if limit_bytes is None and (device := trainer_device_memory()) is not None:
+        device = trainer_device_memory()
+        if limit_bytes is None and device is not None:
             limit_bytes, setting = device.bytes, f"the device memory that trainer {device.trainer} reports"
-        check_trainer_memory(trainer_memory_plan(normalised), limit_bytes=limit_bytes, setting=setting)
+        plan = trainer_memory_plan(normalised, device_platform=device.platform if device else None)
+        check_trainer_memory(plan, limit_bytes=limit_bytes, setting=setting)
     except QuotaExceeded as error:
         raise InvalidInput.for_field(error.field, str(error)) from None
     return normalised

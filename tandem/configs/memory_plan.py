@@ -13,8 +13,9 @@ weights: the architecture comes from the config, or from the checkpoint's ``conf
   in the parameters' dtype; with micro-batches, a float32 accumulator of the gradients too;
 
 and, for one micro-batch at a time (``memory.micro_batch_tokens`` of the longest length bucket, or the
-whole step), the activations its backward pass keeps under ``memory.remat``, and the logits of
-``memory.logits_chunk_tokens`` tokens with their softmax and gradient. The largest batch is taken: every
+whole step), the activations its backward pass keeps under ``memory.remat``, and the float32 logits of
+``memory.logits_chunk_tokens`` tokens: :data:`LOGITS_BUFFERS` of them by the trainer's device platform,
+three (the logits, their softmax and its gradient) where it is not known. The largest batch is taken: every
 episode of a step (``rollout.groups_per_step x rollout.group_size``) at ``model.max_seq_len`` tokens.
 
 **A producer's engine** holds the weights, the KV cache of its slots
@@ -45,6 +46,12 @@ from tandem.configs.quotas import (
 OVERHEAD_BYTES = 600 * 2**20
 #: XLA's temporaries beside the arrays the plan counts (fusion outputs, transposed copies).
 TEMPORARIES_FACTOR = 1.15
+#: The float32 ``chunk x vocabulary`` buffers a trainer's step holds at once, by JAX platform. On a TPU
+#: XLA fuses the softmax and its gradient into about one: the compiled step's temporaries grow by 1.10
+#: buffers from logits chunks of 512 to 2,048 tokens (Gemma 3 270M, bench/README.md, session 46). On a
+#: CPU, and on a GPU (not measured yet, so erring safe), three.
+LOGITS_BUFFERS = {"tpu": 1}
+DEFAULT_LOGITS_BUFFERS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +64,8 @@ class TrainerMemoryPlan:
     optimizer_bytes: int
     activations_bytes: int
     logits_bytes: int
+    # How many float32 chunk x vocabulary buffers logits_bytes counts (LOGITS_BUFFERS).
+    logits_buffers: int
     # Rows of the step's batch, and rows and micro-batches the step runs them in, at length_tokens.
     batch_rows: int
     micro_batch_rows: int
@@ -119,9 +128,11 @@ def activation_elements_per_token(arch: Architecture, *, length: int, remat: str
     return arch.num_layers * arch.d_model + full_block
 
 
-def trainer_memory_plan(config: dict[str, Any], *, arch: Architecture | None = None) -> TrainerMemoryPlan:
+def trainer_memory_plan(config: dict[str, Any], *, arch: Architecture | None = None,
+                        device_platform: str | None = None) -> TrainerMemoryPlan:
     """The trainer's plan for ``config`` (a normalised run config, as JSON); ``arch``: its architecture,
-    when the caller has read it already."""
+    when the caller has read it already; ``device_platform``: the JAX platform of the trainer's devices
+    (``tpu``), None where it is a CPU or not known."""
     arch = arch or architecture(config["model"])
     dtype_bytes = DTYPE_BYTES[config["model"]["param_dtype"]]
     parameters = parameter_count(arch)
@@ -142,8 +153,8 @@ def trainer_memory_plan(config: dict[str, Any], *, arch: Architecture | None = N
     activations = micro_tokens * (activation_elements_per_token(arch, length=length, remat=remat) * dtype_bytes
                                   + 4 * (arch.d_model * 2 + 8))
     chunk_positions = max(1, memory.get("logits_chunk_tokens", 8192) // rows_each)
-    # A chunk's logits, their softmax and the gradient flowing back through them, float32.
-    logits = 3 * 4 * arch.vocab_size * rows_each * min(chunk_positions, length)
+    logits_buffers = LOGITS_BUFFERS.get(device_platform or "", DEFAULT_LOGITS_BUFFERS)
+    logits = logits_buffers * 4 * arch.vocab_size * rows_each * min(chunk_positions, length)
     parts = {
         "parameters_bytes": (parameters + value_head) * dtype_bytes,
         "reference_bytes": parameters * dtype_bytes if algorithm.get("kl") else 0,
@@ -153,7 +164,7 @@ def trainer_memory_plan(config: dict[str, Any], *, arch: Architecture | None = N
         "logits_bytes": logits,
     }
     peak = OVERHEAD_BYTES + int(TEMPORARIES_FACTOR * sum(parts.values()))
-    return TrainerMemoryPlan(**parts, batch_rows=rows, micro_batch_rows=rows_each, micro_batches=micro_batches,
+    return TrainerMemoryPlan(**parts, logits_buffers=logits_buffers, batch_rows=rows, micro_batch_rows=rows_each, micro_batches=micro_batches,
                              length_tokens=length, trained_parameters=trained, peak_bytes=peak)
 
 
@@ -169,11 +180,13 @@ def producer_memory_plan(config: dict[str, Any], *, worker_concurrency: int,
                               peak_bytes=OVERHEAD_BYTES + int(TEMPORARIES_FACTOR * (weights + cache + logits)))
 
 
-def memory_plan(config: dict[str, Any], *, worker_concurrency: int) -> MemoryPlan:
-    """The trainer's and one producer engine's plan for ``config`` (a normalised run config, as JSON)."""
+def memory_plan(config: dict[str, Any], *, worker_concurrency: int,
+                trainer_platform: str | None = None) -> MemoryPlan:
+    """The trainer's and one producer engine's plan for ``config`` (a normalised run config, as JSON), the
+    trainer's on devices of ``trainer_platform``."""
     # Read once: the architecture may come from the checkpoint's config.json.
     arch = architecture(config["model"])
-    return MemoryPlan(trainer=trainer_memory_plan(config, arch=arch),
+    return MemoryPlan(trainer=trainer_memory_plan(config, arch=arch, device_platform=trainer_platform),
                       producer=producer_memory_plan(config, worker_concurrency=worker_concurrency, arch=arch))
 
 

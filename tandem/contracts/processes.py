@@ -82,8 +82,9 @@ class ProcessReport(Record):
     """
 
     # 2: a trainer's device_memory_bytes. Version 1 reports (without it) read as reports of no device memory.
-    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2})
-    schema_version: int = 2
+    # 3: a trainer's device_platform. Older reports read as reports of no platform.
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2, 3})
+    schema_version: int = 3
 
     role: ProcessRole
     name: str = Field("", description="What the process calls itself where that tells processes of one role "
@@ -110,6 +111,10 @@ class ProcessReport(Record):
         None, ge=0, description="A trainer's: the memory XLA may use on the smallest of its accelerator devices "
         "(`bytes_limit`), the limit a run's memory plan must fit when the operator declares none "
         "(TANDEM_TRAINER_MEMORY_BYTES). None on CPU, and for the other roles.")
+    device_platform: str | None = Field(
+        None, max_length=32, description="A trainer's: the JAX platform of its accelerator devices (`tpu`, "
+        "`gpu`), which sets how the memory plan counts the step's logits (tandem/configs/memory_plan.py). "
+        "None on CPU, and for the other roles.")
 
     @property
     def field(self) -> str:

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import psutil
 import pydantic
@@ -68,6 +69,15 @@ def report_interval_s() -> float:
     return value
 
 
+@dataclass(frozen=True)
+class TrainerDevice:
+    """What a trainer says of its accelerator in its reports (see ProcessReport): the memory XLA may use on
+    its smallest device, and their JAX platform."""
+
+    memory_bytes: int | None
+    platform: str | None
+
+
 class ProcessSampler:
     """Builds this process's reports; each report's rates cover the time since the previous one.
 
@@ -76,10 +86,10 @@ class ProcessSampler:
     """
 
     def __init__(self, *, role: ProcessRole, name: str = "", interval_s: float,
-                 run_ids: Callable[[], Iterable[int]] | None = None, device_memory_bytes: int | None = None,
+                 run_ids: Callable[[], Iterable[int]] | None = None, device: TrainerDevice | None = None,
                  process: psutil.Process | None = None, clock: Callable[[], float] = time.time):
         self.role = role
-        self.device_memory_bytes = device_memory_bytes
+        self.device = device or TrainerDevice(memory_bytes=None, platform=None)
         self.name = name
         self.interval_s = interval_s
         self.hostname = socket.gethostname()
@@ -99,7 +109,7 @@ class ProcessSampler:
             host_cpu_percent=usage.host_cpu_percent, host_memory_used_bytes=usage.host_memory_used_bytes,
             host_memory_total_bytes=usage.host_memory_total_bytes,
             run_ids=sorted(set(self._run_ids())) if self._run_ids is not None else [],
-            device_memory_bytes=self.device_memory_bytes,
+            device_memory_bytes=self.device.memory_bytes, device_platform=self.device.platform,
         )
 
 
@@ -112,10 +122,10 @@ class ProcessReporter:
 
     def __init__(self, *, redis_url: str, role: ProcessRole, name: str = "",
                  run_ids: Callable[[], Iterable[int]] | None = None, interval_s: float | None = None,
-                 device_memory_bytes: int | None = None):
+                 device: TrainerDevice | None = None):
         self.interval_s = interval_s if interval_s is not None else report_interval_s()
         self.sampler = ProcessSampler(role=role, name=name, interval_s=self.interval_s, run_ids=run_ids,
-                                      device_memory_bytes=device_memory_bytes)
+                                      device=device)
         self._client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"tandem-process-report-{role}", daemon=True)
@@ -182,10 +192,10 @@ os.register_at_fork(after_in_child=_forget_reporter_in_child)
 def start_process_reporter(*, redis_url: str, role: ProcessRole, name: str = "",
                            run_ids: Callable[[], Iterable[int]] | None = None,
                            interval_s: float | None = None,
-                           device_memory_bytes: int | None = None) -> ProcessReporter | None:
+                           device: TrainerDevice | None = None) -> ProcessReporter | None:
     """Start this process's reporter, unless one is running; None if it could not start (logged).
 
-    ``device_memory_bytes``: a trainer's smallest accelerator's memory (see ProcessReport).
+    ``device``: a trainer's accelerator (see ProcessReport).
     """
     global _reporter
     with _reporter_lock:
@@ -193,7 +203,7 @@ def start_process_reporter(*, redis_url: str, role: ProcessRole, name: str = "",
             return _reporter
         try:
             _reporter = ProcessReporter(redis_url=redis_url, role=role, name=name, run_ids=run_ids,
-                                        interval_s=interval_s, device_memory_bytes=device_memory_bytes).start()
+                                        interval_s=interval_s, device=device).start()
         except Exception:
             logger.warning("process reporter not started", exc_info=True)
             return None

@@ -6,6 +6,7 @@ slots, and run the trainer and every worker out of memory.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -93,19 +94,28 @@ def test_a_run_whose_trainer_would_not_fit_is_refused_naming_the_memory_settings
     assert Run.objects.count() == 1
 
 
-@pytest.fixture
-def gpu_trainer_report(settings):
-    """A live trainer's process report, as a trainer on an accelerator of 800 MiB writes it to Redis."""
+@contextlib.contextmanager
+def _live_trainer_report(settings, *, platform: str):
+    """A live trainer's process report, as a trainer on an accelerator of 800 MiB of ``platform`` writes it to
+    Redis."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     now = time.time()
-    report = ProcessReport(role="trainer", hostname="gpu-host", pid=4242, started_at=now - 60, reported_at=now,
-                           interval_s=600, cpu_cores=1.0, rss_bytes=2**30, host_cpu_count=8,
+    report = ProcessReport(role="trainer", hostname=f"{platform}-host", pid=4242, started_at=now - 60,
+                           reported_at=now, interval_s=600, cpu_cores=1.0, rss_bytes=2**30, host_cpu_count=8,
                            host_memory_used_bytes=2**33, host_memory_total_bytes=2**35,
-                           device_memory_bytes=800 * 2**20)
+                           device_memory_bytes=800 * 2**20, device_platform=platform)
     client.hset(process_reports_key(), report.field, report.model_dump_json())
-    yield report
-    client.hdel(process_reports_key(), report.field)
-    client.close()
+    try:
+        yield report
+    finally:
+        client.hdel(process_reports_key(), report.field)
+        client.close()
+
+
+@pytest.fixture
+def gpu_trainer_report(settings):
+    with _live_trainer_report(settings, platform="gpu") as report:
+        yield report
 
 
 def test_without_a_declared_limit_a_run_must_fit_the_device_a_live_trainer_reports(api, project, environment,
@@ -124,3 +134,21 @@ def test_without_a_declared_limit_a_run_must_fit_the_device_a_live_trainer_repor
     # The operator's declared figure is the limit whatever trainers report.
     settings.TANDEM_RUN_QUOTAS = RunQuotas(trainer_memory_bytes=2**40)
     assert _create(api, project, big_batch).status_code == 201
+
+
+def test_a_run_is_planned_for_the_platform_a_live_trainer_reports(api, project, environment, settings):
+    """On a TPU the plan counts one logits buffer where elsewhere it counts three (tandem/configs/memory_plan.py),
+    in the check of a new run and in the plan shown for it."""
+    settings.TANDEM_RUN_QUOTAS = RunQuotas()
+    config = {"memory": {"micro_batch_tokens": 2048}}
+    planned = {}
+    for platform in ("gpu", "tpu"):
+        with _live_trainer_report(settings, platform=platform):
+            created = _create(api, project, config)
+            assert created.status_code == 201, created.json()
+            shown = api.get(f"/api/runs/{created.json()['id']}/").json()["memory_plan"]["trainer"]
+            planned[platform] = created.json()["memory_plan"]["trainer"]
+            assert shown == planned[platform]
+    assert (planned["gpu"]["logits_buffers"], planned["tpu"]["logits_buffers"]) == (3, 1)
+    assert planned["tpu"]["logits_bytes"] * 3 == planned["gpu"]["logits_bytes"]
+    assert planned["tpu"]["peak_bytes"] < planned["gpu"]["peak_bytes"]

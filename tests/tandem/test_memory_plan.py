@@ -72,6 +72,22 @@ def test_remat_keeps_less_and_lora_trains_less(monkeypatch):
     assert lora.parameters_bytes == 4 * parameter_count(arch) == plans["none"].parameters_bytes
 
 
+def test_on_a_tpu_the_plan_counts_one_logits_buffer_where_elsewhere_it_counts_three(monkeypatch):
+    """XLA on a TPU fuses a chunk's softmax and its gradient into its logits (measured, bench/README.md);
+    a CPU, a GPU (not measured) and an unknown device keep the three buffers."""
+    import tandem.configs.memory_plan as plans
+
+    monkeypatch.setattr(plans, "architecture", lambda model: _smollm2_architecture())
+    config = _config(memory={"micro_batch_tokens": 8192, "logits_chunk_tokens": 2048})
+    tpu, gpu, unknown = (trainer_memory_plan(config, device_platform=platform) for platform in ("tpu", "gpu", None))
+
+    assert unknown.logits_bytes == 3 * 4 * 49152 * 2048 and unknown.logits_buffers == 3
+    assert (gpu.logits_bytes, gpu.peak_bytes) == (unknown.logits_bytes, unknown.peak_bytes)
+    assert tpu.logits_buffers == 1 and tpu.logits_bytes == unknown.logits_bytes // 3
+    assert tpu.peak_bytes < unknown.peak_bytes and tpu.activations_bytes == unknown.activations_bytes
+    assert memory_plan(config, worker_concurrency=1, trainer_platform="tpu").trainer == tpu
+
+
 def test_a_plan_over_the_trainers_memory_names_the_setting_that_shrinks_it(monkeypatch):
     plan = _smollm2_plan(monkeypatch, rollout={"groups_per_step": 32, "group_size": 8})
     check_trainer_memory(plan, limit_bytes=None, setting="TANDEM_TRAINER_MEMORY_BYTES")

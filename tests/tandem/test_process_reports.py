@@ -13,6 +13,7 @@ from tandem.runtime.process_reports import (
     _DELETE_IF_UNCHANGED,
     ProcessReporter,
     ProcessSampler,
+    TrainerDevice,
     live_process_reports,
     report_interval_s,
 )
@@ -79,14 +80,20 @@ def test_the_run_ids_are_read_at_each_report():
     assert sampler.sample().run_ids == []
 
 
-def test_a_trainer_reports_its_device_memory_and_the_others_none():
-    trainer = ProcessSampler(role="trainer", interval_s=5.0, device_memory_bytes=16 * 2**30).sample()
+def test_a_trainer_reports_its_device_memory_and_platform_and_the_others_none():
+    device = TrainerDevice(memory_bytes=16 * 2**30, platform="tpu")
+    trainer = ProcessSampler(role="trainer", interval_s=5.0, device=device).sample()
     worker = ProcessSampler(role="rollout_worker", interval_s=5.0).sample()
-    assert trainer.device_memory_bytes == 16 * 2**30 and worker.device_memory_bytes is None
-    assert ProcessReport.model_validate_json(trainer.model_dump_json()).device_memory_bytes == 16 * 2**30
-    # A report of schema 1, from a process of the version before, reads as one of no device memory.
-    version_1 = worker.model_dump(exclude={"device_memory_bytes"}) | {"schema_version": 1}
+    assert (trainer.device_memory_bytes, trainer.device_platform) == (16 * 2**30, "tpu")
+    assert (worker.device_memory_bytes, worker.device_platform) == (None, None)
+    read = ProcessReport.model_validate_json(trainer.model_dump_json())
+    assert (read.device_memory_bytes, read.device_platform) == (16 * 2**30, "tpu")
+    # Reports of schemas 1 and 2, from processes of the versions before, read as ones of no device memory
+    # and no platform.
+    version_1 = worker.model_dump(exclude={"device_memory_bytes", "device_platform"}) | {"schema_version": 1}
     assert ProcessReport.model_validate(version_1).device_memory_bytes is None
+    version_2 = trainer.model_dump(exclude={"device_platform"}) | {"schema_version": 2}
+    assert ProcessReport.model_validate(version_2).device_platform is None
 
 
 def test_the_reader_returns_live_reports_and_deletes_stale_ones(redis_client, clean_fields):
@@ -104,7 +111,7 @@ def test_the_reader_returns_live_reports_and_deletes_stale_ones(redis_client, cl
     redis_client.hset(process_reports_key(), garbage, "not json")
     # A newer writer's report: unreadable here, but live; its readers need it.
     redis_client.hset(process_reports_key(), newer,
-                      live.model_dump_json().replace('"schema_version":2', '"schema_version":99'))
+                      live.model_dump_json().replace('"schema_version":3', '"schema_version":99'))
 
     reports = [report for report in live_process_reports(redis_client, now=now) if report.hostname == HOSTNAME]
 
