@@ -21,6 +21,11 @@ from typing import Any
 from environments.base import Environment, MalformedOutputError, StepResult
 from environments.mcp_tools import with_mcp_tools
 from tandem.allowlists.environment_modules import EnvironmentModuleRefused, check_environment_target
+from tandem.allowlists.environment_urls import (
+    MCP_SERVER_URL_SCHEMES,
+    check_environment_url,
+    configured_allowlist,
+)
 from tandem.allowlists.mcp_servers import check_mcp_server
 from tandem.contracts import ADAPTER_ENTRYPOINTS, EnvironmentSpec
 
@@ -44,8 +49,12 @@ def load_environment_class(spec: EnvironmentSpec) -> type[Environment]:
     if spec.tool_server is None:
         return cls
     try:
-        check_mcp_server(spec.tool_server.command)
-    except ValueError as exc:  # McpServerRefused, or a malformed TANDEM_MCP_SERVERS
+        if spec.tool_server.command is not None:
+            check_mcp_server(spec.tool_server.command)
+        else:
+            check_environment_url(spec.tool_server.url, allowlist=configured_allowlist(),
+                                  schemes=MCP_SERVER_URL_SCHEMES)
+    except ValueError as exc:  # McpServerRefused, EnvironmentURLRefused, or a malformed TANDEM_MCP_SERVERS
         raise EnvironmentLoadError(f"tool_server: {exc}") from None
     return with_mcp_tools(cls, spec.tool_server)
 

@@ -1,9 +1,20 @@
 """Tools from an MCP server: an environment whose registration names a ``tool_server`` gets its tools from it.
 
-Each episode starts the operator's server (``TANDEM_MCP_SERVERS``, tandem/allowlists/mcp_servers.py)
-over stdio when it resets, lists its tools and adds them to the environment's own, and stops it when
-the episode closes: a stateful server never carries one episode's state into another. A call goes to
-the server and its text comes back as the tool's result. A call the server refuses (``isError``), a
+Each episode opens its own session when it resets, lists the server's tools and adds them to the
+environment's own, and ends the session when the episode closes:
+
+- a ``command`` names one of the operator's servers (``TANDEM_MCP_SERVERS``,
+  tandem/allowlists/mcp_servers.py), started over stdio for the episode and stopped with it, so a
+  stateful server never carries one episode's state into another;
+- a ``url`` is a streamable-HTTP server: the episode opens a client connection of its own and closes
+  it at its end. The MCP protocol that ``mcp`` speaks over HTTP (2026-07-28) has no sessions, so a
+  server that keeps state keeps it across episodes: a tool with per-episode state belongs in a stdio
+  server. Every connection is checked where it is made, against the rules of HTTP environments'
+  URLs (tandem/allowlists/environment_urls.py, ``TANDEM_ENVIRONMENT_URL_ALLOWLIST``), on the address
+  the name resolves to then, which is the address connected to; proxies from the environment are not
+  used, and redirects leave neither the endpoint's origin (``mcp``'s own rule) nor that check.
+
+A call goes to the server and its text comes back as the tool's result. A call the server refuses (``isError``), a
 server that died or a call past its timeout raises :class:`~environments.base.ToolError`: the agent
 gives the policy that message and the episode goes on.
 
@@ -16,12 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
+import socket
 import sys
 from typing import Any
 
 from environments.base import Environment, Tool, ToolError
+from tandem.allowlists.environment_urls import (
+    EnvironmentURLRefused,
+    check_connect_addresses,
+    configured_allowlist,
+)
 from tandem.allowlists.mcp_servers import check_mcp_server
 from tandem.contracts import ToolServerSpec
 
@@ -41,8 +59,9 @@ class McpToolSession:
 
     def __init__(self, server: ToolServerSpec, *, start_timeout_s: float = START_TIMEOUT_S,
                  call_timeout_s: float = CALL_TIMEOUT_S):
-        self._argv = check_mcp_server(server.command)
-        self._name = server.command
+        self._server = server
+        self._argv = check_mcp_server(server.command) if server.command is not None else None
+        self._name = server.label
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
         self._client = None
@@ -71,17 +90,28 @@ class McpToolSession:
                           parameters=dict(tool.input_schema), run=self._caller(tool.name))
                      for tool in listed)
 
-    async def _serve(self, ready: asyncio.Future) -> None:
-        from mcp.client import Client
+    def _transport(self, stack: contextlib.AsyncExitStack):
+        """The client transport of this session's server."""
+        if self._argv is None:
+            from mcp.client.streamable_http import streamable_http_client
+
+            http = _checked_http_client()
+            stack.push_async_callback(http.aclose)
+            return streamable_http_client(self._server.url, http_client=http)
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
         command, *arguments = self._argv
-        # env None: only the variables mcp deems safe to inherit, never the worker's own secrets.
-        parameters = StdioServerParameters(command=command, args=list(arguments))
+        # env None: only the variables mcp deems safe to inherit, never the worker's own secrets. The
+        # server's stderr goes to the process's own (a worker's log): a Celery worker's sys.stderr is a
+        # logging proxy with no file descriptor for a subprocess to write to.
+        return stdio_client(StdioServerParameters(command=command, args=list(arguments)), errlog=_stderr())
+
+    async def _serve(self, ready: asyncio.Future) -> None:
+        from mcp.client import Client
+
         try:
-            # The server's stderr goes to the process's own (a worker's log): a Celery worker's sys.stderr is
-            # a logging proxy with no file descriptor for a subprocess to write to.
-            async with Client(stdio_client(parameters, errlog=_stderr()), cache=None) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                client = await stack.enter_async_context(Client(self._transport(stack), cache=None))
                 listed = await client.list_tools()
                 self._client = client
                 ready.set_result(listed.tools)
@@ -131,6 +161,40 @@ class McpToolSession:
             pass  # _serve logged it or handed it to open()
 
 
+class McpAddressRefused(OSError):
+    """A connection to an MCP server's URL would reach an address environments may not use."""
+
+
+def _checked_http_client():
+    """An HTTP client whose every connection resolves its host, checks each address against the URL rules
+    (:func:`~tandem.allowlists.environment_urls.check_connect_addresses`) and connects to the checked one."""
+    import httpcore2
+    import httpx2
+    from httpcore2._backends.auto import AutoBackend
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+    allowlist = configured_allowlist()
+
+    class CheckingBackend(AutoBackend):
+        async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addresses = [ipaddress.ip_address(entry[4][0]) for entry in found]
+            try:
+                check_connect_addresses(host, addresses, allowlist=allowlist)
+            except EnvironmentURLRefused as exc:
+                raise McpAddressRefused(str(exc)) from None
+            # The address checked is the address connected to: no second lookup to rebind.
+            return await super().connect_tcp(str(addresses[0]), port, timeout=timeout,
+                                             local_address=local_address, socket_options=socket_options)
+
+    transport = httpx2.AsyncHTTPTransport(trust_env=False)
+    # httpx2's transport takes no network backend; the connection pool under it does.
+    transport._pool = httpcore2.AsyncConnectionPool(ssl_context=httpx2.create_ssl_context(trust_env=False),
+                                                    network_backend=CheckingBackend())
+    return httpx2.AsyncClient(transport=transport, trust_env=False,
+                              timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
+
+
 def _stderr():
     """A stream with a file descriptor for the server's stderr: the process's original one, else /dev/null."""
     stream = sys.__stderr__
@@ -150,6 +214,9 @@ def _content_text(part: Any) -> str:
 
 
 def _reason(exc: BaseException) -> str:
+    """What went wrong, from the first leaf of an exception group (anyio's task groups raise them)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
     return str(exc) or type(exc).__name__
 
 
@@ -167,7 +234,7 @@ def with_mcp_tools(cls: type[Environment], server: ToolServerSpec) -> type[Envir
             served = await session.open()
             clashing = sorted({tool.name for tool in own} & {tool.name for tool in served})
             if clashing:
-                raise McpServerError(f"MCP server {server.command!r} serves tools the environment has itself: "
+                raise McpServerError(f"MCP server {server.label!r} serves tools the environment has itself: "
                                      f"{', '.join(clashing)}")
             self.tools = (*own, *served)
             return await super().reset(task)

@@ -13,9 +13,22 @@ class ToolSchemaSerializer(serializers.Serializer):
 
 
 class ToolServerSerializer(serializers.Serializer):
+    """Exactly one of ``command`` and ``url``."""
+
     command = serializers.CharField(
-        max_length=64, help_text="A name of the operator's TANDEM_MCP_SERVERS: the MCP server (over stdio) each "
-        "episode starts and stops.")
+        max_length=64, required=False, help_text="A name of the operator's TANDEM_MCP_SERVERS: the MCP server "
+        "(over stdio) each episode starts and stops.")
+    url = serializers.CharField(
+        max_length=2048, required=False, help_text="A streamable-HTTP MCP server's endpoint (http or https), "
+        "under the address rules of HTTP environments (TANDEM_ENVIRONMENT_URL_ALLOWLIST); each episode "
+        "connects on its own, and what the server keeps is its own (the protocol has no sessions over HTTP).")
+
+    def validate(self, attrs):
+        if ("command" in attrs) == ("url" in attrs):
+            field = "url" if "command" in attrs else "command"
+            raise serializers.ValidationError({field: "Give exactly one of command (stdio) and url (streamable "
+                                                      "HTTP)."})
+        return attrs
 
 
 class EnvironmentVersionRegisterSerializer(serializers.Serializer):

@@ -23,7 +23,11 @@ from alerts.services import alerts_probe_recorded
 from common.domain_errors import Conflict, InvalidInput, NotFound
 from common.tasks import send_task
 from tandem.allowlists.environment_modules import EnvironmentModuleRefused, check_environment_target
-from tandem.allowlists.environment_urls import EnvironmentURLRefused, check_environment_url
+from tandem.allowlists.environment_urls import (
+    MCP_SERVER_URL_SCHEMES,
+    EnvironmentURLRefused,
+    check_environment_url,
+)
 from tandem.allowlists.mcp_servers import McpServerRefused, check_mcp_server
 from tandem.contracts import (
     ADAPTER_ENTRYPOINTS,
@@ -110,11 +114,18 @@ def _validate_spec(spec: EnvironmentSpec) -> None:
                                   refuse_private=settings.TANDEM_ENVIRONMENT_URL_REFUSE_PRIVATE)
         except EnvironmentURLRefused as error:
             raise InvalidInput.for_field("settings.url", str(error)) from None
-    if spec.tool_server is not None:
+    if spec.tool_server is not None and spec.tool_server.command is not None:
         try:
             check_mcp_server(spec.tool_server.command, servers=settings.TANDEM_MCP_SERVERS)
         except McpServerRefused as error:
             raise InvalidInput.for_field("tool_server.command", str(error)) from None
+    if spec.tool_server is not None and spec.tool_server.url is not None:
+        try:
+            check_environment_url(spec.tool_server.url, allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST,
+                                  refuse_private=settings.TANDEM_ENVIRONMENT_URL_REFUSE_PRIVATE,
+                                  schemes=MCP_SERVER_URL_SCHEMES)
+        except EnvironmentURLRefused as error:
+            raise InvalidInput.for_field("tool_server.url", str(error)) from None
     names = set()
     for index, tool in enumerate(spec.tools):
         if not TOOL_NAME_PATTERN.match(tool.name):
@@ -179,7 +190,7 @@ def _version_create(
         entrypoint=spec.entrypoint,
         settings=spec.settings,
         tools=[tool.model_dump(mode="json") for tool in spec.tools],
-        tool_server=spec.tool_server.model_dump(mode="json") if spec.tool_server else None,
+        tool_server=spec.tool_server.model_dump(mode="json", exclude_none=True) if spec.tool_server else None,
         secret_setting_names=sorted(secret_settings),
         max_concurrent_episodes=spec.max_concurrent_episodes,
         created_by=user if user is not None and user.is_authenticated else None,
@@ -264,7 +275,7 @@ def _same_definition(version: EnvironmentVersion, spec: EnvironmentSpec) -> bool
         and version.entrypoint == spec.entrypoint
         and version.settings == spec.settings
         and version.tools == [tool.model_dump(mode="json") for tool in spec.tools]
-        and version.tool_server == (spec.tool_server.model_dump(mode="json") if spec.tool_server else None)
+        and version.tool_server == (spec.tool_server.model_dump(mode="json", exclude_none=True) if spec.tool_server else None)
         and version.max_concurrent_episodes == spec.max_concurrent_episodes
     )
 

@@ -130,6 +130,8 @@ def private_addresses_refused() -> bool:
 
 
 ENVIRONMENT_URL_SCHEMES = frozenset({"http", "https", "ws", "wss"})
+#: A streamable-HTTP MCP server's (environments/mcp_tools.py).
+MCP_SERVER_URL_SCHEMES = frozenset({"http", "https"})
 
 
 def check_environment_url(

@@ -410,6 +410,8 @@ def cmd_envs_register(args) -> int:
     extra = parse_assignments(args.field or [], option="--field")
     if args.tool_server:
         extra["tool_server"] = {"command": args.tool_server}
+    if args.tool_server_url:
+        extra["tool_server"] = {**extra.get("tool_server", {}), "url": args.tool_server_url}
     with _client() as client:
         environment = client.environments.register(
             args.name, entrypoint=args.entrypoint, kind=args.kind, settings=settings or None, tools=tools,
@@ -584,6 +586,9 @@ def register_subcommands(commands: argparse._SubParsersAction) -> None:
     register.add_argument("--tool-server", metavar="NAME",
                           help="an MCP server of the operator's TANDEM_MCP_SERVERS that episodes also take tools "
                           "from (declare its tools with --tools; the probe lists them)")
+    register.add_argument("--tool-server-url", metavar="URL",
+                          help="instead, a streamable-HTTP MCP server's endpoint that episodes take tools from, "
+                          "under the environment URL rules (declare its tools with --tools)")
     register.add_argument("--field", action="append", metavar="KEY=VALUE",
                           help="any other registration field the platform accepts, sent as is; repeatable")
     register.add_argument("--project", type=int, help="default: your only project")

@@ -117,18 +117,36 @@ class ToolSchema(BaseModel):
 
 
 class ToolServerSpec(BaseModel):
-    """An MCP server an environment takes tools from, besides any of its own (environments/mcp_tools.py).
+    """An MCP server an environment takes tools from, besides any of its own (environments/mcp_tools.py):
+    exactly one of an operator-allowed stdio ``command`` and a streamable-HTTP ``url``.
 
-    Each episode starts the server (over stdio) and closes it at the episode's end, so a stateful
-    server never carries one episode's state into another.
+    Each episode opens its own connection and closes it at the episode's end: a stdio server is started
+    and stopped with it, so a stateful one never carries one episode's state into another; over HTTP the
+    protocol has no sessions, so what a server keeps is its own, across episodes.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    command: str = Field(
-        min_length=1, max_length=64,
+    command: str | None = Field(
+        None, min_length=1, max_length=64,
         description="A name of the operator's TANDEM_MCP_SERVERS (name to argv): the server a worker starts. "
         "A registration never gives a command line itself.")
+    url: str | None = Field(
+        None, min_length=1, max_length=2048,
+        description="The endpoint of a streamable-HTTP MCP server (http or https), under the same address "
+        "rules as HTTP environments' URLs (TANDEM_ENVIRONMENT_URL_ALLOWLIST), checked again at each "
+        "connection.")
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> ToolServerSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("a tool server has exactly one of `command` (stdio) and `url` (streamable HTTP)")
+        return self
+
+    @property
+    def label(self) -> str:
+        """How logs and errors name the server."""
+        return self.command or self.url or ""
 
 
 class EnvironmentSpec(Record):
@@ -138,11 +156,12 @@ class EnvironmentSpec(Record):
     a schema 1 record (kind 'python', no version) is read as version 0. Schema 3
     renamed ``params`` to ``settings``, the API's name for them; a record of an
     older schema is read with its ``params`` as ``settings``. Schema 4 added
-    ``tool_server``; an older record has none.
+    ``tool_server``; an older record has none. Schema 5 let a tool server be a ``url``; a schema 4
+    record's is a command.
     """
 
-    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2, 3, 4})
-    schema_version: int = 4
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2, 3, 4, 5})
+    schema_version: int = 5
 
     name: str = Field(description="Registered name, unique within a project.")
     version: int = Field(
@@ -184,10 +203,10 @@ class EnvironmentSpec(Record):
     def _upgrade_and_fill_adapter(cls, data):
         if isinstance(data, dict):
             if data.get("schema_version") in (1, 2):
-                data = {**data, "schema_version": 4,
+                data = {**data, "schema_version": 5,
                         "entrypoint": moved_entrypoint(data.get("entrypoint") or "")}
-            elif data.get("schema_version") == 3:
-                data = {**data, "schema_version": 4}
+            elif data.get("schema_version") in (3, 4):
+                data = {**data, "schema_version": 5}
             if "params" in data and "settings" not in data:
                 # Written by a process from before schema 3 (a RunSpec or ProbeRequest in Redis).
                 data = {key: value for key, value in data.items() if key != "params"} | {

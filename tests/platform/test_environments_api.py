@@ -331,3 +331,38 @@ def test_a_tool_server_must_be_one_the_operator_lists_and_reaches_the_probe(
     browser.force_login(user)
     page = browser.get(f"/environments/{registered.json()['id']}/").content.decode()
     assert "MCP server <code>arithmetic</code>" in page
+
+
+@pytest.mark.parametrize(("tool_server", "field", "message"), [
+    ({"url": "http://169.254.169.254:80/mcp"}, "tool_server.url", "169.254.169.254"),
+    ({"url": "ftp://tools.example.com:21/mcp"}, "tool_server.url", "must start with one of http://, https://"),
+    ({"url": "http://tools.example.com:8000/mcp", "command": "arithmetic"}, "tool_server.url", "exactly one"),
+    ({}, "tool_server.command", "exactly one"),
+])
+def test_a_tool_server_url_is_held_to_the_rules_of_environment_urls(api, project, settings, tool_server, field,
+                                                                       message):
+    settings.TANDEM_MCP_SERVERS = {"arithmetic": ("python", "server.py")}
+    refused = _register(api, project=project.pk, tool_server=tool_server)
+
+    assert refused.status_code == 400 and _fields(refused) == [field], refused.json()
+    assert message in refused.json()["error"]["fields"][field][0]
+
+
+def test_a_tool_server_url_is_registered_and_shown(api, project, user, redis_client,
+                                                   django_capture_on_commit_callbacks):
+    from django.test import Client
+
+    url = "http://tools.example.com:8000/mcp"
+    with django_capture_on_commit_callbacks(execute=True):
+        registered = _register(api, project=project.pk, tool_server={"url": url})
+
+    assert registered.status_code == 201, registered.json()
+    [version] = registered.json()["versions"]
+    assert version["tool_server"] == {"url": url}
+    probe = EnvironmentProbe.objects.get(version_id=version["id"])
+    request = ProbeRequest.model_validate_json(redis_client.get(probe_request_key(probe.pk)))
+    assert request.environment.tool_server.url == url and request.environment.tool_server.command is None
+    browser = Client()
+    browser.force_login(user)
+    page = browser.get(f"/environments/{registered.json()['id']}/").content.decode()
+    assert f"MCP server at <code>{url}</code>" in page

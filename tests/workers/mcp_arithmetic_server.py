@@ -1,10 +1,14 @@
-"""A real MCP server over stdio for the tests (``python tests/workers/mcp_arithmetic_server.py``).
+"""A real MCP server for the tests: over stdio (``python tests/workers/mcp_arithmetic_server.py``), or
+streamable HTTP on a loopback port (``... --http PORT``, at ``/mcp``).
 
 ``add`` answers, ``refuse`` always fails (the server's own error), and ``count`` counts its calls in
-the server process: a new episode's server starts again from 1.
+the server process: over stdio a new episode's server starts again from 1. Over HTTP the protocol
+this ``mcp`` speaks (2026-07-28) has no sessions, so the count is the server's across episodes.
 """
 
 from __future__ import annotations
+
+import sys
 
 from mcp.server.mcpserver import MCPServer
 
@@ -32,4 +36,7 @@ def count() -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    if sys.argv[1:2] == ["--http"]:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

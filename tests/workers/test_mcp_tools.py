@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from environments import EnvironmentLoadError, ToolError, format_tool_call, load_environment_class
+from environments.mcp_tools import McpServerError
 from policy import ByteLayout, ByteTokenizer
 from tandem.allowlists.mcp_servers import configured_mcp_servers
 from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts, ToolSchema
@@ -30,17 +34,43 @@ def operator_servers(monkeypatch):
     monkeypatch.setenv("TANDEM_MCP_SERVERS", json.dumps({"arithmetic": [sys.executable, str(SERVER)]}))
 
 
-def _spec(server: str = "arithmetic", *, tools: tuple[ToolSchema, ...] = ()) -> EnvironmentSpec:
+def _spec(server: str = "arithmetic", *, tools: tuple[ToolSchema, ...] = (), url: str | None = None) -> EnvironmentSpec:
     return EnvironmentSpec(name="sums", kind="python", entrypoint="tests.workers.mcp_task:SumTask",
-                           tool_server={"command": server}, tools=tools)
+                           tool_server={"url": url} if url else {"command": server}, tools=tools)
+
+
+@pytest.fixture(scope="module")
+def http_server_url():
+    """The suite's server over streamable HTTP on a free loopback port, for the module's tests."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):  # 30 s at most for its imports and its listening socket
+            if process.poll() is not None:
+                raise RuntimeError(f"the MCP server ended with {process.returncode} before it listened")
+            with socket.socket() as attempt:
+                if attempt.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"the MCP server did not listen on port {port} within 30 s")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def _tool(environment, name):
     return next(tool for tool in environment.tools if tool.name == name)
 
 
-def test_each_episode_starts_the_server_lists_its_tools_and_stops_it_at_close():
-    environment = load_environment_class(_spec())()
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_each_episode_opens_a_session_lists_its_tools_and_ends_it_at_close(transport, request):
+    url = request.getfixturevalue("http_server_url") if transport == "http" else None
+    environment = load_environment_class(_spec(url=url))()
 
     async def episode() -> list[str]:
         await environment.reset({"a": 2, "b": 3})
@@ -49,16 +79,34 @@ def test_each_episode_starts_the_server_lists_its_tools_and_stops_it_at_close():
         with pytest.raises(ToolError, match="Error executing tool refuse"):
             await _tool(environment, "refuse").run({"reason": "no"})
         await environment.close()
-        with pytest.raises(ToolError, match="is not running"):  # its server has stopped
+        with pytest.raises(ToolError, match="is not running"):  # its session has ended
             await _tool(environment, "add").run({"a": 1, "b": 1})
         return answers
 
-    assert environment.tools == ()  # none before the episode's server is started
-    assert asyncio.run(episode()) == ["5", "1", "2"]
+    assert environment.tools == ()  # none before the episode's session is opened
+    first = asyncio.run(episode())
     assert [tool.name for tool in environment.tools] == ["add", "refuse", "count"]
     assert _tool(environment, "add").parameters["required"] == ["a", "b"]
-    # The next episode's server starts from scratch: no state carries over.
-    assert asyncio.run(episode()) == ["5", "1", "2"]
+    second = asyncio.run(episode())
+    if transport == "stdio":
+        # The next episode's server starts from scratch: no state carries over.
+        assert first == second == ["5", "1", "2"]
+    else:
+        # The protocol has no sessions over HTTP: what the server keeps is its own, across episodes.
+        counts = [int(answer) for answer in first[1:] + second[1:]]
+        assert first[0] == second[0] == "5" and counts == list(range(counts[0], counts[0] + 4))
+
+
+def test_a_url_is_checked_where_the_connection_is_made(http_server_url, monkeypatch):
+    """A name that passes the check as written is refused at connect time when it resolves outside the
+    allow-list (as a rebinding DNS would make it), and the episode's reset says why."""
+    monkeypatch.setenv("TANDEM_ENVIRONMENT_URL_ALLOWLIST", "10.0.0.0/8")
+    environment = load_environment_class(_spec(url=http_server_url.replace("127.0.0.1", "localhost")))()
+
+    with pytest.raises(McpServerError, match="did not start: localhost resolves to an address not on the environment URL allow-list"):
+        asyncio.run(environment.reset({"a": 1, "b": 2}))
+    with pytest.raises(EnvironmentLoadError, match="169.254.169.254"):
+        load_environment_class(_spec(url="http://169.254.169.254:80/mcp"))
 
 
 def test_a_server_the_operator_does_not_list_is_never_started():
