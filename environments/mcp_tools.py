@@ -170,12 +170,11 @@ def _checked_http_client():
     (:func:`~tandem.allowlists.environment_urls.check_connect_addresses`) and connects to the checked one."""
     import httpcore2
     import httpx2
-    from httpcore2._backends.auto import AutoBackend
     from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
     allowlist = configured_allowlist()
 
-    class CheckingBackend(AutoBackend):
+    class CheckingBackend(httpcore2.AnyIOBackend):
         async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
             found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
             addresses = [ipaddress.ip_address(entry[4][0]) for entry in found]

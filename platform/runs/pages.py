@@ -45,7 +45,14 @@ from .config_form_presets import config_review, form_presets, model_directories
 from .forms import RunCloneForm, RunCreateForm
 from .models import Run
 from .realtime import run_websocket_path
-from .selectors import run_attempt_list, run_get_for_user, run_list, run_memory_plan, run_search
+from .selectors import (
+    run_attempt_list,
+    run_get_for_user,
+    run_list,
+    run_memory_plan,
+    run_search,
+    trainer_device_memory,
+)
 from .services import (
     LEGAL_TRANSITIONS,
     run_cancel,
@@ -155,7 +162,7 @@ def run_page(request, run_id: int):
         "can_write": project_role(user=request.user, project=run.project)
         in Membership.WRITER_ROLES,
         "explorer": _metric_explorer("run", [run]),
-        "memory_plan": run_memory_plan(run),
+        "memory_plan": run_memory_plan(run, trainer_device=trainer_device_memory()),
         # Alert rules whose condition holds on the run now; run_page/status.js keeps them current.
         "alerts": run_alerts_active(run_id=run.pk),
     }

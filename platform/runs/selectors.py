@@ -116,13 +116,13 @@ def run_search(
     return runs.order_by(*(f"-{field}" if descending else field for field in fields))
 
 
-def run_memory_plan(run: Run) -> dict[str, dict[str, int]]:
+def run_memory_plan(run: Run, *, trainer_device: TrainerDeviceMemory | None) -> dict[str, dict[str, int]]:
     """The run's expected peak memory of its trainer and of one producer engine, by part
-    (tandem/configs/memory_plan.py), for this deployment's worker concurrency and, where a live
-    trainer reports one, the platform of its largest device (as the run was checked against it)."""
-    device = trainer_device_memory()
+    (tandem/configs/memory_plan.py), for this deployment's worker concurrency and the platform of
+    ``trainer_device`` (:func:`trainer_device_memory`, read once per request; None: not known), as a new
+    run is checked."""
     return memory_plan(run.config, worker_concurrency=settings.TANDEM_RUN_QUOTAS.worker_concurrency,
-                       trainer_platform=device.platform if device else None).as_dict()
+                       trainer_platform=trainer_device.platform if trainer_device else None).as_dict()
 
 
 @dataclass(frozen=True)

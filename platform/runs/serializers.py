@@ -8,7 +8,7 @@ from environment_registry.serializers import EnvironmentVersionStatusSerializer
 
 from .models import Run, RunAttempt
 from .realtime import run_websocket_path
-from .selectors import run_evaluation_environments, run_memory_plan
+from .selectors import run_evaluation_environments, run_memory_plan, trainer_device_memory
 
 
 class RunAttemptSerializer(serializers.ModelSerializer):
@@ -63,7 +63,10 @@ class RunSerializer(serializers.ModelSerializer):
         read_only_fields = ["claimable_after"]  # the trainer's to ask for (its heartbeat's retry_after_s)
 
     def get_memory_plan(self, run: Run) -> dict[str, dict[str, int]]:
-        return run_memory_plan(run)
+        # One read of the trainers' reports per response, however many runs it lists.
+        if "trainer_device" not in self.context:
+            self.context["trainer_device"] = trainer_device_memory()
+        return run_memory_plan(run, trainer_device=self.context["trainer_device"])
 
     def get_urls(self, run: Run) -> dict:
         page = reverse("run-page", args=[run.pk])
