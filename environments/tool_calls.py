@@ -110,13 +110,20 @@ def _unknown_tool(name: str, by_name: dict[str, Tool]) -> _Failure:
     return _Failure("unknown_tool", f"unknown tool {name!r}; the tools are {', '.join(sorted(by_name))}")
 
 
+def _decoded(text: str) -> Any | _Failure:
+    """The JSON value of a call's text, or why it has none."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        return _Failure("unparsed", f"tool call is not valid JSON: {exc}")
+
+
 def _json_calls(block: str, by_name: dict[str, Tool]) -> list[ToolCall] | _Failure:
     """The calls of a JSON block: one object, or a list of them (SmolLM2's format, from APIGen's
     function-calling data: ``<tool_call>[{"name": ...}, ...]</tool_call>``); or why it holds none."""
-    try:
-        payload = json.loads(block)
-    except json.JSONDecodeError as exc:
-        return _Failure("unparsed", f"tool call is not valid JSON: {exc}")
+    payload = _decoded(block)
+    if isinstance(payload, _Failure):
+        return payload
     if not isinstance(payload, list):
         payload = [payload]
     elif not payload:
@@ -195,11 +202,8 @@ def _parse_llama3(text: str, by_name: dict[str, Tool]) -> ToolCallParse | None:
     stripped = text.strip()
     if not (stripped.startswith("{") and '"name"' in stripped):
         return None  # prose, not an attempt at a call
-    try:
-        payload = json.loads(stripped)
-    except json.JSONDecodeError as exc:
-        return ToolCallParse.failed("llama3", _Failure("unparsed", f"tool call is not valid JSON: {exc}"))
-    call = _json_call(payload, by_name)
+    payload = _decoded(stripped)
+    call = payload if isinstance(payload, _Failure) else _json_call(payload, by_name)
     if isinstance(call, _Failure):
         return ToolCallParse.failed("llama3", call)
     return ToolCallParse([call], "llama3", status="ok")

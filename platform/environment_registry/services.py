@@ -190,7 +190,7 @@ def _version_create(
         entrypoint=spec.entrypoint,
         settings=spec.settings,
         tools=[tool.model_dump(mode="json") for tool in spec.tools],
-        tool_server=spec.tool_server.model_dump(mode="json", exclude_none=True) if spec.tool_server else None,
+        tool_server=_tool_server_record(spec),
         secret_setting_names=sorted(secret_settings),
         max_concurrent_episodes=spec.max_concurrent_episodes,
         created_by=user if user is not None and user.is_authenticated else None,
@@ -269,13 +269,18 @@ def _same_destination(version: EnvironmentVersion, spec: EnvironmentSpec) -> boo
             and all(version.settings.get(name) == spec.settings.get(name) for name in DESTINATION_SETTINGS))
 
 
+def _tool_server_record(spec: EnvironmentSpec) -> dict[str, str] | None:
+    """``spec``'s tool server as a version stores it: only the transport it names (command or url)."""
+    return spec.tool_server.model_dump(mode="json", exclude_none=True) if spec.tool_server else None
+
+
 def _same_definition(version: EnvironmentVersion, spec: EnvironmentSpec) -> bool:
     return (
         version.kind == spec.kind
         and version.entrypoint == spec.entrypoint
         and version.settings == spec.settings
         and version.tools == [tool.model_dump(mode="json") for tool in spec.tools]
-        and version.tool_server == (spec.tool_server.model_dump(mode="json", exclude_none=True) if spec.tool_server else None)
+        and version.tool_server == _tool_server_record(spec)
         and version.max_concurrent_episodes == spec.max_concurrent_episodes
     )
 

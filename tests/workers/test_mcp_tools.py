@@ -8,7 +8,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from environments.mcp_tools import McpServerError
 from policy import ByteLayout, ByteTokenizer
 from tandem.allowlists.mcp_servers import configured_mcp_servers
 from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts, ToolSchema
+from tests.polling import poll_until
 from workers.agent import EpisodeLimits, run_episode
 from workers.circuit_breaker import CircuitBreakers
 from workers.probe import run_probe
@@ -47,16 +47,16 @@ def http_server_url():
         port = probe.getsockname()[1]
     process = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
+    def listening() -> bool:
+        with socket.socket() as attempt:
+            return attempt.connect_ex(("127.0.0.1", port)) == 0
+
+    def alive() -> None:
+        if process.poll() is not None:
+            raise RuntimeError(f"the MCP server ended with {process.returncode} before it listened")
+
     try:
-        for _ in range(300):  # 30 s at most for its imports and its listening socket
-            if process.poll() is not None:
-                raise RuntimeError(f"the MCP server ended with {process.returncode} before it listened")
-            with socket.socket() as attempt:
-                if attempt.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
-        else:
-            raise RuntimeError(f"the MCP server did not listen on port {port} within 30 s")
+        poll_until(listening, timeout_s=30, between=alive, what=f"the MCP server to listen on port {port}")
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         process.terminate()
