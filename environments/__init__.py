@@ -16,9 +16,16 @@ them by name.
   :func:`format_tool_call` writes them, :func:`tool_call_format_of_template`
   finds a template's, :func:`tool_schemas` and :func:`tool_instructions` present the
   tools, :func:`demonstration_messages` turns a demonstration into chat messages;
-- the HTTP adapter's session, shared by the episodes of one event loop.
+- the HTTP adapter's session, shared by the episodes of one event loop;
+- agent programs (kind ``agent``): :class:`AgentProgramEnvironment` runs a team's own agent against an
+  endpoint whose :class:`AgentEndpointAccess` the producer gives it, and raises :class:`AgentProgramError`.
 """
 
+from environments.adapters.agent import (
+    AgentEndpointAccess,
+    AgentProgramEnvironment,
+    AgentProgramError,
+)
 from environments.adapters.http import SharedHTTPSession, shared_http_session
 from environments.base import (
     EVALUATION_SEED_BASE,
@@ -47,12 +54,16 @@ from environments.tool_calls import (
     format_tool_call,
     parse_tool_call,
     parse_tool_calls,
+    text_outside_calls,
     tool_call_format_of_template,
     tool_instructions,
     tool_schemas,
 )
 
 __all__ = [
+    "AgentEndpointAccess",
+    "AgentProgramEnvironment",
+    "AgentProgramError",
     "EVALUATION_SEED_BASE",
     "Demonstration",
     "DemonstrationTurn",
@@ -78,6 +89,7 @@ __all__ = [
     "load_environment_class",
     "parse_tool_call",
     "parse_tool_calls",
+    "text_outside_calls",
     "shared_http_session",
     "stable_fraction",
     "tool_call_format_of_template",

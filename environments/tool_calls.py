@@ -233,6 +233,17 @@ def parse_tool_calls(text: str, tools: Sequence[Tool], *, formats: Sequence[str]
     return ToolCallParse()
 
 
+def text_outside_calls(text: str, parsed: ToolCallParse) -> str:
+    """What ``text`` says besides the calls ``parsed`` found in it: the prose around ``<tool_call>``
+    blocks; nothing for the formats whose call is the whole turn (``tandem``, ``llama3``); all of it
+    when it made no call."""
+    if not parsed.calls:
+        return text
+    if parsed.format in ("tandem", "llama3"):
+        return ""
+    return _JSON_BLOCK.sub("", text).strip()
+
+
 def parse_tool_call(text: str, tools: Sequence[Tool], *, formats: Sequence[str] = FORMATS) -> ToolCall | None:
     """The (first) call ``text`` makes, or None when it is not a call to a declared tool."""
     calls = parse_tool_calls(text, tools, formats=formats).calls

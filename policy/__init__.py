@@ -39,6 +39,7 @@ from policy.prompt_format import (
     PromptFormatError,
     PromptLayout,
     prompt_layout,
+    tool_call_parse_formats,
 )
 from policy.sampler import Sampler
 from policy.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -81,6 +82,7 @@ __all__ = [
     "Tokenizer",
     "load_tokenizer",
     "prompt_layout",
+    "tool_call_parse_formats",
     # LoRA
     "FrozenParam",
     "apply_lora",

@@ -130,7 +130,10 @@ class PromptLayout(Protocol):
     #: Tokens a turn may add beyond what is sampled (an appended end-of-turn token).
     turn_overhead: int
 
-    def start(self, prompt: str, tools: Sequence[Tool]) -> EpisodeTokens: ...
+    def start(self, prompt: str, tools: Sequence[Tool], *, system: str | None = None) -> EpisodeTokens:
+        """A new episode: the ``system`` text (if any) and ``prompt`` as the first user message, the
+        ``tools`` shown as the format shows them, then the generation prompt."""
+        ...
 
     def add_messages(self, episode: EpisodeTokens, messages: Sequence[Message], *,
                      max_tokens: int | None = None) -> bool: ...
@@ -140,6 +143,12 @@ class PromptLayout(Protocol):
 
     def add_demonstrated(self, episode: EpisodeTokens, content: str, *,
                          tool_calls: Sequence[Mapping[str, Any]] = ()) -> None: ...
+
+    def add_replayed(self, episode: EpisodeTokens, token_ids: Sequence[int], *, content: str,
+                     tool_calls: Sequence[Mapping[str, Any]] = ()) -> None:
+        """An assistant turn given back as history (an agent's rewritten conversation): its tokens,
+        closed by the end-of-turn token, in the context but never trained on."""
+        ...
 
 
 def _growth(texts: Iterable[str], refusal: Callable[[int], str]) -> list[str]:
@@ -161,6 +170,19 @@ def _calls(tool_calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"tool_calls": [dict(call) for call in tool_calls]} if tool_calls else {}
 
 
+def _add_replayed(episode: EpisodeTokens, token_ids: Sequence[int], end_of_turn_id: int, *, content: str,
+                  tool_calls: Sequence[Mapping[str, Any]]) -> None:
+    ended = list(token_ids) if token_ids and token_ids[-1] == end_of_turn_id else [*token_ids, end_of_turn_id]
+    episode._extend(ended, mask=0)
+    episode._add_message("assistant", content, episode._turn_start, **_calls(tool_calls))
+
+
+def tool_call_parse_formats(layout: PromptLayout) -> tuple[str, ...]:
+    """The formats a policy's turn under ``layout`` is read in: its own, and for a byte-layout policy
+    (the ``tandem`` format) also ``<tool_call>`` blocks, which models trained from scratch may learn."""
+    return ("tandem", "qwen", "hermes") if layout.tool_call_format == "tandem" else (layout.tool_call_format,)
+
+
 class ByteLayout:
     """The byte layout of :mod:`policy.byte_layout`, for models trained from scratch."""
 
@@ -171,11 +193,13 @@ class ByteLayout:
         self.end_of_turn_id = tokenizer.eos_id
         self.tool_call_format = tool_call_format
 
-    def start(self, prompt: str, tools: Sequence[Tool]) -> EpisodeTokens:
+    def start(self, prompt: str, tools: Sequence[Tool], *, system: str | None = None) -> EpisodeTokens:
         episode = EpisodeTokens(tools=tuple(tools))
-        episode._extend(opening_tokens(self.tokenizer, tool_names=[tool.name for tool in tools], prompt=prompt),
+        # The byte layout has no roles: a system text is the prompt's first paragraph.
+        text = f"{system}\n\n{prompt}" if system else prompt
+        episode._extend(opening_tokens(self.tokenizer, tool_names=[tool.name for tool in tools], prompt=text),
                         mask=0)
-        episode._add_message("user", prompt, 0)
+        episode._add_message("user", text, 0)
         episode._turn_start = len(episode)
         return episode
 
@@ -193,6 +217,10 @@ class ByteLayout:
                          tool_calls: Sequence[Mapping[str, Any]] = ()) -> None:
         episode._extend(demonstrated_tokens(self.tokenizer, content), mask=1)
         episode._add_message("assistant", content, episode._turn_start, **_calls(tool_calls))
+
+    def add_replayed(self, episode: EpisodeTokens, token_ids: Sequence[int], *, content: str,
+                     tool_calls: Sequence[Mapping[str, Any]] = ()) -> None:
+        _add_replayed(episode, token_ids, self.end_of_turn_id, content=content, tool_calls=tool_calls)
 
 
 class ChatTemplateLayout:
@@ -240,14 +268,15 @@ class ChatTemplateLayout:
             template_kwargs=self.template_kwargs,
         )
 
-    def _opening(self, prompt: str, tools: Sequence[Tool]) -> list[Message]:
-        if not tools or self.renders_tools:
+    def _opening(self, prompt: str, tools: Sequence[Tool], system: str | None = None) -> list[Message]:
+        instructions = tool_instructions(tools) if tools and not self.renders_tools else None
+        system = "\n\n".join(part for part in (system, instructions) if part)
+        if not system:
             return [{"role": "user", "content": prompt}]
-        instructions = tool_instructions(tools)
         if self._renders_role("system", first=True):
-            return [{"role": "system", "content": instructions}, {"role": "user", "content": prompt}]
-        # Templates without a system role (Gemma) get the instructions in the first user message.
-        return [{"role": "user", "content": f"{instructions}\n\n{prompt}"}]
+            return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        # Templates without a system role (Gemma) get it in the first user message.
+        return [{"role": "user", "content": f"{system}\n\n{prompt}"}]
 
     def _renders_role(self, role: str, *, first: bool = False) -> bool:
         """Whether the template renders a ``role`` message (first, or after an assistant turn)."""
@@ -267,9 +296,9 @@ class ChatTemplateLayout:
         """``tool`` if the template renders tool messages; ``user`` for templates that refuse them (Gemma)."""
         return "tool" if self._renders_role("tool") else "user"
 
-    def start(self, prompt: str, tools: Sequence[Tool]) -> EpisodeTokens:
+    def start(self, prompt: str, tools: Sequence[Tool], *, system: str | None = None) -> EpisodeTokens:
         episode = EpisodeTokens(tools=tuple(tools))
-        opening = self._opening(prompt, tools)
+        opening = self._opening(prompt, tools, system)
         full = self._render(opening, tools, generation_prompt=True)
         try:
             pieces = self._opening_pieces(opening, tools)
@@ -380,6 +409,10 @@ class ChatTemplateLayout:
                          tool_calls: Sequence[Mapping[str, Any]] = ()) -> None:
         episode._extend([*self.tokenizer.encode(content), self.end_of_turn_id], mask=1)
         episode._add_message("assistant", content, episode._turn_start, **_calls(tool_calls))
+
+    def add_replayed(self, episode: EpisodeTokens, token_ids: Sequence[int], *, content: str,
+                     tool_calls: Sequence[Mapping[str, Any]] = ()) -> None:
+        _add_replayed(episode, token_ids, self.end_of_turn_id, content=content, tool_calls=tool_calls)
 
 
 def prompt_layout(config: ModelConfig, tokenizer: Tokenizer) -> PromptLayout:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from environments import (
+    AgentProgramEnvironment,
+    AgentProgramError,
     Environment,
     MalformedOutputError,
     ToolError,
@@ -33,21 +35,22 @@ from policy import (
     PromptFormatError,
     PromptLayout,
     Tokenizer,
+    tool_call_parse_formats,
 )
 from tandem.configs.run import RunConfig
 from tandem.contracts import (
+    AgentCall,
     ConversationMessage,
     EpisodeCloseReason,
     EpisodeTimings,
     TrajectoryRecord,
 )
 from workers.activity import WORKER_NAME
+from workers.agent_endpoint import AgentEpisode, AgentEpisodeResult, agent_endpoint_server
 from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy
 
 logger = logging.getLogger(__name__)
-# What a byte-layout policy's turn is read as: its own short calls, or <tool_call> blocks.
-TANDEM_PARSE_FORMATS = ("tandem", "qwen", "hermes")
 #: Closes (``close_episode`` or ``close``) that raised or timed out in this process, per environment name.
 environment_close_failures: collections.Counter[str] = collections.Counter()
 
@@ -154,13 +157,14 @@ async def run_episode(
     """
     tokenizer = tokenizer or ByteTokenizer()
     layout = layout or ByteLayout(tokenizer)
-    parse_formats = TANDEM_PARSE_FORMATS if layout.tool_call_format == "tandem" else (layout.tool_call_format,)
+    parse_formats = tool_call_parse_formats(layout)
     breakers = process_breakers if circuit_breakers is None else circuit_breakers
     trajectory_id = uuid.uuid4().hex
     started_at = time.time()
     generation_s = environment_s = tool_s = 0.0
     episode = EpisodeTokens(tools=tuple(environment.tools))
     policy_versions: list[int] = []
+    agent_calls: tuple[AgentCall, ...] = ()
     newest_version: int | None = None
     reward = 0.0
     status, failure_reason = "ok", ""
@@ -185,91 +189,104 @@ async def run_episode(
     try:
         if circuit_open_reason is not None:
             raise EpisodeFailure(circuit_open_reason)
-        began = time.perf_counter()
-        prompt = await _call_environment(
-            environment.reset(task), what="reset", timeout_s=limits.environment_timeout_s,
-            check=lambda value: checked_observation(value, "reset", max_chars=limits.max_observation_chars),
-        )
-        environment_s += time.perf_counter() - began
-        try:
-            episode = layout.start(prompt, environment.tools)
-        except (PromptFormatError, ChatTemplateError) as exc:
-            raise EpisodeFailure(f"the prompt cannot be rendered: {exc}") from exc
-        if _room_left(episode, limits, layout) < 0:
-            raise EpisodeFailure(
-                f"the prompt alone leaves no room for a turn: {budget()}; raise model.max_seq_len "
-                "or lower sampling.max_new_tokens"
-            )
-        for turn in range(limits.max_turns):
-            if _room_left(episode, limits, layout) < 0:
-                truncated(f"no room for turn {turn + 1}: {budget()}")
-                break
+        if isinstance(environment, AgentProgramEnvironment):
             began = time.perf_counter()
-            try:
-                completion = await policy.generate(episode.context(), session_id=trajectory_id)
-            except Exception as exc:  # noqa: BLE001 - recorded on the episode
-                raise EpisodeFailure(f"generation failed: {type(exc).__name__}: {exc}") from exc
-            generation_s += time.perf_counter() - began
-            # The version of the turn's first token: the oldest one if weights changed mid-turn.
-            policy_versions.append(completion.policy_version)
-            # Weights may also change between the turn's decode chunks; versions only grow, so the
-            # last token's is the newest.
-            newest_version = completion.last_policy_version
-            # A turn cut off at max_new_tokens still acts: the environment judges
-            # whatever was said, so a policy that never stops gets no free pass.
-            text = tokenizer.decode(completion.token_ids)
-            parsed = parse_tool_calls(text, environment.tools, formats=parse_formats)
-            calls = parsed.calls
-            layout.add_sampled(
-                episode, completion.token_ids, completion.logprobs, content=text,
-                tool_calls=[{"name": call.tool.name, "arguments": call.arguments} for call in calls],
-            )
-            episode.note_tool_call_outcome(parsed.status, parsed.error)
-            if parsed.error is not None:
-                # An attempt at a call that is none: the model is told why, in its tool role, and the
-                # episode goes on. Passed to `step` instead, it would be judged as the final answer.
-                if not _append(episode, layout, [{"role": "tool", "content": f"error: {parsed.error}"}], limits):
-                    truncated(f"the tool-call error after turn {turn + 1} does not fit: {overflow()}")
-                    break
-                continue
+            played = await _agent_program_episode(environment, task, policy=policy, layout=layout,
+                                                  tokenizer=tokenizer, limits=limits, model=f"tandem-run-{run_id}")
+            episode, agent_calls, reward = played.tokens, played.calls, played.reward
+            policy_versions, newest_version = played.policy_versions, played.newest_policy_version
+            generation_s = played.generation_s
+            environment_s = time.perf_counter() - began - generation_s
+            if played.truncated_because is not None:
+                truncated(played.truncated_because)
+            else:
+                close_reason = EpisodeCloseReason.DONE
+        else:
             began = time.perf_counter()
-            if calls:
-                # Several calls in one turn (Hermes style) run in order; each result is a tool message.
-                results, refusals = [], []
-                for call in calls:
-                    observe = functools.partial(checked_observation, where=f"tool {call.tool.name}",
-                                                max_chars=limits.max_observation_chars)
-                    try:
-                        # Tools may answer with any value; its text is the observation.
-                        content = await _call_environment(
-                            call.tool.run(call.arguments), what=f"tool {call.tool.name}",
-                            timeout_s=limits.environment_timeout_s, check=lambda value, see=observe: see(str(value)))
-                    except ToolError as exc:
-                        refusals.append(f"{call.tool.name}: {exc}")
-                        content = _call_environment_check(observe, f"error: {exc}")
-                    results.append({"role": "tool", "content": content})
-                if refusals:
-                    episode.note_tool_call_outcome("tool_error", "; ".join(refusals))
-                tool_s += time.perf_counter() - began
-                if not _append(episode, layout, results, limits):
-                    truncated(f"the tool results after turn {turn + 1} do not fit: {overflow()}")
-                    break
-                continue
-            result = await _call_environment(
-                environment.step(text), what="step", timeout_s=limits.environment_timeout_s,
-                check=lambda value: checked_step_result(value, max_observation_chars=limits.max_observation_chars),
+            prompt = await _call_environment(
+                environment.reset(task), what="reset", timeout_s=limits.environment_timeout_s,
+                check=lambda value: checked_observation(value, "reset", max_chars=limits.max_observation_chars),
             )
             environment_s += time.perf_counter() - began
-            reward += float(result.reward)
-            if result.done:
-                close_reason = EpisodeCloseReason.DONE
-                break
-            if not _append(episode, layout, [{"role": "user", "content": result.observation}], limits):
-                truncated(f"the environment's observation after turn {turn + 1} does not fit: {overflow()}")
-                break
-        else:
-            truncated(f"reached max_turns={limits.max_turns} before the environment ended the episode",
-                      because=EpisodeCloseReason.MAX_TURNS)
+            try:
+                episode = layout.start(prompt, environment.tools)
+            except (PromptFormatError, ChatTemplateError) as exc:
+                raise EpisodeFailure(f"the prompt cannot be rendered: {exc}") from exc
+            if _room_left(episode, limits, layout) < 0:
+                raise EpisodeFailure(
+                    f"the prompt alone leaves no room for a turn: {budget()}; raise model.max_seq_len "
+                    "or lower sampling.max_new_tokens"
+                )
+            for turn in range(limits.max_turns):
+                if _room_left(episode, limits, layout) < 0:
+                    truncated(f"no room for turn {turn + 1}: {budget()}")
+                    break
+                began = time.perf_counter()
+                try:
+                    completion = await policy.generate(episode.context(), session_id=trajectory_id)
+                except Exception as exc:  # noqa: BLE001 - recorded on the episode
+                    raise EpisodeFailure(f"generation failed: {type(exc).__name__}: {exc}") from exc
+                generation_s += time.perf_counter() - began
+                # The version of the turn's first token: the oldest one if weights changed mid-turn.
+                policy_versions.append(completion.policy_version)
+                # Weights may also change between the turn's decode chunks; versions only grow, so the
+                # last token's is the newest.
+                newest_version = completion.last_policy_version
+                # A turn cut off at max_new_tokens still acts: the environment judges
+                # whatever was said, so a policy that never stops gets no free pass.
+                text = tokenizer.decode(completion.token_ids)
+                parsed = parse_tool_calls(text, environment.tools, formats=parse_formats)
+                calls = parsed.calls
+                layout.add_sampled(
+                    episode, completion.token_ids, completion.logprobs, content=text,
+                    tool_calls=[{"name": call.tool.name, "arguments": call.arguments} for call in calls],
+                )
+                episode.note_tool_call_outcome(parsed.status, parsed.error)
+                if parsed.error is not None:
+                    # An attempt at a call that is none: the model is told why, in its tool role, and the
+                    # episode goes on. Passed to `step` instead, it would be judged as the final answer.
+                    if not _append(episode, layout, [{"role": "tool", "content": f"error: {parsed.error}"}], limits):
+                        truncated(f"the tool-call error after turn {turn + 1} does not fit: {overflow()}")
+                        break
+                    continue
+                began = time.perf_counter()
+                if calls:
+                    # Several calls in one turn (Hermes style) run in order; each result is a tool message.
+                    results, refusals = [], []
+                    for call in calls:
+                        observe = functools.partial(checked_observation, where=f"tool {call.tool.name}",
+                                                    max_chars=limits.max_observation_chars)
+                        try:
+                            # Tools may answer with any value; its text is the observation.
+                            content = await _call_environment(
+                                call.tool.run(call.arguments), what=f"tool {call.tool.name}",
+                                timeout_s=limits.environment_timeout_s, check=lambda value, see=observe: see(str(value)))
+                        except ToolError as exc:
+                            refusals.append(f"{call.tool.name}: {exc}")
+                            content = _call_environment_check(observe, f"error: {exc}")
+                        results.append({"role": "tool", "content": content})
+                    if refusals:
+                        episode.note_tool_call_outcome("tool_error", "; ".join(refusals))
+                    tool_s += time.perf_counter() - began
+                    if not _append(episode, layout, results, limits):
+                        truncated(f"the tool results after turn {turn + 1} do not fit: {overflow()}")
+                        break
+                    continue
+                result = await _call_environment(
+                    environment.step(text), what="step", timeout_s=limits.environment_timeout_s,
+                    check=lambda value: checked_step_result(value, max_observation_chars=limits.max_observation_chars),
+                )
+                environment_s += time.perf_counter() - began
+                reward += float(result.reward)
+                if result.done:
+                    close_reason = EpisodeCloseReason.DONE
+                    break
+                if not _append(episode, layout, [{"role": "user", "content": result.observation}], limits):
+                    truncated(f"the environment's observation after turn {turn + 1} does not fit: {overflow()}")
+                    break
+            else:
+                truncated(f"reached max_turns={limits.max_turns} before the environment ended the episode",
+                          because=EpisodeCloseReason.MAX_TURNS)
         environment_verdict = True
     except EnvironmentFault as exc:
         status, failure_reason, reward = "failed", str(exc), 0.0
@@ -323,8 +340,40 @@ async def run_episode(
         ),
         messages=tuple(ConversationMessage(**message) for message in episode.messages),
         segment_starts=tuple(episode.segment_starts),
-        offered_tools=tuple(tool.name for tool in environment.tools),
+        offered_tools=tuple(tool.name for tool in episode.tools),
+        agent_calls=agent_calls,
     )
+
+
+async def _agent_program_episode(environment: AgentProgramEnvironment, task: dict[str, Any], *,
+                                 policy: BatchingPolicy, layout: PromptLayout, tokenizer: Tokenizer,
+                                 limits: EpisodeLimits, model: str) -> AgentEpisodeResult:
+    """Run the environment's agent program on ``task`` against an endpoint of its own (workers/agent_endpoint.py).
+
+    Raises EnvironmentFault when the agent failed, never called its endpoint, or reported no reward;
+    the endpoint's key is refused once this returns or raises.
+    """
+    server = await agent_endpoint_server()
+    agent_episode = AgentEpisode(policy=policy, layout=layout, tokenizer=tokenizer, max_seq_len=limits.max_seq_len,
+                                 max_calls=limits.max_turns, model=model)
+    access = server.open(agent_episode)
+    failure = None
+    try:
+        answered = await environment.run_agent(task, access)
+    except AgentProgramError as exc:
+        failure = str(exc)
+    finally:
+        played = server.close_episode(agent_episode)
+    if failure is not None:
+        raise EnvironmentFault(failure)
+    if not played.calls:
+        raise EnvironmentFault(f"the {environment.label} ended without calling its endpoint")
+    reward = answered if answered is not None else played.reward
+    if reward is None:
+        raise EnvironmentFault(f"the {environment.label} reported no reward (POST <base_url>/reward, or the "
+                               "service's answer)")
+    played.reward = reward
+    return played
 
 
 def _append(episode: EpisodeTokens, layout: PromptLayout, messages: list[dict], limits: EpisodeLimits) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, MutableMapping
+from collections.abc import Callable, Hashable, MutableMapping, Sequence
 from typing import TypeVar
 
 import redis
@@ -38,6 +38,7 @@ from policy import (
 )
 from tandem.allowlists.model_paths import check_model_config_paths
 from tandem.configs.quotas import slot_count
+from tandem.configs.rollout import SamplingConfig
 from tandem.configs.run import RunConfig
 from tandem.contracts import run_stop_key
 from workers.settings import task_concurrency
@@ -209,8 +210,15 @@ class BatchingPolicy:
             return self._generation_s
         return self._runtime.engine.stats.busy_s - self._busy_at_open
 
-    async def generate(self, prompt: list[int], *, session_id: Hashable | None = None) -> Completion:
-        """One policy turn after ``prompt``, reusing the session's cached prefix."""
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The run's sampling settings, which every turn is sampled with."""
+        return self._runtime.config.sampling
+
+    async def generate(self, prompt: list[int], *, session_id: Hashable | None = None,
+                       extra_stop: Sequence[str] = ()) -> Completion:
+        """One policy turn after ``prompt``, reusing the session's cached prefix; ``extra_stop`` ends it at
+        strings of the caller's besides the run's own."""
         sampling = self._runtime.config.sampling
         self._requests += 1
         if session_id is not None:
@@ -223,7 +231,7 @@ class BatchingPolicy:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
-                stop=tuple(sampling.stop_strings),
+                stop=tuple(dict.fromkeys([*sampling.stop_strings, *extra_stop])),
                 seed=hash((self._seed, self._requests)),
             ),
         )

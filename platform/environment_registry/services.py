@@ -28,6 +28,7 @@ from tandem.allowlists.environment_urls import (
     EnvironmentURLRefused,
     check_environment_url,
 )
+from tandem.allowlists.agent_commands import AgentCommandRefused, check_agent_command
 from tandem.allowlists.mcp_servers import McpServerRefused, check_mcp_server
 from tandem.contracts import (
     ADAPTER_ENTRYPOINTS,
@@ -107,6 +108,21 @@ def _validate_spec(spec: EnvironmentSpec) -> None:
             raise InvalidInput.for_field(
                 f"settings.{required.key}", f"Kind '{spec.kind}' needs {required.what}."
             )
+    alternatives = ENVIRONMENT_KINDS[spec.kind].exactly_one_of
+    given = [setting for setting in alternatives if spec.settings.get(setting.key) not in (None, "")]
+    if alternatives and len(given) != 1:
+        field = given[1].key if given else alternatives[0].key
+        raise InvalidInput.for_field(f"settings.{field}", f"Kind '{spec.kind}' needs exactly one of: " + "; or ".join(
+            f"`{setting.key}`, {setting.what}" for setting in alternatives) + ".")
+    for setting in given:
+        if not isinstance(spec.settings[setting.key], str) or not spec.settings[setting.key].strip():
+            raise InvalidInput.for_field(f"settings.{setting.key}", f"Kind '{spec.kind}' needs {setting.what}.")
+    command = spec.settings.get("command")
+    if spec.kind == "agent" and isinstance(command, str):
+        try:
+            check_agent_command(command, commands=settings.TANDEM_AGENT_COMMANDS)
+        except AgentCommandRefused as error:
+            raise InvalidInput.for_field("settings.command", str(error)) from None
     url = spec.settings.get("url")
     if isinstance(url, str):
         try:

@@ -280,6 +280,7 @@ from tandem.contracts.telemetry import (
 from tandem.contracts.trajectories import (
     EPISODE_STATUSES,
     TOOL_CALL_STATUSES,
+    AgentCall,
     ConversationMessage,
     EpisodeStatus,
     EpisodeTimings,
@@ -414,6 +415,7 @@ __all__ = [
     "TrainerHeartbeat",
     "TrainerHeartbeatReply",
     "EPISODE_STATUSES",
+    "AgentCall",
     "ConversationMessage",
     "EpisodeStatus",
     "EpisodeTimings",

@@ -39,6 +39,8 @@ class EnvironmentKindDefinition:
     # `module:Class` of the adapter producers load for it; None: the registration names its own class.
     adapter_entrypoint: str | None
     required_settings: tuple[RequiredSetting, ...] = ()
+    # Settings of which a registration gives exactly one (an agent's `url` or `command`).
+    exactly_one_of: tuple[RequiredSetting, ...] = ()
 
 
 #: Every kind of environment there is. The platform's choices, its registration
@@ -65,6 +67,15 @@ ENVIRONMENT_KINDS: dict[str, EnvironmentKindDefinition] = {
         label="reasoning-gym task",
         adapter_entrypoint="environments.adapters.reasoning_gym:ReasoningGymEnvironment",
         required_settings=(RequiredSetting("dataset", "a reasoning-gym dataset name"),),
+    ),
+    "agent": EnvironmentKindDefinition(
+        label="Agent program (an OpenAI-compatible endpoint per episode)",
+        adapter_entrypoint="environments.adapters.agent:AgentProgramEnvironment",
+        exactly_one_of=(
+            RequiredSetting("url", "an agent service's base URL (it serves POST /episodes), e.g. http://host:9000"),
+            RequiredSetting("command", "a name of the operator's TANDEM_AGENT_COMMANDS: the program each "
+                                       "episode runs"),
+        ),
     ),
 }
 

@@ -76,6 +76,25 @@ class ConversationMessage(BaseModel):
                                                  "that followed told the model the same).")
 
 
+class AgentCall(BaseModel):
+    """One call an agent program made to its episode's OpenAI-compatible endpoint (workers/agent_endpoint.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chain: int = Field(ge=0, description="Which prefix-consistent chain (the record's segment) the call extended "
+                                         "or began: a new one each time the agent rewrote its history.")
+    prompt_tokens: int = Field(ge=0, description="Tokens of the prompt the policy was given.")
+    completion_tokens: int = Field(ge=0, description="Tokens the policy sampled.")
+    latency_s: float = Field(ge=0.0, description="Seconds from the request to the answer.")
+    content: str = Field(description="The reply as decoded (its tool-call markup included).")
+    tool_calls: tuple[MessageToolCall, ...] = Field((), description="Calls the reply made, as returned.")
+    finish_reason: Literal["stop", "tool_calls", "length"] = "stop"
+    overrides: tuple[str, ...] = Field(
+        (), description="What the request asked that the run overrode (temperature, top_p, max_tokens, "
+        "tool_choice), each as `field: asked -> used`.")
+    streamed: bool = False
+
+
 class EpisodeTimings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -140,6 +159,9 @@ class TrajectoryRecord(Record):
     offered_tools: tuple[str, ...] | None = Field(
         None, description="Names of the tools the environment offered the policy. None in records from "
         "before this field: unknown.")
+    agent_calls: tuple[AgentCall, ...] = Field(
+        (), description="An agent program's episode: each call to its endpoint, in order; empty for episodes "
+        "Tandem's own agent loop ran.")
 
     def tool_call_outcomes(self) -> list[str]:
         """The :data:`ToolCallStatus` of each assistant turn that wrote tool-call markup, in order."""

@@ -4,6 +4,7 @@ import json
 
 from django.core.exceptions import ImproperlyConfigured
 
+from tandem.allowlists.agent_commands import configured_agent_commands
 from tandem.allowlists.environment_modules import allowed_environment_modules
 from tandem.allowlists.mcp_servers import configured_mcp_servers
 from tandem.runtime.secrets_at_rest import (
@@ -22,6 +23,10 @@ TANDEM_ENVIRONMENT_MODULES = allowed_environment_modules()
 # The MCP servers an environment may take tools from, name to argv (tandem/allowlists/mcp_servers.py);
 # a registration names one, and workers start only these. Unset: none.
 TANDEM_MCP_SERVERS = configured_mcp_servers()
+
+# The agent programs an `agent` environment may run per episode, name to argv
+# (tandem/allowlists/agent_commands.py); a registration names one, and workers start only these. Unset: none.
+TANDEM_AGENT_COMMANDS = configured_agent_commands()
 
 # Hosts and networks remote environment URLs may reach (tandem/allowlists/environment_urls.py).
 # Unset: everything except link-local and cloud-metadata addresses.

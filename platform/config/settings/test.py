@@ -31,6 +31,9 @@ os.environ.setdefault("TANDEM_ENVIRONMENT_MODULES", "tests.workers,tests.e2e")
 # The tests' MCP tool server, as an operator would list a team's (tests/workers/mcp_arithmetic_server.py).
 os.environ.setdefault("TANDEM_MCP_SERVERS", json.dumps({"arithmetic": [
     sys.executable, str(Path(__file__).resolve().parents[3] / "tests" / "workers" / "mcp_arithmetic_server.py")]}))
+# The tests' agent program, written against the openai client alone (tests/agents/openai_react_agent.py).
+os.environ.setdefault("TANDEM_AGENT_COMMANDS", json.dumps({"react-calculator": [
+    sys.executable, str(Path(__file__).resolve().parents[3] / "tests" / "agents" / "openai_react_agent.py")]}))
 # Every test client comes from 127.0.0.1: the suite's deliberate bad tokens and passwords must
 # not add up to a lock-out of later tests (tests/platform/test_security_throttling.py sets its own).
 os.environ.setdefault("TANDEM_AUTH_FAILURES_ALLOWED", "1000000")

@@ -1,0 +1,85 @@
+"""A ReAct-style agent written against the ``openai`` client alone: no Tandem import.
+
+Tandem runs it once per episode (an operator lists it in TANDEM_AGENT_COMMANDS) with OPENAI_BASE_URL and
+OPENAI_API_KEY set to the episode's endpoint, and TANDEM_TASK to its task (``{"seed": n}``). It asks the
+model a sum derived from the seed, offers one tool, ``calc``, runs the tool itself when the model calls
+it, and sends the reward: 1.0 when the final answer holds the sum, else 0.0.
+
+With ``--rewrite`` it drops its earlier turns before its last call, as agents that summarise their history
+do; with ``--stream`` it asks for streamed answers (and a temperature of its own, which the run overrides).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import sys
+
+import httpx
+from openai import OpenAI
+
+CALC = {"type": "function", "function": {
+    "name": "calc", "description": "Evaluate an arithmetic expression of integers, + - and *.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                   "required": ["expression"]}}}
+MAX_STEPS = 3
+
+
+def calc(expression: str) -> str:
+    if not re.fullmatch(r"[0-9+\-* ()]{1,64}", expression):
+        return "error: only integers, + - * and parentheses"
+    return str(eval(expression, {"__builtins__": {}}))  # noqa: S307 - the pattern above admits arithmetic only
+
+
+def main() -> int:
+    task = json.loads(os.environ["TANDEM_TASK"])
+    rng = random.Random(task["seed"])
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+    model = os.environ.get("TANDEM_MODEL", "policy")
+    messages = [{"role": "user", "content": f"{a}+{b}="}]
+    rewrite = "--rewrite" in sys.argv
+    stream = "--stream" in sys.argv
+    answer = ""
+    for step in range(MAX_STEPS):
+        sent = messages[:1] + messages[-2:] if rewrite and step == MAX_STEPS - 1 and len(messages) > 3 else messages
+        if stream:
+            calls: dict[int, dict] = {}
+            content = ""
+            for chunk in client.chat.completions.create(model=model, messages=sent, tools=[CALC], stream=True,
+                                                        temperature=0.5):
+                delta = chunk.choices[0].delta
+                content += delta.content or ""
+                for call in delta.tool_calls or ():
+                    entry = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
+                    entry["name"] += call.function.name or ""
+                    entry["arguments"] += call.function.arguments or ""
+            tool_calls = [{"id": call["id"], "type": "function",
+                           "function": {"name": call["name"], "arguments": call["arguments"]}}
+                          for _, call in sorted(calls.items())]
+        else:
+            reply = client.chat.completions.create(model=model, messages=sent, tools=[CALC], max_tokens=4000)
+            message = reply.choices[0].message
+            content = message.content or ""
+            tool_calls = [call.model_dump() for call in message.tool_calls or ()]
+        if not tool_calls:
+            answer = content
+            break
+        messages = [*sent, {"role": "assistant", "content": content or None, "tool_calls": tool_calls}]
+        for call in tool_calls:
+            try:
+                expression = json.loads(call["function"]["arguments"]).get("expression", "")
+            except ValueError:
+                expression = ""
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": calc(str(expression))})
+    reward = 1.0 if str(a + b) in answer else 0.0
+    # The reward call: the episode's endpoint, with its key, as any HTTP client would send it.
+    httpx.post(f"{client.base_url}reward", json={"reward": reward},
+               headers={"Authorization": f"Bearer {client.api_key}"}, timeout=30).raise_for_status()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
