@@ -46,7 +46,7 @@ from tandem.contracts import (
     TrajectoryRecord,
 )
 from workers.activity import WORKER_NAME
-from workers.agent_endpoint import AgentEpisode, AgentEpisodeResult, agent_endpoint_server
+from workers.agent_endpoint import AgentEpisode, AgentEpisodeResult, SamplingPolicy, agent_endpoint_server
 from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy
 
@@ -191,7 +191,7 @@ async def run_episode(
             raise EpisodeFailure(circuit_open_reason)
         if isinstance(environment, AgentProgramEnvironment):
             began = time.perf_counter()
-            played = await _agent_program_episode(environment, task, policy=policy, layout=layout,
+            played = await agent_program_episode(environment, task, policy=policy, layout=layout,
                                                   tokenizer=tokenizer, limits=limits, model=f"tandem-run-{run_id}")
             episode, agent_calls, reward = played.tokens, played.calls, played.reward
             policy_versions, newest_version = played.policy_versions, played.newest_policy_version
@@ -345,9 +345,9 @@ async def run_episode(
     )
 
 
-async def _agent_program_episode(environment: AgentProgramEnvironment, task: dict[str, Any], *,
-                                 policy: BatchingPolicy, layout: PromptLayout, tokenizer: Tokenizer,
-                                 limits: EpisodeLimits, model: str) -> AgentEpisodeResult:
+async def agent_program_episode(environment: AgentProgramEnvironment, task: dict[str, Any], *,
+                                policy: SamplingPolicy, layout: PromptLayout, tokenizer: Tokenizer,
+                                limits: EpisodeLimits, model: str) -> AgentEpisodeResult:
     """Run the environment's agent program on ``task`` against an endpoint of its own (workers/agent_endpoint.py).
 
     Raises EnvironmentFault when the agent failed, never called its endpoint, or reported no reward;

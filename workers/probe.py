@@ -36,6 +36,7 @@ from typing import Any
 import redis
 
 from environments import (
+    AgentProgramEnvironment,
     Environment,
     MalformedOutputError,
     checked_demonstrations,
@@ -45,7 +46,7 @@ from environments import (
     demonstration_messages,
     load_environment_class,
 )
-from policy import ByteLayout, ByteTokenizer
+from policy import ByteLayout, ByteTokenizer, Completion
 from tandem.allowlists.environment_urls import (
     EnvironmentURLRefused,
     check_environment_url,
@@ -64,6 +65,7 @@ from tandem.contracts import (
     probe_request_key,
 )
 from tandem.runtime.secrets_at_rest import SecretsCipher, SecretsKeyError, environment_secrets_open
+from workers.agent import EpisodeFailure, EpisodeLimits, agent_program_episode
 from workers.episode_slots import advertised_max_concurrent_episodes
 from workers.secret_settings import SecretSettings
 
@@ -103,6 +105,40 @@ def check_budget(environment: Environment, observation: str, step_observation: s
             f"set model.max_seq_len to {needed} or more in runs of this environment"
         )
     return f"reset and one turn need {needed} of the default {max_seq_len} tokens"
+
+
+class _ProbeReplies:
+    """The probe's policy for an agent program: it has no model, so every answer is PROBE_ACTION."""
+
+    def __init__(self):
+        self.tokenizer = ByteTokenizer()
+        self.sampling = RunConfig().sampling
+
+    async def generate(self, prompt: list[int], *, session_id: Any = None, extra_stop: Any = ()) -> Completion:
+        tokens = [*self.tokenizer.encode(PROBE_ACTION), self.tokenizer.eos_id]
+        return Completion(token_ids=tokens, logprobs=[0.0] * len(tokens), finished=True, stop_reason="eos")
+
+    def end_session(self, session_id: Any) -> None:
+        return None
+
+
+async def probe_agent_program(environment: AgentProgramEnvironment, task: dict[str, Any]) -> str:
+    """One episode of the agent against an endpoint that answers PROBE_ACTION: whether it called the
+    endpoint, how many calls it made, whether their prefixes held, and the reward it reported."""
+    if not isinstance(environment, AgentProgramEnvironment):
+        raise CheckFailed(f"kind 'agent' loaded a {type(environment).__name__}")
+    defaults = RunConfig()
+    replies = _ProbeReplies()
+    try:
+        played = await agent_program_episode(
+            environment, task, policy=replies, layout=ByteLayout(replies.tokenizer), tokenizer=replies.tokenizer,
+            limits=EpisodeLimits.of_run(defaults), model="tandem-probe")
+    except EpisodeFailure as exc:
+        raise CheckFailed(str(exc)) from None
+    calls = len(played.calls)
+    chains = ("its prefixes held (one chain)" if not played.history_rewrites else
+              f"it rewrote its history {played.history_rewrites} time(s) ({played.history_rewrites + 1} chains)")
+    return f"the agent called its endpoint {calls} time(s); {chains}; it reported a reward of {played.reward:g}"
 
 
 def _short(text: str) -> str:
@@ -295,17 +331,30 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
     async def close() -> str:
         return await close_probe_episode(state["environment"])
 
-    plan: list[tuple[str, Callable[[], Any], float]] = [
-        ("url", check_url, timeouts.url),
-        ("load", load, timeouts.load),
-        ("sample_task", sample_task, timeouts.load),
-        ("reset", reset, timeouts.reset),
-        ("tools", lambda: check_tools(state["environment"], spec.tools), timeouts.tools),
-        ("step", step, timeouts.step),
-        ("budget", lambda: check_budget(state["environment"], state["observation"], state["step_observation"]),
-         timeouts.tools),
-        ("demonstrations", demonstrations, timeouts.demonstrations),
-    ]
+    async def agent() -> str:
+        return await probe_agent_program(state["environment"], state["task"])
+
+    if spec.kind == "agent":
+        # The agent runs the episode, bounded by its own timeout_s (the registration's setting).
+        agent_timeout_s = float(spec.settings.get("timeout_s") or 300.0) + timeouts.step
+        plan: list[tuple[str, Callable[[], Any], float]] = [
+            ("url", check_url, timeouts.url),
+            ("load", load, timeouts.load),
+            ("sample_task", sample_task, timeouts.load),
+            ("agent", agent, agent_timeout_s),
+        ]
+    else:
+        plan = [
+            ("url", check_url, timeouts.url),
+            ("load", load, timeouts.load),
+            ("sample_task", sample_task, timeouts.load),
+            ("reset", reset, timeouts.reset),
+            ("tools", lambda: check_tools(state["environment"], spec.tools), timeouts.tools),
+            ("step", step, timeouts.step),
+            ("budget", lambda: check_budget(state["environment"], state["observation"], state["step_observation"]),
+             timeouts.tools),
+            ("demonstrations", demonstrations, timeouts.demonstrations),
+        ]
     failed = False
     for name, function, timeout_s in plan:
         if failed:

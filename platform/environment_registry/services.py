@@ -22,13 +22,13 @@ from accounts.permissions import project_require_writer
 from alerts.services import alerts_probe_recorded
 from common.domain_errors import Conflict, InvalidInput, NotFound
 from common.tasks import send_task
+from tandem.allowlists.agent_commands import AgentCommandRefused, check_agent_command
 from tandem.allowlists.environment_modules import EnvironmentModuleRefused, check_environment_target
 from tandem.allowlists.environment_urls import (
     MCP_SERVER_URL_SCHEMES,
     EnvironmentURLRefused,
     check_environment_url,
 )
-from tandem.allowlists.agent_commands import AgentCommandRefused, check_agent_command
 from tandem.allowlists.mcp_servers import McpServerRefused, check_mcp_server
 from tandem.contracts import (
     ADAPTER_ENTRYPOINTS,

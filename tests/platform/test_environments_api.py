@@ -366,3 +366,35 @@ def test_a_tool_server_url_is_registered_and_shown(api, project, user, redis_cli
     browser.force_login(user)
     page = browser.get(f"/environments/{registered.json()['id']}/").content.decode()
     assert f"MCP server at <code>{url}</code>" in page
+
+
+@pytest.mark.parametrize(("agent_settings", "field"), [
+    ({}, "settings.url"),
+    ({"url": "http://agents.example:9000", "command": "react"}, "settings.command"),
+    ({"command": "rm"}, "settings.command"),
+    ({"command": "  "}, "settings.command"),
+])
+def test_an_agent_needs_exactly_one_of_a_url_and_a_listed_command(api, project, settings, agent_settings, field):
+    settings.TANDEM_AGENT_COMMANDS = {"react": ("python", "agent.py")}
+    response = _register(api, project=project.pk, kind="agent", entrypoint="", settings=agent_settings, tools=[])
+
+    assert response.status_code == 400, response.json()
+    assert _fields(response) == [field]
+    if agent_settings == {"command": "rm"}:
+        assert "TANDEM_AGENT_COMMANDS" in response.json()["error"]["fields"][field][0]
+
+
+def test_an_agent_program_registers_and_its_probe_is_requested(
+    api, project, settings, redis_client, django_capture_on_commit_callbacks
+):
+    settings.TANDEM_AGENT_COMMANDS = {"react": ("python", "agent.py")}
+    with django_capture_on_commit_callbacks(execute=True):
+        registered = _register(api, project=project.pk, kind="agent", entrypoint="",
+                               settings={"command": "react", "timeout_s": 60}, tools=[])
+
+    assert registered.status_code == 201, registered.json()
+    [version] = registered.json()["versions"]
+    assert version["kind"] == "agent" and version["entrypoint"] == "environments.adapters.agent:AgentProgramEnvironment"
+    probe = EnvironmentProbe.objects.get(version_id=version["id"])
+    request = ProbeRequest.model_validate_json(redis_client.get(probe_request_key(probe.pk)))
+    assert request.environment.kind == "agent" and request.environment.settings["command"] == "react"

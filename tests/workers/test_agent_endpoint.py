@@ -225,3 +225,30 @@ def test_the_key_is_refused_once_the_episode_ends_and_so_is_a_client_outside_the
     assert models.json()["data"][0]["id"] == "m"
     assert after.status_code == 401
     assert outside.status_code == 403 and "TANDEM_AGENT_ENDPOINT_CLIENTS" in outside.json()["error"]["message"]
+
+
+def _probe(command: str, **settings):
+    from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts
+    from workers.probe import run_probe
+
+    spec = EnvironmentSpec(name="agent-probe", kind="agent", settings={"command": command, **settings})
+    report = run_probe(ProbeRequest(probe_id=1, purpose="registration", environment=spec,
+                                    timeouts=ProbeTimeouts(url=5, load=10, reset=2, tools=2, step=2, close=2)))
+    return {check.name: check for check in report.checks}
+
+
+def test_the_probe_runs_one_episode_of_the_agent_and_says_what_it_did(agents):
+    checks = _probe("react")
+    assert [name for name in checks] == ["url", "load", "sample_task", "agent", "close"]
+    agent = checks["agent"]
+    # The probe has no model: every answer is empty, so the agent answers at once and reports 0.
+    assert agent.status == "passed", agent.message
+    assert agent.message == ("the agent called its endpoint 1 time(s); its prefixes held (one chain); "
+                             "it reported a reward of 0")
+
+
+def test_the_probe_fails_an_agent_that_never_calls_its_endpoint_or_is_not_listed(agents):
+    silent = _probe("silent")["agent"]
+    assert silent.status == "failed" and "ended without calling its endpoint" in silent.message
+    unlisted = _probe("rm-rf")["load"]
+    assert unlisted.status == "failed" and "TANDEM_AGENT_COMMANDS" in unlisted.message
