@@ -46,7 +46,12 @@ from tandem.contracts import (
     TrajectoryRecord,
 )
 from workers.activity import WORKER_NAME
-from workers.agent_endpoint import AgentEpisode, AgentEpisodeResult, SamplingPolicy, agent_endpoint_server
+from workers.agent_endpoint import (
+    AgentEpisode,
+    AgentEpisodeResult,
+    SamplingPolicy,
+    agent_endpoint_server,
+)
 from workers.circuit_breaker import CircuitBreakers, process_breakers
 from workers.policy import BatchingPolicy
 
