@@ -369,7 +369,9 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
         with contextlib.suppress(Exception):
             capacity = loop.run(advertised_max_concurrent_episodes(state["environment"], kind=spec.kind),
                                 timeouts.tools)
-    if "environment" in state and state.get("reset"):
+    if spec.kind == "agent":
+        pass  # its episode opened and closed its own endpoint: nothing of it is left to close
+    elif "environment" in state and state.get("reset"):
         # close() runs even after a failed step: it releases what reset took.
         checks.append(_timed("close", close, timeouts.close, loop, secrets.redact))
     else:

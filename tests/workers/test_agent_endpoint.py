@@ -234,13 +234,13 @@ def _probe(command: str, **settings):
     spec = EnvironmentSpec(name="agent-probe", kind="agent", settings={"command": command, **settings})
     report = run_probe(ProbeRequest(probe_id=1, purpose="registration", environment=spec,
                                     timeouts=ProbeTimeouts(url=5, load=10, reset=2, tools=2, step=2, close=2)))
-    return {check.name: check for check in report.checks}
+    return report
 
 
 def test_the_probe_runs_one_episode_of_the_agent_and_says_what_it_did(agents):
-    checks = _probe("react")
-    assert [name for name in checks] == ["url", "load", "sample_task", "agent", "close"]
-    agent = checks["agent"]
+    report = _probe("react")
+    assert report.passed and [check.name for check in report.checks] == ["url", "load", "sample_task", "agent"]
+    agent = report.checks[-1]
     # The probe has no model: every answer is empty, so the agent answers at once and reports 0.
     assert agent.status == "passed", agent.message
     assert agent.message == ("the agent called its endpoint 1 time(s); its prefixes held (one chain); "
@@ -248,7 +248,8 @@ def test_the_probe_runs_one_episode_of_the_agent_and_says_what_it_did(agents):
 
 
 def test_the_probe_fails_an_agent_that_never_calls_its_endpoint_or_is_not_listed(agents):
-    silent = _probe("silent")["agent"]
-    assert silent.status == "failed" and "ended without calling its endpoint" in silent.message
-    unlisted = _probe("rm-rf")["load"]
+    silent = _probe("silent")
+    assert not silent.passed and silent.checks[-1].name == "agent"
+    assert silent.checks[-1].status == "failed" and "ended without calling its endpoint" in silent.checks[-1].message
+    unlisted = {check.name: check for check in _probe("rm-rf").checks}["load"]
     assert unlisted.status == "failed" and "TANDEM_AGENT_COMMANDS" in unlisted.message
