@@ -23,6 +23,7 @@ from workers.agent_endpoint import AgentEndpointServer, AgentEpisode
 from workers.circuit_breaker import CircuitBreakers
 
 AGENT = str(Path(__file__).resolve().parents[1] / "agents" / "openai_react_agent.py")
+SDK_AGENT = str(Path(__file__).resolve().parents[1] / "agents" / "agents_sdk_agent.py")
 SEED = 7
 
 
@@ -58,7 +59,7 @@ def agents(monkeypatch):
     """The operator's agent programs: the ReAct agent, plainly, rewriting its history, streaming, and broken."""
     commands = {
         "react": [sys.executable, AGENT], "react-rewrite": [sys.executable, AGENT, "--rewrite"],
-        "react-stream": [sys.executable, AGENT, "--stream"],
+        "react-stream": [sys.executable, AGENT, "--stream"], "agents-sdk": [sys.executable, SDK_AGENT],
         "crashes": [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"],
         "silent": [sys.executable, "-c", "pass"],
         "hangs": [sys.executable, "-c", "import time; time.sleep(60)"],
@@ -139,6 +140,17 @@ def test_a_streamed_conversation_gives_the_same_tokens_and_records_the_overridde
     assert record.agent_calls[0].overrides == ("temperature: 0.5 -> 0.9",)
     # The prose before the call came back to the agent as content, and the chain held.
     assert record.agent_calls[0].content.startswith("Let me compute.")
+
+
+def test_an_openai_agents_sdk_program_plays_its_episode_through_the_endpoint(tokenizer, agents):
+    a, b = _sum_of(SEED)
+    call = format_tool_call("calc", {"expression": f"{a}+{b}"}, "hermes")
+    record, policy, _ = _episode(tokenizer, "agents-sdk", [call, f"{a + b}"])
+    assert record.status == "ok" and record.reward == 1.0, record.failure_reason
+    # The SDK sent its instructions as a system message and extended the chain with the tool's result.
+    assert record.messages[0].role == "system" and "Use calc" in record.messages[0].content
+    assert record.segment_starts == (0,) and _trained(record) == policy.completions[0] + policy.completions[1]
+    assert [c.finish_reason for c in record.agent_calls] == ["tool_calls", "stop"]
 
 
 def test_a_rewritten_history_becomes_a_second_chain_sharing_the_reward(tokenizer, agents):
