@@ -33,15 +33,11 @@ def calc(expression: str) -> str:
     return str(eval(expression, {"__builtins__": {}}))  # noqa: S307 - the pattern above admits arithmetic only
 
 
-def main() -> int:
-    task = json.loads(os.environ["TANDEM_TASK"])
+def play(task: dict, client: OpenAI, model: str, *, rewrite: bool = False, stream: bool = False) -> float:
+    """One episode of ``task`` through ``client``; its reward."""
     rng = random.Random(task["seed"])
     a, b = rng.randint(1, 9), rng.randint(1, 9)
-    client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
-    model = os.environ.get("TANDEM_MODEL", "policy")
     messages = [{"role": "user", "content": f"{a}+{b}="}]
-    rewrite = "--rewrite" in sys.argv
-    stream = "--stream" in sys.argv
     answer = ""
     for step in range(MAX_STEPS):
         sent = messages[:1] + messages[-2:] if rewrite and step == MAX_STEPS - 1 and len(messages) > 3 else messages
@@ -74,7 +70,13 @@ def main() -> int:
             except ValueError:
                 expression = ""
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": calc(str(expression))})
-    reward = 1.0 if str(a + b) in answer else 0.0
+    return 1.0 if str(a + b) in answer else 0.0
+
+
+def main() -> int:
+    client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+    reward = play(json.loads(os.environ["TANDEM_TASK"]), client, os.environ.get("TANDEM_MODEL", "policy"),
+                  rewrite="--rewrite" in sys.argv, stream="--stream" in sys.argv)
     # The reward call: the episode's endpoint, with its key, as any HTTP client would send it.
     httpx.post(f"{client.base_url}reward", json={"reward": reward},
                headers={"Authorization": f"Bearer {client.api_key}"}, timeout=30).raise_for_status()

@@ -17,6 +17,7 @@ import pytest
 
 from environments import AgentProgramEnvironment, Tool, format_tool_call
 from policy import ChatTemplateLayout, Completion, load_tokenizer
+from tests.agents import react_agent_service
 from tandem.configs.rollout import SamplingConfig
 from workers.agent import EpisodeLimits, run_episode
 from workers.agent_endpoint import AgentEndpointServer, AgentEpisode
@@ -72,10 +73,10 @@ def _sum_of(seed: int) -> tuple[int, int]:
     return rng.randint(1, 9), rng.randint(1, 9)
 
 
-def _episode(tokenizer, command, turns, *, timeout_s=60.0, max_turns=6, sampling=None):
+def _episode(tokenizer, command, turns, *, timeout_s=60.0, max_turns=6, sampling=None, url=None):
     layout = ChatTemplateLayout(tokenizer)
     policy = ScriptedTurns(tokenizer, layout, turns, sampling=sampling)
-    environment = AgentProgramEnvironment(command=command, timeout_s=timeout_s)
+    environment = AgentProgramEnvironment(command=command, url=url, timeout_s=timeout_s)
     record = asyncio.run(run_episode(
         run_id=1, group_id="1-0", group_size=1, environment_name="react", environment=environment,
         task={"seed": SEED}, policy=policy, tokenizer=tokenizer, layout=layout,
@@ -151,6 +152,17 @@ def test_an_openai_agents_sdk_program_plays_its_episode_through_the_endpoint(tok
     assert record.messages[0].role == "system" and "Use calc" in record.messages[0].content
     assert record.segment_starts == (0,) and _trained(record) == policy.completions[0] + policy.completions[1]
     assert [c.finish_reason for c in record.agent_calls] == ["tool_calls", "stop"]
+
+
+def test_an_agent_service_at_a_url_plays_its_episode_and_answers_with_the_reward(tokenizer):
+    a, b = _sum_of(SEED)
+    call = format_tool_call("calc", {"expression": f"{a}+{b}"}, "hermes")
+    with react_agent_service.running() as url:
+        record, policy, _ = _episode(tokenizer, None, [call, f"{a + b}"], url=url)
+        wrong, _, _ = _episode(tokenizer, None, [call, "no idea"], url=url)
+    assert record.status == "ok" and record.reward == 1.0, record.failure_reason
+    assert _trained(record) == policy.completions[0] + policy.completions[1]
+    assert wrong.status == "ok" and wrong.reward == 0.0
 
 
 def test_a_rewritten_history_becomes_a_second_chain_sharing_the_reward(tokenizer, agents):
