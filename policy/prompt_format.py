@@ -174,7 +174,7 @@ def _add_replayed(episode: EpisodeTokens, token_ids: Sequence[int], end_of_turn_
                   tool_calls: Sequence[Mapping[str, Any]]) -> None:
     ended = list(token_ids) if token_ids and token_ids[-1] == end_of_turn_id else [*token_ids, end_of_turn_id]
     episode._extend(ended, mask=0)
-    episode._add_message("assistant", content, episode._turn_start, **_calls(tool_calls))
+    episode._add_message("assistant", content, episode._turn_start, replayed=True, **_calls(tool_calls))
 
 
 def tool_call_parse_formats(layout: PromptLayout) -> tuple[str, ...]:

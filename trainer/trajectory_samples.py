@@ -228,24 +228,29 @@ def _message_turns(record: TrajectoryRecord, tokenizer: Tokenizer,
     generation prompt), so the spans show what was masked around the model's own tokens.
     """
     messages = sorted(record.messages, key=lambda message: message.start)
+    segment_starts = set(record.segment_starts)
     turns, policy_turns = [], 0
     for index, message in enumerate(messages):
         start = 0 if index == 0 else message.start
         end = messages[index + 1].start if index + 1 < len(messages) else len(record.token_ids)
         spans = _spans(tokenizer, record.token_ids[start:end], record.loss_mask[start:end], values, start)
-        if message.role == "assistant":
-            versions = record.policy_versions
+        if message.role == "assistant" and not message.replayed:
+            versions, calls = record.policy_versions, record.agent_calls
             turns.append(TrajectoryTurn(
                 role="policy", text=message.content, spans=spans,
                 policy_version=versions[policy_turns] if policy_turns < len(versions) else None,
                 tool_calls=message.tool_calls, tool_call_status=message.tool_call_status,
                 tool_call_error=message.tool_call_error,
+                agent_call=calls[policy_turns] if policy_turns < len(calls) else None,
             ))
             policy_turns += 1
+        elif message.role == "assistant":
+            # An answer an agent gave back as history in a later chain: part of that chain's prompt.
+            turns.append(TrajectoryTurn(role="prompt", text=message.content, spans=spans))
         else:
             role = {"system": "prompt", "tool": "tool"}.get(message.role)
-            if role is None:  # a user message: the prompt, or a step's observation
-                role = "environment" if policy_turns else "prompt"
+            if role is None:  # a user message: the prompt (of the episode or of a segment), or a step's observation
+                role = "environment" if policy_turns and message.start not in segment_starts else "prompt"
             turns.append(TrajectoryTurn(role=role, text=message.content, spans=spans))
     return turns
 

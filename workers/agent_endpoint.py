@@ -438,7 +438,8 @@ class AgentEpisode:
                 token_ids = self._answers.get(answer)
                 if token_ids is None:
                     token_ids = self.tokenizer.encode(self._native_text(answer))
-                self.layout.add_replayed(tokens, token_ids, content=answer.content, tool_calls=answer.tool_calls())
+                self.layout.add_replayed(tokens, token_ids, content=self.tokenizer.decode(token_ids),
+                                         tool_calls=answer.tool_calls())
                 at += 1
                 continue
             run = []

@@ -117,6 +117,7 @@ def _turns(record) -> list[dict]:
             # Only a call that came to nothing: "ok" goes without saying beside the calls.
             "tool_call_problem": turn.tool_call_status if turn.tool_call_status not in (None, "ok") else None,
             "tool_call_error": turn.tool_call_error,
+            "agent_call": turn.agent_call,
             "tokens": sum(span.tokens for span in turn.spans),
             "trained_tokens": sum(span.tokens for span in turn.spans if span.trained),
         })

@@ -54,8 +54,10 @@ def tool_call_outcomes_of(turns: Iterable) -> list[str]:
 def tool_calls_run_in(turns: Iterable) -> int:
     """Calls that parsed and ran over ``turns`` (anything with ``tool_calls`` and ``tool_call_status``): every
     call they record, but those of a turn whose tool refused one (markup that made no call records none;
-    older records' calls all ran)."""
-    return sum(len(turn.tool_calls) for turn in turns if turn.tool_call_status != "tool_error")
+    older records' calls all ran) and those of an answer given back as history (``replayed``), counted where
+    it was sampled."""
+    return sum(len(turn.tool_calls) for turn in turns
+               if turn.tool_call_status != "tool_error" and not getattr(turn, "replayed", False))
 
 
 class ConversationMessage(BaseModel):
@@ -74,6 +76,8 @@ class ConversationMessage(BaseModel):
         "(an answer), or a record from before this field.")
     tool_call_error: str = Field("", description="Why its tool-call markup was no call (the tool message "
                                                  "that followed told the model the same).")
+    replayed: bool = Field(False, description="An assistant message an agent program gave back as history in a "
+                                              "later chain (workers/agent_endpoint.py): context, never trained there.")
 
 
 class AgentCall(BaseModel):

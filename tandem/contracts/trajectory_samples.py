@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.contracts.schema import Record
 from tandem.contracts.trajectories import (
+    AgentCall,
     EpisodeStatus,
     MessageToolCall,
     ToolCallStatus,
@@ -86,6 +87,9 @@ class TrajectoryTurn(BaseModel):
         None, description="A policy turn that wrote tool-call markup: what came of it (ok, unparsed, unknown_tool, "
         "invalid_arguments, tool_error); None: it wrote none, or the record predates the status.")
     tool_call_error: str = Field("", description="Why its markup made no call that ran, as the tool message said.")
+    agent_call: AgentCall | None = Field(
+        None, description="A policy turn an agent program asked for: its call to the episode's endpoint (chain, "
+        "tokens, latency, finish reason, overrides); None for turns of Tandem's own agent loop.")
 
 
 class TrajectorySample(Record):

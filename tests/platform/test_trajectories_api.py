@@ -325,3 +325,33 @@ def test_the_migration_counts_the_calls_of_samples_stored_before_the_tool_use_fi
 
     counts = dict(TrajectorySample.objects.values_list("trajectory_id", "tool_calls_run"))
     assert counts == {called.trajectory_id: 1, answered.trajectory_id: 0}
+
+
+def test_an_agent_programs_calls_are_on_its_policy_turns_and_its_replayed_history_is_prompt(
+    api, trainer_api, running_run, user
+):
+    from django.test import Client
+
+    from .trajectory_builders import agent_program_sample
+
+    sample = agent_program_sample(running_run.pk)
+    assert _post(trainer_api, running_run.pk, sample).status_code == 202
+    body = api.get(f"/api/runs/{running_run.pk}/trajectories/{sample.trajectory_id}/").json()
+    # Chain 0: the prompt, the first call and its result, the second call; chain 1: the rewritten history
+    # (the user's message, the second call given back, as context now, and its result) and the answer.
+    assert [turn["role"] for turn in body["turns"]] == \
+        ["prompt", "policy", "tool", "policy", "prompt", "prompt", "tool", "policy"]
+    assert body["turns"][5]["text"] == "calc(5*1)" and not any(span["trained"] for span in body["turns"][5]["spans"])
+    policy = [turn for turn in body["turns"] if turn["role"] == "policy"]
+    assert [turn["agent_call"]["chain"] for turn in policy] == [0, 0, 1]
+    assert [turn["agent_call"]["completion_tokens"] for turn in policy] == [10, 10, 2]
+    assert all(span["trained"] == (turn["role"] == "policy") for turn in body["turns"] for span in turn["spans"])
+    assert body["trained_tokens"] == 22 and body["policy_versions"] == [2, 2, 2]
+    # The given-back call is not counted again among the calls that ran.
+    assert TrajectorySample.objects.get(trajectory_id=sample.trajectory_id).tool_calls_run == 2
+
+    browser = Client()
+    browser.force_login(user)
+    page = browser.get(f"/runs/{running_run.pk}/trajectories/{sample.trajectory_id}/").content.decode()
+    assert page.count('class="agent-call muted small"') == 3
+    assert 'data-chain="1">agent call, chain 1: ' in page and "2 completion tokens" in page

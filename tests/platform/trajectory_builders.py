@@ -126,3 +126,62 @@ def tool_use_record(run_id: int, *, first_turn: str) -> TrajectoryRecord:
 def tool_use_sample(run_id: int, *, first_turn: str, step: int = 1) -> TrajectorySample:
     return trajectory_sample(tool_use_record(run_id, first_turn=first_turn), step=step, selected_because="best",
                              tokenizer=TOKENIZER, tools=[CALC])
+
+
+def agent_program_record(run_id: int) -> TrajectoryRecord:
+    """An agent program's episode of the byte layout, through the endpoint's own bookkeeping
+    (workers.agent_endpoint): it calls ``calc``, calls it again with the result, then rewrites its
+    history (keeping only the second call and its result) before the answer, so the record holds two
+    chains, the second with the given-back call as its context."""
+    import asyncio
+
+    from policy import ByteLayout, Completion
+    from tandem.configs.rollout import SamplingConfig
+    from tandem.contracts import ConversationMessage
+    from workers.agent_endpoint import AgentEpisode, ChatCompletionRequest
+
+    class ScriptedPolicy:
+        sampling = SamplingConfig(max_new_tokens=32)
+
+        def __init__(self):
+            self.turns = ["calc(2+3)", "calc(5*1)", "5"]
+
+        async def generate(self, prompt, *, session_id=None, extra_stop=()):
+            tokens = TOKENIZER.encode(self.turns.pop(0)) + [EOS_ID]
+            return Completion(token_ids=tokens, logprobs=[-0.5] * len(tokens), finished=True, stop_reason="eos",
+                              policy_version=2, last_policy_version=2)
+
+        def end_session(self, session_id):
+            pass
+
+    episode = AgentEpisode(policy=ScriptedPolicy(), layout=ByteLayout(TOKENIZER), tokenizer=TOKENIZER,
+                           max_seq_len=1024, max_calls=4, model="tandem-run")
+    tools = [{"type": "function", "function": {"name": CALC.name, "parameters": CALC.parameters}}]
+    user = {"role": "user", "content": "What is 2+3?"}
+
+    async def ask(messages):
+        reply = await episode.complete(ChatCompletionRequest.model_validate({"messages": messages, "tools": tools}))
+        return reply["choices"][0]["message"]
+
+    async def play():
+        first = await ask([user])
+        result = {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": "5"}
+        second = await ask([user, first, result])
+        again = {"role": "tool", "tool_call_id": second["tool_calls"][0]["id"], "content": "5"}
+        await ask([user, second, again])
+
+    asyncio.run(play())
+    played = episode.finish()
+    tokens = played.tokens
+    return TrajectoryRecord(
+        run_id=run_id, group_id=f"{run_id}-0", group_size=1, environment="react", policy_version=2,
+        policy_versions=played.policy_versions, token_ids=tokens.token_ids, behaviour_logprobs=tokens.behaviour_logprobs,
+        loss_mask=tokens.loss_mask, reward=1.0, num_turns=len(played.calls),
+        timings=EpisodeTimings(started_at=0.0, finished_at=1.0, generation_s=0.1, environment_s=0.5),
+        messages=tuple(ConversationMessage(**message) for message in tokens.messages),
+        segment_starts=tuple(tokens.segment_starts), offered_tools=("calc",), agent_calls=played.calls)
+
+
+def agent_program_sample(run_id: int, *, step: int = 1) -> TrajectorySample:
+    return trajectory_sample(agent_program_record(run_id), step=step, selected_because="best", tokenizer=TOKENIZER,
+                             tools=[CALC])

@@ -17,8 +17,8 @@ import pytest
 
 from environments import AgentProgramEnvironment, Tool, format_tool_call
 from policy import ChatTemplateLayout, Completion, load_tokenizer
-from tests.agents import react_agent_service
 from tandem.configs.rollout import SamplingConfig
+from tests.agents import react_agent_service
 from workers.agent import EpisodeLimits, run_episode
 from workers.agent_endpoint import AgentEndpointServer, AgentEpisode
 from workers.circuit_breaker import CircuitBreakers
