@@ -39,6 +39,7 @@ from environments import (
     AgentProgramEnvironment,
     Environment,
     MalformedOutputError,
+    ToolError,
     checked_demonstrations,
     checked_json,
     checked_observation,
@@ -60,6 +61,7 @@ from tandem.contracts import (
     ProbeCheck,
     ProbeReport,
     ProbeRequest,
+    ProbeToolCall,
     ToolSchema,
     probe_environment_secrets_key,
     probe_request_key,
@@ -274,6 +276,22 @@ def check_tools(environment: Environment, declared: tuple[ToolSchema, ...]) -> s
     return f"{len(exposed)} tool{'s' if len(exposed) != 1 else ''}: {', '.join(sorted(exposed)) or 'none'}"
 
 
+async def check_tool_calls(environment: Environment, calls: tuple[ProbeToolCall, ...]) -> str:
+    """Each call the registration asked for (``tool_server.probe_calls``) answers without an error."""
+    tools = {tool.name: tool for tool in getattr(environment, "tools", ()) or ()}
+    answers = []
+    for call in calls:
+        tool = tools.get(call.name)
+        if tool is None:
+            raise CheckFailed(f"{call.name}: the environment exposes no such tool")
+        try:
+            answer = await tool.run(dict(call.arguments))
+        except ToolError as exc:
+            raise CheckFailed(f"{call.name}({_short(json.dumps(call.arguments))}) answered an error: {exc}") from None
+        answers.append(f"{call.name} answered {_short(str(answer).strip())!r}")
+    return "; ".join(answers)
+
+
 def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -> ProbeReport:
     """Run every check of ``request`` and report; never raises for the environment's faults.
 
@@ -331,6 +349,9 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
     async def close() -> str:
         return await close_probe_episode(state["environment"])
 
+    async def tool_calls() -> str:
+        return await check_tool_calls(state["environment"], spec.tool_server.probe_calls)
+
     async def agent() -> str:
         return await probe_agent_program(state["environment"], state["task"])
 
@@ -350,6 +371,8 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
             ("sample_task", sample_task, timeouts.load),
             ("reset", reset, timeouts.reset),
             ("tools", lambda: check_tools(state["environment"], spec.tools), timeouts.tools),
+            *([("tool_calls", tool_calls, timeouts.step)] if spec.tool_server and spec.tool_server.probe_calls
+              else []),
             ("step", step, timeouts.step),
             ("budget", lambda: check_budget(state["environment"], state["observation"], state["step_observation"]),
              timeouts.tools),

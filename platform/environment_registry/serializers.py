@@ -12,8 +12,13 @@ class ToolSchemaSerializer(serializers.Serializer):
     parameters = serializers.DictField(help_text="JSON schema of the arguments, of type 'object'.")
 
 
+class ProbeToolCallSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    arguments = serializers.DictField(required=False, default=dict)
+
+
 class ToolServerSerializer(serializers.Serializer):
-    """Exactly one of ``command`` and ``url``."""
+    """Exactly one of ``command`` and ``url``, and the calls the probe makes, if any."""
 
     command = serializers.CharField(
         max_length=64, required=False, help_text="A name of the operator's TANDEM_MCP_SERVERS: the MCP server "
@@ -22,6 +27,9 @@ class ToolServerSerializer(serializers.Serializer):
         max_length=2048, required=False, help_text="A streamable-HTTP MCP server's endpoint (http or https), "
         "under the address rules of HTTP environments (TANDEM_ENVIRONMENT_URL_ALLOWLIST); each episode "
         "connects on its own, and what the server keeps is its own (the protocol has no sessions over HTTP).")
+    probe_calls = ProbeToolCallSerializer(
+        many=True, required=False, max_length=8, help_text="Calls of the server's declared tools that the probe "
+        "and health checks make, each to answer without an error. Omitted: they list the tools and call none.")
 
     def validate(self, attrs):
         if ("command" in attrs) == ("url" in attrs):

@@ -142,6 +142,11 @@ def _validate_spec(spec: EnvironmentSpec) -> None:
                                   schemes=MCP_SERVER_URL_SCHEMES)
         except EnvironmentURLRefused as error:
             raise InvalidInput.for_field("tool_server.url", str(error)) from None
+    declared = {tool.name for tool in spec.tools}
+    for index, call in enumerate(spec.tool_server.probe_calls if spec.tool_server else ()):
+        if call.name not in declared:
+            raise InvalidInput.for_field(f"tool_server.probe_calls.{index}.name",
+                                         f"'{call.name}' is not one of the declared tools.")
     names = set()
     for index, tool in enumerate(spec.tools):
         if not TOOL_NAME_PATTERN.match(tool.name):
@@ -287,7 +292,7 @@ def _same_destination(version: EnvironmentVersion, spec: EnvironmentSpec) -> boo
 
 def _tool_server_record(spec: EnvironmentSpec) -> dict[str, str] | None:
     """``spec``'s tool server as a version stores it: only the transport it names (command or url)."""
-    return spec.tool_server.model_dump(mode="json", exclude_none=True) if spec.tool_server else None
+    return spec.tool_server.model_dump(mode="json", exclude_defaults=True) if spec.tool_server else None
 
 
 def _same_definition(version: EnvironmentVersion, spec: EnvironmentSpec) -> bool:

@@ -78,6 +78,7 @@ from tandem.contracts.environments import (
     RequiredSetting,
     SecretSettingValues,
     ToolSchema,
+    ProbeToolCall,
     ToolServerSpec,
     environment_kind_choices,
 )
@@ -398,6 +399,7 @@ __all__ = [
     "environment_kind_choices",
     "episode_status_choices",
     "ToolSchema",
+    "ProbeToolCall",
     "ToolServerSpec",
     "EnvironmentSpec",
     "EnvironmentSecrets",

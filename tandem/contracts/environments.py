@@ -127,6 +127,15 @@ class ToolSchema(BaseModel):
     parameters: dict = Field(description="JSON schema of the arguments (an object schema).")
 
 
+class ProbeToolCall(BaseModel):
+    """A call of a tool that the probe makes, when a registration asks for it: its name and arguments."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=100)
+    arguments: dict = Field(default_factory=dict)
+
+
 class ToolServerSpec(BaseModel):
     """An MCP server an environment takes tools from, besides any of its own (environments/mcp_tools.py):
     exactly one of an operator-allowed stdio ``command`` and a streamable-HTTP ``url``.
@@ -148,6 +157,12 @@ class ToolServerSpec(BaseModel):
         "rules as HTTP environments' URLs (TANDEM_ENVIRONMENT_URL_ALLOWLIST), checked again at each "
         "connection.")
 
+    probe_calls: tuple[ProbeToolCall, ...] = Field(
+        (), max_length=8,
+        description="Calls of the server's tools that the probe and health checks make, each to answer without "
+        "an error. None by default: a probe lists the tools and calls none, since a call may change what the "
+        "server holds.")
+
     @model_validator(mode="after")
     def _one_transport(self) -> ToolServerSpec:
         if (self.command is None) == (self.url is None):
@@ -168,11 +183,11 @@ class EnvironmentSpec(Record):
     renamed ``params`` to ``settings``, the API's name for them; a record of an
     older schema is read with its ``params`` as ``settings``. Schema 4 added
     ``tool_server``; an older record has none. Schema 5 let a tool server be a ``url``; a schema 4
-    record's is a command.
+    record's is a command. Schema 6 added the tool server's ``probe_calls``; an older record asks none.
     """
 
-    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2, 3, 4, 5})
-    schema_version: int = 5
+    readable_schema_versions: ClassVar[frozenset[int]] = frozenset({1, 2, 3, 4, 5, 6})
+    schema_version: int = 6
 
     name: str = Field(description="Registered name, unique within a project.")
     version: int = Field(
@@ -214,10 +229,10 @@ class EnvironmentSpec(Record):
     def _upgrade_and_fill_adapter(cls, data):
         if isinstance(data, dict):
             if data.get("schema_version") in (1, 2):
-                data = {**data, "schema_version": 5,
+                data = {**data, "schema_version": 6,
                         "entrypoint": moved_entrypoint(data.get("entrypoint") or "")}
-            elif data.get("schema_version") in (3, 4):
-                data = {**data, "schema_version": 5}
+            elif data.get("schema_version") in (3, 4, 5):
+                data = {**data, "schema_version": 6}
             if "params" in data and "settings" not in data:
                 # Written by a process from before schema 3 (a RunSpec or ProbeRequest in Redis).
                 data = {key: value for key, value in data.items() if key != "params"} | {

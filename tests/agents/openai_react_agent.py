@@ -30,14 +30,16 @@ MAX_STEPS = 3
 def calc(expression: str) -> str:
     if not re.fullmatch(r"[0-9+\-* ()]{1,64}", expression):
         return "error: only integers, + - * and parentheses"
-    return str(eval(expression, {"__builtins__": {}}))  # noqa: S307 - the pattern above admits arithmetic only
+    return f"={eval(expression, {'__builtins__': {}})}\n"  # noqa: S307 - the pattern above admits arithmetic only
 
 
 def play(task: dict, client: OpenAI, model: str, *, rewrite: bool = False, stream: bool = False) -> float:
     """One episode of ``task`` through ``client``; its reward."""
     rng = random.Random(task["seed"])
     a, b = rng.randint(1, 9), rng.randint(1, 9)
-    messages = [{"role": "user", "content": f"{a}+{b}="}]
+    # The built-in calculator's terse format (environments/builtin/calculator.py), which models trained
+    # from scratch learn from its demonstrations: the question, the tool's `=value`, an answer `A:value`.
+    messages = [{"role": "user", "content": f"{a}+{b}=?\n"}]
     answer = ""
     for step in range(MAX_STEPS):
         sent = messages[:1] + messages[-2:] if rewrite and step == MAX_STEPS - 1 and len(messages) > 3 else messages

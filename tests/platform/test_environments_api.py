@@ -398,3 +398,23 @@ def test_an_agent_program_registers_and_its_probe_is_requested(
     probe = EnvironmentProbe.objects.get(version_id=version["id"])
     request = ProbeRequest.model_validate_json(redis_client.get(probe_request_key(probe.pk)))
     assert request.environment.kind == "agent" and request.environment.settings["command"] == "react"
+
+
+def test_a_tool_servers_probe_calls_must_name_declared_tools_and_reach_the_probe(
+    api, project, settings, redis_client, django_capture_on_commit_callbacks
+):
+    settings.TANDEM_MCP_SERVERS = {"arithmetic": ("python", "server.py")}
+    refused = _register(api, project=project.pk, tool_server={"command": "arithmetic", "probe_calls": [
+        {"name": "calc", "arguments": {"expression": "1+1"}}, {"name": "rm", "arguments": {}}]})
+    assert refused.status_code == 400 and _fields(refused) == ["tool_server.probe_calls.1.name"]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        registered = _register(api, project=project.pk, tool_server={"command": "arithmetic", "probe_calls": [
+            {"name": "calc", "arguments": {"expression": "1+1"}}]})
+    assert registered.status_code == 201, registered.json()
+    [version] = registered.json()["versions"]
+    assert version["tool_server"] == {"command": "arithmetic",
+                                      "probe_calls": [{"name": "calc", "arguments": {"expression": "1+1"}}]}
+    probe = EnvironmentProbe.objects.get(version_id=version["id"])
+    request = ProbeRequest.model_validate_json(redis_client.get(probe_request_key(probe.pk)))
+    assert [call.name for call in request.environment.tool_server.probe_calls] == ["calc"]

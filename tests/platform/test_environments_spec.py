@@ -22,7 +22,7 @@ def test_a_schema_1_spec_reads_as_version_0_of_kind_python():
 
     spec = EnvironmentSpec.model_validate(old)
 
-    assert spec.schema_version == 5 and spec.version == 0 and spec.version_id is None
+    assert spec.schema_version == 6 and spec.version == 0 and spec.version_id is None
     assert spec.settings == {"a": 1} and spec.tools == ()
     assert spec.label == "calculator"
 
@@ -35,7 +35,7 @@ SCHEMA_2_SPEC = {"schema_version": 2, "name": "echo", "version": 3, "version_id"
 def test_a_schema_2_spec_reads_its_params_as_settings():
     spec = EnvironmentSpec.model_validate(SCHEMA_2_SPEC)
 
-    assert spec.schema_version == 5 and spec.settings == {"url": "http://host:8765"}
+    assert spec.schema_version == 6 and spec.settings == {"url": "http://host:8765"}
     assert "params" not in spec.model_dump() and spec.model_dump()["settings"] == spec.settings
 
 
@@ -80,12 +80,12 @@ def test_a_schema_3_spec_reads_with_no_tool_server():
     schema_3 = {key: value for key, value in SCHEMA_2_SPEC.items() if key != "params"}
     spec = EnvironmentSpec.model_validate({**schema_3, "schema_version": 3, "settings": {"url": "http://h:1"}})
 
-    assert spec.schema_version == 5 and spec.tool_server is None
+    assert spec.schema_version == 6 and spec.tool_server is None
 
 
 def test_a_newer_schema_is_refused():
-    with pytest.raises(pydantic.ValidationError, match="schema_version 6 is not supported"):
-        EnvironmentSpec.model_validate({"schema_version": 6, "name": "x", "kind": "python",
+    with pytest.raises(pydantic.ValidationError, match="schema_version 7 is not supported"):
+        EnvironmentSpec.model_validate({"schema_version": 7, "name": "x", "kind": "python",
                                         "entrypoint": "a:B"})
 
 

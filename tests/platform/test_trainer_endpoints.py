@@ -37,7 +37,7 @@ def test_a_claim_starts_the_oldest_queued_run(trainer_api, project, environment,
     assert claimed["config"] == oldest.config
     version = environment.versions.get()
     assert claimed["environment"] == {
-        "schema_version": 5,
+        "schema_version": 6,
         "name": "calculator",
         "version": 1,
         "version_id": version.pk,

@@ -110,7 +110,7 @@ def test_an_openai_client_agent_trains_token_exactly_through_its_endpoint(tokeni
     assert second[:len(first) + len(policy.completions[0])] == first + policy.completions[0]
     assert record.token_ids == second + policy.completions[1]
     # The first prompt is the user's message with the tool, rendered as Tandem renders its own episodes.
-    assert first == layout.start(f"{a}+{b}=", [_calc_tool()]).token_ids
+    assert first == layout.start(f"{a}+{b}=?\n", [_calc_tool()]).token_ids
     # Exactly the sampled tokens are trained, with the log-probs they were sampled with; nothing else.
     assert _trained(record) == policy.completions[0] + policy.completions[1]
     assert [lp for lp, mask in zip(record.behaviour_logprobs, record.loss_mask, strict=True) if mask] == \
@@ -118,7 +118,7 @@ def test_an_openai_client_agent_trains_token_exactly_through_its_endpoint(tokeni
     assert all(lp == 0.0 for lp, mask in zip(record.behaviour_logprobs, record.loss_mask, strict=True) if not mask)
     # The tool's result, which the agent ran itself, is in the context as a tool turn, masked.
     tool = [message for message in record.messages if message.role == "tool"]
-    assert [message.content for message in tool] == [str(a + b)]
+    assert [message.content for message in tool] == [f"={a + b}\n"]
     assert not any(record.loss_mask[tool[0].start:tool[0].end])
     # Each call is on the record: tokens, the parsed call, how it finished.
     calls = record.agent_calls

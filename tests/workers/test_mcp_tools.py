@@ -163,6 +163,27 @@ def test_the_probe_checks_the_servers_tools_against_the_declaration_and_calls_no
     assert "exposed but not declared (register them)" in tools.message and '"name": "add"' in tools.message
 
 
+def test_the_probe_calls_the_tools_a_registration_asks_it_to_and_fails_on_an_error_answer():
+    declared = served_tool_schemas()
+
+    def probed(*calls):
+        spec = EnvironmentSpec(name="sums", kind="python", entrypoint="tests.workers.mcp_task:SumTask",
+                               tool_server={"command": "arithmetic", "probe_calls": calls}, tools=declared)
+        report = run_probe(ProbeRequest(probe_id=1, purpose="registration", environment=spec, timeouts=TIMEOUTS))
+        return {check.name: check for check in report.checks}, report
+
+    checks, report = probed({"name": "add", "arguments": {"a": 2, "b": 40}}, {"name": "count"})
+    assert report.passed and checks["tool_calls"].status == "passed", checks["tool_calls"]
+    assert checks["tool_calls"].message == "add answered '42'; count answered '1'"
+    refused, report = probed({"name": "refuse", "arguments": {"reason": "no"}})
+    assert not report.passed and refused["tool_calls"].status == "failed"
+    assert refused["tool_calls"].message.startswith('refuse({"reason": "no"}) answered an error:')
+    # Without calls asked, the probe calls none: no such check.
+    unasked = run_probe(ProbeRequest(probe_id=3, purpose="registration", environment=_spec(tools=declared),
+                                     timeouts=TIMEOUTS))
+    assert "tool_calls" not in {check.name for check in unasked.checks}
+
+
 @pytest.mark.parametrize(("configured", "message"), [
     ("[1, 2]", "must be a JSON object"),
     ('{"calc": "python server.py"}', "must be a non-empty list of strings"),
