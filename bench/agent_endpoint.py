@@ -16,13 +16,13 @@ Two parts, one JSON line:
 - **learning**: a whole stack (web, a Celery worker, trainer; Redis db 13, flushed; a fresh SQLite
   database), the agent registered through REST as kind ``agent`` (``url``: the agent service), and
   one run that SFTs on an uploaded dataset of the built-in calculator's demonstrations, then runs
-  GRPO on the agent's episodes. ``reward_before`` is the mean reward of the first ``--window`` RL
-  steps (the SFT policy, before GRPO changed it), ``reward_after`` of the last; rewards are 0 or 1,
-  so ``reward_gain_ci95`` is Newcombe's interval for the difference of the two proportions over
-  their episodes.
+  GRPO on the agent's episodes. The run evaluates ``--eval-tasks`` held-out tasks (one greedy episode
+  each, through the agent) before its first RL step, which is the SFT policy, and at its end:
+  ``reward_before`` and ``reward_after``. Rewards are 0 or 1 and the tasks independent, so
+  ``reward_gain_ci95`` is Newcombe's interval for the difference of the two proportions.
 
 Usage: ``python bench/agent_endpoint.py [--parts overhead,learning] [--episodes 32] [--repeats 3]
-[--rl-steps 40] [--window 5]``
+[--rl-steps 40] [--eval-tasks 128]``
 """
 
 from __future__ import annotations
@@ -238,8 +238,13 @@ def learning(args, service_url: str) -> dict:
             if status == "failed":
                 raise SystemExit("the agent environment failed its probe")
             time.sleep(1)
+        # Held-out evaluations of the agent's episodes (one sample of each task, greedy): before the first RL
+        # step, which is the SFT policy, and at the end.
         config = {"rl_steps": args.rl_steps, "sft": {"datasets": [{"name": "calculator-demos"}]},
-                  "rollout": {"max_turns": 3}, **json.loads(args.config)}
+                  "rollout": {"max_turns": 3},
+                  "evaluation": {"every_steps": 100_000, "tasks": args.eval_tasks, "samples_per_task": 1,
+                                 "temperature": 0},
+                  **json.loads(args.config)}
         run = client.post("/api/runs/", json={"project": project, "name": "bench: agent endpoint",
                                               "environment": "react-agent", "config": config})
         if run.status_code != 201:
@@ -255,6 +260,7 @@ def learning(args, service_url: str) -> dict:
             points += page["points"]
             after = page["next_after_step"]
         run_config = client.get(f"/api/runs/{run_id}/").json()["config"]
+        evaluations = client.get(f"/api/runs/{run_id}/evaluations/").json()["results"]
     finally:
         stack.stop()
     by_step: dict[int, dict[str, float]] = {}
@@ -262,15 +268,19 @@ def learning(args, service_url: str) -> dict:
         by_step.setdefault(point["step"], {})[point["name"]] = point["value"]
     rewards = [values["reward_mean"] for _, values in sorted(by_step.items())
                if "reward_mean" in values and "sft_loss" not in values]
-    episodes_per_step = run_config["rollout"]["group_size"] * run_config["rollout"]["groups_per_step"]
-    window = min(args.window, max(len(rewards) // 2, 1))
-    before, after_grpo = statistics.fmean(rewards[:window]), statistics.fmean(rewards[-window:])
-    count = window * episodes_per_step
-    gain = _newcombe(before * count, count, after_grpo * count, count)
+    ended = [evaluation for evaluation in evaluations if evaluation["status"] == "complete"]
+    if len(ended) < 2:
+        raise SystemExit(f"expected an evaluation before RL and one at the end; got {evaluations}")
+    first, last = ended[0], ended[-1]
+    # Rewards are 0 or 1: the mean reward is the share of successes, over independent held-out tasks.
+    before, after_grpo = first["metrics"]["mean_reward"], last["metrics"]["mean_reward"]
+    gain = _newcombe(before * first["episodes"], first["episodes"], after_grpo * last["episodes"], last["episodes"])
     return {"reward_before": round(before, 4), "reward_after": round(after_grpo, 4),
             "reward_gain_ci95": [round(bound, 4) for bound in gain], "run_status": status["status"],
-            "rl_steps": len(rewards), "window_steps": window, "episodes_per_window": count,
-            "reward_by_step": [round(reward, 3) for reward in rewards], "wall_s": round(time.time() - started, 1)}
+            "evaluated_steps": [first["step"], last["step"]], "evaluation_episodes": [first["episodes"], last["episodes"]],
+            "sft_steps": run_config["sft_steps"], "rl_steps": len(rewards),
+            "training_reward_by_step": [round(reward, 3) for reward in rewards],
+            "wall_s": round(time.time() - started, 1)}
 
 
 def main() -> None:
@@ -284,7 +294,7 @@ def main() -> None:
                         help="overhead part: nano (random weights, byte layout) and/or smollm2-135m (make models)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--rl-steps", type=int, default=40)
-    parser.add_argument("--window", type=int, default=5, help="RL steps averaged at each end")
+    parser.add_argument("--eval-tasks", type=int, default=128, help="held-out tasks of each evaluation")
     parser.add_argument("--dataset-rows", type=int, default=2000)
     parser.add_argument("--config", default="{}", help="JSON overrides of the learning run's config")
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))

@@ -369,6 +369,9 @@ async def agent_program_episode(environment: AgentProgramEnvironment, task: dict
         failure = str(exc)
     finally:
         played = server.close_episode(agent_episode)
+    if played.endpoint_failure is not None:
+        # Whatever the agent made of it, the episode failed on Tandem's side: not the agent's fault.
+        raise EpisodeFailure(f"the endpoint failed: {played.endpoint_failure}")
     if failure is not None:
         raise EnvironmentFault(failure)
     if not played.calls:

@@ -252,6 +252,7 @@ class AgentEpisodeResult:
     # Why the endpoint refused a call for lack of room (max_seq_len, max_turns); None if it never did.
     truncated_because: str | None
     history_rewrites: int
+    endpoint_failure: str | None = None
 
 
 @dataclass
@@ -268,6 +269,8 @@ class AgentEpisode:
     key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     reward: float | None = None
     ended: bool = False
+    # The first error of Tandem's own in serving a call: the episode fails with it, whatever the agent did.
+    endpoint_failure: str | None = None
     _chains: list[_Chain] = field(default_factory=list)
     _calls: list[AgentCall] = field(default_factory=list)
     # An earlier answer's exact tokens, by how it reads: a rewritten history that gives it back unchanged
@@ -320,6 +323,7 @@ class AgentEpisode:
                                                         extra_stop=stop)
             except Exception as exc:  # noqa: BLE001 - the agent is told; the episode records it
                 logger.warning("agent episode %s: generation failed", self.episode_id, exc_info=True)
+                self.endpoint_failure = self.endpoint_failure or f"generation failed: {type(exc).__name__}: {exc}"
                 raise EndpointError(500, f"generation failed: {type(exc).__name__}") from exc
             self._generation_s += time.perf_counter() - generated
             self._policy_versions.append(completion.policy_version)
@@ -476,7 +480,8 @@ class AgentEpisode:
         return AgentEpisodeResult(
             tokens=combined, calls=tuple(self._calls), policy_versions=list(self._policy_versions),
             newest_policy_version=self._newest_version, generation_s=self._generation_s, reward=self.reward,
-            truncated_because=self._truncated_because, history_rewrites=max(len(self._chains) - 1, 0))
+            truncated_because=self._truncated_because, history_rewrites=max(len(self._chains) - 1, 0),
+            endpoint_failure=self.endpoint_failure)
 
 
 def _overrides(request: ChatCompletionRequest, sampling: SamplingConfig) -> list[str]:
@@ -598,6 +603,10 @@ class AgentEndpointServer:
             return await handler(request)
         except EndpointError as exc:
             return _error(exc)
+        except Exception as exc:  # noqa: BLE001 - Tandem's fault, not the agent's: recorded on its episode
+            logger.exception("agent episode %s: the endpoint failed", episode.episode_id)
+            episode.endpoint_failure = episode.endpoint_failure or f"{type(exc).__name__}: {exc}"
+            return _error(EndpointError(500, f"the endpoint failed: {type(exc).__name__}", code="server_error"))
 
     async def _models(self, request: web.Request) -> web.Response:
         episode = request[_EPISODE]

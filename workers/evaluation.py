@@ -18,12 +18,13 @@ import logging
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import redis
 
 from environments import load_environment_class
 from policy import Completion, RedisWeightSubscriber
+from tandem.configs.rollout import SamplingConfig
 from tandem.configs.run import RunConfig
 from tandem.contracts import (
     EnvironmentSpec,
@@ -139,14 +140,15 @@ class SharedGreedyTurns:
     def policy(self, policy: BatchingPolicy) -> _SharedGreedyPolicy:
         return _SharedGreedyPolicy(policy, self)
 
-    async def generate(self, policy: BatchingPolicy, prompt: list[int], session_id) -> Completion:
-        key = tuple(prompt)
+    async def generate(self, policy: BatchingPolicy, prompt: list[int], session_id,
+                       extra_stop: Sequence[str] = ()) -> Completion:
+        key = (tuple(prompt), tuple(extra_stop))
         turn = self._turns.get(key)
         if turn is None:
             turn = self._turns[key] = asyncio.get_running_loop().create_future()
             self.requests += 1
             try:
-                turn.set_result(await policy.generate(prompt, session_id=session_id))
+                turn.set_result(await policy.generate(prompt, session_id=session_id, extra_stop=extra_stop))
             except asyncio.CancelledError:
                 del self._turns[key]
                 turn.cancel()  # the slice is being cancelled: its twins with it
@@ -168,8 +170,12 @@ class _SharedGreedyPolicy:
         self._policy = policy
         self._turns = turns
 
-    async def generate(self, prompt: list[int], *, session_id=None) -> Completion:
-        return await self._turns.generate(self._policy, prompt, session_id)
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self._policy.sampling
+
+    async def generate(self, prompt: list[int], *, session_id=None, extra_stop: Sequence[str] = ()) -> Completion:
+        return await self._turns.generate(self._policy, prompt, session_id, extra_stop)
 
     def end_session(self, session_id) -> None:
         self._policy.end_session(session_id)

@@ -31,7 +31,9 @@ def test_an_openai_client_agent_trains_through_its_endpoint(stack, credentials):
     created = api.post("/api/runs/", json={
         "project": credentials.project_id, "name": "openai agent", "environment": NAME,
         "config": {"sft_steps": 0, "rl_steps": RL_STEPS, "rollout": {"group_size": 2, "groups_per_step": 2,
-                                                                     "groups_per_task": 1, "max_turns": 3}}})
+                                                                     "groups_per_task": 1, "max_turns": 3},
+                   # Held-out episodes of the agent too, greedy: their samples share turns (workers/evaluation.py).
+                   "evaluation": {"every_steps": 100, "tasks": 3, "samples_per_task": 2, "temperature": 0}}})
     assert created.status_code == 201, created.text
     run = run_ended(local, api, created.json()["id"], timeout_s=600)
     assert run["status"] == "finished", run["status_reason"]
@@ -39,11 +41,19 @@ def test_an_openai_client_agent_trains_through_its_endpoint(stack, credentials):
     # No episode failed: each agent ran, called its endpoint and reported a reward.
     name = f"rollout/{NAME}/error_rate"
     points = api.get(f"/api/runs/{run['id']}/metrics/", params={"names": name}).json()["points"]
-    assert [point["step"] for point in points] == list(range(1, RL_STEPS + 1))
-    assert [point["value"] for point in points] == [0.0] * RL_STEPS
+    by_step = {point["step"]: point["value"] for point in points}
+    assert set(range(1, RL_STEPS + 1)) <= set(by_step) and set(by_step.values()) == {0.0}, points
+
+    # Its held-out evaluations, before RL and at the end, ran every episode through the agent.
+    evaluations = api.get(f"/api/runs/{run['id']}/evaluations/").json()["results"]
+    assert [evaluation["step"] for evaluation in evaluations] == [0, RL_STEPS]
+    for evaluation in evaluations:
+        assert evaluation["status"] == "complete" and evaluation["episodes"] == 6, evaluation
+        assert evaluation["metrics"]["failure_rate"] == 0.0, evaluation
 
     # What the trainer trained: the policy's turns exactly, never the agent's messages.
-    samples = api.get(f"/api/runs/{run['id']}/trajectories/", params={"page_size": 200}).json()["results"]
+    samples = api.get(f"/api/runs/{run['id']}/trajectories/",
+                      params={"page_size": 200, "purpose": "training"}).json()["results"]
     assert {sample["step"] for sample in samples} == set(range(1, RL_STEPS + 1))
     assert all(sample["environment"] == NAME and sample["status"] != "failed" for sample in samples)
     for sample in samples:

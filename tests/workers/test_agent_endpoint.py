@@ -202,6 +202,25 @@ def test_an_agent_that_fails_fails_its_episode_with_the_reason(tokenizer, agents
     assert not any(record.loss_mask)
 
 
+def test_a_failure_of_the_endpoint_fails_the_episode_as_tandems_not_the_agents(tokenizer, agents):
+    class Broken(ScriptedTurns):
+        async def generate(self, token_ids, *, session_id, extra_stop=()):
+            raise RuntimeError("the engine is gone")
+
+    layout = ChatTemplateLayout(tokenizer)
+    breakers = CircuitBreakers(failure_threshold=1)
+    record = asyncio.run(run_episode(
+        run_id=1, group_id="1-0", group_size=1, environment_name="react",
+        environment=AgentProgramEnvironment(command="react", timeout_s=60), task={"seed": SEED},
+        policy=Broken(tokenizer, layout, []), tokenizer=tokenizer, layout=layout,
+        limits=EpisodeLimits(max_turns=4, max_seq_len=4096, max_new_tokens=64, environment_timeout_s=5),
+        circuit_breakers=breakers))
+    assert record.status == "failed"
+    assert record.failure_reason == "the endpoint failed: generation failed: RuntimeError: the engine is gone"
+    # Not the agent's fault: its circuit breaker, which one fault would open, stays closed.
+    assert breakers.admit("react") is None
+
+
 def test_an_agent_that_reports_no_reward_fails_its_episode(tokenizer, agents, monkeypatch):
     monkeypatch.setenv("TANDEM_AGENT_COMMANDS", json.dumps({"react": [
         sys.executable, "-c", "from openai import OpenAI; OpenAI().chat.completions.create(model='m', "

@@ -167,7 +167,7 @@ class _CountingPolicy:
         self.ended: list[str] = []
         self.fail_on = fail_on
 
-    async def generate(self, prompt, *, session_id=None):
+    async def generate(self, prompt, *, session_id=None, extra_stop=()):
         self.prompts.append(tuple(prompt))
         await asyncio.sleep(0)  # its twins ask while it is being generated
         if tuple(prompt) == self.fail_on:
