@@ -75,10 +75,10 @@ from tandem.contracts.environments import (
     EnvironmentSecrets,
     EnvironmentSpec,
     EpisodeCloseReason,
+    ProbeToolCall,
     RequiredSetting,
     SecretSettingValues,
     ToolSchema,
-    ProbeToolCall,
     ToolServerSpec,
     environment_kind_choices,
 )
