@@ -218,8 +218,13 @@ def learning(args, service_url: str) -> dict:
         client = httpx.Client(base_url=stack.config.platform_url,
                               headers={"Authorization": f"Token {credentials.user_token}"}, timeout=30)
         project = credentials.project_id
-        client.post("/api/environments/", json={"project": project, "name": "react-agent", "kind": "agent",
-                                                "settings": {"url": service_url, "timeout_s": 120}}).raise_for_status()
+        # The tools the agent offers, declared: SFT renders the dataset's conversations with them, as the
+        # agent's calls show them to the model (the probe checks that they are what it offers).
+        from tests.agents.openai_react_agent import CALC
+
+        client.post("/api/environments/", json={
+            "project": project, "name": "react-agent", "kind": "agent",
+            "settings": {"url": service_url, "timeout_s": 120}, "tools": [CALC["function"]]}).raise_for_status()
         dataset = http_example_server.demonstrations_dataset(CalculatorEnvironment(), count=args.dataset_rows, seed=11)
         uploaded = client.post("/api/datasets/", data={"project": str(project), "name": "calculator-demos"},
                                files={"file": ("demos.jsonl", dataset.encode(), "application/jsonl")})

@@ -124,9 +124,12 @@ class _ProbeReplies:
         return None
 
 
-async def probe_agent_program(environment: AgentProgramEnvironment, task: dict[str, Any]) -> str:
+async def probe_agent_program(environment: AgentProgramEnvironment, task: dict[str, Any], *,
+                              declared: tuple[ToolSchema, ...] = ()) -> str:
     """One episode of the agent against an endpoint that answers PROBE_ACTION: whether it called the
-    endpoint, how many calls it made, whether their prefixes held, and the reward it reported."""
+    endpoint, how many calls it made, whether their prefixes held, and the reward it reported. Tools the
+    registration declares must be those the agent offered (SFT renders a dataset's conversations with
+    them, so they must be what the agent's calls show the model)."""
     if not isinstance(environment, AgentProgramEnvironment):
         raise CheckFailed(f"kind 'agent' loaded a {type(environment).__name__}")
     defaults = RunConfig()
@@ -137,6 +140,10 @@ async def probe_agent_program(environment: AgentProgramEnvironment, task: dict[s
             limits=EpisodeLimits.of_run(defaults), model="tandem-probe")
     except EpisodeFailure as exc:
         raise CheckFailed(str(exc)) from None
+    offered = {tool.name: tool.parameters for tool in played.tokens.tools}
+    if declared and offered != {tool.name: tool.parameters for tool in declared}:
+        raise CheckFailed(f"the agent offered the tools {json.dumps(offered, sort_keys=True)}, not the declared "
+                          f"{', '.join(sorted(tool.name for tool in declared))}; declare what it offers")
     calls = len(played.calls)
     chains = ("its prefixes held (one chain)" if not played.history_rewrites else
               f"it rewrote its history {played.history_rewrites} time(s) ({played.history_rewrites + 1} chains)")
@@ -353,7 +360,7 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
         return await check_tool_calls(state["environment"], spec.tool_server.probe_calls)
 
     async def agent() -> str:
-        return await probe_agent_program(state["environment"], state["task"])
+        return await probe_agent_program(state["environment"], state["task"], declared=spec.tools)
 
     if spec.kind == "agent":
         # The agent runs the episode, bounded by its own timeout_s (the registration's setting).

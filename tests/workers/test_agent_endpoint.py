@@ -270,11 +270,11 @@ def test_the_key_is_refused_once_the_episode_ends_and_so_is_a_client_outside_the
     assert outside.status_code == 403 and "TANDEM_AGENT_ENDPOINT_CLIENTS" in outside.json()["error"]["message"]
 
 
-def _probe(command: str, **settings):
+def _probe(command: str, tools=(), **settings):
     from tandem.contracts import EnvironmentSpec, ProbeRequest, ProbeTimeouts
     from workers.probe import run_probe
 
-    spec = EnvironmentSpec(name="agent-probe", kind="agent", settings={"command": command, **settings})
+    spec = EnvironmentSpec(name="agent-probe", kind="agent", settings={"command": command, **settings}, tools=tools)
     report = run_probe(ProbeRequest(probe_id=1, purpose="registration", environment=spec,
                                     timeouts=ProbeTimeouts(url=5, load=10, reset=2, tools=2, step=2, close=2)))
     return report
@@ -288,6 +288,15 @@ def test_the_probe_runs_one_episode_of_the_agent_and_says_what_it_did(agents):
     assert agent.status == "passed", agent.message
     assert agent.message == ("the agent called its endpoint 1 time(s); its prefixes held (one chain); "
                              "it reported a reward of 0")
+
+
+def test_declared_tools_must_be_those_the_agent_offers(agents):
+    calc = _calc_tool()
+    declared = [{"name": calc.name, "description": calc.description, "parameters": calc.parameters}]
+    assert _probe("react", tools=declared).passed
+    other = [{**declared[0], "name": "calculate"}]
+    check = _probe("react", tools=other).checks[-1]
+    assert check.status == "failed" and "not the declared calculate; declare what it offers" in check.message
 
 
 def test_the_probe_fails_an_agent_that_never_calls_its_endpoint_or_is_not_listed(agents):
