@@ -201,9 +201,7 @@ def learning(args, service_url: str) -> dict:
     import httpx
     import redis
 
-    from bench.learning import register_http_dataset_source  # noqa: F401 - the same dataset upload
-    from environments import http_example_server
-    from environments.builtin.calculator import CalculatorEnvironment
+    from bench.learning import upload_calculator_demonstrations
     from tandem.cli.stack import LocalStack, StackConfig
     from tandem.contracts import TERMINAL_RUN_STATUSES
 
@@ -225,15 +223,7 @@ def learning(args, service_url: str) -> dict:
         client.post("/api/environments/", json={
             "project": project, "name": "react-agent", "kind": "agent",
             "settings": {"url": service_url, "timeout_s": 120}, "tools": [CALC["function"]]}).raise_for_status()
-        dataset = http_example_server.demonstrations_dataset(CalculatorEnvironment(), count=args.dataset_rows, seed=11)
-        uploaded = client.post("/api/datasets/", data={"project": str(project), "name": "calculator-demos"},
-                               files={"file": ("demos.jsonl", dataset.encode(), "application/jsonl")})
-        uploaded.raise_for_status()
-        version_path = f"/api/datasets/{uploaded.json()['id']}/versions/{uploaded.json()['latest_version']['number']}/"
-        while (version := client.get(version_path).json())["status"] != "ready":
-            if version["status"] == "failed":
-                raise SystemExit(f"the dataset failed to be stored: {version['failure_reason']}")
-            time.sleep(0.5)
+        sft = upload_calculator_demonstrations(client, project, rows=args.dataset_rows)
         while True:
             rows = client.get("/api/environments/", params={"page_size": 100}).json()
             rows = rows["results"] if isinstance(rows, dict) else rows
@@ -245,8 +235,7 @@ def learning(args, service_url: str) -> dict:
             time.sleep(1)
         # Held-out evaluations of the agent's episodes (one sample of each task, greedy): before the first RL
         # step, which is the SFT policy, and at the end.
-        config = {"rl_steps": args.rl_steps, "sft": {"datasets": [{"name": "calculator-demos"}]},
-                  "rollout": {"max_turns": 3},
+        config = {"rl_steps": args.rl_steps, **sft, "rollout": {"max_turns": 3},
                   "evaluation": {"every_steps": 100_000, "tasks": args.eval_tasks, "samples_per_task": 1,
                                  "temperature": 0},
                   **json.loads(args.config)}

@@ -51,6 +51,12 @@ def register_http_dataset_source(client: httpx.Client, project_id: int, url: str
         "project": project_id, "name": "calculator-over-http", "kind": "http",
         "settings": {"url": url, "timeout_s": 30}, "tools": httpx.get(f"{url}/schema").json()["tools"],
     }).raise_for_status()
+    return "calculator-over-http", upload_calculator_demonstrations(client, project_id, rows=rows)
+
+
+def upload_calculator_demonstrations(client: httpx.Client, project_id: int, *, rows: int) -> dict:
+    """``rows`` of the built-in calculator's demonstrations uploaded as the dataset ``calculator-demos``, once
+    stored; the run config section that SFTs on it."""
     dataset = http_example_server.demonstrations_dataset(CalculatorEnvironment(), count=rows, seed=11)
     uploaded = client.post("/api/datasets/", data={"project": str(project_id), "name": "calculator-demos"},
                            files={"file": ("demos.jsonl", dataset.encode(), "application/jsonl")})
@@ -61,7 +67,7 @@ def register_http_dataset_source(client: httpx.Client, project_id: int, url: str
         if version["status"] == "failed":
             raise SystemExit(f"the dataset failed to be stored: {version['failure_reason']}")
         time.sleep(0.5)
-    return "calculator-over-http", {"sft": {"datasets": [{"name": "calculator-demos"}]}}
+    return {"sft": {"datasets": [{"name": "calculator-demos"}]}}
 
 
 def main() -> None:

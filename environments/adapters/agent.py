@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 
-from environments.adapters.http import SharedHTTPSession, shared_http_session
+from environments.adapters.http import SharedHTTPSession, checked_remote_url, shared_http_session
 from environments.base import (
     Environment,
     MalformedOutputError,
@@ -45,11 +45,6 @@ from environments.base import (
     training_seed,
 )
 from tandem.allowlists.agent_commands import check_agent_command
-from tandem.allowlists.environment_urls import (
-    EnvironmentURLRefused,
-    check_environment_url,
-    configured_allowlist,
-)
 
 # Enough of an agent's error output to act on.
 _ERROR_TAIL_CHARS = 600
@@ -85,13 +80,7 @@ class AgentProgramEnvironment(Environment):
         self.url: str | None = None
         self.argv: tuple[str, ...] | None = None
         if url is not None:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"url {url!r} must start with http:// or https://")
-            try:
-                check_environment_url(url, allowlist=configured_allowlist())
-            except EnvironmentURLRefused as exc:
-                raise ValueError(f"url: {exc}") from None
-            self.url = url.rstrip("/")
+            self.url = checked_remote_url(url)
         else:
             self.argv = check_agent_command(command)
         self.command = command

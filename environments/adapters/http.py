@@ -221,6 +221,21 @@ shared_http_session: contextvars.ContextVar[SharedHTTPSession | None] = contextv
 )
 
 
+def checked_remote_url(url: str) -> str:
+    """``url`` without its trailing slash, if a remote environment or agent service may live there.
+
+    A literal address never reaches the resolver's connect-time check (:class:`_CheckingResolver`),
+    so the URL is checked here too. Raises ValueError naming ``url``.
+    """
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"url {url!r} must start with http:// or https://")
+    try:
+        check_environment_url(url, allowlist=configured_allowlist())
+    except EnvironmentURLRefused as exc:
+        raise ValueError(f"url: {exc}") from None
+    return url.rstrip("/")
+
+
 class RemoteHTTPEnvironment(Environment):
     """Registration: entrypoint ``environments.adapters.http:RemoteHTTPEnvironment``,
     settings ``{"url": "http://host:port", "timeout_s": 10, "max_observation_chars": 8192,
@@ -232,13 +247,7 @@ class RemoteHTTPEnvironment(Environment):
 
     def __init__(self, *, url: str, timeout_s: float = 10.0, max_observation_chars: int = 8192,
                  retries: int = 2, backoff_s: float = 0.1):
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"url {url!r} must start with http:// or https://")
-        # A literal address never reaches the resolver's connect-time check: it is checked here.
-        try:
-            check_environment_url(url, allowlist=configured_allowlist())
-        except EnvironmentURLRefused as exc:
-            raise ValueError(f"url: {exc}") from None
+        url = checked_remote_url(url)
         if timeout_s <= 0 or max_observation_chars < 1 or retries < 0 or backoff_s < 0:
             raise ValueError("timeout_s and max_observation_chars must be positive, retries and backoff_s >= 0")
         self.url = url.rstrip("/")
