@@ -310,12 +310,12 @@ class AgentEpisode:
                 raise EndpointError(400, "the last message is the assistant's: nothing to answer",
                                     param=f"messages[{len(said) - 1}]")
             tools = _tools(request.tools)
-            chain = self._chain_for(said, tools)
-            sampling = self.policy.sampling
-            overrides = _overrides(request, sampling)
             stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or ())
             if any(not text for text in stop):
                 raise EndpointError(400, "a stop string is empty", param="stop")
+            overrides = _overrides(request, self.policy.sampling)
+            # Last of the checks: it appends the request's new messages to a chain (refused, it appends none).
+            chain = self._chain_for(said, tools)
             prompt_tokens = len(chain.tokens.context())
             generated = time.perf_counter()
             try:
@@ -370,45 +370,41 @@ class AgentEpisode:
     def _tokens_elsewhere(self, chain: _Chain | None) -> int:
         return sum(len(other.tokens) for other in self._chains if other is not chain)
 
-    def _room_check(self, chain: _Chain) -> None:
-        """Refuse the call (and mark the episode truncated) unless the record has room for one more turn."""
-        sampling = self.policy.sampling
-        total = self._tokens_elsewhere(None) + sampling.max_new_tokens + self.layout.turn_overhead
-        if total > self.max_seq_len:
-            self._truncated_because = (
-                f"the agent's call {len(self._calls) + 1} needs {total} tokens with its chains and max_new_tokens="
-                f"{sampling.max_new_tokens}, more than max_seq_len={self.max_seq_len}")
-            raise EndpointError(400, f"the conversation leaves no room for an answer within the run's "
-                                f"max_seq_len={self.max_seq_len}", code="context_length_exceeded")
+    def _record_budget(self) -> int:
+        """Tokens the record may hold before a call: max_seq_len less the longest answer."""
+        return self.max_seq_len - self.policy.sampling.max_new_tokens - self.layout.turn_overhead
 
     def _chain_for(self, said: list[_Said], tools: tuple[Tool, ...]) -> _Chain:
-        """The chain ``said`` extends, with its new messages appended; else a new chain of it."""
+        """The chain ``said`` extends, with its new messages appended; else a new chain of it. Refused for
+        lack of room (the record's chains, these messages and the longest answer past max_seq_len), it
+        changes nothing, so that the agent may retry, or send a shorter history."""
         tools_key = _tools_key(tools)
         last = self._chains[-1] if self._chains else None
         if last is not None and last.tools_key == tools_key and len(said) > len(last.said) \
                 and said[:len(last.said)] == last.said:
             new = said[len(last.said):]
             if all(message.role != "assistant" for message in new):
-                room = self.max_seq_len - self._tokens_elsewhere(last)
+                room = self._record_budget() - self._tokens_elsewhere(last)
                 if not self._render(lambda: self.layout.add_messages(
                         last.tokens, [message.for_layout() for message in new], max_tokens=room)):
                     self._too_long()
-                self._room_check(last)
                 return last
+        tokens = self._render(lambda: self._start(said, tools))
+        if self._tokens_elsewhere(None) + len(tokens) > self._record_budget():
+            self._too_long()
         if last is not None:
             self.policy.end_session(last.session_id)
-        chain = _Chain(self._render(lambda: self._start(said, tools)), [], tools_key,
-                       session_id=f"{self.episode_id}:{len(self._chains)}")
+        chain = _Chain(tokens, [], tools_key, session_id=f"{self.episode_id}:{len(self._chains)}")
         self._chains.append(chain)
-        if len(self._chains) > 1:
-            logger.debug("agent episode %s: chain %d begins (history rewritten)", self.episode_id, len(self._chains))
-        self._room_check(chain)
         return chain
 
     def _too_long(self) -> None:
-        self._truncated_because = f"the messages of the agent's call {len(self._calls) + 1} pass max_seq_len=" \
-                                  f"{self.max_seq_len}"
-        raise EndpointError(400, f"the conversation passes the run's max_seq_len={self.max_seq_len}",
+        sampling = self.policy.sampling
+        self._truncated_because = (
+            f"the agent's call {len(self._calls) + 1} leaves no room for an answer: its messages, the episode's "
+            f"other chains and max_new_tokens={sampling.max_new_tokens} pass max_seq_len={self.max_seq_len}")
+        raise EndpointError(400, f"the conversation leaves no room for an answer within the run's max_seq_len="
+                            f"{self.max_seq_len} (max_new_tokens={sampling.max_new_tokens})",
                             code="context_length_exceeded")
 
     @staticmethod
@@ -451,8 +447,6 @@ class AgentEpisode:
                 run.append(said[at].for_layout())
                 at += 1
             self.layout.add_messages(tokens, run)
-        if self._tokens_elsewhere(None) + len(tokens) > self.max_seq_len:
-            self._too_long()
         return tokens
 
     def _native_text(self, answer: _Said) -> str:

@@ -305,3 +305,33 @@ def test_the_probe_fails_an_agent_that_never_calls_its_endpoint_or_is_not_listed
     assert silent.checks[-1].status == "failed" and "ended without calling its endpoint" in silent.checks[-1].message
     unlisted = {check.name: check for check in _probe("rm-rf").checks}["load"]
     assert unlisted.status == "failed" and "TANDEM_AGENT_COMMANDS" in unlisted.message
+
+
+def test_a_call_past_max_seq_len_is_refused_changes_nothing_and_truncates_the_episode(tokenizer):
+    from workers.agent_endpoint import ChatCompletionRequest, EndpointError
+
+    layout = ChatTemplateLayout(tokenizer)
+    policy = ScriptedTurns(tokenizer, layout, ["Hello there."], sampling=SamplingConfig(max_new_tokens=16))
+    user = {"role": "user", "content": "hi"}
+    probe = layout.start("hi", ())
+    # Room for the opening and one answer, not for a long tool result after it.
+    episode = AgentEpisode(policy=policy, layout=layout, tokenizer=tokenizer, max_seq_len=len(probe) + 40,
+                           max_calls=4, model="m")
+
+    async def scenario():
+        first = await episode.complete(ChatCompletionRequest.model_validate({"messages": [user]}))
+        answer = first["choices"][0]["message"]
+        long = {"role": "user", "content": "word " * 200}
+        outcomes = []
+        for _ in range(2):  # the agent retries as it was: the same refusal, nothing appended
+            with pytest.raises(EndpointError) as refused:
+                await episode.complete(ChatCompletionRequest.model_validate({"messages": [user, answer, long]}))
+            outcomes.append((refused.value.code, len(episode._chains[0].tokens), len(episode._chains)))
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    length = len(policy.prompts[0]) + len(policy.completions[0])
+    assert outcomes == [("context_length_exceeded", length, 1)] * 2
+    played = episode.finish()
+    assert played.truncated_because.startswith("the agent's call 2 leaves no room for an answer")
+    assert len(played.tokens) == length and len(played.calls) == 1
