@@ -282,10 +282,6 @@ class AgentEpisode:
     _truncated_because: str | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    @property
-    def calls_made(self) -> int:
-        return len(self._calls)
-
     def accepts(self, key: str) -> bool:
         return not self.ended and hmac.compare_digest(key.encode(), self.key.encode())
 

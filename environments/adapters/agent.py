@@ -36,7 +36,12 @@ from typing import Any
 
 import aiohttp
 
-from environments.adapters.http import SharedHTTPSession, checked_remote_url, shared_http_session
+from environments.adapters.http import (
+    SharedHTTPSession,
+    checked_remote_url,
+    error_message_excerpt,
+    shared_http_session,
+)
 from environments.base import (
     Environment,
     MalformedOutputError,
@@ -123,8 +128,9 @@ class AgentProgramEnvironment(Environment):
             async with session.post(f"{self.url}/episodes", json=body) as response:
                 raw = await response.read()
                 if response.status != 200:
+                    message = error_message_excerpt(raw)
                     raise AgentProgramError(f"the {self.label} answered POST /episodes with HTTP {response.status}"
-                                            f"{_error_excerpt(raw)}")
+                                            + (f": {message}" if message is not None else ""))
         except aiohttp.ClientError as exc:
             raise AgentProgramError(f"the {self.label} could not be reached: {type(exc).__name__}: {exc}") from None
         finally:
@@ -169,14 +175,3 @@ class AgentProgramEnvironment(Environment):
 def _kill_group(process: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-
-
-def _error_excerpt(raw: bytes) -> str:
-    """The service's ``{"error": str}`` message, short and printable; never an arbitrary body."""
-    try:
-        message = json.loads(raw).get("error")
-    except (ValueError, AttributeError):
-        return ""
-    if not isinstance(message, str):
-        return ""
-    return ": " + "".join(c if c.isprintable() else "?" for c in message[:200])

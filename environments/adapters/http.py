@@ -97,17 +97,23 @@ def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
     return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
-def _body_excerpt(raw: bytes) -> str:
-    """What a failed response may show of its body: the protocol's ``{"error": ...}`` message,
-    short and printable, else only its size. An arbitrary body is never echoed: whoever
-    registered the URL reads the probe report, and the URL may reach a service they cannot."""
+def error_message_excerpt(raw: bytes) -> str | None:
+    """A response body's ``{"error": str}`` message, short and printable; None when it holds none. An
+    arbitrary body is never echoed: whoever registered the URL reads the probe report, and the URL may
+    reach a service they cannot."""
     try:
         message = json.loads(raw).get("error")
     except (ValueError, AttributeError):
-        message = None
+        return None
     if not isinstance(message, str):
-        return f"({len(raw)} bytes, not the protocol's error object)"
+        return None
     return "".join(c if c.isprintable() else "?" for c in message[:_ERROR_BODY_CHARS])
+
+
+def _body_excerpt(raw: bytes) -> str:
+    """What a failed response may show of its body: its error message, else only its size."""
+    message = error_message_excerpt(raw)
+    return f"({len(raw)} bytes, not the protocol's error object)" if message is None else message
 
 
 class EnvironmentAddressRefused(OSError):
