@@ -6,10 +6,12 @@ environment's own, and ends the session when the episode closes:
 - a ``command`` names one of the operator's servers (``TANDEM_MCP_SERVERS``,
   tandem/allowlists/mcp_servers.py), started over stdio for the episode and stopped with it, so a
   stateful server never carries one episode's state into another;
-- a ``url`` is a streamable-HTTP server: the episode opens a client connection of its own and closes
-  it at its end. The MCP protocol that ``mcp`` speaks over HTTP (2026-07-28) has no sessions, so a
-  server that keeps state keeps it across episodes: a tool with per-episode state belongs in a stdio
-  server. Every connection is checked where it is made, against the rules of HTTP environments'
+- a ``url`` is a streamable-HTTP server: the episode opens an MCP session of its own with the
+  initialize handshake (the server gives it an ``Mcp-Session-Id``, to which a stateful server ties its
+  state) and terminates it at its end (``DELETE``), so the next episode's session starts from nothing.
+  The sessionless revision (2026-07-28), which ``mcp`` would otherwise pick, has no such scope; a
+  server that speaks only that revision does not start, and says so. Every connection is checked
+  where it is made, against the rules of HTTP environments'
   URLs (tandem/allowlists/environment_urls.py, ``TANDEM_ENVIRONMENT_URL_ALLOWLIST``), on the address
   the name resolves to then, which is the address connected to; proxies from the environment are not
   used, and redirects leave neither the endpoint's origin (``mcp``'s own rule) nor that check.
@@ -111,7 +113,9 @@ class McpToolSession:
 
         try:
             async with contextlib.AsyncExitStack() as stack:
-                client = await stack.enter_async_context(Client(self._transport(stack), cache=None))
+                # A URL server gets the handshake (a session per episode, see the module docstring).
+                mode = "auto" if self._argv is not None else "legacy"
+                client = await stack.enter_async_context(Client(self._transport(stack), cache=None, mode=mode))
                 listed = await client.list_tools()
                 self._client = client
                 ready.set_result(listed.tools)

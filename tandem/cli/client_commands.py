@@ -408,10 +408,15 @@ def cmd_envs_register(args) -> int:
         except (OSError, ValueError) as exc:
             raise CommandError(f"--tools: {exc}") from None
     extra = parse_assignments(args.field or [], option="--field")
-    if args.tool_server:
-        extra["tool_server"] = {"command": args.tool_server}
-    if args.tool_server_url:
-        extra["tool_server"] = {**extra.get("tool_server", {}), "url": args.tool_server_url}
+    for option, field, value in (("--tool-server", "command", args.tool_server),
+                                 ("--tool-server-url", "url", args.tool_server_url)):
+        if value:
+            # Merged with what --field gave (e.g. tool_server.probe_calls), not in its place.
+            given = extra.get("tool_server", {})
+            if not isinstance(given, dict):
+                raise CommandError(f"{option}: --field tool_server is not an object; give its fields as "
+                                   "--field tool_server.<name>=<value>")
+            extra["tool_server"] = {**given, field: value}
     with _client() as client:
         environment = client.environments.register(
             args.name, entrypoint=args.entrypoint, kind=args.kind, settings=settings or None, tools=tools,

@@ -201,6 +201,25 @@ def test_envs_register_list_and_probe(tandem):
     assert "exposed but not declared" in probe.stdout
 
 
+def test_envs_register_merges_a_tool_server_flag_with_its_fields(tandem, tmp_path):
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "add", "description": "Add two integers.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"]}}]))
+    calls = [{"name": "add", "arguments": {"a": 2, "b": 40}}]
+    registered = tandem("envs", "register", "cli-mcp-sums", "--entrypoint", "tests.workers.mcp_task:SumTask",
+                        "--tool-server", "arithmetic", "--field", f"tool_server.probe_calls={json.dumps(calls)}",
+                        "--tools", str(tools))
+    assert registered.returncode == 0, registered.stderr
+    listed = {item["name"]: item for item in json.loads(tandem("envs", "list", "--json").stdout)}
+    assert listed["cli-mcp-sums"]["latest_version"]["tool_server"] == {
+        "command": "arithmetic", "probe_calls": calls}
+
+    clashing = tandem("envs", "register", "cli-mcp-other", "--entrypoint", "tests.workers.mcp_task:SumTask",
+                      "--tool-server", "arithmetic", "--field", "tool_server=arithmetic")
+    assert clashing.returncode != 0 and "--tool-server: --field tool_server is not an object" in clashing.stderr
+
+
 def _evaluation_report(index: int, *, status: str = "complete") -> dict:
     return {"evaluation": index, "step": 10 * index, "policy_version": 10 * index, "environment": "calculator@1",
             "status": status, "reason": "" if status == "complete" else "3 of 8 episodes came back",

@@ -1,5 +1,5 @@
 """Issue 32, point 4: an environment takes its tools from a real MCP server (tests/workers/mcp_arithmetic_server.py,
-over stdio), started per episode from the operator's list, through the real agent loop and the real probe."""
+over stdio or streamable HTTP), started per episode from the operator's list, through the real agent loop and the real probe."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from environments import EnvironmentLoadError, ToolError, format_tool_call, load_environment_class
@@ -72,29 +73,33 @@ def test_each_episode_opens_a_session_lists_its_tools_and_ends_it_at_close(trans
     url = request.getfixturevalue("http_server_url") if transport == "http" else None
     environment = load_environment_class(_spec(url=url))()
 
-    async def episode() -> list[str]:
+    async def episode() -> tuple[list[str], str]:
         await environment.reset({"a": 2, "b": 3})
         answers = [await _tool(environment, "add").run({"a": 2, "b": 3}),
                    await _tool(environment, "count").run({}), await _tool(environment, "count").run({})]
+        session = await _tool(environment, "session").run({})
         with pytest.raises(ToolError, match="Error executing tool refuse"):
             await _tool(environment, "refuse").run({"reason": "no"})
         await environment.close()
         with pytest.raises(ToolError, match="is not running"):  # its session has ended
             await _tool(environment, "add").run({"a": 1, "b": 1})
-        return answers
+        return answers, session
 
     assert environment.tools == ()  # none before the episode's session is opened
-    first = asyncio.run(episode())
-    assert [tool.name for tool in environment.tools] == ["add", "refuse", "count"]
+    first, first_session = asyncio.run(episode())
+    assert [tool.name for tool in environment.tools] == ["add", "refuse", "count", "session"]
     assert _tool(environment, "add").parameters["required"] == ["a", "b"]
-    second = asyncio.run(episode())
-    if transport == "stdio":
-        # The next episode's server starts from scratch: no state carries over.
-        assert first == second == ["5", "1", "2"]
-    else:
-        # The protocol has no sessions over HTTP: what the server keeps is its own, across episodes.
-        counts = [int(answer) for answer in first[1:] + second[1:]]
-        assert first[0] == second[0] == "5" and counts == list(range(counts[0], counts[0] + 4))
+    second, second_session = asyncio.run(episode())
+    # The server counts per session, as a stateful server keeps state: the next episode starts from scratch.
+    assert first == second == ["5", "1", "2"]
+    if transport == "http":
+        # Each episode had a session of its own, and its end terminated it: the server no longer knows it.
+        assert first_session and second_session and first_session != second_session
+        for ended in (first_session, second_session):
+            answer = httpx.post(url, headers={"mcp-session-id": ended, "mcp-protocol-version": "2025-11-25",
+                                              "accept": "application/json, text/event-stream"},
+                                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            assert answer.status_code == 404, answer.text
 
 
 def test_a_url_is_checked_where_the_connection_is_made(http_server_url, monkeypatch):
@@ -129,7 +134,7 @@ def test_an_episode_calls_the_servers_tool_and_a_refused_call_is_told_to_the_mod
         circuit_breakers=CircuitBreakers()))
 
     assert record.status == "ok" and record.reward == 1.0, record.failure_reason
-    assert record.offered_tools == ("add", "refuse", "count")
+    assert record.offered_tools == ("add", "refuse", "count", "session")
     assistant = [message for message in record.messages if message.role == "assistant"]
     assert [message.tool_call_status for message in assistant] == ["tool_error", "ok", None]
     tool_results = [message.content for message in record.messages if message.role == "tool"]
