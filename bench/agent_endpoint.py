@@ -112,8 +112,11 @@ def overhead(args, service_url: str, model_name: str) -> dict:
     client.flushdb()
     # Near-greedy: both arms then generate the same tokens for the same prompts, whatever order their
     # turns reach the engine in, so their costs are of the same work.
-    sections = {"sampling": {"inference_slots": args.concurrency, "max_new_tokens": args.max_new_tokens,
-                             "temperature": 1e-3},
+    sampling = {"inference_slots": args.concurrency, "max_new_tokens": args.max_new_tokens, "temperature": 1e-3}
+    for name in ("decode_chunk_tokens", "refill_hold_fraction"):
+        if getattr(args, name) is not None:
+            sampling[name] = getattr(args, name)
+    sections = {"sampling": sampling,
                 "rollout": {"max_turns": 3}}
     if model_name == "nano":
         config = RunConfig.model_validate(sections)
@@ -159,7 +162,7 @@ def overhead(args, service_url: str, model_name: str) -> dict:
         stats_after = runtime.engine.stats
         engine = {name: round(getattr(stats_after, name) - getattr(stats_before, name), 3)
                   for name in ("prefill_calls", "prefill_tokens", "reused_tokens", "decode_chunks", "decode_rows",
-                               "busy_s")}
+                               "busy_s", "held_s")}
         tokens = sum(sum(record.loss_mask) for record in records)
         failed = [record.failure_reason for record in records if record.status == "failed"]
         if failed:
@@ -287,6 +290,10 @@ def main() -> None:
     parser.add_argument("--models", default="nano,smollm2-135m",
                         help="overhead part: nano (random weights, byte layout) and/or smollm2-135m (make models)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--decode-chunk-tokens", type=int, default=None,
+                        help="overhead part: sampling.decode_chunk_tokens of both arms (default: the config's)")
+    parser.add_argument("--refill-hold-fraction", type=float, default=None,
+                        help="overhead part: sampling.refill_hold_fraction of both arms (default: the config's)")
     parser.add_argument("--rl-steps", type=int, default=40)
     parser.add_argument("--eval-tasks", type=int, default=128, help="held-out tasks of each evaluation")
     parser.add_argument("--dataset-rows", type=int, default=2000)

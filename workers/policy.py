@@ -89,6 +89,7 @@ class PolicyRuntime:
             pad_id=self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id,
             num_slots=inference_slots(config, task_concurrency()),
             chunk_size=config.sampling.decode_chunk_tokens,
+            refill_hold_fraction=config.sampling.refill_hold_fraction,
             detokenize=self.tokenizer.decode,
             # Runs in the engine thread between chunks, so weights never change mid-chunk.
             between_chunks=self.refresh_weights,

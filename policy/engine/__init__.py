@@ -10,6 +10,12 @@ row, ``max_seq_len`` tokens long, plus one scratch slot at the end):
   finished (EOS, a stop string, ``max_new_tokens``) are returned at once and
   waiting requests are prefilled into free slots, so a turn never waits for
   the other rows of a batch, only for at most one chunk.
+- **Holding a chunk for refills.** The turns a chunk ends are usually followed
+  soon by their callers' next ones (the episode's next turn, or the next
+  episode). With ``refill_hold_fraction`` the background thread holds the
+  next chunk until they arrive, for at most that fraction of the last chunk's
+  time, and only while recent refills came that soon
+  (:mod:`~policy.engine.admission`); ``EngineStats.held_s`` counts the wait.
 - **Prefix reuse across turns.** A request names a ``session_id`` (one per
   episode) and keeps its slot between turns. When the next prompt extends the
   tokens already cached in the slot, only the new tokens (the environment's
@@ -43,7 +49,8 @@ row, ``max_seq_len`` tokens long, plus one scratch slot at the end):
 The engine is split by concern: :mod:`~policy.engine.sampling` (the sampling
 math and which log-probability is recorded), :mod:`~policy.engine.scheduler`
 (requests, slots, buckets, prefix matching and admission: host bookkeeping,
-no JAX), :mod:`~policy.engine.kernels` (the jitted prefill and decode chunk,
+no JAX), :mod:`~policy.engine.admission` (when to hold a chunk for refills),
+:mod:`~policy.engine.kernels` (the jitted prefill and decode chunk,
 and the slot layout of the cache) and :mod:`~policy.engine.engine` (the
 :class:`InferenceEngine` that drives them, its thread and its weights).
 """

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from policy.engine.admission import RefillHold
 from policy.engine.kernels import KernelShape, kernels_for
 from policy.engine.scheduler import Request, SamplingParams, Scheduler, Slot, StopReason
 from policy.model import KVCache, Transformer, TransformerConfig
@@ -80,6 +81,9 @@ class EngineStats:
     evictions: int
     # Seconds spent inside steps that had work (prefill, decode, bookkeeping).
     busy_s: float
+    # Seconds the background thread held a chunk back for refills of rows that just finished
+    # (policy.engine.admission); the device is idle then.
+    held_s: float = 0.0
 
 
 def _completion(request: Request) -> Completion:
@@ -121,6 +125,9 @@ class InferenceEngine:
         poll for new weights and call :meth:`set_params`); errors are logged.
       reuse_prefix: False re-encodes every prompt in full (for comparisons).
       cache_dtype: dtype of the KV cache.
+      refill_hold_fraction: the background thread may hold a chunk, for at most this fraction
+        of the last chunk's time, while the rows the last chunk finished are refilled, when
+        recent refills came that soon (:class:`~policy.engine.admission.RefillHold`); 0 never holds.
     """
 
     def __init__(
@@ -140,6 +147,7 @@ class InferenceEngine:
         background: bool = True,
         idle_exit_s: float = 10.0,
         cache_dtype: Any = jnp.float32,
+        refill_hold_fraction: float = 0.0,
     ):
         if num_slots < 1 or chunk_size < 1:
             raise ValueError("num_slots and chunk_size must be at least 1")
@@ -168,6 +176,8 @@ class InferenceEngine:
         # prefill_calls, decode_chunks, decode_rows; the scheduler counts tokens and evictions.
         self._counters: collections.Counter[str] = collections.Counter()
         self._busy_s = 0.0
+        self._held_s = 0.0
+        self._refills = RefillHold(refill_hold_fraction)
 
         # Device state, touched only inside steps.
         self._params: nnx.State | None = None
@@ -231,6 +241,7 @@ class InferenceEngine:
                 decode_rows=self._counters["decode_rows"],
                 evictions=scheduled["evictions"],
                 busy_s=self._busy_s,
+                held_s=self._held_s,
             )
 
     def set_params(self, params: nnx.State, version: int) -> None:
@@ -271,6 +282,7 @@ class InferenceEngine:
             if not self._has_params:
                 raise RuntimeError("no weights yet: call set_params before generating")
             self._scheduler.enqueue(request)
+            self._refills.submitted(time.monotonic())
             if self._background and self._thread is None:
                 self._thread = threading.Thread(
                     target=self._serve, name="inference-engine", daemon=True
@@ -377,6 +389,11 @@ class InferenceEngine:
             except BaseException as exc:
                 self._fail_running(running, exc)
                 raise
+            with self._lock:
+                # Counted before their callers hear, so that no refill comes before its row; the rows
+                # that requests already queued will take wait for nothing.
+                ended = sum(not request.abandoned for request in finished)
+                self._refills.finished(max(0, ended - self._scheduler.queued), time.monotonic())
             for request in finished:
                 if request.abandoned:
                     request.future.set_exception(concurrent.futures.CancelledError())
@@ -408,6 +425,7 @@ class InferenceEngine:
                     self._thread = None
                     return
             try:
+                self._hold_for_refills()
                 worked = self.step()
             except Exception:  # noqa: BLE001 - the failed requests carry the exception
                 logger.exception("inference engine step failed")
@@ -415,6 +433,17 @@ class InferenceEngine:
             if not worked:
                 with self._lock:
                     self._lock.wait(timeout=0.01)
+
+    def _hold_for_refills(self) -> None:
+        """Wait, as :class:`~policy.engine.admission.RefillHold` says, for the last chunk's rows to be refilled."""
+        with self._lock:
+            began = time.monotonic()
+            while not self._closed:
+                until = self._refills.hold_until(time.monotonic())
+                if until is None or until <= time.monotonic():
+                    break
+                self._lock.wait(until - time.monotonic())
+            self._held_s += time.monotonic() - began
 
     def _apply_pending_params(self) -> None:
         if self._pending_params is None:
@@ -444,11 +473,13 @@ class InferenceEngine:
     def _decode_chunk(self, running: list[Slot]) -> list[Request]:
         rows = self._scheduler.decode_row_count(len(running))
         layout, inputs = self._scheduler.decode_rows(running, rows)
+        began = time.monotonic()
         self._cache, self._logits, tokens, logprobs, produced = self._kernels.decode(
             self._params, self._cache, self._logits, *inputs, rows=rows
         )
         tokens, logprobs, produced = np.asarray(tokens), np.asarray(logprobs), np.asarray(produced)
         with self._lock:
+            self._refills.chunk_ran(time.monotonic() - began)
             self._counters["decode_chunks"] += 1
             self._counters["decode_rows"] += rows
             return self._scheduler.record_chunk(

@@ -272,6 +272,11 @@ class Scheduler:
             self._busy_sessions.add(session_id)
         self._queue.append(request)
 
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self._queue)
+
     def has_work(self) -> bool:
         return bool(self._queue) or any(slot.request is not None for slot in self._slots)
 

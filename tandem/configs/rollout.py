@@ -50,6 +50,15 @@ class SamplingConfig(BaseModel):
         le=256,
         description="Tokens every running turn decodes between two scheduling points: smaller lets new turns join sooner, larger amortises host overhead.",
     )
+    refill_hold_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=0.5,
+        description="The engine may hold a decode chunk, for at most this fraction of the last chunk's time, "
+        "while the turns that the last chunk ended are followed by their next ones, when recent ones "
+        "followed that soon (e.g. an agent program's next call): they then join this chunk rather than "
+        "wait out the next. 0 never holds.",
+    )
 
 
 class RolloutConfig(BaseModel):

@@ -414,6 +414,34 @@ def test_cancelling_a_caller_stops_its_turn_at_the_next_chunk(threaded_engine):
     assert engine.cached_length("cancelled") == 0
 
 
+@pytest.mark.parametrize("hold_fraction", [0.0, 1.0])
+def test_holding_chunks_for_refills_changes_no_turn(model, params, hold_fraction):
+    """Multi-turn sessions whose next turn follows at once, so that the engine holds chunks for them
+    (policy/engine/admission.py): every turn comes back, the same as the engine decodes it alone."""
+    engine = InferenceEngine(split_model(model)[0], config=CONFIG, eos_id=-1, pad_id=PAD_ID, num_slots=NUM_SLOTS,
+                             chunk_size=CHUNK, refill_hold_fraction=hold_fraction)
+    engine.set_params(params, version=1)
+
+    async def session(index: int) -> list[list[int]]:
+        prompt, turns = random_tokens(40 + index, 6), []
+        for turn in range(4):
+            completion = await engine.generate(index, prompt, SamplingParams(max_new_tokens=3 + turn, seed=index))
+            turns.append(completion.token_ids)
+            prompt = prompt + completion.token_ids + random_tokens(50 + turn, 2)
+        return turns
+
+    async def sessions():
+        return await asyncio.gather(*[session(index) for index in range(2 * NUM_SLOTS)])
+
+    try:
+        together = asyncio.run(sessions())
+        alone = [asyncio.run(session(index)) for index in range(2 * NUM_SLOTS)]
+    finally:
+        engine.close()
+    assert together == alone
+    assert [len(turn) for turn in together[0]] == [3, 4, 5, 6]
+
+
 # ---------------------------------------------------------------- sampling options
 
 
