@@ -63,8 +63,9 @@ class RefillHold:
         self._chunk_s = seconds
 
     def finished(self, rows: int, now: float) -> None:
-        """A chunk ended ``rows`` turns at ``now``: each waits for a refill."""
-        self._waiting.extend([now] * rows)
+        """A chunk ended ``rows`` turns at ``now``: each waits for a refill (never, when holds are off)."""
+        if self._fraction > 0:
+            self._waiting.extend([now] * rows)
 
     def submitted(self, now: float) -> None:
         """A request arrived at ``now``: it refills the oldest waiting row, if any."""

@@ -177,7 +177,8 @@ class InferenceEngine:
         self._counters: collections.Counter[str] = collections.Counter()
         self._busy_s = 0.0
         self._held_s = 0.0
-        self._refills = RefillHold(refill_hold_fraction)
+        # Only the background thread holds; a caller that drives steps itself decides when they run.
+        self._refills = RefillHold(refill_hold_fraction if background else 0.0)
 
         # Device state, touched only inside steps.
         self._params: nnx.State | None = None

@@ -86,6 +86,7 @@ def test_a_fraction_of_zero_never_holds_and_bad_settings_are_refused():
     now = _learned(hold, [0.0, 0.0])
     hold.finished(1, now)
     assert hold.hold_until(now) is None
+    assert hold.waiting == 0  # nothing is kept for holds that never come
     with pytest.raises(ValueError, match="fraction"):
         RefillHold(1.5)
     with pytest.raises(ValueError, match="quantile"):
