@@ -39,7 +39,7 @@ class RefillHold:
       min_samples: samples needed before any hold.
     """
 
-    def __init__(self, fraction: float, *, window: int = 64, quantile: float = 0.8, min_hit_rate: float = 0.5,
+    def __init__(self, fraction: float, *, window: int = 64, quantile: float = 0.95, min_hit_rate: float = 0.5,
                  min_samples: int = 8):
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"fraction must be in [0, 1], not {fraction}")

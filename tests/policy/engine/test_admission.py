@@ -20,13 +20,13 @@ def _learned(hold: RefillHold, latencies: list[float], *, chunk_s: float = 1.0, 
 
 def test_quick_refills_hold_the_next_chunk_for_their_usual_latency_and_no_longer_once_refilled():
     hold = RefillHold(0.1, min_samples=4)
-    now = _learned(hold, [0.01, 0.02, 0.03, 0.04, 0.05])
+    now = _learned(hold, [0.002 * step for step in range(1, 21)])
     hold.finished(3, now)
-    # The 0.8 quantile of 0.01..0.05 is 0.04: the chunk waits until then for the three rows' refills.
-    assert hold.hold_until(now) == pytest.approx(now + 0.04)
+    # The 0.95 quantile of 0.002, 0.004, ..., 0.04 is 0.038: the chunk waits until then for the three rows' refills.
+    assert hold.hold_until(now) == pytest.approx(now + 0.038)
     hold.submitted(now + 0.001)
     hold.submitted(now + 0.002)
-    assert hold.waiting == 1 and hold.hold_until(now + 0.002) == pytest.approx(now + 0.04)
+    assert hold.waiting == 1 and hold.hold_until(now + 0.002) == pytest.approx(now + 0.038)
     hold.submitted(now + 0.003)
     assert hold.waiting == 0 and hold.hold_until(now + 0.003) is None
 
