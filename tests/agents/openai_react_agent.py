@@ -5,8 +5,10 @@ OPENAI_API_KEY set to the episode's endpoint, and TANDEM_TASK to its task (``{"s
 model a sum derived from the seed, offers one tool, ``calc``, runs the tool itself when the model calls
 it, and sends the reward: 1.0 when the final answer holds the sum, else 0.0.
 
-With ``--rewrite`` it drops its earlier turns before its last call, as agents that summarise their history
-do; with ``--stream`` it asks for streamed answers (and a temperature of its own, which the run overrides).
+With ``--rewrite`` it rewrites its history before its last call, as agents that manage their context do:
+it drops its earlier turns (``--rewrite`` or ``--rewrite=drop``), edits its question (``--rewrite=edit``),
+or summarises its earlier turns in one message (``--rewrite=summarise``). With ``--stream`` it asks for
+streamed answers (and a temperature of its own, which the run overrides).
 """
 
 from __future__ import annotations
@@ -33,8 +35,21 @@ def calc(expression: str) -> str:
     return f"={eval(expression, {'__builtins__': {}})}\n"  # noqa: S307 - the pattern above admits arithmetic only
 
 
-def play(task: dict, client: OpenAI, model: str, *, rewrite: bool = False, stream: bool = False) -> float:
-    """One episode of ``task`` through ``client``; its reward."""
+def _rewritten(messages: list[dict], how: str) -> list[dict]:
+    """The history ``how`` rewrites it before the last call: the question, then the last call and its result."""
+    question, earlier, last = messages[0], messages[1:-2], messages[-2:]
+    if how == "drop":
+        return [question, *last]
+    if how == "edit":
+        return [{**question, "content": question["content"] + "Use calc.\n"}, *earlier, *last]
+    if how == "summarise":
+        results = " ".join(message["content"].strip() for message in earlier if message["role"] == "tool")
+        return [question, {"role": "user", "content": f"Earlier results: {results}\n"}, *last]
+    raise ValueError(f"no such rewrite: {how}")
+
+
+def play(task: dict, client: OpenAI, model: str, *, rewrite: str | None = None, stream: bool = False) -> float:
+    """One episode of ``task`` through ``client``; its reward. ``rewrite``: drop, edit or summarise (see above)."""
     rng = random.Random(task["seed"])
     a, b = rng.randint(1, 9), rng.randint(1, 9)
     # The built-in calculator's terse format (environments/builtin/calculator.py), which models trained
@@ -42,7 +57,7 @@ def play(task: dict, client: OpenAI, model: str, *, rewrite: bool = False, strea
     messages = [{"role": "user", "content": f"{a}+{b}=?\n"}]
     answer = ""
     for step in range(MAX_STEPS):
-        sent = messages[:1] + messages[-2:] if rewrite and step == MAX_STEPS - 1 and len(messages) > 3 else messages
+        sent = _rewritten(messages, rewrite) if rewrite and step == MAX_STEPS - 1 and len(messages) > 3 else messages
         if stream:
             calls: dict[int, dict] = {}
             content = ""
@@ -77,8 +92,10 @@ def play(task: dict, client: OpenAI, model: str, *, rewrite: bool = False, strea
 
 def main() -> int:
     client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+    rewrite = next((argument.partition("=")[2] or "drop" for argument in sys.argv[1:]
+                    if argument.startswith("--rewrite")), None)
     reward = play(json.loads(os.environ["TANDEM_TASK"]), client, os.environ.get("TANDEM_MODEL", "policy"),
-                  rewrite="--rewrite" in sys.argv, stream="--stream" in sys.argv)
+                  rewrite=rewrite, stream="--stream" in sys.argv)
     # The reward call: the episode's endpoint, with its key, as any HTTP client would send it.
     httpx.post(f"{client.base_url}reward", json={"reward": reward},
                headers={"Authorization": f"Bearer {client.api_key}"}, timeout=30).raise_for_status()

@@ -60,6 +60,8 @@ def agents(monkeypatch):
     """The operator's agent programs: the ReAct agent, plainly, rewriting its history, streaming, and broken."""
     commands = {
         "react": [sys.executable, AGENT], "react-rewrite": [sys.executable, AGENT, "--rewrite"],
+        "react-edit": [sys.executable, AGENT, "--rewrite=edit"],
+        "react-summarise": [sys.executable, AGENT, "--rewrite=summarise"],
         "react-stream": [sys.executable, AGENT, "--stream"], "agents-sdk": [sys.executable, SDK_AGENT],
         "crashes": [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"],
         "silent": [sys.executable, "-c", "pass"],
@@ -185,6 +187,32 @@ def test_a_rewritten_history_becomes_a_second_chain_sharing_the_reward(tokenizer
     assert _trained(record) == policy.completions[0] + policy.completions[1] + policy.completions[2]
     # The first chain's engine session ended when the second began.
     assert any(session.endswith(":0") for session in policy.ended)
+
+
+@pytest.mark.parametrize("rewrite", ["edit", "summarise"])
+def test_an_edited_or_summarised_history_becomes_a_second_chain_too(tokenizer, agents, rewrite):
+    """Editing the question keeps both earlier answers, given back masked; a summary replaces the first answer
+    and its result by a message of the agent's, and keeps the second answer."""
+    a, b = _sum_of(SEED)
+    calls = [format_tool_call("calc", {"expression": f"{a}+0"}, "hermes"),
+             format_tool_call("calc", {"expression": f"{a}+{b}"}, "hermes")]
+    record, policy, _ = _episode(tokenizer, f"react-{rewrite}", [*calls, f"It is {a + b}"])
+
+    assert record.status == "ok" and record.reward == 1.0, record.failure_reason
+    assert [c.chain for c in record.agent_calls] == [0, 0, 1]
+    chain_one_start = len(policy.prompts[1]) + len(policy.completions[1])
+    assert record.segment_starts == (0, chain_one_start)
+    assert record.token_ids[chain_one_start:] == policy.prompts[2] + policy.completions[2]
+    rewritten = tokenizer.decode(policy.prompts[2])
+    assert _contains(policy.prompts[2], policy.completions[1])
+    if rewrite == "edit":
+        assert "Use calc." in rewritten and _contains(policy.prompts[2], policy.completions[0])
+    else:
+        assert f"Earlier results: ={a}" in rewritten and not _contains(policy.prompts[2], policy.completions[0])
+    # Only the model's own answers are trained, each once: given back, they are masked.
+    assert _trained(record) == policy.completions[0] + policy.completions[1] + policy.completions[2]
+    replayed = [message for message in record.messages if message.replayed]
+    assert len(replayed) == (2 if rewrite == "edit" else 1)
 
 
 def _contains(haystack: list[int], needle: list[int]) -> bool:
