@@ -38,7 +38,6 @@ from pathlib import Path
 import pytest
 import redis
 
-TEST_REDIS_URL = os.environ.get("TANDEM_TEST_REDIS_URL", "")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: SmolLM2-135M-Instruct as `make models` imports it (make test runs that first).
 SMOLLM2_DIR = Path(os.environ.get("TANDEM_SMOLLM2_DIR", REPO_ROOT / "var/models/smollm2-135m-instruct"))
@@ -64,15 +63,17 @@ def gemma3() -> Path:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    if not TEST_REDIS_URL:
+    # Read now, not at import: config.settings.test gives each pytest-xdist process a database of its own.
+    url = os.environ.get("TANDEM_TEST_REDIS_URL", "")
+    if not url:
         pytest.fail("these tests need the suite's Redis: TANDEM_TEST_REDIS_URL is not set "
                     "(`make test` sets it; see tests/conftest.py)")
-    client = redis.Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=2)
+    client = redis.Redis.from_url(url, socket_connect_timeout=2)
     try:
         client.ping()
     except redis.RedisError as exc:
-        pytest.fail(f"these tests need a real Redis at {TEST_REDIS_URL}: {exc}")
-    return TEST_REDIS_URL
+        pytest.fail(f"these tests need a real Redis at {url}: {exc}")
+    return url
 
 
 @pytest.fixture

@@ -20,6 +20,31 @@ def _suite_service(name: str) -> str:
     return value
 
 
+def _own_per_suite_process() -> None:
+    """Give this pytest-xdist process (``make test`` runs the suite in several) services of its own.
+
+    Its Redis database, Channels prefix and media folder are its own, so that one process's Celery
+    workers never take another's tasks and rows with equal ids never share a key or a file. The
+    processes its tests start inherit both the rewritten variables and ``PYTEST_XDIST_WORKER``,
+    so this runs again there and must change nothing more.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return
+    index = int(worker[2:])
+    # Database 0 stays the single-process suite's; Redis has 16 by default.
+    if index + 1 > 15:
+        raise ImproperlyConfigured(f"{worker}: the suite's Redis has databases for 15 test processes, not more")
+    base_url = _suite_service("TANDEM_TEST_REDIS_URL").rsplit("/", 1)[0]
+    os.environ["TANDEM_TEST_REDIS_URL"] = f"{base_url}/{index + 1}"
+    prefix = _suite_service("TANDEM_TEST_CHANNELS_PREFIX")
+    if not prefix.endswith(f":{worker}"):
+        os.environ["TANDEM_TEST_CHANNELS_PREFIX"] = f"{prefix}:{worker}"
+    os.environ.setdefault("TANDEM_MEDIA_ROOT", str(Path(__file__).resolve().parents[3] / "var" / "media" / worker))
+
+
+_own_per_suite_process()
+
 # Forced, before base.py reads them: an exported DATABASE_URL or REDIS_URL (a developer's own
 # stack, as the README suggests) never receives the tests' rows, Celery tasks or Channels traffic.
 # Processes the tests start on the test database set TANDEM_TEST_DATABASE_URL to it.
