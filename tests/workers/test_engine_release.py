@@ -33,6 +33,12 @@ def _cache_arrays() -> list[jax.Array]:
 @pytest.fixture
 def served_run(redis_client, redis_url, run_id):
     """A run one rollout task has served: its engine stays warm in this process."""
+    # Runs that earlier tests in this pytest process left warm are stopped first: producing this one
+    # would otherwise evict the oldest of them, freeing as many arrays as it adds.
+    for earlier in held_runtime_runs():
+        redis_client.set(run_stop_key(earlier), "1")
+    release_stopped_engines(redis_client)
+    assert held_runtime_runs() == []
     _publish_policy(redis_client, run_id, "calculator", CALCULATOR)
     before = len(_cache_arrays())
     assert produce(redis_url=redis_url, run_id=run_id, first_group_index=0, num_groups=1).episodes == 3

@@ -23,7 +23,7 @@ def _suite_service(name: str) -> str:
 def _own_per_suite_process() -> None:
     """Give this pytest-xdist process (``make test`` runs the suite in several) services of its own.
 
-    Its Redis database, Channels prefix and media folder are its own, so that one process's Celery
+    Its Redis database and Channels prefix (and, below, its media folder) are its own, so that one process's Celery
     workers never take another's tasks and rows with equal ids never share a key or a file. The
     processes its tests start inherit both the rewritten variables and ``PYTEST_XDIST_WORKER``,
     so this runs again there and must change nothing more.
@@ -40,7 +40,6 @@ def _own_per_suite_process() -> None:
     prefix = _suite_service("TANDEM_TEST_CHANNELS_PREFIX")
     if not prefix.endswith(f":{worker}"):
         os.environ["TANDEM_TEST_CHANNELS_PREFIX"] = f"{prefix}:{worker}"
-    os.environ.setdefault("TANDEM_MEDIA_ROOT", str(Path(__file__).resolve().parents[3] / "var" / "media" / worker))
 
 
 _own_per_suite_process()
@@ -82,3 +81,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ALLOWED_HOSTS = ["*"]
 # A Channels prefix of the run's own, shared by the processes it starts (they inherit the variable).
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = _suite_service("TANDEM_TEST_CHANNELS_PREFIX")  # noqa: F405
+# Not through TANDEM_MEDIA_ROOT: the stacks the end-to-end tests start would inherit it instead of their own.
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("TANDEM_MEDIA_ROOT"):
+    MEDIA_ROOT = MEDIA_ROOT / os.environ["PYTEST_XDIST_WORKER"]  # noqa: F405
