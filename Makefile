@@ -117,13 +117,14 @@ PYTEST_ARGS ?=
 # database, Channels prefix and media folder (config.settings.test), its own test database
 # (pytest-django), and the real-model tests take turns on a host lock (tests/conftest.py). More
 # than two hold more stacks in memory at once; 0 runs the suite in pytest's own process.
+# The 25 slowest tests are listed at the end: what to shorten when the suite nears CI's 90 minutes.
 PYTEST_WORKERS ?= 2
 define pytest_on_suite_services
 	@env_file=$$($(PY) -m tests.suite_services start --owner-pid $$$$) || exit 1; \
 	trap 'trap "" INT TERM HUP; $(PY) -m tests.suite_services stop "$$env_file"' EXIT; trap 'exit 130' INT TERM HUP; \
 	echo "tests: own Redis and PostgreSQL for this run in $$(dirname "$$env_file")"; \
 	set -a; . "$$env_file"; set +a; \
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile $(1) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(1) $(PYTEST_ARGS)
 endef
 
 # Everything: end-to-end stacks, the browser, multi-host namespaces, the real model.
