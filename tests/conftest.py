@@ -72,6 +72,7 @@ def _platform_celery_app_is_current():
     from config.celery import app
 
     app.set_current()
+    app.set_default()  # for threads with no current app of their own (a live server's)
 
 
 @pytest.fixture(scope="session")
