@@ -20,17 +20,17 @@ def _suite_service(name: str) -> str:
     return value
 
 
-def _own_per_suite_process() -> None:
+def _own_per_suite_process() -> str:
     """Give this pytest-xdist process (``make test`` runs the suite in several) services of its own.
 
     Its Redis database and Channels prefix (and, below, its media folder) are its own, so that one process's Celery
     workers never take another's tasks and rows with equal ids never share a key or a file. The
     processes its tests start inherit both the rewritten variables and ``PYTEST_XDIST_WORKER``,
-    so this runs again there and must change nothing more.
+    so this runs again there and must change nothing more. Returns the process's name ("gw0"...), or "".
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw") or not worker[2:].isdigit():
-        return
+        return ""
     index = int(worker[2:])
     # Database 0 stays the single-process suite's; Redis has 16 by default.
     if index + 1 > 15:
@@ -40,9 +40,10 @@ def _own_per_suite_process() -> None:
     prefix = _suite_service("TANDEM_TEST_CHANNELS_PREFIX")
     if not prefix.endswith(f":{worker}"):
         os.environ["TANDEM_TEST_CHANNELS_PREFIX"] = f"{prefix}:{worker}"
+    return worker
 
 
-_own_per_suite_process()
+_SUITE_PROCESS = _own_per_suite_process()
 
 # Forced, before base.py reads them: an exported DATABASE_URL or REDIS_URL (a developer's own
 # stack, as the README suggests) never receives the tests' rows, Celery tasks or Channels traffic.
@@ -82,5 +83,5 @@ ALLOWED_HOSTS = ["*"]
 # A Channels prefix of the run's own, shared by the processes it starts (they inherit the variable).
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = _suite_service("TANDEM_TEST_CHANNELS_PREFIX")  # noqa: F405
 # Not through TANDEM_MEDIA_ROOT: the stacks the end-to-end tests start would inherit it instead of their own.
-if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("TANDEM_MEDIA_ROOT"):
-    MEDIA_ROOT = MEDIA_ROOT / os.environ["PYTEST_XDIST_WORKER"]  # noqa: F405
+if _SUITE_PROCESS and not os.environ.get("TANDEM_MEDIA_ROOT"):
+    MEDIA_ROOT = MEDIA_ROOT / _SUITE_PROCESS  # noqa: F405
