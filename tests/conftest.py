@@ -61,20 +61,6 @@ def gemma3() -> Path:
     return GEMMA3_DIR
 
 
-@pytest.fixture(autouse=True)
-def _platform_celery_app_is_current():
-    """Each test starts with the platform's Celery app as the current one, whose tasks it sends.
-
-    Creating any Celery app makes it the process's current app: an earlier test in this pytest
-    process that ran the trainer's entry point, or imported the workers' app, would otherwise
-    send the platform's tasks through that app's broker and settings.
-    """
-    from config.celery import app
-
-    app.set_current()
-    app.set_default()  # for threads with no current app of their own (a live server's)
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     # Read now, not at import: config.settings.test gives each pytest-xdist process a database of its own.

@@ -5,10 +5,14 @@ import os
 from celery import Celery
 from celery.signals import beat_embedded_init, worker_ready, worker_shutdown
 
+from common.tasks import use_platform_app
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
 
 app = Celery("tandem_platform")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Before any app's tasks module is imported: their tasks are defined on this app, and sent through it.
+use_platform_app(app)
 app.autodiscover_tasks()
 
 

@@ -11,10 +11,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from celery import current_app
 from django.db import connection
 
-from config.celery import app as celery_app
 from tests.polling import poll_until
 from tests.processes import stop_process
 
@@ -26,8 +24,7 @@ def platform_queue_worker(queue: str, *, log: Path, env: Mapping[str, str] = {},
                           ready_timeout_s: float = 60) -> Iterator[subprocess.Popen]:
     """A prefork worker of ``queue`` with one child, ready; ``env`` adds to its environment.
 
-    The platform's app is made current meanwhile, so that the code under test sends its tasks
-    through it, and the worker's log is printed at the end (pytest shows it when the test fails).
+    The worker's log is printed at the end (pytest shows it when the test fails).
     """
     db = connection.settings_dict
     worker_env = {
@@ -43,14 +40,11 @@ def platform_queue_worker(queue: str, *, log: Path, env: Mapping[str, str] = {},
              "--concurrency", "1", "--no-beat", "--name", f"{queue}-test-{os.getpid()}@%h"],
             cwd=REPO_ROOT, env=worker_env, stdout=log_file, stderr=subprocess.STDOUT,
         )
-    previous = current_app._get_current_object()
-    celery_app.set_current()
     try:
         poll_until(lambda: b"ready" in log.read_bytes(), timeout_s=ready_timeout_s,
                    what=lambda: log.read_text()[-3000:],
                    between=lambda: process.poll() is None or pytest.fail(log.read_text()[-3000:]))
         yield process
     finally:
-        previous.set_current()
         stop_process(process, grace_s=20)
         print(log.read_text()[-4000:])

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from celery import current_app
 
 from alerts.models import AlertRule, WebhookDelivery
 from alerts.services import alert_rule_create
@@ -66,14 +65,9 @@ def receiver() -> Iterator[Receiver]:
 def eager_tasks(settings):
     """Webhooks to 127.0.0.1 allowed, and Celery tasks run where they are sent, retries included."""
     settings.TANDEM_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]
-    # The platform's tasks are shared tasks, sent through the current Celery app: in a test session
-    # that also imported the workers' app, that one is current unless the platform's is made so.
-    previous = current_app._get_current_object()
-    celery_app.set_current()
     celery_app.conf.task_always_eager = True
     yield
     celery_app.conf.task_always_eager = False
-    previous.set_current()
 
 
 def _closed_port_url() -> str:

@@ -22,13 +22,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from celery import current_app
 from django.db import connection
 from django.utils import timezone
 
 from checkpoints.models import Checkpoint
 from common.tasks import send_task
-from config.celery import app as platform_celery_app
 from environment_registry.models import EnvironmentProbe
 from runs.models import Run
 from runs.services import run_claim_next, run_heartbeat
@@ -88,8 +86,6 @@ def workers(transactional_db, redis_client, redis_url, tmp_path):
         "TANDEM_TRAINER_HEARTBEAT_TIMEOUT_S": "3600",
         "TANDEM_HEALTH_CHECK_INTERVAL_S": "3600",
     }
-    previous = current_app._get_current_object()
-    platform_celery_app.set_current()  # the code under test sends through the platform's app
     try:
         with (
             _process([sys.executable, "-m", "tandem.cli", "platform-worker",
@@ -101,7 +97,6 @@ def workers(transactional_db, redis_client, redis_url, tmp_path):
         ):
             yield platform_worker, export_worker, tmp_path / "export-worker.log"
     finally:
-        previous.set_current()
         redis_client.delete(PROBE_QUEUE)
 
 
