@@ -134,12 +134,23 @@ def _source(function) -> str:
         return ""
 
 
+#: The xdist group of every end-to-end test (``make test`` runs ``--dist loadgroup``). Each starts a whole
+#: stack (web, platform workers, producers, a trainer: a dozen processes importing JAX or Django), and
+#: two at once on a two-core machine slowed the other process's own worker processes past their bounds.
+#: So they take turns in one pytest process, and the other runs the rest of the suite, a file at a time.
+E2E_GROUP = "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist names the groups in the node ids
 def pytest_collection_modifyitems(config, items):
     """The suite's markers (registered in pyproject.toml), put on by where a test lives and what it uses."""
     for item in items:
         path = Path(str(item.path)).resolve()
         if TESTS_DIR / "e2e" in path.parents:
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.xdist_group(E2E_GROUP))
+        else:
+            item.add_marker(pytest.mark.xdist_group(path.relative_to(TESTS_DIR).as_posix()))
         if "smollm2" in item.fixturenames or "gemma3" in item.fixturenames:
             item.add_marker(pytest.mark.real_model)
         sources = _reached_sources(item)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+import redis
 
 from tandem.cli.stack import Credentials, LocalStack, StackConfig
 from tandem.contracts import TRAINER_HEADER
@@ -14,6 +15,7 @@ from tandem.runtime.local_ports import free_local_port
 from tandem.sdk.client import TandemClient
 from tests.e2e.conftest import fresh_database
 from tests.platform.builders import step_event
+from tests.redis_servers import own_redis_server
 
 
 @dataclass
@@ -27,8 +29,11 @@ class Platform:
 
 
 @pytest.fixture(scope="session")
-def platform(tmp_path_factory, redis_url) -> Platform:
-    with fresh_database() as database_url:
+def platform(tmp_path_factory) -> Platform:
+    """The stack lives as long as this pytest process, so it has a Redis of its own: on the suite's, its
+    probes, platform and datasets workers took the tasks of later tests' own worker processes."""
+    with own_redis_server(tmp_path_factory.mktemp("platform-redis")) as redis_url, \
+            fresh_database() as database_url:
         config = StackConfig(redis_url=redis_url, database_url=database_url, port=free_local_port(),
                              workers=1, var_dir=tmp_path_factory.mktemp("tandem-var"))
         stack = LocalStack(config)
@@ -42,6 +47,14 @@ def platform(tmp_path_factory, redis_url) -> Platform:
         stack.stop()
         print("==== web.log (tail) ====")
         print("\n".join((stack.log_dir / "web.log").read_text(errors="replace").splitlines()[-40:]))
+
+
+@pytest.fixture
+def platform_redis(platform) -> redis.Redis:
+    """The platform's Redis, where the trainer writes what the API reads (evaluation progress, say)."""
+    client = redis.Redis.from_url(platform.stack.config.redis_url)
+    yield client
+    client.close()
 
 
 @pytest.fixture

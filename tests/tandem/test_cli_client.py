@@ -281,7 +281,7 @@ def test_eval_create_starts_an_evaluation_only_run_of_a_kept_checkpoint(tandem, 
 
 
 @pytest.fixture
-def progress_keys(redis_client):
+def progress_keys(platform_redis):
     """``write(run_id, received, status)``: the trainer's progress of evaluation 0 of 8 episodes in its hash."""
     written: set[str] = set()
 
@@ -289,14 +289,14 @@ def progress_keys(redis_client):
         key = evaluation_progress_key(run_id)
         if key not in written:
             written.add(key)
-            redis_client.delete(key)  # the same run id in an earlier test database
+            platform_redis.delete(key)  # the same run id in an earlier test database
         progress = EvaluationProgress(evaluation=0, policy_version=0, episodes_expected=8,
                                       episodes_received=received, status=status)
-        redis_client.hset(key, "0", progress.model_dump_json())
+        platform_redis.hset(key, "0", progress.model_dump_json())
 
     yield write
     if written:
-        redis_client.delete(*written)
+        platform_redis.delete(*written)
 
 
 def _finished_run_with_a_kept_checkpoint(platform, client, trainer) -> int:

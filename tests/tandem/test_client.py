@@ -43,7 +43,7 @@ def test_a_run_is_created_shown_listed_and_cancelled(client):
 
 
 def test_a_model_directory_is_evaluated_in_a_run_that_trains_nothing_and_reports_its_progress(
-        client, smollm2, redis_client):
+        client, smollm2, platform_redis):
     run = client.runs.evaluate_model(smollm2, environment="calculator-chat", evaluation={"tasks": 4},
                                      config={"sampling": {"max_new_tokens": 16}, "rl_steps": 9})
 
@@ -53,17 +53,17 @@ def test_a_model_directory_is_evaluated_in_a_run_that_trains_nothing_and_reports
     assert run.config["evaluation"]["tasks"] == 4 and run.config["sampling"]["max_new_tokens"] == 16
     assert run.name == f"evaluation of {smollm2.name}"
     key = evaluation_progress_key(run.id)
-    redis_client.delete(key)  # the same run id in an earlier test database
+    platform_redis.delete(key)  # the same run id in an earlier test database
     try:
         assert client.runs.evaluation_progress(run.id) == []
         for index, received, status in ((1, 3, "running"), (0, 8, "complete")):
-            redis_client.hset(key, str(index), EvaluationProgress(
+            platform_redis.hset(key, str(index), EvaluationProgress(
                 evaluation=index, policy_version=index, episodes_expected=8, episodes_received=received,
                 status=status).model_dump_json())
 
         progress = client.runs.evaluation_progress(run.id)
     finally:
-        redis_client.delete(key)
+        platform_redis.delete(key)
         client.runs.cancel(run.id)
 
     assert [(item.evaluation, item.episodes_received, item.status, item.fraction) for item in progress] == [

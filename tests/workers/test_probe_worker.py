@@ -26,13 +26,16 @@ from tandem.contracts import (
     probe_environment_secrets_key,
     probe_request_key,
 )
+from tests.polling import poll_until
 from tests.processes import stop_processes
 from tests.workers.secret_environments import API_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBE_TIMEOUTS = {"reset": 2.0, "step": 2.0, "close": 2.0}
 HEALTH_INTERVAL_S = 2
-# A worker imports JAX before it takes its first task; the machine may be busy.
+# Bounds for a stuck process, not measures of speed: a worker imports JAX before it is ready, and the
+# machine may be busy.
+READY_TIMEOUT_S = 300
 SETTLE_TIMEOUT_S = 120
 
 
@@ -67,10 +70,20 @@ def processes(django_db_setup, django_db_blocker, redis_url, tmp_path_factory):
         log = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         started[name] = (subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log,
                                           stderr=subprocess.STDOUT), log)
-    yield logs
-    stop_processes([process for process, _ in started.values()], grace_s=20)
-    for _, log in started.values():
-        log.close()
+    try:
+        # Both ready before any test's own wait starts: on a busy machine (another pytest process starting
+        # a stack) starting them took over two minutes of a test's SETTLE_TIMEOUT_S in CI.
+        for name, (process, _) in started.items():
+            log_path = logs / f"{name}.log"
+            poll_until(lambda log_path=log_path: b" ready." in log_path.read_bytes(), timeout_s=READY_TIMEOUT_S,
+                       interval_s=0.5, what=lambda log_path=log_path: log_path.read_text(errors="replace")[-3000:],
+                       between=lambda process=process, log_path=log_path: process.poll() is None or pytest.fail(
+                           f"{log_path.name}: the process exited\n{log_path.read_text(errors='replace')[-3000:]}"))
+        yield logs
+    finally:
+        stop_processes([process for process, _ in started.values()], grace_s=20)
+        for _, log in started.values():
+            log.close()
 
 
 @pytest.fixture
