@@ -113,7 +113,7 @@ services:
 # `make test-fast PYTEST_ARGS=tests/tandem`.
 PYTEST_ARGS ?=
 # Test processes side by side (pytest-xdist), a file each at a time, and the end-to-end tests all in
-# one of them, in turn (their xdist group, tests/conftest.py): much of a test's time is spent
+# one of them, in turn (tests/conftest.py schedules them so): much of a test's time is spent
 # waiting on the processes it starts, so two keep two cores busier than one, and never two stacks. Each has its own Redis
 # database, Channels prefix and media folder (config.settings.test), its own test database
 # (pytest-django), and the real-model tests take turns on a host lock (tests/conftest.py). More
@@ -125,7 +125,7 @@ define pytest_on_suite_services
 	trap 'trap "" INT TERM HUP; $(PY) -m tests.suite_services stop "$$env_file"' EXIT; trap 'exit 130' INT TERM HUP; \
 	echo "tests: own Redis and PostgreSQL for this run in $$(dirname "$$env_file")"; \
 	set -a; . "$$env_file"; set +a; \
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 $(1) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(1) $(PYTEST_ARGS)
 endef
 
 # Everything: end-to-end stacks, the browser, multi-host namespaces, the real model.

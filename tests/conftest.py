@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from xdist.scheduler import LoadScopeScheduling
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: SmolLM2-135M-Instruct as `make models` imports it (make test runs that first).
@@ -134,23 +135,12 @@ def _source(function) -> str:
         return ""
 
 
-#: The xdist group of every end-to-end test (``make test`` runs ``--dist loadgroup``). Each starts a whole
-#: stack (web, platform workers, producers, a trainer: a dozen processes importing JAX or Django), and
-#: two at once on a two-core machine slowed the other process's own worker processes past their bounds.
-#: So they take turns in one pytest process, and the other runs the rest of the suite, a file at a time.
-E2E_GROUP = "e2e"
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist names the groups in the node ids
 def pytest_collection_modifyitems(config, items):
     """The suite's markers (registered in pyproject.toml), put on by where a test lives and what it uses."""
     for item in items:
         path = Path(str(item.path)).resolve()
         if TESTS_DIR / "e2e" in path.parents:
             item.add_marker(pytest.mark.e2e)
-            item.add_marker(pytest.mark.xdist_group(E2E_GROUP))
-        else:
-            item.add_marker(pytest.mark.xdist_group(path.relative_to(TESTS_DIR).as_posix()))
         if "smollm2" in item.fixturenames or "gemma3" in item.fixturenames:
             item.add_marker(pytest.mark.real_model)
         sources = _reached_sources(item)
@@ -203,3 +193,25 @@ def pytest_runtest_protocol(item, nextitem):
         return
     with _host_wide_lock(REAL_MODEL_LOCK, wait_s=REAL_MODEL_LOCK_WAIT_S, item=item):
         yield
+
+
+class _FilesWithTheStacksInTurn(LoadScopeScheduling):
+    """``--dist loadfile``, except that every ``tests/e2e`` file is one unit of work.
+
+    Each end-to-end test starts a whole stack (web, platform workers, producers, a trainer: a dozen
+    processes importing JAX or Django); two at once on a two-core machine slowed the other pytest
+    process's own worker processes past their bounds. So they take turns in one pytest process while
+    the other runs the rest of the suite. (``xdist_group`` marks would say the same, but pytest-xdist
+    3.8's ``--dist loadgroup`` no longer sees them under pytest 9: its node id suffix goes nowhere.)
+    """
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::", 1)[0]
+        return "tests/e2e" if path.startswith("tests/e2e/") else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadfile":
+        return _FilesWithTheStacksInTurn(config, log)
+    return None
+
