@@ -48,3 +48,18 @@ def test_a_process_started_by_a_test_keeps_the_services_it_inherits():
     inherited = {**env, "TANDEM_TEST_REDIS_URL": first[0], "TANDEM_TEST_CHANNELS_PREFIX": first[1],
                  "TANDEM_MEDIA_ROOT": first[2]}
     assert settings_in_child(inherited) == first
+
+
+def test_the_end_to_end_files_are_one_unit_of_work_and_every_other_file_its_own():
+    from tests.conftest import _FilesWithTheStacksInTurn
+
+    scheduler = object.__new__(_FilesWithTheStacksInTurn)  # its scopes need none of a live run's state
+    scopes = {nodeid: scheduler._split_scope(nodeid) for nodeid in (
+        "tests/e2e/test_pipeline.py::test_a", "tests/e2e/test_restarts.py::test_b[1]",
+        "tests/platform/test_runs_api.py::test_c", "tests/platform/test_runs_api.py::Suite::test_d",
+        "tests/test_task_table.py::test_e")}
+    assert scopes == {
+        "tests/e2e/test_pipeline.py::test_a": "tests/e2e", "tests/e2e/test_restarts.py::test_b[1]": "tests/e2e",
+        "tests/platform/test_runs_api.py::test_c": "tests/platform/test_runs_api.py",
+        "tests/platform/test_runs_api.py::Suite::test_d": "tests/platform/test_runs_api.py",
+        "tests/test_task_table.py::test_e": "tests/test_task_table.py"}
