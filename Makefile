@@ -113,9 +113,9 @@ services:
 # `make test-fast PYTEST_ARGS=tests/tandem`.
 PYTEST_ARGS ?=
 # Test processes side by side (pytest-xdist), a file each at a time, and the end-to-end tests all in
-# one of them, in turn (tests/conftest.py schedules them so): much of a test's time is spent
-# waiting on the processes it starts, so two keep two cores busier than one, and never two stacks. Each has its own Redis
-# database, Channels prefix and media folder (config.settings.test), its own test database
+# one of them, in turn (tests/conftest.py schedules them so): much of a test's time is spent waiting
+# on the processes it starts, so two keep two cores busier than one, and never two stacks. Each has
+# its own Redis database, Channels prefix and media folder (config.settings.test), its own test database
 # (pytest-django), and the real-model tests take turns on a host lock (tests/conftest.py). More
 # than two hold more stacks in memory at once; 0 runs the suite in pytest's own process.
 # The 25 slowest tests are listed at the end: what to shorten when the suite nears CI's 90 minutes.

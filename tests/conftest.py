@@ -211,7 +211,7 @@ class _FilesWithTheStacksInTurn(LoadScopeScheduling):
 
 
 def pytest_xdist_make_scheduler(config, log):
+    """The suite's own scheduler for ``--dist loadfile`` (``make test``); xdist's for any other mode."""
     if config.getvalue("dist") == "loadfile":
         return _FilesWithTheStacksInTurn(config, log)
     return None
-
