@@ -10,11 +10,9 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import pytest
 from django.db import connection
 
-from tests.polling import poll_until
-from tests.processes import stop_process
+from tests.processes import stop_process, wait_for_celery_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,9 +39,7 @@ def platform_queue_worker(queue: str, *, log: Path, env: Mapping[str, str] = {},
             cwd=REPO_ROOT, env=worker_env, stdout=log_file, stderr=subprocess.STDOUT,
         )
     try:
-        poll_until(lambda: b"ready" in log.read_bytes(), timeout_s=ready_timeout_s,
-                   what=lambda: log.read_text()[-3000:],
-                   between=lambda: process.poll() is None or pytest.fail(log.read_text()[-3000:]))
+        wait_for_celery_ready(process, log, timeout_s=ready_timeout_s)
         yield process
     finally:
         stop_process(process, grace_s=20)

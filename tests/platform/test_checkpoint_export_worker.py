@@ -40,6 +40,7 @@ from tandem.contracts import (
 )
 from tandem.runtime.process_reports import live_process_reports
 from tests.polling import poll_until
+from tests.processes import wait_for_celery_ready
 from tests.trainer.factories import save_checkpoints
 from trainer.checkpoints import RunCheckpointer
 
@@ -58,8 +59,7 @@ def _process(command: list[str], *, log: Path, env: Mapping[str, str]) -> Iterat
         process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env},
                                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        poll_until(lambda: b"ready" in log.read_bytes(), timeout_s=DEADLINE_S, what=lambda: log.read_text()[-3000:],
-                   between=lambda: process.poll() is None or pytest.fail(log.read_text()[-3000:]))
+        wait_for_celery_ready(process, log, timeout_s=DEADLINE_S)
         yield process
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -26,8 +26,7 @@ from tandem.contracts import (
     probe_environment_secrets_key,
     probe_request_key,
 )
-from tests.polling import poll_until
-from tests.processes import stop_processes
+from tests.processes import stop_processes, wait_for_celery_ready
 from tests.workers.secret_environments import API_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -74,11 +73,7 @@ def processes(django_db_setup, django_db_blocker, redis_url, tmp_path_factory):
         # Both ready before any test's own wait starts: on a busy machine (another pytest process starting
         # a stack) starting them took over two minutes of a test's SETTLE_TIMEOUT_S in CI.
         for name, (process, _) in started.items():
-            log_path = logs / f"{name}.log"
-            poll_until(lambda log_path=log_path: b" ready." in log_path.read_bytes(), timeout_s=READY_TIMEOUT_S,
-                       interval_s=0.5, what=lambda log_path=log_path: log_path.read_text(errors="replace")[-3000:],
-                       between=lambda process=process, log_path=log_path: process.poll() is None or pytest.fail(
-                           f"{log_path.name}: the process exited\n{log_path.read_text(errors='replace')[-3000:]}"))
+            wait_for_celery_ready(process, logs / f"{name}.log", timeout_s=READY_TIMEOUT_S)
         yield logs
     finally:
         stop_processes([process for process, _ in started.values()], grace_s=20)
