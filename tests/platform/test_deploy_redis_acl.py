@@ -174,7 +174,7 @@ def test_a_rollout_worker_consumes_celery_tasks_under_its_user_with_no_denial(ac
             stdout=output, stderr=subprocess.STDOUT)
     try:
         for user, queue in (("tandem-trainer", ROLLOUT_QUEUE), ("tandem-platform", PROBE_QUEUE)):
-            sender = Celery(broker=_url(acl_redis, user), set_as_current=False)  # the platform's stays current
+            sender = Celery(broker=_url(acl_redis, user))
             sender.send_task("tandem.test.acl_probe", args=[1], queue=queue)
             sender.close()
         def worker_runs() -> None:

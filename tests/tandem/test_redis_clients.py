@@ -67,8 +67,7 @@ def test_a_task_sent_while_redis_is_down_is_queued_once_it_is_back(restartable_r
     rollouts raised OperationalError and failed its run (seen in CI: tests/e2e/test_restarts.py)."""
     port, restart_after = restartable_redis
     url = f"redis://127.0.0.1:{port}/0"
-    # Not the process's current app: the platform's tasks, later in this pytest process, send through that.
-    app = Celery("publishing_test", broker=url, set_as_current=False)
+    app = Celery("publishing_test", broker=url)
     app.conf.update(task_serializer="json", accept_content=["json"], **durable_task_publishing(url))
     app.send_task("tandem.test.before", args=[1], queue="publishing-test")
 
