@@ -16,7 +16,8 @@ policy's), computes the reference's log-probs as the trainer does, compiles the 
 - ``tokens_per_s``: the batch's real tokens over the timed update's wall time;
 - ``padding_fraction``: the share of the slots the step computed that was padding (the batch's rows
   and the empty rows that fill its last micro-batch); ``rows``: the batch's rows (fewer than the
-  episodes with ``--pack``, which packs them several to a row).
+  episodes with ``--pack``, which packs them several to a row, of ``--pack-row-tokens`` where given);
+  ``row_tokens``: their length.
 
 ``unchunked`` runs today's step before this change on the counts up to ``--unchunked-max``: the whole
 batch at once, no remat, and log-probs from the full ``[B, T, V]`` logits. A count whose plan (the whole
@@ -32,7 +33,7 @@ the first process's resident high-water mark with its engine.
 
 Usage: ``python bench/train_memory.py [--models smollm2-135m] [--episodes 16,64,256] [--tokens 1024]
 [--micro-batch-tokens 4096] [--remat full] [--logits-chunk-tokens 4096] [--unchunked-max 16] [--pack]
-[--no-producers]``. Prints one JSON line, and each measurement as it ends on stderr. Gemma 3 270M is built from its shape (bench/train_step.py), sliding layers and all.
+[--pack-row-tokens 1408] [--no-producers]``. Prints one JSON line, and each measurement as it ends on stderr. Gemma 3 270M is built from its shape (bench/train_step.py), sliding layers and all.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def _arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--logits-chunk-tokens", type=int, default=4096)
     parser.add_argument("--pack", action="store_true",
                         help="pack the episodes several to a row (memory.pack_episodes)")
+    parser.add_argument("--pack-row-tokens", type=int, default=None,
+                        help="with --pack, rows of this many tokens (memory.pack_row_tokens)")
     parser.add_argument("--unchunked-max", type=int, default=16,
                         help="run today's unchunked step on counts up to this (0: none)")
     parser.add_argument("--no-producers", dest="producers", action="store_false",
@@ -77,7 +80,8 @@ def _run_config(model: str, episodes: int, arguments: argparse.Namespace, *, unc
     memory = ({"micro_batch_tokens": None, "remat": "none", "logits_chunk_tokens": episodes * arguments.tokens}
               if unchunked else
               {"micro_batch_tokens": arguments.micro_batch_tokens, "remat": arguments.remat,
-               "logits_chunk_tokens": arguments.logits_chunk_tokens})
+               "logits_chunk_tokens": arguments.logits_chunk_tokens, "pack_episodes": arguments.pack,
+               "pack_row_tokens": arguments.pack_row_tokens if arguments.pack else None})
     group_size = min(8, episodes)
     return RunConfig.model_validate({
         "model": {**shape.config.model_dump(), "max_seq_len": arguments.tokens},
@@ -151,7 +155,8 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     advantages = rng.standard_normal(episodes).tolist()
     if arguments.pack and not unchunked:
         batch = pack_batch(sequences, loss_masks=masks, behaviour_logprobs=behaviour, advantages=advantages,
-                           length_buckets=(arguments.tokens,), pad_id=0)
+                           length_buckets=(arguments.tokens,), pad_id=0,
+                           row_tokens=config.memory.pack_row_tokens)
     else:
         batch = pad_batch(sequences, loss_masks=masks, behaviour_logprobs=behaviour, advantages=advantages,
                           batch_size=episodes, length_buckets=(arguments.tokens,), pad_id=0)
@@ -188,8 +193,9 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
         "padding_fraction": 1.0 - tokens / computed_slots(batch, config.memory.micro_batch_tokens),
         "rows": int(batch.tokens.shape[0]),
         # As the step splits this batch (the plan counts a row per episode).
+        "row_tokens": int(batch.tokens.shape[1]),
         "micro_batches": -(-int(batch.tokens.shape[0]) // micro_batch_rows(
-            int(batch.tokens.shape[0]), arguments.tokens, config.memory.micro_batch_tokens)),
+            int(batch.tokens.shape[0]), int(batch.tokens.shape[1]), config.memory.micro_batch_tokens)),
         "loss": float(metrics["loss"]),
     }
 
@@ -255,7 +261,8 @@ def _in_child(model: str, episodes: int, arguments: argparse.Namespace, *, unchu
                                                                  "unchunked": unchunked}),
                "--tokens", str(arguments.tokens), "--micro-batch-tokens", str(arguments.micro_batch_tokens),
                "--remat", arguments.remat, "--logits-chunk-tokens", str(arguments.logits_chunk_tokens),
-               *(["--pack"] if arguments.pack else [])]
+               *(["--pack"] if arguments.pack else []),
+               *(["--pack-row-tokens", str(arguments.pack_row_tokens)] if arguments.pack_row_tokens else [])]
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
         # Killed for memory (-9) or failed: recorded, not hidden.
@@ -294,6 +301,7 @@ def main(argv=None) -> None:
     print(json.dumps({
         "bench": "train_memory", "tokens": arguments.tokens, "micro_batch_tokens": arguments.micro_batch_tokens,
         "remat": arguments.remat, "logits_chunk_tokens": arguments.logits_chunk_tokens, "pack": arguments.pack,
+        "pack_row_tokens": arguments.pack_row_tokens,
         "sizes": sizes, "unchunked": unchunked,
         "producer_warmup_s": {model: result.get("warmup_s", result) for model, result in producers.items()},
         "producer_peak_bytes": {model: result.get("peak_bytes") for model, result in producers.items()},

@@ -345,6 +345,7 @@ class Algorithm:
         pad_id: int,
         reference: ReferencePolicy | None = None,
         pack_row_multiple: int | None = None,
+        pack_row_tokens: int | None = None,
     ) -> TrainBatch:
         """Pad prepared episodes into a TrainBatch with every extra :attr:`loss_fn` reads.
 
@@ -352,8 +353,9 @@ class Algorithm:
         goes on the last policy token that survives the cut. With a KL
         penalty, ``reference`` is required and its log-probs are computed
         here, outside the train step. With ``pack_row_multiple`` the episodes are
-        packed several to a row (:func:`trainer.train_batch.pack_batch`, rows a multiple of it)
-        instead of one to each of ``batch_size`` rows; the losses give the same result.
+        packed several to a row (:func:`trainer.train_batch.pack_batch`, rows a multiple of it, of
+        ``pack_row_tokens`` or the longest episode's bucket) instead of one to each of ``batch_size``
+        rows; the losses give the same result.
         """
         if self.needs_reference and reference is None:
             raise ValueError(f"{self.config.name} with a KL penalty needs the reference policy")
@@ -375,7 +377,7 @@ class Algorithm:
         }
         sequences = [record.token_ids[:max_len] for record in records]
         if pack_row_multiple is not None:
-            batch = pack_batch(sequences, **common, row_multiple=pack_row_multiple)
+            batch = pack_batch(sequences, **common, row_multiple=pack_row_multiple, row_tokens=pack_row_tokens)
         else:
             batch = pad_batch(sequences, **common, batch_size=batch_size)
         extras = dict(batch.extras)

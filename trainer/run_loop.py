@@ -585,6 +585,7 @@ class RunTrainer:
                     prepared, batch_size=config.rollout.episodes_per_step, length_buckets=self._buckets,
                     pad_id=self.tokenizer.pad_id, reference=self.reference,
                     pack_row_multiple=self.learner.batch_ways if config.memory.pack_episodes else None,
+                    pack_row_tokens=config.memory.pack_row_tokens,
                 )
             learning_rate = config.schedule.learning_rate_at(
                 base=config.rl_learning_rate, step=self._rl_steps_done, total_steps=config.rl_steps)

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tandem.configs.memory import packed_row_tokens
+
 
 @flax.struct.dataclass
 class TrainBatch:
@@ -170,9 +172,11 @@ def pack_batch(
     length_buckets: tuple[int, ...],
     pad_id: int,
     row_multiple: int = 1,
+    row_tokens: int | None = None,
     token_extras: dict[str, list[list[float]]] | None = None,
 ) -> TrainBatch:
-    """Episodes packed several to a row of the smallest length bucket that holds the longest.
+    """Episodes packed several to a row of ``row_tokens`` (``memory.pack_row_tokens``), or of the smallest
+    length bucket that holds the longest where that is longer or no row length is given.
 
     Each episode keeps what it has alone: its own segment ids (tokens attend only within them),
     positions from 0, its loss mask, behaviour log-probs and advantage (``advantages[:, k]`` of
@@ -189,7 +193,7 @@ def pack_batch(
     token_extras = token_extras or {}
     _check_lengths(sequences, loss_masks=loss_masks, behaviour_logprobs=behaviour_logprobs,
                    advantages=advantages, token_extras=token_extras)
-    length = _length_bucket(sequences, length_buckets)
+    length = packed_row_tokens(_length_bucket(sequences, length_buckets), row_tokens)
     free: list[int] = []  # each row's free slots
     rows: list[list[int]] = []
     for index in sorted(range(len(sequences)), key=lambda index: -len(sequences[index])):

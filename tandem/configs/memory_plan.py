@@ -12,11 +12,12 @@ weights: the architecture comes from the config, or from the checkpoint's ``conf
 - the gradients and Adam's two moments of the trained parameters (the LoRA adapters only, with LoRA),
   in the parameters' dtype; with micro-batches, a float32 accumulator of the gradients too;
 
-and, for one micro-batch at a time (``memory.micro_batch_tokens`` of the longest length bucket, or the
-whole step), the activations its backward pass keeps under ``memory.remat``, and the float32 logits of
-``memory.logits_chunk_tokens`` tokens: :data:`LOGITS_BUFFERS` of them by the trainer's device platform,
-three (the logits, their softmax and its gradient) where it is not known. The largest batch is taken: every
-episode of a step (``rollout.groups_per_step x rollout.group_size``) at ``model.max_seq_len`` tokens.
+and, for one micro-batch at a time (``memory.micro_batch_tokens`` of rows of the longest length bucket,
+or of ``memory.pack_row_tokens`` where packed rows are longer; or the whole step), the activations its
+backward pass keeps under ``memory.remat``, and the float32 logits of ``memory.logits_chunk_tokens``
+tokens: :data:`LOGITS_BUFFERS` of them by the trainer's device platform, three (the logits, their softmax
+and its gradient) where it is not known. The largest batch is taken: every episode of a step
+(``rollout.groups_per_step x rollout.group_size``) in a row of its own.
 
 **A producer's engine** holds the weights, the KV cache of its slots
 (:func:`tandem.configs.quotas.kv_cache_bytes`) and the float32 logits of one decode step of every slot.
@@ -31,7 +32,7 @@ import dataclasses
 import math
 from typing import Any
 
-from tandem.configs.memory import budget_rows
+from tandem.configs.memory import budget_rows, packed_row_tokens
 from tandem.configs.quotas import (
     DTYPE_BYTES,
     Architecture,
@@ -144,6 +145,9 @@ def trainer_memory_plan(config: dict[str, Any], *, arch: Architecture | None = N
     memory = config.get("memory") or {}
     rows = max(rollout["groups_per_step"] * rollout["group_size"], config.get("sft_batch_size", 0))
     length = int(config["model"]["max_seq_len"])
+    if memory.get("pack_episodes"):
+        # Packed rows are at least this long; a row holds one or more episodes, so rows stay at most one per episode.
+        length = packed_row_tokens(length, memory.get("pack_row_tokens"))
     # The largest micro-batch the budget allows: the step may split a batch finer, never coarser.
     rows_each = budget_rows(rows, length, memory.get("micro_batch_tokens"))
     micro_batches = math.ceil(rows / rows_each)

@@ -129,3 +129,18 @@ def test_micro_batches_leave_the_fewest_empty_rows_the_budget_allows():
     # Within the budget, and whole when it fits.
     assert micro_batch_rows(6, 16, 8 * 16) == 6 and micro_batch_rows(6, 16, None) == 6
     assert budget_rows(10, 1024, 8 * 1024) == 8 and budget_rows(10, 1024, 100) == 1
+
+
+def test_packed_rows_longer_than_the_longest_episode_are_what_a_micro_batch_holds(monkeypatch):
+    rollout = {"groups_per_step": 2, "group_size": 8}
+    in_buckets = _smollm2_plan(monkeypatch, rollout=rollout,
+                               memory={"pack_episodes": True, "micro_batch_tokens": 4096})
+    in_longer_rows = _smollm2_plan(monkeypatch, rollout=rollout,
+                                   memory={"pack_episodes": True, "pack_row_tokens": 1408, "micro_batch_tokens": 4096})
+    assert (in_buckets.length_tokens, in_buckets.micro_batch_rows) == (1024, 4)
+    assert (in_longer_rows.length_tokens, in_longer_rows.micro_batch_rows) == (1408, 2)
+    # Unpacked, the setting cannot be given; packed rows shorter than an episode give way to its length.
+    with pytest.raises(ValueError, match="memory.pack_row_tokens .* needs memory.pack_episodes true"):
+        _config(memory={"pack_row_tokens": 1408})
+    shorter = _smollm2_plan(monkeypatch, memory={"pack_episodes": True, "pack_row_tokens": 512})
+    assert shorter.length_tokens == 1024

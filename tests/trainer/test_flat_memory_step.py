@@ -53,9 +53,9 @@ GEMMA3_SHAPED = dataclasses.replace(
 
 
 def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8, config: TransformerConfig = CONFIG,
-                     pack: bool = False):
+                     pack: bool = False, pack_row_tokens: int | None = None):
     """The case's algorithm, a model's graphdef and state (SGD), and a step's batch with every extra
-    (with ``pack``, its episodes packed several to a row)."""
+    (with ``pack``, its episodes packed several to a row, of ``pack_row_tokens`` where given)."""
     algorithm = build_algorithm(AlgorithmConfig.model_validate(CASES[case]), max_policy_tokens=8,
                                 temperature=0.8, logits_chunk_tokens=logits_chunk_tokens)
     model = Transformer(config, rngs=nnx.Rngs(0))
@@ -72,7 +72,7 @@ def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8, config: Transfo
     prepared = algorithm.prepare(_on_policy_groups(graphdef, state.params))
     batch = algorithm.batch(prepared, batch_size=ROWS, length_buckets=BUCKETS, pad_id=PAD_ID,
                             reference=ReferencePolicy(graphdef, reference_params) if algorithm.needs_reference
-                            else None, pack_row_multiple=1 if pack else None)
+                            else None, pack_row_multiple=1 if pack else None, pack_row_tokens=pack_row_tokens)
     return algorithm, graphdef, state, optimizer, batch
 
 
@@ -309,3 +309,30 @@ def test_packing_keeps_each_episode_as_it_is_alone():
     with pytest.raises(ValueError, match="sequence 1 has 5 tokens but its loss mask has 4"):
         pack_batch(sequences, loss_masks=[[0, 1, 1], [0, 1, 1, 1], [0, 1, 0, 1]], behaviour_logprobs=None,
                    advantages=None, length_buckets=(8,), pad_id=0)
+
+
+def test_rows_of_a_set_length_pack_tighter_and_give_the_same_step():
+    # Episodes of 5, 4 and 3 tokens: rows of their bucket (8) hold them in 2 rows with 4 slots of
+    # padding; rows of 12 (memory.pack_row_tokens) hold all three in one, with none.
+    sequences = [[5, 6, 7], [1, 2, 3, 4, 9], [8, 8, 8, 8]]
+    common = {"loss_masks": [[0, 1, 1], [0, 1, 1, 1, 1], [0, 1, 0, 1]], "behaviour_logprobs": None,
+              "advantages": [0.5, -1.0, 2.0], "length_buckets": (8,), "pad_id": 0}
+    in_buckets = pack_batch(sequences, **common)
+    in_longer_rows = pack_batch(sequences, **common, row_tokens=12)
+    assert in_buckets.tokens.shape == (2, 8) and in_longer_rows.tokens.shape == (1, 12)
+    np.testing.assert_array_equal(in_longer_rows.episodes, [[1] * 5 + [2] * 4 + [3] * 3])
+    np.testing.assert_array_equal(in_longer_rows.positions, [[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]])
+    # A row length shorter than the longest episode's bucket gives way to the bucket.
+    assert pack_batch(sequences, **common, row_tokens=4).tokens.shape == (2, 8)
+
+
+@pytest.mark.parametrize("case", ["grpo_kl_token_tis", "ppo_kl", "dr_grpo_kl"])
+def test_a_batch_packed_into_longer_rows_gives_the_loss_and_gradients_of_the_unpacked_one(case):
+    algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case)
+    *_, packed = _algorithm_batch(case, pack=True, pack_row_tokens=3 * BUCKETS[0])
+    assert packed.tokens.shape[1] == 3 * BUCKETS[0] and int(jnp.max(packed.episodes)) > 2
+    assert batch_tokens(packed) == batch_tokens(batch)
+
+    unpacked = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
+    _assert_same_step(unpacked, _one_step(graphdef, state, optimizer, algorithm.loss_fn, packed))
+    assert unpacked[1]["grad_norm"] > 0
