@@ -33,7 +33,7 @@ the first process's resident high-water mark with its engine.
 
 Usage: ``python bench/train_memory.py [--models smollm2-135m] [--episodes 16,64,256] [--tokens 1024]
 [--micro-batch-tokens 4096] [--remat full] [--logits-chunk-tokens 4096] [--unchunked-max 16] [--pack]
-[--pack-row-tokens 1408] [--no-producers]``. Prints one JSON line, and each measurement as it ends on stderr. Gemma 3 270M is built from its shape (bench/train_step.py), sliding layers and all.
+[--pack-row-tokens 1408 | --pack-padding-target 0.1] [--no-producers]``. Prints one JSON line, and each measurement as it ends on stderr. Gemma 3 270M is built from its shape (bench/train_step.py), sliding layers and all.
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ def _arguments(argv=None) -> argparse.Namespace:
                         help="pack the episodes several to a row (memory.pack_episodes)")
     parser.add_argument("--pack-row-tokens", type=int, default=None,
                         help="with --pack, rows of this many tokens (memory.pack_row_tokens)")
+    parser.add_argument("--pack-padding-target", type=float, default=None,
+                        help="with --pack, rows as long as it takes to compute at most this share of padding "
+                        "(memory.pack_padding_target)")
+    parser.add_argument("--attention-query-chunk", type=int, default=None,
+                        help="queries attended at once in the full forward (policy.model); default the model's")
     parser.add_argument("--unchunked-max", type=int, default=16,
                         help="run today's unchunked step on counts up to this (0: none)")
     parser.add_argument("--no-producers", dest="producers", action="store_false",
@@ -81,7 +86,8 @@ def _run_config(model: str, episodes: int, arguments: argparse.Namespace, *, unc
               if unchunked else
               {"micro_batch_tokens": arguments.micro_batch_tokens, "remat": arguments.remat,
                "logits_chunk_tokens": arguments.logits_chunk_tokens, "pack_episodes": arguments.pack,
-               "pack_row_tokens": arguments.pack_row_tokens if arguments.pack else None})
+               "pack_row_tokens": arguments.pack_row_tokens if arguments.pack else None,
+               "pack_padding_target": arguments.pack_padding_target if arguments.pack else None})
     group_size = min(8, episodes)
     return RunConfig.model_validate({
         "model": {**shape.config.model_dump(), "max_seq_len": arguments.tokens},
@@ -113,6 +119,10 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     from trainer.train_step import computed_slots, make_train_step
 
     shape = MODEL_SIZES[model]
+    if arguments.attention_query_chunk:
+        import policy.model
+
+        policy.model.ATTENTION_QUERY_CHUNK_TOKENS = arguments.attention_query_chunk
     config = RunConfig.model_validate(_run_config(model, episodes, arguments, unchunked=unchunked))
     transformer = shape.transformer(config.model)
     # The plan reads the architecture from a checkpoint's config.json; here it is the shape's, vocabulary included.
@@ -156,7 +166,9 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     if arguments.pack and not unchunked:
         batch = pack_batch(sequences, loss_masks=masks, behaviour_logprobs=behaviour, advantages=advantages,
                            length_buckets=(arguments.tokens,), pad_id=0,
-                           row_tokens=config.memory.pack_row_tokens)
+                           row_tokens=config.memory.pack_row_tokens,
+                           padding_target=config.memory.pack_padding_target,
+                           micro_batch_tokens=config.memory.micro_batch_tokens)
     else:
         batch = pad_batch(sequences, loss_masks=masks, behaviour_logprobs=behaviour, advantages=advantages,
                           batch_size=episodes, length_buckets=(arguments.tokens,), pad_id=0)
@@ -168,6 +180,8 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     started = time.perf_counter()
     compiled_step = step.compiled(state, batch)
     compile_s = time.perf_counter() - started
+    # The high-water mark so far (the compilation's included), then reset: the step's own comes next.
+    compile_peak = _resident_high_water_mark(reset=True)
     started = time.perf_counter()
     state, metrics = compiled_step(state, batch)
     jax.block_until_ready(metrics)
@@ -184,6 +198,9 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
             "temp", "argument", "output", "alias", "generated_code")} if analysis is not None else None,
         "planned_parts": {name: value for name, value in dataclasses.asdict(plan).items() if name.endswith("_bytes")},
         "peak_source": "device_in_use_and_reserved" if device_peak else "process_rss",
+        # On a CPU: the process's high-water mark up to the compiled step, and during the step alone.
+        "compile_peak_bytes": compile_peak,
+        "step_peak_bytes": _resident_high_water_mark(reset=False),
         "device_memory_stats": {key: device[key] for key in ("peak_bytes_in_use", "peak_bytes_reserved",
                                                               "bytes_limit") if key in device},
         "planned_peak_bytes": plan.peak_bytes,
@@ -198,6 +215,19 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
             int(batch.tokens.shape[0]), int(batch.tokens.shape[1]), config.memory.micro_batch_tokens)),
         "loss": float(metrics["loss"]),
     }
+
+
+def _resident_high_water_mark(*, reset: bool) -> int | None:
+    """This process's resident high-water mark (``VmHWM``), reset after reading with ``reset``; None
+    where /proc does not tell it. Writing 5 to ``clear_refs`` resets it (Linux 4.0 and later)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        peak = next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
+        if reset:
+            Path("/proc/self/clear_refs").write_text("5")
+    except (OSError, StopIteration):
+        return None
+    return peak
 
 
 def _available_memory_bytes() -> int:
@@ -262,7 +292,11 @@ def _in_child(model: str, episodes: int, arguments: argparse.Namespace, *, unchu
                "--tokens", str(arguments.tokens), "--micro-batch-tokens", str(arguments.micro_batch_tokens),
                "--remat", arguments.remat, "--logits-chunk-tokens", str(arguments.logits_chunk_tokens),
                *(["--pack"] if arguments.pack else []),
-               *(["--pack-row-tokens", str(arguments.pack_row_tokens)] if arguments.pack_row_tokens else [])]
+               *(["--pack-row-tokens", str(arguments.pack_row_tokens)] if arguments.pack_row_tokens else []),
+               *(["--pack-padding-target", str(arguments.pack_padding_target)]
+                 if arguments.pack_padding_target is not None else []),
+               *(["--attention-query-chunk", str(arguments.attention_query_chunk)]
+                 if arguments.attention_query_chunk else [])]
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
         # Killed for memory (-9) or failed: recorded, not hidden.
@@ -301,7 +335,7 @@ def main(argv=None) -> None:
     print(json.dumps({
         "bench": "train_memory", "tokens": arguments.tokens, "micro_batch_tokens": arguments.micro_batch_tokens,
         "remat": arguments.remat, "logits_chunk_tokens": arguments.logits_chunk_tokens, "pack": arguments.pack,
-        "pack_row_tokens": arguments.pack_row_tokens,
+        "pack_row_tokens": arguments.pack_row_tokens, "pack_padding_target": arguments.pack_padding_target,
         "sizes": sizes, "unchunked": unchunked,
         "producer_warmup_s": {model: result.get("warmup_s", result) for model, result in producers.items()},
         "producer_peak_bytes": {model: result.get("peak_bytes") for model, result in producers.items()},

@@ -47,7 +47,7 @@ import numpy as np
 from flax import nnx
 
 from policy.tokenizer import VOCAB_SIZE as BYTE_VOCAB_SIZE
-from tandem.configs.memory import RematPolicy
+from tandem.configs.memory import ATTENTION_QUERY_CHUNK_TOKENS, RematPolicy
 from tandem.configs.model import (
     PARAM_DTYPES,
     AttentionKind,
@@ -362,6 +362,38 @@ def _attend(
     return output.reshape(batch_size, length, num_heads, head_dim).astype(query.dtype)
 
 
+def _attend_in_query_chunks(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    key_mask: jax.Array,
+    *,
+    scale: float,
+    window: int | None,
+    chunk: int,
+) -> jax.Array:
+    """:func:`_attend` of a full forward (query slot ``i`` is sequence slot ``i``), ``chunk`` queries at a time.
+
+    Each chunk attends only to the keys that causality and the window leave it: those before its last
+    slot, and for a sliding layer none ``window`` or more slots before its first. Keys left out would
+    have had exactly zero weight (their masked score underflows), so real tokens get what the whole
+    ``[T, T]`` attention gives them, up to float rounding. Each chunk is checkpointed: its backward pass
+    recomputes its scores, so no more than one chunk's ``[chunk, keys]`` scores exist at once.
+    """
+    batch_size, length = query.shape[:2]
+    attend = jax.checkpoint(functools.partial(_attend, scale=scale, window=window))
+    outputs = []
+    for start in range(0, length, chunk):
+        end = min(start + chunk, length)
+        first_key = 0 if window is None else max(0, start - window + 1)
+        # Slots relative to the first key kept: causality and the window compare differences of slots.
+        query_slots = jnp.broadcast_to(jnp.arange(start - first_key, end - first_key, dtype=jnp.int32),
+                                       (batch_size, end - start))
+        outputs.append(attend(query[:, start:end], key[:, :, first_key:end], value[:, :, first_key:end],
+                              query_slots, key_mask[:, first_key:end]))
+    return jnp.concatenate(outputs, axis=1)
+
+
 def _attend_one_query(
     query: jax.Array,
     key: jax.Array,
@@ -494,17 +526,21 @@ class Attention(nnx.Module):
 
         steps = jnp.arange(length, dtype=jnp.int32)
         key, value = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)  # see KVCache
-        if layer_cache is None:
+        if layer_cache is None and length > ATTENTION_QUERY_CHUNK_TOKENS:
+            attended = _attend_in_query_chunks(query, key, value, key_mask, scale=self.scale, window=self.window,
+                                               chunk=ATTENTION_QUERY_CHUNK_TOKENS)
+            new_cache = None
+        elif layer_cache is None:
             query_slots = jnp.broadcast_to(steps, (batch_size, length))
             new_cache = None
+            attended = _attend(query, key, value, query_slots, key_mask, scale=self.scale, window=self.window)
         else:
             # cache_index is [B] here (Transformer.decode broadcasts a scalar).
             key = _write_rows(layer_cache["key"], key, cache_index)
             value = _write_rows(layer_cache["value"], value, cache_index)
             query_slots = cache_index[:, None] + steps[None, :]
             new_cache = {"key": key, "value": value}
-
-        attended = _attend(query, key, value, query_slots, key_mask, scale=self.scale, window=self.window)
+            attended = _attend(query, key, value, query_slots, key_mask, scale=self.scale, window=self.window)
         return _per_token(self.output, attended.reshape(batch_size, length, -1)), new_cache
 
 

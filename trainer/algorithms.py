@@ -346,6 +346,7 @@ class Algorithm:
         reference: ReferencePolicy | None = None,
         pack_row_multiple: int | None = None,
         pack_row_tokens: int | None = None,
+        pack_padding_target: float | None = None,
     ) -> TrainBatch:
         """Pad prepared episodes into a TrainBatch with every extra :attr:`loss_fn` reads.
 
@@ -354,8 +355,8 @@ class Algorithm:
         penalty, ``reference`` is required and its log-probs are computed
         here, outside the train step. With ``pack_row_multiple`` the episodes are
         packed several to a row (:func:`trainer.train_batch.pack_batch`, rows a multiple of it, of
-        ``pack_row_tokens`` or the longest episode's bucket) instead of one to each of ``batch_size``
-        rows; the losses give the same result.
+        ``pack_row_tokens``, of the length ``pack_padding_target`` chooses, or of the longest episode's
+        bucket) instead of one to each of ``batch_size`` rows; the losses give the same result.
         """
         if self.needs_reference and reference is None:
             raise ValueError(f"{self.config.name} with a KL penalty needs the reference policy")
@@ -377,7 +378,8 @@ class Algorithm:
         }
         sequences = [record.token_ids[:max_len] for record in records]
         if pack_row_multiple is not None:
-            batch = pack_batch(sequences, **common, row_multiple=pack_row_multiple, row_tokens=pack_row_tokens)
+            batch = pack_batch(sequences, **common, row_multiple=pack_row_multiple, row_tokens=pack_row_tokens,
+                               padding_target=pack_padding_target, micro_batch_tokens=self.micro_batch_tokens)
         else:
             batch = pad_batch(sequences, **common, batch_size=batch_size)
         extras = dict(batch.extras)

@@ -586,6 +586,7 @@ class RunTrainer:
                     pad_id=self.tokenizer.pad_id, reference=self.reference,
                     pack_row_multiple=self.learner.batch_ways if config.memory.pack_episodes else None,
                     pack_row_tokens=config.memory.pack_row_tokens,
+                    pack_padding_target=config.memory.pack_padding_target,
                 )
             learning_rate = config.schedule.learning_rate_at(
                 base=config.rl_learning_rate, step=self._rl_steps_done, total_steps=config.rl_steps)

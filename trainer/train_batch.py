@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tandem.configs.memory import packed_row_tokens
+from tandem.configs.memory import micro_batch_rows, packed_row_lengths
 
 
 @flax.struct.dataclass
@@ -173,10 +173,15 @@ def pack_batch(
     pad_id: int,
     row_multiple: int = 1,
     row_tokens: int | None = None,
+    padding_target: float | None = None,
+    micro_batch_tokens: int | None = None,
     token_extras: dict[str, list[list[float]]] | None = None,
 ) -> TrainBatch:
-    """Episodes packed several to a row of ``row_tokens`` (``memory.pack_row_tokens``), or of the smallest
-    length bucket that holds the longest where that is longer or no row length is given.
+    """Episodes packed several to a row: of the smallest length bucket that holds the longest, of
+    ``row_tokens`` where that is longer (``memory.pack_row_tokens``), or, with ``padding_target``
+    (``memory.pack_padding_target``), of the shortest of :func:`tandem.configs.memory.packed_row_lengths`
+    whose padding is at most it, counted as the step computes it: rows in micro-batches of
+    ``micro_batch_tokens``, the last one's empty rows included.
 
     Each episode keeps what it has alone: its own segment ids (tokens attend only within them),
     positions from 0, its loss mask, behaviour log-probs and advantage (``advantages[:, k]`` of
@@ -184,7 +189,7 @@ def pack_batch(
     after the first in a row is never trained on: it is predicted from the previous episode's last
     token, where alone nothing predicts it. Rows are filled first-fit, longest episode first, and their
     count is rounded up to a multiple of ``row_multiple`` (the data-parallel ways), so a step compiles
-    once per row count and bucket; ``K`` is the most episodes a row holds, rounded up to a power of
+    once per row count and length; ``K`` is the most episodes a row holds, rounded up to a power of
     two. ``token_extras``: as :func:`pad_batch`'s.
 
     Raises:
@@ -193,7 +198,28 @@ def pack_batch(
     token_extras = token_extras or {}
     _check_lengths(sequences, loss_masks=loss_masks, behaviour_logprobs=behaviour_logprobs,
                    advantages=advantages, token_extras=token_extras)
-    length = packed_row_tokens(_length_bucket(sequences, length_buckets), row_tokens)
+    tokens = sum(len(sequence) for sequence in sequences)
+    least_padded = None  # (padding, length, rows); the first length that meets the target is the least padded yet
+    for length in packed_row_lengths(_length_bucket(sequences, length_buckets), pack_row_tokens=row_tokens,
+                                     pack_padding_target=padding_target):
+        rows = _first_fit(sequences, length)
+        row_count = max(1, -(-len(rows) // row_multiple)) * row_multiple
+        rows_each = micro_batch_rows(row_count, length, micro_batch_tokens, multiple=row_multiple)
+        padding = 1.0 - tokens / (-(-row_count // rows_each) * rows_each * length)
+        if least_padded is None or padding < least_padded[0]:
+            least_padded = (padding, length, rows)
+        if padding_target is None or padding <= padding_target:
+            break
+    _, length, rows = least_padded
+    per_row = max((len(indices) for indices in rows), default=1)
+    return _laid_out(sequences, rows, row_count=max(1, -(-len(rows) // row_multiple)) * row_multiple,
+                     length=length, episode_slots=1 << (per_row - 1).bit_length(), loss_masks=loss_masks,
+                     segment_starts=segment_starts, behaviour_logprobs=behaviour_logprobs, advantages=advantages,
+                     token_extras=token_extras, pad_id=pad_id)
+
+
+def _first_fit(sequences: list[list[int]], length: int) -> list[list[int]]:
+    """The indices of ``sequences`` in rows of ``length`` slots: first fit, longest first."""
     free: list[int] = []  # each row's free slots
     rows: list[list[int]] = []
     for index in sorted(range(len(sequences)), key=lambda index: -len(sequences[index])):
@@ -205,11 +231,7 @@ def pack_batch(
             row = len(free) - 1
         free[row] -= size
         rows[row].append(index)
-    per_row = max((len(indices) for indices in rows), default=1)
-    return _laid_out(sequences, rows, row_count=max(1, -(-len(rows) // row_multiple)) * row_multiple,
-                     length=length, episode_slots=1 << (per_row - 1).bit_length(), loss_masks=loss_masks,
-                     segment_starts=segment_starts, behaviour_logprobs=behaviour_logprobs, advantages=advantages,
-                     token_extras=token_extras, pad_id=pad_id)
+    return rows
 
 
 def batch_tokens(batch: TrainBatch) -> int:

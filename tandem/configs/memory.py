@@ -11,6 +11,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: Queries of a full forward (the trainer's) whose attention is computed at once. A longer row (packed rows
+#: of ``pack_row_tokens``) attends a chunk of queries at a time, each to the keys at or before its last slot
+#: only (and within a sliding layer's window), and its backward pass recomputes one chunk's scores at a
+#: time: scores held drop from ``length x length`` to ``chunk x length`` per head, and causality skips
+#: the score FLOPs above the chunks' diagonal (a fifth of them at rows of 1,408). Chunks of 512 made a step
+#: of rows of 1,024 1.43 times faster on a 2-core CPU but its process 0.24 GB larger (bench/README.md), so
+#: rows up to 1,024 tokens attend whole. The engine's cached prefill and decode attend as before.
+ATTENTION_QUERY_CHUNK_TOKENS = 1024
+
+#: How much longer each packed row length tried for ``pack_padding_target`` is than the last, and how far
+#: past the longest episode's bucket they go: an episode longer than half a row shares it only with short
+#: ones, so rows of 1.4 times the longest hold them tightly (bench/README.md), and attention grows beyond.
+PACK_ROW_STEP_TOKENS = 128
+PACK_ROW_GROWTH = 1.5
+
 #: What the backward pass keeps of each transformer block (``policy.model.REMAT_POLICIES`` maps each to JAX's).
 RematPolicy = Literal["none", "full", "save_matmuls"]
 
@@ -53,27 +68,45 @@ class TrainerMemoryConfig(BaseModel):
     )
     pack_row_tokens: int | None = Field(
         None, ge=16, le=1_048_576,
-        description="Length of a packed row, with pack_episodes. null: the length bucket of the step's "
-        "longest episode. A longer row packs tighter: an episode longer than half a row shares it only with "
-        "short ones, so rows of the longest episode's length keep about 10% padding. A row of about 1.4 "
-        "times model.max_seq_len holds 16 to 256 episodes of 256 to 1,024 tokens with 2 to 7% padding "
-        "(bench/README.md). Cost: attention within a row is computed densely over the whole row (the "
-        "segments mask it), so each token's attention grows with the row, and one micro-batch holds "
-        "fewer rows. A step whose longest episode's bucket is longer uses that bucket instead.",
+        description="Length of every packed row, with pack_episodes. null: the length bucket of the step's "
+        "longest episode (or as pack_padding_target chooses). A longer row packs tighter: an episode longer "
+        "than half a row shares it only with short ones, so rows of the longest episode's length keep about "
+        "10% padding. Cost: a token's attention spans its row's earlier slots (the segments mask it), so "
+        "it grows with the row, and one micro-batch holds fewer rows. A step whose longest episode's bucket "
+        "is longer uses that bucket instead.",
+    )
+    pack_padding_target: float | None = Field(
+        None, ge=0.0, lt=1.0,
+        description="With pack_episodes and no pack_row_tokens: the most padding a step should compute, as a "
+        "share of its slots (its last micro-batch's empty rows included, as trainer/padding_fraction counts "
+        "it). A step whose rows of its longest episode's bucket leave more packs into longer rows, "
+        f"{PACK_ROW_STEP_TOKENS} tokens longer at a time up to {PACK_ROW_GROWTH} times the bucket, and takes "
+        "the shortest that meets it (the least padded where none does). Each row length compiles the step "
+        "once per row count. null: rows of the bucket.",
     )
 
     @model_validator(mode="after")
     def _rows_are_packed(self):
-        if self.pack_row_tokens is not None and not self.pack_episodes:
-            raise ValueError("memory.pack_row_tokens sets the length of packed rows: it needs "
-                             "memory.pack_episodes true")
+        for name in ("pack_row_tokens", "pack_padding_target"):
+            if getattr(self, name) is not None and not self.pack_episodes:
+                raise ValueError(f"memory.{name} sets how episodes are packed: it needs memory.pack_episodes true")
+        if self.pack_row_tokens is not None and self.pack_padding_target is not None:
+            raise ValueError("memory.pack_row_tokens fixes the row length that memory.pack_padding_target would "
+                             "choose: set one of them")
         return self
 
 
-def packed_row_tokens(longest_bucket: int, pack_row_tokens: int | None) -> int:
-    """The length of a packed batch's rows: ``pack_row_tokens``, or the step's longest episode's bucket
-    where that is longer (or no row length is set)."""
-    return max(longest_bucket, pack_row_tokens or 0)
+def packed_row_lengths(longest_bucket: int, *, pack_row_tokens: int | None = None,
+                       pack_padding_target: float | None = None) -> tuple[int, ...]:
+    """The row lengths a packed step may take, shortest first: ``pack_row_tokens`` (or the step's longest
+    episode's bucket where that is longer); with ``pack_padding_target``, the bucket and the lengths
+    :data:`PACK_ROW_STEP_TOKENS` apart up to :data:`PACK_ROW_GROWTH` times it; else the bucket alone."""
+    if pack_row_tokens is not None:
+        return (max(longest_bucket, pack_row_tokens),)
+    if pack_padding_target is None:
+        return (longest_bucket,)
+    longest = int(longest_bucket * PACK_ROW_GROWTH)
+    return (longest_bucket, *range(longest_bucket + PACK_ROW_STEP_TOKENS, longest + 1, PACK_ROW_STEP_TOKENS))
 
 
 def budget_rows(rows: int, length: int, micro_batch_tokens: int | None) -> int:

@@ -13,11 +13,11 @@ weights: the architecture comes from the config, or from the checkpoint's ``conf
   in the parameters' dtype; with micro-batches, a float32 accumulator of the gradients too;
 
 and, for one micro-batch at a time (``memory.micro_batch_tokens`` of rows of the longest length bucket,
-or of ``memory.pack_row_tokens`` where packed rows are longer; or the whole step), the activations its
-backward pass keeps under ``memory.remat``, and the float32 logits of ``memory.logits_chunk_tokens``
-tokens: :data:`LOGITS_BUFFERS` of them by the trainer's device platform, three (the logits, their softmax
-and its gradient) where it is not known. The largest batch is taken: every episode of a step
-(``rollout.groups_per_step x rollout.group_size``) in a row of its own.
+or of the longest packed row that ``memory.pack_row_tokens`` or ``memory.pack_padding_target`` allows;
+or the whole step), the activations its backward pass keeps under ``memory.remat``, and the float32
+logits of ``memory.logits_chunk_tokens`` tokens: :data:`LOGITS_BUFFERS` of them by the trainer's device
+platform, three (the logits, their softmax and its gradient) where it is not known. The largest batch is
+taken: every episode of a step (``rollout.groups_per_step x rollout.group_size``) in a row of its own.
 
 **A producer's engine** holds the weights, the KV cache of its slots
 (:func:`tandem.configs.quotas.kv_cache_bytes`) and the float32 logits of one decode step of every slot.
@@ -32,7 +32,7 @@ import dataclasses
 import math
 from typing import Any
 
-from tandem.configs.memory import budget_rows, packed_row_tokens
+from tandem.configs.memory import ATTENTION_QUERY_CHUNK_TOKENS, budget_rows, packed_row_lengths
 from tandem.configs.quotas import (
     DTYPE_BYTES,
     Architecture,
@@ -114,13 +114,15 @@ def activation_elements_per_token(arch: Architecture, *, length: int, remat: str
 
     Per block, without remat: the two norms' inputs and outputs and the residual (5 x d_model),
     queries, keys and values before and after the rotary embedding and the attention's output
-    (3 x q + 3 x kv), its probabilities over the keys (heads x length), and the MLP's gate, up, their
-    activation and product (4 x mlp). ``save_matmuls`` keeps the matmul outputs only (q, kv, the
+    (3 x q + 3 x kv), its probabilities over the keys (heads x length, or heads x the query chunk of a
+    longer row), and the MLP's gate, up, their activation and product (4 x mlp). ``save_matmuls`` keeps the matmul outputs only (q, kv, the
     scores, the attention output, the projections, gate, up, down); ``full`` keeps each block's input
     and one block's full set while it is recomputed.
     """
     query, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-    scores = arch.num_heads * length
+    # A row longer than a query chunk attends a chunk at a time, recomputing its scores in the backward
+    # pass (policy.model._attend_in_query_chunks): chunk x length scores per row, chunk per token.
+    scores = arch.num_heads * min(length, ATTENTION_QUERY_CHUNK_TOKENS)
     full_block = 5 * arch.d_model + 3 * query + 3 * kv + scores + 4 * arch.mlp_dim
     if remat == "none":
         return arch.num_layers * full_block
@@ -146,8 +148,9 @@ def trainer_memory_plan(config: dict[str, Any], *, arch: Architecture | None = N
     rows = max(rollout["groups_per_step"] * rollout["group_size"], config.get("sft_batch_size", 0))
     length = int(config["model"]["max_seq_len"])
     if memory.get("pack_episodes"):
-        # Packed rows are at least this long; a row holds one or more episodes, so rows stay at most one per episode.
-        length = packed_row_tokens(length, memory.get("pack_row_tokens"))
+        # The longest packed row a step may take; a row holds one or more episodes, so rows stay at most one per episode.
+        length = packed_row_lengths(length, pack_row_tokens=memory.get("pack_row_tokens"),
+                                    pack_padding_target=memory.get("pack_padding_target"))[-1]
     # The largest micro-batch the budget allows: the step may split a batch finer, never coarser.
     rows_each = budget_rows(rows, length, memory.get("micro_batch_tokens"))
     micro_batches = math.ceil(rows / rows_each)

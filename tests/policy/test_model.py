@@ -155,3 +155,33 @@ def test_decode_with_logits_at_gives_those_positions_logits_and_the_same_cache(m
     )
     for full_layer, picked_layer in zip(full_cache, picked_cache, strict=True):
         np.testing.assert_array_equal(np.asarray(full_layer["key"]), np.asarray(picked_layer["key"]))
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_a_chunk_of_queries_at_a_time_gives_the_whole_attention_and_its_gradients(window):
+    # Two packed rows of 40 slots: segments of 13, 20 and 7 tokens, then 30 and 10 of padding. Chunks of
+    # 16 queries attend to the keys before their last slot (and, sliding, within the window) only.
+    from policy.model import _attend, _attend_in_query_chunks
+
+    rng = np.random.default_rng(3)
+    query, key, value = (jnp.asarray(rng.standard_normal(shape), jnp.float32)
+                         for shape in ((2, 40, 4, 8), (2, 2, 40, 8), (2, 2, 40, 8)))
+    segments = jnp.asarray([[1] * 13 + [2] * 20 + [3] * 7, [1] * 30 + [0] * 10], jnp.int32)
+    real = np.asarray(segments > 0)
+
+    def whole(query, key, value):
+        slots = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (2, 40))
+        return _attend(query, key, value, slots, segments, scale=0.3, window=window)
+
+    def chunked(query, key, value):
+        return _attend_in_query_chunks(query, key, value, segments, scale=0.3, window=window, chunk=16)
+
+    np.testing.assert_allclose(np.asarray(chunked(query, key, value))[real],
+                               np.asarray(whole(query, key, value))[real], atol=1e-6)
+    # Gradients of a loss on the real tokens, through the checkpointed chunks.
+    weights = jnp.asarray(rng.standard_normal((2, 40, 4, 8)), jnp.float32) * real[:, :, None, None]
+    gradients = [jax.grad(lambda *inputs, attend=attend: jnp.sum(attend(*inputs) * weights), argnums=(0, 1, 2))(
+        query, key, value) for attend in (whole, chunked)]
+    for expected, actual in zip(*gradients, strict=True):
+        np.testing.assert_allclose(actual, expected, atol=1e-5)
+    assert float(jnp.abs(gradients[0][1]).sum()) > 0

@@ -144,3 +144,10 @@ def test_packed_rows_longer_than_the_longest_episode_are_what_a_micro_batch_hold
         _config(memory={"pack_row_tokens": 1408})
     shorter = _smollm2_plan(monkeypatch, memory={"pack_episodes": True, "pack_row_tokens": 512})
     assert shorter.length_tokens == 1024
+    # A padding target may grow rows to 1.5 times the longest episode: the plan counts the longest.
+    targeted = _smollm2_plan(monkeypatch, memory={"pack_episodes": True, "pack_padding_target": 0.1})
+    assert targeted.length_tokens == 1536
+    with pytest.raises(ValueError, match="set one of them"):
+        _config(memory={"pack_episodes": True, "pack_row_tokens": 1408, "pack_padding_target": 0.1})
+    with pytest.raises(ValueError, match="memory.pack_padding_target .* needs memory.pack_episodes true"):
+        _config(memory={"pack_padding_target": 0.1})

@@ -336,3 +336,23 @@ def test_a_batch_packed_into_longer_rows_gives_the_loss_and_gradients_of_the_unp
     unpacked = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
     _assert_same_step(unpacked, _one_step(graphdef, state, optimizer, algorithm.loss_fn, packed))
     assert unpacked[1]["grad_norm"] > 0
+
+
+def test_a_padding_target_packs_into_the_shortest_rows_that_meet_it():
+    # Episodes of 200, 200, 150 and 150 tokens: no two share a row of their bucket (256), so 4 rows
+    # compute 1,024 slots for 700 tokens; rows of 384 hold 200 + 150 twice, 768 slots.
+    sequences = [[1] * 200, [2] * 200, [3] * 150, [4] * 150]
+    common = {"loss_masks": [[1] * len(sequence) for sequence in sequences], "behaviour_logprobs": None,
+              "advantages": [0.0] * 4, "length_buckets": (256,), "pad_id": 0, "micro_batch_tokens": 768}
+
+    def padding(batch):
+        return 1.0 - batch_tokens(batch) / computed_slots(batch, 768)
+
+    assert pack_batch(sequences, **common).tokens.shape == (4, 256)
+    assert padding(pack_batch(sequences, **common)) == pytest.approx(1 - 700 / 1024)
+    met = pack_batch(sequences, **common, padding_target=0.1)
+    assert met.tokens.shape == (2, 384) and padding(met) == pytest.approx(1 - 700 / 768)
+    # A target no row length meets takes the least padded: the same rows of 384.
+    assert pack_batch(sequences, **common, padding_target=0.01).tokens.shape == (2, 384)
+    # A target the bucket's rows meet already keeps them.
+    assert pack_batch(sequences, **common, padding_target=0.5).tokens.shape == (4, 256)
