@@ -66,7 +66,8 @@ def _arguments(argv=None) -> argparse.Namespace:
                         help="with --pack, rows as long as it takes to compute at most this share of padding "
                         "(memory.pack_padding_target)")
     parser.add_argument("--attention-query-chunk", type=int, default=None,
-                        help="queries attended at once in the full forward (policy.model); default the model's")
+                        help="a row's queries its trained forward attends at once (memory.attention_query_chunk_tokens); "
+                        "default: whole rows")
     parser.add_argument("--unchunked-max", type=int, default=16,
                         help="run today's unchunked step on counts up to this (0: none)")
     parser.add_argument("--no-producers", dest="producers", action="store_false",
@@ -87,7 +88,8 @@ def _run_config(model: str, episodes: int, arguments: argparse.Namespace, *, unc
               {"micro_batch_tokens": arguments.micro_batch_tokens, "remat": arguments.remat,
                "logits_chunk_tokens": arguments.logits_chunk_tokens, "pack_episodes": arguments.pack,
                "pack_row_tokens": arguments.pack_row_tokens if arguments.pack else None,
-               "pack_padding_target": arguments.pack_padding_target if arguments.pack else None})
+               "pack_padding_target": arguments.pack_padding_target if arguments.pack else None,
+               "attention_query_chunk_tokens": arguments.attention_query_chunk})
     group_size = min(8, episodes)
     return RunConfig.model_validate({
         "model": {**shape.config.model_dump(), "max_seq_len": arguments.tokens},
@@ -119,10 +121,6 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     from trainer.train_step import computed_slots, make_train_step
 
     shape = MODEL_SIZES[model]
-    if arguments.attention_query_chunk:
-        import policy.model
-
-        policy.model.ATTENTION_QUERY_CHUNK_TOKENS = arguments.attention_query_chunk
     config = RunConfig.model_validate(_run_config(model, episodes, arguments, unchunked=unchunked))
     transformer = shape.transformer(config.model)
     # The plan reads the architecture from a checkpoint's config.json; here it is the shape's, vocabulary included.
@@ -140,7 +138,7 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
         return {"skipped": "does not fit: its plan exceeds this machine's available memory",
                 "planned_peak_bytes": plan.peak_bytes, "available_bytes": available}
     if unchunked:
-        def full_logits(model, batch, *, temperature=1.0, chunk_tokens, remat="none"):
+        def full_logits(model, batch, *, temperature=1.0, chunk_tokens, remat="none", query_chunk=None):
             hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask)
             return logits_token_statistics(model.logits(hidden), batch.tokens, temperature=temperature), hidden
 
@@ -148,7 +146,8 @@ def _measure(model: str, episodes: int, arguments: argparse.Namespace, *, unchun
     algorithm = build_algorithm(AlgorithmConfig.model_validate(config.algorithm.model_dump()),
                                 temperature=1.0, max_policy_tokens=arguments.tokens,
                                 logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat,
-                                micro_batch_tokens=config.memory.micro_batch_tokens)
+                                micro_batch_tokens=config.memory.micro_batch_tokens,
+                                attention_query_chunk=config.memory.attention_query_chunk_tokens)
     optimizer = make_optimizer(1e-5, config.optimizer)
     graphdef, state = create_train_state(Transformer(transformer, rngs=nnx.Rngs(0)), optimizer)
     reference = ReferencePolicy(graphdef, jax.tree.map(lambda leaf: leaf.copy(), state.params))

@@ -47,7 +47,7 @@ import numpy as np
 from flax import nnx
 
 from policy.tokenizer import VOCAB_SIZE as BYTE_VOCAB_SIZE
-from tandem.configs.memory import ATTENTION_QUERY_CHUNK_TOKENS, RematPolicy
+from tandem.configs.memory import RematPolicy
 from tandem.configs.model import (
     PARAM_DTYPES,
     AttentionKind,
@@ -510,6 +510,8 @@ class Attention(nnx.Module):
         key_mask: jax.Array,
         layer_cache: dict[str, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
+        *,
+        query_chunk: int | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
         batch_size, length, _ = x.shape
         query = _per_token(self.query, x).reshape(batch_size, length, self.num_heads, self.head_dim)
@@ -526,9 +528,9 @@ class Attention(nnx.Module):
 
         steps = jnp.arange(length, dtype=jnp.int32)
         key, value = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)  # see KVCache
-        if layer_cache is None and length > ATTENTION_QUERY_CHUNK_TOKENS:
+        if layer_cache is None and query_chunk is not None and length > query_chunk:
             attended = _attend_in_query_chunks(query, key, value, key_mask, scale=self.scale, window=self.window,
-                                               chunk=ATTENTION_QUERY_CHUNK_TOKENS)
+                                               chunk=query_chunk)
             new_cache = None
         elif layer_cache is None:
             query_slots = jnp.broadcast_to(steps, (batch_size, length))
@@ -590,9 +592,11 @@ class Block(nnx.Module):
         key_mask: jax.Array,
         layer_cache: dict[str, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
+        *,
+        query_chunk: int | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
         attended, new_cache = self.attention(
-            self.attention_norm(x), positions, key_mask, layer_cache, cache_index
+            self.attention_norm(x), positions, key_mask, layer_cache, cache_index, query_chunk=query_chunk
         )
         if self.post_attention_norm is not None:
             attended = self.post_attention_norm(attended)
@@ -618,7 +622,7 @@ if set(REMAT_POLICIES) != set(get_args(RematPolicy)):
 
 
 def _rematerialised_block(block: Block, x: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                          remat: RematPolicy) -> jax.Array:
+                          remat: RematPolicy, query_chunk: int | None) -> jax.Array:
     """``block``'s output, of which a gradient keeps only what ``remat`` saves and recomputes the rest.
 
     ``jax.checkpoint`` alone relies on optimization barriers to keep XLA from merging the backward
@@ -631,7 +635,7 @@ def _rematerialised_block(block: Block, x: jax.Array, positions: jax.Array, atte
     graphdef, state = nnx.split(block)
 
     def run_block(state: nnx.State, x: jax.Array) -> jax.Array:
-        return nnx.merge(graphdef, state)(x, positions, attention_mask)[0]
+        return nnx.merge(graphdef, state)(x, positions, attention_mask, query_chunk=query_chunk)[0]
 
     checkpointed = jax.checkpoint(run_block, policy=REMAT_POLICIES[remat])
     if jax.default_backend() == "cpu":
@@ -690,7 +694,8 @@ class Transformer(nnx.Module):
         )
 
     def hidden_states(
-        self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, remat: RematPolicy = "none"
+        self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, remat: RematPolicy = "none",
+        query_chunk: int | None = None,
     ) -> jax.Array:
         """Full-sequence causal forward up to the final norm.
 
@@ -700,6 +705,8 @@ class Transformer(nnx.Module):
           attention_mask: bool [B, T], False on padding, left or right; or int32 segment
             ids [B, T] (0 on padding): tokens attend only within their segment.
           remat: what a gradient through it keeps of each block (:data:`REMAT_POLICIES`).
+          query_chunk: a row longer than this attends this many queries at a time
+            (:func:`_attend_in_query_chunks`); None: every row attends whole.
         Returns:
           float32 [B, T, d_model] final-normed hidden states, the input of the head
           (and of any value head built on the policy).
@@ -707,9 +714,9 @@ class Transformer(nnx.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             if remat == "none":
-                x = block(x, positions, attention_mask)[0]
+                x = block(x, positions, attention_mask, query_chunk=query_chunk)[0]
             else:
-                x = _rematerialised_block(block, x, positions, attention_mask, remat)
+                x = _rematerialised_block(block, x, positions, attention_mask, remat, query_chunk)
         return self.final_norm(x).astype(jnp.float32)
 
     def __call__(

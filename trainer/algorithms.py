@@ -164,13 +164,14 @@ class Algorithm:
     def __init__(
         self, config: AlgorithmConfig, *, temperature: float, max_policy_tokens: int | None,
         logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS, remat: str = "none",
-        micro_batch_tokens: int | None = None,
+        micro_batch_tokens: int | None = None, attention_query_chunk: int | None = None,
     ):
         self.config = config
         self.temperature = temperature
         self.logits_chunk_tokens = logits_chunk_tokens
         self.micro_batch_tokens = micro_batch_tokens
         self.remat = remat
+        self.attention_query_chunk = attention_query_chunk
         estimator = config.advantage_estimator
         # Keep a frozen reference and fill extras["reference_logprobs"] (KL penalty).
         self.needs_reference: bool = config.kl is not None
@@ -210,7 +211,7 @@ class Algorithm:
 
     def _statistics(self, model, batch: TrainBatch, *, temperature: float):
         return policy_token_statistics(model, batch, temperature=temperature, chunk_tokens=self.logits_chunk_tokens,
-                                       remat=self.remat)
+                                       remat=self.remat, query_chunk=self.attention_query_chunk)
 
     def _supervised(self, model, batch: TrainBatch, totals):
         statistics, _ = self._statistics(model, batch, temperature=1.0)
@@ -408,6 +409,7 @@ def build_algorithm(
     logits_chunk_tokens: int = DEFAULT_LOGITS_CHUNK_TOKENS,
     remat: str = "none",
     micro_batch_tokens: int | None = None,
+    attention_query_chunk: int | None = None,
 ) -> Algorithm:
     """The algorithm ``config`` describes.
 
@@ -422,9 +424,11 @@ def build_algorithm(
         one of them is used and not set.
       logits_chunk_tokens: tokens whose logits exist at once (trainer/token_statistics.py).
       remat: what the backward pass keeps of each block (``policy.REMAT_POLICIES``).
+      attention_query_chunk: queries of a row its trained forward attends at once (``memory.attention_query_chunk_tokens``).
       micro_batch_tokens: the train step's micro-batch budget, which the reference's forward pass keeps too.
     Raises:
       ValueError: a length the config needs is missing.
     """
     return Algorithm(config, temperature=temperature, max_policy_tokens=max_policy_tokens,
-                     logits_chunk_tokens=logits_chunk_tokens, remat=remat, micro_batch_tokens=micro_batch_tokens)
+                     logits_chunk_tokens=logits_chunk_tokens, remat=remat, micro_batch_tokens=micro_batch_tokens,
+                     attention_query_chunk=attention_query_chunk)

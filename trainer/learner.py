@@ -47,7 +47,8 @@ class Learner:
             config.algorithm, temperature=config.sampling.temperature,
             max_policy_tokens=config.sampling.max_new_tokens * config.rollout.max_turns,
             logits_chunk_tokens=config.memory.logits_chunk_tokens, remat=config.memory.remat,
-            micro_batch_tokens=config.memory.micro_batch_tokens)
+            micro_batch_tokens=config.memory.micro_batch_tokens,
+            attention_query_chunk=config.memory.attention_query_chunk_tokens)
         self.optimizer = make_optimizer(config.learning_rate, config.optimizer)
         self.graphdef, state = initial_train_state(config, vocab_size=vocab_size,
                                                    needs_value_head=self.algorithm.needs_value_head,

@@ -93,13 +93,16 @@ def chunked_token_statistics(
 
 
 def policy_token_statistics(
-    model, batch, *, temperature: float = 1.0, chunk_tokens: int, remat: str = "none"
+    model, batch, *, temperature: float = 1.0, chunk_tokens: int, remat: str = "none",
+    query_chunk: int | None = None,
 ) -> tuple[TokenStatistics, jax.Array]:
     """The token statistics of ``batch`` under ``model`` (a policy with ``hidden_states`` and ``logits``,
     such as ``policy.Transformer`` or a ``PolicyWithValue``), and its hidden states [B, T, D] (a value
     head's input). ``chunk_tokens``: tokens of the batch whose logits exist at once (at least one
-    position of every row); ``remat``: what the backward pass keeps of each block (policy.REMAT_POLICIES)."""
-    hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat)
+    position of every row); ``remat``: what the backward pass keeps of each block (policy.REMAT_POLICIES);
+    ``query_chunk``: queries of a longer row attended at once (None: whole rows)."""
+    hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat,
+                                 query_chunk=query_chunk)
     rows = batch.tokens.shape[0]
     statistics = chunked_token_statistics(hidden, model.logits, batch.tokens, temperature=temperature,
                                           chunk_positions=max(1, chunk_tokens // rows))

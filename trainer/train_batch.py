@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tandem.configs.memory import micro_batch_rows, packed_row_lengths
+from tandem.configs.memory import computed_slots_of, packed_row_lengths
 
 
 @flax.struct.dataclass
@@ -204,8 +204,7 @@ def pack_batch(
                                      pack_padding_target=padding_target):
         rows = _first_fit(sequences, length)
         row_count = max(1, -(-len(rows) // row_multiple)) * row_multiple
-        rows_each = micro_batch_rows(row_count, length, micro_batch_tokens, multiple=row_multiple)
-        padding = 1.0 - tokens / (-(-row_count // rows_each) * rows_each * length)
+        padding = 1.0 - tokens / computed_slots_of(row_count, length, micro_batch_tokens, multiple=row_multiple)
         if least_padded is None or padding < least_padded[0]:
             least_padded = (padding, length, rows)
         if padding_target is None or padding <= padding_target:

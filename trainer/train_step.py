@@ -32,7 +32,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from policy import Transformer
-from tandem.configs.memory import micro_batch_rows
+from tandem.configs.memory import computed_slots_of, micro_batch_rows
 from tandem.runtime.resource_usage import release_free_pages
 from trainer.losses import StepTotals, combine_metrics, finish_metrics, step_totals
 from trainer.token_statistics import policy_token_statistics
@@ -106,8 +106,7 @@ def computed_slots(batch: TrainBatch, micro_batch_tokens: int | None, *, batch_w
     micro-batch (:func:`split_micro_batches`), times its length. A step's padding is these less its tokens.
     ``batch_ways``: the devices a batch's rows are split over, as the step counts them."""
     rows, length = batch.tokens.shape
-    rows_each = micro_batch_rows(rows, length, micro_batch_tokens, multiple=batch_ways)
-    return -(-rows // rows_each) * rows_each * length
+    return computed_slots_of(rows, length, micro_batch_tokens, multiple=batch_ways)
 
 
 def join_micro_batches(values: jax.Array, rows: int) -> jax.Array:

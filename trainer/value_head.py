@@ -57,9 +57,9 @@ class PolicyWithValue(nnx.Module):
         return self.policy(tokens, positions, attention_mask)
 
     def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *,
-                      remat: str = "none") -> jax.Array:
+                      remat: str = "none", query_chunk: int | None = None) -> jax.Array:
         """The policy's final-normed hidden states [B, T, D], the input of its head and of the critic."""
-        return self.policy.hidden_states(tokens, positions, attention_mask, remat=remat)
+        return self.policy.hidden_states(tokens, positions, attention_mask, remat=remat, query_chunk=query_chunk)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The policy's logits of ``hidden``."""

@@ -11,15 +11,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-#: Queries of a full forward (the trainer's) whose attention is computed at once. A longer row (packed rows
-#: of ``pack_row_tokens``) attends a chunk of queries at a time, each to the keys at or before its last slot
-#: only (and within a sliding layer's window), and its backward pass recomputes one chunk's scores at a
-#: time: scores held drop from ``length x length`` to ``chunk x length`` per head, and causality skips
-#: the score FLOPs above the chunks' diagonal (a fifth of them at rows of 1,408). Chunks of 512 made a step
-#: of rows of 1,024 1.43 times faster on a 2-core CPU but its process 0.24 GB larger (bench/README.md), so
-#: rows up to 1,024 tokens attend whole. The engine's cached prefill and decode attend as before.
-ATTENTION_QUERY_CHUNK_TOKENS = 1024
-
 #: How much longer each packed row length tried for ``pack_padding_target`` is than the last, and how far
 #: past the longest episode's bucket they go: an episode longer than half a row shares it only with short
 #: ones, so rows of 1.4 times the longest hold them tightly (bench/README.md), and attention grows beyond.
@@ -57,6 +48,16 @@ class TrainerMemoryConfig(BaseModel):
         "more forward pass, roughly +30% step time; activations of one block at a time). save_matmuls: keep "
         "the matmul outputs and recompute the element-wise work between them (norms, rotary, softmax, "
         "activations): a few percent slower, most of the saving where those dominate.",
+    )
+    attention_query_chunk_tokens: int | None = Field(
+        None, ge=16, le=1_048_576,
+        description="Queries of a row that the trained forward pass attends at once. A longer row attends "
+        "this many at a time, each chunk only to the keys at or before its last slot (and within a sliding "
+        "layer's window), and its backward pass recomputes one chunk's scores at a time: scores of chunk x "
+        "length per head instead of length x length, and causality skips the score FLOPs above the "
+        "chunks' diagonal (a quarter of them at rows of 1,024 in chunks of 512). The result is the whole "
+        "attention's, up to float rounding. On a 2-core CPU chunks of 512 made SmolLM2's step 1.3 to 1.4 "
+        "times faster, and its process 0.17 to 0.24 GB larger. null: every row attends whole.",
     )
     pack_episodes: bool = Field(
         False,
@@ -128,3 +129,10 @@ def micro_batch_rows(rows: int, length: int, micro_batch_tokens: int | None, *, 
         return most
     candidates = [count for count in range(most, (most - 1) // 2, -1) if count % multiple == 0]
     return min(candidates, key=lambda count: (-(-rows // count) * count - rows, -count))
+
+
+def computed_slots_of(rows: int, length: int, micro_batch_tokens: int | None, *, multiple: int = 1) -> int:
+    """Token slots a step computes for ``rows`` rows of ``length``: the rows, and the empty rows that fill
+    its last micro-batch (:func:`micro_batch_rows`). A step's padding is these less its tokens."""
+    rows_each = micro_batch_rows(rows, length, micro_batch_tokens, multiple=multiple)
+    return -(-rows // rows_each) * rows_each * length

@@ -32,7 +32,7 @@ import dataclasses
 import math
 from typing import Any
 
-from tandem.configs.memory import ATTENTION_QUERY_CHUNK_TOKENS, budget_rows, packed_row_lengths
+from tandem.configs.memory import budget_rows, packed_row_lengths
 from tandem.configs.quotas import (
     DTYPE_BYTES,
     Architecture,
@@ -109,20 +109,21 @@ def lora_parameter_count(arch: Architecture, lora: dict[str, Any]) -> int:
     return arch.num_layers * per_block
 
 
-def activation_elements_per_token(arch: Architecture, *, length: int, remat: str) -> int:
+def activation_elements_per_token(arch: Architecture, *, length: int, remat: str,
+                                  query_chunk: int | None = None) -> int:
     """Elements one token keeps for the backward pass of the whole stack, under ``remat``.
 
     Per block, without remat: the two norms' inputs and outputs and the residual (5 x d_model),
     queries, keys and values before and after the rotary embedding and the attention's output
-    (3 x q + 3 x kv), its probabilities over the keys (heads x length, or heads x the query chunk of a
-    longer row), and the MLP's gate, up, their activation and product (4 x mlp). ``save_matmuls`` keeps the matmul outputs only (q, kv, the
+    (3 x q + 3 x kv), its probabilities over the keys (heads x length, or heads x ``query_chunk`` where a
+    row is longer), and the MLP's gate, up, their activation and product (4 x mlp). ``save_matmuls`` keeps the matmul outputs only (q, kv, the
     scores, the attention output, the projections, gate, up, down); ``full`` keeps each block's input
     and one block's full set while it is recomputed.
     """
     query, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     # A row longer than a query chunk attends a chunk at a time, recomputing its scores in the backward
     # pass (policy.model._attend_in_query_chunks): chunk x length scores per row, chunk per token.
-    scores = arch.num_heads * min(length, ATTENTION_QUERY_CHUNK_TOKENS)
+    scores = arch.num_heads * min(length, query_chunk or length)
     full_block = 5 * arch.d_model + 3 * query + 3 * kv + scores + 4 * arch.mlp_dim
     if remat == "none":
         return arch.num_layers * full_block
@@ -157,8 +158,9 @@ def trainer_memory_plan(config: dict[str, Any], *, arch: Architecture | None = N
     micro_tokens = rows_each * length
     remat = memory.get("remat", "none")
     # Activations in the model's dtype; the final hidden states and the statistics in float32.
-    activations = micro_tokens * (activation_elements_per_token(arch, length=length, remat=remat) * dtype_bytes
-                                  + 4 * (arch.d_model * 2 + 8))
+    kept = activation_elements_per_token(arch, length=length, remat=remat,
+                                         query_chunk=memory.get("attention_query_chunk_tokens"))
+    activations = micro_tokens * (kept * dtype_bytes + 4 * (arch.d_model * 2 + 8))
     chunk_positions = max(1, memory.get("logits_chunk_tokens", 8192) // rows_each)
     logits_buffers = LOGITS_BUFFERS.get(device_platform or "", DEFAULT_LOGITS_BUFFERS)
     logits = logits_buffers * 4 * arch.vocab_size * rows_each * min(chunk_positions, length)

@@ -63,6 +63,10 @@ def test_micro_batches_bound_the_activations_whatever_the_batch(monkeypatch):
 def test_remat_keeps_less_and_lora_trains_less(monkeypatch):
     plans = {remat: _smollm2_plan(monkeypatch, memory={"remat": remat}) for remat in ("none", "save_matmuls", "full")}
     assert plans["full"].activations_bytes < plans["save_matmuls"].activations_bytes < plans["none"].activations_bytes
+    # Rows of 1,024 attending 256 queries at a time hold a quarter of the scores.
+    chunked = _smollm2_plan(monkeypatch, memory={"attention_query_chunk_tokens": 256})
+    scores_per_token = 30 * 9 * (1024 - 256)
+    assert plans["none"].activations_bytes - chunked.activations_bytes == plans["none"].batch_rows * 1024 * scores_per_token * 4
 
     lora = _smollm2_plan(monkeypatch, lora={"enabled": True, "rank": 8, "targets": ["attention.query", "mlp.up"]})
     arch = _smollm2_architecture()

@@ -53,11 +53,13 @@ GEMMA3_SHAPED = dataclasses.replace(
 
 
 def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8, config: TransformerConfig = CONFIG,
-                     pack: bool = False, pack_row_tokens: int | None = None):
+                     pack: bool = False, pack_row_tokens: int | None = None,
+                     attention_query_chunk: int | None = None):
     """The case's algorithm, a model's graphdef and state (SGD), and a step's batch with every extra
     (with ``pack``, its episodes packed several to a row, of ``pack_row_tokens`` where given)."""
     algorithm = build_algorithm(AlgorithmConfig.model_validate(CASES[case]), max_policy_tokens=8,
-                                temperature=0.8, logits_chunk_tokens=logits_chunk_tokens)
+                                temperature=0.8, logits_chunk_tokens=logits_chunk_tokens,
+                                attention_query_chunk=attention_query_chunk)
     model = Transformer(config, rngs=nnx.Rngs(0))
     if case.endswith("lora"):
         model = apply_lora(model, LoRAConfig(enabled=True, rank=2, targets=["attention.query", "mlp.up"]),
@@ -76,9 +78,10 @@ def _algorithm_batch(case: str, *, logits_chunk_tokens: int = 8, config: Transfo
     return algorithm, graphdef, state, optimizer, batch
 
 
-def _full_logits_statistics(model, batch, *, temperature=1.0, chunk_tokens, remat="none"):
+def _full_logits_statistics(model, batch, *, temperature=1.0, chunk_tokens, remat="none", query_chunk=None):
     """The statistics today's step took: from the whole [B, T, V] logits (in place of policy_token_statistics)."""
-    hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat)
+    hidden = model.hidden_states(batch.tokens, batch.positions, batch.attention_mask, remat=remat,
+                                 query_chunk=query_chunk)
     return logits_token_statistics(model.logits(hidden), batch.tokens, temperature=temperature), hidden
 
 
@@ -356,3 +359,15 @@ def test_a_padding_target_packs_into_the_shortest_rows_that_meet_it():
     assert pack_batch(sequences, **common, padding_target=0.01).tokens.shape == (2, 384)
     # A target the bucket's rows meet already keeps them.
     assert pack_batch(sequences, **common, padding_target=0.5).tokens.shape == (4, 256)
+
+
+@pytest.mark.parametrize("case", ["grpo_kl_token_tis", "ppo_kl", "grpo_lora"])
+def test_attention_a_chunk_of_queries_at_a_time_gives_the_step_of_whole_rows(case):
+    # Rows of 48 packed tokens attend 16 queries at a time: three chunks, each over the keys before its end.
+    algorithm, graphdef, state, optimizer, batch = _algorithm_batch(case, pack=True, pack_row_tokens=3 * BUCKETS[0])
+    chunked, *_ = _algorithm_batch(case, attention_query_chunk=BUCKETS[0])
+    assert batch.tokens.shape[1] == 3 * BUCKETS[0]
+
+    whole = _one_step(graphdef, state, optimizer, algorithm.loss_fn, batch)
+    _assert_same_step(whole, _one_step(graphdef, state, optimizer, chunked.loss_fn, batch))
+    assert whole[1]["grad_norm"] > 0
