@@ -199,20 +199,21 @@ def pack_batch(
     _check_lengths(sequences, loss_masks=loss_masks, behaviour_logprobs=behaviour_logprobs,
                    advantages=advantages, token_extras=token_extras)
     tokens = sum(len(sequence) for sequence in sequences)
-    least_padded = None  # (padding, length, rows); the first length that meets the target is the least padded yet
+    # (padding, length, rows, row count); the first length that meets the target is the least padded yet.
+    least_padded = None
     for length in packed_row_lengths(_length_bucket(sequences, length_buckets), pack_row_tokens=row_tokens,
                                      pack_padding_target=padding_target):
         rows = _first_fit(sequences, length)
         row_count = max(1, -(-len(rows) // row_multiple)) * row_multiple
         padding = 1.0 - tokens / computed_slots_of(row_count, length, micro_batch_tokens, multiple=row_multiple)
         if least_padded is None or padding < least_padded[0]:
-            least_padded = (padding, length, rows)
+            least_padded = (padding, length, rows, row_count)
         if padding_target is None or padding <= padding_target:
             break
-    _, length, rows = least_padded
+    _, length, rows, row_count = least_padded
     per_row = max((len(indices) for indices in rows), default=1)
-    return _laid_out(sequences, rows, row_count=max(1, -(-len(rows) // row_multiple)) * row_multiple,
-                     length=length, episode_slots=1 << (per_row - 1).bit_length(), loss_masks=loss_masks,
+    return _laid_out(sequences, rows, row_count=row_count, length=length,
+                     episode_slots=1 << (per_row - 1).bit_length(), loss_masks=loss_masks,
                      segment_starts=segment_starts, behaviour_logprobs=behaviour_logprobs, advantages=advantages,
                      token_extras=token_extras, pad_id=pad_id)
 
