@@ -57,6 +57,16 @@ class ToolCall:
     tool: Tool
     arguments: dict[str, Any]
 
+    @property
+    def copies_example(self) -> bool:
+        """Its arguments are its tool's example (:func:`example_arguments`), the call the tool instructions show."""
+        return self.arguments == example_arguments(self.tool)
+
+    def recorded(self) -> dict[str, Any]:
+        """The call as an episode's message records it (``tandem.contracts.MessageToolCall``)."""
+        return {"name": self.tool.name, "arguments": self.arguments,
+                **({"copies_example": True} if self.copies_example else {})}
+
 
 @dataclass(frozen=True)
 class ToolCallParse:

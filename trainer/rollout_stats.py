@@ -69,7 +69,8 @@ def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
     none. Of the turns that wrote tool-call markup (only when there were some), the shares whose markup
     made no call: ``tool_parse_failure_rate`` (it did not parse), ``unknown_tool_rate`` and
     ``invalid_arguments_rate`` (the tool's schema refused them), and those whose tool refused a call
-    that ran, ``tool_error_rate``.
+    that ran, ``tool_error_rate``. Of the calls that ran (only when some did), ``example_copy_rate``: the
+    share that copied their tool's example (``MessageToolCall.copies_example``), which no bonus pays for.
     """
     calls_run = [record.tool_calls_run() for record in episodes]
     metrics = {
@@ -79,6 +80,9 @@ def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
             calls == 0 and record.status != "failed" for calls, record in zip(calls_run, episodes, strict=True)
         ) / len(episodes),
     }
+    if total_calls := sum(calls_run):
+        metrics["example_copy_rate"] = 1 - sum(
+            record.tool_calls_run(copies_of_the_example=False) for record in episodes) / total_calls
     outcomes = [outcome for record in episodes for outcome in record.tool_call_outcomes()]
     if outcomes:
         for status, name in (("unparsed", "tool_parse_failure_rate"), ("unknown_tool", "unknown_tool_rate"),

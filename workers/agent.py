@@ -244,7 +244,7 @@ async def run_episode(
                 calls = parsed.calls
                 layout.add_sampled(
                     episode, completion.token_ids, completion.logprobs, content=text,
-                    tool_calls=[{"name": call.tool.name, "arguments": call.arguments} for call in calls],
+                    tool_calls=[call.recorded() for call in calls],
                 )
                 episode.note_tool_call_outcome(parsed.status, parsed.error)
                 if parsed.error is not None:

@@ -279,17 +279,19 @@ RUN_CHARTS: list[dict] = [
         "id": "chart-tools", "title": "Tool use",
         "caption": "per environment that offers tools: the share of episodes with a call that ran, calls per "
                    "episode, answers given without any call, and of the turns that wrote call markup, those "
-                   "that did not parse, named an unknown tool, failed the tool's schema or were refused by it",
+                   "that did not parse, named an unknown tool, failed the tool's schema or were refused by it, and of the "
+                   "calls that ran, those that copied their tool's example",
         "empty": "No rollout of an environment with tools yet.",
         "variants": [("tool_call_rate", "calling a tool"), ("tool_calls_per_episode", "calls per episode"),
                      ("answered_no_tools_rate", "answered without a call"),
                      ("tool_parse_failure_rate", "did not parse"), ("unknown_tool_rate", "unknown tool"),
-                     ("invalid_arguments_rate", "invalid arguments"), ("tool_error_rate", "tool refused")],
+                     ("invalid_arguments_rate", "invalid arguments"), ("tool_error_rate", "tool refused"),
+                     ("example_copy_rate", "copied the example")],
         "kind": "lines", "smooth": True, "range_min": 0, "min_span": 0.1,
         "family": {
             "pattern": r"^rollout/(?<environment>.+)/(?<variant>tool_call_rate|tool_calls_per_episode|"
                        r"answered_no_tools_rate|tool_parse_failure_rate|unknown_tool_rate|invalid_arguments_rate|"
-                       r"tool_error_rate)$",
+                       r"tool_error_rate|example_copy_rate)$",
             "label": "{environment}", "colour": "environment",
         },
     },

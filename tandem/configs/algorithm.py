@@ -71,23 +71,31 @@ class ToolCallBonusConfig(BaseModel):
 
     An episode earns ``per_call`` for each call that parsed, named a declared tool with arguments its
     schema accepts, and ran without the tool refusing it, up to ``max_per_episode``; markup that made
-    no call and refused calls earn nothing. From the first RL step the bonus shrinks linearly to 0
-    at step ``decay_steps`` (None: it never shrinks), so the task's own reward is what the policy
-    ends up trained on. It is added to the reward the advantages are computed from and reported
-    apart (``tool_call_bonus_mean``); ``reward_mean`` stays the environment's alone.
+    no call and refused calls earn nothing. A call whose arguments are the example its tool's schema
+    declares (the example call the tool instructions show) earns ``example_copy_share`` of ``per_call``:
+    paid in full, a policy learns to copy the example and not to do the task (bench/README.md, issue 31);
+    paid less than a call of its own, copying is a first rung that the policy climbs from. From the
+    first RL step the bonus shrinks linearly to 0 at step ``decay_steps`` (None: it never shrinks), so
+    the task's own reward is what the policy ends up trained on. It is added to the reward the
+    advantages are computed from and reported apart (``tool_call_bonus_mean``); ``reward_mean`` stays
+    the environment's alone.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     per_call: float = Field(0.1, gt=0, le=1, description="Reward per call that ran.")
     max_per_episode: float = Field(0.2, gt=0, le=1, description="The most one episode earns of the bonus.")
+    example_copy_share: float = Field(
+        0.5, ge=0, le=1, description="The share of per_call that a call copying its tool's example earns; 0: none.")
     decay_steps: int | None = Field(
         None, ge=1, description="RL steps over which the bonus shrinks linearly to 0; None: it stays whole.")
 
-    def bonus(self, calls_run: int, *, rl_step: int) -> float:
-        """The bonus of an episode with ``calls_run`` calls that ran, at RL step ``rl_step`` (0-based)."""
+    def bonus(self, calls_run: int, *, rl_step: int, example_copies: int = 0) -> float:
+        """The bonus of an episode with ``calls_run`` calls that ran, ``example_copies`` of them copies of their
+        tool's example, at RL step ``rl_step`` (0-based)."""
         scale = 1.0 if self.decay_steps is None else max(0.0, 1.0 - rl_step / self.decay_steps)
-        return min(self.per_call * calls_run, self.max_per_episode) * scale
+        calls_earning = calls_run - example_copies + self.example_copy_share * example_copies
+        return min(self.per_call * calls_earning, self.max_per_episode) * scale
 
 
 class OverlongShapingConfig(BaseModel):

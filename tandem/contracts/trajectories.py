@@ -43,6 +43,9 @@ class MessageToolCall(BaseModel):
 
     name: str
     arguments: dict = Field(default_factory=dict)
+    copies_example: bool = Field(
+        False, description="Its arguments are the example its tool's schema declares (the example call the tool "
+        "instructions show): it copies the format, not the task, and earns less of a tool-call bonus.")
 
 
 def tool_call_outcomes_of(turns: Iterable) -> list[str]:
@@ -51,13 +54,14 @@ def tool_call_outcomes_of(turns: Iterable) -> list[str]:
     return [turn.tool_call_status for turn in turns if turn.tool_call_status is not None]
 
 
-def tool_calls_run_in(turns: Iterable) -> int:
+def tool_calls_run_in(turns: Iterable, *, copies_of_the_example: bool = True) -> int:
     """Calls that parsed and ran over ``turns`` (anything with ``tool_calls`` and ``tool_call_status``): every
     call they record, but those of a turn whose tool refused one (markup that made no call records none;
     older records' calls all ran) and those of an answer given back as history (``replayed``), counted where
-    it was sampled."""
-    return sum(len(turn.tool_calls) for turn in turns
-               if turn.tool_call_status != "tool_error" and not getattr(turn, "replayed", False))
+    it was sampled. ``copies_of_the_example=False`` leaves out calls that copy their tool's example
+    (``MessageToolCall.copies_example``)."""
+    return sum(sum(1 for call in turn.tool_calls if copies_of_the_example or not call.copies_example)
+               for turn in turns if turn.tool_call_status != "tool_error" and not getattr(turn, "replayed", False))
 
 
 class ConversationMessage(BaseModel):
@@ -171,9 +175,9 @@ class TrajectoryRecord(Record):
         """The :data:`ToolCallStatus` of each assistant turn that wrote tool-call markup, in order."""
         return tool_call_outcomes_of(self.messages)
 
-    def tool_calls_run(self) -> int:
+    def tool_calls_run(self, *, copies_of_the_example: bool = True) -> int:
         """Calls of its tools that parsed and ran (:func:`tool_calls_run_in`)."""
-        return tool_calls_run_in(self.messages)
+        return tool_calls_run_in(self.messages, copies_of_the_example=copies_of_the_example)
 
     @model_validator(mode="after")
     def _aligned(self):

@@ -178,3 +178,18 @@ def test_tool_instructions_end_with_an_example_call_from_the_schemas_examples():
     assert "For example" not in tool_instructions([bare])
     assert tool_instructions([bare, CALCULATOR_TOOL]).endswith(
         '<tool_call>{"name": "calc", "arguments": {"expression": "37*58"}}</tool_call>')
+
+
+def test_an_episode_records_which_calls_copied_the_tools_example():
+    """The agent loop marks a call whose arguments are the example the instructions show; the tool still runs it."""
+    from environments.builtin.calculator import CalculatorEnvironment
+
+    turns = ['<tool_call>{"name": "calc", "arguments": {"expression": "37*58"}}</tool_call>'
+             '<tool_call>{"name": "calc", "arguments": {"expression": "942*714"}}</tool_call>', "A:672588"]
+    record, transcript = _agent_episode(CalculatorEnvironment(), {"expression": "942*714"}, turns)
+    assert record.status == "ok" and record.reward == 1.0
+    assert "=2146\n=672588" in transcript  # the copy ran
+    [calling] = [message for message in record.messages if message.tool_calls]
+    assert [(call.arguments["expression"], call.copies_example) for call in calling.tool_calls] == [
+        ("37*58", True), ("942*714", False)]
+    assert record.tool_calls_run() == 2 and record.tool_calls_run(copies_of_the_example=False) == 1

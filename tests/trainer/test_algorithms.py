@@ -230,14 +230,15 @@ def test_dapo_prepare_drops_groups_on_raw_rewards_and_shapes_the_survivors():
     np.testing.assert_allclose(prepared.stats["overlong_penalized_fraction"], 2 / 6, atol=TOLERANCE)
 
 
-def _calling(reward: float, *outcomes: str | None, calls_each: int = 1, status: str = "ok") -> TrajectoryRecord:
+def _calling(reward: float, *outcomes: str | None, calls_each: int = 1, status: str = "ok",
+             copies_example: bool = False) -> TrajectoryRecord:
     """An episode whose assistant turns had these tool-call outcomes (None: an answer)."""
     from tandem.contracts import ConversationMessage, MessageToolCall
 
     messages = tuple(ConversationMessage(
         role="assistant", content="...", start=0, end=1, tool_call_status=outcome,
-        tool_calls=tuple(MessageToolCall(name="calc") for _ in range(calls_each if outcome in ("ok", "tool_error")
-                                                                     else 0)))
+        tool_calls=tuple(MessageToolCall(name="calc", copies_example=copies_example)
+                         for _ in range(calls_each if outcome in ("ok", "tool_error") else 0)))
         for outcome in outcomes)
     return _with_policy_tokens(3, reward, status=status).model_copy(
         update={"messages": messages, "offered_tools": ("calc",)})
@@ -266,6 +267,22 @@ def test_the_tool_call_bonus_pays_calls_that_ran_capped_and_decaying_and_never_f
     # Without the setting, nothing is added.
     plain = build_algorithm(AlgorithmConfig(name="grpo")).prepare([group])
     np.testing.assert_allclose(plain.rewards, [0.0, 1.0, 0.0, 0.0, 0.0], atol=TOLERANCE)
+
+
+def test_the_tool_call_bonus_pays_a_copy_of_the_tools_example_less_than_a_call_of_its_own():
+    group = [
+        _calling(0.0, "ok", None, copies_example=True),  # the instructions' example, word for word
+        _calling(1.0, "ok", None),                       # its own call
+        _calling(0.0, "ok", "ok", None, copies_example=True),  # two copies: still under the cap
+    ]
+    halved = build_algorithm(AlgorithmConfig(name="grpo", tool_call_bonus={"per_call": 0.1})).prepare([group])
+    np.testing.assert_allclose(halved.rewards, [0.05, 1.1, 0.1], atol=TOLERANCE)
+    assert halved.stats["tool_call_bonus_mean"] == pytest.approx(0.25 / 3)
+    unpaid = build_algorithm(AlgorithmConfig(name="grpo", tool_call_bonus={"per_call": 0.1,
+                                                                           "example_copy_share": 0})).prepare([group])
+    np.testing.assert_allclose(unpaid.rewards, [0.0, 1.1, 0.0], atol=TOLERANCE)
+    # The copy still ran: the tool-use metrics count it as a call.
+    assert group[0].tool_calls_run() == 1 and group[0].tool_calls_run(copies_of_the_example=False) == 0
 
 
 def test_a_tool_call_bonus_setting_names_its_field_when_out_of_range():

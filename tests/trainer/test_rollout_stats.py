@@ -59,15 +59,16 @@ def test_two_environments_of_long_names_sharing_their_start_get_series_of_their_
 
 
 def _tool_episode(turns, *, offered=("calc",), status="ok"):
-    """An episode whose assistant turns had these tool-call outcomes: None (an answer), or (status, calls)."""
+    """An episode whose assistant turns had these tool-call outcomes: None (an answer), or (status, calls), or
+    (status, calls, copies of the tool's example among them)."""
     from tandem.contracts import ConversationMessage, MessageToolCall
 
     messages = []
     for turn in turns:
-        outcome, calls = turn if turn is not None else (None, 0)
+        outcome, calls, copies = (*turn, 0)[:3] if turn is not None else (None, 0, 0)
         messages.append(ConversationMessage(
             role="assistant", content="...", start=0, end=1, tool_call_status=outcome,
-            tool_calls=tuple(MessageToolCall(name="calc") for _ in range(calls)),
+            tool_calls=tuple(MessageToolCall(name="calc", copies_example=index < copies) for index in range(calls)),
             tool_call_error="" if outcome in (None, "ok") else "why"))
     record = _record("calc", total=1.0, generation=0.5, status=status)
     return record.model_copy(update={"messages": tuple(messages), "offered_tools": offered})
@@ -89,6 +90,16 @@ def test_tool_use_per_environment_counts_calls_that_ran_and_each_way_markup_made
     assert metrics["rollout/calc/unknown_tool_rate"] == 0.2
     assert metrics["rollout/calc/invalid_arguments_rate"] == 0.2
     assert metrics["rollout/calc/tool_error_rate"] == 0.0
+    assert metrics["rollout/calc/example_copy_rate"] == 0.0  # none of the three calls that ran
+
+
+def test_the_share_of_calls_that_copied_the_tools_example_is_counted_among_calls_that_ran():
+    metrics = rollout_metrics([_tool_episode([("ok", 2, 1), None]), _tool_episode([("ok", 1, 1), None]),
+                               _tool_episode([("ok", 1), None])])
+    assert metrics["rollout/calc/tool_calls_per_episode"] == pytest.approx(4 / 3)  # copies are calls
+    assert metrics["rollout/calc/example_copy_rate"] == 0.5
+    no_calls = rollout_metrics([_tool_episode([None])])
+    assert "rollout/calc/example_copy_rate" not in no_calls  # no call ran: no share to speak of
 
 
 def test_tool_metrics_only_where_tools_were_offered_and_failure_rates_only_where_markup_was_written():
@@ -109,7 +120,7 @@ def test_every_tool_series_of_the_longest_environment_name_fits_the_platforms_na
     episode = _tool_episode([("unparsed", 0), ("ok", 1), None]).model_copy(update={"environment": long_name})
     metrics = rollout_metrics([episode])
     figures = tool_use_metrics([episode])
-    assert len(figures) == 7 and len([name for name in metrics if name.rsplit("/", 1)[1] in figures]) == 7
+    assert len(figures) == 8 and len([name for name in metrics if name.rsplit("/", 1)[1] in figures]) == 8
     assert max(len(name) for name in metrics) <= METRIC_NAME_LENGTH_MAX
     # Evaluations name the same figures under eval/<label>/.
     for figure in figures:
