@@ -71,8 +71,9 @@ ENVIRONMENT_SETTINGS = {"prompt_style": "chat", "min_operand": 1, "max_operand":
 HELD_OUT_SEED = 10**9
 
 
-def real_model_config(**overrides) -> RunConfig:
-    directory = str(SMOLLM2_DIR.resolve())
+def real_model_config(directory: Path = SMOLLM2_DIR, **overrides) -> RunConfig:
+    """The settings of the real-model benches for the model imported in ``directory`` (SmolLM2 by default)."""
+    directory = str(directory.resolve())
     base = {
         # The prompt (the tool's system message included) is about 170 tokens; a call, its result and
         # an answer fit in 320. One group of 8 a step: the update of 16 such episodes took more than
@@ -193,9 +194,11 @@ def _environment_ready(client, stack, name: str, *, timeout_s: float = 600.0) ->
 
 
 def run_to_end(client, stack, *, project_id: int, name: str, environment: str, config: dict,
-               minutes: float) -> dict:
-    """Create a run through REST and wait for it to end, cancelling it once ``minutes`` have passed:
-    its id, final status, trainer step and wall seconds."""
+               minutes: float, rl_minutes: float | None = None) -> dict:
+    """Create a run through REST and wait for it to end, cancelling it once ``minutes`` have passed, or, with
+    ``rl_minutes``, that many minutes after its first RL step ended (the steps after ``config["sft_steps"]``),
+    so that the engine's warm-up and the first step's compilation (minutes on a CPU) are not counted: its
+    id, final status, trainer step, wall seconds, and the seconds from the first RL step to the end."""
     from tandem.contracts import TERMINAL_RUN_STATUSES
 
     _environment_ready(client, stack, environment)
@@ -205,18 +208,24 @@ def run_to_end(client, stack, *, project_id: int, name: str, environment: str, c
     if run.status_code != 201:
         raise RuntimeError(f"the run was refused: {run.status_code} {run.text}")
     run_id = run.json()["id"]
-    deadline, cancelled = started + minutes * 60, False
+    deadline, cancelled, first_rl_step_at = started + minutes * 60, False, None
     while True:
         stack.check_alive()
         status = client.get(f"/api/runs/{run_id}/").json()
         if status["status"] in TERMINAL_RUN_STATUSES:
             break
+        if (rl_minutes is not None and first_rl_step_at is None
+                and (status.get("trainer_step") or 0) > config.get("sft_steps", 0)):
+            first_rl_step_at = time.time()
+            deadline = first_rl_step_at + rl_minutes * 60
         if time.time() > deadline and not cancelled:
             client.post(f"/api/runs/{run_id}/cancel/").raise_for_status()
             cancelled = True
         time.sleep(5)
+    ended = time.time()
     return {"run_id": run_id, "status": status["status"], "trainer_step": status.get("trainer_step", 0),
-            "wall_s": round(time.time() - started, 1)}
+            "wall_s": round(ended - started, 1),
+            "after_first_rl_step_s": None if first_rl_step_at is None else round(ended - first_rl_step_at, 1)}
 
 
 def learning(args) -> dict:

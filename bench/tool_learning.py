@@ -1,5 +1,7 @@
 """Does a real model learn to use its tools? SmolLM2-135M-Instruct (make models) on two tasks that need them.
 
+``--model gemma3-270m`` trains Gemma 3 270M, a base model, instead (also imported by ``make models``).
+
 - ``calculator``: 3-digit products asked in words (the ``calculator-products`` preset), one ``calc`` call;
 - ``multi_step``: the ``shop`` environment, an order's total from prices only its ``lookup`` tool knows,
   summed with ``calc``: at least three calls of two tools.
@@ -16,13 +18,16 @@ episode and wall time; ``examples`` quotes three episodes. The arms (``--arms``)
   them answer without the tool), no RL;
 - ``sft_grpo``: the same SFT, then GRPO in the same run for ``--grpo-minutes``;
 - ``grpo``: GRPO alone from the imported model for ``--grpo-minutes``;
-- ``grpo_bonus``: the same with ``algorithm.tool_call_bonus`` (0.1 a call that ran, 0.2 at most).
+- ``grpo_bonus``: the same with ``algorithm.tool_call_bonus`` (0.1 a call that ran, half that for a copy of
+  its tool's example, 0.2 at most).
 
 Trained arms are runs through REST on one whole stack per task (web, one Celery worker, trainer, a
 fresh SQLite database, the built-in environments); a GRPO run is cancelled once its minutes are up, and
-the policy it last published is evaluated. Each trained arm adds ``run`` (status, steps, wall seconds).
+the policy it last published is evaluated. GRPO's minutes count from the end of its first step, so that the
+engine's warm-up and the first step's compilation are not counted. Each trained arm adds ``run`` (status, steps,
+wall seconds, and ``after_first_rl_step_s``).
 
-Usage: ``python bench/tool_learning.py [--tasks calculator,multi_step] [--arms imported,sft,...]
+Usage: ``python bench/tool_learning.py [--model smollm2-135m|gemma3-270m] [--tasks calculator,multi_step] [--arms imported,sft,...]
 [--eval-episodes 64] [--grpo-minutes 30]``. Prints one JSON line. Uses the Redis of ``--redis-url``
 (db 14 by default) for the published weights, and flushes it first.
 """
@@ -45,6 +50,9 @@ from environments.builtin.shop import ShopEnvironment  # noqa: E402
 from policy import RedisWeightPublisher, create_model, load_tokenizer, split_model  # noqa: E402
 from tandem.configs.demo_runs import SMOLLM2_DIR  # noqa: E402
 
+#: The models an arm may train, as `make models` imports them.
+MODELS = {"smollm2-135m": ("SmolLM2-135M-Instruct", SMOLLM2_DIR),
+          "gemma3-270m": ("Gemma 3 270M (base)", Path(os.environ.get("TANDEM_GEMMA3_DIR", "var/models/gemma3-270m")))}
 # As the platform registers them (platform/environment_registry/builtin.py).
 TASKS = {
     "calculator": ("calculator-products", lambda: CalculatorEnvironment(
@@ -91,6 +99,7 @@ def main() -> None:
     import redis
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m")
     parser.add_argument("--tasks", default="calculator,multi_step")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--eval-episodes", type=int, default=64)
@@ -100,25 +109,27 @@ def main() -> None:
     parser.add_argument("--sft-learning-rate", type=float, default=1e-4)
     parser.add_argument("--rl-learning-rate", type=float, default=3e-5)
     parser.add_argument("--rl-steps", type=int, default=500, help="the GRPO runs' rl_steps (the minutes end them)")
-    parser.add_argument("--grpo-minutes", type=float, default=30.0, help="wall time of each GRPO phase")
+    parser.add_argument("--grpo-minutes", type=float, default=30.0,
+                        help="wall time of each GRPO phase, from the end of its first step")
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--port", type=int, default=8767)
     args = parser.parse_args()
     arms = args.arms.split(",")
     if unknown := set(arms) - set(ARMS):
         sys.exit(f"unknown arms {sorted(unknown)}; the arms are {ARMS}")
-    if not (SMOLLM2_DIR / "config.json").is_file():
-        sys.exit(f"{SMOLLM2_DIR} holds no model: run `make models` first")
+    model_name, model_dir = MODELS[args.model]
+    if not (model_dir / "config.json").is_file():
+        sys.exit(f"{model_dir} holds no model: run `make models` first")
     redis_client = redis.Redis.from_url(args.redis_url)
     redis_client.flushdb()
-    output: dict = {"bench": "tool_learning", "model": "SmolLM2-135M-Instruct", "eval_episodes": args.eval_episodes,
+    output: dict = {"bench": "tool_learning", "model": model_name, "eval_episodes": args.eval_episodes,
                     "sft_steps": args.sft_steps, "sft_batch_size": args.sft_batch_size,
                     "grpo_minutes": args.grpo_minutes, "cpu_count": os.cpu_count()}
     for task in args.tasks.split(","):
         environment_name, _, max_turns = TASKS[task]
         # Micro-batches, small logits chunks and remat keep the trainer near 4 GB (bench/train_memory.py): the
         # whole step at once held 10 GB here and was killed for memory beside other jobs.
-        config = real_model_config(model={"max_seq_len": 1024},
+        config = real_model_config(model_dir, model={"max_seq_len": 1024},
                                    sampling={"max_new_tokens": args.max_new_tokens, "temperature": 0.8},
                                    rollout={"max_turns": max_turns},
                                    memory={"micro_batch_tokens": 2048, "logits_chunk_tokens": 512, "remat": "full",
@@ -136,10 +147,12 @@ def main() -> None:
         trained = [arm for arm in arms if arm != "imported"]
         with bench_stack(args) if trained else contextlib.nullcontext((None, None, None)) as (client, project, stack):
             for arm in trained:
-                minutes = 24 * 60 if arm == "sft" else args.grpo_minutes + (5 if arm == "sft_grpo" else 0)
+                # GRPO's minutes count from its first step: the engine's warm-up and the first compilation
+                # took 8 minutes of a 30-minute budget on this CPU (session 52). The minutes bound a stall.
                 run = run_to_end(client, stack, project_id=project, name=f"bench: {task} {arm}",
                                  environment=environment_name, config=_arm_run_config(arm, config, args),
-                                 minutes=minutes)
+                                 minutes=24 * 60 if arm == "sft" else args.grpo_minutes + 60,
+                                 rl_minutes=None if arm == "sft" else args.grpo_minutes)
                 output[task][arm] = {**evaluated(run["run_id"]), "run": run}
                 print(f"{task} {arm}: {json.dumps(output[task][arm])}", file=sys.stderr, flush=True)
     redis_client.flushdb()
