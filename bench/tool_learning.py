@@ -130,7 +130,10 @@ def main() -> None:
         # Micro-batches, small logits chunks and remat keep the trainer near 4 GB (bench/train_memory.py): the
         # whole step at once held 10 GB here and was killed for memory beside other jobs.
         config = real_model_config(model_dir, model={"max_seq_len": 1024},
-                                   sampling={"max_new_tokens": args.max_new_tokens, "temperature": 0.8},
+                                   # A turn ends with its call: without the stop, a correct call followed by
+                                   # more markup spoiled the turn (session 52's grpo_bonus episodes).
+                                   sampling={"max_new_tokens": args.max_new_tokens, "temperature": 0.8,
+                                             "stop_strings": ["</tool_call>"]},
                                    rollout={"max_turns": max_turns},
                                    memory={"micro_batch_tokens": 2048, "logits_chunk_tokens": 512, "remat": "full",
                                            "pack_episodes": True})
