@@ -41,7 +41,7 @@ from tandem.contracts import (
     evaluation_stream_record,
     evaluation_weights_key,
 )
-from trainer.rollout_stats import EPISODE_TOOL_RATES, succeeded, tool_use_metrics
+from trainer.rollout_stats import CALL_TOOL_RATES, EPISODE_TOOL_RATES, succeeded, tool_use_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -110,13 +110,15 @@ def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequenc
                  EVALUATION_MEAN_REWARD: mean_interval(rewards)}
     if any(record.offered_tools for record in records):
         # As the training steps report them (rollout/<env>/...), with Wilson intervals: the episode
-        # rates over the episodes, the failure rates over the turns that wrote tool-call markup.
+        # rates over the episodes, the copies of an example over the calls that ran, the failure rates
+        # over the turns that wrote tool-call markup.
         tools = tool_use_metrics(records)
         metrics.update(tools)
         attempts = sum(len(record.tool_call_outcomes()) for record in records)
+        calls_run = sum(record.tool_calls_run() for record in records)
         for name, value in tools.items():
             if name.endswith("_rate"):
-                over = count if name in EPISODE_TOOL_RATES else attempts
+                over = count if name in EPISODE_TOOL_RATES else calls_run if name in CALL_TOOL_RATES else attempts
                 intervals[name] = wilson_interval(round(value * over), over)
     per_task_success = [sum(map(succeeded, task)) / len(task) for task in by_task.values()]
     for k in pass_k:

@@ -59,6 +59,8 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
 #: The tool-use rates of :func:`tool_use_metrics` that are shares of episodes (the others are shares
 #: of the turns that wrote tool-call markup).
 EPISODE_TOOL_RATES = (TOOL_CALL_RATE_FIGURE, "answered_no_tools_rate")
+#: The tool-use rates of :func:`tool_use_metrics` that are shares of the calls that ran.
+CALL_TOOL_RATES = ("example_copy_rate",)
 
 
 def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
@@ -81,7 +83,7 @@ def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
         ) / len(episodes),
     }
     if total_calls := sum(calls_run):
-        metrics["example_copy_rate"] = 1 - sum(
+        metrics[CALL_TOOL_RATES[0]] = 1 - sum(
             record.tool_calls_run(copies_of_the_example=False) for record in episodes) / total_calls
     outcomes = [outcome for record in episodes for outcome in record.tool_call_outcomes()]
     if outcomes:

@@ -94,23 +94,27 @@ def test_an_evaluation_of_an_environment_with_tools_reports_their_use_with_inter
     def with_turns(episode, *outcomes):
         messages = [ConversationMessage(
             role="assistant", content="...", start=0, end=1, tool_call_status=outcome,
-            tool_calls=(MessageToolCall(name="calc"),) if outcome == "ok" else ())
+            tool_calls=(MessageToolCall(name="calc", copies_example=episode.record.reward == 0),)
+            if outcome == "ok" else ())
             for outcome in outcomes]
         record = episode.record.model_copy(update={"messages": tuple(messages), "offered_tools": ("calc",)})
         return episode.model_copy(update={"record": record})
 
     episodes = [with_turns(_episode(run_id, 0, 0, reward=1.0), "unparsed", "ok", None),
                 with_turns(_episode(run_id, 0, 1, reward=1.0), "ok", None),
-                with_turns(_episode(run_id, 0, 2, reward=0.0), None),
+                with_turns(_episode(run_id, 0, 2, reward=0.0), "ok", None),  # the tool's example, copied
                 with_turns(_episode(run_id, 0, 3, reward=0.0), "unknown_tool", None)]
     metrics, intervals = evaluation_metrics(episodes, pass_k=[1])
-    assert metrics["tool_call_rate"] == 0.5 and metrics["tool_calls_per_episode"] == 0.5
-    assert metrics["answered_no_tools_rate"] == 0.5
-    # Four turns wrote markup: one did not parse, one named an unknown tool.
-    assert metrics["tool_parse_failure_rate"] == metrics["unknown_tool_rate"] == 0.25
+    assert metrics["tool_call_rate"] == 0.75 and metrics["tool_calls_per_episode"] == 0.75
+    assert metrics["answered_no_tools_rate"] == 0.25
+    # Five turns wrote markup: one did not parse, one named an unknown tool.
+    assert metrics["tool_parse_failure_rate"] == metrics["unknown_tool_rate"] == 0.2
     assert metrics["invalid_arguments_rate"] == 0.0
-    assert intervals["tool_call_rate"] == pytest.approx(wilson_interval(2, 4))
-    assert intervals["tool_parse_failure_rate"] == pytest.approx(wilson_interval(1, 4))
+    assert intervals["tool_call_rate"] == pytest.approx(wilson_interval(3, 4))
+    assert intervals["tool_parse_failure_rate"] == pytest.approx(wilson_interval(1, 5))
+    # One of the three calls that ran copied its tool's example: its interval is over the calls.
+    assert metrics["example_copy_rate"] == pytest.approx(1 / 3)
+    assert intervals["example_copy_rate"] == pytest.approx(wilson_interval(1, 3))
     # An environment without tools reports none of them.
     plain, _ = evaluation_metrics([_episode(run_id, 0, 0, reward=1.0)], pass_k=[1])
     assert "tool_call_rate" not in plain
