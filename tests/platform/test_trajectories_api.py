@@ -36,7 +36,7 @@ def test_posted_samples_are_stored_once_and_read_back_turn_by_turn(trainer_api, 
     assert body["id"] == sample.trajectory_id and body["step"] == 4 and body["status"] == "ok"
     assert body["policy_versions"] == [3, 4] and body["num_turns"] == 2
     assert [turn["role"] for turn in body["turns"]] == ["prompt", "policy", "tool", "policy"]
-    assert body["turns"][1]["tool_calls"] == [{"name": "calc", "arguments": {"expression": "2+3"}}]
+    assert body["turns"][1]["tool_calls"] == [{"name": "calc", "arguments": {"expression": "2+3"}, "copies_example": False}]
     assert [span["trained"] for turn in body["turns"] for span in turn["spans"]] == [False, True, False, True]
     assert body["trained_tokens"] == 12 and body["num_tokens"] == 37
 
