@@ -18,8 +18,8 @@ episode and wall time; ``examples`` quotes three episodes. The arms (``--arms``)
   them answer without the tool), no RL;
 - ``sft_grpo``: the same SFT, then GRPO in the same run for ``--grpo-minutes``;
 - ``grpo``: GRPO alone from the imported model for ``--grpo-minutes``;
-- ``grpo_bonus``: the same with ``algorithm.tool_call_bonus`` (0.1 a call that ran, half that for a copy of
-  its tool's example, 0.2 at most).
+- ``grpo_bonus``: the same with ``algorithm.tool_call_bonus``: 0.1 a call that ran, half that for a copy of
+  its tool's example, at most 0.1 for each call the task needs (``CALLS_NEEDED``).
 
 Trained arms are runs through REST on one whole stack per task (web, one Celery worker, trainer, a
 fresh SQLite database, the built-in environments); a GRPO run is cancelled once its minutes are up, and
@@ -61,7 +61,10 @@ TASKS = {
 }
 IMPORTED_RUN_ID = 999_000_031
 ARMS = ("imported", "sft", "sft_grpo", "grpo", "grpo_bonus")
-TOOL_CALL_BONUS = {"per_call": 0.1, "max_per_episode": 0.2}
+TOOL_CALL_BONUS_PER_CALL = 0.1
+#: The calls a task needs, which cap the bonus: capped at two calls, session 52's calculator policy made the
+#: right call in every episode, then called again until max_turns instead of answering.
+CALLS_NEEDED = {"calculator": 1, "multi_step": 4}  # the shop: up to 3 lookups, then calc
 
 
 def _arm(result: dict) -> dict:
@@ -82,7 +85,7 @@ def _evaluated(redis_client, run_id: int, *, config, task: str, episodes: int) -
                          evaluation_split=True))
 
 
-def _arm_run_config(arm: str, config, args) -> dict:
+def _arm_run_config(arm: str, task: str, config, args) -> dict:
     """The run config of a trained arm: ``config`` with its phases."""
     body = json.loads(config.model_dump_json())
     sft_steps = args.sft_steps if arm in ("sft", "sft_grpo") else 0
@@ -91,7 +94,8 @@ def _arm_run_config(arm: str, config, args) -> dict:
                  "learning_rate": args.sft_learning_rate, "rl_learning_rate": args.rl_learning_rate,
                  "checkpoint": {"every": 1000}})
     if arm == "grpo_bonus":
-        body["algorithm"] = {**body["algorithm"], "tool_call_bonus": TOOL_CALL_BONUS}
+        body["algorithm"] = {**body["algorithm"], "tool_call_bonus": {
+            "per_call": TOOL_CALL_BONUS_PER_CALL, "max_per_episode": TOOL_CALL_BONUS_PER_CALL * CALLS_NEEDED[task]}}
     return body
 
 
@@ -153,7 +157,7 @@ def main() -> None:
                 # GRPO's minutes count from its first step: the engine's warm-up and the first compilation
                 # took 8 minutes of a 30-minute budget on this CPU (session 52). The minutes bound a stall.
                 run = run_to_end(client, stack, project_id=project, name=f"bench: {task} {arm}",
-                                 environment=environment_name, config=_arm_run_config(arm, config, args),
+                                 environment=environment_name, config=_arm_run_config(arm, task, config, args),
                                  minutes=24 * 60 if arm == "sft" else args.grpo_minutes + 60,
                                  rl_minutes=None if arm == "sft" else args.grpo_minutes)
                 output[task][arm] = {**evaluated(run["run_id"]), "run": run}
