@@ -301,10 +301,9 @@ class Algorithm:
             )
         bonus = np.zeros_like(raw)
         if self.config.tool_call_bonus is not None:
-            bonus = np.array([self.config.tool_call_bonus.bonus(
-                record.tool_calls_run(), rl_step=rl_step,
-                example_copies=record.tool_calls_run() - record.tool_calls_run(copies_of_the_example=False))
-                for record in records], dtype=np.float32)
+            bonus = np.array([self.config.tool_call_bonus.bonus(record.tool_calls_run(), rl_step=rl_step,
+                                                                example_copies=record.example_copies_run())
+                              for record in records], dtype=np.float32)
         shaped = raw + penalty + bonus
 
         advantages = np.zeros_like(raw)

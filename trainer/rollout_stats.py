@@ -59,8 +59,9 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
 #: The tool-use rates of :func:`tool_use_metrics` that are shares of episodes (the others are shares
 #: of the turns that wrote tool-call markup).
 EPISODE_TOOL_RATES = (TOOL_CALL_RATE_FIGURE, "answered_no_tools_rate")
+EXAMPLE_COPY_RATE = "example_copy_rate"
 #: The tool-use rates of :func:`tool_use_metrics` that are shares of the calls that ran.
-CALL_TOOL_RATES = ("example_copy_rate",)
+CALL_TOOL_RATES = (EXAMPLE_COPY_RATE,)
 
 
 def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
@@ -72,7 +73,7 @@ def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
     made no call: ``tool_parse_failure_rate`` (it did not parse), ``unknown_tool_rate`` and
     ``invalid_arguments_rate`` (the tool's schema refused them), and those whose tool refused a call
     that ran, ``tool_error_rate``. Of the calls that ran (only when some did), ``example_copy_rate``: the
-    share that copied their tool's example (``MessageToolCall.copies_example``), which no bonus pays for.
+    share that copied their tool's example (``MessageToolCall.copies_example``), which the tool-call bonus pays less.
     """
     calls_run = [record.tool_calls_run() for record in episodes]
     metrics = {
@@ -83,8 +84,7 @@ def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
         ) / len(episodes),
     }
     if total_calls := sum(calls_run):
-        metrics[CALL_TOOL_RATES[0]] = 1 - sum(
-            record.tool_calls_run(copies_of_the_example=False) for record in episodes) / total_calls
+        metrics[EXAMPLE_COPY_RATE] = sum(record.example_copies_run() for record in episodes) / total_calls
     outcomes = [outcome for record in episodes for outcome in record.tool_call_outcomes()]
     if outcomes:
         for status, name in (("unparsed", "tool_parse_failure_rate"), ("unknown_tool", "unknown_tool_rate"),

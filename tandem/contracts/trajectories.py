@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -54,14 +54,24 @@ def tool_call_outcomes_of(turns: Iterable) -> list[str]:
     return [turn.tool_call_status for turn in turns if turn.tool_call_status is not None]
 
 
-def tool_calls_run_in(turns: Iterable, *, copies_of_the_example: bool = True) -> int:
-    """Calls that parsed and ran over ``turns`` (anything with ``tool_calls`` and ``tool_call_status``): every
+def _calls_run_in(turns: Iterable) -> Iterator[MessageToolCall]:
+    """The calls that parsed and ran over ``turns`` (anything with ``tool_calls`` and ``tool_call_status``): every
     call they record, but those of a turn whose tool refused one (markup that made no call records none;
     older records' calls all ran) and those of an answer given back as history (``replayed``), counted where
-    it was sampled. ``copies_of_the_example=False`` leaves out calls that copy their tool's example
-    (``MessageToolCall.copies_example``)."""
-    return sum(sum(1 for call in turn.tool_calls if copies_of_the_example or not call.copies_example)
-               for turn in turns if turn.tool_call_status != "tool_error" and not getattr(turn, "replayed", False))
+    it was sampled."""
+    for turn in turns:
+        if turn.tool_call_status != "tool_error" and not getattr(turn, "replayed", False):
+            yield from turn.tool_calls
+
+
+def tool_calls_run_in(turns: Iterable) -> int:
+    """How many calls parsed and ran over ``turns`` (:func:`_calls_run_in`)."""
+    return sum(1 for _ in _calls_run_in(turns))
+
+
+def example_copies_run_in(turns: Iterable) -> int:
+    """How many of the calls that ran over ``turns`` copied their tool's example (``MessageToolCall.copies_example``)."""
+    return sum(call.copies_example for call in _calls_run_in(turns))
 
 
 class ConversationMessage(BaseModel):
@@ -175,9 +185,13 @@ class TrajectoryRecord(Record):
         """The :data:`ToolCallStatus` of each assistant turn that wrote tool-call markup, in order."""
         return tool_call_outcomes_of(self.messages)
 
-    def tool_calls_run(self, *, copies_of_the_example: bool = True) -> int:
+    def tool_calls_run(self) -> int:
         """Calls of its tools that parsed and ran (:func:`tool_calls_run_in`)."""
-        return tool_calls_run_in(self.messages, copies_of_the_example=copies_of_the_example)
+        return tool_calls_run_in(self.messages)
+
+    def example_copies_run(self) -> int:
+        """Of the calls that ran, those that copied their tool's example (:func:`example_copies_run_in`)."""
+        return example_copies_run_in(self.messages)
 
     @model_validator(mode="after")
     def _aligned(self):

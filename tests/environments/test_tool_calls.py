@@ -192,4 +192,4 @@ def test_an_episode_records_which_calls_copied_the_tools_example():
     [calling] = [message for message in record.messages if message.tool_calls]
     assert [(call.arguments["expression"], call.copies_example) for call in calling.tool_calls] == [
         ("37*58", True), ("942*714", False)]
-    assert record.tool_calls_run() == 2 and record.tool_calls_run(copies_of_the_example=False) == 1
+    assert record.tool_calls_run() == 2 and record.example_copies_run() == 1

@@ -282,7 +282,7 @@ def test_the_tool_call_bonus_pays_a_copy_of_the_tools_example_less_than_a_call_o
                                                                            "example_copy_share": 0})).prepare([group])
     np.testing.assert_allclose(unpaid.rewards, [0.0, 1.1, 0.0], atol=TOLERANCE)
     # The copy still ran: the tool-use metrics count it as a call.
-    assert group[0].tool_calls_run() == 1 and group[0].tool_calls_run(copies_of_the_example=False) == 0
+    assert group[0].tool_calls_run() == 1 and group[0].example_copies_run() == 1
 
 
 def test_a_tool_call_bonus_setting_names_its_field_when_out_of_range():
