@@ -72,13 +72,22 @@ def wilson_interval(successes: float, count: int, z: float = 1.96) -> tuple[floa
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def mean_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
-    """95% normal interval of a mean."""
+def mean_interval(values: Sequence[float], z: float = 1.96, *, bounds: tuple[float, float] | None = None
+                  ) -> tuple[float, float]:
+    """95% normal interval of a mean, cut to ``bounds`` (what a mean of such values can be) where given."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return (mean, mean)
     half = z * statistics.stdev(values) / math.sqrt(len(values))
-    return (mean - half, mean + half)
+    low, high = bounds if bounds is not None else (-math.inf, math.inf)
+    return (max(mean - half, low), min(mean + half, high))
+
+
+def _reward_bounds(rewards: Sequence[float]) -> tuple[float, float]:
+    """What a mean reward can be: environments declare no reward range, so the episodes' own range. The
+    normal interval of a few rewards of 0 or 1 reached past 1 ([0.708, 1.042] for 0.875 over 8 episodes);
+    a resampled (bootstrap) interval keeps within the rewards' range as this does."""
+    return (min(rewards), max(rewards))
 
 
 def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequence[int]
@@ -107,7 +116,7 @@ def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequenc
         "failure_rate": sum(record.status == "failed" for record in records) / count,
     }
     intervals = {EVALUATION_SUCCESS_RATE: wilson_interval(successes, count),
-                 EVALUATION_MEAN_REWARD: mean_interval(rewards)}
+                 EVALUATION_MEAN_REWARD: mean_interval(rewards, bounds=_reward_bounds(rewards))}
     if any(record.offered_tools for record in records):
         # As the training steps report them (rollout/<env>/...), with Wilson intervals: the episode
         # rates over the episodes, the copies of an example over the calls that ran, the failure rates
@@ -125,7 +134,7 @@ def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequenc
         per_task = [pass_at_k(len(task), sum(map(succeeded, task)), k) for task in by_task.values() if len(task) >= k]
         if per_task:
             metrics[f"pass@{k}"] = statistics.fmean(per_task)
-            intervals[f"pass@{k}"] = tuple(min(1.0, max(0.0, bound)) for bound in mean_interval(per_task))
+            intervals[f"pass@{k}"] = mean_interval(per_task, bounds=(0.0, 1.0))
         # avg@k: the mean success of k tries, whose unbiased estimate from n >= k tries is c / n.
         metrics[f"avg@{k}"] = statistics.fmean(per_task_success)
     return metrics, intervals

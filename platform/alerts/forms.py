@@ -5,6 +5,7 @@ from django import forms
 from common.form_errors import DomainErrorForm
 
 from .models import AlertRule
+from .services import RULE_SETTINGS
 
 
 class AlertRuleForm(DomainErrorForm):
@@ -26,6 +27,10 @@ class AlertRuleForm(DomainErrorForm):
     webhook_secret = forms.CharField(max_length=200, required=False, label="Webhook secret", strip=False,
                                      widget=forms.PasswordInput(render_value=False),
                                      help_text="Signs each post (X-Tandem-Signature: sha256=…); never shown again.")
+
+    #: Settings each kind either needs or refuses (alerts.services.SETTINGS_OF_KIND): never "optional"; the
+    #: page shows a kind's own, marked required (alert_rules.js).
+    kind_settings = RULE_SETTINGS
 
     def __init__(self, *args, projects, **kwargs):
         super().__init__(*args, **kwargs)

@@ -57,7 +57,7 @@ from evaluations.views import (
     RunEvaluationProgressView,
     TrainerEvaluationsView,
 )
-from run_logs.views import RunLogDownloadView, RunLogListView
+from run_logs.views import RunLogDownloadView, RunLogListView, RunLogLoggerListView
 from runs import pages as run_pages
 from runs.views import (
     RunCancelView,
@@ -100,6 +100,7 @@ pages = [
     path("login/", account_pages.ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("runs/", run_pages.run_list_page, name="run-list-page"),
+    path("runs/rows/", run_pages.run_list_rows_page, name="run-list-rows-page"),
     path("runs/new/", run_pages.run_new_page, name="run-new-page"),
     path("runs/new/validate/", run_pages.run_new_validate_page, name="run-new-validate-page"),
     path("runs/<int:run_id>/", run_pages.run_page, name="run-page"),
@@ -107,6 +108,7 @@ pages = [
     path("runs/<int:run_id>/pause/", run_pages.run_pause_page, name="run-pause-page"),
     path("runs/<int:run_id>/resume/", run_pages.run_resume_page, name="run-resume-page"),
     path("runs/<int:run_id>/clone/", run_pages.run_clone_page, name="run-clone-page"),
+    path("runs/<int:run_id>/facts/", run_pages.run_facts_page, name="run-facts-page"),
     path("runs/compare/", run_pages.run_compare_page, name="run-compare-page"),
     path("runs/<int:run_id>/timeline/", telemetry_pages.run_timeline_page, name="run-timeline-page"),
     path(
@@ -255,6 +257,7 @@ api = [
     path("api/runs/<int:run_id>/evaluate/", RunEvaluateView.as_view(), name="api-run-evaluate"),
     path("api/runs/<int:run_id>/logs/", RunLogListView.as_view(), name="api-run-logs"),
     path("api/runs/<int:run_id>/logs.txt", RunLogDownloadView.as_view(), name="api-run-logs-download"),
+    path("api/runs/<int:run_id>/logs/loggers/", RunLogLoggerListView.as_view(), name="api-run-log-loggers"),
     path("api/runs/<int:run_id>/devices/", RunDevicesView.as_view(), name="api-run-devices"),
     path("api/runs/<int:run_id>/timeline/", RunTimelineView.as_view(), name="api-run-timeline"),
     path("api/runs/<int:run_id>/idle/", RunIdleView.as_view(), name="api-run-idle"),

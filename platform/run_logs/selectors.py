@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from common.domain_errors import InvalidInput
@@ -18,11 +18,14 @@ from .models import RunLogLine, RunLogState
 
 @dataclass(frozen=True)
 class RunLogFilters:
-    """What a reader asks for: lines at ``level`` or above, of ``process``, containing ``text``."""
+    """What a reader asks for: lines at ``level`` or above, of ``process``, containing ``text``, from no
+    logger of ``hidden_loggers``."""
 
     level: str | None = None  # a name of RUN_LOG_LEVELS
     process: str = ""  # a role (trainer, rollout_worker) or one process, "hostname:pid"
     text: str = ""
+    # Loggers whose lines, and their children's ("absl" hides "absl.foo" too), are left out.
+    hidden_loggers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,16 @@ def run_log_lines(*, run: Run, filters: RunLogFilters) -> QuerySet[RunLogLine]:
     if filters.text:
         lines = lines.filter(Q(message__icontains=filters.text) | Q(traceback__icontains=filters.text)
                              | Q(logger__icontains=filters.text))
+    for logger in filters.hidden_loggers:
+        lines = lines.exclude(Q(logger=logger) | Q(logger__startswith=f"{logger}."))
     return lines.order_by("id")
+
+
+def run_log_loggers(*, run: Run) -> list[dict]:
+    """Each logger of the run's kept lines with how many it wrote, the busiest first: what a reader may hide."""
+    counts = (RunLogLine.objects.filter(run=run).values("logger").annotate(lines=Count("id"))
+              .order_by("-lines", "logger"))
+    return [{"logger": row["logger"], "lines": row["lines"]} for row in counts]
 
 
 def run_log_page(*, run: Run, filters: RunLogFilters, after: int | None, before: int | None,

@@ -7,6 +7,8 @@ from tandem.contracts import RUN_LOG_LEVELS, run_log_level_name
 #: Lines a page holds at most, and by default.
 MAX_LINES_PER_PAGE = 1000
 DEFAULT_LINES_PER_PAGE = 200
+#: Loggers one query may hide.
+MAX_HIDDEN_LOGGERS = 50
 
 
 class RunLogQuerySerializer(serializers.Serializer):
@@ -26,6 +28,15 @@ class RunLogQuerySerializer(serializers.Serializer):
     q = serializers.CharField(
         required=False, max_length=200, trim_whitespace=False,
         help_text="Text the message, traceback or logger name contains (case-insensitive).")
+    hide = serializers.ListField(
+        required=False, max_length=MAX_HIDDEN_LOGGERS, child=serializers.CharField(max_length=255),
+        help_text="Loggers to leave out, with their children (`hide=absl` hides `absl` and `absl.x`); repeat "
+        "the parameter for more.")
+
+
+class RunLogLoggerSerializer(serializers.Serializer):
+    logger = serializers.CharField()
+    lines = serializers.IntegerField(help_text="Of the run's kept lines.")
 
 
 class RunLogLineSerializer(serializers.Serializer):

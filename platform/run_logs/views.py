@@ -8,8 +8,13 @@ from rest_framework.views import APIView
 
 from runs.selectors import run_get_for_user
 
-from .selectors import RunLogFilters, run_log_lines, run_log_page, run_log_state
-from .serializers import RunLogLineSerializer, RunLogPageSerializer, RunLogQuerySerializer
+from .selectors import RunLogFilters, run_log_lines, run_log_loggers, run_log_page, run_log_state
+from .serializers import (
+    RunLogLineSerializer,
+    RunLogLoggerSerializer,
+    RunLogPageSerializer,
+    RunLogQuerySerializer,
+)
 from .text import run_log_text
 
 # Lines read from the database at a time while a download streams.
@@ -18,7 +23,7 @@ DOWNLOAD_CHUNK_LINES = 2000
 
 @extend_schema(tags=["runs"])
 class RunLogListView(APIView):
-    """``?after=&level=&process=&q=&limit=``: the run's log lines, by cursor; without one, the newest."""
+    """``?after=&level=&process=&q=&hide=&limit=``: the run's log lines, by cursor; without one, the newest."""
 
     reads_query_parameters = True
 
@@ -26,7 +31,7 @@ class RunLogListView(APIView):
         summary="Read a run's log",
         description="Lines its trainer and producers logged, oldest first: those after the line id `after` "
         "(follow `next_after` for newer ones), else the newest `limit` (before `before`, to scroll back). "
-        "Filters: the lowest `level`, a `process` (role or `hostname:pid`) and text `q`.",
+        "Filters: the lowest `level`, a `process` (role or `hostname:pid`), text `q` and loggers to `hide`.",
         parameters=[RunLogQuerySerializer],
         responses={200: RunLogPageSerializer},
     )
@@ -36,7 +41,7 @@ class RunLogListView(APIView):
         query.is_valid(raise_exception=True)
         params = query.validated_data
         filters = RunLogFilters(level=params.get("level"), process=params.get("process", ""),
-                                text=params.get("q", ""))
+                                text=params.get("q", ""), hidden_loggers=tuple(params.get("hide", ())))
         page = run_log_page(run=run, filters=filters, after=params.get("after"), before=params.get("before"),
                             limit=params["limit"])
         next_after = page.lines[-1].pk if page.lines else params.get("after")
@@ -69,3 +74,13 @@ class RunLogDownloadView(APIView):
                                          content_type="text/plain; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-logs.txt"'
         return response
+
+
+@extend_schema(tags=["runs"])
+class RunLogLoggerListView(APIView):
+    """The loggers of a run's log, with their line counts: what the Logs panel offers to hide."""
+
+    @extend_schema(summary="A run's loggers", responses={200: RunLogLoggerSerializer(many=True)})
+    def get(self, request, run_id: int):
+        run = run_get_for_user(user=request.user, run_id=run_id)
+        return Response(RunLogLoggerSerializer(run_log_loggers(run=run), many=True).data)

@@ -7,11 +7,14 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import date as date_format
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.models import Membership
 from accounts.selectors import project_get_for_user, project_list, project_role
@@ -33,7 +36,7 @@ from tandem.contracts import (
     RunStatus,
     evaluation_metric_label,
 )
-from telemetry.charts import COMPARE_CHARTS, RUN_CHARTS
+from telemetry.charts import COMPARE_CHARTS, run_charts
 from telemetry.selectors import idle_summary, metric_totals
 from telemetry.serializers import MAX_COMPARED_RUNS
 from telemetry.services import MAX_TRACE_STEPS
@@ -57,6 +60,7 @@ from .services import (
     LEGAL_TRANSITIONS,
     run_cancel,
     run_clone,
+    run_config_check,
     run_config_normalise,
     run_create,
     run_pause,
@@ -93,16 +97,7 @@ def run_list_page(request):
             form.add_domain_error(error)
         else:
             return redirect("run-page", run_id=run.pk)
-    filters = {key: request.GET.get(key, "").strip() for key in ("status", "environment", "q")}
-    sort = request.GET.get("sort") or "-created"
-    try:
-        runs = run_search(user=request.user, status=filters["status"] or None,
-                          environment=filters["environment"] or None, name_contains=filters["q"] or None,
-                          sort=sort)
-    except DomainError as error:
-        messages.error(request, error.message)
-        filters, sort = {"status": "", "environment": "", "q": ""}, "-created"
-        runs = run_search(user=request.user)
+    filters, sort, runs = _run_list_query(request)
     query = request.GET.copy()
     query.pop("sort", None)
     columns = [
@@ -111,12 +106,9 @@ def run_list_page(request):
         for key, label in (("name", "Run"), ("environment", "Environment"), ("status", "Status"),
                            ("step", "Progress"), ("policy", "Policy"), ("created", "Created"))
     ]
-    writable_project_ids = [project.pk for project in project_list(user=request.user)
-                            if project.role in Membership.WRITER_ROLES]
-    now = timezone.now()
+    writable_project_ids = _writable_project_ids(request)
     context = {
-        "rows": [{"run": run, "summary": run_summary(run, now=now), "can_write": run.project_id in writable_project_ids}
-                 for run in run_list_summarised(runs)[:RUNS_SHOWN]],
+        "rows": _run_list_rows(runs, writable_project_ids),
         "writable_project_ids": writable_project_ids,
         "reward_metric": REWARD_METRIC,
         "form": form,
@@ -130,6 +122,46 @@ def run_list_page(request):
         "compare_url": reverse("run-compare-page"),
     }
     return render(request, "runs/list.html", context)
+
+
+def _run_list_query(request, *, tell: bool = True) -> tuple[dict[str, str], str, QuerySet[Run]]:
+    """The run list's filters, sort and runs, as the page's query asks; an unknown sort or status is said
+    (a message, when ``tell``: the page's, not each live refresh's) and the list shown unfiltered."""
+    filters = {key: request.GET.get(key, "").strip() for key in ("status", "environment", "q")}
+    sort = request.GET.get("sort") or "-created"
+    try:
+        runs = run_search(user=request.user, status=filters["status"] or None,
+                          environment=filters["environment"] or None, name_contains=filters["q"] or None,
+                          sort=sort)
+    except DomainError as error:
+        if tell:
+            messages.error(request, error.message)
+        filters, sort = {"status": "", "environment": "", "q": ""}, "-created"
+        runs = run_search(user=request.user)
+    return filters, sort, runs
+
+
+def _writable_project_ids(request) -> list[int]:
+    return [project.pk for project in project_list(user=request.user) if project.role in Membership.WRITER_ROLES]
+
+
+def _run_list_rows(runs: QuerySet[Run], writable_project_ids: list[int]) -> list[dict]:
+    now = timezone.now()
+    return [{"run": run, "summary": run_summary(run, now=now), "can_write": run.project_id in writable_project_ids}
+            for run in run_list_summarised(runs.select_related("project", "environment"))[:RUNS_SHOWN]]
+
+
+@login_required
+@require_GET
+def run_list_rows_page(request):
+    """The run list's rows as the page draws them (runs/_row.html), for its live refresh (run_list.js):
+    ``{"rows": [{"id", "status", "html"}]}``, in the list's order, for the same query as the page."""
+    _, _, runs = _run_list_query(request, tell=False)
+    rows = _run_list_rows(runs, _writable_project_ids(request))
+    return JsonResponse({"rows": [
+        {"id": row["run"].pk, "status": row["run"].status,
+         "html": render_to_string("runs/_row.html", row, request=request)}
+        for row in rows]})
 
 
 @login_required
@@ -153,7 +185,7 @@ def run_page(request, run_id: int):
         # Pages of their own, served by other parts of the dashboard.
         "timeline_url": reverse("run-timeline-page", args=[run.pk]),
         "devices_url": reverse("devices-page"),
-        "charts": RUN_CHARTS,
+        "charts": run_charts(run.config),
         "sft_data": _sft_data(run),
         "evaluation_table": _evaluation_table(run),
         # What the trainer waited on, in words; the page asks again as steps come.
@@ -167,6 +199,21 @@ def run_page(request, run_id: int):
         "alerts": run_alerts_active(run_id=run.pk),
     }
     return render(request, "runs/detail.html", context)
+
+
+@login_required
+@require_GET
+def run_facts_page(request, run_id: int):
+    """The run page's facts that change with its attempts (a resume, a restart, a claim): when it started,
+    its trainer, and its attempts as the page draws them (runs/_attempts.html); run_page/status.js asks on
+    each change of status."""
+    run = _run_or_404(request, run_id)
+    return JsonResponse({
+        "started": date_format(run.started_at, "Y-m-d H:i:s") or "—",
+        "trainer": run.claimed_by or "—",
+        "attempts_html": render_to_string("runs/_attempts.html", {"run": run, "attempts": run_attempt_list(run=run)},
+                                          request=request),
+    })
 
 
 def _metric_explorer(page: str, runs: list[Run]) -> dict:
@@ -447,8 +494,17 @@ def run_new_validate_page(request):
     form = config_form()
     submitted = config_from_form(request.POST, form)
     errors, form_errors, review = submitted.errors, [], []
+    project_id, _, environment_name = request.POST.get("environment", "").partition(":")
     try:
-        normalised = run_config_normalise(submitted.changes)
+        if project_id.isdigit() and environment_name and not errors:
+            # As Start will check it: datasets and the environment's demonstrations too.
+            project = project_get_for_user(user=request.user, project_id=int(project_id))
+            _, normalised = run_config_check(user=request.user, project=project,
+                                             environment_name=environment_name, config=submitted.changes)
+        else:
+            normalised = run_config_normalise(submitted.changes)
+    except Forbidden as error:
+        raise PermissionDenied(error.message) from None
     except DomainError as error:
         _errors_by_field(error, form, submitted, errors, form_errors)
     else:

@@ -177,6 +177,22 @@ def _evaluation_environments_pin(*, project: Project, version: EnvironmentVersio
     return pinned
 
 
+@transaction.atomic  # the datasets' pins lock their versions (dataset_versions_pin)
+def run_config_check(*, user: AbstractBaseUser, project: Project, environment_name: str,
+                     config: dict[str, Any] | None) -> tuple[EnvironmentVersion, dict[str, Any]]:
+    """The environment version a run of ``config`` would pin, and its config as it would be stored (references
+    pinned), creating nothing; raises what :func:`run_create` would for them, the project's quota apart.
+
+    The new-run form's review step asks it, so that what Start would refuse (an SFT dataset without training
+    rows) is refused before it."""
+    project_require_writer(user=user, project=project)
+    # `name` pins the latest version, `name@3` version 3; a failed probe is a Conflict.
+    version = environment_version_pin(project=project, reference=environment_name)
+    normalised = _config_references_pin(project=project, version=version, config=run_config_normalise(config))
+    _refuse_unchecked_start_from(normalised, allowed=None)
+    return version, normalised
+
+
 @transaction.atomic
 def run_create(
     *,
@@ -187,11 +203,8 @@ def run_create(
     name: str = "",
 ) -> Run:
     """Queue a run of ``environment_name`` (an environment of ``project``, or ``name@version``)."""
-    project_require_writer(user=user, project=project)
-    # `name` pins the latest version, `name@3` version 3; a failed probe is a Conflict.
-    version = environment_version_pin(project=project, reference=environment_name)
-    normalised = _config_references_pin(project=project, version=version, config=run_config_normalise(config))
-    _refuse_unchecked_start_from(normalised, allowed=None)
+    version, normalised = run_config_check(user=user, project=project, environment_name=environment_name,
+                                           config=config)
     cap = settings.TANDEM_RUN_QUOTAS.max_active_runs_per_project
     # Locks the project's row: two creations racing for the last place cannot both win.
     Project.objects.select_for_update().filter(pk=project.pk).first()

@@ -23,29 +23,45 @@ REWARD_METRIC = REWARD_MEAN_METRIC
 # The step rate behind the ETA is measured over the run's newest steps with a timeline record:
 # recent enough to follow a change of pace (SFT to RL), long enough to smooth one slow step.
 STEP_RATE_WINDOW = 20
+PHASES = ("sft", "rl")  # tandem.contracts' TrainerStepEvent.phase
 
 
 def run_list_summarised(runs: QuerySet[Run]) -> QuerySet[Run]:
     """``runs`` with what :func:`run_summary` needs, read in the same query."""
     rewards = MetricPoint.objects.filter(run=OuterRef("pk"), name=REWARD_METRIC)
-    recent_steps = (
-        StepTimelineRecord.objects.filter(run=OuterRef("pk"), step__gt=OuterRef("trainer_step") - STEP_RATE_WINDOW)
-        .order_by()
-        .values("run")
-    )
-    return runs.annotate(
-        latest_reward=Subquery(rewards.order_by("-step").values("value")[:1], output_field=FloatField()),
-        best_reward=Subquery(
+    annotations = {
+        "latest_reward": Subquery(rewards.order_by("-step").values("value")[:1], output_field=FloatField()),
+        "best_reward": Subquery(
             rewards.order_by().values("run").annotate(best=Max("value")).values("best"), output_field=FloatField()
         ),
-        recent_steps_counted=Subquery(recent_steps.annotate(count=Count("step")).values("count")),
-        recent_steps_started_at=Subquery(
-            recent_steps.annotate(first=Min("started_at")).values("first"), output_field=FloatField()
-        ),
-        recent_steps_ended_at=Subquery(
-            recent_steps.annotate(last=Max("ended_at")).values("last"), output_field=FloatField()
-        ),
-    )
+    }
+    # A rate per phase: an RL step (rollouts, then the update) is often several times an SFT step.
+    for phase in PHASES:
+        recent_steps = (
+            StepTimelineRecord.objects.filter(run=OuterRef("pk"), phase=phase,
+                                              step__gt=OuterRef("trainer_step") - STEP_RATE_WINDOW)
+            .order_by()
+            .values("run")
+        )
+        annotations |= {
+            f"recent_{phase}_steps_counted": Subquery(recent_steps.annotate(count=Count("step")).values("count")),
+            f"recent_{phase}_steps_started_at": Subquery(
+                recent_steps.annotate(first=Min("started_at")).values("first"), output_field=FloatField()
+            ),
+            f"recent_{phase}_steps_ended_at": Subquery(
+                recent_steps.annotate(last=Max("ended_at")).values("last"), output_field=FloatField()
+            ),
+        }
+    return runs.annotate(**annotations)
+
+
+def _seconds_per_step(run: Run, phase: str) -> float | None:
+    """Seconds per ``phase`` step over the run's newest steps; None before two such steps are recorded."""
+    counted = getattr(run, f"recent_{phase}_steps_counted", None) or 0
+    started, ended = (getattr(run, f"recent_{phase}_steps_{end}_at", None) for end in ("started", "ended"))
+    if counted >= 2 and ended > started:
+        return (ended - started) / counted
+    return None
 
 
 @dataclass(frozen=True)
@@ -57,9 +73,11 @@ class RunSummary:
     latest_reward: float | None
     best_reward: float | None
     duration: datetime.timedelta | None
-    # Seconds per step over the newest steps; None before two steps are recorded.
+    # Seconds per step of the phase the run is in, over its newest steps; None before two are recorded.
     seconds_per_step: float | None
     eta: datetime.timedelta | None
+    # True while RL steps are left and none is timed yet: the ETA counts only the SFT steps left then.
+    eta_at_least: bool = False
 
     @property
     def progress_label(self) -> str:
@@ -72,7 +90,13 @@ class RunSummary:
 
     @property
     def eta_label(self) -> str:
-        return _span_label(self.eta)
+        return f"≥ {_span_label(self.eta)}" if self.eta_at_least else _span_label(self.eta)
+
+    @property
+    def eta_title(self) -> str:
+        if self.eta_at_least:
+            return "the SFT steps left only: no RL step is timed yet, and an RL step is often several SFT steps"
+        return f"{self.seconds_per_step:.2f} s per step recently" if self.seconds_per_step is not None else ""
 
 
 def _span_label(span: datetime.timedelta | None) -> str:
@@ -90,8 +114,9 @@ def run_summary(run: Run, *, now: datetime.datetime | None = None) -> RunSummary
     """The run's summary columns, from a run of :func:`run_list_summarised`.
 
     ``trainer_step`` counts SFT steps first, then RL steps. Duration runs from the start to
-    the end (or now); the ETA is the steps left at the recent step rate, only while the run
-    can still train.
+    the end (or now); the ETA is each phase's steps left at that phase's recent step rate, only
+    while the run can still train. Before an RL step is timed, it is a lower bound: the SFT steps
+    left (``eta_at_least``).
     """
     now = now or timezone.now()
     sft_planned = int(run.config.get("sft_steps") or 0)
@@ -101,16 +126,21 @@ def run_summary(run: Run, *, now: datetime.datetime | None = None) -> RunSummary
     duration = None
     if run.started_at is not None:
         duration = (run.finished_at or now) - run.started_at
-    seconds_per_step = None
-    counted = getattr(run, "recent_steps_counted", None) or 0
-    if counted >= 2 and run.recent_steps_ended_at > run.recent_steps_started_at:
-        seconds_per_step = (run.recent_steps_ended_at - run.recent_steps_started_at) / counted
-    eta = None
-    steps_left = sft_planned + rl_planned - sft_done - rl_done
-    if seconds_per_step is not None and not run.is_terminal:
-        eta = datetime.timedelta(seconds=round(steps_left * seconds_per_step))
+    sft_rate, rl_rate = _seconds_per_step(run, "sft"), _seconds_per_step(run, "rl")
+    sft_left, rl_left = sft_planned - sft_done, rl_planned - rl_done
+    eta, eta_at_least = None, False
+    if not run.is_terminal:
+        if sft_left and sft_rate is not None:
+            eta_s = sft_left * sft_rate
+            if rl_left and rl_rate is None:
+                eta_at_least = True
+            else:
+                eta_s += rl_left * (rl_rate or 0.0)
+            eta = datetime.timedelta(seconds=round(eta_s))
+        elif not sft_left and rl_rate is not None:
+            eta = datetime.timedelta(seconds=round(rl_left * rl_rate))
     return RunSummary(
         sft_done=sft_done, sft_planned=sft_planned, rl_done=rl_done, rl_planned=rl_planned,
         latest_reward=getattr(run, "latest_reward", None), best_reward=getattr(run, "best_reward", None),
-        duration=duration, seconds_per_step=seconds_per_step, eta=eta,
+        duration=duration, seconds_per_step=sft_rate if sft_left else rl_rate, eta=eta, eta_at_least=eta_at_least,
     )

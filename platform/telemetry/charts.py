@@ -6,6 +6,9 @@ script knows a metric or stage name of its own. A chart is a JSON object:
 
 - ``id``, ``title``, ``caption``, ``empty``: the figure's element id and texts
   (``empty`` shows until the chart has a point);
+- ``empty_configured``: ``[config path, text]``, the text shown instead of ``empty``
+  on a run whose config sets that dotted path (:func:`run_charts`): an evaluation
+  chart tells a run that evaluates when its first evaluation comes, not how to ask for one;
 - ``variants``: ``[value, label]`` pairs of a select that picks which family of
   series the chart draws (the first at first), matched by the ``variant`` group
   of ``family.pattern``;
@@ -177,6 +180,8 @@ RUN_CHARTS: list[dict] = [
         "id": "chart-evaluation", "title": "Held-out evaluation",
         "caption": "success rate and pass@k on held-out tasks, never trained on",
         "empty": "No evaluation yet: a run evaluates with an evaluation section in its config.",
+        "empty_configured": ["evaluation.environment", "No evaluation yet: the first evaluates the policy before "
+                             "the first RL step, then every evaluation.every_steps RL steps."],
         "kind": "lines", "smooth": False, "range": [0, 1], "source": "evaluations",
         "series": [{"name": EVALUATION_METRIC_PREFIX + EVALUATION_SUCCESS_RATE, "label": "success rate", "colour": 2}],
         "family": {"pattern": rf"^{EVALUATION_METRIC_PREFIX}pass@(?<order>\d+)$", "label": "pass@{order}", "colour": "gradient"},
@@ -185,6 +190,8 @@ RUN_CHARTS: list[dict] = [
         "id": "chart-evaluation-environments", "title": "Held-out evaluation on other environments",
         "caption": "success rate (or mean reward) on the held-out tasks of each of evaluation.environments",
         "empty": "No evaluation on another environment: name them in the config's evaluation.environments.",
+        "empty_configured": ["evaluation.environments", "No evaluation on another environment yet: the first "
+                             "comes before the first RL step, then every evaluation.every_steps RL steps."],
         "variants": [(EVALUATION_SUCCESS_RATE, "success rate"), (EVALUATION_MEAN_REWARD, "mean reward")],
         "kind": "lines", "smooth": False, "range_min": 0, "source": "evaluations",
         "family": {"pattern": rf"^{EVALUATION_METRIC_PREFIX}(?!{DATASET_SERIES_LABEL_PREFIX})(?<environment>[^/]+@\d+)/"
@@ -195,6 +202,8 @@ RUN_CHARTS: list[dict] = [
         "id": "chart-evaluation-datasets", "title": "Held-out dataset loss",
         "caption": "the policy's loss (or token accuracy) on each evaluation dataset's held-out rows, never trained on",
         "empty": "No dataset evaluation yet: name datasets in the config's evaluation.datasets.",
+        "empty_configured": ["evaluation.datasets", "No dataset evaluation yet: the first comes before the first "
+                             "RL step, then every evaluation.every_steps RL steps."],
         "variants": [("loss", "loss"), ("token_accuracy", "token accuracy")],
         "kind": "lines", "smooth": False, "range_min": 0, "source": "evaluations",
         "family": {"pattern": rf"^{EVALUATION_METRIC_PREFIX}{DATASET_SERIES_LABEL_PREFIX}(?<environment>.+)/(?<variant>loss|token_accuracy)$",
@@ -311,3 +320,22 @@ RUN_CHARTS: list[dict] = [
     },
     *SYSTEM_CHARTS,
 ]
+
+
+def run_charts(config: dict) -> list[dict]:
+    """:data:`RUN_CHARTS` for a run of ``config`` (its normalised JSON): each chart's ``empty`` is its
+    ``empty_configured`` text where the config sets that chart's path to something other than null,
+    false or empty."""
+    return [{**chart, "empty": chart["empty_configured"][1]} if _config_sets(config, chart.get("empty_configured"))
+            else chart for chart in RUN_CHARTS]
+
+
+def _config_sets(config: dict, configured: list | None) -> bool:
+    if configured is None:
+        return False
+    value: object = config
+    for key in configured[0].split("."):
+        if not isinstance(value, dict):
+            return False
+        value = value.get(key)
+    return bool(value)

@@ -16,13 +16,13 @@ from telemetry.models import MetricPoint, StepTimelineRecord
 pytestmark = pytest.mark.django_db
 
 
-def _record_steps(run: Run, rewards: dict[int, float], *, seconds_per_step: float = 2.0) -> None:
+def _record_steps(run: Run, rewards: dict[int, float], *, seconds_per_step: float = 2.0, phase: str = "rl") -> None:
     """Hand-built telemetry: reward_mean at each step, and a timeline row per step ``seconds_per_step`` long."""
     MetricPoint.objects.bulk_create(
         MetricPoint(run=run, step=step, name="reward_mean", value=reward) for step, reward in rewards.items()
     )
     StepTimelineRecord.objects.bulk_create(
-        StepTimelineRecord(run=run, step=step, phase="rl", policy_version=step, started_at=1000.0 + step * seconds_per_step,
+        StepTimelineRecord(run=run, step=step, phase=phase, policy_version=step, started_at=1000.0 + step * seconds_per_step,
                            ended_at=1000.0 + (step + 1) * seconds_per_step, stages={})
         for step in rewards
     )
@@ -47,6 +47,30 @@ def test_the_summary_reports_progress_reward_duration_and_eta_from_the_runs_tele
     # Four steps of 2 s each over the newest steps; 16 RL steps left.
     assert summary.seconds_per_step == 2.0
     assert summary.eta_label == "32s"
+
+
+def test_the_eta_times_each_phase_at_its_own_rate_and_says_at_least_before_an_rl_step_is_timed(
+    make_run, project, environment
+):
+    run = make_run(project, environment=environment, config={"sft_steps": 10, "rl_steps": 20})
+    _record_steps(run, {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}, seconds_per_step=1.0, phase="sft")
+    Run.objects.filter(pk=run.pk).update(status="running", trainer_step=4, started_at=timezone.now())
+
+    during_sft = run_summary(_summarised(run))
+
+    # 6 SFT steps left at 1 s; the 20 RL steps are not timed yet, so the ETA is a lower bound.
+    assert (during_sft.seconds_per_step, during_sft.eta_at_least, during_sft.eta_label) == (1.0, True, "≥ 6s")
+    assert "no RL step is timed yet" in during_sft.eta_title
+
+    StepTimelineRecord.objects.filter(run=run).delete()
+    _record_steps(run, {8: 0.0, 9: 0.0, 10: 0.0}, seconds_per_step=1.0, phase="sft")
+    _record_steps(run, {11: 0.2, 12: 0.4}, seconds_per_step=3.0)
+    Run.objects.filter(pk=run.pk).update(trainer_step=12)
+
+    during_rl = run_summary(_summarised(run))
+
+    # The SFT steps in the window do not dilute the RL rate: 18 RL steps left at 3 s each.
+    assert (during_rl.seconds_per_step, during_rl.eta_at_least, during_rl.eta_label) == (3.0, False, "54s")
 
 
 def test_a_finished_run_has_a_fixed_duration_and_no_eta(make_run, project, environment):

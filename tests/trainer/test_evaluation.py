@@ -90,6 +90,15 @@ def test_an_evaluations_metrics_match_a_hand_computation(run_id):
     assert (low, high) == pytest.approx((max(0.0, 0.75 - half), min(1.0, 0.75 + half)))
 
 
+def test_a_mean_reward_interval_never_reaches_past_the_rewards_range(run_id):
+    # 7 of 8 episodes at 1: mean 0.875, whose normal interval [0.63, 1.12] would claim a mean above any reward.
+    episodes = [_episode(run_id, task, 0, reward=1.0 if task else 0.0) for task in range(8)]
+    metrics, intervals = evaluation_metrics(episodes, pass_k=[1])
+    half = 1.96 * math.sqrt(0.125) / math.sqrt(8)
+    assert metrics["mean_reward"] == pytest.approx(0.875)
+    assert intervals["mean_reward"] == pytest.approx((0.875 - half, 1.0))
+
+
 def test_an_evaluation_of_an_environment_with_tools_reports_their_use_with_intervals(run_id):
     def with_turns(episode, *outcomes):
         messages = [ConversationMessage(

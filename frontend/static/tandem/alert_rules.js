@@ -23,6 +23,8 @@
       wrapper.hidden = !shown;
       // A hidden setting is not sent: the service refuses settings a kind does not use.
       input.disabled = !shown;
+      // Every setting a kind uses is required by it (alerts.services._rule_check).
+      input.required = shown;
     }
   }
 

@@ -171,6 +171,14 @@
     empty.className = "chart-empty muted";
     empty.textContent = "Loading…";
     figure.append(caption, chart, empty);
+    // A panel's width changes when another is added or removed (the grid reflows) and with the window:
+    // the canvas follows, or it stays at its first width, clipped or short of its card.
+    panel.resizeObserver = new ResizeObserver(() => {
+      if (!panel.plot) return;
+      const width = Math.max(chart.clientWidth, 300);
+      if (width !== panel.plot.width) panel.plot.setSize({ width, height: panel.plot.height });
+    });
+    panel.resizeObserver.observe(chart);
     return figure;
   }
 
@@ -427,17 +435,54 @@
     panel.plot.setScale("x", { min: xs[0], max: xs[xs.length - 1] });
   }
 
-  // The chart as drawn (uPlot's canvas), on white: a transparent PNG reads badly in slides.
+  // The chart as an image that stands on its own in a slide or a report: a title (the panel's series and
+  // runs), the chart as drawn (uPlot's canvas, axes included), and a legend of its series in their
+  // colours below, on white (a transparent PNG reads badly).
+  const PNG_FONT_PX = 13;
   function downloadPng(panel) {
     if (!panel.plot) return;
-    const source = panel.plot.ctx.canvas;
+    const u = panel.plot;
+    const source = u.ctx.canvas;
+    const scale = source.width / u.width; // the canvas is drawn at the device's pixel ratio
+    const font = `${PNG_FONT_PX * scale}px sans-serif`;
+    const title = `${panel.pattern} · ${runs.map((run) => run.name).join(", ")} · x: ${X_AXES[panel.xAxis]}`;
+    const legend = u.series.slice(1).map((series, index) => ({ label: series.label, colour: series.stroke(u, index + 1) }));
+    const line = Math.ceil(PNG_FONT_PX * 1.6 * scale);
+    const pad = Math.ceil(8 * scale);
     const canvas = document.createElement("canvas");
+    const measure = canvas.getContext("2d");
+    measure.font = font;
+    // Legend entries flow left to right and wrap at the chart's width.
+    const rows = [[]];
+    let x = pad;
+    for (const entry of legend) {
+      const width = Math.ceil(measure.measureText(entry.label).width + 3 * line / 2);
+      if (x + width > source.width && rows[rows.length - 1].length) { rows.push([]); x = pad; }
+      rows[rows.length - 1].push({ ...entry, x });
+      x += width;
+    }
     canvas.width = source.width;
-    canvas.height = source.height;
+    canvas.height = line + pad + source.height + rows.length * line + pad;
     const ctx = canvas.getContext("2d");
     ctx.fillStyle = "#ffffff";
     ctx.fillRect(0, 0, canvas.width, canvas.height);
-    ctx.drawImage(source, 0, 0);
+    ctx.font = `bold ${font}`;
+    ctx.fillStyle = "#111827";
+    ctx.textBaseline = "middle";
+    ctx.fillText(title, pad, pad + line / 2, canvas.width - 2 * pad);
+    ctx.drawImage(source, 0, line + pad);
+    ctx.font = font;
+    rows.forEach((row, rowIndex) => {
+      const y = line + pad + source.height + rowIndex * line + line / 2;
+      for (const entry of row) {
+        ctx.fillStyle = entry.colour;
+        ctx.fillRect(entry.x, y - line / 8, line / 2, line / 4);
+        ctx.fillStyle = "#111827";
+        ctx.fillText(entry.label, entry.x + line * 0.75, y);
+      }
+    });
+    state.lastPng = { title, legend: legend.map((entry) => entry.label), width: canvas.width, height: canvas.height,
+                      chartHeight: source.height };
     const link = document.createElement("a");
     link.href = canvas.toDataURL("image/png");
     link.download = `${panel.pattern.replace(/[^A-Za-z0-9_.-]+/g, "_")}.png`;
@@ -465,6 +510,7 @@
   }
 
   function removePanel(panel) {
+    panel.resizeObserver.disconnect();
     if (panel.plot) panel.plot.destroy();
     panel.loaded = false; // a live redraw already asked for draws nothing
     panel.element.remove();

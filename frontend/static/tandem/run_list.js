@@ -1,5 +1,5 @@
-// The run list as a workspace: status badges kept live and new runs added by polling the
-// REST list, tags and notes edited in place (PATCH /api/runs/<id>/), and actions on the
+// The run list as a workspace: rows kept live and new runs added by polling the list's rows as
+// the server draws them (runs/rows/), tags and notes edited in place (PATCH /api/runs/<id>/), and actions on the
 // ticked rows: compare them, or cancel them after a confirmation.
 //
 // Polling (not one WebSocket per run) because the list shows up to a hundred runs; one
@@ -10,7 +10,6 @@
   const root = document.getElementById("runs-root");
   if (!root) return;
   const POLL_MS = 3000;
-  const PAGE_SIZE = 200;
   // The statuses a run may be cancelled from, as the contracts have them (tandem.contracts.CANCELLABLE_RUN_STATUSES).
   const CANCELLABLE = new Set(window.tandemContracts.run_statuses.cancellable);
 
@@ -23,87 +22,30 @@
   const rows = new Map([...body.querySelectorAll("tr[data-run-id]")].map((row) => [Number(row.dataset.runId), row]));
   const csrfToken = () => (document.querySelector("[name=csrfmiddlewaretoken]") || {}).value || "";
 
-  function setStatus(row, run) {
-    row.dataset.status = run.status;
-    const cell = row.querySelector(".run-status");
-    const badge = cell.querySelector(".badge");
-    badge.textContent = run.status;
-    badge.className = `badge badge-${run.status}`;
-    if (run.status_reason) cell.title = run.status_reason;
-    else cell.removeAttribute("title");
+  // Rows come drawn by the server (runs/rows/, the page's own row template): a live row is what a
+  // reload would show, project, progress, reward, duration and ETA included.
+  function parseRow(html) {
+    const holder = document.createElement("tbody");
+    holder.innerHTML = html.trim();
+    return holder.firstElementChild;
   }
 
-  function show(run) {
-    const row = rows.get(run.id);
-    if (!row) return;
-    if (row.dataset.status !== run.status) {
-      setStatus(row, run);
-      state.updates += 1;
-    }
-    row.querySelector(".run-step").title = `trainer step ${run.trainer_step}`;
-    row.querySelector(".run-step").textContent = progressLabel(run);
-    row.querySelector(".run-policy").textContent = `v${run.policy_version}`;
+  // Every cell but the tick box (the reader's choice), and the name cell while its tags and notes are
+  // being edited there.
+  function update(row, fresh) {
+    if (row.dataset.status !== fresh.dataset.status) state.updates += 1;
+    row.dataset.status = fresh.dataset.status;
+    const editing = row.querySelector(".annotation-editor") !== null;
+    [...fresh.children].forEach((cell, index) => {
+      if (index === 0 || (editing && cell.classList.contains("run-name"))) return;
+      const old = row.children[index];
+      if (old && old.outerHTML !== cell.outerHTML) old.replaceWith(cell);
+    });
   }
 
-  // The same words as runs/summaries.py's progress_label.
-  function progressLabel(run) {
-    const sft = Number(run.config.sft_steps || 0);
-    const rl = Number(run.config.rl_steps || 0);
-    const sftDone = Math.min(run.trainer_step, sft);
-    const rlDone = Math.min(Math.max(run.trainer_step - sft, 0), rl);
-    return sft ? `SFT ${sftDone}/${sft} · RL ${rlDone}/${rl}` : `RL ${rlDone}/${rl}`;
-  }
-
-  function cell(className, ...children) {
-    const td = document.createElement("td");
-    if (className) td.className = className;
-    td.append(...children);
-    return td;
-  }
-
-  function span(className, text) {
-    const element = document.createElement("span");
-    element.className = className;
-    element.textContent = text;
-    return element;
-  }
-
-  // A row like the template's, for a run created after the page was drawn.
-  function addRow(run) {
-    const row = document.createElement("tr");
-    row.dataset.runId = String(run.id);
-    row.dataset.projectId = String(run.project);
-    const box = document.createElement("input");
-    box.type = "checkbox";
-    box.className = "run-select";
-    box.value = String(run.id);
-    box.setAttribute("aria-label", `select ${run.name}`);
-    const link = document.createElement("a");
-    link.href = new URL(run.urls.page, window.location.href).pathname;
-    link.textContent = run.name;
-    const annotations = document.createElement("div");
-    annotations.className = "run-annotations";
-    annotations.append(span("run-tags", ""), span("run-notes muted small", ""));
-    if (writableProjects.has(run.project)) annotations.append(annotateButton(run.name));
-    drawAnnotations(annotations, run.tags || [], run.notes || "");
-    const status = cell("run-status", span("badge", ""));
-    const created = cell("", "just now");
-    created.title = run.created_at;
-    row.append(
-      cell("", box),
-      cell("run-name", link, " ", span("muted", `#${run.id}`), annotations),
-      cell("", run.environment),
-      status,
-      cell("run-step", progressLabel(run)),
-      cell("run-reward", span("muted", "none yet")),
-      cell("run-duration", "not started"),
-      cell("run-policy", `v${run.policy_version}`),
-      created,
-    );
-    setStatus(row, run);
-    box.addEventListener("change", refreshSelection);
-    body.prepend(row);
-    rows.set(run.id, row);
+  function addRow(fresh) {
+    body.prepend(fresh);
+    rows.set(Number(fresh.dataset.runId), fresh);
     table.hidden = false;
     const empty = document.getElementById("no-runs");
     if (empty) empty.hidden = true;
@@ -112,18 +54,21 @@
 
   async function poll() {
     try {
-      // Newest first, as the list is unless sorted otherwise: the runs that change are the recent ones.
-      const response = await fetch(`${root.dataset.runsApiUrl}?page_size=${PAGE_SIZE}`, {
+      const response = await fetch(`${root.dataset.rowsUrl}${window.location.search}`, {
         credentials: "same-origin",
         headers: { Accept: "application/json" },
       });
       if (response.ok) {
         const page = await response.json();
         const newest = rows.size ? Math.max(...rows.keys()) : 0;
-        const created = page.results.filter((run) => run.id > newest && !rows.has(run.id));
+        const created = [];
+        for (const { id, html } of page.rows) {
+          const fresh = parseRow(html);
+          if (rows.has(id)) update(rows.get(id), fresh);
+          else if (id > newest) created.push(fresh);
+        }
         if (created.length && filtered) document.getElementById("new-runs-notice").hidden = false;
         else created.reverse().forEach(addRow);
-        page.results.forEach(show);
         state.polls += 1;
       }
     } catch (error) {
@@ -134,15 +79,21 @@
   }
   setTimeout(poll, POLL_MS);
 
+  function setStatus(row, run) {
+    row.dataset.status = run.status;
+    const cell = row.querySelector(".run-status");
+    const badge = cell.querySelector(".badge");
+    badge.textContent = run.status;
+    badge.className = `badge badge-${run.status}`;
+  }
+
   // --- tags and notes ---------------------------------------------------------
 
-  function annotateButton(name) {
-    const button = document.createElement("button");
-    button.type = "button";
-    button.className = "link-button run-annotate";
-    button.textContent = "edit";
-    button.setAttribute("aria-label", `edit tags and notes of ${name}`);
-    return button;
+  function span(className, text) {
+    const element = document.createElement("span");
+    element.className = className;
+    element.textContent = text;
+    return element;
   }
 
   function drawAnnotations(annotations, tags, notes) {
@@ -250,7 +201,7 @@
           headers: { Accept: "application/json", "X-CSRFToken": csrfToken() },
         });
         const answer = await response.json().catch(() => ({}));
-        if (response.ok) setStatus(row, answer);
+        if (response.ok) setStatus(row, answer);  // the next poll draws the rest of the row
         else failures.push(`#${row.dataset.runId}: ${(answer.error && answer.error.message) || response.status}`);
       }
       message.textContent = failures.length

@@ -27,6 +27,9 @@
     level: document.getElementById("run-logs-level"),
     process: document.getElementById("run-logs-process"),
     search: document.getElementById("run-logs-search"),
+    loggers: document.getElementById("run-logs-loggers"),
+    loggerList: document.getElementById("run-logs-logger-list"),
+    hiddenCount: document.getElementById("run-logs-hidden-count"),
     follow: document.getElementById("run-logs-follow"),
     download: document.getElementById("run-logs-download"),
     failure: document.getElementById("run-failure-logs"),
@@ -61,7 +64,31 @@
     if (el.process.value) search.set("process", el.process.value);
     const text = el.search.value.trim();
     if (text) search.set("q", text);
+    for (const logger of hiddenLoggers) search.append("hide", logger);
     return `${logsUrl}?${search}`;
+  }
+
+  // Loggers the reader unticked: their lines (and their children's) are left out by the API.
+  const hiddenLoggers = new Set();
+
+  async function showLoggers() {
+    const loggers = await getJson(el.loggers.dataset.loggersUrl);
+    el.loggerList.replaceChildren(...loggers.map(({ logger, lines }) => {
+      const box = document.createElement("input");
+      box.type = "checkbox";
+      box.checked = !hiddenLoggers.has(logger);
+      box.dataset.logger = logger;
+      box.addEventListener("change", () => {
+        if (box.checked) hiddenLoggers.delete(logger);
+        else hiddenLoggers.add(logger);
+        el.hiddenCount.textContent = hiddenLoggers.size ? `(${hiddenLoggers.size} hidden)` : "";
+        filtersChanged();
+      });
+      const label = document.createElement("label");
+      label.className = "run-logs-logger";
+      label.append(box, ` ${logger || "(root)"} `, span("muted", `${lines} line${lines === 1 ? "" : "s"}`));
+      return label;
+    }));
   }
 
   async function getJson(url) {
@@ -241,6 +268,9 @@
     state.cursor = null;
     reload().catch(console.error);
   }
+  el.loggers.addEventListener("toggle", () => {
+    if (el.loggers.open) showLoggers().catch(console.error);
+  });
   el.level.addEventListener("change", filtersChanged);
   el.process.addEventListener("change", filtersChanged);
   el.search.addEventListener("input", () => {

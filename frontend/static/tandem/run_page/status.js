@@ -25,6 +25,7 @@
       for (const form of document.querySelectorAll("#run-actions form[data-action]")) {
         form.hidden = !offered.includes(form.dataset.action);
       }
+      refreshFacts().catch(console.error);
     }
     if (update.status_reason !== undefined) el.statusReason.textContent = update.status_reason;
     // The progress watchdog's flag: set while the step stands still, null once it advances.
@@ -90,11 +91,31 @@
     el.connection.textContent = `none, the run has ended (${page.status})`;
   }
 
+  // When it started, its trainer and its attempts, as the server draws them: a resume or a claim changes
+  // them (a newer answer wins over an older one still on its way).
+  let factsAsked = 0;
+  async function refreshFacts() {
+    const section = document.getElementById("run-attempts-section");
+    const asked = ++factsAsked;
+    const response = await fetch(section.dataset.factsUrl, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok || asked !== factsAsked) return;
+    const facts = await response.json();
+    if (asked !== factsAsked) return;
+    document.getElementById("run-started").textContent = facts.started;
+    document.getElementById("run-trainer").textContent = facts.trainer;
+    const wasOpen = section.querySelector("#run-attempts")?.open;
+    section.innerHTML = facts.attempts_html;
+    const attempts = section.querySelector("#run-attempts");
+    if (attempts && wasOpen) attempts.open = true;
+    page.factRefreshes = (page.factRefreshes || 0) + 1;
+  }
+
   async function refreshRun() {
     const response = await fetch(runUrl, { credentials: "same-origin", headers: { Accept: "application/json" } });
     if (!response.ok) return;
     const run = await response.json();
     showRun(run);
+    refreshFacts().catch(console.error);  // after a reconnect: what changed while the socket was down
     if (run.alerts) showAlerts(run.alerts);
   }
 
