@@ -22,6 +22,11 @@ class AlertRuleForm(DomainErrorForm):
                                help_text="Metric rules: consecutive steps past the threshold.")
     minutes = forms.FloatField(required=False, min_value=0, help_text="Trainer idle: for how long. "
                                "No progress: how long the step stands still.")
+    run = forms.IntegerField(required=False, min_value=1, label="Only run (id)",
+                             help_text="Judge this run of the project only (run kinds); empty: every run.")
+    cooldown_minutes = forms.FloatField(required=False, min_value=0, label="Cooldown (minutes)",
+                                        help_text="After a notification, stay quiet on the same run or "
+                                        "environment this long; firings within it are recorded, held back.")
     webhook_url = forms.CharField(max_length=500, required=False, label="Webhook URL",
                                   help_text="Slack-compatible JSON is posted here on each firing.")
     webhook_secret = forms.CharField(max_length=200, required=False, label="Webhook secret", strip=False,
@@ -35,6 +40,24 @@ class AlertRuleForm(DomainErrorForm):
     def __init__(self, *args, projects, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["project"].choices = [(project.pk, project.name) for project in projects]
+
+    @classmethod
+    def for_rule(cls, rule: AlertRule, data=None) -> "AlertRuleForm":
+        """The form to change ``rule``: its project fixed, its fields filled in (its secret never)."""
+        initial = {field: getattr(rule, field) for field in (
+            "name", "kind", "metric", "comparison", "threshold", "steps", "minutes", "cooldown_minutes",
+            "webhook_url")} | {"run": rule.run_id}
+        form = cls(data, initial=initial, projects=[rule.project])
+        del form.fields["project"]
+        form.fields["webhook_secret"].help_text = "Left empty: the rule keeps its secret."
+        return form
+
+    def changes(self, rule: AlertRule) -> dict:
+        """alert_rule_update's changes: every field, a secret left empty kept."""
+        changes = self.service_arguments()
+        if not changes.get("webhook_secret") and changes.get("webhook_url"):
+            changes.pop("webhook_secret", None)
+        return changes
 
     def service_arguments(self) -> dict:
         """alert_rule_create's arguments, with the settings left empty as the service expects them."""

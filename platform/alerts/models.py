@@ -36,6 +36,11 @@ class AlertRule(models.Model):
     steps = models.PositiveIntegerField(null=True, blank=True)
     # trainer_idle: how long the trainer stays idle; no_progress: how long the step stands still.
     minutes = models.FloatField(null=True, blank=True)
+    # Scoped to one run of the project: its run kinds judge that run only (null: every run of the project).
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    # After a firing, how long the rule stays quiet on the same subject: a firing within it is recorded,
+    # held back (AlertFiring.held_back_reason), and notifies no one (null: no cooldown).
+    cooldown_minutes = models.FloatField(null=True, blank=True)
     webhook_url = models.URLField(max_length=500, blank=True)
     # Write-only: the key of the webhook's HMAC-SHA256 signature. Never serialized, never logged.
     webhook_secret = models.CharField(max_length=200, blank=True)
@@ -95,6 +100,8 @@ class AlertFiring(models.Model):
     environment_version = models.ForeignKey("environments.EnvironmentVersion", on_delete=models.SET_NULL,
                                             null=True, related_name="+")
     text = models.TextField()
+    # Why it notified no one and posted nothing: within its rule's cooldown (empty: it was sent).
+    held_back_reason = models.TextField(blank=True, default="")
     # The condition's figures (status, metric, value, step ...), as the webhook's payload carries them.
     details = models.JSONField(default=dict)
     fired_at = models.DateTimeField()

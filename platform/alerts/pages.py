@@ -2,12 +2,13 @@
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.selectors import project_get_for_user, project_list
-from common.domain_errors import DomainError, NotFound
+from common.domain_errors import DomainError, Forbidden, NotFound
 
 from .forms import AlertRuleForm
 from .selectors import (
@@ -20,6 +21,7 @@ from .selectors import (
 from .services import (
     alert_rule_create,
     alert_rule_delete,
+    alert_rule_update,
     notification_mark_read,
     notifications_mark_all_read,
 )
@@ -45,6 +47,45 @@ def alert_rule_list_page(request):
     for rule in rules:  # viewers see where a webhook posts, never its URL whole
         rule.webhook_url_shown = webhook_url_as_seen(url=rule.webhook_url, role=rule.caller_role)
     return render(request, "alerts/rules.html", {"rules": rules, "form": form})
+
+
+def _rule_or_404(request, rule_id: int):
+    try:
+        return alert_rule_get_for_user(user=request.user, rule_id=rule_id)
+    except NotFound as error:
+        raise Http404(error.message) from None
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def alert_rule_edit_page(request, rule_id: int):
+    rule = _rule_or_404(request, rule_id)
+    form = AlertRuleForm.for_rule(rule, request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            alert_rule_update(user=request.user, rule=rule, changes=form.changes(rule))
+        except Forbidden as error:
+            raise PermissionDenied(error.message) from None
+        except DomainError as error:
+            form.add_domain_error(error)
+        else:
+            messages.success(request, f"Alert rule '{form.cleaned_data['name']}' saved.")
+            return redirect("alert-rule-list-page")
+    return render(request, "alerts/edit.html", {"rule": rule, "form": form})
+
+
+@login_required
+@require_POST
+def alert_rule_enabled_page(request, rule_id: int):
+    """Turn a rule off (``enabled=0``) or on again, from the rules table."""
+    rule = _rule_or_404(request, rule_id)
+    enabled = request.POST.get("enabled") == "1"
+    try:
+        alert_rule_update(user=request.user, rule=rule, changes={"enabled": enabled})
+    except Forbidden as error:
+        raise PermissionDenied(error.message) from None
+    messages.success(request, f"Alert rule '{rule.name}' {'enabled' if enabled else 'disabled'}.")
+    return redirect("alert-rule-list-page")
 
 
 @login_required

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from accounts.models import Membership, Project
 from common.domain_errors import NotFound
@@ -29,13 +30,18 @@ COUNTED_DELIVERY_STATUSES = tuple(WebhookDelivery.Status.values)
 
 def alert_rule_list(*, user: AbstractBaseUser, project: Project | None = None) -> QuerySet[AlertRule]:
     """The rules of the user's projects (of ``project`` only, if given), each with ``caller_role`` (the
-    user's role in its project, which decides whether they read its webhook URL whole) and its
-    deliveries counted by status (``deliveries_<status>``)."""
+    user's role in its project, which decides whether they read its webhook URL whole), its deliveries
+    counted by status (``deliveries_<status>``), when it last notified (``last_fired_at``) and how many of its
+    firings its cooldown held back (``firings_held_back``)."""
     role = Membership.objects.filter(project=OuterRef("project"), user=user).values("role")[:1]
     counts = {f"deliveries_{status}": Count("deliveries", filter=Q(deliveries__status=status), distinct=True)
               for status in COUNTED_DELIVERY_STATUSES}
+    sent = AlertFiring.objects.filter(rule=OuterRef("pk"), held_back_reason="").order_by("-fired_at")
+    held_back = (AlertFiring.objects.filter(rule=OuterRef("pk")).exclude(held_back_reason="").order_by()
+                 .values("rule").annotate(count=Count("pk")).values("count"))
     rules = (AlertRule.objects.filter(project__memberships__user=user).select_related("project")
-             .annotate(caller_role=Subquery(role), **counts))
+             .annotate(caller_role=Subquery(role), last_fired_at=Subquery(sent.values("fired_at")[:1]),
+                       firings_held_back=Coalesce(Subquery(held_back), 0), **counts))
     if project is not None:
         rules = rules.filter(project=project)
     return rules.order_by("project__name", "project_id", "name", "id")

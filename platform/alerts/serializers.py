@@ -30,11 +30,16 @@ class AlertRuleSerializer(serializers.ModelSerializer):
     webhook_url = serializers.SerializerMethodField(help_text=WEBHOOK_URL_HELP)
     webhook_secret_set = serializers.SerializerMethodField(help_text="Whether the webhook has a signing secret.")
     deliveries = serializers.SerializerMethodField(help_text="The rule's webhook deliveries, counted by status.")
+    last_fired_at = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="When it last notified (a firing its cooldown held back aside).")
+    firings_held_back = serializers.IntegerField(
+        read_only=True, help_text="Its firings that came within its cooldown: recorded, notifying no one.")
 
     class Meta:
         model = AlertRule
         fields = ["id", "project", "name", "kind", "enabled", "metric", "comparison", "threshold", "steps",
-                  "minutes", "webhook_url", "webhook_secret_set", "deliveries", "created_at", "updated_at"]
+                  "minutes", "run", "cooldown_minutes", "webhook_url", "webhook_secret_set", "deliveries",
+                  "last_fired_at", "firings_held_back", "created_at", "updated_at"]
 
     def get_webhook_url(self, rule: AlertRule) -> str:
         return webhook_url_as_seen(url=rule.webhook_url, role=getattr(rule, "caller_role", None))
@@ -75,6 +80,13 @@ class AlertRuleWriteSerializer(serializers.Serializer):
     minutes = serializers.FloatField(
         required=False, allow_null=True, default=None, min_value=0, max_value=100_000,
         help_text="trainer_idle: how long the trainer stays idle; no_progress: how long the step stands still.")
+    run = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1,
+        help_text="Scope the rule to this run of the project (run kinds only); null: every run of the project.")
+    cooldown_minutes = serializers.FloatField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=7 * 24 * 60,
+        help_text="After a firing, the rule stays quiet on the same run or environment this long: a firing "
+        "within it is recorded as held back and notifies no one. Null: no cooldown.")
     webhook_url = serializers.CharField(
         max_length=500, required=False, allow_blank=True, default="",
         help_text="Posted Slack-compatible JSON on each firing; its host must be on TANDEM_WEBHOOK_ALLOWED_HOSTS.")

@@ -31,6 +31,8 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import Membership, Project
@@ -47,6 +49,7 @@ from .models import (
     WebhookAttempt,
     WebhookDelivery,
 )
+from .realtime import notifications_changed_on_commit
 from .selectors import run_alert_change, subject_key
 from .webhooks import PostResult, WebhookURLRefused, slack_escape, webhook_post, webhook_url_check
 
@@ -76,7 +79,12 @@ SETTINGS_OF_KIND: dict[str, tuple[str, ...]] = {
 # The tools_unused rule every project starts with (alert_default_rules_create): on, and editable.
 DEFAULT_TOOLS_UNUSED_RULE = {"name": "Tools unused", "kind": Kind.TOOLS_UNUSED, "steps": 10}
 RULE_SETTINGS = ("metric", "comparison", "threshold", "steps", "minutes")
-EDITABLE_FIELDS = ("name", "kind", "enabled", *RULE_SETTINGS, "webhook_url", "webhook_secret")
+# A rule's cooldown, at most: a week.
+MAX_COOLDOWN_MINUTES = 7 * 24 * 60
+EDITABLE_FIELDS = ("name", "kind", "enabled", *RULE_SETTINGS, "run", "cooldown_minutes", "webhook_url",
+                   "webhook_secret")
+# Kinds judged on a run, which a rule may scope to one run (alert_rule_create's ``run``).
+RUN_KINDS = (*RUN_STATUS_OF_KIND, *STEP_KINDS, Kind.NO_PROGRESS)
 
 
 # ---- rules ----------------------------------------------------------------------------------------
@@ -85,11 +93,13 @@ EDITABLE_FIELDS = ("name", "kind", "enabled", *RULE_SETTINGS, "webhook_url", "we
 def alert_rule_create(*, user: AbstractBaseUser, project: Project, name: str, kind: str,
                       enabled: bool = True, metric: str = "", comparison: str = "",
                       threshold: float | None = None, steps: int | None = None, minutes: float | None = None,
+                      run: int | None = None, cooldown_minutes: float | None = None,
                       webhook_url: str = "", webhook_secret: str = "") -> AlertRule:
     project_require_writer(user=user, project=project)
     rule = AlertRule(project=project, name=name.strip(), kind=kind, enabled=enabled, metric=metric.strip(),
-                     comparison=comparison, threshold=threshold, steps=steps, minutes=minutes,
-                     webhook_url=webhook_url.strip(), webhook_secret=webhook_secret, created_by=user)
+                     comparison=comparison, threshold=threshold, steps=steps, minutes=minutes, run_id=run,
+                     cooldown_minutes=cooldown_minutes, webhook_url=webhook_url.strip(),
+                     webhook_secret=webhook_secret, created_by=user)
     _rule_check(rule)
     cap = settings.TANDEM_MAX_ALERT_RULES_PER_PROJECT
     # Locks the project's row: two creations racing for the last place cannot both win.
@@ -120,6 +130,9 @@ def alert_rule_update(*, user: AbstractBaseUser, rule: AlertRule, changes: dict[
     for field, value in changes.items():
         if field not in EDITABLE_FIELDS:
             raise InvalidInput.for_field(field, "Not a field of an alert rule that can be changed.")
+        if field == "run":
+            rule.run_id = value
+            continue
         setattr(rule, field, value.strip() if isinstance(value, str) and field != "webhook_secret" else value)
     if "kind" in changes:
         # Settings the new kind does not use go, rather than failing the change.
@@ -170,6 +183,15 @@ def _rule_check(rule: AlertRule) -> None:
         raise InvalidInput.for_field("minutes", "More than 0 minutes.")
     if rule.kind == Kind.TRAINER_IDLE and not 0 <= rule.threshold < 1:
         raise InvalidInput.for_field("threshold", "The idle fraction of a step's wall time: 0 to 1 (0.5 is 50%).")
+    if rule.run_id is not None:
+        if rule.kind not in RUN_KINDS:
+            raise InvalidInput.for_field("run", f"A {rule.kind} rule is about environments, not runs: leave run out.")
+        # Through the project's runs, so that this module need not import the runs app.
+        if not rule.project.runs.filter(pk=rule.run_id).exists():
+            raise InvalidInput.for_field("run", f"Project '{rule.project.name}' has no run #{rule.run_id}.")
+    if rule.cooldown_minutes is not None and not 0 < rule.cooldown_minutes <= MAX_COOLDOWN_MINUTES:
+        raise InvalidInput.for_field("cooldown_minutes", f"More than 0 and at most {MAX_COOLDOWN_MINUTES} minutes "
+                                                         "(a week), or null for none.")
     if rule.webhook_url:
         try:
             webhook_url_check(rule.webhook_url)
@@ -234,9 +256,13 @@ class _RunSeen:
         return f"Run '{self.name}' (#{self.run_id})" if self.name else f"Run #{self.run_id}"
 
 
-def _rules(project_id: int, kinds) -> list[AlertRule]:
-    return list(AlertRule.objects.filter(project_id=project_id, kind__in=kinds, enabled=True)
-                .select_related("project"))
+def _rules(project_id: int, kinds, *, run_id: int | None = None) -> list[AlertRule]:
+    """The project's enabled rules of ``kinds`` that judge run ``run_id`` (those of every run, and those
+    scoped to it); without ``run_id``, those scoped to no run."""
+    rules = AlertRule.objects.filter(project_id=project_id, kind__in=kinds, enabled=True)
+    rules = rules.filter(Q(run__isnull=True) | Q(run_id=run_id)) if run_id is not None else rules.filter(
+        run__isnull=True)
+    return list(rules.select_related("project"))
 
 
 def _condition_locked(rule: AlertRule, subject: str) -> AlertCondition:
@@ -262,7 +288,7 @@ def _observe(rule: AlertRule, subject: str, *, holds: bool, text: str, details: 
 
 
 def _run_status_evaluate(seen: _RunSeen, *, status: str, reason: str) -> None:
-    for rule in _rules(seen.project_id, RUN_STATUS_OF_KIND):
+    for rule in _rules(seen.project_id, RUN_STATUS_OF_KIND, run_id=seen.run_id):
         awaited = RUN_STATUS_OF_KIND[rule.kind]
         text = f"{seen.label} {awaited}" + (f": {reason}" if reason else ".")
         _observe(rule, subject_key("run", seen.run_id), holds=status == awaited, text=text,
@@ -272,7 +298,7 @@ def _run_status_evaluate(seen: _RunSeen, *, status: str, reason: str) -> None:
 @transaction.atomic
 def _steps_evaluate(seen: _RunSeen, events: list[TrainerStepEvent]) -> list[dict]:
     """Judge the step rules; returns the run's alerts that started or stopped holding (run_alert_change)."""
-    rules = _rules(seen.project_id, STEP_KINDS)
+    rules = _rules(seen.project_id, STEP_KINDS, run_id=seen.run_id)
     changes: list[dict] = []
     if not rules:
         return changes
@@ -357,7 +383,7 @@ def _progress_evaluate(now) -> None:
         active = set(rule.conditions.filter(active=True).values_list("subject", flat=True))
         for run_id, (name, trainer_step, progress_at) in stalled.items():
             subject = subject_key("run", run_id)
-            if subject in active:
+            if subject in active or rule.run_id not in (None, run_id):
                 continue
             seen = _RunSeen(run_id=run_id, project_id=rule.project_id, name=name)
             minutes_still = (now - progress_at).total_seconds() / 60
@@ -397,14 +423,20 @@ def alert_fire(*, rule: AlertRule, subject: str, text: str, details: dict, run_i
     """Record one firing of ``rule``: a notification for each member of its project, and a webhook
     delivery (sent by the webhooks worker once this commits) if the rule has a webhook."""
     now = timezone.now()
+    held_back_reason = _cooldown_reason(rule, subject, now=now)
     firing = AlertFiring.objects.create(
         project_id=rule.project_id, rule=rule, rule_name=rule.name, kind=rule.kind, subject=subject,
         run_id=run_id, environment_version_id=environment_version_id, text=text, details=details, fired_at=now,
+        held_back_reason=held_back_reason,
     )
-    members = Membership.objects.filter(project_id=rule.project_id).values_list("user_id", flat=True)
+    if held_back_reason:
+        logger.info("alert rule %s held back on %s (firing %s): %s", rule.pk, subject, firing.pk, held_back_reason)
+        return firing
+    members = list(Membership.objects.filter(project_id=rule.project_id).values_list("user_id", flat=True))
     Notification.objects.bulk_create(
         Notification(user_id=user_id, firing=firing, created_at=now) for user_id in members
     )
+    notifications_changed_on_commit(members)
     logger.info("alert rule %s fired on %s (firing %s)", rule.pk, subject, firing.pk)
     if rule.webhook_url:
         delivery = WebhookDelivery.objects.create(
@@ -414,6 +446,24 @@ def alert_fire(*, rule: AlertRule, subject: str, text: str, details: dict, run_i
     return firing
 
 
+def _dashboard_url(name: str, **kwargs) -> str:
+    """A dashboard page's address for a reader outside it (TANDEM_PUBLIC_URL, else its path)."""
+    return settings.TANDEM_PUBLIC_URL + reverse(name, kwargs=kwargs)
+
+
+def _cooldown_reason(rule: AlertRule, subject: str, *, now) -> str:
+    """Why a firing of ``rule`` on ``subject`` now is held back: its last sent firing there is within the rule's
+    cooldown (empty: it is not)."""
+    if rule.cooldown_minutes is None:
+        return ""
+    last = (AlertFiring.objects.filter(rule=rule, subject=subject, held_back_reason="")
+            .order_by("-fired_at").values_list("fired_at", flat=True).first())
+    if last is None or now - last >= timezone.timedelta(minutes=rule.cooldown_minutes):
+        return ""
+    return (f"within the rule's cooldown of {rule.cooldown_minutes:g} min: it last notified "
+            f"{(now - last).total_seconds():.0f} s ago")
+
+
 def _webhook_body(rule: AlertRule, firing: AlertFiring) -> str:
     """Slack-compatible: ``text`` is what Slack shows; ``attachments`` its fields; ``alert`` the same for machines."""
     alert = {
@@ -421,12 +471,14 @@ def _webhook_body(rule: AlertRule, firing: AlertFiring) -> str:
         "project": {"id": rule.project_id, "name": rule.project.name}, "subject": firing.subject,
         "run": firing.run_id, "environment_version": firing.environment_version_id,
         "fired_at": firing.fired_at.isoformat(), "details": firing.details,
+        "run_url": _dashboard_url("run-page", run_id=firing.run_id) if firing.run_id is not None else None,
     }
     # What Slack renders is escaped: run names, rule names and environments' errors are anyone's
     # text, and must not mention @channel or disguise a link. ``alert`` keeps the exact values.
     fields = [{"title": "rule", "value": rule.name, "short": True},
               {"title": "kind", "value": rule.get_kind_display(), "short": True},
               {"title": "project", "value": rule.project.name, "short": True},
+              *([{"title": "run", "value": alert["run_url"], "short": False}] if alert["run_url"] else []),
               *({"title": key, "value": str(value), "short": True} for key, value in firing.details.items())]
     fields = [{**entry, "title": slack_escape(entry["title"]), "value": slack_escape(entry["value"])}
               for entry in fields]
@@ -449,12 +501,15 @@ def notification_mark_read(*, notification: Notification) -> Notification:
     if notification.read_at is None:
         notification.read_at = timezone.now()
         notification.save(update_fields=["read_at"])
+        notifications_changed_on_commit([notification.user_id])
     return notification
 
 
 def notifications_mark_all_read(*, user: AbstractBaseUser) -> int:
     """Mark every unread notification of ``user`` read; returns how many."""
-    return Notification.objects.filter(user=user, read_at__isnull=True).update(read_at=timezone.now())
+    marked = Notification.objects.filter(user=user, read_at__isnull=True).update(read_at=timezone.now())
+    notifications_changed_on_commit([user.pk])
+    return marked
 
 
 # ---- webhook deliveries ----------------------------------------------------------------------------

@@ -23,9 +23,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from accounts.websocket_auth import TokenAuthMiddleware  # noqa: E402
+from alerts.routing import websocket_urlpatterns as user_websocket_urlpatterns  # noqa: E402
 from common.request_limits import RequestBodyLimits  # noqa: E402
 from config.lifespan import lifespan  # noqa: E402
-from runs.routing import websocket_urlpatterns  # noqa: E402
+from runs.routing import websocket_urlpatterns as run_websocket_urlpatterns  # noqa: E402
+
+# A run's sockets, and a user's own (the unread count of the navigation's badge).
+websocket_urlpatterns = [*run_websocket_urlpatterns, *user_websocket_urlpatterns]
 
 application = ProtocolTypeRouter(
     {

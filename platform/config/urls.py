@@ -147,6 +147,8 @@ pages = [
     path("tokens/", account_pages.token_list_page, name="token-list-page"),
     path("alerts/", alert_pages.alert_rule_list_page, name="alert-rule-list-page"),
     path("alerts/<int:rule_id>/delete/", alert_pages.alert_rule_delete_page, name="alert-rule-delete-page"),
+    path("alerts/<int:rule_id>/edit/", alert_pages.alert_rule_edit_page, name="alert-rule-edit-page"),
+    path("alerts/<int:rule_id>/enabled/", alert_pages.alert_rule_enabled_page, name="alert-rule-enabled-page"),
     path("notifications/", alert_pages.notification_list_page, name="notification-list-page"),
     path("notifications/read-all/", alert_pages.notifications_read_all_page, name="notifications-read-all-page"),
     path(

@@ -12,6 +12,7 @@ from django.utils import timezone
 from accounts.services import membership_add
 from alerts.models import AlertFiring, AlertRule, Notification
 from alerts.services import alert_rule_create
+from common.domain_errors import InvalidInput
 from environment_registry.services import environment_probe_record, environment_probe_request
 from runs.models import Run
 from runs.services import run_heartbeat, run_transition, runs_flag_stalled
@@ -224,3 +225,54 @@ def test_a_failed_probe_and_an_unhealthy_version_fire_once_each_until_a_probe_pa
     health_check(failed_check=None)  # healthy again: both re-armed
     health_check(failed_check="step")
     assert len(_fired(probe_failed)) == 2 and len(_fired(unhealthy)) == 2
+
+
+def test_a_rule_scoped_to_a_run_judges_that_run_only(running_run, make_run, project, environment, on_commit):
+    other = make_run(project, environment=environment)
+    scoped = _rule(project, AlertRule.Kind.METRIC_THRESHOLD, metric="loss", comparison="above", threshold=2.0,
+                   steps=1, run=other.pk)
+    everywhere = alert_rule_create(user=project.owner, project=project, name="any run", kind="metric_threshold",
+                                   metric="loss", comparison="above", threshold=2.0, steps=1)
+
+    _post_steps(running_run, on_commit, step_event(running_run.pk, 1, loss=3.0))
+
+    assert _fired(scoped) == []
+    assert [firing.run_id for firing in _fired(everywhere)] == [running_run.pk]
+
+
+def test_a_rule_is_scoped_only_to_a_run_of_its_project_and_of_a_run_kind(project, make_project, make_run):
+    strangers = make_run(make_project())
+    with pytest.raises(InvalidInput) as refused:
+        _rule(project, AlertRule.Kind.RUN_FAILED, run=strangers.pk)
+    assert list(refused.value.fields) == ["run"] and "has no run" in refused.value.message
+    mine = make_run(project)
+    with pytest.raises(InvalidInput) as refused:
+        _rule(project, AlertRule.Kind.PROBE_FAILED, run=mine.pk)
+    assert list(refused.value.fields) == ["run"]
+    with pytest.raises(InvalidInput) as refused:
+        _rule(project, AlertRule.Kind.RUN_FAILED, cooldown_minutes=0)
+    assert list(refused.value.fields) == ["cooldown_minutes"]
+
+
+def test_a_firing_within_the_rules_cooldown_is_recorded_held_back_and_notifies_no_one(
+    running_run, project, on_commit, api
+):
+    rule = _rule(project, AlertRule.Kind.METRIC_THRESHOLD, metric="loss", comparison="above", threshold=2.0,
+                 steps=1, cooldown_minutes=30)
+    run_id = running_run.pk
+    # Above, cleared, above again: two episodes of the condition within 30 minutes.
+    _post_steps(running_run, on_commit, step_event(run_id, 1, loss=3.0), step_event(run_id, 2, loss=1.0),
+                step_event(run_id, 3, loss=3.0))
+
+    sent, held = _fired(rule)
+    assert sent.held_back_reason == "" and Notification.objects.filter(firing=sent).count() == 1
+    assert "within the rule's cooldown of 30 min" in held.held_back_reason
+    assert Notification.objects.filter(firing=held).count() == 0
+    listed = api.get(f"/api/alert-rules/{rule.pk}/").json()
+    assert listed["firings_held_back"] == 1 and listed["cooldown_minutes"] == 30
+    assert listed["last_fired_at"] == sent.fired_at.isoformat().replace("+00:00", "Z")
+
+    # Past the cooldown, it notifies again.
+    AlertFiring.objects.filter(pk=sent.pk).update(fired_at=timezone.now() - timedelta(minutes=31))
+    _post_steps(running_run, on_commit, step_event(run_id, 4, loss=1.0), step_event(run_id, 5, loss=3.0))
+    assert [firing.held_back_reason == "" for firing in _fired(rule)] == [True, False, True]

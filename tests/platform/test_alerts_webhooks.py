@@ -88,8 +88,9 @@ def _hooked_rule(project, url: str) -> AlertRule:
 
 
 def test_a_firing_is_posted_as_slack_compatible_json_signed_with_the_rules_secret(
-    eager_tasks, receiver, project, running_run, django_capture_on_commit_callbacks
+    eager_tasks, receiver, project, running_run, django_capture_on_commit_callbacks, settings
 ):
+    settings.TANDEM_PUBLIC_URL = "https://tandem.example.com"
     _hooked_rule(project, receiver.url)
     _fail(running_run, django_capture_on_commit_callbacks)
 
@@ -101,6 +102,10 @@ def test_a_firing_is_posted_as_slack_compatible_json_signed_with_the_rules_secre
     assert payload["text"].startswith("[Tandem] Run") and "CheckpointError: disk full" in payload["text"]
     assert payload["alert"]["kind"] == "run_failed" and payload["alert"]["run"] == running_run.pk
     assert payload["alert"]["project"] == {"id": project.pk, "name": project.name}
+    # A link to the run, at the dashboard's address as people reach it (TANDEM_PUBLIC_URL, the settings').
+    run_url = f"https://tandem.example.com/runs/{running_run.pk}/"
+    assert payload["alert"]["run_url"] == run_url
+    assert {"title": "run", "value": run_url, "short": False} in payload["attachments"][0]["fields"]
     assert {"title": "status", "value": "failed", "short": True} in payload["attachments"][0]["fields"]
     assert SECRET.encode() not in body
     delivery = WebhookDelivery.objects.get()

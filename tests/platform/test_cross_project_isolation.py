@@ -26,10 +26,9 @@ from alerts.models import AlertRule, Notification
 from alerts.services import alert_fire, alert_rule_create
 from checkpoints.models import Checkpoint
 from checkpoints.services import checkpoints_report
-from config.asgi import application
+from config.asgi import application, websocket_urlpatterns
 from environment_registry.models import EnvironmentProbe, EnvironmentVersion
 from runs.models import Run
-from runs.routing import websocket_urlpatterns
 from tandem.contracts import CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from trajectories.services import trajectory_samples_record
@@ -270,28 +269,48 @@ def test_options_answers_the_same_for_any_id(make_world, outsider):
     assert world.run.name not in real.content.decode()
 
 
-def _websocket_routes() -> list[Route]:
-    return [
-        Route(path="/" + str(p.pattern), pattern=p, namespace=None) for p in websocket_urlpatterns
-    ]
+def _websocket_routes(*, of_objects: bool) -> list[Route]:
+    """The sockets the ASGI application serves: those of an object (a run: the kwargs name it), or a user's
+    own (no kwargs: what they send is the connecting user's, e.g. the unread count)."""
+    routes = [Route(path="/" + str(p.pattern), pattern=p, namespace=None) for p in websocket_urlpatterns]
+    return [route for route in routes if bool(route.kwargs) == of_objects]
 
 
 def _connects(path: str, user) -> bool:
+    return _first_message(path, user)[0]
+
+
+def _first_message(path: str, user) -> tuple[bool, dict | None]:
+    """Whether ``user`` (by token) connects to ``path``, and the first message it sends at once if any."""
     async def scenario():
         headers = [(b"host", b"testserver"), (b"authorization", f"Token {user.raw_token}".encode())]
         communicator = WebsocketCommunicator(application, path, headers=headers)
         connected, _ = await communicator.connect(timeout=5)
+        message = None
+        if connected and not await communicator.receive_nothing(timeout=0.5):
+            message = await communicator.receive_json_from(timeout=1)
         await communicator.disconnect(timeout=1 if connected else 0.1)
-        return connected
+        return connected, message
 
     return async_to_sync(scenario)()
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("route", _websocket_routes(), ids=lambda route: route.path)
+@pytest.mark.parametrize("route", _websocket_routes(of_objects=True), ids=lambda route: route.path)
 def test_another_projects_user_cannot_open_a_websocket(route, make_world, outsider):
     world = make_world()
     url = _url(route, _values(route, world))
 
     assert not _connects(url, outsider)
     assert _connects(url, world.owner)  # the route itself works
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", _websocket_routes(of_objects=False), ids=lambda route: route.path)
+def test_a_users_own_socket_tells_them_only_their_own(route, make_world, outsider):
+    world = make_world()
+    rule = alert_rule_create(user=world.owner, project=world.project, name="watch", kind="run_failed")
+    alert_fire(rule=rule, subject=f"run:{world.run.pk}", text="failed", details={}, run_id=world.run.pk)
+
+    assert _first_message(route.path, world.owner) == (True, {"type": "notifications.unread", "unread": 1})
+    assert _first_message(route.path, outsider) == (True, {"type": "notifications.unread", "unread": 0})

@@ -5,8 +5,6 @@ Screenshots of every page go to test-artifacts/screenshots/ (gitignored), for pe
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 from playwright.sync_api import sync_playwright
@@ -178,16 +176,19 @@ def test_pause_resume_and_clone_from_the_run_page(server, chromium_page, running
     assert not page.is_visible("#resume-form") and page.is_visible("#cancel-form")
     assert api.get(f"/api/runs/{running_run.pk}/").json()["status"] == "queued"
 
+    # Clone opens the new-run form, filled in from the run.
     page.click("#clone-link")
-    page.wait_for_url(f"**/runs/{running_run.pk}/clone/")
-    prefilled = json.loads(page.input_value("#id_config"))
+    page.wait_for_url(f"**/runs/new/?clone={running_run.pk}")
     original = api.get(f"/api/runs/{running_run.pk}/").json()
-    assert prefilled == original["config"]
     assert page.input_value("#id_name") == f"{original['name']} (clone)"
+    assert page.input_value("#id_config_rl_steps") == str(original["config"]["rl_steps"])
+    assert page.input_value("#id_config_sft_steps") == str(original["config"]["sft_steps"])
     page.screenshot(path=str(SCREENSHOTS / "run_clone.png"), full_page=True)
-    page.fill("#id_config", json.dumps({**prefilled, "rl_steps": prefilled["rl_steps"] + 5}))
+    page.fill("#id_config_rl_steps", str(original["config"]["rl_steps"] + 5))
     page.fill("#id_name", "the clone")
-    page.click("#clone-form button[type=submit]")
+    page.click("#review-run")
+    page.locator("#review-table tr[data-path='rl_steps']").wait_for()
+    page.click("#start-run")
     page.wait_for_selector("#run-root")
     clone_id = int(page.get_attribute("#run-root", "data-run-id"))
     clone = api.get(f"/api/runs/{clone_id}/").json()

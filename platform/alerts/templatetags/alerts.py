@@ -1,7 +1,8 @@
-"""The navigation's notification badge (frontend/templates/base.html)."""
+"""The navigation's notification badge (frontend/templates/base.html), and where it updates from."""
 
 from django import template
 
+from alerts.realtime import NOTIFICATIONS_WEBSOCKET_PATH
 from alerts.selectors import notification_unread_count
 
 register = template.Library()
@@ -14,3 +15,9 @@ def unread_notification_count(context) -> int:
     if user is None or not user.is_authenticated:
         return 0
     return notification_unread_count(user=user)
+
+
+@register.simple_tag
+def notifications_websocket_path() -> str:
+    """Where the badge's count comes live from (alerts.consumers)."""
+    return NOTIFICATIONS_WEBSOCKET_PATH

@@ -1,7 +1,7 @@
 """Alerts: where their webhooks may post, how hard a delivery is retried, and what one project can
 make the platform post (platform/alerts)."""
 
-from .env_vars import env_float, env_list
+from .env_vars import env_float, env_list, env_str
 
 # Hosts and networks alert webhooks may post to (comma separated: host names, *.domain suffixes,
 # networks such as 10.0.0.0/8 or 127.0.0.1; tandem/allowlists/environment_urls.py). A webhook URL is user
@@ -24,3 +24,6 @@ TANDEM_WEBHOOK_TASK_TIME_LIMIT_S = env_float("TANDEM_WEBHOOK_TASK_TIME_LIMIT_S",
 TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE = int(env_float("TANDEM_WEBHOOK_POSTS_PER_URL_PER_MINUTE", 10))
 # Alert rules one project may have: each is a post per firing, so this bounds what one event posts.
 TANDEM_MAX_ALERT_RULES_PER_PROJECT = int(env_float("TANDEM_MAX_ALERT_RULES_PER_PROJECT", 20))
+# The dashboard's address as people reach it (https://tandem.example.com): a webhook post links to the run it
+# is about there. Empty: the link is the run page's path (/runs/7/), for a reader who knows the host.
+TANDEM_PUBLIC_URL = env_str("TANDEM_PUBLIC_URL", "").rstrip("/")
