@@ -27,21 +27,26 @@ from environment_registry.models import EnvironmentVersion
 from environment_registry.selectors import environment_list, environment_version_last_probe_times
 from evaluations.pages import metric_cell
 from evaluations.selectors import evaluation_list
+from tandem.configs.run import RunConfig
 from tandem.contracts import (
     DATASET_EVALUATION_METRICS,
     EVALUATION_LEADING_METRICS,
+    EVALUATION_METRIC_PREFIX,
+    EVALUATION_SUCCESS_RATE,
     EVALUATION_TOOL_METRICS,
+    LOSS_METRIC,
     RELEASED_RUN_STATUSES,
+    SUCCESS_RATE_METRIC,
     TRAINER_HELD_RUN_STATUSES,
     RunStatus,
     evaluation_metric_label,
 )
 from telemetry.charts import COMPARE_CHARTS, run_charts
-from telemetry.selectors import idle_summary, metric_totals
+from telemetry.selectors import idle_summary, metric_summaries, metric_totals
 from telemetry.serializers import MAX_COMPARED_RUNS
 from telemetry.services import MAX_TRACE_STEPS
 
-from .config_diff import config_differences
+from .config_diff import config_differences, config_tree
 from .config_form import config_form, config_from_form, form_state
 from .config_form_binding import ErrorEntry, bind_form, error_summary
 from .config_form_presets import config_review, form_presets, model_directories
@@ -197,8 +202,27 @@ def run_page(request, run_id: int):
         "memory_plan": run_memory_plan(run, trainer_device=trainer_device_memory()),
         # Alert rules whose condition holds on the run now; run_page/status.js keeps them current.
         "alerts": run_alerts_active(run_id=run.pk),
+        "overview": _run_overview(run),
     }
     return render(request, "runs/detail.html", context)
+
+
+# The series the run overview sums up, and those of them where lower is better.
+OVERVIEW_METRICS = (REWARD_METRIC, SUCCESS_RATE_METRIC, LOSS_METRIC,
+                    EVALUATION_METRIC_PREFIX + EVALUATION_SUCCESS_RATE)
+OVERVIEW_LOWER_IS_BETTER = (LOSS_METRIC,)
+
+
+def _run_overview(run: Run) -> dict:
+    """What the run page opens with: progress, duration and ETA, each summed-up series at its end and its
+    best, and the config as a tree marked where it differs from the defaults (with those lines first)."""
+    summarised = run_list_summarised(Run.objects.filter(pk=run.pk)).get()
+    return {
+        "summary": run_summary(summarised),
+        "metrics": metric_summaries(run=run, names=OVERVIEW_METRICS, lower_is_better=OVERVIEW_LOWER_IS_BETTER),
+        "changes": config_review(config_form(), run.config),
+        "config_tree": config_tree(run.config, RunConfig().model_dump(mode="json")),
+    }
 
 
 @login_required

@@ -4,7 +4,7 @@ device reports."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -367,6 +367,36 @@ def process_listing(*, user: AbstractBaseUser) -> ProcessListing | None:
     run_ids = {run_id for report in reports for run_id in report.run_ids}
     visible = run_list(user=user).filter(pk__in=run_ids).values_list("pk", flat=True) if run_ids else []
     return ProcessListing(reports=reports, visible_run_ids=frozenset(visible))
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    """A series of a run at its newest step and at its best (the highest, or the lowest where lower is better)."""
+
+    name: str
+    final: float
+    final_step: int
+    best: float
+    best_step: int
+    lower_is_better: bool
+
+
+def metric_summaries(*, run: Run, names: Sequence[str], lower_is_better: Collection[str] = ()
+                     ) -> list[MetricSummary]:
+    """The summaries of those of ``names`` the run has, in that order: two indexed reads a series (its
+    newest point, its best), whatever its length (a non-finite value is never stored: metric_events_record)."""
+    summaries = []
+    for name in names:
+        series = MetricPoint.objects.filter(run=run, name=name)
+        final = series.order_by("-step").values_list("step", "value").first()
+        if final is None:
+            continue
+        lower = name in lower_is_better
+        best_step, best_value = series.order_by("value" if lower else "-value", "step").values_list(
+            "step", "value").first()
+        summaries.append(MetricSummary(name=name, final=final[1], final_step=final[0], best=best_value,
+                                       best_step=best_step, lower_is_better=lower))
+    return summaries
 
 
 def metric_totals(*, run: Run, prefix: str) -> dict[str, tuple[float, int]]:
