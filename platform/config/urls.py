@@ -70,6 +70,8 @@ from runs.views import (
     TrainerClaimView,
     TrainerHeartbeatView,
 )
+from sweeps import pages as sweep_pages
+from sweeps.views import SweepCancelView, SweepDetailView, SweepListCreateView
 from telemetry import pages as telemetry_pages
 from telemetry.views import (
     ActiveRunDevicesView,
@@ -145,6 +147,9 @@ pages = [
     path("datasets/<int:dataset_id>/versions/<int:number>/delete/", dataset_pages.dataset_version_delete_page,
          name="dataset-version-delete"),
     path("tokens/", account_pages.token_list_page, name="token-list-page"),
+    path("sweeps/", sweep_pages.sweep_list_page, name="sweep-list-page"),
+    path("sweeps/<int:sweep_id>/", sweep_pages.sweep_page, name="sweep-page"),
+    path("sweeps/<int:sweep_id>/cancel/", sweep_pages.sweep_cancel_page, name="sweep-cancel-page"),
     path("alerts/", alert_pages.alert_rule_list_page, name="alert-rule-list-page"),
     path("alerts/<int:rule_id>/delete/", alert_pages.alert_rule_delete_page, name="alert-rule-delete-page"),
     path("alerts/<int:rule_id>/edit/", alert_pages.alert_rule_edit_page, name="alert-rule-edit-page"),
@@ -292,6 +297,9 @@ api = [
     path("api/devices/", ActiveRunDevicesView.as_view(), name="api-devices"),
     path("api/processes/", ProcessListView.as_view(), name="api-processes"),
     path("api/run-config/schema/", RunConfigSchemaView.as_view(), name="api-run-config-schema"),
+    path("api/sweeps/", SweepListCreateView.as_view(), name="api-sweeps"),
+    path("api/sweeps/<int:sweep_id>/", SweepDetailView.as_view(), name="api-sweep-detail"),
+    path("api/sweeps/<int:sweep_id>/cancel/", SweepCancelView.as_view(), name="api-sweep-cancel"),
     path("api/alert-rules/", AlertRuleListCreateView.as_view(), name="api-alert-rules"),
     path("api/alert-rules/<int:rule_id>/", AlertRuleDetailView.as_view(), name="api-alert-rule-detail"),
     path(

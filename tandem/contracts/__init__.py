@@ -200,6 +200,7 @@ from tandem.contracts.stages import (
     stage_metric_name,
 )
 from tandem.contracts.tasks import (
+    ADVANCE_SWEEPS,
     CHECKPOINT_EXPORT,
     CHECKPOINT_EXPORT_REPORT,
     DATASET_STORE_VERSION,
@@ -380,6 +381,7 @@ __all__ = [
     "HEALTH_SWEEP",
     "REAP_DEAD_TRAINERS",
     "FLAG_STALLED_RUNS",
+    "ADVANCE_SWEEPS",
     "DRAIN_RUN_LOGS",
     "CHECKPOINT_EXPORT",
     "CHECKPOINT_EXPORT_REPORT",

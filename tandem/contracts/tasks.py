@@ -79,6 +79,8 @@ EXPIRE_CHECKPOINT_EXPORTS = TaskRoute("tandem.checkpoints.expire_exports", PLATF
 WEBHOOK_DELIVERY = TaskRoute("tandem.alerts.deliver_webhook", WEBHOOKS_QUEUE, "Post an alert's webhook.")
 WEBHOOK_RESUME = TaskRoute("tandem.alerts.resume_abandoned_webhook_deliveries", WEBHOOKS_QUEUE,
                            "Beat: send again the deliveries whose worker was killed mid-post.")
+ADVANCE_SWEEPS = TaskRoute("tandem.sweeps.advance", PLATFORM_QUEUE,
+                           "Beat: follow the sweeps' trials (report, prune, record), start their next runs.")
 DATASET_STORE_VERSION = TaskRoute("tandem.datasets.store_version", DATASETS_QUEUE,
                                   "Store an uploaded dataset version's rows.")
 DATASET_TOKEN_STATS = TaskRoute("tandem.datasets.compute_token_stats", DATASETS_QUEUE,
@@ -89,7 +91,7 @@ TASKS: tuple[TaskRoute, ...] = (
     ROLLOUTS, DEMONSTRATIONS, EVALUATIONS, PROBE, PROBE_REPORT, HEALTH_SWEEP, REAP_DEAD_TRAINERS,
     FLAG_STALLED_RUNS, DRAIN_RUN_LOGS, CHECKPOINT_EXPORT, CHECKPOINT_EXPORT_REPORT, EXPIRE_CHECKPOINT_EXPORTS,
     WEBHOOK_DELIVERY,
-    WEBHOOK_RESUME, DATASET_STORE_VERSION, DATASET_TOKEN_STATS,
+    WEBHOOK_RESUME, DATASET_STORE_VERSION, DATASET_TOKEN_STATS, ADVANCE_SWEEPS,
 )
 
 

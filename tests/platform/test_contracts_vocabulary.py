@@ -91,8 +91,9 @@ def test_the_dashboard_scripts_keep_no_copy_of_the_statuses_or_the_smoothing_or_
         assert not re.search(r'status\s*[!=]==?\s*["\']', text), name
         if name != "charts.js":
             assert "function smoothed(" not in text, name
+        if name != "socket.js":
             assert "new WebSocket(" not in text, name
-    assert "function smoothed(" in scripts["charts.js"] and "new WebSocket(" in scripts["charts.js"]
+    assert "function smoothed(" in scripts["charts.js"] and "new WebSocket(" in scripts["socket.js"]
 
 
 def test_the_platform_records_checkpoint_and_trace_statuses_in_the_contracts_words():

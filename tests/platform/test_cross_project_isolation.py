@@ -29,6 +29,8 @@ from checkpoints.services import checkpoints_report
 from config.asgi import application, websocket_urlpatterns
 from environment_registry.models import EnvironmentProbe, EnvironmentVersion
 from runs.models import Run
+from sweeps.models import Sweep
+from sweeps.services import sweep_create
 from tandem.contracts import CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from trajectories.services import trajectory_samples_record
@@ -68,12 +70,13 @@ KWARG_BUILDERS = {
     "rule_id": lambda world: _alert_rule(world).pk,
     # One of the owner's notifications: a firing of a rule of the world's project.
     "notification_id": lambda world: _notification(world),
+    "sweep_id": lambda world: _sweep(world).pk,
 }
 # An id (or name) nothing has, to check the outsider's answer is that of a missing object.
 MISSING = {"run_id": 10**9, "project_id": 10**9, "token_id": 10**9, "username": "nobody-at-all",
            "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory", "group_id": "no-such-group",
            "trace_id": 10**9, "step": 10**6, "dataset_id": 10**9, "name": "no-such-dataset",
-           "rule_id": 10**9, "notification_id": 10**9}
+           "rule_id": 10**9, "notification_id": 10**9, "sweep_id": 10**9}
 
 # Routes of staff users who work on every project (the trainer): others get 403 on each.
 STAFF_ONLY = {
@@ -122,6 +125,14 @@ def _dataset(world: World) -> int:
 def _alert_rule(world: World) -> AlertRule:
     return alert_rule_create(user=world.owner, project=world.project, name=f"failures {world.run.pk}",
                              kind=AlertRule.Kind.RUN_FAILED)
+
+
+def _sweep(world: World) -> Sweep:
+    """A sweep of the world's project (its first trials start only once it commits: none here)."""
+    return sweep_create(user=world.owner, project=world.project, environment=world.run.environment.name,
+                        name=f"sweep {world.run.pk}", base_config={"sft_steps": 0, "rl_steps": 2},
+                        search_space={"rl_learning_rate": {"type": "float", "low": 1e-5, "high": 1e-3}},
+                        sampler="random", metric="reward_mean", goal="maximize", max_runs=2, concurrency=1)
 
 
 def _notification(world: World) -> int:

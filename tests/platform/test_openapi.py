@@ -30,6 +30,7 @@ from checkpoints.services import checkpoints_report
 from common.operation_docs import OPERATION_DOCS
 from dataset_registry.services import dataset_upload
 from runs.services import run_claim_next
+from sweeps.services import sweep_create
 from tandem.contracts import TRAINER_HEADER, CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from tests.browser import launch_chromium
@@ -188,6 +189,9 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp
                        size_bytes=1) for step in (1, 2)]))
     rule = alert_rule_create(user=user, project=project, name="fuzzed failures", kind="run_failed")
     firing = alert_fire(rule=rule, subject=f"run:{claimed.pk}", text="Run failed.", details={}, run_id=claimed.pk)
+    sweep = sweep_create(user=user, project=project, environment=environment.name, name="fuzzed sweep",
+                         base_config={"sft_steps": 0}, search_space={"rl_steps": {"type": "int", "low": 1, "high": 3}},
+                         sampler="random", metric="reward_mean", goal="maximize", max_runs=2, concurrency=1)
     return {
         "base": server,
         # The trainer's writes name it: as the holder of ``claimed``, they reach past the holder check.
@@ -208,6 +212,7 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp
             "rule_id": st.just(rule.pk),
             "notification_id": st.just(firing.notifications.get(user=user).pk),
             "group_id": st.just(sample.group_id),
+            "sweep_id": st.just(sweep.pk),
         },
     }
 

@@ -1,7 +1,7 @@
 // What the dashboard's charts share: the palette, whole-step axis ticks, y ranges and points
 // that read true for constant series and single points, the one smoothing of a series,
 // paging through a run's metric history (GET /api/runs/<id>/metrics/, by a step cursor),
-// and the one loop that keeps a run's WebSocket open (reconnecting with backoff).
+// and (from socket.js) the one loop that keeps a WebSocket open, reconnecting with backoff.
 // Loaded before the run page's scripts, run_compare.js, run_logs.js and metric_explorer.js,
 // which find it at window.tandemCharts.
 (function () {
@@ -78,41 +78,8 @@
     return out;
   }
 
-  const SOCKET_RETRY_MIN_MS = 1000;
-  const SOCKET_RETRY_MAX_MS = 15000;
-
-  // Keeps a WebSocket to `path` (this host, ws: or wss: as the page) open: on a close it
-  // reconnects after a backoff from 1 s doubling to 15 s, jittered, back to 1 s once one opens.
-  // `state.socket` is the socket now open or opening (null while none is), `state.reconnects`
-  // counts the reconnections. `onOpen(socket)` at every open, `onMessage(message)` with each
-  // message's parsed JSON; `onClose()` at a close, which says whether to reconnect (true
-  // unless it returns false) and may return the text to show meanwhile through `onRetry(text)`.
-  function runSocket(path, state, { onOpen = () => {}, onMessage, onClose = () => true, onRetry = () => {} }) {
-    let retryMs = SOCKET_RETRY_MIN_MS;
-    function connect() {
-      const scheme = window.location.protocol === "https:" ? "wss:" : "ws:";
-      const socket = new WebSocket(`${scheme}//${window.location.host}${path}`);
-      state.socket = socket;
-      socket.addEventListener("open", () => {
-        retryMs = SOCKET_RETRY_MIN_MS;
-        onOpen(socket);
-      });
-      socket.addEventListener("message", (event) => onMessage(JSON.parse(event.data)));
-      socket.addEventListener("close", () => {
-        if (state.socket !== socket) return;
-        state.socket = null;
-        if (onClose() === false) return;
-        onRetry(`reconnecting in ${Math.round(retryMs / 1000)} s…`);
-        const delay = retryMs * (0.75 + Math.random() / 2);
-        retryMs = Math.min(retryMs * 2, SOCKET_RETRY_MAX_MS);
-        setTimeout(() => {
-          state.reconnects += 1;
-          connect();
-        }, delay);
-      });
-    }
-    connect();
-  }
+  // The one socket loop (socket.js, loaded on every signed-in page).
+  const runSocket = window.tandemSocket.runSocket;
 
   window.tandemCharts = { PALETTE, STEP_INCREMENTS, colour, metricPages, yRange, pointsWhenAlone, smoothed, runSocket };
 })();

@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "evaluations",
     "run_logs",
     "alerts",
+    "sweeps",
 ]
 
 MIDDLEWARE = [

@@ -1,6 +1,7 @@
 """Celery, as configured for the platform's own app (config/celery.py)."""
 
 from tandem.contracts import (
+    ADVANCE_SWEEPS,
     DRAIN_RUN_LOGS,
     EXPIRE_CHECKPOINT_EXPORTS,
     FLAG_STALLED_RUNS,
@@ -51,6 +52,8 @@ CELERY_BEAT_SCHEDULE = {
     # The progress watchdog: flags running runs whose step stopped advancing (config.stall_timeout_s).
     "flag-stalled-runs": _every(FLAG_STALLED_RUNS, TANDEM_REAPER_INTERVAL_S),
     "drain-run-logs": _every(DRAIN_RUN_LOGS, TANDEM_RUN_LOG_DRAIN_INTERVAL_S),
+    # Sweeps: report their trials' new steps to the study, prune, start the next runs (sweeps.services).
+    "advance-sweeps": _every(ADVANCE_SWEEPS, env_float("TANDEM_SWEEP_INTERVAL_S", 10.0)),
     # Webhook deliveries whose worker was killed mid-post (alerts.services.webhook_deliveries_resume).
     "resume-abandoned-webhook-deliveries": _every(WEBHOOK_RESUME, 60.0),
     # Exports no export worker reported in time (checkpoints.services.checkpoint_exports_expire).

@@ -1,0 +1,56 @@
+"""Reads of sweeps: the caller's, one with its trials, and what its study says of its parameters."""
+
+from __future__ import annotations
+
+import logging
+
+import optuna
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
+
+from common.domain_errors import NotFound
+
+from .models import Sweep, SweepTrial
+from .studies import sweep_study
+
+logger = logging.getLogger(__name__)
+
+
+def sweep_list(*, user: AbstractBaseUser) -> QuerySet[Sweep]:
+    """The sweeps of the user's projects, newest first."""
+    return Sweep.objects.filter(project__memberships__user=user).select_related("project").distinct()
+
+
+def sweep_get_for_user(*, user: AbstractBaseUser, sweep_id: int) -> Sweep:
+    sweep = sweep_list(user=user).filter(pk=sweep_id).first()
+    if sweep is None:
+        raise NotFound(f"Sweep {sweep_id} not found.")
+    return sweep
+
+
+def sweep_trials(*, sweep: Sweep) -> QuerySet[SweepTrial]:
+    return sweep.trials.select_related("run").order_by("number")
+
+
+def sweep_best(*, sweep: Sweep) -> SweepTrial | None:
+    """Its complete trial with the best value (the highest, or the lowest when it minimizes)."""
+    order = "-value" if sweep.goal == Sweep.Goal.MAXIMIZE else "value"
+    return sweep.trials.filter(state=SweepTrial.State.COMPLETE, value__isnull=False).order_by(order, "number").first()
+
+
+def sweep_importances(*, sweep: Sweep) -> tuple[dict[str, float], str]:
+    """Optuna's importance of each parameter for the metric (fANOVA, summing to 1), and why there is none
+    when there is none (too few complete trials, a parameter that never varied)."""
+    complete = sweep.trials.filter(state=SweepTrial.State.COMPLETE).count()
+    if complete < 2:
+        return {}, f"{complete} complete trial{'s' if complete != 1 else ''}: importances need at least 2."
+    try:
+        return dict(optuna.importance.get_param_importances(sweep_study(sweep))), ""
+    except (RuntimeError, ValueError) as error:
+        return {}, f"Optuna could not weigh the parameters yet: {error}"
+
+
+def sweep_details(*, sweeps: list[Sweep]) -> dict[int, dict]:
+    """Per sweep: its trials, its best trial and its importances, as the API and the page show them."""
+    return {sweep.pk: {"trials": list(sweep_trials(sweep=sweep)), "best": sweep_best(sweep=sweep),
+                       "importances": sweep_importances(sweep=sweep)} for sweep in sweeps}
