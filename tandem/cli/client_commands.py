@@ -465,6 +465,44 @@ def cmd_envs_probe(args) -> int:
     return {"passed": 0, "failed": 1}.get(probe["status"], 4)
 
 
+def _json_file(path: str, *, option: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"{option} {path}: {exc}") from None
+
+
+def cmd_sweep_create(args) -> int:
+    base_config = _json_file(args.config, option="--config") if args.config else {}
+    base_config = merge_changes(base_config, parse_assignments(args.set or [], option="--set"))
+    with _client() as client:
+        sweep = client.sweeps.create(
+            environment=args.environment, search_space=_json_file(args.space, option="--space"), metric=args.metric,
+            max_runs=args.max_runs, base_config=base_config, sampler=args.sampler, pruner=args.pruner,
+            goal=args.goal, concurrency=args.concurrency, seed=args.seed, name=args.name, project=args.project)
+    print(f"sweep {sweep['id']} {sweep['status']}: {len(sweep['trials'])} trial(s) started")
+    return 0
+
+
+def cmd_sweep_show(args) -> int:
+    with _client() as client:
+        sweep = client.sweeps.get(args.sweep_id)
+    if args.json:
+        _print_json(sweep)
+        return 0
+    print(f"sweep {sweep['id']} {sweep['name']}: {sweep['status']} {sweep['status_reason']}".rstrip())
+    print(f"{sweep['sampler']} sampler, {sweep['pruner']} pruner; {sweep['metric']} ({sweep['goal']})")
+    for trial in sweep["trials"]:
+        value = "—" if trial["value"] is None else f"{trial['value']:.4g}"
+        print(f"  #{trial['number']:<3} run {trial['run'] or '—'}  {trial['state']:<8} {value:>8}  "
+              f"{json.dumps(trial['params'], sort_keys=True)}  {trial['reason']}".rstrip())
+    if sweep["best"]:
+        print(f"best: trial {sweep['best']['number']} (run {sweep['best']['run']}), {sweep['best']['value']:.6g}")
+    for name, share in sorted(sweep["importances"].items(), key=lambda item: -item[1]):
+        print(f"importance of {name}: {share:.3f}")
+    return 0
+
+
 def _handled(command):
     def run(args) -> int:
         try:
@@ -576,6 +614,31 @@ def register_subcommands(commands: argparse._SubParsersAction) -> None:
     eval_show.add_argument("index", type=int)
     eval_show.add_argument("--json", action="store_true")
     eval_show.set_defaults(func=_handled(cmd_eval_show))
+
+    sweeps = commands.add_parser("sweep", help="sweeps: runs over a search space, sampled and pruned by Optuna")
+    sweep_commands = sweeps.add_subparsers(dest="sweep_command", required=True)
+    sweep_create = sweep_commands.add_parser(
+        "create", help="start a sweep", description="Runs of a base config over a search space (a JSON file of "
+        'config paths and distributions, e.g. {"rl_learning_rate": {"type": "float", "low": 1e-5, "high": 1e-3, '
+        '"log": true}}), judged by --metric.')
+    sweep_create.add_argument("--environment", required=True, metavar="NAME[@VERSION]")
+    sweep_create.add_argument("--space", required=True, metavar="FILE", help="the search space, a JSON file")
+    sweep_create.add_argument("--metric", required=True, help="the series a trial is judged by, e.g. reward_mean")
+    sweep_create.add_argument("--max-runs", type=int, required=True)
+    sweep_create.add_argument("--config", metavar="FILE", help="the base run config, a JSON file")
+    sweep_create.add_argument("--set", action="append", metavar="KEY=VALUE", help="a base config value; repeatable")
+    sweep_create.add_argument("--sampler", choices=["grid", "random", "tpe"], default="tpe")
+    sweep_create.add_argument("--pruner", choices=["none", "median", "successive_halving"], default="none")
+    sweep_create.add_argument("--goal", choices=["maximize", "minimize"], default="maximize")
+    sweep_create.add_argument("--concurrency", type=int, default=1, help="runs at a time")
+    sweep_create.add_argument("--seed", type=int, default=0)
+    sweep_create.add_argument("--name", default="")
+    sweep_create.add_argument("--project", type=int, help="default: your only project")
+    sweep_create.set_defaults(func=_handled(cmd_sweep_create))
+    sweep_show = sweep_commands.add_parser("show", help="a sweep's trials, best run and parameter importances")
+    sweep_show.add_argument("sweep_id", type=int)
+    sweep_show.add_argument("--json", action="store_true")
+    sweep_show.set_defaults(func=_handled(cmd_sweep_show))
 
     envs = commands.add_parser("envs", help="register, list and probe environments")
     env_commands = envs.add_subparsers(dest="envs_command", required=True)

@@ -735,6 +735,35 @@ def saved_login() -> tuple[str, str]:
     return url, token
 
 
+class SweepsAPI:
+    """Sweeps: runs of a base config over a search space, sampled and pruned by Optuna on the platform."""
+
+    def __init__(self, transport: _Transport):
+        self._transport = transport
+
+    def create(self, *, environment: str, search_space: dict[str, Any], metric: str, max_runs: int,
+               base_config: dict[str, Any] | None = None, sampler: str = "tpe", pruner: str = "none",
+               goal: str = "maximize", concurrency: int = 1, seed: int = 0, name: str = "",
+               project: int | None = None) -> dict[str, Any]:
+        """Start a sweep; returns it as the API does (its trials, best trial and importances)."""
+        body: dict[str, Any] = {"environment": environment, "search_space": search_space, "metric": metric,
+                                "max_runs": max_runs, "base_config": base_config or {}, "sampler": sampler,
+                                "pruner": pruner, "goal": goal, "concurrency": concurrency, "seed": seed,
+                                "name": name}
+        if project is not None:
+            body["project"] = project
+        return self._transport.request("POST", "/api/sweeps/", json=body)
+
+    def list(self) -> Iterator[dict[str, Any]]:
+        yield from self._transport.paginate("/api/sweeps/")
+
+    def get(self, sweep_id: int) -> dict[str, Any]:
+        return self._transport.request("GET", f"/api/sweeps/{sweep_id}/")
+
+    def cancel(self, sweep_id: int) -> dict[str, Any]:
+        return self._transport.request("POST", f"/api/sweeps/{sweep_id}/cancel/")
+
+
 class TandemClient:
     """The platform's API for users: ``runs`` (with their metrics and sampled trajectories),
     ``environments``, ``datasets`` and ``projects``.
@@ -746,6 +775,7 @@ class TandemClient:
         self.runs = RunsAPI(self._transport)
         self.environments = EnvironmentsAPI(self._transport)
         self.datasets = DatasetsAPI(self._transport)
+        self.sweeps = SweepsAPI(self._transport)
         self.projects = ProjectsAPI(self._transport)
 
     @classmethod

@@ -448,3 +448,27 @@ def test_eval_create_of_a_directory_outside_the_model_roots_is_refused_naming_th
 
     assert result.returncode == 1
     assert "config.model.hf_checkpoint" in result.stderr and "TANDEM_MODEL_ROOTS" in result.stderr
+
+
+def test_a_sweep_started_from_the_command_line_runs_its_first_trial_and_shows_it(tandem, client, tmp_path):
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps({"rollout.group_size": {"type": "categorical", "choices": [2, 4]}}))
+
+    created = tandem("sweep", "create", "--environment", "calculator", "--space", str(space), "--metric",
+                     "reward_mean", "--max-runs", "2", "--sampler", "grid", "--set", "sft_steps=0",
+                     "--set", "rl_steps=2", "--name", "group sizes")
+
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.startswith("sweep ") and "running: 1 trial(s) started" in created.stdout
+    sweep_id = int(created.stdout.split()[1])
+    shown = tandem("sweep", "show", str(sweep_id), "--json")
+    assert shown.returncode == 0, shown.stderr
+    [trial] = json.loads(shown.stdout)["trials"]
+    run = client.runs.get(trial["run"])
+    assert run.name == "group sizes #0" and run.config["sft_steps"] == 0
+    assert run.config["rollout"]["group_size"] == trial["params"]["rollout.group_size"]
+    text = tandem("sweep", "show", str(sweep_id))
+    assert f"#0   run {trial['run']}  running" in text.stdout and "grid sampler" in text.stdout
+    bad = tandem("sweep", "create", "--environment", "calculator", "--space", str(space), "--metric", "reward_mean",
+                 "--max-runs", "2", "--sampler", "grid", "--set", "model.num_heads=3")
+    assert bad.returncode == 1 and "400 invalid" in bad.stderr and "num_heads" in bad.stderr

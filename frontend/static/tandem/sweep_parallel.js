@@ -16,6 +16,7 @@
 
   function scaleFor(axis) {
     const values = chart.trials.map((trial) => valueOf(trial, axis)).filter((value) => value !== null && value !== undefined);
+    if (!values.length) return { labels: [], at: () => HEIGHT / 2 };  // the metric before any trial has one
     if (values.every((value) => typeof value === "number")) {
       const low = Math.min(...values), high = Math.max(...values);
       const span = high - low || 1;
