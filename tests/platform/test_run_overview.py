@@ -63,3 +63,22 @@ def test_the_config_tree_marks_a_section_turned_on_and_every_field_under_it():
     assert rows["evaluation.every_steps"]["default"] is None  # a section off by default has no default here
     assert not rows["sampling"]["changed"] and rows["sampling"]["value"] is None
     assert [row["depth"] for row in config_tree({"a": {"b": {"c": 1}}}, {})] == [0, 1, 2]
+
+
+def test_the_explorer_comes_before_the_fixed_charts_and_every_section_is_one_click_away(
+    server, open_page, make_run, project, environment  # noqa: F811
+):
+    run = make_run(project, environment=environment)
+
+    page = open_page(server, f"/runs/{run.pk}/")
+    page.wait_for_function("window.tandemExplorer && window.tandemExplorer.ready")
+    explorer_top = page.evaluate("document.getElementById('metric-explorer').getBoundingClientRect().top")
+    charts_top = page.evaluate("document.getElementById('run-chart-grid').getBoundingClientRect().top")
+    overview_top = page.evaluate("document.getElementById('run-overview').getBoundingClientRect().top")
+    assert overview_top < explorer_top < charts_top
+    targets = page.eval_on_selector_all("#run-sections a", "links => links.map(a => a.getAttribute('href'))")
+    assert targets[:3] == ["#run-overview", "#metric-explorer", "#run-chart-grid"]
+    for target in targets:
+        assert page.locator(target).count() == 1, target
+    page.click("#run-sections a[href='#run-logs']")
+    page.wait_for_function("document.getElementById('run-logs').getBoundingClientRect().top < window.innerHeight")
