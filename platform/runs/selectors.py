@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
 
 from common.domain_errors import Conflict, InvalidInput, NotFound
 from environment_registry.models import EnvironmentVersion
@@ -100,7 +101,7 @@ def run_search(
     name_contains: str | None = None,
     sort: str = "-created",
 ) -> QuerySet[Run]:
-    """The user's runs filtered by status, environment name and a piece of the run's name.
+    """The user's runs filtered by status, environment name and a piece of the run's name or of one of its tags.
 
     ``sort`` is a key of RUN_SORTS, descending with a leading ``-``.
     """
@@ -108,7 +109,10 @@ def run_search(
     if environment:
         runs = runs.filter(environment__name=environment)
     if name_contains:
-        runs = runs.filter(name__icontains=name_contains)
+        # A tag counts as part of what a run is called: its tags' JSON text ('["baseline", "lr"]'),
+        # which PostgreSQL and SQLite both search, where JSON containment is PostgreSQL's only.
+        runs = runs.annotate(tags_text=Cast("tags", TextField())).filter(
+            Q(name__icontains=name_contains) | Q(tags_text__icontains=name_contains))
     descending = sort.startswith("-")
     fields = RUN_SORTS.get(sort.removeprefix("-"))
     if fields is None:

@@ -166,3 +166,17 @@ def test_too_many_or_too_long_tags_are_refused_naming_the_field(api, make_run, p
 
     assert too_many.status_code == 400 and "tags" in too_many.json()["error"]["fields"]
     assert too_long.status_code == 400 and "tags" in too_long.json()["error"]["fields"]
+
+
+def test_the_lists_search_finds_a_run_by_a_tag_as_by_its_name(make_run, project, environment, user):
+    tagged = make_run(project, environment=environment, name="first try")
+    run_annotate(user=user, run=tagged, tags=["lr-sweep", "baseline"])
+    named = make_run(project, environment=environment, name="baseline again")
+    make_run(project, environment=environment, name="unrelated")
+    client = Client()
+    client.force_login(user)
+
+    html = client.get("/runs/", {"q": "BASELINE"}).content.decode()
+    assert f'data-run-id="{tagged.pk}"' in html and f'data-run-id="{named.pk}"' in html
+    assert html.count('class="run-select"') == 2
+    assert client.get("/runs/", {"q": "lr-sw"}).content.decode().count('class="run-select"') == 1
