@@ -50,7 +50,13 @@ def sweep_importances(*, sweep: Sweep) -> tuple[dict[str, float], str]:
         return {}, f"Optuna could not weigh the parameters yet: {error}"
 
 
-def sweep_details(*, sweeps: list[Sweep]) -> dict[int, dict]:
-    """Per sweep: its trials, its best trial and its importances, as the API and the page show them."""
+#: What a list says instead of each sweep's importances, which cost a fANOVA fit each.
+IMPORTANCES_IN_DETAIL = "Read the sweep itself (GET /api/sweeps/<id>/) for its importances."
+
+
+def sweep_details(*, sweeps: list[Sweep], importances: bool = True) -> dict[int, dict]:
+    """Per sweep: its trials, its best trial and (``importances``) its importances, as the API and the page
+    show them."""
     return {sweep.pk: {"trials": list(sweep_trials(sweep=sweep)), "best": sweep_best(sweep=sweep),
-                       "importances": sweep_importances(sweep=sweep)} for sweep in sweeps}
+                       "importances": sweep_importances(sweep=sweep) if importances else ({}, IMPORTANCES_IN_DETAIL)}
+            for sweep in sweeps}

@@ -14,12 +14,13 @@ from .services import sweep_cancel, sweep_create
 
 
 def _answer(sweeps: list[Sweep], *, many: bool):
-    context = {"details": sweep_details(sweeps=sweeps)}
+    context = {"details": sweep_details(sweeps=sweeps, importances=not many)}
     return SweepSerializer(sweeps if many else sweeps[0], many=many, context=context).data
 
 
 @extend_schema(tags=["sweeps"])
-@extend_schema_view(get=extend_schema(summary="List sweeps", description="The sweeps of the caller's projects."))
+@extend_schema_view(get=extend_schema(summary="List sweeps", description=(
+    "The sweeps of the caller's projects, newest first, with their trials (importances: read one sweep).")))
 class SweepListCreateView(ListAPIView):
     queryset = Sweep.objects.none()  # the model, for the schema
     serializer_class = SweepSerializer
