@@ -6,7 +6,7 @@ import logging
 
 import optuna
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 
 from common.domain_errors import NotFound
 
@@ -17,8 +17,11 @@ logger = logging.getLogger(__name__)
 
 
 def sweep_list(*, user: AbstractBaseUser) -> QuerySet[Sweep]:
-    """The sweeps of the user's projects, newest first."""
-    return Sweep.objects.filter(project__memberships__user=user).select_related("project").distinct()
+    """The sweeps of the user's projects, newest first, each with its trials and their runs (one query for a
+    whole page)."""
+    trials = SweepTrial.objects.select_related("run").order_by("number")
+    return (Sweep.objects.filter(project__memberships__user=user).select_related("project").distinct()
+            .prefetch_related(Prefetch("trials", queryset=trials)))
 
 
 def sweep_get_for_user(*, user: AbstractBaseUser, sweep_id: int) -> Sweep:
@@ -26,10 +29,6 @@ def sweep_get_for_user(*, user: AbstractBaseUser, sweep_id: int) -> Sweep:
     if sweep is None:
         raise NotFound(f"Sweep {sweep_id} not found.")
     return sweep
-
-
-def sweep_trials(*, sweep: Sweep) -> QuerySet[SweepTrial]:
-    return sweep.trials.select_related("run").order_by("number")
 
 
 def sweep_best(*, sweep: Sweep) -> SweepTrial | None:
@@ -57,6 +56,12 @@ IMPORTANCES_IN_DETAIL = "Read the sweep itself (GET /api/sweeps/<id>/) for its i
 def sweep_details(*, sweeps: list[Sweep], importances: bool = True) -> dict[int, dict]:
     """Per sweep: its trials, its best trial and (``importances``) its importances, as the API and the page
     show them."""
-    return {sweep.pk: {"trials": list(sweep_trials(sweep=sweep)), "best": sweep_best(sweep=sweep),
-                       "importances": sweep_importances(sweep=sweep) if importances else ({}, IMPORTANCES_IN_DETAIL)}
-            for sweep in sweeps}
+    details = {}
+    for sweep in sweeps:
+        trials = list(sweep.trials.all())  # prefetched by sweep_list
+        complete = [trial for trial in trials if trial.state == SweepTrial.State.COMPLETE and trial.value is not None]
+        best = (max if sweep.goal == Sweep.Goal.MAXIMIZE else min)(
+            complete, key=lambda trial: trial.value, default=None)
+        details[sweep.pk] = {"trials": trials, "best": best, "importances": (
+            sweep_importances(sweep=sweep) if importances else ({}, IMPORTANCES_IN_DETAIL))}
+    return details

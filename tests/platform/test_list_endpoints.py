@@ -95,6 +95,7 @@ PINNED_ELSEWHERE = {
     "/api/alert-rules/",  # test_alerts_api.py
     "/api/alert-rules/<int:rule_id>/deliveries/",  # test_alerts_api.py
     "/api/notifications/",  # test_alerts_api.py
+    "/api/sweeps/",  # test_sweeps.py
 }
 
 

@@ -149,3 +149,17 @@ def test_the_api_creates_a_sweep_and_names_the_field_of_a_bad_search_space(api, 
     assert not_a_setting.status_code == 400 and "rl_learning_ratee" in not_a_setting.json()["error"]["message"]
     too_many = api.post("/api/sweeps/", {**body, "concurrency": 1001}, format="json")  # the quota: 1000 in tests
     assert too_many.status_code == 400 and "concurrency" in too_many.json()["error"]["fields"]
+
+
+@pytest.mark.parametrize("sweeps", [1, 6])
+def test_the_sweep_list_takes_a_fixed_number_of_queries(api, project, environment, sweeps,
+                                                        django_assert_num_queries):
+    for _ in range(sweeps):
+        _sweep(project, environment, max_runs=2, concurrency=2)
+    api.get("/api/projects/")  # records the token's last use, a write that happens once a minute
+
+    # The token with its user, the page's count and rows, and one prefetch of every trial with its run.
+    with django_assert_num_queries(4):
+        listed = api.get("/api/sweeps/").json()
+    assert len(listed["results"]) == sweeps and all(len(sweep["trials"]) == 2 for sweep in listed["results"])
+    assert listed["results"][0]["importances_reason"].startswith("Read the sweep itself")
