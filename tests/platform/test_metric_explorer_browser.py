@@ -178,3 +178,18 @@ def test_comparing_three_runs_aligns_rl_steps_smooths_and_diffs_only_differing_c
         page.locator(".explorer-panel .explorer-download-csv").click()
     rows = list(csv.reader(io.StringIO(download.value.path().read_text())))
     assert [row[1] for row in rows[1:]] == ["long-sft"] * 3 + ["no-sft"] * 3 + ["other-lr"] * 3
+
+
+def test_a_glob_split_into_a_panel_per_series(server, open_page, make_run, project, environment):
+    run = _logged_run(make_run, project, environment, name="split", sft_steps=0)
+    page = open_page(server, f"/runs/{run.pk}/")
+    page.wait_for_function("window.tandemExplorer.ready")
+
+    page.check("#explorer-split")
+    page.fill("#explorer-pattern", LATENCIES)
+    page.click("#explorer-add button[type=submit]")
+    page.wait_for_function("window.tandemExplorer.panels.length === 2 && window.tandemExplorer.panels.every(p => p.plot)")
+    assert [_panel(page, index)["names"] for index in (0, 1)] == [
+        ["rollout/calc/latency_p90_s"], ["rollout/shout/latency_p90_s"]]
+    assert page.locator(".explorer-panel .explorer-panel-title").all_inner_texts() == [
+        "rollout/calc/latency_p90_s", "rollout/shout/latency_p90_s"]

@@ -31,7 +31,9 @@
     smoothing: document.getElementById("explorer-smoothing"),
     smoothingValue: document.getElementById("explorer-smoothing-value"),
     panels: document.getElementById("explorer-panels"),
+    split: document.getElementById("explorer-split"),
   };
+  const MAX_SPLIT_PANELS = 30;
   // What the browser tests read: each panel's drawn state, and how many layouts were saved.
   // saving: a change is not yet stored (its save is debounced, or on its way).
   // And what bench/dashboard.py times (performance.now() milliseconds, from the navigation): startedMs
@@ -536,9 +538,18 @@
     event.preventDefault();
     const pattern = el.pattern.value.trim();
     if (!pattern) return;
+    const x_axis = runs.length > 1 ? "rl_step" : "step";
+    // A glob split into its matches: a panel per series (at most MAX_SPLIT_PANELS), each on its own axis.
+    const matcher = globMatcher(pattern);
+    const matches = el.split.checked ? state.names.filter((name) => matcher.test(name)) : [];
+    if (matches.length > MAX_SPLIT_PANELS) {
+      el.matches.textContent = `${matches.length} series match: a panel each is at most ${MAX_SPLIT_PANELS}; narrow the glob`;
+      return;
+    }
     el.pattern.value = "";
     showMatches();
-    addPanel({ pattern, x_axis: runs.length > 1 ? "rl_step" : "step" });
+    if (matches.length) matches.forEach((name) => addPanel({ pattern: name, x_axis }));
+    else addPanel({ pattern, x_axis });
     saveLayout();
   });
   el.smoothing.addEventListener("input", () => {
