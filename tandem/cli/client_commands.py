@@ -484,6 +484,13 @@ def cmd_sweep_create(args) -> int:
     return 0
 
 
+def cmd_sweep_cancel(args) -> int:
+    with _client() as client:
+        sweep = client.sweeps.cancel(args.sweep_id)
+    print(f"sweep {sweep['id']} {sweep['status']}")
+    return 0
+
+
 def cmd_sweep_show(args) -> int:
     with _client() as client:
         sweep = client.sweeps.get(args.sweep_id)
@@ -635,6 +642,9 @@ def register_subcommands(commands: argparse._SubParsersAction) -> None:
     sweep_create.add_argument("--name", default="")
     sweep_create.add_argument("--project", type=int, help="default: your only project")
     sweep_create.set_defaults(func=_handled(cmd_sweep_create))
+    sweep_cancel = sweep_commands.add_parser("cancel", help="stop a sweep: its running trials' runs are cancelled")
+    sweep_cancel.add_argument("sweep_id", type=int)
+    sweep_cancel.set_defaults(func=_handled(cmd_sweep_cancel))
     sweep_show = sweep_commands.add_parser("show", help="a sweep's trials, best run and parameter importances")
     sweep_show.add_argument("sweep_id", type=int)
     sweep_show.add_argument("--json", action="store_true")

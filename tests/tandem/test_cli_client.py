@@ -469,6 +469,10 @@ def test_a_sweep_started_from_the_command_line_runs_its_first_trial_and_shows_it
     assert run.config["rollout"]["group_size"] == trial["params"]["rollout.group_size"]
     text = tandem("sweep", "show", str(sweep_id))
     assert f"#0   run {trial['run']}  running" in text.stdout and "grid sampler" in text.stdout
+    # Cancelled, so that it starts no run the other tests of this platform would find queued.
+    cancelled = tandem("sweep", "cancel", str(sweep_id))
+    assert cancelled.returncode == 0 and cancelled.stdout.strip() == f"sweep {sweep_id} cancelled"
+    assert client.runs.get(trial["run"]).status == "cancelled"
     bad = tandem("sweep", "create", "--environment", "calculator", "--space", str(space), "--metric", "reward_mean",
                  "--max-runs", "2", "--sampler", "grid", "--set", "model.num_heads=3")
     assert bad.returncode == 1 and "400 invalid" in bad.stderr and "num_heads" in bad.stderr
