@@ -71,7 +71,7 @@ from .services import (
     run_pause,
     run_resume,
 )
-from .summaries import REWARD_METRIC, run_list_summarised, run_summary
+from .summaries import REWARD_METRIC, SUMMARY_SORTS, run_list_sort, run_list_summarised, run_summary
 
 RUNS_SHOWN = 100
 
@@ -105,12 +105,14 @@ def run_list_page(request):
     filters, sort, runs = _run_list_query(request)
     query = request.GET.copy()
     query.pop("sort", None)
-    columns = [
-        {"key": key, "label": label, "sort": key if sort != key else f"-{key}",
-         "arrow": "▲" if sort == key else "▼" if sort == f"-{key}" else ""}
-        for key, label in (("name", "Run"), ("environment", "Environment"), ("status", "Status"),
-                           ("step", "Progress"), ("policy", "Policy"), ("created", "Created"))
-    ]
+    def column(key: str, label: str) -> dict:
+        return {"key": key, "label": label, "sort": key if sort != key else f"-{key}",
+                "arrow": "▲" if sort == key else "▼" if sort == f"-{key}" else ""}
+
+    columns = [column(key, label) for key, label in (
+        ("name", "Run"), ("environment", "Environment"), ("status", "Status"), ("step", "Progress"),
+        ("policy", "Policy"), ("created", "Created"))]
+    summary_columns = {"reward": column("reward", "Reward"), "duration": column("duration", "Duration")}
     writable_project_ids = _writable_project_ids(request)
     context = {
         "rows": _run_list_rows(runs, writable_project_ids),
@@ -121,6 +123,7 @@ def run_list_page(request):
         "statuses": Run.Status.values,
         "environments": sorted({environment.name for environment in environment_list(user=request.user)}),
         "columns": columns,
+        "summary_columns": summary_columns,
         "sort": sort if request.GET.get("sort") else "",  # kept by the filter form
         "query": query.urlencode(),
         "runs_api_url": reverse("api-runs"),
@@ -134,10 +137,13 @@ def _run_list_query(request, *, tell: bool = True) -> tuple[dict[str, str], str,
     (a message, when ``tell``: the page's, not each live refresh's) and the list shown unfiltered."""
     filters = {key: request.GET.get(key, "").strip() for key in ("status", "environment", "q")}
     sort = request.GET.get("sort") or "-created"
+    by_summary = sort.removeprefix("-") in SUMMARY_SORTS
     try:
         runs = run_search(user=request.user, status=filters["status"] or None,
                           environment=filters["environment"] or None, name_contains=filters["q"] or None,
-                          sort=sort)
+                          sort="-created" if by_summary else sort)
+        if by_summary:
+            runs = run_list_sort(runs, sort)
     except DomainError as error:
         if tell:
             messages.error(request, error.message)

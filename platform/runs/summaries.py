@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from django.db.models import Count, FloatField, Max, Min, OuterRef, QuerySet, Subquery
+from django.db.models import Count, F, FloatField, Max, Min, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from tandem.contracts import REWARD_MEAN_METRIC
@@ -144,3 +145,23 @@ def run_summary(run: Run, *, now: datetime.datetime | None = None) -> RunSummary
         latest_reward=getattr(run, "latest_reward", None), best_reward=getattr(run, "best_reward", None),
         duration=duration, seconds_per_step=sft_rate if sft_left else rl_rate, eta=eta, eta_at_least=eta_at_least,
     )
+
+
+#: The list's sorts by a summary column (the others are run_search's, by the run's own fields).
+SUMMARY_SORTS = ("reward", "duration")
+
+
+def run_list_sort(runs: QuerySet[Run], sort: str) -> QuerySet[Run]:
+    """``runs`` by a summary column of :data:`SUMMARY_SORTS` (``-`` first: descending): the newest RL
+    step's reward, or the time since the start. Runs without one (no RL step yet, not started) come last
+    either way."""
+    key, descending = sort.removeprefix("-"), sort.startswith("-")
+    if key == "reward":
+        rewards = MetricPoint.objects.filter(run=OuterRef("pk"), name=REWARD_METRIC).order_by("-step")
+        runs = runs.annotate(sort_value=Subquery(rewards.values("value")[:1], output_field=FloatField()))
+    elif key == "duration":
+        runs = runs.annotate(sort_value=Coalesce("finished_at", Now()) - F("started_at"))
+    else:
+        raise ValueError(f"not a summary sort: {sort}")
+    value = F("sort_value")
+    return runs.order_by(value.desc(nulls_last=True) if descending else value.asc(nulls_last=True), "-id")

@@ -180,3 +180,24 @@ def test_the_lists_search_finds_a_run_by_a_tag_as_by_its_name(make_run, project,
     assert f'data-run-id="{tagged.pk}"' in html and f'data-run-id="{named.pk}"' in html
     assert html.count('class="run-select"') == 2
     assert client.get("/runs/", {"q": "lr-sw"}).content.decode().count('class="run-select"') == 1
+
+
+def test_the_list_sorts_by_the_newest_reward_and_by_duration(make_run, project, environment, user):
+    low, high, none = (make_run(project, environment=environment, name=name) for name in ("low", "high", "none"))
+    _record_steps(low, {1: 0.9, 2: 0.1})
+    _record_steps(high, {1: 0.2, 2: 0.8})
+    now = timezone.now()
+    Run.objects.filter(pk=low.pk).update(started_at=now - datetime.timedelta(hours=2))
+    Run.objects.filter(pk=high.pk).update(started_at=now - datetime.timedelta(minutes=5))
+    client = Client()
+    client.force_login(user)
+
+    def order(sort: str) -> list[int]:
+        html = client.get("/runs/", {"sort": sort}).content.decode()
+        return [run.pk for run in sorted((low, high, none), key=lambda run: html.index(f'data-run-id="{run.pk}"'))]
+
+    # By the newest step's reward, not the best; a run without an RL step last either way.
+    assert order("-reward") == [high.pk, low.pk, none.pk]
+    assert order("reward") == [low.pk, high.pk, none.pk]
+    assert order("-duration") == [low.pk, high.pk, none.pk]
+    assert 'data-sort="reward" href="?sort=reward"' in client.get("/runs/", {"sort": "-reward"}).content.decode()
