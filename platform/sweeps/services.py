@@ -111,9 +111,12 @@ def sweeps_advance() -> list[int]:
     for sweep_id in Sweep.objects.filter(status=Sweep.Status.RUNNING).values_list("pk", flat=True):
         try:
             sweep_advance(sweep_id=sweep_id)
-        except Exception:
-            # One broken sweep never stops the others; its next advance tries again.
+        except Exception as error:
+            # One broken sweep never stops the others; its next advance tries again, and its page says why
+            # it stands still meanwhile.
             logger.exception("sweep %s could not advance", sweep_id)
+            Sweep.objects.filter(pk=sweep_id, status=Sweep.Status.RUNNING).update(
+                status_reason=f"Its last advance failed, tried again in a moment: {type(error).__name__}: {error}"[:2000])
         advanced.append(sweep_id)
     return advanced
 
@@ -128,6 +131,9 @@ def sweep_advance(*, sweep_id: int) -> Sweep:
         study = sweep_study(sweep)
         for trial in sweep.trials.filter(state=SweepTrial.State.RUNNING).select_related("run"):
             _trial_follow(sweep, study, trial)
+        if sweep.status_reason:  # a failed advance's, now past
+            sweep.status_reason = ""
+            sweep.save(update_fields=["status_reason"])
         started = sweep.trials.count()
         running = sweep.trials.filter(state=SweepTrial.State.RUNNING).count()
         while started < sweep.max_runs and running < sweep.concurrency and _project_has_room(sweep):

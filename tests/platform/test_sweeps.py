@@ -11,7 +11,7 @@ from runs.models import Run
 from sweeps import studies
 from sweeps.models import Sweep, SweepTrial
 from sweeps.selectors import sweep_best, sweep_importances
-from sweeps.services import sweep_advance, sweep_cancel, sweep_create
+from sweeps.services import sweep_advance, sweep_cancel, sweep_create, sweeps_advance
 from tandem.contracts import RunStatus, TrainerStepEvent
 from telemetry.services import metric_events_record
 
@@ -163,3 +163,19 @@ def test_the_sweep_list_takes_a_fixed_number_of_queries(api, project, environmen
         listed = api.get("/api/sweeps/").json()
     assert len(listed["results"]) == sweeps and all(len(sweep["trials"]) == 2 for sweep in listed["results"])
     assert listed["results"][0]["importances_reason"].startswith("Read the sweep itself")
+
+
+def test_a_sweep_that_cannot_advance_says_why_and_the_others_go_on(project, environment):
+    broken = _sweep(project, environment, max_runs=2, concurrency=1)
+    working = _sweep(project, environment, max_runs=2, concurrency=1)
+    Sweep.objects.filter(pk=broken.pk).update(search_space={"rl_learning_rate": {"type": "nonsense"}})
+    for sweep in (broken, working):  # each ends its first trial, and asks its study for the next
+        [trial] = _running(sweep)
+        _end(trial.run)
+
+    assert sorted(sweeps_advance()) == sorted([broken.pk, working.pk])
+
+    broken.refresh_from_db()
+    assert broken.status == Sweep.Status.RUNNING
+    assert broken.status_reason.startswith("Its last advance failed, tried again in a moment: InvalidInput")
+    assert len(_running(working)) == 1 and working.trials.count() == 2  # its next trial started
