@@ -7,6 +7,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from accounts.models import Membership
 from accounts.selectors import project_get_for_user, project_list
 from common.domain_errors import DomainError, Forbidden, NotFound
 
@@ -60,6 +61,9 @@ def _rule_or_404(request, rule_id: int):
 @require_http_methods(["GET", "POST"])
 def alert_rule_edit_page(request, rule_id: int):
     rule = _rule_or_404(request, rule_id)
+    # The form holds the webhook URL whole, a credential viewers read redacted only: writers alone open it.
+    if rule.caller_role not in Membership.WRITER_ROLES:
+        raise PermissionDenied("Only the project's owners and members change its alert rules.")
     form = AlertRuleForm.for_rule(rule, request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:

@@ -187,3 +187,9 @@ def test_a_viewer_sees_a_webhook_url_redacted_in_the_api_and_the_page(
     assert "http://127.0.0.1:9/…" in responses[3].content.decode()
     # A member still reads it whole.
     assert api.get(f"/api/alert-rules/{rule['id']}/deliveries/").json()["results"][0]["url"] == url
+    # The edit form holds the URL whole: a viewer never opens it.
+    refused = page.get(f"/alerts/{rule['id']}/edit/")
+    assert refused.status_code == 403 and "XXXXSECRETPATH" not in refused.content.decode()
+    owner = Client()
+    owner.force_login(project.owner)
+    assert url in owner.get(f"/alerts/{rule['id']}/edit/").content.decode()
