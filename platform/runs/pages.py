@@ -221,7 +221,7 @@ OVERVIEW_LOWER_IS_BETTER = (LOSS_METRIC,)
 
 def _run_overview(run: Run) -> dict:
     """What the run page opens with: progress, duration and ETA, each summed-up series at its end and its
-    best, and the config as a tree marked where it differs from the defaults (with those lines first)."""
+    best, what the config changes from the defaults, and the whole config as a tree marked where it differs."""
     summarised = run_list_summarised(Run.objects.filter(pk=run.pk)).get()
     return {
         "summary": run_summary(summarised),

@@ -27,11 +27,17 @@ STEP_RATE_WINDOW = 20
 PHASES = ("sft", "rl")  # tandem.contracts' TrainerStepEvent.phase
 
 
+def _latest_reward() -> Subquery:
+    """The outer run's reward at its newest RL step (the list's reward column, and its sort)."""
+    rewards = MetricPoint.objects.filter(run=OuterRef("pk"), name=REWARD_METRIC).order_by("-step")
+    return Subquery(rewards.values("value")[:1], output_field=FloatField())
+
+
 def run_list_summarised(runs: QuerySet[Run]) -> QuerySet[Run]:
     """``runs`` with what :func:`run_summary` needs, read in the same query."""
     rewards = MetricPoint.objects.filter(run=OuterRef("pk"), name=REWARD_METRIC)
     annotations = {
-        "latest_reward": Subquery(rewards.order_by("-step").values("value")[:1], output_field=FloatField()),
+        "latest_reward": _latest_reward(),
         "best_reward": Subquery(
             rewards.order_by().values("run").annotate(best=Max("value")).values("best"), output_field=FloatField()
         ),
@@ -157,8 +163,7 @@ def run_list_sort(runs: QuerySet[Run], sort: str) -> QuerySet[Run]:
     either way."""
     key, descending = sort.removeprefix("-"), sort.startswith("-")
     if key == "reward":
-        rewards = MetricPoint.objects.filter(run=OuterRef("pk"), name=REWARD_METRIC).order_by("-step")
-        runs = runs.annotate(sort_value=Subquery(rewards.values("value")[:1], output_field=FloatField()))
+        runs = runs.annotate(sort_value=_latest_reward())
     elif key == "duration":
         runs = runs.annotate(sort_value=Coalesce("finished_at", Now()) - F("started_at"))
     else:

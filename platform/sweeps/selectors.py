@@ -32,9 +32,11 @@ def sweep_get_for_user(*, user: AbstractBaseUser, sweep_id: int) -> Sweep:
 
 
 def sweep_best(*, sweep: Sweep) -> SweepTrial | None:
-    """Its complete trial with the best value (the highest, or the lowest when it minimizes)."""
-    order = "-value" if sweep.goal == Sweep.Goal.MAXIMIZE else "value"
-    return sweep.trials.filter(state=SweepTrial.State.COMPLETE, value__isnull=False).order_by(order, "number").first()
+    """Its complete trial with the best value (the highest, or the lowest when it minimizes; the first by
+    number of equals), from its trials as sweep_list prefetches them, or as read here."""
+    complete = [trial for trial in sweep.trials.all()  # by number: the prefetch's order and the model's
+                if trial.state == SweepTrial.State.COMPLETE and trial.value is not None]
+    return (max if sweep.goal == Sweep.Goal.MAXIMIZE else min)(complete, key=lambda trial: trial.value, default=None)
 
 
 def sweep_importances(*, sweep: Sweep) -> tuple[dict[str, float], str]:
@@ -59,9 +61,6 @@ def sweep_details(*, sweeps: list[Sweep], importances: bool = True) -> dict[int,
     details = {}
     for sweep in sweeps:
         trials = list(sweep.trials.all())  # prefetched by sweep_list
-        complete = [trial for trial in trials if trial.state == SweepTrial.State.COMPLETE and trial.value is not None]
-        best = (max if sweep.goal == Sweep.Goal.MAXIMIZE else min)(
-            complete, key=lambda trial: trial.value, default=None)
-        details[sweep.pk] = {"trials": trials, "best": best, "importances": (
+        details[sweep.pk] = {"trials": trials, "best": sweep_best(sweep=sweep), "importances": (
             sweep_importances(sweep=sweep) if importances else ({}, IMPORTANCES_IN_DETAIL))}
     return details
