@@ -44,15 +44,14 @@ class AlertRuleForm(DomainErrorForm):
     @classmethod
     def for_rule(cls, rule: AlertRule, data=None) -> "AlertRuleForm":
         """The form to change ``rule``: its project fixed, its fields filled in (its secret never)."""
-        initial = {field: getattr(rule, field) for field in (
-            "name", "kind", "metric", "comparison", "threshold", "steps", "minutes", "cooldown_minutes",
-            "webhook_url")} | {"run": rule.run_id}
+        initial = {field: getattr(rule, field) for field in cls.base_fields
+                   if field not in ("project", "run", "webhook_secret")} | {"run": rule.run_id}
         form = cls(data, initial=initial, projects=[rule.project])
         del form.fields["project"]
         form.fields["webhook_secret"].help_text = "Left empty: the rule keeps its secret."
         return form
 
-    def changes(self, rule: AlertRule) -> dict:
+    def changes(self) -> dict:
         """alert_rule_update's changes: every field, a secret left empty kept."""
         changes = self.service_arguments()
         if not changes.get("webhook_secret") and changes.get("webhook_url"):

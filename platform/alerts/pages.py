@@ -67,7 +67,7 @@ def alert_rule_edit_page(request, rule_id: int):
     form = AlertRuleForm.for_rule(rule, request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            alert_rule_update(user=request.user, rule=rule, changes=form.changes(rule))
+            alert_rule_update(user=request.user, rule=rule, changes=form.changes())
         except Forbidden as error:
             raise PermissionDenied(error.message) from None
         except DomainError as error:
