@@ -27,9 +27,11 @@ from alerts.routing import websocket_urlpatterns as user_websocket_urlpatterns  
 from common.request_limits import RequestBodyLimits  # noqa: E402
 from config.lifespan import lifespan  # noqa: E402
 from runs.routing import websocket_urlpatterns as run_websocket_urlpatterns  # noqa: E402
+from workspaces.routing import websocket_urlpatterns as project_websocket_urlpatterns  # noqa: E402
 
-# A run's sockets, and a user's own (the unread count of the navigation's badge).
-websocket_urlpatterns = [*run_websocket_urlpatterns, *user_websocket_urlpatterns]
+# A run's sockets, a project's (its runs' metrics, for the workspace), and a user's own (the unread
+# count of the navigation's badge).
+websocket_urlpatterns = [*run_websocket_urlpatterns, *project_websocket_urlpatterns, *user_websocket_urlpatterns]
 
 application = ProtocolTypeRouter(
     {

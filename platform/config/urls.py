@@ -96,6 +96,15 @@ from trajectories.views import (
     RunTrajectoryListView,
     TrainerTrajectoriesView,
 )
+from workspaces import pages as workspace_pages
+from workspaces.views import (
+    ReportDetailView,
+    ReportListCreateView,
+    SavedViewDetailView,
+    SavedViewListCreateView,
+    WorkspaceRunsView,
+    WorkspaceSeriesView,
+)
 
 pages = [
     path("", RedirectView.as_view(pattern_name="run-list-page", permanent=False)),
@@ -147,6 +156,14 @@ pages = [
     path("datasets/<int:dataset_id>/versions/<int:number>/delete/", dataset_pages.dataset_version_delete_page,
          name="dataset-version-delete"),
     path("tokens/", account_pages.token_list_page, name="token-list-page"),
+    path("workspace/", workspace_pages.workspace_home_page, name="workspace-home-page"),
+    path("projects/<int:project_id>/workspace/", workspace_pages.workspace_page, name="workspace-page"),
+    path("projects/<int:project_id>/reports/", workspace_pages.report_list_page, name="report-list-page"),
+    path("projects/<int:project_id>/reports/<int:report_id>/", workspace_pages.report_page, name="report-page"),
+    path("projects/<int:project_id>/reports/<int:report_id>/edit/", workspace_pages.report_edit_page,
+         name="report-edit-page"),
+    path("projects/<int:project_id>/reports/<int:report_id>/delete/", workspace_pages.report_delete_page,
+         name="report-delete-page"),
     path("sweeps/", sweep_pages.sweep_list_page, name="sweep-list-page"),
     path("sweeps/<int:sweep_id>/", sweep_pages.sweep_page, name="sweep-page"),
     path("sweeps/<int:sweep_id>/cancel/", sweep_pages.sweep_cancel_page, name="sweep-cancel-page"),
@@ -208,6 +225,16 @@ api = [
         EnvironmentVersionProbeView.as_view(),
         name="api-environment-version-probe",
     ),
+    path("api/projects/<int:project_id>/workspace/runs/", WorkspaceRunsView.as_view(),
+         name="api-workspace-runs"),
+    path("api/projects/<int:project_id>/workspace/series/", WorkspaceSeriesView.as_view(),
+         name="api-workspace-series"),
+    path("api/projects/<int:project_id>/views/", SavedViewListCreateView.as_view(), name="api-saved-views"),
+    path("api/projects/<int:project_id>/views/<int:view_id>/", SavedViewDetailView.as_view(),
+         name="api-saved-view-detail"),
+    path("api/projects/<int:project_id>/reports/", ReportListCreateView.as_view(), name="api-reports"),
+    path("api/projects/<int:project_id>/reports/<int:report_id>/", ReportDetailView.as_view(),
+         name="api-report-detail"),
     path("api/datasets/", DatasetListCreateView.as_view(), name="api-datasets"),
     path("api/datasets/<int:dataset_id>/", DatasetDetailView.as_view(), name="api-dataset-detail"),
     path(

@@ -39,13 +39,18 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         ):
             await self.close(code=FORBIDDEN_CLOSE_CODE)  # before accept: the handshake is refused
             return
-        self.run_id, self.user_id = run_id, user.pk
+        self.run_id = run_id
+        await self._join(user, run_group_name(run_id))
+
+    async def _join(self, user, group_name: str) -> None:
+        """Accept ``user``'s socket into ``group_name`` and the user's own group (access changes)."""
+        self.user_id = user.pk
         # What it authenticated with, re-checked with access: a token (accounts.websocket_auth) or the session.
         self.api_token_id = self.scope.get("api_token_id")
         session = self.scope.get("session")
         self.session_key = None if self.api_token_id or session is None else session.session_key
         self.checked_at = time.monotonic()
-        self.group_name = run_group_name(run_id)
+        self.group_name = group_name
         self.user_group = user_group_name(user.pk)
         await self.channel_layer.group_add(self.group_name, self.channel_name)
         await self.channel_layer.group_add(self.user_group, self.channel_name)
@@ -76,9 +81,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if not websocket_credential_is_valid(user_id=self.user_id, api_token_id=self.api_token_id,
                                              session_key=self.session_key):
             return UNAUTHENTICATED_CLOSE_CODE
-        if not run_is_visible_to_user_id(user_id=self.user_id, run_id=self.run_id):
+        if not self._still_visible():
             return FORBIDDEN_CLOSE_CODE
         return None
+
+    def _still_visible(self) -> bool:
+        """Whether the user may still see what the socket follows (a subclass follows something else)."""
+        return run_is_visible_to_user_id(user_id=self.user_id, run_id=self.run_id)
 
     async def access_changed(self, event):
         await self._allowed(now=True)

@@ -19,6 +19,11 @@ def run_group_name(run_id: int) -> str:
     return f"run-{run_id}"
 
 
+def project_group_name(project_id: int) -> str:
+    """The group that hears every step's metrics of the project's runs (the workspace's socket)."""
+    return f"project-{project_id}"
+
+
 def run_websocket_path(run_id: int) -> str:
     """Where a browser or script subscribes to the run (see runs/routing.py)."""
     return f"/ws/runs/{run_id}/"
@@ -31,15 +36,23 @@ def run_broadcast_on_commit(run_id: int, messages: list[dict]) -> None:
 
 
 def run_broadcast(run_id: int, messages: list[dict]) -> None:
+    _broadcast(run_group_name(run_id), messages)
+
+
+def project_broadcast_on_commit(project_id: int, messages: list[dict]) -> None:
+    """Send ``messages`` to the project's group once the current transaction commits."""
+    if messages:
+        transaction.on_commit(lambda: _broadcast(project_group_name(project_id), messages))
+
+
+def _broadcast(group: str, messages: list[dict]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        async_to_sync(_send_all)(layer, run_group_name(run_id), messages)
+        async_to_sync(_send_all)(layer, group, messages)
     except Exception:
-        logger.warning(
-            "Could not broadcast %d message(s) to run %s", len(messages), run_id, exc_info=True
-        )
+        logger.warning("Could not broadcast %d message(s) to %s", len(messages), group, exc_info=True)
 
 
 async def _send_all(layer, group: str, messages: list[dict]) -> None:

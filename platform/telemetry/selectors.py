@@ -188,6 +188,89 @@ def metric_chart(
     return MetricChart(from_step=from_step, to_step=to_step, resolution=width, series=series)
 
 
+@dataclass(frozen=True)
+class RunsChart:
+    """Series of several runs on one grid: a bucket of ``resolution`` steps sits at ``x``, the middle of the
+    steps it covers, the same ``x`` in every run, so that runs overlay without resampling."""
+
+    from_step: int | None
+    to_step: int | None
+    resolution: int
+    # {run id: {name: {"x": [...], "mean": [...], "min": [...], "max": [...], "count": [...]}}}; a run
+    # without a point of a name has no entry for it.
+    series: dict[int, dict[str, dict[str, list[float]]]]
+
+
+def metric_chart_runs(
+    *,
+    run_ids: Sequence[int],
+    names: Sequence[str],
+    points: int,
+    from_step: int | None = None,
+    to_step: int | None = None,
+) -> RunsChart:
+    """The series ``names`` of every run of ``run_ids`` over one step range, bucketed as :func:`metric_chart`
+    buckets one run's, at the resolution the longest of them needs: one query for the range, one for the
+    buckets, whatever the number of runs (the workspace draws hundreds)."""
+    run_ids, names = list(dict.fromkeys(run_ids)), list(dict.fromkeys(names))
+    series: dict[int, dict[str, dict[str, list[float]]]] = {run_id: {} for run_id in run_ids}
+    if not run_ids or not names:
+        return RunsChart(from_step=from_step, to_step=to_step, resolution=1, series=series)
+    if from_step is None or to_step is None:
+        extent = MetricBucket.objects.filter(
+            run_id__in=run_ids, name__in=names, resolution=MetricBucket.BUCKET_RESOLUTIONS[-1]
+        ).aggregate(first=Min("first_step"), last=Max("last_step"))
+        from_step = extent["first"] if from_step is None else from_step
+        to_step = extent["last"] if to_step is None else to_step
+    if from_step is None or to_step is None or to_step < from_step:
+        return RunsChart(from_step=from_step, to_step=to_step, resolution=1, series=series)
+
+    source_resolution, width = _chart_widths(steps=to_step - from_step + 1, points=points)
+    first_group = from_step // width * width
+    if width == 1:
+        rows = (
+            MetricPoint.objects.filter(run_id__in=run_ids, name__in=names, step__gte=from_step, step__lte=to_step)
+            .order_by("step")
+            .values_list("run_id", "name", "step", "value")
+        )
+    elif source_resolution == 1:
+        rows = _merged(
+            MetricPoint.objects.filter(
+                run_id__in=run_ids, name__in=names, step__gte=first_group,
+                step__lte=to_step // width * width + width - 1,
+            ),
+            key="step", width=width, by=("run_id", "name"),
+            aggregates=(Min("value"), Max("value"), Sum("value"), Count("*")),
+            columns=("low", "high", "total", "count"), group_first=True,
+        )
+    else:
+        rows = _merged(
+            MetricBucket.objects.filter(
+                run_id__in=run_ids, resolution=source_resolution, name__in=names,
+                bucket_start__gte=first_group, bucket_start__lte=to_step,
+            ),
+            key="bucket_start", width=width, by=("run_id", "name"),
+            aggregates=(Min("value_min"), Max("value_max"), Sum("value_sum"), Sum("point_count")),
+            columns=("low", "high", "total", "count"), group_first=True,
+        )
+    middle = (width - 1) / 2
+    for row in rows:
+        if width == 1:
+            run_id, name, step, mean = row
+            low = high = mean
+            count = 1
+        else:
+            run_id, name, step, low, high, total, count = row
+            mean = total / count
+        columns = series[run_id].setdefault(name, {"x": [], "mean": [], "min": [], "max": [], "count": []})
+        columns["x"].append(step + middle)
+        columns["mean"].append(mean)
+        columns["min"].append(low)
+        columns["max"].append(high)
+        columns["count"].append(count)
+    return RunsChart(from_step=from_step, to_step=to_step, resolution=width, series=series)
+
+
 def _chart_widths(*, steps: int, points: int) -> tuple[int, int]:
     """(stored resolution to read, steps per bucket answered) for ``points`` over ``steps``.
 
@@ -209,19 +292,21 @@ def _chart_widths(*, steps: int, points: int) -> tuple[int, int]:
     return resolution, resolution * multiple
 
 
-def _merged(rows: QuerySet, *, key: str, width: int, aggregates: tuple) -> QuerySet:
-    """``rows`` grouped per series into ``width``-step buckets, as chart rows ordered by step."""
+def _merged(rows: QuerySet, *, key: str, width: int, aggregates: tuple, by: tuple[str, ...] = ("name",),
+            columns: tuple[str, ...] = ("first", "last", "count", "low", "high", "total"),
+            group_first: bool = False) -> QuerySet:
+    """``rows`` grouped per series (``by``) into ``width``-step buckets, as chart rows ordered by step:
+    ``by``'s values, then the bucket's first step when ``group_first``, then ``columns``."""
     # Floored, like the stored buckets (SQL's MOD truncates toward zero).
     group = ExpressionWrapper(
         F(key) - Mod(Mod(F(key), width) + width, width), output_field=IntegerField()
     )
-    columns = ("first", "last", "count", "low", "high", "total")
     return (
         rows.annotate(group=group)
-        .values("name", "group")
+        .values(*by, "group")
         .annotate(**dict(zip(columns, aggregates, strict=True)))
         .order_by("group")
-        .values_list("name", *columns)
+        .values_list(*by, *(("group",) if group_first else ()), *columns)
     )
 
 

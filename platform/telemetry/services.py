@@ -19,7 +19,7 @@ from alerts.services import alerts_step_events_recorded
 from common.domain_errors import Conflict, InvalidInput
 from common.stored_text import json_text_escape
 from runs.models import Run
-from runs.realtime import run_broadcast, run_broadcast_on_commit
+from runs.realtime import project_broadcast_on_commit, run_broadcast, run_broadcast_on_commit
 from runs.services import run_progress_record
 from tandem.contracts import SERIES_REFUSED_METRIC, RefusedSeries, StepEpisodes, TrainerStepEvent
 
@@ -100,21 +100,21 @@ def metric_events_record(*, run: Run, events: Sequence[TrainerStepEvent],
     alerts_step_events_recorded(run=run, events=events, on_change=lambda changes: run_broadcast(
         run_id, [{"type": "alert", "run": run_id, **change} for change in changes]))
 
-    run_broadcast_on_commit(
-        run.pk,
-        [
-            {
-                "type": "metrics",
-                "run": run.pk,
-                "step": event.step,
-                "phase": event.phase,
-                "values": values,
-                "status": run.status,
-                "policy_version": event.policy_version,
-            }
-            for event, values in values_by_event
-        ],
-    )
+    messages = [
+        {
+            "type": "metrics",
+            "run": run.pk,
+            "step": event.step,
+            "phase": event.phase,
+            "values": values,
+            "status": run.status,
+            "policy_version": event.policy_version,
+        }
+        for event, values in values_by_event
+    ]
+    run_broadcast_on_commit(run.pk, messages)
+    # The project's workspace and reports overlay every run: they hear each step too.
+    project_broadcast_on_commit(run.project_id, messages)
     return len(points)
 
 

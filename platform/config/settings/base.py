@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "run_logs",
     "alerts",
     "sweeps",
+    "workspaces",
 ]
 
 MIDDLEWARE = [
