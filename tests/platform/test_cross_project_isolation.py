@@ -31,6 +31,7 @@ from environment_registry.models import EnvironmentProbe, EnvironmentVersion
 from runs.models import Run
 from sweeps.models import Sweep
 from sweeps.services import sweep_create
+from workspaces.services import report_create, saved_view_save
 from tandem.contracts import CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from trajectories.services import trajectory_samples_record
@@ -71,12 +72,16 @@ KWARG_BUILDERS = {
     # One of the owner's notifications: a firing of a rule of the world's project.
     "notification_id": lambda world: _notification(world),
     "sweep_id": lambda world: _sweep(world).pk,
+    "view_id": lambda world: saved_view_save(user=world.owner, project=world.project, name=f"view {world.run.pk}",
+                                             query="g=tag").pk,
+    "report_id": lambda world: report_create(user=world.owner, project=world.project, title="findings",
+                                             body="# Findings").pk,
 }
 # An id (or name) nothing has, to check the outsider's answer is that of a missing object.
 MISSING = {"run_id": 10**9, "project_id": 10**9, "token_id": 10**9, "username": "nobody-at-all",
            "environment_id": 10**9, "number": 10**6, "trajectory_id": "no-such-trajectory", "group_id": "no-such-group",
            "trace_id": 10**9, "step": 10**6, "dataset_id": 10**9, "name": "no-such-dataset",
-           "rule_id": 10**9, "notification_id": 10**9, "sweep_id": 10**9}
+           "rule_id": 10**9, "notification_id": 10**9, "sweep_id": 10**9, "view_id": 10**9, "report_id": 10**9}
 
 # Routes of staff users who work on every project (the trainer): others get 403 on each.
 STAFF_ONLY = {

@@ -96,6 +96,8 @@ PINNED_ELSEWHERE = {
     "/api/alert-rules/<int:rule_id>/deliveries/",  # test_alerts_api.py
     "/api/notifications/",  # test_alerts_api.py
     "/api/sweeps/",  # test_sweeps.py
+    "/api/projects/<int:project_id>/views/",  # test_workspace.py
+    "/api/projects/<int:project_id>/reports/",  # test_reports.py
 }
 
 

@@ -31,6 +31,7 @@ from common.operation_docs import OPERATION_DOCS
 from dataset_registry.services import dataset_upload
 from runs.services import run_claim_next
 from sweeps.services import sweep_create
+from workspaces.services import report_create, saved_view_save
 from tandem.contracts import TRAINER_HEADER, CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from tests.browser import launch_chromium
@@ -192,6 +193,8 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp
     sweep = sweep_create(user=user, project=project, environment=environment.name, name="fuzzed sweep",
                          base_config={"sft_steps": 0}, search_space={"rl_steps": {"type": "int", "low": 1, "high": 3}},
                          sampler="random", metric="reward_mean", goal="maximize", max_runs=2, concurrency=1)
+    view = saved_view_save(user=user, project=project, name="fuzzed view", query="g=tag&m=reward_mean,loss")
+    report = report_create(user=user, project=project, title="fuzzed report", body="{{view: fuzzed view}}")
     return {
         "base": server,
         # The trainer's writes name it: as the holder of ``claimed``, they reach past the holder check.
@@ -213,6 +216,8 @@ def fuzz_target(server, make_user, make_project, make_environment, make_run, tmp
             "notification_id": st.just(firing.notifications.get(user=user).pk),
             "group_id": st.just(sample.group_id),
             "sweep_id": st.just(sweep.pk),
+            "view_id": st.just(view.pk),
+            "report_id": st.just(report.pk),
         },
     }
 

@@ -12,6 +12,7 @@ from runs.models import Run
 from tandem.contracts import TrainerStepEvent
 from telemetry.models import MetricPoint
 from telemetry.services import metric_buckets_rebuild, metric_events_record
+from workspaces.services import saved_view_save
 from workspaces.view_state import WorkspaceView
 
 from .builders import step_event
@@ -140,3 +141,15 @@ def test_a_view_is_saved_canonical_by_name_and_only_writers_save(api, client_for
                           format="json").status_code == 403
     assert as_viewer.delete(f"/api/projects/{project.pk}/views/{view['id']}/").status_code == 403
     assert api.delete(f"/api/projects/{project.pk}/views/{view['id']}/").status_code == 204
+
+
+@pytest.mark.parametrize("views", [1, 12])
+def test_the_saved_view_list_takes_a_fixed_number_of_queries(api, project, views, django_assert_num_queries):
+    for index in range(views):
+        saved_view_save(user=project.owner, project=project, name=f"view {index}", query=f"s=0.{index % 9}")
+    api.get("/api/projects/")  # records the token's last use, a write that happens once a minute
+
+    # The token with its user, the project with the caller's role, the page's count and its rows.
+    with django_assert_num_queries(4):
+        listed = api.get(f"/api/projects/{project.pk}/views/").json()
+    assert len(listed["results"]) == views

@@ -509,6 +509,7 @@
           status.textContent = `Saved as '${body.name}'.`;
           status.className = "workspace-save-status muted";
           const list = root.querySelector(".workspace-views");
+          list?.querySelector("#no-saved-views")?.remove();
           if (list && !list.querySelector(`[data-view="${body.id}"]`)) {
             const item = document.createElement("li");
             item.dataset.view = String(body.id);
