@@ -31,10 +31,10 @@ from environment_registry.models import EnvironmentProbe, EnvironmentVersion
 from runs.models import Run
 from sweeps.models import Sweep
 from sweeps.services import sweep_create
-from workspaces.services import report_create, saved_view_save
 from tandem.contracts import CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from trajectories.services import trajectory_samples_record
+from workspaces.services import report_create, saved_view_save
 
 from .route_walk import Route, walk
 from .trajectory_builders import calculator_sample

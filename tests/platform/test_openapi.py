@@ -31,11 +31,11 @@ from common.operation_docs import OPERATION_DOCS
 from dataset_registry.services import dataset_upload
 from runs.services import run_claim_next
 from sweeps.services import sweep_create
-from workspaces.services import report_create, saved_view_save
 from tandem.contracts import TRAINER_HEADER, CheckpointInfo, CheckpointReport
 from telemetry.services import trace_request
 from tests.browser import launch_chromium
 from trajectories.services import trajectory_samples_record
+from workspaces.services import report_create, saved_view_save
 
 from .trajectory_builders import calculator_sample
 
