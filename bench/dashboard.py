@@ -22,8 +22,16 @@ and ``explorer_live_redraw_p95_ms`` is the p95 of the explorer's coalesced redra
 (``tandemMetricExplorer.redrawMs``: every changed panel's setData and drawing, in one
 animation frame).
 
+Then the project workspace: 200 runs of 5 metrics and 1,000 steps each (one of them claimed by a second
+trainer, the others stored in bulk, ended, with four learning rates in their configs), drawn as one view of
+the five metrics grouped by learning rate: ``workspace_200_runs_draw_ms`` is the time from the navigation to
+every panel drawn (``tandemWorkspace.drawnMs``, the median of ``--explorer-repeats`` loads). Then steps of
+the claimed run are posted live and ``workspace_live_redraw_p95_ms`` is the p95 of the workspace's
+coalesced redraws (``tandemWorkspace.redrawMs``: every changed panel's data rebuilt, setData and drawing).
+
 Prints one JSON line with ``metric_to_browser_p50_ms``, ``metric_to_browser_p95_ms``,
-``render_100k_points_ms``, ``explorer_50x100k_draw_ms`` and ``explorer_live_redraw_p95_ms``. The trainer's own telemetry buffer
+``render_100k_points_ms``, ``explorer_50x100k_draw_ms``, ``explorer_live_redraw_p95_ms``,
+``workspace_200_runs_draw_ms`` and ``workspace_live_redraw_p95_ms``. The trainer's own telemetry buffer
 (``telemetry_interval_s``) comes on top of the first figure when steps are
 faster than that interval.
 
@@ -71,10 +79,10 @@ def claim_when_ready(trainer: PlatformClient, run_id: int, *, stack: LocalStack,
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stack.check_alive()
-        claimed = trainer.claim("bench-dashboard:1")
+        claimed = trainer.claim(trainer.trainer_name)
         if claimed is not None:
             assert claimed.run_id == run_id, claimed
-            trainer.heartbeat(run_id, TrainerHeartbeat(worker="bench-dashboard:1"))
+            trainer.heartbeat(run_id, TrainerHeartbeat(worker=trainer.trainer_name))
             return
         time.sleep(0.5)
     raise TimeoutError(f"run {run_id} was not claimable within {timeout_s}s (environment probe?)")
@@ -120,6 +128,50 @@ def store_explorer_series(stack: LocalStack, run_id: int, *, series: int, points
     return time.perf_counter() - started
 
 
+#: The workspace's panels: series every full RL step event carries, so that live steps reach each panel.
+WORKSPACE_METRICS = ("reward_mean", "loss", "algorithm/kl", "algorithm/entropy", "rollout/calculator/tool_call_rate")
+WORKSPACE_RATES = (1e-5, 3e-5, 1e-4, 3e-4)
+WORKSPACE_NAME = "workspace-bench"
+
+
+def store_workspace_runs(stack: LocalStack, live_run_id: int, *, runs: int, steps: int) -> float:
+    """``runs - 1`` ended runs beside the live one, each with WORKSPACE_METRICS at steps 1 to ``steps`` (the
+    live run too), inserted in bulk and bucketed by ``metric_buckets_rebuild``; returns the seconds taken."""
+    os.environ.update(stack.env())
+    os.environ["DJANGO_DEBUG"] = "0"
+    import django
+
+    django.setup()
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from runs.models import Run
+    from telemetry.models import MetricPoint
+    from telemetry.services import metric_buckets_rebuild
+
+    started = time.perf_counter()
+    live = Run.objects.get(pk=live_run_id)
+    now = timezone.now()
+    with transaction.atomic():
+        ended = Run.objects.bulk_create([
+            Run(project_id=live.project_id, environment_id=live.environment_id,
+                environment_version_id=live.environment_version_id, name=f"{WORKSPACE_NAME} {index}",
+                config={**live.config, "rl_learning_rate": WORKSPACE_RATES[index % len(WORKSPACE_RATES)]},
+                status="finished", started_at=now, finished_at=now, trainer_step=steps, tags=["bench"])
+            for index in range(1, runs)])
+    table = MetricPoint._meta.db_table
+    with transaction.atomic(), connection.cursor() as cursor:
+        for index, run_id in enumerate([live.pk, *(run.pk for run in ended)]):
+            cursor.executemany(
+                f"INSERT INTO {table} (run_id, name, step, value, recorded_at) VALUES (%s, %s, %s, %s, %s)",
+                [(run_id, name, step, explorer_value(index + series, step), "2026-01-01 00:00:00+00:00")
+                 for series, name in enumerate(WORKSPACE_METRICS) for step in range(1, steps + 1)])
+    for run in [live, *ended]:
+        metric_buckets_rebuild(run=run)
+    connection.close()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=150, help="step events measured")
@@ -131,6 +183,8 @@ def main() -> None:
     parser.add_argument("--explorer-points", type=int, default=100_000, help="points per explorer series")
     parser.add_argument("--explorer-repeats", type=int, default=3, help="page loads timed")
     parser.add_argument("--explorer-live-steps", type=int, default=100, help="live steps posted to the explorer")
+    parser.add_argument("--workspace-runs", type=int, default=200, help="runs the workspace overlays")
+    parser.add_argument("--workspace-steps", type=int, default=1000, help="steps per workspace run and metric")
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temporary directory")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
@@ -229,6 +283,46 @@ def main() -> None:
             page.wait_for_timeout(500)
             explorer_redraws = page.evaluate("window.tandemMetricExplorer.redrawMs")
             explorer_live_steps = page.evaluate("window.tandemMetricExplorer.liveSteps")
+
+            # The workspace: 200 runs of 5 metrics, one of them live under a second trainer.
+            api.post(f"/api/runs/{run_id}/cancel/").raise_for_status()
+            live_run = api.post("/api/runs/", json={
+                "project": credentials.project_id, "name": f"{WORKSPACE_NAME} 0", "environment": "calculator",
+                "config": {"rl_steps": 1_000_000, "rl_learning_rate": WORKSPACE_RATES[0]},
+            })
+            live_run.raise_for_status()
+            live_id = live_run.json()["id"]
+            live_trainer = PlatformClient(base, credentials.trainer_token, trainer_name="bench-dashboard:2")
+            claim_when_ready(live_trainer, live_id, stack=stack, timeout_s=180)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                workspace_store_s = pool.submit(store_workspace_runs, stack, live_id, runs=args.workspace_runs,
+                                                steps=args.workspace_steps).result()
+            view = httpx.QueryParams({"q": WORKSPACE_NAME, "m": ",".join(WORKSPACE_METRICS),
+                                      "g": "config.rl_learning_rate"})
+            workspace_loads = []
+            for _ in range(args.explorer_repeats):
+                page.goto(f"{base}/projects/{credentials.project_id}/workspace/?{view}")
+                page.wait_for_function("() => window.tandemWorkspace && window.tandemWorkspace.drawnMs !== null",
+                                       timeout=120_000)
+                workspace_loads.append(page.evaluate("""(() => { const w = window.tandemWorkspace;
+                    const panels = Object.values(w.panels);
+                    return {drawn_ms: w.drawnMs, panels: panels.length, runs: Math.min(...panels.map((p) => p.runs)),
+                            buckets_per_run: Math.max(...panels.map((p) => p.points / p.runs)),
+                            resolution: panels[0].resolution}; })()"""))
+            page.wait_for_timeout(1000)  # the project's socket opens
+            page.evaluate("() => { window.tandemWorkspace.redrawMs = []; }")
+            live_started = time.monotonic()
+            for offset in range(args.explorer_live_steps):
+                event = full_rl_step_event(live_id, args.workspace_steps + 1 + offset)
+                live_trainer.post_events(live_id, [event.model_copy(update={"emitted_at": time.time()})])
+                time.sleep(max(0.0, live_started + (offset + 1) * interval - time.monotonic()))
+            page.wait_for_function(f"() => window.tandemWorkspace.liveSteps >= {args.explorer_live_steps}",
+                                   timeout=30_000)
+            page.wait_for_timeout(500)
+            workspace_redraws = page.evaluate("window.tandemWorkspace.redrawMs")
+            workspace_live_steps = page.evaluate("window.tandemWorkspace.liveSteps")
+            workspace_errors = page.evaluate("window.tandemWorkspace.errors")
+            live_trainer.close()
             chromium_version = browser.version
             browser.close()
         trainer.close()
@@ -247,6 +341,10 @@ def main() -> None:
         "explorer_live_redraw_p95_ms": round(percentile(explorer_redraws, 95), 1),
         "explorer_draw_under_2s": statistics.median(load["drawn_ms"] for load in explorer_loads) <= 2000,
         "explorer_redraw_under_50ms_p95": percentile(explorer_redraws, 95) <= 50,
+        "workspace_200_runs_draw_ms": round(statistics.median(load["drawn_ms"] for load in workspace_loads), 1),
+        "workspace_live_redraw_p95_ms": round(percentile(workspace_redraws, 95), 1),
+        "workspace_draw_under_2s": statistics.median(load["drawn_ms"] for load in workspace_loads) <= 2000,
+        "workspace_redraw_under_50ms_p95": percentile(workspace_redraws, 95) <= 50,
         "details": {
             "events_measured": len(latencies),
             "events_missing": missing,
@@ -265,6 +363,16 @@ def main() -> None:
             "explorer_redraw_p50_ms": round(statistics.median(explorer_redraws), 1),
             "explorer_redraw_max_ms": round(max(explorer_redraws), 1),
             "explorer_live_steps_received": explorer_live_steps,
+            "workspace_runs": args.workspace_runs,
+            "workspace_metrics": list(WORKSPACE_METRICS),
+            "workspace_steps_per_run": args.workspace_steps,
+            "workspace_store_s": round(workspace_store_s, 1),
+            "workspace_loads": [{key: round(value, 1) for key, value in load.items()} for load in workspace_loads],
+            "workspace_redraws": len(workspace_redraws),
+            "workspace_redraw_p50_ms": round(statistics.median(workspace_redraws), 1),
+            "workspace_redraw_max_ms": round(max(workspace_redraws), 1),
+            "workspace_live_steps_received": workspace_live_steps,
+            "workspace_errors": workspace_errors,
             "page_errors": errors,
             "chromium": chromium_version,
             "cpus": os.cpu_count(),

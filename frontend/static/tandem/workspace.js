@@ -89,7 +89,7 @@
     const panelsElement = root.querySelector(".workspace-panels");
     const legendElement = root.querySelector(".workspace-legend");
     const summaryElement = root.querySelector(".workspace-summary");
-    const state = { runs: [], resolution: 1, series: {}, panels: new Map(), groups: new Map(), dirty: new Set(), frame: null };
+    const state = { runs: [], resolution: 1, series: {}, panels: new Map(), groups: new Map(), dirty: new Map(), frame: null };
     const apiBase = `/api/projects/${projectId}`;
 
     function changed({ reloadRuns = false, reloadSeries = false, redraw = false } = {}) {
@@ -152,10 +152,11 @@
     // -- series
 
     function pointsWanted() {
-      // About one bucket per 4 pixels for one run, fewer as runs pile up: 200 runs of 60 buckets draw as
-      // fast as a few runs of 300, and the lines of so many runs are no clearer with more.
+      // About one bucket per 4 pixels for a few runs, fewer as runs pile up (6,000 points a panel, which
+      // uPlot redraws live within a frame): 200 runs of 30 to 60 buckets, whose lines would be no clearer
+      // with more. Zooming in reads the range again, finer.
       const width = panelsElement.clientWidth / Math.min(2, Math.max(1, view.metrics.length)) || 600;
-      const perRun = Math.floor(30000 / Math.max(1, state.runs.length));
+      const perRun = Math.floor(6000 / Math.max(1, state.runs.length));
       return Math.max(20, Math.min(Math.ceil(width / 4), perRun, 2000));
     }
 
@@ -278,71 +279,139 @@
       const byRun = state.series[name] || {};
       const shown = state.runs.filter((run) => byRun[run.id]);
       const xs = new Set();
-      const offsets = new Map(shown.map((run) => [run.id, view.x === "rl_step" ? run.sft_steps : 0]));
-      for (const run of shown) for (const x of byRun[run.id].x) xs.add(x - offsets.get(run.id));
+      for (const run of shown) {
+        const offset = xOffset(run);
+        for (const x of byRun[run.id].x) xs.add(x - offset);
+      }
       const x = [...xs].sort((a, b) => a - b);
       const index = new Map(x.map((value, i) => [value, i]));
-      const logged = view.log.has(name);
-      const columns = shown.map((run) => {
-        const source = byRun[run.id];
-        const raw = new Array(x.length).fill(null);
-        const low = new Array(x.length).fill(null);
-        const high = new Array(x.length).fill(null);
-        source.x.forEach((step, i) => {
-          const at = index.get(step - offsets.get(run.id));
-          if (logged && source.mean[i] <= 0) return;
-          raw[at] = source.mean[i];
-          low[at] = source.min[i];
-          high[at] = source.max[i];
-        });
-        return { run, raw, low, high, smooth: charts.smoothed(raw, view.smoothing), colour: state.groups.get(groupOf(run)).colour };
-      });
-      return { x, columns };
+      return { x, index, columns: shown.map((run) => runColumn(name, run, x, index)) };
     }
 
-    // Faint raw lines and min–max bands under the smoothed lines, drawn straight on the canvas: with
-    // hundreds of runs, three uPlot series each would cost more than the lines they draw.
-    function drawUnderlays(panel) {
+    function xOffset(run) { return view.x === "rl_step" ? run.sft_steps : 0; }
+
+    function runColumn(name, run, x, index) {
+      const source = state.series[name][run.id];
+      const offset = xOffset(run);
+      const logged = view.log.has(name);
+      const raw = new Array(x.length).fill(null);
+      const low = new Array(x.length).fill(null);
+      const high = new Array(x.length).fill(null);
+      source.x.forEach((step, i) => {
+        const at = index.get(step - offset);
+        if (logged && source.mean[i] <= 0) return;
+        raw[at] = source.mean[i];
+        low[at] = source.min[i];
+        high[at] = source.max[i];
+      });
+      return { run, raw, low, high, smooth: charts.smoothed(raw, view.smoothing), colour: state.groups.get(groupOf(run)).colour };
+    }
+
+    // Every run's band (each bucket's lowest to highest value), faint raw line and smoothed line, drawn
+    // straight on the canvas, one path per colour and layer: with hundreds of runs, a uPlot series (or a
+    // fill) per run would cost more than the lines it draws. uPlot keeps the axes, zoom and cursor, over
+    // the panel's envelope (plotData).
+    function drawRuns(panel) {
       return (u) => {
         const { ctx } = u;
         const x = u.data[0];
         const px = x.map((value) => u.valToPos(value, "x", true));
+        const byColour = new Map();
+        for (const column of panel.columns) {
+          if (!byColour.has(column.colour)) byColour.set(column.colour, []);
+          byColour.get(column.colour).push(column);
+        }
+        const line = (columns, key) => {
+          const path = new Path2D();
+          for (const column of columns) {
+            const values = column[key];
+            let started = false;
+            for (let i = 0; i < x.length; i++) {
+              if (values[i] === null) continue;
+              const y = u.valToPos(values[i], "y", true);
+              if (started) path.lineTo(px[i], y); else { path.moveTo(px[i], y); started = true; }
+            }
+          }
+          return path;
+        };
         ctx.save();
         ctx.beginPath();
         ctx.rect(u.bbox.left, u.bbox.top, u.bbox.width, u.bbox.height);
         ctx.clip();
-        for (const column of panel.columns) {
-          ctx.fillStyle = column.colour;
-          ctx.strokeStyle = column.colour;
+        ctx.lineJoin = "round";
+        for (const [colour, columns] of byColour) {
+          ctx.fillStyle = colour;
+          ctx.strokeStyle = colour;
           if (state.resolution > 1) {
-            ctx.globalAlpha = 0.12;
-            ctx.beginPath();
-            const top = [];
-            let started = false;
-            for (let i = 0; i < x.length; i++) {
-              if (column.high[i] === null) continue;
-              const y = u.valToPos(column.high[i], "y", true);
-              if (!started) { ctx.moveTo(px[i], y); started = true; } else ctx.lineTo(px[i], y);
-              top.push(i);
+            ctx.globalAlpha = 0.1;
+            const bands = new Path2D();
+            for (const column of columns) {
+              const kept = [];
+              for (let i = 0; i < x.length; i++) if (column.high[i] !== null) kept.push(i);
+              if (!kept.length) continue;
+              bands.moveTo(px[kept[0]], u.valToPos(column.high[kept[0]], "y", true));
+              for (const i of kept) bands.lineTo(px[i], u.valToPos(column.high[i], "y", true));
+              for (let k = kept.length - 1; k >= 0; k--) bands.lineTo(px[kept[k]], u.valToPos(column.low[kept[k]], "y", true));
+              bands.closePath();
             }
-            for (let k = top.length - 1; k >= 0; k--) ctx.lineTo(px[top[k]], u.valToPos(column.low[top[k]], "y", true));
-            if (started) ctx.fill();
+            ctx.fill(bands);
           }
           if (view.smoothing > 0) {
             ctx.globalAlpha = 0.3;
             ctx.lineWidth = devicePixelRatio;
-            ctx.beginPath();
-            let started = false;
-            for (let i = 0; i < x.length; i++) {
-              if (column.raw[i] === null) continue;
-              const y = u.valToPos(column.raw[i], "y", true);
-              if (!started) { ctx.moveTo(px[i], y); started = true; } else ctx.lineTo(px[i], y);
-            }
-            ctx.stroke();
+            ctx.stroke(line(columns, "raw"));
           }
+          ctx.globalAlpha = 1;
+          ctx.lineWidth = 1.5 * devicePixelRatio;
+          ctx.stroke(line(columns, "smooth"));
+        }
+        const hovered = panel.columns[panel.hovered];
+        if (hovered) {
+          ctx.strokeStyle = hovered.colour;
+          ctx.lineWidth = 3 * devicePixelRatio;
+          ctx.stroke(line([hovered], "smooth"));
         }
         ctx.restore();
       };
+    }
+
+    // What uPlot itself holds of a panel: the x grid, and per x the lowest and highest value any run
+    // draws there (its scales follow them); the runs' own lines are drawRuns'.
+    function plotData(panel) {
+      const low = new Array(panel.x.length).fill(null);
+      const high = new Array(panel.x.length).fill(null);
+      const banded = state.resolution > 1;
+      for (const column of panel.columns) {
+        for (let i = 0; i < panel.x.length; i++) {
+          for (const value of banded ? [column.low[i], column.high[i], column.smooth[i]] : [column.smooth[i], column.raw[i]]) {
+            if (value === null || value === undefined) continue;
+            if (low[i] === null || value < low[i]) low[i] = value;
+            if (high[i] === null || value > high[i]) high[i] = value;
+          }
+        }
+      }
+      return [panel.x, low, high];
+    }
+
+    // The run whose line is nearest the cursor, named in the panel's caption and drawn thicker.
+    function hover(panel, u) {
+      const { idx, top } = u.cursor;
+      let nearest = -1;
+      if (idx !== null && idx !== undefined && top >= 0) {
+        let best = 20; // CSS pixels
+        panel.columns.forEach((column, i) => {
+          const value = column.smooth[idx];
+          if (value === null) return;
+          const distance = Math.abs(u.valToPos(value, "y") - top);
+          if (distance < best) { best = distance; nearest = i; }
+        });
+      }
+      if (nearest === panel.hovered) return;
+      panel.hovered = nearest;
+      const column = panel.columns[nearest];
+      panel.readout.textContent = column
+        ? `${column.run.name} #${column.run.id}${view.group ? ` · ${groupOf(column.run)}` : ""}: ${Number(column.smooth[idx].toPrecision(4))}` : "";
+      u.redraw(false, false);
     }
 
     function yRangeOf(name) {
@@ -359,8 +428,8 @@
 
     function drawPanel(name) {
       const panel = panelFor(name);
-      const { x, columns } = panelData(name);
-      panel.columns = columns;
+      const { x, index, columns } = panelData(name);
+      Object.assign(panel, { x, index, columns });
       if (panel.plot) panel.plot.destroy();
       panel.plot = null;
       panel.empty.hidden = columns.length > 0;
@@ -369,12 +438,12 @@
         resolution: state.resolution, colours: columns.map((column) => column.colour) };
       if (!columns.length) return;
       const zoom = view.zoom || [null, null];
+      panel.hovered = -1;
       panel.plot = new uPlot({
         width: Math.max(panel.chart.clientWidth, 300),
         height: PANEL_HEIGHT,
         legend: { show: false },
-        cursor: { focus: { prox: 16 }, drag: { x: interactive, y: false } },
-        focus: { alpha: 0.3 },
+        cursor: { points: { show: false }, drag: { x: interactive, y: false } },
         scales: {
           x: { time: false, ...(zoom[0] !== null || zoom[1] !== null ? { range: (u, min, max) => [zoom[0] ?? min, zoom[1] ?? max] } : {}) },
           y: view.log.has(name) ? { distr: 3, log: 10, range: yRangeOf(name) } : { range: yRangeOf(name) },
@@ -382,14 +451,13 @@
         axes: [{ incrs: charts.STEP_INCREMENTS }, {}],
         series: [
           { label: view.x === "rl_step" ? "RL step" : "trainer step" },
-          ...columns.map((column) => ({ label: `${column.run.name} #${column.run.id}`, stroke: column.colour, width: 1.5, spanGaps: true, points: { show: false } })),
+          // The envelope: it sets the y scale and draws nothing (drawRuns draws the runs).
+          { label: "lowest", stroke: "transparent", width: 0, spanGaps: true, points: { show: false } },
+          { label: "highest", stroke: "transparent", width: 0, spanGaps: true, points: { show: false } },
         ],
         hooks: {
-          drawAxes: [drawUnderlays(panel)],
-          setSeries: [(u, index) => {
-            const column = index ? panel.columns[index - 1] : null;
-            panel.readout.textContent = column ? `${column.run.name} #${column.run.id}${view.group ? ` · ${groupOf(column.run)}` : ""}` : "";
-          }],
+          draw: [drawRuns(panel)],
+          setCursor: [(u) => hover(panel, u)],
           setSelect: [(u) => {
             if (!interactive || u.select.width < 2) return;
             const from = u.posToVal(u.select.left, "x");
@@ -399,7 +467,7 @@
             changed({ reloadSeries: true });
           }],
         },
-      }, [x, ...columns.map((column) => column.smooth)], panel.chart);
+      }, plotData(panel), panel.chart);
       panel.plot.over.addEventListener("dblclick", () => {
         if (!view.zoom) return;
         view.zoom = null;
@@ -436,23 +504,36 @@
         } else if (last < 0 || x > columns.x[last]) {
           columns.x.push(x); columns.mean.push(value); columns.min.push(value); columns.max.push(value); columns.count.push(1);
         } else continue; // a step before the newest bucket (a resumed run trains again): the next load has it
-        state.dirty.add(name);
+        if (!state.dirty.has(name)) state.dirty.set(name, new Set());
+        state.dirty.get(name).add(run);
       }
       if (state.dirty.size && state.frame === null) state.frame = requestAnimationFrame(redrawDirty);
     }
 
+    // A live redraw rebuilds only the columns of the runs that changed, while their buckets are on the
+    // panel's grid (a new bucket past it rebuilds the panel's data); hundreds of runs cost one setData.
     function redrawDirty() {
       state.frame = null;
       const started = performance.now();
-      for (const name of state.dirty) {
+      for (const [name, changedRuns] of state.dirty) {
         const panel = state.panels.get(name);
         if (!panel) continue;
-        const { x, columns } = panelData(name);
-        const sameRuns = panel.plot && columns.length === panel.columns.length
-          && columns.every((column, i) => column.run.id === panel.columns[i].run.id);
-        if (!sameRuns) { drawPanel(name); continue; }
-        panel.columns = columns;
-        panel.plot.setData([x, ...columns.map((column) => column.smooth)], !view.zoom);
+        const positions = new Map(panel.columns.map((column, i) => [column.run.id, i]));
+        const onGrid = panel.plot && [...changedRuns].every((run) => positions.has(run.id)
+          && state.series[name][run.id].x.every((x) => panel.index.has(x - xOffset(run))));
+        if (onGrid) {
+          for (const run of changedRuns) {
+            panel.columns[positions.get(run.id)] = runColumn(name, run, panel.x, panel.index);
+          }
+        } else {
+          const { x, index, columns } = panelData(name);
+          const sameRuns = panel.plot && columns.length === panel.columns.length
+            && columns.every((column, i) => column.run.id === panel.columns[i].run.id);
+          if (!sameRuns) { drawPanel(name); continue; }
+          Object.assign(panel, { x, index, columns });
+        }
+        // In a batch, so that uPlot draws now (not in a later microtask) and redrawMs holds the drawing.
+        panel.plot.batch(() => panel.plot.setData(plotData(panel), !view.zoom));
       }
       state.dirty.clear();
       probe.redrawMs.push(performance.now() - started);
