@@ -193,3 +193,23 @@ def test_a_glob_split_into_a_panel_per_series(server, open_page, make_run, proje
         ["rollout/calc/latency_p90_s"], ["rollout/shout/latency_p90_s"]]
     assert page.locator(".explorer-panel .explorer-panel-title").all_inner_texts() == [
         "rollout/calc/latency_p90_s", "rollout/shout/latency_p90_s"]
+
+
+def test_panels_fall_into_sections_by_their_series_first_name_part(server, open_page, make_run, project, environment):
+    run = _logged_run(make_run, project, environment, name="sections", sft_steps=0)
+    page = open_page(server, f"/runs/{run.pk}/")
+    page.wait_for_function("window.tandemExplorer.ready")
+    for index, pattern in enumerate(["rollout/shout/latency_p90_s", "loss", "rollout/calc/latency_p90_s", "reward_*"]):
+        _add_panel(page, pattern, index)
+    sections = page.locator("#explorer-panels > .explorer-section")
+    assert sections.evaluate_all("nodes => nodes.map(node => node.dataset.section)") == ["general", "rollout"]
+    assert page.inner_text(".explorer-section[data-section='rollout'] .explorer-section-count") == "(2 panels)"
+    assert page.locator(".explorer-section[data-section='general'] .explorer-panel-title").all_inner_texts() == [
+        "loss", "reward_*"]
+    page.click(".explorer-section[data-section='rollout'] > summary")  # folded: its panels are out of sight
+    assert not page.locator(".explorer-section[data-section='rollout'] .explorer-panel").first.is_visible()
+    assert page.locator(".explorer-section[data-section='general'] .explorer-panel").first.is_visible()
+    for _ in range(2):
+        page.locator(".explorer-section[data-section='general'] .explorer-remove").first.click()
+    page.wait_for_function("window.tandemExplorer.panels.length === 2")
+    assert sections.evaluate_all("nodes => nodes.map(node => node.dataset.section)") == ["rollout"]

@@ -504,7 +504,8 @@
       plot: null,
     };
     panel.element = panelElement(panel);
-    el.panels.append(panel.element);
+    sectionFor(panel.pattern).querySelector(".charts").append(panel.element);
+    countSections();
     state.panels.push(panel);
     await load(panel);
     draw(panel);
@@ -517,7 +518,49 @@
     panel.loaded = false; // a live redraw already asked for draws nothing
     panel.element.remove();
     state.panels.splice(state.panels.indexOf(panel), 1);
+    countSections();
     saveLayout();
+  }
+
+  // ---- sections: the panels of a layout grouped by their series' first name part (algorithm/,
+  // rollout/, device/ ...; "general" for names without one), each folded away on its own.
+
+  function sectionName(pattern) {
+    const head = pattern.split("/")[0];
+    return pattern.includes("/") && !/[*?]/.test(head) ? head : "general";
+  }
+
+  function sectionFor(pattern) {
+    const name = sectionName(pattern);
+    let section = el.panels.querySelector(`.explorer-section[data-section="${CSS.escape(name)}"]`);
+    if (section) return section;
+    section = document.createElement("details");
+    section.className = "explorer-section";
+    section.dataset.section = name;
+    section.open = true;
+    const summary = document.createElement("summary");
+    const title = document.createElement("span");
+    title.className = "explorer-section-title";
+    title.textContent = name;
+    const count = document.createElement("span");
+    count.className = "explorer-section-count muted";
+    summary.append(title, " ", count);
+    const grid = document.createElement("div");
+    grid.className = "charts";
+    section.append(summary, grid);
+    // Sections in name order, "general" first.
+    const rank = (section) => (section === "general" ? "" : section);
+    const after = [...el.panels.querySelectorAll(".explorer-section")].find((other) => rank(other.dataset.section) > rank(name));
+    el.panels.insertBefore(section, after || null);
+    return section;
+  }
+
+  function countSections() {
+    for (const section of el.panels.querySelectorAll(".explorer-section")) {
+      const panels = section.querySelectorAll(".explorer-panel").length;
+      if (!panels) section.remove();
+      else section.querySelector(".explorer-section-count").textContent = `(${panels} panel${panels === 1 ? "" : "s"})`;
+    }
   }
 
   // ---- the toolbar ---------------------------------------------------------------------------
