@@ -109,15 +109,20 @@ def run_search(
     if environment:
         runs = runs.filter(environment__name=environment)
     if name_contains:
-        # A tag counts as part of what a run is called: its tags' JSON text ('["baseline", "lr"]'),
-        # which PostgreSQL and SQLite both search, where JSON containment is PostgreSQL's only.
-        runs = runs.annotate(tags_text=Cast("tags", TextField())).filter(
-            Q(name__icontains=name_contains) | Q(tags_text__icontains=name_contains))
+        runs = runs_named_or_tagged(runs, name_contains)
     descending = sort.startswith("-")
     fields = RUN_SORTS.get(sort.removeprefix("-"))
     if fields is None:
         raise InvalidInput.for_field("sort", f"Unknown sort '{sort}'; one of {', '.join(RUN_SORTS)}.")
     return runs.order_by(*(f"-{field}" if descending else field for field in fields))
+
+
+def runs_named_or_tagged(runs: QuerySet[Run], text: str) -> QuerySet[Run]:
+    """``runs`` whose name or one of whose tags holds ``text`` (case-insensitive)."""
+    # A tag counts as part of what a run is called: its tags' JSON text ('["baseline", "lr"]'),
+    # which PostgreSQL and SQLite both search, where JSON containment is PostgreSQL's only.
+    return runs.annotate(tags_text=Cast("tags", TextField())).filter(
+        Q(name__icontains=text) | Q(tags_text__icontains=text))
 
 
 def run_memory_plan(run: Run, *, trainer_device: TrainerDeviceMemory | None) -> dict[str, dict[str, int]]:

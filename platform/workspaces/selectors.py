@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import FloatField, OuterRef, Q, QuerySet, Subquery, TextField
-from django.db.models.functions import Cast
+from django.db.models import FloatField, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from accounts.models import Project
 from common.domain_errors import InvalidInput, NotFound
 from runs.models import Run
+from runs.selectors import runs_named_or_tagged
 from telemetry.models import MetricBucket, MetricPoint
 from telemetry.selectors import RunsChart, metric_chart_runs
 
@@ -87,9 +87,7 @@ def workspace_runs(*, project: Project, view: WorkspaceView, now: datetime.datet
     if view.status:
         runs = runs.filter(status=view.status)
     if view.search:
-        # As the run list's search (runs.selectors.run_search): a piece of the name or of a tag.
-        runs = runs.annotate(tags_text=Cast("tags", TextField())).filter(
-            Q(name__icontains=view.search) | Q(tags_text__icontains=view.search))
+        runs = runs_named_or_tagged(runs, view.search)
     matched = runs.count()
     metrics = view.summary_metrics()
     annotations = {

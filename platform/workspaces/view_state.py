@@ -1,5 +1,5 @@
 """What a workspace shows, as its URL's query says it: the one shape of a saved view and of the panels a
-report embeds. ``frontend/static/tandem/workspace_state.js`` reads and writes the same keys:
+report embeds. ``frontend/static/tandem/workspace.js`` reads and writes the same keys:
 
 - ``q``: a piece of a run's name or of one of its tags; ``status``: one run status;
 - ``m``: the metrics drawn, a panel each (comma-separated, at most MAX_METRICS);
@@ -193,8 +193,8 @@ def _pair_text(pair: tuple[float | None, float | None]) -> str:
 
 
 def filter_matches(expression: str, value) -> bool:
-    """Whether a column's ``value`` passes its filter (as workspace_state.js judges it, for the server's
-    reads): ``>``, ``>=``, ``<``, ``<=`` compare numbers, ``=`` is equality, else a piece of the text."""
+    """Whether a column's ``value`` passes its filter (the platform judges, the page only asks):
+    ``>``, ``>=``, ``<``, ``<=`` compare numbers, ``=`` is equality of the text, else a piece of it."""
     operator, operand = _FILTER.match(expression).groups()
     if operator in (">", ">=", "<", "<="):
         try:
