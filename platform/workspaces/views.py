@@ -6,6 +6,7 @@ from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
     extend_schema,
+    extend_schema_view,
     inline_serializer,
 )
 from rest_framework import serializers, status
@@ -94,6 +95,9 @@ class WorkspaceSeriesView(GenericAPIView):
 
     @extend_schema(
         summary="Series of many runs", parameters=[SeriesQuerySerializer],
+        description=("The series `names` of the project's runs `runs`, bucketed on one step grid for every run "
+                     "(min, max, mean and count per bucket), between `points` and twice as many buckets per series; "
+                     "`from_step` and `to_step` narrow the range (a zoom), finer."),
         responses={200: inline_serializer("WorkspaceSeries", {
             "resolution": serializers.IntegerField(help_text="Steps per bucket; 1: raw points."),
             "from_step": serializers.IntegerField(allow_null=True),
@@ -113,6 +117,8 @@ class WorkspaceSeriesView(GenericAPIView):
 
 
 @extend_schema(tags=["workspace"])
+@extend_schema_view(get=extend_schema(summary="List saved views", description=(
+    "The project's saved views, by name: any member reads them.")))
 class SavedViewListCreateView(ListAPIView):
     """The project's saved views, by name; writers save one."""
 
@@ -124,6 +130,8 @@ class SavedViewListCreateView(ListAPIView):
                                                             project_id=self.kwargs["project_id"]))
 
     @extend_schema(summary="Save a view", request=SavedViewWriteSerializer,
+                   description=("Project writers only. The workspace query under a name, stored canonical; a name "
+                                "taken is a 409 unless `replace`, which overwrites that view."),
                    responses={201: SavedViewSerializer, 200: SavedViewSerializer, **CONFLICT})
     def post(self, request, project_id: int):
         project = project_get_for_user(user=request.user, project_id=project_id)
@@ -141,11 +149,12 @@ class SavedViewDetailView(GenericAPIView):
         return saved_view_get(project=project_get_for_user(user=request.user, project_id=project_id),
                               view_id=view_id)
 
-    @extend_schema(summary="Get a saved view")
+    @extend_schema(summary="Get a saved view", description="Its name, canonical query, and the workspace URL showing it.")
     def get(self, request, project_id: int, view_id: int):
         return Response(SavedViewSerializer(self._view(request, project_id, view_id)).data)
 
     @extend_schema(summary="Rename a saved view or change its query", request=SavedViewUpdateSerializer,
+                   description="Project writers only; a new query is checked and stored canonical.",
                    responses={200: SavedViewSerializer, **CONFLICT})
     def patch(self, request, project_id: int, view_id: int):
         view = self._view(request, project_id, view_id)
@@ -154,13 +163,16 @@ class SavedViewDetailView(GenericAPIView):
         return Response(SavedViewSerializer(saved_view_update(user=request.user, view=view,
                                                               **body.validated_data)).data)
 
-    @extend_schema(summary="Delete a saved view", responses={204: None})
+    @extend_schema(summary="Delete a saved view", responses={204: None},
+                   description="Project writers only. A report line that embedded it then says it is missing.")
     def delete(self, request, project_id: int, view_id: int):
         saved_view_delete(user=request.user, view=self._view(request, project_id, view_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 @extend_schema(tags=["workspace"])
+@extend_schema_view(get=extend_schema(summary="List reports", description=(
+    "The project's reports, newest change first: any member reads them, nobody else.")))
 class ReportListCreateView(ListAPIView):
     """The project's reports, newest change first; writers write one."""
 
@@ -171,7 +183,9 @@ class ReportListCreateView(ListAPIView):
         project = project_get_for_user(user=self.request.user, project_id=self.kwargs["project_id"])
         return report_list(user=self.request.user, project=project)
 
-    @extend_schema(summary="Write a report", request=ReportWriteSerializer, responses={201: ReportSerializer})
+    @extend_schema(summary="Write a report", request=ReportWriteSerializer, responses={201: ReportSerializer},
+                   description=("Project writers only. Markdown (raw HTML is escaped); a line '{{view: <name>}}' "
+                                "embeds that saved view's live panels. Read by the project's members only."))
     def post(self, request, project_id: int):
         project = project_get_for_user(user=request.user, project_id=project_id)
         body = ReportWriteSerializer(data=request.data)
@@ -191,7 +205,8 @@ class ReportDetailView(GenericAPIView):
             raise NotFound(f"Report {report_id} not found in project {project_id}.")
         return report
 
-    @extend_schema(summary="Get a report", responses={200: inline_serializer("ReportDetail", {
+    @extend_schema(summary="Get a report", description=(
+        "The report, and the saved views it embeds, resolved in its own project."), responses={200: inline_serializer("ReportDetail", {
         "report": ReportSerializer(),
         "views": serializers.ListField(child=serializers.DictField(), help_text=(
             "The views it embeds, in order: name, and id and query (null when the project has no view of that name)."))
@@ -202,7 +217,8 @@ class ReportDetailView(GenericAPIView):
                   for block in report_blocks(project=report.project, body=report.body) if block.view_name]
         return Response({"report": ReportSerializer(report).data, "views": embeds})
 
-    @extend_schema(summary="Change a report", request=ReportUpdateSerializer, responses={200: ReportSerializer})
+    @extend_schema(summary="Change a report", request=ReportUpdateSerializer, responses={200: ReportSerializer},
+                   description="Project writers only: its title, its body, or both.")
     def patch(self, request, project_id: int, report_id: int):
         report = self._report(request, project_id, report_id)
         body = ReportUpdateSerializer(data=request.data)
@@ -210,7 +226,7 @@ class ReportDetailView(GenericAPIView):
         return Response(ReportSerializer(report_update(user=request.user, report=report,
                                                        **body.validated_data)).data)
 
-    @extend_schema(summary="Delete a report", responses={204: None})
+    @extend_schema(summary="Delete a report", responses={204: None}, description="Project writers only.")
     def delete(self, request, project_id: int, report_id: int):
         report_delete(user=request.user, report=self._report(request, project_id, report_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
