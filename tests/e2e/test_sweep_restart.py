@@ -39,8 +39,9 @@ def test_a_sweep_goes_on_after_the_platform_restarts(tmp_path):
             process = stack.processes[name]
             process.terminate()
             process.wait(timeout=30)
-        stack.start_web()
+        # The worker first: start_web checks every process it holds, and would find the stopped worker.
         stack.start_platform_worker()
+        stack.start_web()
 
         def ended() -> dict | None:
             sweep = api.get(sweep_path).json()
