@@ -29,12 +29,9 @@ def _project_or_404(request, project_id: int):
 
 def _report_or_404(request, project_id: int, report_id: int):
     try:
-        report = report_get_for_user(user=request.user, report_id=report_id)
+        return report_get_for_user(user=request.user, project_id=project_id, report_id=report_id)
     except NotFound as error:
         raise Http404(error.message) from None
-    if report.project_id != project_id:
-        raise Http404(f"Report {report_id} not found in project {project_id}.")
-    return report
 
 
 def _writer(project) -> bool:

@@ -166,11 +166,11 @@ def report_list(*, user: AbstractBaseUser, project: Project | None = None) -> Qu
     return reports.select_related("project", "created_by", "updated_by").order_by("-updated_at", "-id")
 
 
-def report_get_for_user(*, user: AbstractBaseUser, report_id: int) -> Report:
-    """The report, if the user belongs to its project; others' reports are reported as missing."""
-    report = report_list(user=user).filter(pk=report_id).first()
+def report_get_for_user(*, user: AbstractBaseUser, project_id: int, report_id: int) -> Report:
+    """The project's report, if the user belongs to the project; others' reports are reported as missing."""
+    report = report_list(user=user).filter(pk=report_id, project_id=project_id).first()
     if report is None:
-        raise NotFound(f"Report {report_id} not found.")
+        raise NotFound(f"Report {report_id} not found in project {project_id}.")
     return report
 
 

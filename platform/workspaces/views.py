@@ -14,7 +14,6 @@ from rest_framework.generics import GenericAPIView, ListAPIView
 from rest_framework.response import Response
 
 from accounts.selectors import project_get_for_user
-from common.domain_errors import NotFound
 from common.openapi import ErrorSerializer
 
 from .models import Report, SavedView
@@ -199,11 +198,7 @@ class ReportDetailView(GenericAPIView):
     serializer_class = ReportSerializer
 
     def _report(self, request, project_id: int, report_id: int) -> Report:
-        project_get_for_user(user=request.user, project_id=project_id)
-        report = report_get_for_user(user=request.user, report_id=report_id)
-        if report.project_id != project_id:
-            raise NotFound(f"Report {report_id} not found in project {project_id}.")
-        return report
+        return report_get_for_user(user=request.user, project_id=project_id, report_id=report_id)
 
     @extend_schema(summary="Get a report", description=(
         "The report, and the saved views it embeds, resolved in its own project."), responses={200: inline_serializer("ReportDetail", {
