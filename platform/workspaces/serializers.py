@@ -7,6 +7,8 @@ from .selectors import MAX_SERIES_RUNS
 from .view_state import MAX_METRICS
 
 MAX_SERIES_POINTS = 2000
+#: Buckets one series request may ask for at most (runs x names x points): an answer of a few megabytes.
+MAX_SERIES_BUCKETS = 250_000
 
 
 class SavedViewSerializer(serializers.ModelSerializer):
@@ -73,6 +75,14 @@ class SeriesQuerySerializer(serializers.Serializer):
         if len(ids) > MAX_SERIES_RUNS:
             raise serializers.ValidationError(f"At most {MAX_SERIES_RUNS} runs, not {len(ids)}.")
         return ids
+
+    def validate(self, data: dict) -> dict:
+        asked = len(data["runs"]) * len(data["names"]) * data["points"]
+        if asked > MAX_SERIES_BUCKETS:
+            raise serializers.ValidationError({"points": [
+                f"{len(data['runs'])} runs x {len(data['names'])} names x {data['points']} points is {asked:,} "
+                f"buckets; at most {MAX_SERIES_BUCKETS:,} a request: ask for fewer points or runs."]})
+        return data
 
     def validate_names(self, value: str) -> list[str]:
         names = list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))

@@ -153,3 +153,13 @@ def test_the_saved_view_list_takes_a_fixed_number_of_queries(api, project, views
     with django_assert_num_queries(4):
         listed = api.get(f"/api/projects/{project.pk}/views/").json()
     assert len(listed["results"]) == views
+
+
+def test_a_series_request_past_its_bucket_budget_is_refused_naming_points(api, make_run, project, environment):
+    runs = _runs(make_run, project, environment, [1e-4, 1e-3], [[], []])
+    ids = ",".join(str(run.pk) for run in runs)
+    refused = api.get(f"/api/projects/{project.pk}/workspace/series/",
+                      {"runs": ",".join([ids] * 100), "names": "a,b,c,d,e,f,g,h", "points": 2000})
+    assert refused.status_code == 400 and "points" in refused.json()["error"]["fields"]
+    assert api.get(f"/api/projects/{project.pk}/workspace/series/",
+                   {"runs": ids, "names": "loss", "points": 2000}).status_code == 200
