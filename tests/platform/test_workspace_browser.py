@@ -147,3 +147,21 @@ def test_a_report_embeds_a_saved_view_for_members_and_escapes_its_markdown(
         "loss", "reward_mean"]
     assert "No saved view named “missing”" in page.inner_text(".report-missing-view")
     page.screenshot(path=str(SCREENSHOTS / "report.png"), full_page=True)
+
+
+def test_the_workspace_and_a_report_fit_800_pixels(server, open_page, make_run, project, environment):  # noqa: F811
+    _sweep_of_runs(make_run, project, environment)
+    saved_view_save(user=project.owner, project=project, name="by tag", query="g=tag&c=config.rl_learning_rate")
+    report = report_create(user=project.owner, project=project, title="Narrow", body="{{view: by tag}}")
+    page = open_page(server, f"/projects/{project.pk}/workspace/", width=800)
+    for path in (f"/projects/{project.pk}/workspace/?g=tag&c=config.rl_learning_rate,config.rollout.group_size",
+                 f"/projects/{project.pk}/reports/{report.pk}/", f"/projects/{project.pk}/reports/"):
+        page.goto(f"{server}{path}")
+        page.wait_for_load_state("load")
+        if "reports/" not in path or path.endswith(f"{report.pk}/"):
+            page.wait_for_function("window.tandemWorkspace.drawnMs !== null")
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0, (path, overflow)
+    page.goto(f"{server}/projects/{project.pk}/workspace/?g=tag")
+    page.wait_for_function("window.tandemWorkspace.drawnMs !== null")
+    page.screenshot(path=str(SCREENSHOTS / "workspace_narrow.png"), full_page=True)
