@@ -6,16 +6,11 @@ the socket sends the count again each time it opens.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-from django.db import transaction
+from common.channel_groups import group_send_on_commit
 
 from .models import Notification
-
-logger = logging.getLogger(__name__)
 
 NOTIFICATIONS_WEBSOCKET_PATH = "/ws/notifications/"
 
@@ -31,17 +26,6 @@ def unread_message(user_id: int) -> dict:
 
 
 def notifications_changed_on_commit(user_ids: Iterable[int]) -> None:
-    """Once the transaction commits, send each of ``user_ids`` their unread count."""
-    user_ids = sorted(set(user_ids))
-
-    def send() -> None:
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        for user_id in user_ids:
-            try:
-                async_to_sync(layer.group_send)(notification_group_name(user_id), unread_message(user_id))
-            except Exception:
-                logger.warning("could not send user %s their unread count", user_id, exc_info=True)
-
-    transaction.on_commit(send, robust=True)
+    """Once the transaction commits, send each of ``user_ids`` their unread count (read then)."""
+    for user_id in sorted(set(user_ids)):
+        group_send_on_commit(notification_group_name(user_id), lambda user_id=user_id: [unread_message(user_id)])

@@ -6,13 +6,7 @@ tab that misses one backfills over REST, so a failed send is logged, not raised.
 
 from __future__ import annotations
 
-import logging
-
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-from django.db import transaction
-
-logger = logging.getLogger(__name__)
+from common.channel_groups import group_send, group_send_on_commit
 
 
 def run_group_name(run_id: int) -> str:
@@ -32,29 +26,14 @@ def run_websocket_path(run_id: int) -> str:
 def run_broadcast_on_commit(run_id: int, messages: list[dict]) -> None:
     """Send ``messages`` to the run's group once the current transaction commits."""
     if messages:
-        transaction.on_commit(lambda: run_broadcast(run_id, messages))
+        group_send_on_commit(run_group_name(run_id), messages)
 
 
 def run_broadcast(run_id: int, messages: list[dict]) -> None:
-    _broadcast(run_group_name(run_id), messages)
+    group_send(run_group_name(run_id), messages)
 
 
 def project_broadcast_on_commit(project_id: int, messages: list[dict]) -> None:
     """Send ``messages`` to the project's group once the current transaction commits."""
     if messages:
-        transaction.on_commit(lambda: _broadcast(project_group_name(project_id), messages))
-
-
-def _broadcast(group: str, messages: list[dict]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(_send_all)(layer, group, messages)
-    except Exception:
-        logger.warning("Could not broadcast %d message(s) to %s", len(messages), group, exc_info=True)
-
-
-async def _send_all(layer, group: str, messages: list[dict]) -> None:
-    for message in messages:
-        await layer.group_send(group, message)
+        group_send_on_commit(project_group_name(project_id), messages)
