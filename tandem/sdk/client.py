@@ -152,6 +152,8 @@ class Run(_Record):
     created_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    tags: list[str] = []
+    notes: str = ""
     urls: dict[str, str] = {}
 
     @property
@@ -458,6 +460,11 @@ class RunsAPI:
 
     def resume(self, run_id: int) -> Run:
         return Run.model_validate(self._transport.request("POST", f"/api/runs/{run_id}/resume/"))
+
+    def annotate(self, run_id: int, *, tags: list[str] | None = None, notes: str | None = None) -> Run:
+        """Replace the run's tags (what the workspace searches and groups by), its notes, or both."""
+        body = {key: value for key, value in (("tags", tags), ("notes", notes)) if value is not None}
+        return Run.model_validate(self._transport.request("PATCH", f"/api/runs/{run_id}/", json=body))
 
     def clone(self, run_id: int, *, config: dict[str, Any] | None = None, name: str = "") -> Run:
         """A new queued run with ``config`` (only the changes) merged key by key into the original's."""

@@ -91,6 +91,9 @@ def test_pause_resume_and_clone(client, trainer):
     assert client.runs.resume(run.id).status == "queued"
 
     clone = client.runs.clone(run.id, config={"rl_steps": 9}, name="the clone")
+    tagged = client.runs.annotate(clone.id, tags=["lr-sweep", "baseline"], notes="the clone")
+    assert (tagged.tags, tagged.notes) == (["lr-sweep", "baseline"], "the clone")
+    assert client.runs.annotate(clone.id, notes="only the notes").tags == ["lr-sweep", "baseline"]
 
     assert clone.id != run.id and clone.status == "queued" and clone.name == "the clone"
     assert clone.config == {**client.runs.get(run.id).config, "rl_steps": 9}
