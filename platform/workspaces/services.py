@@ -59,7 +59,12 @@ def saved_view_update(*, user: AbstractBaseUser, view: SavedView, name: str | No
                            fields={"name": ["Taken: choose another name."]})
     if query is not None:
         view.query = WorkspaceView.parse(query).query()
-    view.save()
+    try:
+        with transaction.atomic():
+            view.save()
+    except IntegrityError:
+        raise Conflict(f"Project {view.project_id} already has a view named '{view.name}'.",
+                       fields={"name": ["Taken by a view renamed at the same moment."]}) from None
     return view
 
 

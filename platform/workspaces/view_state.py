@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode
 
+from common.db_limits import require_no_nul
 from common.domain_errors import InvalidInput
 from tandem.contracts import RunStatus
 
@@ -103,6 +104,8 @@ class WorkspaceView:
         y_ranges: dict = {}
         filters: dict = {}
         for key, value in parse_qsl(query, keep_blank_values=True):
+            require_no_nul(key, "query")
+            require_no_nul(value, key)  # PostgreSQL's text holds none: a search for one would fail there
             if len(value) > MAX_TEXT * 4:
                 raise InvalidInput.for_field(key, f"at most {MAX_TEXT * 4} characters.")
             if key == "q":

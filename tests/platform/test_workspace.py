@@ -163,3 +163,10 @@ def test_a_series_request_past_its_bucket_budget_is_refused_naming_points(api, m
     assert refused.status_code == 400 and "points" in refused.json()["error"]["fields"]
     assert api.get(f"/api/projects/{project.pk}/workspace/series/",
                    {"runs": ids, "names": "loss", "points": 2000}).status_code == 200
+
+
+def test_a_nul_in_the_view_is_refused_naming_its_key(api, project):
+    answer = api.get(f"/api/projects/{project.pk}/workspace/runs/", {"q": "a\x00b"})
+    assert answer.status_code == 400 and "q" in answer.json()["error"]["fields"]
+    saved = api.post(f"/api/projects/{project.pk}/views/", {"name": "nul", "query": "f.name=a%00b"}, format="json")
+    assert saved.status_code == 400 and "f.name" in saved.json()["error"]["fields"]
