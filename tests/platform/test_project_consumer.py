@@ -9,7 +9,7 @@ from channels.testing import WebsocketCommunicator
 from config.asgi import application
 
 from .builders import step_event
-from .test_run_consumer import _connects, _headers
+from .test_run_consumer import _connects, _headers, connects_to
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,17 +33,10 @@ def test_a_member_hears_the_steps_of_each_run_of_the_project(running_run, user, 
 
 
 def test_only_the_projects_members_connect(running_run, user, make_user, project):
-    def connects(headers) -> bool:
-        async def scenario():
-            communicator = WebsocketCommunicator(application, f"/ws/projects/{project.pk}/", headers=headers)
-            connected, _ = await communicator.connect(timeout=5)
-            await communicator.disconnect(timeout=1 if connected else 0.1)
-            return connected
-        return async_to_sync(scenario)()
-
-    assert connects(_headers(token=user.raw_token))
-    assert not connects(_headers(token=make_user().raw_token))
-    assert not connects(_headers())
+    path = f"/ws/projects/{project.pk}/"
+    assert connects_to(path, _headers(token=user.raw_token))
+    assert not connects_to(path, _headers(token=make_user().raw_token))
+    assert not connects_to(path, _headers())
     assert _connects(running_run, _headers(token=user.raw_token))  # the run's own socket is unchanged
 
 

@@ -31,8 +31,13 @@ def _headers(*, token=None, session=None, origin=None):
 
 
 def _connects(run, headers) -> bool:
+    return connects_to(f"/ws/runs/{run.pk}/", headers)
+
+
+def connects_to(path: str, headers) -> bool:
+    """Whether a WebSocket to ``path`` with ``headers`` is accepted."""
     async def scenario():
-        communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=headers)
+        communicator = WebsocketCommunicator(application, path, headers=headers)
         connected, _ = await communicator.connect(timeout=5)
         # A refused consumer lingers on its channel-layer receive; don't wait the default second.
         await communicator.disconnect(timeout=1 if connected else 0.1)
