@@ -32,7 +32,7 @@ def test_a_sweep_goes_on_after_the_platform_restarts(tmp_path):
         def trials() -> list[dict]:
             return api.get(sweep_path).json()["trials"]
 
-        poll_until(lambda: any(trial["state"] == "complete" for trial in trials()), timeout_s=400, interval_s=1.0,
+        poll_until(lambda: any(trial["state"] == "complete" for trial in trials()), timeout_s=200, interval_s=1.0,
                    between=stack.check_alive, what=lambda: f"the first trial to complete: {trials()}")
         before = trials()
         for name in ("platform-worker", "web"):
@@ -47,7 +47,7 @@ def test_a_sweep_goes_on_after_the_platform_restarts(tmp_path):
             sweep = api.get(sweep_path).json()
             return sweep if sweep["status"] != "running" else None
 
-        sweep = poll_until(ended, timeout_s=600, interval_s=1.0, between=stack.check_alive,
+        sweep = poll_until(ended, timeout_s=300, interval_s=1.0, between=stack.check_alive,
                            what=lambda: f"the sweep to end: {api.get(sweep_path).json()}")
         assert sweep["status"] == "finished", sweep["status_reason"]
         assert [trial["number"] for trial in sweep["trials"]] == list(range(TRIALS))
