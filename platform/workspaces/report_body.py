@@ -27,17 +27,29 @@ class ReportBlock:
 
 def report_blocks(*, project: Project, body: str) -> list[ReportBlock]:
     """The report's blocks in order: text, and the views it embeds, looked up in its own project only."""
-    names = [match["name"] for match in VIEW_EMBED.finditer(body)]
-    views = saved_views_by_name(project=project, names=names)
+    views = _embedded_views(project=project, body=body)
     blocks, start = [], 0
     for match in VIEW_EMBED.finditer(body):
         text = body[start:match.start()]
         if text.strip():
             blocks.append(ReportBlock(html=_MARKDOWN.render(text)))
-        view = views.get(match["name"])
-        blocks.append(ReportBlock(view_name=match["name"], view_id=view.pk if view else None,
-                                  view_query=view.query if view else ""))
+        blocks.append(_view_block(match["name"], views))
         start = match.end()
     if body[start:].strip():
         blocks.append(ReportBlock(html=_MARKDOWN.render(body[start:])))
     return blocks
+
+
+def report_views(*, project: Project, body: str) -> list[ReportBlock]:
+    """The views the report embeds, in order, as report_blocks finds them, without rendering its text."""
+    views = _embedded_views(project=project, body=body)
+    return [_view_block(match["name"], views) for match in VIEW_EMBED.finditer(body)]
+
+
+def _embedded_views(*, project: Project, body: str) -> dict:
+    return saved_views_by_name(project=project, names=[match["name"] for match in VIEW_EMBED.finditer(body)])
+
+
+def _view_block(name: str, views: dict) -> ReportBlock:
+    view = views.get(name)
+    return ReportBlock(view_name=name, view_id=view.pk if view else None, view_query=view.query if view else "")

@@ -17,7 +17,7 @@ from accounts.selectors import project_get_for_user
 from common.openapi import ErrorSerializer
 
 from .models import Report, SavedView
-from .report_body import report_blocks
+from .report_body import report_views
 from .selectors import (
     MAX_WORKSPACE_RUNS,
     report_get_for_user,
@@ -208,8 +208,9 @@ class ReportDetailView(GenericAPIView):
     })})
     def get(self, request, project_id: int, report_id: int):
         report = self._report(request, project_id, report_id)
-        embeds = [{"name": block.view_name, "id": block.view_id, "query": block.view_id and block.view_query}
-                  for block in report_blocks(project=report.project, body=report.body) if block.view_name]
+        embeds = [{"name": block.view_name, "id": block.view_id,
+                   "query": block.view_query if block.view_id is not None else None}
+                  for block in report_views(project=report.project, body=report.body)]
         return Response({"report": ReportSerializer(report).data, "views": embeds})
 
     @extend_schema(summary="Change a report", request=ReportUpdateSerializer, responses={200: ReportSerializer},
