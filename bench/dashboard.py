@@ -96,17 +96,22 @@ def explorer_value(series: int, step: int) -> float:
     return math.sin(step / 2000 + series) + ((step * 2654435761 + series) % 1000) * 1e-4
 
 
+def _django_of(stack: LocalStack) -> None:
+    """Django set up on the stack's database, in this process, for a bulk load."""
+    os.environ.update(stack.env())
+    os.environ["DJANGO_DEBUG"] = "0"  # no query log growing over a load of millions of rows
+    import django
+
+    django.setup()
+
+
 def store_explorer_series(stack: LocalStack, run_id: int, *, series: int, points: int) -> float:
     """Store ``series`` series of ``points`` steps (1 to ``points``) on the run; returns the seconds taken.
 
     The points go in with one bulk INSERT per series (the trainer's route would take minutes for five
     million); the chart buckets are then built by the platform's own ``metric_buckets_rebuild``.
     """
-    os.environ.update(stack.env())
-    os.environ["DJANGO_DEBUG"] = "0"  # no query log growing over a five-million-row load
-    import django
-
-    django.setup()
+    _django_of(stack)
     from django.db import connection, transaction
 
     from runs.models import Run
@@ -137,11 +142,7 @@ WORKSPACE_NAME = "workspace-bench"
 def store_workspace_runs(stack: LocalStack, live_run_id: int, *, runs: int, steps: int) -> float:
     """``runs - 1`` ended runs beside the live one, each with WORKSPACE_METRICS at steps 1 to ``steps`` (the
     live run too), inserted in bulk and bucketed by ``metric_buckets_rebuild``; returns the seconds taken."""
-    os.environ.update(stack.env())
-    os.environ["DJANGO_DEBUG"] = "0"
-    import django
-
-    django.setup()
+    _django_of(stack)
     from django.db import connection, transaction
     from django.utils import timezone
 
