@@ -190,7 +190,7 @@ def overhead(args, service_url: str, model_name: str) -> dict:
 
 def _newcombe(successes_a: float, n_a: int, successes_b: float, n_b: int) -> tuple[float, float]:
     """95% interval of p_b - p_a (Newcombe's hybrid score method, from each proportion's Wilson interval)."""
-    from trainer.evaluation import wilson_interval
+    from tandem.contracts import wilson_interval
 
     p_a, p_b = successes_a / n_a, successes_b / n_b
     low_a, high_a = wilson_interval(successes_a, n_a)

@@ -60,8 +60,7 @@ from policy import (  # noqa: E402
 )
 from tandem.configs.demo_runs import SMOLLM2_DIR  # noqa: E402
 from tandem.configs.run import RunConfig  # noqa: E402
-from trainer.evaluation import wilson_interval  # noqa: E402
-from trainer.rollout_stats import tool_use_metrics  # noqa: E402
+from tandem.contracts import tool_use_metrics, wilson_interval  # noqa: E402
 
 # The calculator as the learning part asks it; its untrained reward must lie in 0.05..0.5.
 ENVIRONMENT = "calculator-chat-bench"

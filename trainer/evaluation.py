@@ -40,8 +40,11 @@ from tandem.contracts import (
     evaluation_stream,
     evaluation_stream_record,
     evaluation_weights_key,
+    tool_use_intervals,
+    tool_use_metrics,
+    wilson_interval,
 )
-from trainer.rollout_stats import CALL_TOOL_RATES, EPISODE_TOOL_RATES, succeeded, tool_use_metrics
+from trainer.rollout_stats import succeeded
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +63,6 @@ def pass_at_k(samples: int, successes: int, k: int) -> float:
     if samples - successes < k:
         return 1.0
     return 1.0 - math.comb(samples - successes, k) / math.comb(samples, k)
-
-
-def wilson_interval(successes: float, count: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson interval of a rate."""
-    if count == 0:
-        return (0.0, 1.0)
-    rate = successes / count
-    centre = (rate + z * z / (2 * count)) / (1 + z * z / count)
-    half = z * math.sqrt(rate * (1 - rate) / count + z * z / (4 * count * count)) / (1 + z * z / count)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def mean_interval(values: Sequence[float], z: float = 1.96, *, bounds: tuple[float, float] | None = None
@@ -118,17 +111,10 @@ def evaluation_metrics(episodes: Sequence[EvaluationEpisode], *, pass_k: Sequenc
     intervals = {EVALUATION_SUCCESS_RATE: wilson_interval(successes, count),
                  EVALUATION_MEAN_REWARD: mean_interval(rewards, bounds=_reward_bounds(rewards))}
     if any(record.offered_tools for record in records):
-        # As the training steps report them (rollout/<env>/...), with Wilson intervals: the episode
-        # rates over the episodes, the copies of an example over the calls that ran, the failure rates
-        # over the turns that wrote tool-call markup.
+        # As the training steps report them (rollout/<env>/...), with Wilson intervals.
         tools = tool_use_metrics(records)
         metrics.update(tools)
-        attempts = sum(len(record.tool_call_outcomes()) for record in records)
-        calls_run = sum(record.tool_calls_run() for record in records)
-        for name, value in tools.items():
-            if name.endswith("_rate"):
-                over = count if name in EPISODE_TOOL_RATES else calls_run if name in CALL_TOOL_RATES else attempts
-                intervals[name] = wilson_interval(round(value * over), over)
+        intervals.update(tool_use_intervals(records, tools))
     per_task_success = [sum(map(succeeded, task)) / len(task) for task in by_task.values()]
     for k in pass_k:
         per_task = [pass_at_k(len(task), sum(map(succeeded, task)), k) for task in by_task.values() if len(task) >= k]

@@ -9,9 +9,9 @@ import numpy as np
 
 from tandem.contracts import (
     ROLLOUT_SERIES_PREFIX,
-    TOOL_CALL_RATE_FIGURE,
     TrajectoryRecord,
     metric_series_name,
+    tool_use_metrics,
 )
 
 PERCENTILES = (50, 90, 99)
@@ -53,41 +53,4 @@ def rollout_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
         if any(r.offered_tools for r in episodes):
             metrics.update({metric_series_name(ROLLOUT_SERIES_PREFIX, environment, name): value
                             for name, value in tool_use_metrics(episodes).items()})
-    return metrics
-
-
-#: The tool-use rates of :func:`tool_use_metrics` that are shares of episodes (the others are shares
-#: of the turns that wrote tool-call markup).
-EPISODE_TOOL_RATES = (TOOL_CALL_RATE_FIGURE, "answered_no_tools_rate")
-EXAMPLE_COPY_RATE = "example_copy_rate"
-#: The tool-use rates of :func:`tool_use_metrics` that are shares of the calls that ran.
-CALL_TOOL_RATES = (EXAMPLE_COPY_RATE,)
-
-
-def tool_use_metrics(episodes: list[TrajectoryRecord]) -> dict[str, float]:
-    """How a policy uses the tools an environment offers, over ``episodes`` (at least one).
-
-    ``tool_call_rate``: the share of episodes with at least one call that ran; ``tool_calls_per_episode``:
-    calls that ran per episode; ``answered_no_tools_rate``: the share that ended, not failed, with
-    none. Of the turns that wrote tool-call markup (only when there were some), the shares whose markup
-    made no call: ``tool_parse_failure_rate`` (it did not parse), ``unknown_tool_rate`` and
-    ``invalid_arguments_rate`` (the tool's schema refused them), and those whose tool refused a call
-    that ran, ``tool_error_rate``. Of the calls that ran (only when some did), ``example_copy_rate``: the
-    share that copied their tool's example (``MessageToolCall.copies_example``), which the tool-call bonus pays less.
-    """
-    calls_run = [record.tool_calls_run() for record in episodes]
-    metrics = {
-        TOOL_CALL_RATE_FIGURE: sum(calls > 0 for calls in calls_run) / len(episodes),
-        "tool_calls_per_episode": sum(calls_run) / len(episodes),
-        "answered_no_tools_rate": sum(
-            calls == 0 and record.status != "failed" for calls, record in zip(calls_run, episodes, strict=True)
-        ) / len(episodes),
-    }
-    if total_calls := sum(calls_run):
-        metrics[EXAMPLE_COPY_RATE] = sum(record.example_copies_run() for record in episodes) / total_calls
-    outcomes = [outcome for record in episodes for outcome in record.tool_call_outcomes()]
-    if outcomes:
-        for status, name in (("unparsed", "tool_parse_failure_rate"), ("unknown_tool", "unknown_tool_rate"),
-                             ("invalid_arguments", "invalid_arguments_rate"), ("tool_error", "tool_error_rate")):
-            metrics[name] = outcomes.count(status) / len(outcomes)
     return metrics

@@ -67,7 +67,7 @@ def inference_slots(config: RunConfig, task_concurrency: int = 1) -> int:
 class PolicyRuntime:
     """Inference engine plus current weights of one run, kept warm across Celery tasks."""
 
-    def __init__(self, *, run_id: int, config: RunConfig, redis_client: redis.Redis,
+    def __init__(self, *, run_id: int, config: RunConfig, redis_client: redis.Redis | None,
                  weight_poll_s: float = 0.25, subscriber: WeightSubscriber | None = None):
         self.run_id = run_id
         self.config = config
@@ -94,6 +94,8 @@ class PolicyRuntime:
             # Runs in the engine thread between chunks, so weights never change mid-chunk.
             between_chunks=self.refresh_weights,
         )
+        if subscriber is None and redis_client is None:
+            raise ValueError("a policy runtime needs a subscriber or the Redis its weights are published to")
         self._subscriber: WeightSubscriber = subscriber or RedisWeightSubscriber(redis_client)
         self._weight_poll_s = weight_poll_s
         self._lock = threading.Lock()

@@ -8,7 +8,9 @@ whether the reset plus one turn fits a run's default conversation budget
 (``budget``, a warning only), a few ``demonstrations`` (a remote environment's
 are fetched; none is fine, malformed ones fail), and ``close``, which tells the
 environment its episode ended (``EpisodeCloseReason.PROBE``; a remote server's
-``/close``) and releases it. Each check has its own timeout and
+``/close``) and releases it. A request with a ``baseline`` then plays a few held-out
+episodes of the imported model it names (workers/probe_baseline.py) and reports its
+tool-call rate; a model that never calls the tools is a warning, not a failure. Each check has its own timeout and
 its wall time is reported; its message never holds a secret setting's value.
 The first failing check ends the probe; the checks after it are reported as skipped.
 
@@ -56,8 +58,10 @@ from tandem.allowlists.environment_urls import (
 from tandem.configs.run import RunConfig
 from tandem.contracts import (
     PROBE_ACTION,
+    TOOL_CALL_RATE_FIGURE,
     DemonstrationMessage,
     EpisodeCloseReason,
+    ProbeBaseline,
     ProbeCheck,
     ProbeReport,
     ProbeRequest,
@@ -69,6 +73,7 @@ from tandem.contracts import (
 from tandem.runtime.secrets_at_rest import SecretsCipher, SecretsKeyError, environment_secrets_open
 from workers.agent import EpisodeFailure, EpisodeLimits, agent_program_episode
 from workers.episode_slots import advertised_max_concurrent_episodes
+from workers.probe_baseline import run_baseline
 from workers.secret_settings import SecretSettings
 
 # Enough of a message to act on, not a whole HTML error page.
@@ -407,6 +412,31 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
     else:
         checks.append(ProbeCheck(name="close", status="skipped", message="nothing to close",
                                  timeout_s=timeouts.close))
+    if request.baseline is not None:
+        # After close: the probe's own episode no longer holds a slot of the environment's.
+        if failed:
+            checks.append(ProbeCheck(name="baseline", status="skipped", message="an earlier check failed",
+                                     timeout_s=timeouts.baseline))
+        elif spec.kind == "agent":
+            checks.append(ProbeCheck(name="baseline", status="skipped", timeout_s=timeouts.baseline,
+                                     message="an agent program plays its episodes with its own agent: "
+                                     "evaluate the model in an evaluation-only run"))
+        else:
+            async def baseline() -> str:
+                # A thread of its own: the episodes run on an event loop of their own, beside this one.
+                state["baseline"] = await asyncio.to_thread(
+                    run_baseline, request.baseline, environment_name=spec.name,
+                    make_environment=lambda: state["class"](**secrets.constructor_kwargs(spec.settings)),
+                    concurrency=_smallest(spec.max_concurrent_episodes, capacity), redact=secrets.redact)
+                return baseline_verdict(state["baseline"])
+
+            check = _timed("baseline", baseline, timeouts.baseline, loop, secrets.redact)
+            if check.status == "failed":
+                # The model would not load, or its episodes ran out of time: the environment's checks
+                # passed, so it is registered all the same, with the reason in words.
+                check = check.model_copy(update={"status": "warning",
+                                                 "message": f"the baseline did not finish: {check.message}"})
+            checks.append(check)
     # A reset that failed (a hang that timed out, say) may hold connections all the same.
     reset_failed = "environment" in state and state.get("reset_attempted") and not state.get("reset")
     release = (lambda: close_probe_episode(state["environment"])) if reset_failed else None
@@ -416,7 +446,34 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
             "message": f"{last.message}; the environment's thread is still blocked and was abandoned"})
     return ProbeReport(probe_id=request.probe_id, checks=tuple(checks),
                        worker=f"{socket.gethostname()}:{os.getpid()}",
-                       started_at=started_at, finished_at=time.time(), max_concurrent_episodes=capacity)
+                       started_at=started_at, finished_at=time.time(), max_concurrent_episodes=capacity,
+                       baseline=state.get("baseline"))
+
+
+def _smallest(*limits: int | None) -> int | None:
+    given = [limit for limit in limits if limit is not None]
+    return min(given) if given else None
+
+
+def baseline_verdict(baseline: ProbeBaseline) -> str:
+    """The ``baseline`` check's message; a warning when the environment offers tools and the model
+    called none in any episode (GRPO alone would then see no reward for calling them)."""
+    statuses = ", ".join(f"{count} {status}" for status, count in sorted(baseline.statuses.items()))
+    reward = "no reward" if baseline.mean_reward is None else f"mean reward {baseline.mean_reward:.3g}"
+    summary = f"{baseline.model}: {baseline.episodes} held-out episodes ({statuses}), {reward}"
+    rate = baseline.tool_call_rate
+    if rate is None:
+        return f"{summary}; the environment offered no tools"
+    low, high = baseline.tool_use_ci95.get(TOOL_CALL_RATE_FIGURE, (rate, rate))
+    calls = baseline.tool_use.get("tool_calls_per_episode", 0.0)
+    summary += f", tool-call rate {rate:.3g} (95% {low:.2g} to {high:.2g}), {calls:.3g} calls per episode"
+    if (parse_failures := baseline.tool_use.get("tool_parse_failure_rate")) is not None:
+        summary += f", {parse_failures:.3g} of the turns that wrote call markup did not parse"
+    if rate == 0:
+        raise CheckWarning(f"{summary}. The model never called a tool: GRPO alone has no signal from it; "
+                           "start with SFT on tool-using demonstrations, or add algorithm.tool_call_bonus "
+                           "(docs/tool_use.md)")
+    return summary
 
 
 def _timed(name: str, function: Callable[[], Any], timeout_s: float,

@@ -110,9 +110,10 @@ def produce_evaluation_episodes(self, request: str) -> dict:
     name=PROBE.name,
     # The probe's own per-check timeouts are what hold: the threads pool enforces
     # no Celery time limit. These bound it under prefork, above the sum of the
-    # default check timeouts (ProbeTimeouts: 10 + 60 + 60 + 20 + 10 + 20 + 10 seconds).
-    soft_time_limit=240,
-    time_limit=300,
+    # default check timeouts (ProbeTimeouts: 10 + 60 + 60 + 20 + 10 + 20 + 10 + 20 + 10 seconds,
+    # and 900 for a requested baseline).
+    soft_time_limit=1200,
+    time_limit=1260,
 )
 def probe_environment(probe_id: int) -> None:
     """Probe the environment version the platform asked about under ``probe_id``; report back."""

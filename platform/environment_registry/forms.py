@@ -53,10 +53,22 @@ class EnvironmentRegisterForm(DomainErrorForm):
         "advertises one.",
     )
 
+    baseline_model = forms.CharField(
+        max_length=1000, required=False, label="Baseline model",
+        help_text="An imported model's directory (e.g. var/models/smollm2-135m-instruct): the probe then plays 8 "
+        "held-out episodes of it and reports how often it calls the tools. Empty: the operator's default, if any.",
+    )
+
     def __init__(self, *args, projects, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["project"].choices = [(project.pk, project.name) for project in projects]
 
+    def error_inputs(self) -> dict[str, str]:
+        return {**super().error_inputs(), "baseline.model": "baseline_model", "baseline": "baseline_model"}
+
     def api_body(self) -> dict:
         """The REST registration body, so the page and the API validate alike."""
-        return {key: value for key, value in self.cleaned_data.items()}
+        body = {key: value for key, value in self.cleaned_data.items() if key != "baseline_model"}
+        if self.cleaned_data.get("baseline_model"):
+            body["baseline"] = {"model": self.cleaned_data["baseline_model"]}
+        return body

@@ -166,6 +166,15 @@ class EnvironmentProbe(models.Model):
         help_text="[{name, status, message, latency_s, timeout_s}] from tandem.contracts.ProbeCheck.",
     )
     worker = models.CharField(max_length=255, blank=True, default="")
+    baseline_request = models.JSONField(
+        null=True, blank=True,
+        help_text="The imported model's baseline the probe was asked to run (tandem.contracts.ProbeBaselineRequest); "
+        "null: none.",
+    )
+    baseline = models.JSONField(
+        null=True, blank=True,
+        help_text="What the baseline's episodes showed (tandem.contracts.ProbeBaseline): tool-call rate and the rest.",
+    )
     requested_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_s = models.FloatField(null=True, blank=True)

@@ -10,6 +10,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.selectors import project_get_for_user, project_list
 from common.domain_errors import DomainError, NotFound
+from tandem.contracts import TOOL_CALL_RATE_FIGURE
 
 from .forms import EnvironmentRegisterForm
 from .selectors import (
@@ -19,7 +20,7 @@ from .selectors import (
     environment_version_get,
 )
 from .serializers import EnvironmentRegisterSerializer
-from .services import environment_probe_request, environment_register
+from .services import environment_probe_request, environment_register, probe_baseline_parse
 
 # Probes shown per version on the page: the newest, health checks included.
 PROBES_ON_PAGE = 20
@@ -43,6 +44,7 @@ def environment_list_page(request):
                     user=request.user,
                     project=project,
                     spec=serializer.to_spec(name=serializer.validated_data["name"]),
+                    baseline=probe_baseline_parse(serializer.validated_data["baseline"]),
                 )
             except DomainError as error:
                 form.add_domain_error(error)
@@ -62,7 +64,8 @@ def environment_page(request, environment_id: int):
             "settings_json": json.dumps(version.settings, indent=2, sort_keys=True),
             "tools_json": json.dumps(version.tools, indent=2, sort_keys=True),
             "probes": [
-                {"probe": probe, "checks": [_check_shown(check) for check in probe.checks]}
+                {"probe": probe, "checks": [_check_shown(check) for check in probe.checks],
+                 "baseline": _baseline_shown(probe.baseline)}
                 for probe in environment_probe_list(version=version)[:PROBES_ON_PAGE]
             ],
         }
@@ -89,6 +92,28 @@ def _check_shown(check: dict) -> dict:
     """A probe check with its latency in milliseconds: most checks take well under one."""
     latency_s = check.get("latency_s")
     return {**check, "latency_ms": None if latency_s is None else round(latency_s * 1000, 1)}
+
+
+# The baseline's tool-use figures as the page lists them, with their labels (tandem.contracts.tool_use_metrics).
+BASELINE_FIGURES = (
+    (TOOL_CALL_RATE_FIGURE, "Tool-call rate"),
+    ("tool_calls_per_episode", "Calls per episode"),
+    ("answered_no_tools_rate", "Answered without a call"),
+    ("tool_parse_failure_rate", "Call markup that did not parse"),
+    ("unknown_tool_rate", "Calls of unknown tools"),
+    ("invalid_arguments_rate", "Calls with invalid arguments"),
+    ("tool_error_rate", "Calls the tool refused"),
+)
+
+
+def _baseline_shown(baseline: dict | None) -> dict | None:
+    """A probe's baseline (tandem.contracts.ProbeBaseline as JSON) as rows of label, value and interval."""
+    if baseline is None:
+        return None
+    tool_use, intervals = baseline.get("tool_use") or {}, baseline.get("tool_use_ci95") or {}
+    rows = [{"label": label, "value": tool_use[name], "interval": intervals.get(name)}
+            for name, label in BASELINE_FIGURES if name in tool_use]
+    return {**baseline, "rows": rows}
 
 
 def _environment_or_404(request, environment_id: int):

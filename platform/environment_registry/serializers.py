@@ -39,6 +39,15 @@ class ToolServerSerializer(serializers.Serializer):
         return attrs
 
 
+BASELINE_HELP = (
+    "The imported model whose baseline the probe plays once its checks pass: {\"model\": \"<directory "
+    "under the operator's model roots>\", \"episodes\": 8, \"max_turns\": 4, \"max_new_tokens\": 128, "
+    "\"max_seq_len\": 1024, \"temperature\": 0} (tandem.contracts.ProbeBaselineRequest). The probe reports "
+    "its tool-call rate; one that never calls a tool is a warning. Omitted: the operator's default "
+    "(TANDEM_PROBE_BASELINE_MODEL), if any."
+)
+
+
 class EnvironmentVersionRegisterSerializer(serializers.Serializer):
     """A version's definition: what producers load, with which settings and tools."""
 
@@ -72,6 +81,11 @@ class EnvironmentVersionRegisterSerializer(serializers.Serializer):
         child=serializers.CharField(trim_whitespace=False), required=False, write_only=True,
         help_text="Keyword arguments like `settings` (API keys, tokens) that only producers and probes "
         "receive; never returned. A new version without them keeps the previous version's.",
+    )
+
+    baseline = serializers.DictField(
+        required=False, allow_null=True, default=None,
+        help_text=BASELINE_HELP,
     )
 
     def validate_settings(self, settings: dict) -> dict:
@@ -122,7 +136,19 @@ class EnvironmentProbeSerializer(serializers.ModelSerializer):
     class Meta:
         model = EnvironmentProbe
         fields = ["id", "purpose", "status", "checks", "worker", "requested_at", "finished_at",
-                  "duration_s"]
+                  "duration_s", "baseline_request", "baseline"]
+
+
+class EnvironmentProbeRequestSerializer(serializers.Serializer):
+    """A requested probe: the checks, and optionally the imported model's baseline."""
+
+    baseline = serializers.DictField(required=False, allow_null=True, default=None, help_text=BASELINE_HELP)
+
+    def validate(self, data):
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
+        return data
 
 
 class EnvironmentVersionStatusSerializer(serializers.ModelSerializer):

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+import pydantic
 import redis
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -30,12 +31,14 @@ from tandem.allowlists.environment_urls import (
     check_environment_url,
 )
 from tandem.allowlists.mcp_servers import McpServerRefused, check_mcp_server
+from tandem.allowlists.model_paths import ModelPathRefused, check_model_path
 from tandem.contracts import (
     ADAPTER_ENTRYPOINTS,
     ENVIRONMENT_KINDS,
     KEY_PREFIX,
     PROBE,
     EnvironmentSpec,
+    ProbeBaselineRequest,
     ProbeCheck,
     ProbeReport,
     ProbeRequest,
@@ -201,6 +204,7 @@ def _validate_secret_settings(
 def _version_create(
     *, environment: Environment, spec: EnvironmentSpec, user: AbstractBaseUser | None, number: int,
     secret_settings: Mapping[str, str], secrets_kept_from: int | None = None,
+    baseline: ProbeBaselineRequest | None = None,
 ) -> EnvironmentVersion:
     _validate_spec(spec)
     _validate_secret_settings(spec, secret_settings, kept_from=secrets_kept_from)
@@ -218,20 +222,45 @@ def _version_create(
     )
     if secret_settings:
         EnvironmentVersionSecrets.objects.create(version=version, ciphertext=secret_values_seal(secret_settings))
-    environment_probe_request(version=version, purpose=Purpose.REGISTRATION)
+    environment_probe_request(version=version, purpose=Purpose.REGISTRATION,
+                              baseline=baseline or registration_baseline_default())
     return version
+
+
+def probe_baseline_parse(raw: Mapping | None) -> ProbeBaselineRequest | None:
+    """A request's ``baseline`` (``{"model": "<imported model directory>", "episodes": 8, ...}``), checked:
+    its fields, and its model directory under the operator's model roots. None: no baseline."""
+    if raw is None:
+        return None
+    try:
+        baseline = ProbeBaselineRequest.model_validate(raw)
+    except pydantic.ValidationError as error:
+        raise InvalidInput.from_pydantic(error, prefix="baseline") from None
+    try:
+        check_model_path(baseline.model)
+    except ModelPathRefused as exc:
+        raise InvalidInput.for_field("baseline.model", str(exc)) from None
+    return baseline
+
+
+def registration_baseline_default() -> ProbeBaselineRequest | None:
+    """The operator's baseline model for registrations that name none (TANDEM_PROBE_BASELINE_MODEL)."""
+    model = settings.TANDEM_PROBE_BASELINE_MODEL
+    return ProbeBaselineRequest(model=model) if model else None
 
 
 @transaction.atomic
 def environment_register(
     *, user: AbstractBaseUser, project: Project, spec: EnvironmentSpec,
-    secret_settings: Mapping[str, str] | None = None,
+    secret_settings: Mapping[str, str] | None = None, baseline: ProbeBaselineRequest | None = None,
 ) -> EnvironmentVersion:
     """Register ``spec`` under a name new in ``project``: the environment and its version 1.
 
     ``secret_settings`` (name -> value) are keyword arguments like ``spec.settings``, but
     write-only: only their names are ever shown, and only producers and probes get the
     values. The version is probed once the transaction commits; it is ``pending`` until then.
+    ``baseline`` (:func:`probe_baseline_parse`): the probe then plays a few episodes of that
+    imported model and reports its tool-call rate; None: the operator's default, if any.
     """
     project_require_writer(user=user, project=project)
     secret_settings = secret_settings or {}
@@ -247,15 +276,16 @@ def environment_register(
         )
         raise Conflict(message, fields={"name": [message]}) from None
     return _version_create(environment=environment, spec=spec, user=user, number=1,
-                           secret_settings=secret_settings)
+                           secret_settings=secret_settings, baseline=baseline)
 
 
 @transaction.atomic
 def environment_version_register(
     *, user: AbstractBaseUser, environment: Environment, spec: EnvironmentSpec,
-    secret_settings: Mapping[str, str] | None = None,
+    secret_settings: Mapping[str, str] | None = None, baseline: ProbeBaselineRequest | None = None,
 ) -> EnvironmentVersion:
-    """Register ``spec`` (its name is ignored) as the next version of ``environment``.
+    """Register ``spec`` (its name is ignored) as the next version of ``environment``; ``baseline``
+    as :func:`environment_register`'s.
 
     ``secret_settings`` None keeps the latest version's (nobody has to send an API key
     again to change a setting); ``{}`` registers the version without any.
@@ -277,7 +307,7 @@ def environment_version_register(
     spec = spec.model_copy(update={"name": environment.name})
     return _version_create(environment=environment, spec=spec, user=user,
                            number=(latest.number if latest else 0) + 1,
-                           secret_settings=secret_settings, secrets_kept_from=kept_from)
+                           secret_settings=secret_settings, secrets_kept_from=kept_from, baseline=baseline)
 
 
 # The settings that say where an environment connects or what it imports.
@@ -321,25 +351,39 @@ def environment_ensure(
 
 
 def environment_probe_request(
-    *, version: EnvironmentVersion, purpose: str, user: AbstractBaseUser | None = None
+    *, version: EnvironmentVersion, purpose: str, user: AbstractBaseUser | None = None,
+    baseline: ProbeBaselineRequest | None = None,
 ) -> EnvironmentProbe:
-    """Ask a worker to probe ``version``; the request is sent when the transaction commits."""
+    """Ask a worker to probe ``version``; the request is sent when the transaction commits.
+
+    ``baseline``: the imported model whose baseline episodes the probe plays once its checks
+    pass (a registration or requested probe; a health check, every minute, never does).
+    """
     if user is not None:
         project_require_writer(user=user, project=version.environment.project)
+    if purpose == Purpose.HEALTH:
+        baseline = None
     with transaction.atomic():
-        probe = EnvironmentProbe.objects.create(version=version, purpose=purpose)
+        probe = EnvironmentProbe.objects.create(
+            version=version, purpose=purpose,
+            baseline_request=baseline.model_dump(mode="json") if baseline is not None else None)
         request = ProbeRequest(
             probe_id=probe.pk,
             purpose=purpose,
             environment=version.to_spec(),
-            timeouts=ProbeTimeouts(**settings.TANDEM_PROBE_TIMEOUTS),
+            timeouts=probe_timeouts(),
             url_allowlist=settings.TANDEM_ENVIRONMENT_URL_ALLOWLIST,
+            baseline=baseline,
         )
         secret_settings = environment_version_secret_settings(version=version)
         secrets = secrets_record_seal(version_id=version.pk, values=secret_settings) if secret_settings else None
         # robust: the registration stands if Redis is away; the probe then expires, visibly.
         transaction.on_commit(lambda: _probe_send(request, secrets), robust=True)
     return probe
+
+
+def probe_timeouts() -> ProbeTimeouts:
+    return ProbeTimeouts(**settings.TANDEM_PROBE_TIMEOUTS)
 
 
 def _redis() -> redis.Redis:
@@ -453,7 +497,8 @@ def environment_probe_record(*, report: ProbeReport) -> EnvironmentProbe:
     probe.worker = report.worker
     probe.finished_at = timezone.now()
     probe.duration_s = round(max(report.finished_at - report.started_at, 0.0), 6)
-    probe.save(update_fields=["status", "checks", "worker", "finished_at", "duration_s"])
+    probe.baseline = report.baseline.model_dump(mode="json") if report.baseline is not None else None
+    probe.save(update_fields=["status", "checks", "worker", "finished_at", "duration_s", "baseline"])
     # The version's secret settings for the probe: gone once it is over, not at their TTL.
     transaction.on_commit(lambda: _probe_secrets_delete(probe.pk), robust=True)
     _version_apply_probe(probe, advertised_capacity=report.max_concurrent_episodes)
@@ -512,11 +557,15 @@ def _pause_flag_write(version_id: int, status: str, reason: str) -> None:
 
 
 def environment_probes_expire(*, now=None) -> int:
-    """Fail the probes no worker reported on within TANDEM_PROBE_EXPIRY_S; returns how many."""
+    """Fail the probes no worker reported on within TANDEM_PROBE_EXPIRY_S (and, for a probe that plays
+    a baseline, its ``baseline`` timeout more); returns how many."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.TANDEM_PROBE_EXPIRY_S)
+    baseline_cutoff = cutoff - timedelta(seconds=probe_timeouts().baseline)
     stale = EnvironmentProbe.objects.filter(
-        status=EnvironmentProbe.Status.PENDING, requested_at__lt=cutoff
+        Q(baseline_request__isnull=True, requested_at__lt=cutoff)
+        | Q(baseline_request__isnull=False, requested_at__lt=baseline_cutoff),
+        status=EnvironmentProbe.Status.PENDING,
     ).values_list("pk", flat=True)
     expired = 0
     for probe_id in list(stale):

@@ -20,13 +20,19 @@ from .selectors import (
 )
 from .serializers import (
     EnvironmentDetailSerializer,
+    EnvironmentProbeRequestSerializer,
     EnvironmentProbeSerializer,
     EnvironmentRegisterSerializer,
     EnvironmentSerializer,
     EnvironmentVersionDetailSerializer,
     EnvironmentVersionRegisterSerializer,
 )
-from .services import environment_probe_request, environment_register, environment_version_register
+from .services import (
+    environment_probe_request,
+    environment_register,
+    environment_version_register,
+    probe_baseline_parse,
+)
 
 
 def _version_body(version) -> dict:
@@ -60,7 +66,7 @@ class EnvironmentListCreateView(ListAPIView):
         project = project_resolve_for_user(user=request.user, project_id=data.get("project"))
         version = environment_register(
             user=request.user, project=project, spec=serializer.to_spec(name=data["name"]),
-            secret_settings=serializer.secret_settings_sent(),
+            secret_settings=serializer.secret_settings_sent(), baseline=probe_baseline_parse(data["baseline"]),
         )
         environment = environment_get_for_user(user=request.user, environment_id=version.environment_id)
         body = EnvironmentDetailSerializer(environment).data
@@ -89,6 +95,7 @@ class EnvironmentVersionCreateView(GenericAPIView):
         version = environment_version_register(
             user=request.user, environment=environment, spec=serializer.to_spec(name=environment.name),
             secret_settings=serializer.secret_settings_sent(),
+            baseline=probe_baseline_parse(serializer.validated_data["baseline"]),
         )
         return Response(_version_body(version), status=status.HTTP_201_CREATED)
 
@@ -107,9 +114,12 @@ class EnvironmentVersionDetailView(GenericAPIView):
 class EnvironmentVersionProbeView(GenericAPIView):
     serializer_class = EnvironmentProbeSerializer
 
-    @extend_schema(request=None, responses={202: EnvironmentProbeSerializer})
+    @extend_schema(request=EnvironmentProbeRequestSerializer, responses={202: EnvironmentProbeSerializer})
     def post(self, request, environment_id: int, number: int):
         environment = environment_get_for_user(user=request.user, environment_id=environment_id)
         version = environment_version_get(environment=environment, number=number)
-        probe = environment_probe_request(version=version, purpose="manual", user=request.user)
+        asked = EnvironmentProbeRequestSerializer(data=request.data)
+        asked.is_valid(raise_exception=True)
+        probe = environment_probe_request(version=version, purpose="manual", user=request.user,
+                                          baseline=probe_baseline_parse(asked.validated_data["baseline"]))
         return Response(EnvironmentProbeSerializer(probe).data, status=status.HTTP_202_ACCEPTED)

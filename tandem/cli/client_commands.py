@@ -417,6 +417,8 @@ def cmd_envs_register(args) -> int:
                 raise CommandError(f"{option}: --field tool_server is not an object; give its fields as "
                                    "--field tool_server.<name>=<value>")
             extra["tool_server"] = {**given, field: value}
+    if baseline := _baseline(args):
+        extra["baseline"] = baseline
     with _client() as client:
         environment = client.environments.register(
             args.name, entrypoint=args.entrypoint, kind=args.kind, settings=settings or None, tools=tools,
@@ -448,7 +450,8 @@ def cmd_envs_probe(args) -> int:
     """Probe again and print the report; exit 0 passed, 1 failed, 4 still pending after --wait."""
     with _client() as client:
         try:
-            probe = client.environments.probe(args.name, project=args.project, wait_s=args.wait)
+            probe = client.environments.probe(args.name, project=args.project, wait_s=args.wait,
+                                              baseline=_baseline(args))
         except EndpointUnavailable:
             print(f"the platform at {client.base_url} has no environment probe endpoint; "
                   "upgrade the platform to probe environments", file=sys.stderr)
@@ -463,6 +466,25 @@ def cmd_envs_probe(args) -> int:
             print(f"  {check.get('name', '?'):<12} {check.get('status', '?'):<8} {timing:>8}  "
                   f"{check.get('message', '')}".rstrip())
     return {"passed": 0, "failed": 1}.get(probe["status"], 4)
+
+
+def _baseline(args) -> dict[str, Any] | None:
+    """The registration's or probe's ``baseline`` from --baseline-model and --baseline-episodes."""
+    if not args.baseline_model:
+        if args.baseline_episodes is not None:
+            raise CommandError("--baseline-episodes: give the model with --baseline-model")
+        return None
+    baseline: dict[str, Any] = {"model": args.baseline_model}
+    if args.baseline_episodes is not None:
+        baseline["episodes"] = args.baseline_episodes
+    return baseline
+
+
+def _add_baseline_options(parser) -> None:
+    parser.add_argument("--baseline-model", metavar="DIR",
+                        help="an imported model's directory under the operator's model roots: the probe then "
+                        "plays a few held-out episodes of it and reports how often it calls the tools")
+    parser.add_argument("--baseline-episodes", type=int, metavar="N", help="those episodes (default 8, at most 64)")
 
 
 def _json_file(path: str, *, option: str) -> Any:
@@ -670,6 +692,7 @@ def register_subcommands(commands: argparse._SubParsersAction) -> None:
     register.add_argument("--field", action="append", metavar="KEY=VALUE",
                           help="any other registration field the platform accepts, sent as is; repeatable")
     register.add_argument("--project", type=int, help="default: your only project")
+    _add_baseline_options(register)
     register.set_defaults(func=_handled(cmd_envs_register))
 
     env_list = env_commands.add_parser("list", help="environments of your projects")
@@ -682,4 +705,5 @@ def register_subcommands(commands: argparse._SubParsersAction) -> None:
     probe.add_argument("--project", type=int)
     probe.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a worker to run it")
     probe.add_argument("--json", action="store_true")
+    _add_baseline_options(probe)
     probe.set_defaults(func=_handled(cmd_envs_probe))

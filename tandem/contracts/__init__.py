@@ -21,6 +21,7 @@ One module per topic:
   non-finite numbers, depth), shared by the API's JSON input and dataset rows;
 - ``stages``: the trainer's stages, in the order a step runs them;
 - ``telemetry``: step events, stage timelines, episode spans, device reports, traces;
+- ``tool_use``: how a policy used its tools (the figures, with their intervals);
 - ``probes``: environment conformance probes; ``checkpoints``: committed checkpoints;
 - ``lineage``: what became of consumed trajectories; ``processes``: what producers
   and other processes say of themselves;
@@ -147,6 +148,8 @@ from tandem.contracts.lineage import (
 )
 from tandem.contracts.probes import (
     PROBE_ACTION,
+    ProbeBaseline,
+    ProbeBaselineRequest,
     ProbeCheck,
     ProbePurpose,
     ProbeReport,
@@ -278,6 +281,14 @@ from tandem.contracts.telemetry import (
     producers_metric_name,
     tool_call_rates,
     trainer_process_metric_name,
+)
+from tandem.contracts.tool_use import (
+    CALL_TOOL_RATES,
+    EPISODE_TOOL_RATES,
+    EXAMPLE_COPY_RATE,
+    tool_use_intervals,
+    tool_use_metrics,
+    wilson_interval,
 )
 from tandem.contracts.trajectories import (
     EPISODE_STATUSES,
@@ -461,6 +472,12 @@ __all__ = [
     "ROLLOUT_SERIES_PREFIX",
     "TOOL_CALL_RATE_FIGURE",
     "tool_call_rates",
+    "CALL_TOOL_RATES",
+    "EPISODE_TOOL_RATES",
+    "EXAMPLE_COPY_RATE",
+    "tool_use_intervals",
+    "tool_use_metrics",
+    "wilson_interval",
     "circuit_open_metric_name",
     "DEVICE_SERIES_PREFIX",
     "HOST_SERIES_PREFIX",
@@ -481,6 +498,8 @@ __all__ = [
     "ProbePurpose",
     "PROBE_ACTION",
     "ProbeRequest",
+    "ProbeBaseline",
+    "ProbeBaselineRequest",
     "ProbeCheck",
     "ProbeReport",
     "CheckpointInfo",

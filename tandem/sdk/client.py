@@ -329,8 +329,11 @@ class EnvironmentsAPI:
         return Environment.model_validate(self._transport.request("POST", "/api/environments/", json=body))
 
     def probe(self, name: str, *, project: int | None = None, wait_s: float = 60.0,
-              poll_s: float = 0.5) -> dict[str, Any]:
+              poll_s: float = 0.5, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
         """Probe the newest version of ``name`` again and return the probe: ``status`` and its ``checks``.
+
+        ``baseline`` (``{"model": "<imported model directory>", "episodes": 8}``): the probe then plays
+        that many held-out episodes of the model and reports its tool-call rate under ``baseline``.
 
         Waits up to ``wait_s`` for a worker to run it; a probe still ``pending``
         after that is returned as it is. Raises :class:`EndpointUnavailable`
@@ -341,7 +344,8 @@ class EnvironmentsAPI:
             raise TandemAPIError(status_code=409, code=ErrorCode.CONFLICT, message=f"{name!r} has no version to probe.",
                                  fields={})
         version_path = f"/api/environments/{environment.id}/versions/{environment.latest_version['number']}/"
-        probe = self._transport.request("POST", f"{version_path}probe/", missing_route_is_unavailable=True)
+        probe = self._transport.request("POST", f"{version_path}probe/", missing_route_is_unavailable=True,
+                                        json={"baseline": baseline} if baseline is not None else None)
         deadline = time.monotonic() + wait_s
         while probe["status"] == "pending" and time.monotonic() < deadline:
             time.sleep(poll_s)

@@ -14,7 +14,7 @@ import redis
 from django.db import connection
 
 from accounts.services import project_create, user_create_with_token
-from environment_registry.builtin import CALCULATOR
+from environment_registry.builtin import CALCULATOR, CALCULATOR_PRODUCTS
 from environment_registry.models import EnvironmentVersion
 from environment_registry.services import environment_register
 from environments import http_example_server
@@ -22,6 +22,7 @@ from tandem.contracts import (
     PLATFORM_QUEUE,
     PROBE_QUEUE,
     EnvironmentSpec,
+    ProbeBaselineRequest,
     environment_paused_key,
     probe_environment_secrets_key,
     probe_request_key,
@@ -205,3 +206,30 @@ def test_a_worker_probes_an_environment_with_its_secret_settings(processes, owne
     assert API_KEY.encode() not in (redis_client.get(probe_request_key(probe_id)) or b"")
     logs = "".join(path.read_text(errors="replace") for path in processes.glob("*.log"))
     assert API_KEY not in logs
+
+
+# Loading the model and compiling its engine in the worker, then four short episodes: a bound for a stuck
+# worker on a busy machine, not a measure of speed.
+BASELINE_SETTLE_S = 480
+
+
+def test_a_worker_plays_the_imported_models_baseline_and_the_platform_keeps_it(
+    processes, owner_project, settings_for_probes, smollm2
+):
+    user, project = owner_project
+    baseline = ProbeBaselineRequest(model=str(smollm2), episodes=4, max_new_tokens=48, max_turns=2, max_seq_len=512)
+    version = environment_register(user=user, project=project, spec=CALCULATOR_PRODUCTS, baseline=baseline)
+
+    ready = _wait_for(lambda: _settled(version.pk), logs=processes, what="the probe with a baseline",
+                      timeout_s=BASELINE_SETTLE_S)
+
+    # The model never calls its tool: the registration says so, and the environment is ready all the same.
+    assert ready.status == "ready", ready.status_reason
+    probe = ready.probes.get(purpose="registration")
+    assert probe.baseline_request == baseline.model_dump(mode="json")
+    assert probe.baseline["model"] == str(smollm2) and probe.baseline["episodes"] == 4
+    assert probe.baseline["tool_use"]["tool_call_rate"] == 0.0
+    assert probe.baseline["statuses"].get("failed", 0) == 0, probe.baseline
+    check = probe.checks[-1]
+    assert check["name"] == "baseline" and check["status"] == "warning"
+    assert "never called a tool" in check["message"]

@@ -39,6 +39,10 @@ TANDEM_PROBE_EXPIRY_S = float(env_str("TANDEM_PROBE_EXPIRY_S", "600"))
 # Per-check probe timeouts in seconds, JSON, e.g. {"reset": 5}; unset ones keep
 # tandem.contracts.ProbeTimeouts' defaults.
 TANDEM_PROBE_TIMEOUTS = json.loads(env_str("TANDEM_PROBE_TIMEOUTS", "{}"))
+# An imported model's directory (under TANDEM_MODEL_ROOTS) whose baseline every registration probe plays
+# when the registration names none: a few held-out episodes and its tool-call rate (workers/probe_baseline.py).
+# Unset: only registrations that ask for one (`baseline`) get one.
+TANDEM_PROBE_BASELINE_MODEL = env_str("TANDEM_PROBE_BASELINE_MODEL", "")
 # Fernet keys environments' secret settings are encrypted under, in the database and in Redis
 # (tandem/runtime/secrets_at_rest.py): TANDEM_SECRETS_KEY, or the file TANDEM_SECRETS_KEY_FILE names.
 # The first encrypts, all decrypt; rollout workers need the same keys, the trainer none.
