@@ -105,11 +105,14 @@ def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int,
     limits = EpisodeLimits(max_turns=config.rollout.max_turns, max_seq_len=config.model.max_seq_len,
                            max_new_tokens=config.sampling.max_new_tokens, environment_timeout_s=30.0)
 
+    tasks: dict[int, dict] = {}
+
     async def all_episodes():
         async def one(index: int):
             environment = make_environment()
             draw = environment.sample_evaluation_task if evaluation_split else environment.sample_task
             task = draw(random.Random(HELD_OUT_SEED + index))
+            tasks[index] = task
             return await run_episode(run_id=run_id, group_id=f"eval-{index}", group_size=1,
                                      environment_name=environment_name, environment=environment, task=task,
                                      policy=policy, limits=limits, tokenizer=runtime.tokenizer,
@@ -131,6 +134,10 @@ def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int,
         "tool_use": {name: round(value, 4) for name, value in tools.items()},
         "examples": [[message.content for message in record.messages if message.role != "system"]
                      for record in records[:3]],
+        # Every episode in brief, to read how the misses split (by the task's shape, say).
+        "outcomes": [{"task": tasks[index], "reward": record.reward, "status": record.status,
+                      "calls": record.tool_calls_run(), "answer": _last_policy_text(record)[-200:]}
+                     for index, record in enumerate(records)],
         "policy_version": version,
         "mean": round(statistics.fmean(rewards), 4),
         "ci95": tuple(round(bound, 4) for bound in wilson_interval(sum(rewards), len(rewards))),
@@ -139,6 +146,11 @@ def evaluate(redis_client, *, run_id: int, config: RunConfig, episodes: int,
         "statuses": {status: sum(r.status == status for r in records) for status in ("ok", "truncated", "failed")},
         "wall_s": round(time.perf_counter() - started, 1),
     }
+
+
+def _last_policy_text(record) -> str:
+    texts = [message.content for message in record.messages if message.role == "assistant"]
+    return texts[-1] if texts else ""
 
 
 @contextlib.contextmanager

@@ -10,7 +10,8 @@ Each arm is evaluated on ``--eval-episodes`` held-out episodes (the environment'
 in the model's own ``<tool_call>`` format: mean reward with its 95% Wilson interval, the share of
 episodes that called a tool and saw it run (``tool_call_rate``), the share of the turns that wrote
 call markup which did not parse (``parse_failure_rate``, null when none wrote any), calls that ran per
-episode and wall time; ``examples`` quotes three episodes. The arms (``--arms``):
+episode and wall time; ``examples`` quotes three episodes, ``outcomes`` lists every episode in brief
+(its task, reward, status, calls that ran and the end of its last reply). The arms (``--arms``):
 
 - ``imported``: the model as imported (issue 31 asks it to score at most 0.05 on each task, so that
   the tool is needed);
@@ -78,7 +79,7 @@ def _arm(result: dict) -> dict:
         "tool_call_rate": tools.get("tool_call_rate"), "parse_failure_rate": tools.get("tool_parse_failure_rate"),
         "calls_per_episode": tools.get("tool_calls_per_episode"), "wall_s": result["wall_s"],
         "episodes": result["episodes"], "statuses": result["statuses"], "tool_use": tools,
-        "examples": result["examples"],
+        "examples": result["examples"], "outcomes": result["outcomes"],
     }
 
 
