@@ -42,6 +42,11 @@ def cmd_worker(args) -> int:
     _become([sys.executable, "-m", "workers", *_passed_on(args)])
 
 
+def cmd_inference_server(args) -> int:
+    """``python -m workers.inference_server`` with the same arguments: a vLLM server for remote generation."""
+    _become([sys.executable, "-m", "workers.inference_server", *_passed_on(args)])
+
+
 def cmd_export_worker(args) -> int:
     """``python -m trainer.export_worker`` with the same arguments: checkpoints' safetensors exports."""
     _become([sys.executable, "-m", "trainer.export_worker", *_passed_on(args)])
@@ -224,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
         "export-worker", help="run the Celery worker of checkpoint exports (python -m trainer.export_worker)",
         add_help=False)
     export_worker.set_defaults(func=cmd_export_worker, passes_on=True)
+    inference_server = commands.add_parser(
+        "inference-server", help="run a vLLM server with the flags remote generation needs (python -m "
+        "workers.inference_server; `make vllm` first)", add_help=False)
+    inference_server.set_defaults(func=cmd_inference_server, passes_on=True)
 
     platform_worker = commands.add_parser(
         "platform-worker", help="run the platform's Celery worker and beat (probe reports, health checks, reaper)")

@@ -14,12 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from policy import SamplingParams, create_model, load_tokenizer
+from policy import SamplingParams, create_model, load_tokenizer, split_model
 from tandem.configs.model import ModelConfig
 from tests.polling import poll_until
 from workers.inference_server import server_command, server_environment, vllm_python
 from workers.remote_engine import RemoteBackendUnavailable, RemoteEngine, RemoteRequestRefused
+from workers.remote_weights import load_version, server_version, write_version
 
 SERVED = "policy"
 MAX_MODEL_LEN = 512
@@ -41,8 +43,8 @@ def vllm_server(smollm2, tmp_path_factory):
         pytest.fail(f"{vllm_python()} is missing: run `make vllm` (make test does)")
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    command = server_command(model_dir=str(smollm2), served_name=SERVED, host="127.0.0.1", port=port,
-                             max_model_len=MAX_MODEL_LEN)
+    command = server_command(model_dir=str(smollm2), weights_dir=log.parent / "version-0", served_name=SERVED,
+                             host="127.0.0.1", port=port, max_model_len=MAX_MODEL_LEN)
     with open(log, "wb") as output:
         server = subprocess.Popen(command, env=server_environment(kv_cache_gib=1), stdout=output,
                                   stderr=subprocess.STDOUT)
@@ -97,13 +99,7 @@ def test_the_sampled_tokens_and_log_probs_are_the_servers_and_match_the_trainers
     model = create_model(config, vocab_size=load_tokenizer(str(smollm2)).vocab_size, rngs=None)
     for temperature, turn in turns.items():
         assert len(turn.token_ids) == len(turn.logprobs) > 0
-        tokens = jnp.array([chat_prompt + turn.token_ids])
-        length = tokens.shape[1]
-        logits = model(tokens, jnp.arange(length)[None, :], jnp.ones((1, length), dtype=bool))[0]
-        logprobs = jax.nn.log_softmax(logits / temperature, axis=-1)
-        start = len(chat_prompt) - 1
-        trainers = np.array([float(logprobs[start + index, token]) for index, token in enumerate(turn.token_ids)])
-        assert np.abs(trainers - np.array(turn.logprobs)).max() < LOGPROB_TOLERANCE, (temperature, turn)
+        assert _server_logprobs_match(model, chat_prompt, turn, temperature=temperature) < LOGPROB_TOLERANCE, turn
 
 
 def test_the_runs_sampling_parameters_apply_and_each_turn_ends_with_its_reason(vllm_server, chat_prompt, tokenizer):
@@ -153,3 +149,43 @@ def test_a_turn_the_server_refuses_fails_alone_and_the_server_stays_in_rotation(
 
     assert engine.server_states()[0]["available"] is True
     assert len(_generate(engine, chat_prompt, max_new_tokens=4, top_k=1).token_ids) == 4
+
+
+def _server_logprobs_match(model, prompt: list[int], turn, *, temperature: float) -> float:
+    """The largest difference between the turn's log-probs and ``model``'s forward pass over it."""
+    tokens = jnp.array([prompt + turn.token_ids])
+    length = tokens.shape[1]
+    logits = model(tokens, jnp.arange(length)[None, :], jnp.ones((1, length), dtype=bool))[0]
+    logprobs = jax.nn.log_softmax(logits / temperature, axis=-1)
+    start = len(prompt) - 1
+    ours = np.array([float(logprobs[start + index, token]) for index, token in enumerate(turn.token_ids)])
+    return float(np.abs(ours - np.array(turn.logprobs)).max())
+
+
+def test_a_new_version_is_loaded_in_place_and_the_server_then_samples_from_it(vllm_server, chat_prompt, smollm2,
+                                                                             tmp_path):
+    config = ModelConfig(hf_checkpoint=str(smollm2), tokenizer=str(smollm2), max_seq_len=MAX_MODEL_LEN)
+    imported = create_model(config, vocab_size=load_tokenizer(str(smollm2)).vocab_size, rngs=None)
+    graphdef, params = split_model(imported)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    # Every weight moved by a few percent of its own scale: a version the imported model's log-probs do not match.
+    trained = jax.tree.unflatten(tree, [leaf + 0.05 * jnp.std(leaf) * jax.random.normal(key, leaf.shape, leaf.dtype)
+                                        for leaf, key in zip(leaves, keys, strict=True)])
+    directory = write_version(graphdef, trained, tmp_path / "version-1")
+    engine = _engine(vllm_server)
+
+    try:
+        paused_s = asyncio.run(load_version(vllm_server, directory=directory, version=1))
+        assert paused_s > 0
+        assert asyncio.run(server_version(vllm_server)) == 1
+        turn = _generate(engine, chat_prompt, max_new_tokens=24, temperature=1.0, seed=3)
+        assert _server_logprobs_match(nnx.merge(graphdef, trained), chat_prompt, turn, temperature=1.0) < LOGPROB_TOLERANCE
+        assert _server_logprobs_match(imported, chat_prompt, turn, temperature=1.0) > 10 * LOGPROB_TOLERANCE
+    finally:
+        # The imported weights back, for the module's other tests.
+        asyncio.run(load_version(vllm_server, directory=write_version(graphdef, params, tmp_path / "version-0"),
+                                 version=0))
+    assert asyncio.run(server_version(vllm_server)) == 0
+    again = _generate(engine, chat_prompt, max_new_tokens=24, temperature=1.0, seed=3)
+    assert _server_logprobs_match(imported, chat_prompt, again, temperature=1.0) < LOGPROB_TOLERANCE
