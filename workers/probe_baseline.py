@@ -38,13 +38,11 @@ from workers.producer import evaluation_task_seed
 
 # The run id the baseline's episodes carry: no run's (the platform's ids start at 1).
 BASELINE_RUN_ID = 0
-# An environment call of a baseline episode, bounded as a default run bounds it.
-_ENVIRONMENT_TIMEOUT_S = RolloutConfig().environment_timeout_s
 
 
 class ImportedWeights:
     """A weight subscriber that serves the model directory's own weights as version 0 (what a run
-    starts from), read once."""
+    starts from); the runtime fetches them once, since no newer version ever comes."""
 
     def __init__(self, model: ModelConfig, *, vocab_size: int):
         self._model = model
@@ -108,10 +106,7 @@ def run_baseline(request: ProbeBaselineRequest, *, make_environment: Callable[[]
 async def _episodes(request: ProbeBaselineRequest, runtime: PolicyRuntime, config: RunConfig, *,
                     make_environment: Callable[[], Environment], environment_name: str, concurrency: int,
                     redact: Callable[[str], str] | None) -> list[Any]:
-    limits = EpisodeLimits(max_turns=config.rollout.max_turns, max_seq_len=config.model.max_seq_len,
-                           max_new_tokens=config.sampling.max_new_tokens,
-                           environment_timeout_s=_ENVIRONMENT_TIMEOUT_S,
-                           max_observation_chars=config.rollout.max_observation_chars)
+    limits = EpisodeLimits.of_run(config)
     task_source = make_environment()
     tasks = [task_source.sample_evaluation_task(random.Random(evaluation_task_seed(index)))
              for index in range(request.episodes)]
