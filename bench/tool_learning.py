@@ -29,7 +29,7 @@ engine's warm-up and the first step's compilation are not counted. Each trained 
 wall seconds, and ``after_first_rl_step_s``).
 
 Usage: ``python bench/tool_learning.py [--model smollm2-135m|gemma3-270m] [--tasks calculator,multi_step] [--arms imported,sft,...]
-[--eval-episodes 64] [--grpo-minutes 30]``. Prints one JSON line. Uses the Redis of ``--redis-url``
+[--eval-episodes 64] [--grpo-minutes 30] [--rl-learning-rate R] [--dynamic-sampling]``. Prints one JSON line. Uses the Redis of ``--redis-url``
 (db 14 by default) for the published weights, and flushes it first.
 """
 
@@ -98,6 +98,8 @@ def _arm_run_config(arm: str, task: str, config, args) -> dict:
     body.update({"sft_steps": sft_steps, "sft_batch_size": args.sft_batch_size, "rl_steps": rl_steps,
                  "learning_rate": args.sft_learning_rate, "rl_learning_rate": args.rl_learning_rate,
                  "checkpoint": {"every": 1000}})
+    if args.dynamic_sampling and rl_steps:
+        body["algorithm"] = {**body["algorithm"], "dynamic_sampling": True}
     if arm == "grpo_bonus":
         body["algorithm"] = {**body["algorithm"], "tool_call_bonus": {
             "per_call": TOOL_CALL_BONUS_PER_CALL, "max_per_episode": TOOL_CALL_BONUS_PER_CALL * CALLS_NEEDED[task]}}
@@ -121,6 +123,10 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=500, help="the GRPO runs' rl_steps (the minutes end them)")
     parser.add_argument("--grpo-minutes", type=float, default=30.0,
                         help="wall time of each GRPO phase, from the end of its first step")
+    parser.add_argument("--dynamic-sampling", action="store_true",
+                        help="GRPO arms drop groups whose episodes all scored alike and train only on the others "
+                        "(algorithm.dynamic_sampling): with one group a step, most steps of a policy whose "
+                        "outcome a task decides carry no signal")
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--port", type=int, default=8767)
     args = parser.parse_args()
@@ -137,6 +143,7 @@ def main() -> None:
     output: dict = {"bench": "tool_learning", "model": model_name, "eval_episodes": args.eval_episodes,
                     "sft_steps": args.sft_steps, "sft_batch_size": args.sft_batch_size,
                     "rl_learning_rate": args.rl_learning_rate, "grpo_minutes": args.grpo_minutes,
+                    "dynamic_sampling": args.dynamic_sampling,
                     "cpu_count": os.cpu_count()}
     for task in args.tasks.split(","):
         environment_name, _, max_turns = TASKS[task]
