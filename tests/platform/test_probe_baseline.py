@@ -152,3 +152,23 @@ def test_a_probe_that_plays_a_baseline_is_given_its_time_before_it_expires(api, 
     assert environment_probes_expire(now=past_expiry + timedelta(seconds=baseline_s)) == 1
     with_baseline.refresh_from_db()
     assert with_baseline.status == "failed"
+
+
+def test_the_registration_form_asks_for_a_baseline_model_and_shows_a_refused_one_at_its_field(user, project):
+    browser = Client()
+    browser.force_login(user)
+    form = {"project": project.pk, "name": "products", "kind": "python",
+            "entrypoint": CALCULATOR["entrypoint"], "settings": '{"operators": "*"}', "tools": ""}
+
+    refused = browser.post("/environments/", {**form, "baseline_model": "/etc"})
+    assert refused.status_code == 200
+    page = refused.content.decode()
+    # Under the field it names: its input, its help, then the error.
+    after_input = page[page.index('id="id_baseline_model"'):]
+    assert after_input.index('<p class="error">') < after_input.index("</form>")
+    assert "TANDEM_MODEL_ROOTS" in after_input[:after_input.index("</form>")]
+    assert not EnvironmentProbe.objects.exists()
+
+    accepted = browser.post("/environments/", {**form, "baseline_model": MODEL})
+    assert accepted.status_code == 302
+    assert EnvironmentProbe.objects.get().baseline_request["model"] == MODEL
