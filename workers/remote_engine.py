@@ -145,19 +145,17 @@ class RemoteEngine:
         while (server := self._pick(tried)) is not None:
             tried.add(server.url)
             self._enter()
+            failed = None
             try:
                 answer = await self._post(server, body)
-            except RemoteRequestRefused:
-                self._release(server, failed=None)
-                raise
             except (TimeoutError, aiohttp.ClientError, _ServerFault) as exc:
-                reason = f"{server.url}: {_describe(exc)}"
-                self._release(server, failed=reason)
-                reasons.append(reason)
+                failed = f"{server.url}: {_describe(exc)}"
+                reasons.append(failed)
                 continue
             finally:
+                # Also when the turn is refused or its episode cancelled: the server's count stays true.
+                self._release(server, failed=failed)
                 self._leave()
-            self._release(server, failed=None)
             completion = self._completion(answer, server)
             with self._lock:
                 self._requests += 1
