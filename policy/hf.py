@@ -480,6 +480,7 @@ def export_hf_checkpoint(
     max_shard_bytes: int | None = None,
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
+    untie_head: bool = False,
 ) -> list[Path]:
     """Write ``model`` to the directory ``path`` as a Hugging Face checkpoint; returns the files.
 
@@ -489,7 +490,9 @@ def export_hf_checkpoint(
     ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``
     (a single tensor larger than the limit gets a shard of its own). Tensors
     keep the model's parameter dtype. The model must be a plain
-    :class:`Transformer`; fold LoRA adapters into it first.
+    :class:`Transformer`; fold LoRA adapters into it first. ``untie_head``: a model whose output head
+    is its embedding is written with ``lm_head.weight``, a copy, and ``tie_word_embeddings`` false
+    (vLLM's in-place reload leaves a tied head alone: workers/remote_weights.py).
     """
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
@@ -510,6 +513,9 @@ def export_hf_checkpoint(
         if norm_offset and param_path[-1] == "scale":
             value = (value.astype(np.float32) - np.float32(norm_offset)).astype(value.dtype)
         tensors[name] = np.ascontiguousarray(value.T if transpose else value)
+    if untie_head and config.tie_embeddings:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+        hf_config["tie_word_embeddings"] = False
 
     shards: list[dict[str, np.ndarray]] = [{}]
     shard_bytes = 0

@@ -69,6 +69,8 @@ class PolicyRuntime:
 
     def __init__(self, *, run_id: int, config: RunConfig, redis_client: redis.Redis | None,
                  weight_poll_s: float = 0.25, subscriber: WeightSubscriber | None = None):
+        if subscriber is None and redis_client is None:
+            raise ValueError("a policy runtime needs a subscriber or the Redis its weights are published to")
         self.run_id = run_id
         self.config = config
         # Only model directories under the operator's roots, checked here where links resolve.
@@ -94,8 +96,6 @@ class PolicyRuntime:
             # Runs in the engine thread between chunks, so weights never change mid-chunk.
             between_chunks=self.refresh_weights,
         )
-        if subscriber is None and redis_client is None:
-            raise ValueError("a policy runtime needs a subscriber or the Redis its weights are published to")
         self._subscriber: WeightSubscriber = subscriber or RedisWeightSubscriber(redis_client)
         self._weight_poll_s = weight_poll_s
         self._lock = threading.Lock()

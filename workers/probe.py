@@ -67,6 +67,7 @@ from tandem.contracts import (
     ProbeRequest,
     ProbeToolCall,
     ToolSchema,
+    episode_limit,
     probe_environment_secrets_key,
     probe_request_key,
 )
@@ -427,7 +428,7 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
                 state["baseline"] = await asyncio.to_thread(
                     run_baseline, request.baseline, environment_name=spec.name,
                     make_environment=lambda: state["class"](**secrets.constructor_kwargs(spec.settings)),
-                    concurrency=_smallest(spec.max_concurrent_episodes, capacity), redact=secrets.redact)
+                    concurrency=episode_limit(spec.max_concurrent_episodes, capacity), redact=secrets.redact)
                 return baseline_verdict(state["baseline"])
 
             check = _timed("baseline", baseline, timeouts.baseline, loop, secrets.redact)
@@ -450,17 +451,11 @@ def run_probe(request: ProbeRequest, *, secrets: SecretSettings | None = None) -
                        baseline=state.get("baseline"))
 
 
-def _smallest(*limits: int | None) -> int | None:
-    given = [limit for limit in limits if limit is not None]
-    return min(given) if given else None
-
-
 def baseline_verdict(baseline: ProbeBaseline) -> str:
     """The ``baseline`` check's message; a warning when the environment offers tools and the model
     called none in any episode (GRPO alone would then see no reward for calling them)."""
     statuses = ", ".join(f"{count} {status}" for status, count in sorted(baseline.statuses.items()))
-    reward = "no reward" if baseline.mean_reward is None else f"mean reward {baseline.mean_reward:.3g}"
-    summary = f"{baseline.model}: {baseline.episodes} held-out episodes ({statuses}), {reward}"
+    summary = f"{baseline.model}: {baseline.episodes} held-out episodes ({statuses}), mean reward {baseline.mean_reward:.3g}"
     rate = baseline.tool_call_rate
     if rate is None:
         return f"{summary}; the environment offered no tools"

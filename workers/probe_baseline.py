@@ -91,11 +91,11 @@ def run_baseline(request: ProbeBaselineRequest, *, make_environment: Callable[[]
                                         concurrency=concurrency or request.episodes, redact=redact))
     finally:
         runtime.close()
-    offered_tools = any(record.offered_tools for record in records)
-    tools = tool_use_metrics(records) if records and offered_tools else {}
+    # run_episode ends every episode (a fault fails it), so there is one record per task.
+    tools = tool_use_metrics(records) if any(record.offered_tools for record in records) else {}
     return ProbeBaseline(
         model=request.model, episodes=len(records), statuses=dict(Counter(record.status for record in records)),
-        mean_reward=statistics.fmean(record.reward for record in records) if records else None,
+        mean_reward=statistics.fmean(record.reward for record in records),
         tool_use={name: round(value, 6) for name, value in tools.items()},
         tool_use_ci95={name: (round(low, 6), round(high, 6))
                        for name, (low, high) in tool_use_intervals(records, tools).items()},

@@ -40,8 +40,7 @@ def write_version(graphdef: nnx.GraphDef, params: nnx.State, directory: str | Pa
     model = nnx.merge(graphdef, params)
     if not isinstance(model, Transformer):
         raise TypeError(f"only a plain Transformer can be written for a server, not a {type(model).__name__}")
-    export_hf_checkpoint(model, directory)
-    untie_head(directory)
+    export_hf_checkpoint(model, directory, untie_head=True)
     return Path(directory)
 
 

@@ -1,7 +1,12 @@
 from django.conf import settings as django_settings
 from django.db import models
 
-from tandem.contracts import ENVIRONMENT_KINDS, EnvironmentSpec, environment_kind_choices
+from tandem.contracts import (
+    ENVIRONMENT_KINDS,
+    EnvironmentSpec,
+    environment_kind_choices,
+    episode_limit,
+)
 
 
 class Environment(models.Model):
@@ -99,9 +104,7 @@ class EnvironmentVersion(models.Model):
     @property
     def episode_limit(self) -> int | None:
         """The limit producers hold to: the registration's, or the advertised capacity when that is smaller."""
-        limits = [limit for limit in (self.max_concurrent_episodes, self.advertised_max_concurrent_episodes)
-                  if limit is not None]
-        return min(limits, default=None)
+        return episode_limit(self.max_concurrent_episodes, self.advertised_max_concurrent_episodes)
 
     @property
     def is_dispatchable(self) -> bool:

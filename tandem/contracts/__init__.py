@@ -82,6 +82,7 @@ from tandem.contracts.environments import (
     ToolSchema,
     ToolServerSpec,
     environment_kind_choices,
+    episode_limit,
 )
 from tandem.contracts.errors import (
     TRAINER_HEADER,
@@ -499,6 +500,7 @@ __all__ = [
     "PROBE_ACTION",
     "ProbeRequest",
     "ProbeBaseline",
+    "episode_limit",
     "ProbeBaselineRequest",
     "ProbeCheck",
     "ProbeReport",

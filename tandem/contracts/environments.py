@@ -286,3 +286,9 @@ class EnvironmentSecrets(Record):
 
     def revealed(self) -> dict[str, str]:
         return _reveal(self.settings)
+
+
+def episode_limit(*limits: int | None) -> int | None:
+    """The limit on concurrent episodes that holds: the smallest of ``limits`` given (a registration's,
+    a server's advertised capacity); None when none is."""
+    return min((limit for limit in limits if limit is not None), default=None)

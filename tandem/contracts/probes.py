@@ -63,9 +63,9 @@ class ProbeBaseline(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(description="The model directory, as requested.")
-    episodes: int = Field(ge=0, description="Episodes that ended (completed, truncated or failed).")
+    episodes: int = Field(ge=1, description="Episodes played (each ended ok, truncated or failed).")
     statuses: dict[str, int] = Field(default_factory=dict, description="Episodes by status.")
-    mean_reward: float | None = Field(None, description="None when no episode ended.")
+    mean_reward: float
     tool_use: dict[str, float] = Field(default_factory=dict, description="tandem.contracts.tool_use_metrics "
                                        "(tool_call_rate, tool_calls_per_episode, ...); empty when the "
                                        "environment offers no tools.")
